@@ -1,0 +1,39 @@
+# Two commands from a fresh clone: `make demo` and `make test`. Both create .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit fmt schemas bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/healer demo
+
+test: lint unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check healer tests benchmarks
+	$(BIN)/ruff format --check healer tests benchmarks
+	$(BIN)/mypy healer
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+fmt: $(STAMP)
+	$(BIN)/ruff format healer tests benchmarks
+	$(BIN)/ruff check --fix healer tests benchmarks
+
+schemas: $(STAMP)
+	$(BIN)/healer schema export --out docs/schemas
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/agent_cost.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,97 @@
+"""Every subject, stream and bucket name healer uses is built here and nowhere else.
+
+Node names may contain dots (FQDN-style Kubernetes node names), which NATS treats as token separators,
+so a node name is escaped into exactly one subject token: ``%`` → ``%25``, ``.`` → ``%2E`` (and the
+other characters NATS reserves, though valid node names never contain them). ``node_of`` reverses it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+DEFAULT_PREFIX = "healer"
+
+"""With this prefix the streams are HEALER_TELEMETRY, HEALER_EVENTS, HEALER_INCIDENTS and the KV
+buckets healer-state, healer-leases (see the ``stream_*`` / ``kv_*`` properties)."""
+
+IncidentChange = Literal["opened", "updated", "action", "resolved", "escalated"]
+
+_ESCAPES = {"%": "%25", ".": "%2E", "*": "%2A", ">": "%3E", " ": "%20"}
+
+
+def escape_node(node: str) -> str:
+    if not node:
+        raise ValueError("empty node name")
+    return "".join(_ESCAPES.get(ch, ch) for ch in node)
+
+
+def unescape_node(token: str) -> str:
+    out = token
+    for raw, esc in _ESCAPES.items():
+        if raw != "%":
+            out = out.replace(esc, raw)
+    return out.replace("%25", "%")
+
+
+class Subjects:
+    """Subjects under one prefix (``healer`` unless configured; several fleets can share one NATS)."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        if not prefix or any(ch in prefix for ch in " *>") or prefix.startswith(".") or prefix.endswith("."):
+            raise ValueError(f"bad subject prefix {prefix!r}")
+        self.prefix = prefix
+
+    def telemetry(self, node: str) -> str:
+        return f"{self.prefix}.telemetry.{escape_node(node)}"
+
+    def events(self, node: str) -> str:
+        return f"{self.prefix}.events.{escape_node(node)}"
+
+    def command(self, node: str) -> str:
+        return f"{self.prefix}.cmd.{escape_node(node)}"
+
+    def incident(self, change: IncidentChange, node: str) -> str:
+        return f"{self.prefix}.incidents.{change}.{escape_node(node)}"
+
+    @property
+    def all_telemetry(self) -> str:
+        return f"{self.prefix}.telemetry.*"
+
+    @property
+    def all_events(self) -> str:
+        return f"{self.prefix}.events.*"
+
+    @property
+    def all_commands(self) -> str:
+        return f"{self.prefix}.cmd.*"
+
+    @property
+    def all_incidents(self) -> str:
+        return f"{self.prefix}.incidents.>"
+
+    @property
+    def stream_telemetry(self) -> str:
+        return self._stream("TELEMETRY")
+
+    @property
+    def stream_events(self) -> str:
+        return self._stream("EVENTS")
+
+    @property
+    def stream_incidents(self) -> str:
+        return self._stream("INCIDENTS")
+
+    @property
+    def kv_state(self) -> str:
+        return f"{self.prefix.replace('.', '-')}-state"
+
+    @property
+    def kv_leases(self) -> str:
+        return f"{self.prefix.replace('.', '-')}-leases"
+
+    def _stream(self, what: str) -> str:
+        return f"{self.prefix.upper().replace('.', '_').replace('-', '_')}_{what}"
+
+    def node_of(self, subject: str) -> str:
+        """The node a per-node subject belongs to (its last token, unescaped)."""
+        return unescape_node(subject.rsplit(".", 1)[-1])

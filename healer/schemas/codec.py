@@ -1,0 +1,110 @@
+"""Bytes on the bus ⇄ typed documents. The one place untyped data is allowed to exist.
+
+``decode_*`` either returns a validated model or raises ``errors.DecodeError`` with a stable ``reason``
+(``too_large``, ``json``, ``schema_version``, ``validation``) and a readable detail; nothing else escapes,
+whatever the input. Consumers count the reasons (``DecodeStats``) and carry on.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TypeVar
+
+import orjson
+import pydantic
+
+from healer import errors
+from healer.schemas import commands, events, incidents, telemetry
+
+MAX_MESSAGE_BYTES = 1 << 20
+"""Largest document accepted (a 256-GPU frame is ~270 KB); anything bigger is hostile or broken."""
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+_WIRE = {"wire": True}
+
+KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str] = {
+    telemetry.NodeFrame: telemetry.SCHEMA,
+    events.NodeEvent: events.SCHEMA,
+    commands.Command: commands.SCHEMA,
+    commands.CommandResult: commands.RESULT_SCHEMA,
+}
+
+
+def encode(model: pydantic.BaseModel) -> bytes:
+    """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``)."""
+    return model.model_dump_json(by_alias=True).encode()
+
+
+def _describe(exc: pydantic.ValidationError, limit: int = 3) -> str:
+    parts = []
+    for err in exc.errors(include_url=False)[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - limit
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def _decode(model: type[M], kind: str, data: bytes | str) -> M:
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise errors.DecodeError(kind, "too_large", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        return model.model_validate_json(data, context=_WIRE)
+    except pydantic.ValidationError as e:
+        first = e.errors(include_url=False)
+        if first and first[0]["type"] == "json_invalid":
+            raise errors.DecodeError(kind, "json", first[0]["msg"]) from None
+        if any(err["loc"][:1] == ("schema",) or "'schema'" in err["msg"] for err in first):
+            expected = KNOWN_SCHEMAS.get(model, "?")
+            found = _peek_schema(data)
+            raise errors.DecodeError(
+                kind, "schema_version", f"schema {found!r} is not supported (expected {expected!r})"
+            ) from None
+        raise errors.DecodeError(kind, "validation", _describe(e)) from None
+
+
+def _peek_schema(data: bytes | str) -> object:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return doc.get("schema") if isinstance(doc, dict) else None
+
+
+def decode_frame(data: bytes | str) -> telemetry.NodeFrame:
+    return _decode(telemetry.NodeFrame, "frame", data)
+
+
+def decode_event(data: bytes | str) -> events.NodeEvent:
+    return _decode(events.NodeEvent, "event", data)
+
+
+def decode_command(data: bytes | str) -> commands.Command:
+    return _decode(commands.Command, "command", data)
+
+
+def decode_command_result(data: bytes | str) -> commands.CommandResult:
+    return _decode(commands.CommandResult, "command_result", data)
+
+
+def decode_incident(data: bytes | str) -> incidents.IncidentEvent:
+    return _decode(incidents.IncidentEvent, "incident", data)
+
+
+class DecodeStats:
+    """Counts of rejected messages by (kind, reason); the consumer's memory of bad input."""
+
+    def __init__(self) -> None:
+        self.rejected: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.accepted: collections.Counter[str] = collections.Counter()
+
+    def ok(self, kind: str) -> None:
+        self.accepted[kind] += 1
+
+    def bad(self, err: errors.DecodeError) -> None:
+        self.rejected[(err.kind, err.reason)] += 1
+
+    @property
+    def total_rejected(self) -> int:
+        return sum(self.rejected.values())

@@ -1,0 +1,70 @@
+"""Command and CommandResult: controller → agent requests on ``healer.cmd.<node>`` and their replies.
+
+Every command carries the issuing leader's fencing token (the revision of its lease in KV) and an
+expiry. The agent refuses expired commands and tokens older than the newest it has seen, so a deposed
+leader's late command can never undo its successor's work.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, Self
+
+import pydantic
+
+from healer.schemas import base, telemetry
+
+SCHEMA: Final = "healer.command.v1"
+RESULT_SCHEMA: Final = "healer.command_result.v1"
+
+CommandAction = Literal["set_power_limit", "restore_power_limit"]
+ResultStatus = Literal["applied", "already", "refused", "failed"]
+
+
+class Command(base.WireModel):
+    schema_: Literal["healer.command.v1"] = pydantic.Field(default=SCHEMA, alias="schema")
+    id: str = pydantic.Field(min_length=1, max_length=128, description="idempotency key")
+    node: str = pydantic.Field(min_length=1, max_length=253, pattern=telemetry.NODE_PATTERN)
+    action: CommandAction
+    gpu_index: int | None = pydantic.Field(default=None, ge=0, le=255, description="None: every GPU")
+    watts: float | None = pydantic.Field(default=None, gt=0)
+    percent_of_default: float | None = pydantic.Field(default=None, gt=0, le=200)
+    fencing_token: int = pydantic.Field(ge=1, description="issuer's lease revision")
+    issued_at: float = pydantic.Field(gt=0)
+    expires_at: float = pydantic.Field(gt=0)
+    issuer: str = pydantic.Field(default="controller", max_length=128)
+    reason: str = pydantic.Field(default="", max_length=1024, description="incident id / why")
+
+    @pydantic.model_validator(mode="after")
+    def _one_target(self) -> Self:
+        if self.action == "set_power_limit":
+            if (self.watts is None) == (self.percent_of_default is None):
+                raise ValueError("set_power_limit needs exactly one of watts or percent_of_default")
+        elif self.watts is not None or self.percent_of_default is not None:
+            raise ValueError("restore_power_limit takes no watts or percent_of_default")
+        if self.expires_at <= self.issued_at:
+            raise ValueError("expires_at must be after issued_at")
+        return self
+
+
+class PowerChange(pydantic.BaseModel):
+    """What happened to one GPU's power limit."""
+
+    model_config = base.CONFIG
+
+    index: int = pydantic.Field(ge=0, le=255)
+    previous_w: float | None = None
+    requested_w: float | None = None
+    applied_w: float | None = None
+    clamped: bool = False
+    status: ResultStatus
+    detail: str = ""
+
+
+class CommandResult(base.WireModel):
+    schema_: Literal["healer.command_result.v1"] = pydantic.Field(default=RESULT_SCHEMA, alias="schema")
+    command_id: str = pydantic.Field(max_length=128)
+    node: str = pydantic.Field(max_length=253)
+    status: ResultStatus
+    detail: str = pydantic.Field(default="", max_length=4096)
+    gpus: list[PowerChange] = pydantic.Field(default_factory=list, max_length=256)
+    ts: float

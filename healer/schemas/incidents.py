@@ -1,0 +1,95 @@
+"""The incident feed: CloudEvents 1.0 in structured JSON mode.
+
+``type`` is ``io.healer.incident.<opened|updated|action|resolved|escalated>.v1`` (the version lives in
+the type, as CloudEvents recommends); ``data.schema`` repeats it for consumers that only keep the data.
+``id`` is unique and doubles as the ``Nats-Msg-Id``, so receivers can deduplicate.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+import pydantic
+
+from healer.schemas import base, telemetry
+
+SCHEMA: Final = "healer.incident.v1"
+TYPE_PREFIX = "io.healer.incident."
+
+Change = Literal["opened", "updated", "action", "resolved", "escalated"]
+Severity = Literal["info", "warning", "major", "critical"]
+Mode = Literal["enforce", "dry-run", "observe"]
+IncidentState = Literal["open", "resolved", "escalated"]
+ActionStatus = Literal[
+    "planned", "done", "already-done", "refused", "failed-temporary", "failed-permanent", "skipped"
+]
+
+
+class ActionRecord(pydantic.BaseModel):
+    model_config = base.CONFIG
+
+    kind: str = pydantic.Field(max_length=64)
+    status: ActionStatus
+    detail: str = pydantic.Field(default="", max_length=4096)
+    at: float
+
+
+class IncidentData(pydantic.BaseModel):
+    model_config = base.CONFIG
+
+    schema_: Literal["healer.incident.v1"] = pydantic.Field(default=SCHEMA, alias="schema")
+    incident_id: str = pydantic.Field(max_length=128)
+    rule_id: str = pydantic.Field(max_length=128)
+    severity: Severity
+    node: str = pydantic.Field(max_length=253, pattern=telemetry.NODE_PATTERN)
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    state: IncidentState
+    summary: str = pydantic.Field(max_length=4096)
+    evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
+    actions: list[ActionRecord] = pydantic.Field(default_factory=list)
+    labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    mode: Mode
+
+
+class IncidentEvent(pydantic.BaseModel):
+    """A CloudEvents 1.0 envelope around IncidentData."""
+
+    model_config = base.CONFIG
+
+    specversion: Literal["1.0"] = "1.0"
+    id: str = pydantic.Field(min_length=1, max_length=128)
+    source: str = pydantic.Field(min_length=1, description="healer://<cluster>/controller")
+    type: str = pydantic.Field(
+        pattern=r"^io\.healer\.incident\.(opened|updated|action|resolved|escalated)\.v1$"
+    )
+    subject: str = pydantic.Field(description="node/<node>[/gpu/<index>]")
+    time: datetime
+    datacontenttype: Literal["application/json"] = "application/json"
+    data: IncidentData
+
+    @property
+    def change(self) -> Change:
+        value = self.type.removeprefix(TYPE_PREFIX).removesuffix(".v1")
+        assert value in ("opened", "updated", "action", "resolved", "escalated")
+        return value  # type: ignore[return-value]
+
+
+def event_type(change: Change) -> str:
+    return f"{TYPE_PREFIX}{change}.v1"
+
+
+def subject_of(node: str, gpu_index: int | None) -> str:
+    return f"node/{node}" if gpu_index is None else f"node/{node}/gpu/{gpu_index}"
+
+
+def build(*, event_id: str, cluster: str, change: Change, data: IncidentData, ts: float) -> IncidentEvent:
+    return IncidentEvent(
+        id=event_id,
+        source=f"healer://{cluster}/controller",
+        type=event_type(change),
+        subject=subject_of(data.node, data.gpu_index),
+        time=datetime.fromtimestamp(ts, tz=UTC),
+        data=data,
+    )

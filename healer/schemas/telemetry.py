@@ -1,0 +1,97 @@
+"""NodeFrame and GpuSample: one message per node per interval with every GPU of the node.
+
+Units are in the field names. ``None`` means the GPU (or driver) does not support the reading; it is
+never a stand-in for "unknown value", and a lost GPU is an absent entry plus a ``gpu_lost`` event, not a
+sample full of ``None``. Counters are cumulative exactly as NVML reports them; consumers derive rates and
+handle resets.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import pydantic
+
+from healer.schemas import base
+
+SCHEMA: Final = "healer.telemetry.v1"
+
+Source = Literal["nvml", "sim", "replay"]
+
+NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""Node names: Kubernetes / Slurm / DNS style. Dots are allowed (escaped in subjects, see bus.subjects)."""
+
+
+class GpuSample(pydantic.BaseModel):
+    """One GPU's readings at one instant."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    index: int = pydantic.Field(ge=0, le=255, description="NVML device index on the node")
+    uuid: str | None = pydantic.Field(default=None, max_length=96, description="GPU UUID (GPU-...)")
+    model: str | None = pydantic.Field(default=None, max_length=96, description="product name")
+    pci_bus_id: str | None = pydantic.Field(default=None, max_length=32)
+    temp_c: float | None = pydantic.Field(default=None, description="GPU core temperature")
+    mem_temp_c: float | None = pydantic.Field(default=None, description="HBM temperature")
+    slowdown_temp_c: float | None = pydantic.Field(default=None, description="HW slowdown threshold")
+    shutdown_temp_c: float | None = pydantic.Field(default=None, description="HW shutdown threshold")
+    mem_max_temp_c: float | None = pydantic.Field(default=None, description="HBM max operating temp")
+    power_w: float | None = pydantic.Field(default=None, description="board power draw")
+    power_limit_w: float | None = pydantic.Field(default=None, description="current power limit")
+    power_default_w: float | None = pydantic.Field(default=None, description="default power limit")
+    power_min_w: float | None = pydantic.Field(default=None, description="lowest settable limit")
+    power_max_w: float | None = pydantic.Field(default=None, description="highest settable limit")
+    energy_j: float | None = pydantic.Field(default=None, description="energy since driver load")
+    util_gpu_pct: float | None = pydantic.Field(default=None, ge=0, le=100)
+    util_mem_pct: float | None = pydantic.Field(default=None, ge=0, le=100)
+    mem_used_mib: float | None = pydantic.Field(default=None, ge=0)
+    mem_total_mib: float | None = pydantic.Field(default=None, ge=0)
+    sm_clock_mhz: float | None = pydantic.Field(default=None, ge=0)
+    sm_clock_max_mhz: float | None = pydantic.Field(default=None, ge=0)
+    clocks_event_reasons: int | None = pydantic.Field(
+        default=None, ge=0, description="NVML clocks event (throttle) reasons bitmask"
+    )
+    ecc_sbe_volatile: int | None = pydantic.Field(default=None, ge=0)
+    ecc_dbe_volatile: int | None = pydantic.Field(default=None, ge=0)
+    ecc_sbe_aggregate: int | None = pydantic.Field(default=None, ge=0)
+    ecc_dbe_aggregate: int | None = pydantic.Field(default=None, ge=0)
+    retired_pages: int | None = pydantic.Field(
+        default=None, ge=0, description="pages retired (pre-Ampere page retirement; SBE + DBE causes)"
+    )
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = pydantic.Field(default=None, ge=0)
+    remapped_rows_uncorrectable: int | None = pydantic.Field(default=None, ge=0)
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    nvlink_links_total: int | None = pydantic.Field(default=None, ge=0)
+    nvlink_links_up: int | None = pydantic.Field(default=None, ge=0)
+    nvlink_crc_flit_errors: int | None = pydantic.Field(default=None, ge=0)
+    nvlink_crc_data_errors: int | None = pydantic.Field(default=None, ge=0)
+    nvlink_replay_errors: int | None = pydantic.Field(default=None, ge=0)
+    nvlink_recovery_errors: int | None = pydantic.Field(default=None, ge=0)
+    pcie_gen: int | None = pydantic.Field(default=None, ge=0)
+    pcie_gen_max: int | None = pydantic.Field(default=None, ge=0)
+    pcie_width: int | None = pydantic.Field(default=None, ge=0)
+    pcie_width_max: int | None = pydantic.Field(default=None, ge=0)
+    pcie_replay_count: int | None = pydantic.Field(default=None, ge=0)
+    recovery_action: int | None = pydantic.Field(
+        default=None,
+        ge=0,
+        description="NVML recovery action: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain+reset",
+    )
+
+
+class NodeFrame(base.WireModel):
+    """Everything one node's agent saw in one sampling interval."""
+
+    schema_: Literal["healer.telemetry.v1"] = pydantic.Field(default=SCHEMA, alias="schema")
+    node: str = pydantic.Field(min_length=1, max_length=253, pattern=NODE_PATTERN)
+    ts: float = pydantic.Field(gt=0, description="unix seconds when sampling started")
+    seq: int = pydantic.Field(ge=0, description="frame number since this agent started")
+    boot_id: str = pydantic.Field(min_length=1, max_length=64, description="unique per agent start")
+    agent_version: str = pydantic.Field(max_length=64)
+    source: Source
+    gpus_expected: int | None = pydantic.Field(
+        default=None, ge=0, le=256, description="GPUs configured for this node; missing entries are lost GPUs"
+    )
+    gpus: list[GpuSample] = pydantic.Field(max_length=256)
