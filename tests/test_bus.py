@@ -220,7 +220,14 @@ async def test_cluster_keeps_replicated_streams_when_a_node_dies(
         assert await bus.publish_durable(subj.events("n1"), b"before", msg_id="b1")
         victim = next(s for s in nats_cluster.servers if s.url not in str(bus.nc.connected_url))
         victim.kill()
-        assert await bus.publish_durable(subj.events("n1"), b"after", msg_id="a1", timeout=10)
+        # The stream may first elect a new leader: a TemporaryError, retried as the agent does.
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    assert await bus.publish_durable(subj.events("n1"), b"after", msg_id="a1", timeout=2)
+                    break
+                except errors.TemporaryError:
+                    await asyncio.sleep(0.2)
         info = await bus.js.stream_info(subj.stream_events)
         assert info.state.messages == 2
     finally:
