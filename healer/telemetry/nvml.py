@@ -113,6 +113,13 @@ def error_classes(nv: ModuleType, *names: str) -> tuple[type[BaseException], ...
     return tuple(cls for name in names if isinstance(cls := getattr(nv, name, None), type))
 
 
+def init_failed(nv: ModuleType, e: BaseException) -> errors.HealerError:
+    """What a failed nvmlInit means: no driver / library / permission is permanent, the rest may pass."""
+    if isinstance(e, error_classes(nv, *_PERMANENT_INIT)):
+        return errors.PermanentError(f"NVML init failed: {e}")
+    return errors.TemporaryError(f"NVML init failed: {e}", delay=5.0)
+
+
 class NvmlSource:
     """The real GPUs of this node. ``nvml`` is the pynvml module; tests pass a fake."""
 
@@ -146,10 +153,7 @@ class NvmlSource:
             try:
                 nv.nvmlInit()
             except nv.NVMLError as e:
-                permanent = isinstance(e, error_classes(nv, *_PERMANENT_INIT))
-                if permanent:
-                    raise errors.PermanentError(f"NVML init failed: {e}") from e
-                raise errors.TemporaryError(f"NVML init failed: {e}", delay=5.0) from e
+                raise init_failed(nv, e) from e
             try:
                 count = int(nv.nvmlDeviceGetCount())
             except nv.NVMLError as e:
