@@ -149,6 +149,21 @@ def test_a_constant_or_function_missing_from_pynvml_reads_as_unsupported(fake: f
     assert _unsupported_logs(logs, 0, "pcie_replay_count") == 1
 
 
+def test_a_call_the_driver_lacks_falls_back_to_its_other_spelling(
+    src: nvml.NvmlSource, fake: fp.FakeNvml
+) -> None:
+    for gpu in fake.gpus:
+        gpu.errors["nvmlDeviceGetTemperature"] = fp.NVML_ERROR_FUNCTION_NOT_FOUND
+        gpu.errors["nvmlDeviceGetCurrentClocksEventReasons"] = fp.NVML_ERROR_FUNCTION_NOT_FOUND
+    fake.gpus[0].temp_c, fake.gpus[0].clocks_event_reasons = 77, 0x20
+    samples = [src.sample() for _ in range(3)]
+    assert samples[-1].gpus[0].temp_c == 77.0
+    assert samples[-1].gpus[0].clocks_event_reasons == 0x20
+    assert all(smp.events == [] for smp in samples)
+    assert fake.calls["nvmlDeviceGetTemperature"] == 1
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == 3 * 8
+
+
 def test_lost_gpu_is_a_missing_entry_with_one_gpu_lost_event_until_it_returns(
     src: nvml.NvmlSource, fake: fp.FakeNvml
 ) -> None:

@@ -77,8 +77,11 @@ FUNCTIONS: Final = {
     "pcie_width_max": "nvmlDeviceGetMaxPcieLinkWidth",
     "pcie_replay": "nvmlDeviceGetPcieReplayCounter",
 }
-FALLBACKS: Final = {"reasons": "nvmlDeviceGetCurrentClocksThrottleReasons"}
-"""Older nvidia-ml-py spells a function differently."""
+FALLBACKS: Final = {
+    "temp": "nvmlDeviceGetTemperatureV",
+    "reasons": "nvmlDeviceGetCurrentClocksThrottleReasons",
+}
+"""The other spelling of a call, used when this pynvml or this driver lacks the first (FunctionNotFound)."""
 
 _PERMANENT_INIT: Final = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NoPermission")
 _PERMANENT_POWER: Final = ("NVMLError_NoPermission", "NVMLError_NotSupported", "NVMLError_InvalidArgument")
@@ -111,6 +114,26 @@ def load_pynvml() -> ModuleType:
 def error_classes(nv: ModuleType, *names: str) -> tuple[type[BaseException], ...]:
     """The NVMLError subclasses of this pynvml by name (a name it lacks is left out)."""
     return tuple(cls for name in names if isinstance(cls := getattr(nv, name, None), type))
+
+
+def _with_fallback(nv: ModuleType, name: str, fallback: str | None) -> Callable[..., Any] | None:
+    """``name`` from this pynvml, switching for good to ``fallback`` if the driver lacks ``name``."""
+    first, second = getattr(nv, name, None), getattr(nv, fallback, None) if fallback else None
+    if first is None or second is None:
+        return first or second
+    not_found = error_classes(nv, "NVMLError_FunctionNotFound")
+    chosen = [first]
+
+    def call(*args: Any) -> Any:
+        try:
+            return chosen[0](*args)
+        except not_found:
+            if chosen[0] is second:
+                raise
+            chosen[0] = second
+            return second(*args)
+
+    return call
 
 
 def init_failed(nv: ModuleType, e: BaseException) -> errors.HealerError:
@@ -189,10 +212,7 @@ class NvmlSource:
 
     def _resolve(self, nv: ModuleType) -> None:
         """Look every function and constant up once; what this pynvml lacks reads as unsupported."""
-        self._fn = {
-            k: getattr(nv, name, None) or getattr(nv, FALLBACKS.get(k, ""), None)
-            for k, name in FUNCTIONS.items()
-        }
+        self._fn = {k: _with_fallback(nv, name, FALLBACKS.get(k)) for k, name in FUNCTIONS.items()}
         names = [
             "NVML_SUCCESS", "NVML_TEMPERATURE_GPU", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
             "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", "NVML_TEMPERATURE_THRESHOLD_MEM_MAX", "NVML_CLOCK_SM",

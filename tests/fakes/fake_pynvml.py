@@ -416,6 +416,12 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return gpu.temp_c
 
+    def nvmlDeviceGetTemperatureV(self, handle: c_nvmlDevice_t, sensor: int, version: int = 0x100000C) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperatureV")
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temp_c
+
     def nvmlDeviceGetTemperatureThreshold(self, handle: c_nvmlDevice_t, threshold: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetTemperatureThreshold")
         thresholds = {
