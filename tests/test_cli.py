@@ -54,14 +54,18 @@ def test_agent_process_streams_frames_serves_metrics_and_stops_cleanly(
         agent.send_signal(signal.SIGTERM)
         out, _ = agent.communicate(timeout=20)
     assert agent.returncode == 0, out.decode()[-2000:]
-    bus = await natsbus.NatsBus.connect(nats_server.url)
+    assert asyncio.run(event_kinds(nats_server.url, "healer.events.cli-node")) == [
+        "agent_start",
+        "agent_stop",
+    ]
+
+
+async def event_kinds(url: str, subject: str) -> list[str]:
+    bus = await natsbus.NatsBus.connect(url)
     try:
-        kinds = [
-            codec.decode_event(d).kind for d in await conftest.read_stream(bus, "healer.events.cli-node")
-        ]
+        return [codec.decode_event(d).kind for d in await conftest.read_stream(bus, subject)]
     finally:
         await bus.close()
-    assert kinds == ["agent_start", "agent_stop"]
 
 
 def test_watch_survives_garbage_and_counts_it(
