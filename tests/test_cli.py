@@ -3,6 +3,7 @@ processes against a real nats-server, stopped with SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import signal
