@@ -85,6 +85,55 @@ class AgentSettings(_Group):
     """Watch NVML events (XIDs, double-bit ECC) in a thread (``source: nvml`` only)."""
 
 
+class ControllerSettings(_Group):
+    rules_dir: str = "rules"
+    """Directory of rule files (*.yaml); watched and hot-reloaded."""
+    mode: Literal["enforce", "dry-run", "observe"] = "dry-run"
+    """enforce: act; dry-run: decide and publish, touch nothing; observe: incidents only."""
+    actuator: Literal["log", "slurm", "kubernetes"] = "log"
+    """Where cordon/drain/migrate go. Power limits always go to the node agent."""
+    cluster: str = "default"
+    """Cluster name, in every incident's CloudEvent ``source`` (healer://<cluster>/controller)."""
+    tick_s: float = pydantic.Field(default=1.0, gt=0)
+    """Rule evaluation interval."""
+    reload_check_s: float = pydantic.Field(default=2.0, gt=0)
+    """How often the rules directory is checked for changes."""
+    gpus_per_node: int = pydantic.Field(default=8, ge=1, le=256)
+    """Expected GPUs per node (fleet-state sizing; frames may carry fewer or more)."""
+    stale_after_s: float = pydantic.Field(default=300.0, gt=0)
+    """A node silent this long is dropped from the evaluated fleet (node-silent rules fire before)."""
+    shards: int = pydantic.Field(default=1, ge=1)
+    """Number of controller shards; each owns the nodes whose name hashes to it."""
+    shard: int = pydantic.Field(default=0, ge=0)
+    """This process's shard (0 .. shards-1)."""
+    metrics_port: int = pydantic.Field(default=9742, ge=0, le=65535)
+    """Prometheus /metrics port; 0 turns it off."""
+    breaker_max_nodes: int = pydantic.Field(default=50, ge=1)
+    """Circuit breaker: at most this many nodes cordoned/drained by healer in the window..."""
+    breaker_max_percent: float = pydantic.Field(default=10.0, gt=0, le=100)
+    """...and at most this percentage of the known fleet (never fewer than one node)."""
+    breaker_window_s: float = pydantic.Field(default=3600.0, gt=0)
+    """Sliding window of the circuit breaker."""
+    action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
+    """The same action on the same node (for another incident) waits at least this long."""
+    actions_per_minute: int = pydantic.Field(default=60, ge=1)
+    """Fleet-wide rate limit per action kind."""
+    repeat_faults: int = pydantic.Field(default=3, ge=2)
+    """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
+    repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)
+    """Window for counting repeat faults on one GPU."""
+    command_ttl_s: float = pydantic.Field(default=30.0, gt=0)
+    """Expiry of commands sent to agents."""
+    power_confirm_s: float = pydantic.Field(default=5.0, gt=0)
+    """How long to wait for frames to show a new power limit before calling the action failed."""
+    power_cap_escalate_s: float = pydantic.Field(default=900.0, gt=0)
+    """An incident still firing this long after its power cap escalates to a cordon (the ladder)."""
+    action_retries: int = pydantic.Field(default=3, ge=0)
+    """Temporary action failures retried this many times (one per tick) before the incident escalates."""
+    uncordon_hold_s: float = pydantic.Field(default=300.0, ge=0)
+    """After an incident resolves, wait this long before undoing healer's cordon."""
+
+
 class LogSettings(_Group):
     level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
@@ -96,6 +145,7 @@ class Settings(_Group):
     nats: NatsSettings = pydantic.Field(default_factory=NatsSettings)
     retry: RetrySettings = pydantic.Field(default_factory=RetrySettings)
     agent: AgentSettings = pydantic.Field(default_factory=AgentSettings)
+    controller: ControllerSettings = pydantic.Field(default_factory=ControllerSettings)
     log: LogSettings = pydantic.Field(default_factory=LogSettings)
 
 
