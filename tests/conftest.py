@@ -6,8 +6,9 @@ and stops it (by its own PID) afterwards, whatever the test did.
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -70,3 +71,25 @@ async def memory_bus(subj: subjects.Subjects) -> AsyncIterator[memory.MemoryBus]
         yield bus
     finally:
         await bus.close()
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.05) -> None:
+    """Poll ``predicate`` until it holds; TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polling other objects' state is the point
+            await asyncio.sleep(step)
+
+
+async def read_stream(bus: natsbus.NatsBus, subject: str, quiet_s: float = 1.0) -> list[bytes]:
+    """Every message a stream holds on ``subject``, read by an ordered consumer until it goes quiet."""
+    sub = await bus.js.subscribe(subject, ordered_consumer=True)
+    out: list[bytes] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=quiet_s)
+            except TimeoutError:
+                return out
+            out.append(msg.data)
+    finally:
+        await sub.unsubscribe()

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 
 import healer
 
-GROUPS = ["healer.cli.schema_cmd", "healer.cli.sim_cmd"]
+GROUPS = [
+    "healer.cli.agent_cmd",
+    "healer.cli.nats_cmd",
+    "healer.cli.telemetry_cmd",
+    "healer.cli.schema_cmd",
+    "healer.cli.sim_cmd",
+]
 """Modules that add subcommands, in help order."""
 
 

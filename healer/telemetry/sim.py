@@ -37,6 +37,7 @@ class SimSource:
     ) -> None:
         self.node = node
         self.count = gpus
+        self.gpus_expected: int | None = gpus
         self._clock = clock
         if isinstance(scenario, str):
             scenario = scenarios.load(scenario)
