@@ -57,6 +57,7 @@ class NodePower:
 class Stats:
     ticks: int = 0
     frames: int = 0
+    frames_dropped: int = 0
     events: int = 0
     events_retried: int = 0
     commands: int = 0
@@ -141,9 +142,16 @@ class LiveFleet:
         self._last = now
         self.sim.step(dt)
         out = self.sim.frames()
-        for node, data in out:
-            await self.bus.publish(self._telemetry[node], data)
-        self.stats.frames += len(out)
+        sent = 0
+        try:
+            for node, data in out:
+                await self.bus.publish(self._telemetry[node], data)
+                sent += 1
+        except errors.TemporaryError as e:
+            # frames are telemetry, not events: a lost interval is counted, not buffered
+            self.stats.frames_dropped += len(out) - sent
+            log.warning("sim.frames_dropped", count=len(out) - sent, error=str(e))
+        self.stats.frames += sent
         await self._publish_events(self._unsent + self.sim.take_events())
         truth = self.sim.take_truth()
         if truth and self.truth_sink is not None:

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from healer import config, errors
 from healer.bus import base, provision, server, subjects
@@ -154,3 +155,22 @@ async def test_replay_republishes_the_recorded_frames_and_events(
     assert codec.decode_frame(got[0].data).source == "replay"
     evts = await events_seen.wait_for(n_events)
     assert {codec.decode_event(m.data).kind for m in evts} == {"agent_start", "xid", "gpu_lost"}
+
+
+async def test_an_outage_drops_frames_but_keeps_events_for_later(subj: subjects.Subjects) -> None:
+    mem = conftest.make_memory_bus(subj)
+    sim = scenarios.build(scenarios.load("healthy"), nodes=2, gpus=2, seed=1, run_id="outage")
+    fleet_live = live.LiveFleet(sim, mem, subj)
+    events_seen = Collector()
+    await mem.subscribe(subj.all_events, events_seen)
+    mem.set_connected(False)
+    with capture_logs() as logs:
+        await fleet_live.tick(1.0)
+    assert fleet_live.stats.frames_dropped == 2
+    assert fleet_live.stats.events_retried == 2
+    assert {e["event"] for e in logs} >= {"sim.frames_dropped", "sim.events_deferred"}
+    mem.set_connected(True)
+    await fleet_live.tick(1.0)
+    assert fleet_live.stats.frames == 2
+    assert len(await events_seen.wait_for(2)) == 2
+    await mem.close()
