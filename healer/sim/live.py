@@ -34,6 +34,8 @@ log = structlog.get_logger(__name__)
 
 EVENT_BATCH = 256
 """Durable publishes in flight at once (agent_start of thousands of nodes at startup)."""
+MAX_UNSENT_EVENTS = 100_000
+"""Events kept for retry while JetStream refuses them; past it the oldest are dropped and counted."""
 
 
 class NodePower:
@@ -60,6 +62,7 @@ class Stats:
     frames_dropped: int = 0
     events: int = 0
     events_retried: int = 0
+    events_dropped: int = 0
     commands: int = 0
     commands_ignored: int = 0
     overruns: int = 0
@@ -179,6 +182,9 @@ class LiveFleet:
                     self._unsent.append(e)
                 else:
                     self.stats.events += 1
+        if len(self._unsent) > MAX_UNSENT_EVENTS:
+            self.stats.events_dropped += len(self._unsent) - MAX_UNSENT_EVENTS
+            self._unsent = self._unsent[-MAX_UNSENT_EVENTS:]
         if self._unsent:
             self.stats.events_retried += len(self._unsent)
             log.warning("sim.events_deferred", count=len(self._unsent))
