@@ -32,3 +32,8 @@ def test_every_setting_is_documented() -> None:
     for group in (config.NatsSettings, config.RetrySettings, config.AgentSettings, config.LogSettings):
         for name, field in group.model_fields.items():
             assert field.description, f"{group.__name__}.{name} has no docstring"
+
+
+def test_configuration_reference_is_current() -> None:
+    doc = pathlib.Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    assert doc.read_text() == config.reference_markdown(), "run: healer config docs > docs/configuration.md"
