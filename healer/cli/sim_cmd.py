@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from healer import config, errors
+from healer import config, errors, logs
 from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
 from healer.cli import common
@@ -115,6 +115,7 @@ def _print(doc: dict[str, Any]) -> None:
 
 @_guard
 def _record(args: argparse.Namespace) -> int:
+    logs.configure("warning")
     sim = _build(args, start_ts=args.start_ts)
     truth_path = args.truth or args.out.with_name(args.out.name + ".truth.jsonl")
     t0 = time.perf_counter()
@@ -142,6 +143,7 @@ def _record(args: argparse.Namespace) -> int:
 
 @_guard
 def _live(args: argparse.Namespace) -> int:
+    logs.configure("info")
     return asyncio.run(_live_main(args))
 
 
@@ -183,6 +185,7 @@ async def _live_main(args: argparse.Namespace) -> int:
 
 @_guard
 def _replay(args: argparse.Namespace) -> int:
+    logs.configure("warning")
     return asyncio.run(_replay_main(args))
 
 

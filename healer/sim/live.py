@@ -190,7 +190,8 @@ class LiveFleet:
             log.warning("sim.events_deferred", count=len(self._unsent))
 
     async def run(self, duration_s: float | None = None, stop: asyncio.Event | None = None) -> Stats:
-        """Tick every interval until ``duration_s`` has passed or ``stop`` is set."""
+        """Tick every interval until ``duration_s`` has passed or ``stop`` is set; then every live
+        agent says ``agent_stop``, as a real agent does on a clean shutdown."""
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -208,6 +209,10 @@ class LiveFleet:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
+        fl = self.sim.fleet
+        for node in self.sim.reporting().tolist():
+            fl.emit_event(node, "agent_stop", message="simulated agent stopped")
+        await self._publish_events(self._unsent + self.sim.take_events())
         await self.bus.flush()
         log.info("sim.stopped", **dataclasses.asdict(self.stats))
         return self.stats

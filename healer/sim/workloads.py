@@ -39,6 +39,7 @@ class Workloads:
         self.nodes = nodes
         self.gpus = gpus
         self._rng = rng
+        self._t0 = now
         kinds = [KINDS[k] for k in mix]
         weights = np.array([mix[k] for k in mix], dtype=np.float64)
         if weights.sum() <= 0:
@@ -68,7 +69,7 @@ class Workloads:
     def target(self, now: float) -> F64:
         """Utilisation (percent) each GPU is asked for at ``now``."""
         kind = self.kind[:, None]
-        in_ckpt = ((now + self.ckpt_phase) % CHECKPOINT_PERIOD_S) < CHECKPOINT_LENGTH_S
+        in_ckpt = ((now - self._t0 + self.ckpt_phase) % CHECKPOINT_PERIOD_S) < CHECKPOINT_LENGTH_S
         training = np.where(in_ckpt[:, None], 15.0, 95.0 + self.gpu_offset)
         inference = np.where(self.busy, 85.0, 20.0) + 2 * self.gpu_offset
         out: F64 = np.where(kind == TRAINING, training, np.where(kind == INFERENCE, inference, 0.0))

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Iterator
 
 import orjson
 import pytest
+import structlog
 
 from healer import cli
 from healer.bus import server
 from healer.sim import recording
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The commands configure structlog onto the captured stderr; put the old setup back after."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def _last_json(out: str) -> dict[str, object]:
@@ -56,7 +66,7 @@ def test_live_sim_and_replay_run_against_a_real_server(
     stats = _last_json(capsys.readouterr().out)
     assert isinstance(stats["frames"], int)
     assert stats["frames"] >= 3
-    assert stats["events"] == 3 + 2  # agent_start x3, then XID 79 and gpu_lost
+    assert stats["events"] == 3 + 2 + 3  # agent_start x3, XID 79 and gpu_lost, agent_stop x3
     assert orjson.loads(truth.read_text().splitlines()[0])["kind"] == "fell_off_bus"
 
     rec = tmp_path / "r.npz"
