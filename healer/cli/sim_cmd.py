@@ -24,7 +24,7 @@ from healer import config, errors, logs
 from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
 from healer.cli import common
-from healer.sim import engine, live, recording, replay, scenarios
+from healer.sim import engine, live, recording, replay, scenarios, truth
 
 
 def _fleet_options(p: argparse.ArgumentParser, *, nodes: int) -> None:
@@ -125,15 +125,15 @@ def _record(args: argparse.Namespace) -> int:
     )
     elapsed = time.perf_counter() - t0
     with recording.Recording(args.out) as rec:
-        truth = rec.truth()
-    truth_path.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in truth))
+        records = rec.truth()
+    truth.write(truth_path, records)
     _print(
         {
             "out": str(args.out),
             "truth": str(truth_path),
             "steps": writer.steps,
             "node_frames": writer.frames,
-            "faults": len(truth),
+            "faults": len(records),
             "wall_s": round(elapsed, 2),
             "node_frames_per_s": round(writer.frames / max(elapsed, 1e-9)),
         }
