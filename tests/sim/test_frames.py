@@ -7,6 +7,8 @@ import pathlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from healer import errors
 from healer.schemas import codec
@@ -109,3 +111,24 @@ def test_a_file_that_is_not_a_recording_is_refused(tmp_path: pathlib.Path) -> No
     bad.write_bytes(b"not a zip")
     with pytest.raises(errors.PermanentError, match="not a readable simulator recording"):
         recording.Recording(bad)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    name=st.sampled_from(scenarios.builtin_names()),
+    steps=st.integers(1, 40),
+    dt=st.floats(0.05, 120.0),
+    multiplier=st.sampled_from([1.0, 1e4]),
+)
+def test_any_scenario_seed_and_interval_gives_valid_frames_and_events(
+    seed: int, name: str, steps: int, dt: float, multiplier: float
+) -> None:
+    sim = scenarios.build(scenarios.load(name), nodes=16, gpus=4, seed=seed, fault_rate_multiplier=multiplier)
+    for _ in range(steps):
+        sim.step(dt)
+        for _, data in sim.frames():
+            frame = codec.decode_frame(data)
+            assert len(frame.gpus) <= 4
+        for e in sim.take_events():
+            codec.decode_event(frames.encode_event(e))
