@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from healer.sim import faults, fleet, frames
+from healer.sim import fleet, frames, injector
 
 
 class Simulation:
-    def __init__(self, fl: fleet.Fleet, injector: faults.Injector, encoder: frames.Encoder) -> None:
+    def __init__(self, fl: fleet.Fleet, inj: injector.Injector, encoder: frames.Encoder) -> None:
         self.fleet = fl
-        self.injector = injector
+        self.injector = inj
         self.encoder = encoder
 
     @property

@@ -21,7 +21,7 @@ import yaml
 
 from healer import errors
 from healer.schemas import telemetry
-from healer.sim import engine, faults, fleet, frames, profiles
+from healer.sim import engine, faults, fleet, frames, injector, profiles
 
 WorkloadKind = Literal["training", "inference", "idle"]
 
@@ -215,15 +215,13 @@ def build(
     )
     scheduled = _schedule(sc, nodes, gpus, start, setup_rng)
     specs = [
-        faults.RandomSpec(e.kind, e.rate_per_gpu_hour, faults.validate_params(e.kind, e.params))
+        injector.RandomSpec(e.kind, e.rate_per_gpu_hour, faults.validate_params(e.kind, e.params))
         for e in sc.random_faults
     ]
     multiplier = sc.fault_rate_multiplier if fault_rate_multiplier is None else fault_rate_multiplier
-    injector = faults.Injector(
-        fl, scheduled, specs, multiplier=multiplier, rng=np.random.default_rng(fault_ss)
-    )
+    inj = injector.Injector(fl, scheduled, specs, multiplier=multiplier, rng=np.random.default_rng(fault_ss))
     encoder = frames.Encoder(names, fl.static(), source=source)
-    return engine.Simulation(fl, injector, encoder)
+    return engine.Simulation(fl, inj, encoder)
 
 
 def fresh_run_id() -> str:
