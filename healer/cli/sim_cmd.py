@@ -97,6 +97,8 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
 def _build(args: argparse.Namespace, **kw: Any) -> engine.Simulation:
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise errors.PermanentError("--nodes and --gpus-per-node must be at least 1")
+    if args.interval <= 0:
+        raise errors.PermanentError("--interval must be more than 0 seconds")
     sc = scenarios.load(args.scenario)
     return scenarios.build(
         sc,

@@ -45,6 +45,8 @@ def test_record_writes_a_recording_and_its_truth_file(
 def test_bad_scenario_is_a_usage_error(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["sim", "record", "--scenario", "nope", "--out", str(tmp_path / "x.npz")]) == 2
     assert "no scenario 'nope'" in capsys.readouterr().err
+    assert cli.main(["sim", "record", "--interval", "0", "--out", str(tmp_path / "x.npz")]) == 2
+    assert "--interval must be more than 0" in capsys.readouterr().err
 
 
 def test_scenarios_are_listed_and_shown(capsys: pytest.CaptureFixture[str]) -> None:
