@@ -21,6 +21,7 @@ GROUPS = [
     "healer.cli.telemetry_cmd",
     "healer.cli.config_cmd",
     "healer.cli.schema_cmd",
+    "healer.cli.sim_cmd",
 ]
 """Modules that add subcommands, in help order."""
 
