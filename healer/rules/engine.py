@@ -1,0 +1,255 @@
+"""The engine the controller drives: ingest telemetry and events, evaluate every rule for the fleet, and
+report transitions with the evidence behind them.
+
+Per (rule, node, GPU) a condition rule is inactive → pending (condition true, waiting ``for``) →
+firing → resolving (resolve condition true, waiting ``resolve.for``) → resolved. The default resolve
+condition is "``when`` is definitely false", so a reading that goes missing neither fires nor resolves.
+``cooldown`` keeps a resolved target from firing again too soon. Event rules fire at once on a matching
+NodeEvent; with ``resolve: {for: ...}`` they resolve after that much quiet time, otherwise each event is
+a one-shot ``fired``. All state lives in numpy arrays per rule, updated with masks, so a tick costs a
+few array operations per rule whatever the fleet size; Python objects are only built for transitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from healer.rules import evaluate as evaluation
+from healer.rules import ruleset
+from healer.rules import state as fleet_state
+from healer.schemas import events, telemetry
+
+log = structlog.get_logger(__name__)
+
+Status = Literal["fired", "firing", "resolved"]
+Evidence = dict[str, float | int | str | bool | None]
+_INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Firing:
+    """One transition or ongoing firing of a rule on one target (a GPU, or a node when ``gpu`` is None)."""
+
+    rule: ruleset.Rule
+    node: str
+    gpu: int | None
+    status: Status
+    since: float
+    """When it fired (for ``resolved``: when the firing started)."""
+    at: float
+    evidence: Evidence
+    gpu_uuid: str | None = None
+
+    @property
+    def rule_id(self) -> str:
+        return self.rule.id
+
+    @property
+    def key(self) -> tuple[str, str, int | None]:
+        return (self.rule.id, self.node, self.gpu)
+
+
+@dataclasses.dataclass(slots=True)
+class _Track:
+    state: npt.NDArray[np.int8]
+    since: npt.NDArray[np.float64]
+    fired_at: npt.NDArray[np.float64]
+    cool_until: npt.NDArray[np.float64]
+    mask_version: int = -1
+    mask: npt.NDArray[np.bool_] | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _EventFiring:
+    since: float
+    last: float
+    evidence: Evidence
+    gpu_uuid: str | None
+
+
+class Engine:
+    def __init__(self, rules: ruleset.RuleSet, **state_options: Any) -> None:
+        self.rules = rules
+        self.state = fleet_state.FleetState(rules, **state_options)
+        self._tracks: dict[str, _Track] = {}
+        self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
+        self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
+
+    # -- inputs
+    def set_rules(self, rules: ruleset.RuleSet) -> None:
+        """Swap in a new RuleSet; rules whose id and conditions are unchanged keep their state."""
+        old = {r.id: r for r in self.rules.rules}
+        keep = {
+            r.id
+            for r in rules.rules
+            if r.id in old and (old[r.id].when_text, old[r.id].scope) == (r.when_text, r.scope)
+        }
+        self._tracks = {k: v for k, v in self._tracks.items() if k in keep}
+        for track in self._tracks.values():
+            track.mask_version = -1
+        ids = {r.id for r in rules.rules}
+        self._active = {k: v for k, v in self._active.items() if k[0] in ids}
+        self.rules = rules
+        self.state.set_rules(rules)
+
+    def ingest(self, frame: telemetry.NodeFrame) -> None:
+        self.state.ingest(frame)
+
+    def ingest_event(self, event: events.NodeEvent) -> None:
+        for rule in self.rules.event_rules:
+            assert rule.on_event is not None
+            if rule.on_event.matches(event):
+                self._queued.append((rule, event))
+
+    def set_labels(self, node: str, labels: Mapping[str, str]) -> None:
+        self.state.set_labels(node, labels)
+
+    def set_anomaly_scores(self, node: str, scores: Mapping[int, float]) -> None:
+        self.state.set_anomaly_scores(node, scores)
+
+    # -- evaluation
+    def evaluate(self, now: float) -> list[Firing]:
+        """Every rule over the whole fleet: new firings, ongoing firings and resolutions."""
+        self.state.flush()
+        ev = evaluation.Evaluator(self.state, now)
+        out: list[Firing] = []
+        for rule in self.rules.condition_rules:
+            out += self._evaluate_rule(rule, ev, now)
+        out += self._evaluate_events(now)
+        return out
+
+    def _evaluate_rule(self, rule: ruleset.Rule, ev: evaluation.Evaluator, now: float) -> list[Firing]:
+        st = self.state
+        n = st.n
+        width = st.gpus if rule.scope == "gpu" else 1
+        track = self._track(rule, width)
+        assert rule.when is not None
+        value, evidence = ev.condition(rule.when, rule.when_text)
+        value = np.broadcast_to(value, (n, width))
+        exists = st.seen[:n] if rule.scope == "gpu" else np.ones((n, 1), dtype=bool)
+        applies = exists if track.mask is None else exists & track.mask[:n]
+        cond = (value == 1) & applies
+        if rule.resolve_when is not None:
+            rvalue, revidence = ev.condition(rule.resolve_when, rule.resolve_text)
+            evidence = {**evidence, **revidence}
+            rcond = np.broadcast_to(rvalue, (n, width)) == 1
+        else:
+            rcond = value == 0
+        rcond = rcond | ~applies
+        s, since = track.state[:n], track.since[:n]
+        fired_at, cool = track.fired_at[:n], track.cool_until[:n]
+        start = (s == _INACTIVE) & cond
+        s[start], since[start] = _PENDING, now
+        s[(s == _PENDING) & ~cond] = _INACTIVE
+        promote = (s == _PENDING) & (now - since >= rule.for_s) & (now >= cool)
+        s[promote], fired_at[promote] = _FIRING, now
+        resolving = (s == _FIRING) & rcond
+        s[resolving], since[resolving] = _RESOLVING, now
+        s[(s == _RESOLVING) & ~rcond] = _FIRING
+        done = (s == _RESOLVING) & (now - since >= rule.resolve_for_s)
+        s[done] = _INACTIVE
+        if rule.cooldown_s:
+            cool[done] = now + rule.cooldown_s
+        ongoing = ((s == _FIRING) | (s == _RESOLVING)) & ~promote
+        out = []
+        for status, mask in (("fired", promote), ("firing", ongoing), ("resolved", done)):
+            rows, cols = np.nonzero(mask)
+            for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
+                out.append(self._firing(rule, status, i, j, float(fired_at[i, j]), now, evidence))  # type: ignore[arg-type]
+        return out
+
+    def _firing(
+        self, rule: ruleset.Rule, status: Status, i: int, j: int, since: float, now: float, ev: dict[str, Any]
+    ) -> Firing:
+        evidence: Evidence = {}
+        for label, value in ev.items():
+            arr = np.asarray(value)
+            x = float(arr) if arr.ndim == 0 else float(arr[i, j if arr.shape[1] > 1 else 0])
+            evidence[label] = None if math.isnan(x) else x
+        gpu = j if rule.scope == "gpu" else None
+        uuid = self.state.gpu_info[i].get(j, (None, None))[1] if gpu is not None else None
+        return Firing(rule, self.state.names[i], gpu, status, since, now, evidence, uuid)
+
+    def _track(self, rule: ruleset.Rule, width: int) -> _Track:
+        st = self.state
+        track = self._tracks.get(rule.id)
+        if track is None or track.state.shape != (st.cap, width):
+            fresh = _Track(
+                np.zeros((st.cap, width), dtype=np.int8),
+                np.zeros((st.cap, width)),
+                np.zeros((st.cap, width)),
+                np.full((st.cap, width), -np.inf),
+            )
+            if track is not None:  # the fleet grew: keep what we knew
+                rows, cols = track.state.shape
+                for name in ("state", "since", "fired_at", "cool_until"):
+                    getattr(fresh, name)[:rows, :cols] = getattr(track, name)
+            track = self._tracks[rule.id] = fresh
+        if track.mask_version != st.version:
+            track.mask = None if rule.match.everything else self._mask(rule, width)
+            track.mask_version = st.version
+        return track
+
+    def _mask(self, rule: ruleset.Rule, width: int) -> npt.NDArray[np.bool_]:
+        st = self.state
+        mask = np.zeros((st.cap, width), dtype=bool)
+        for i, name in enumerate(st.names):
+            if not rule.match.node_ok(name, st.labels[i]):
+                continue
+            if rule.scope == "node":
+                models = [m for m, _ in st.gpu_info[i].values()]
+                mask[i] = rule.match.model is None or any(rule.match.model_ok(m) for m in models)
+            elif rule.match.model is None:
+                mask[i] = True
+            else:
+                for g, (model, _) in st.gpu_info[i].items():
+                    mask[i, g] = rule.match.model_ok(model)
+        return mask
+
+    def _evaluate_events(self, now: float) -> list[Firing]:
+        out: list[Firing] = []
+        queued, self._queued = self._queued, []
+        for rule, event in queued:
+            n = self.state.node_index(event.node)
+            labels = self.state.labels[n] if n is not None else {}
+            model = None
+            if n is not None and event.gpu_index is not None:
+                model = self.state.gpu_info[n].get(event.gpu_index, (None, None))[0]
+            if not rule.match.node_ok(event.node, labels):
+                continue
+            if rule.match.model is not None and not rule.match.model_ok(model):
+                continue
+            gpu = event.gpu_index if rule.scope == "gpu" else None
+            evidence: Evidence = {"kind": event.kind, "xid": event.xid, "message": event.message}
+            if event.gpu_index is not None:
+                evidence["gpu_index"] = event.gpu_index
+            key = (rule.id, event.node, gpu)
+            active = self._active.get(key)
+            if active is not None:
+                active.last, active.evidence = max(active.last, event.ts), evidence
+                out.append(
+                    Firing(rule, event.node, gpu, "firing", active.since, now, evidence, event.gpu_uuid)
+                )
+                continue
+            if rule.resolve_for_s > 0:
+                self._active[key] = _EventFiring(now, event.ts, evidence, event.gpu_uuid)
+            out.append(Firing(rule, event.node, gpu, "fired", now, now, evidence, event.gpu_uuid))
+            log.info("rule_fired", rule_id=rule.id, node=event.node, gpu=gpu, xid=event.xid)
+        rules = {r.id: r for r in self.rules.event_rules}
+        for key, active in list(self._active.items()):
+            rule = rules[key[0]]
+            if now - active.last >= rule.resolve_for_s:
+                del self._active[key]
+                out.append(
+                    Firing(
+                        rule, key[1], key[2], "resolved", active.since, now, active.evidence, active.gpu_uuid
+                    )
+                )
+        return out
