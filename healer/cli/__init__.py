@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import healer
 
-GROUPS = ["healer.cli.schema_cmd"]
+GROUPS = ["healer.cli.schema_cmd", "healer.cli.rules_cmd"]
 """Modules that add subcommands, in help order."""
 
 

@@ -19,14 +19,11 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import structlog
 
 from healer.rules import evaluate as evaluation
 from healer.rules import ruleset
 from healer.rules import state as fleet_state
 from healer.schemas import events, telemetry
-
-log = structlog.get_logger(__name__)
 
 Status = Literal["fired", "firing", "resolved"]
 Evidence = dict[str, float | int | str | bool | None]
@@ -241,15 +238,18 @@ class Engine:
             if rule.resolve_for_s > 0:
                 self._active[key] = _EventFiring(now, event.ts, evidence, event.gpu_uuid)
             out.append(Firing(rule, event.node, gpu, "fired", now, now, evidence, event.gpu_uuid))
-            log.info("rule_fired", rule_id=rule.id, node=event.node, gpu=gpu, xid=event.xid)
         rules = {r.id: r for r in self.rules.event_rules}
+        reported = {f.key for f in out}
         for key, active in list(self._active.items()):
             rule = rules[key[0]]
             if now - active.last >= rule.resolve_for_s:
                 del self._active[key]
-                out.append(
-                    Firing(
-                        rule, key[1], key[2], "resolved", active.since, now, active.evidence, active.gpu_uuid
-                    )
-                )
+                status: Status = "resolved"
+            elif key in reported:
+                continue
+            else:
+                status = "firing"
+            out.append(
+                Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
+            )
         return out
