@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -97,7 +97,18 @@ class Engine:
         self.state.set_rules(rules)
 
     def ingest(self, frame: telemetry.NodeFrame) -> None:
+        """Queue a frame (cheap); the numpy work happens once per batch, at the next ``evaluate``."""
         self.state.ingest(frame)
+
+    def ingest_many(self, frames: Iterable[telemetry.NodeFrame]) -> None:
+        self.state.ingest_many(frames)
+
+    def memory_bytes(self) -> int:
+        """Fleet state plus per-rule hysteresis arrays."""
+        tracks = sum(
+            a.nbytes for t in self._tracks.values() for a in (t.state, t.since, t.fired_at, t.cool_until)
+        )
+        return self.state.nbytes() + tracks
 
     def ingest_event(self, event: events.NodeEvent) -> None:
         for rule in self.rules.event_rules:

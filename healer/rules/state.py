@@ -150,6 +150,8 @@ class FleetState:
         """Bumped when nodes, GPU models or labels change (rule match masks depend on them)."""
         self.dropped_frames = 0
         self._index: dict[str, int] = {}
+        self._uuids: list[list[str | None] | None] = []
+        self._idx: list[list[int]] = []
         self._pending: list[_Item] = []
         self.cap, self.gpus = capacity, gpus_per_node
         self.last_ts = np.full(self.cap, -np.inf)
@@ -232,13 +234,16 @@ class FleetState:
         getter = self._getter
         gpus = frame.gpus
         idx = [g.index for g in gpus]
-        info = self.gpu_info[n]
-        for g in gpus:
-            if info.get(g.index) != (g.model, g.uuid):
-                info[g.index] = (g.model, g.uuid)
-                self.version += 1
-        if idx and max(idx) >= self.gpus:
-            self._grow(self.cap, max(idx) + 1)
+        uuids = [g.uuid for g in gpus]
+        if uuids != self._uuids[n] or idx != self._idx[n]:  # a GPU changed: rare, so checked cheaply
+            self._uuids[n], self._idx[n] = uuids, idx
+            info = self.gpu_info[n]
+            for g in gpus:
+                if info.get(g.index) != (g.model, g.uuid):
+                    info[g.index] = (g.model, g.uuid)
+                    self.version += 1
+            if idx and max(idx) >= self.gpus:
+                self._grow(self.cap, max(idx) + 1)
         self._pending.append((n, frame.ts, idx, [getter(g.__dict__) for g in gpus], frame.gpus_expected))
 
     def ingest_many(self, frames: Iterable[telemetry.NodeFrame]) -> None:
@@ -375,6 +380,8 @@ class FleetState:
             self.names.append(node)
             self.labels.append({})
             self.gpu_info.append({})
+            self._uuids.append(None)
+            self._idx.append([])
             self.version += 1
         return n
 
