@@ -80,28 +80,56 @@ class Engine:
         self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
 
     # -- inputs
-    def set_rules(self, rules: ruleset.RuleSet) -> None:
-        """Swap in a new RuleSet; rules whose id and conditions are unchanged keep their state."""
+    def set_rules(self, rules: ruleset.RuleSet, now: float | None = None) -> list[Firing]:
+        """Swap in a new RuleSet. Rules whose id, scope and conditions are unchanged keep their state;
+        what a removed or changed rule had firing is returned as ``resolved`` (reason in the evidence),
+        so the controller can close those incidents; a changed rule then starts afresh."""
         old = {r.id: r for r in self.rules.rules}
-        keep = {
-            r.id
-            for r in rules.rules
-            if r.id in old and (old[r.id].when_text, old[r.id].scope) == (r.when_text, r.scope)
-        }
+        new = {r.id: r for r in rules.rules}
+
+        def same(r: ruleset.Rule) -> bool:
+            o = old.get(r.id)
+            return o is not None and (o.when_text, o.resolve_text, o.scope) == (
+                r.when_text,
+                r.resolve_text,
+                r.scope,
+            )
+
+        keep = {r.id for r in rules.rules if same(r)}
+        at = now if now is not None else float(np.max(self.state.last_ts[: self.state.n], initial=0.0))
+        gone: list[Firing] = []
+        reason: Evidence = {"reason": "rule removed or changed by a reload"}
+        for rule_id, track in self._tracks.items():
+            if rule_id in keep or rule_id not in old:
+                continue
+            n = min(self.state.n, track.state.shape[0])
+            rows, cols = np.nonzero(track.state[:n] >= _FIRING)
+            for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
+                rule = old[rule_id]
+                gpu = j if rule.scope == "gpu" else None
+                since = float(track.fired_at[i, j])
+                gone.append(Firing(rule, self.state.names[i], gpu, "resolved", since, at, dict(reason)))
+        for key, active in self._active.items():
+            if key[0] not in new or not same(new[key[0]]):
+                since = active.since
+                gone.append(
+                    Firing(old[key[0]], key[1], key[2], "resolved", since, at, dict(reason), active.gpu_uuid)
+                )
         self._tracks = {k: v for k, v in self._tracks.items() if k in keep}
         for track in self._tracks.values():
             track.mask_version = -1
-        ids = {r.id for r in rules.rules}
-        self._active = {k: v for k, v in self._active.items() if k[0] in ids}
+        self._active = {k: v for k, v in self._active.items() if k[0] in keep}
         self.rules = rules
         self.state.set_rules(rules)
+        return gone
 
-    def ingest(self, frame: telemetry.NodeFrame) -> None:
-        """Queue a frame (cheap); the numpy work happens once per batch, at the next ``evaluate``."""
-        self.state.ingest(frame)
+    def ingest(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+        """Queue a frame (cheap); the numpy work happens once per batch, at the next ``evaluate``.
+        ``at``: receive time on the clock ``evaluate(now)`` uses (default ``frame.ts``)."""
+        self.state.ingest(frame, at)
 
-    def ingest_many(self, frames: Iterable[telemetry.NodeFrame]) -> None:
-        self.state.ingest_many(frames)
+    def ingest_many(self, frames: Iterable[telemetry.NodeFrame], at: float | None = None) -> None:
+        self.state.ingest_many(frames, at)
 
     def memory_bytes(self) -> int:
         """Fleet state plus per-rule hysteresis arrays."""

@@ -16,116 +16,20 @@ one ``itemgetter`` call and queues the row; the numpy work happens once per batc
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from healer.rules import metrics, ruleset, tree
+from healer.rules import metrics, ruleset, windows
 from healer.schemas import telemetry
 
 F64 = npt.NDArray[np.float64]
-KIND_OF: Final = {
-    "rate": ("inc",),
-    "increase": ("inc",),
-    "delta": ("diff",),
-    "changes": ("chg",),
-    "avg_over_time": ("sum", "cnt"),
-    "max_over_time": ("max",),
-    "min_over_time": ("min",),
-    "absent": (),
-}
-_NAN_INIT: Final = frozenset({"max", "min"})
-_Item = tuple[int, float, list[int], list[tuple[Any, ...]], int | None]
-"""A queued frame: node index, ts, GPU indexes, one row of raw values per GPU, gpus_expected."""
-
-
-@dataclasses.dataclass(slots=True)
-class _Ring:
-    """Time buckets of one (metric, accumulator kind): data[bucket position, node, gpu]."""
-
-    kind: str
-    width_s: float
-    ids: npt.NDArray[np.int64]
-    data: F64
-
-    @property
-    def init(self) -> float:
-        return math.nan if self.kind in _NAN_INIT else 0.0
-
-    def add(self, ts: F64, nodes: npt.NDArray[np.intp], values: F64) -> None:
-        b = np.floor(ts / self.width_s).astype(np.int64)
-        pos = b % len(self.ids)
-        for bb in np.unique(b).tolist():
-            p = bb % len(self.ids)
-            if bb > self.ids[p]:
-                self.ids[p] = bb
-                self.data[p] = self.init
-        ok = self.ids[pos] == b
-        if not ok.all():
-            pos, nodes, values = pos[ok], nodes[ok], values[ok]
-        if self.kind == "max":
-            self.data[pos, nodes] = np.fmax(self.data[pos, nodes], values)
-        elif self.kind == "min":
-            self.data[pos, nodes] = np.fmin(self.data[pos, nodes], values)
-        else:
-            self.data[pos, nodes] += values
-
-    def reduce(self, now: float, window_s: float, n: int) -> F64:
-        bnow = math.floor(now / self.width_s)
-        k = max(1, math.ceil(window_s / self.width_s - 1e-9))
-        sel = np.flatnonzero((self.ids > bnow - k) & (self.ids <= bnow))
-        shape = self.data.shape[1:]
-        if len(sel) == 0:
-            return np.full((n, shape[1]), self.init)
-        planes = self.data[sel, :n]
-        if self.kind == "max":
-            return np.fmax.reduce(planes, axis=0)  # type: ignore[no-any-return]
-        if self.kind == "min":
-            return np.fmin.reduce(planes, axis=0)  # type: ignore[no-any-return]
-        return planes.sum(axis=0)  # type: ignore[no-any-return]
-
-
-@dataclasses.dataclass(slots=True)
-class _History:
-    column: int
-    last_value: F64
-    last_valid_ts: F64
-    rings: dict[str, _Ring]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Needs:
-    """What the loaded rules read: instant columns and (metric → kind → windows)."""
-
-    columns: tuple[str, ...]
-    windows: Mapping[str, Mapping[str, tuple[float, ...]]]
-
-
-def needs_of(rules: ruleset.RuleSet) -> Needs:
-    cols: dict[str, None] = {}
-    wins: dict[str, dict[str, set[float]]] = {}
-    for rule in rules.rules:
-        for root in (rule.when, rule.resolve_when):
-            for node in tree.walk(root) if root is not None else []:
-                if isinstance(node, tree.Ref) and metrics.ALL[node.name].source in ("sample", "derived"):
-                    cols[node.name] = None
-                elif isinstance(node, tree.Call) and isinstance(node.args[0], tree.Range):
-                    rng = node.args[0]
-                    if rng.name == metrics.TELEMETRY:
-                        continue
-                    cols[rng.name] = None
-                    per_kind = wins.setdefault(rng.name, {})
-                    for kind in KIND_OF[node.func]:
-                        per_kind.setdefault(kind, set()).add(rng.window_s)
-    if any(metrics.ALL[c].source == "derived" for c in cols):
-        cols.setdefault("clocks_event_reasons", None)
-    ordered = [c for c in metrics.SAMPLE if c in cols] + [c for c in metrics.DERIVED if c in cols]
-    return Needs(tuple(ordered), {m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items()})
+_Item = tuple[int, float, float, list[int], list[tuple[Any, ...]], int | None]
+"""A queued frame: node index, frame ts, accounted-at time, GPU indexes, one row per GPU, gpus_expected."""
 
 
 class FleetState:
@@ -155,14 +59,17 @@ class FleetState:
         self._pending: list[_Item] = []
         self.cap, self.gpus = capacity, gpus_per_node
         self.last_ts = np.full(self.cap, -np.inf)
+        """When each node's newest frame counted (its ``at``), on the evaluator's clock."""
+        self.frame_ts = np.full(self.cap, -np.inf)
+        """The newest frame's own ``ts`` per node (older frames are dropped as out of order)."""
         self.present = np.full(self.cap, np.nan)
         self.expected = np.full(self.cap, np.nan)
         self.seen = np.zeros((self.cap, self.gpus), dtype=bool)
         self.anomaly = np.zeros((self.cap, self.gpus))
-        self.needs = Needs((), {})
+        self.needs = windows.Needs((), {})
         self.latest = np.full((self.cap, self.gpus, 0), np.nan)
         self.col: dict[str, int] = {}
-        self.history: dict[str, _History] = {}
+        self.history: dict[str, windows.History] = {}
         self._raw: list[str] = []
         self._getter: Callable[[dict[str, Any]], tuple[Any, ...]] = lambda d: ()
         self.set_rules(rules or ruleset.RuleSet())
@@ -175,7 +82,7 @@ class FleetState:
     def set_rules(self, rules: ruleset.RuleSet) -> None:
         """Keep exactly what ``rules`` read; columns and windows that survive a reload keep their data."""
         self.flush()
-        needs = needs_of(rules)
+        needs = windows.needs_of(rules)
         old_latest, old_col = self.latest, self.col
         self.col = {name: i for i, name in enumerate(needs.columns)}
         self.latest = np.full((self.cap, self.gpus, len(needs.columns)), np.nan)
@@ -193,22 +100,24 @@ class FleetState:
         old_hist, self.history = self.history, {}
         for metric, kinds in needs.windows.items():
             prev = old_hist.get(metric)
-            hist = _History(
+            hist = windows.History(
                 self.col[metric],
                 prev.last_value if prev else np.full((self.cap, self.gpus), np.nan),
                 prev.last_valid_ts if prev else np.full((self.cap, self.gpus), -np.inf),
                 {},
             )
-            for kind, windows in kinds.items():
-                width = max(min(windows) / self.buckets_per_window, max(windows) / self.max_buckets)
-                size = math.ceil(max(windows) / width) + 1
+            for kind, spans in kinds.items():
+                width = max(min(spans) / self.buckets_per_window, max(spans) / self.max_buckets)
+                size = math.ceil(max(spans) / width) + 1
                 old = prev.rings.get(kind) if prev else None
                 if old is not None and old.width_s == width and len(old.ids) == size:
                     hist.rings[kind] = old
                 else:
-                    init = math.nan if kind in _NAN_INIT else 0.0
+                    init = math.nan if kind in windows.NAN_INIT else 0.0
                     data = np.full((size, self.cap, self.gpus), init)
-                    hist.rings[kind] = _Ring(kind, width, np.full(size, -(2**62), dtype=np.int64), data)
+                    hist.rings[kind] = windows.Ring(
+                        kind, width, np.full(size, -(2**62), dtype=np.int64), data
+                    )
             self.history[metric] = hist
         self.needs = needs
 
@@ -227,7 +136,9 @@ class FleetState:
                 self.anomaly[n, g] = score
 
     # -- ingest
-    def ingest(self, frame: telemetry.NodeFrame) -> None:
+    def ingest(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+        """Queue one frame. ``at``: when it counts on the evaluator's clock (the controller passes its
+        receive time, so a node's clock skew cannot make it look silent); default ``frame.ts``."""
         n = self._index.get(frame.node)
         if n is None:
             n = self._node(frame.node)
@@ -244,11 +155,12 @@ class FleetState:
                     self.version += 1
             if idx and max(idx) >= self.gpus:
                 self._grow(self.cap, max(idx) + 1)
-        self._pending.append((n, frame.ts, idx, [getter(g.__dict__) for g in gpus], frame.gpus_expected))
+        rows = [getter(g.__dict__) for g in gpus]
+        self._pending.append((n, frame.ts, frame.ts if at is None else at, idx, rows, frame.gpus_expected))
 
-    def ingest_many(self, frames: Iterable[telemetry.NodeFrame]) -> None:
+    def ingest_many(self, frames: Iterable[telemetry.NodeFrame], at: float | None = None) -> None:
         for frame in frames:
-            self.ingest(frame)
+            self.ingest(frame, at)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -265,21 +177,22 @@ class FleetState:
 
     def _apply(self, items: list[_Item]) -> None:
         nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
-        ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
-        fresh = ts > self.last_ts[nodes]
+        frame_ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
+        fresh = frame_ts > self.frame_ts[nodes]
         if not fresh.all():
             self.dropped_frames += int((~fresh).sum())
             items = [it for it, ok in zip(items, fresh.tolist(), strict=True) if ok]
-            nodes, ts = nodes[fresh], ts[fresh]
+            nodes, frame_ts = nodes[fresh], frame_ts[fresh]
             if not items:
                 return
-        counts = np.fromiter((len(it[2]) for it in items), dtype=np.intp, count=len(items))
+        ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
+        counts = np.fromiter((len(it[3]) for it in items), dtype=np.intp, count=len(items))
         frame_of = np.repeat(np.arange(len(items)), counts)
-        gidx = np.fromiter((g for it in items for g in it[2]), dtype=np.intp, count=int(counts.sum()))
+        gidx = np.fromiter((g for it in items for g in it[3]), dtype=np.intp, count=int(counts.sum()))
         grid = np.full((len(items), self.gpus, len(self.col)), np.nan)
         nraw = len(self._raw)
         if nraw and len(gidx):
-            rows = [row for it in items for row in it[3]]
+            rows = [row for it in items for row in it[4]]
             grid[frame_of, gidx, :nraw] = np.array(rows, dtype=np.float64).reshape(len(rows), nraw)
         with np.errstate(invalid="ignore"):
             for name, i in self.col.items():
@@ -289,14 +202,15 @@ class FleetState:
                     grid[:, :, i] = np.where(np.isnan(bits), np.nan, flag)
             self.latest[nodes] = grid
             self.last_ts[nodes] = ts
+            self.frame_ts[nodes] = frame_ts
             self.present[nodes] = counts
-            self.expected[nodes] = [np.nan if it[4] is None else it[4] for it in items]
+            self.expected[nodes] = [np.nan if it[5] is None else it[5] for it in items]
             self.seen[nodes[frame_of], gidx] = True
             for hist in self.history.values():
                 self._accumulate(hist, grid[:, :, hist.column], nodes, ts)
 
     @staticmethod
-    def _accumulate(hist: _History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
+    def _accumulate(hist: windows.History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
         prev = hist.last_value[nodes]
         valid = ~np.isnan(cur)
         both = valid & ~np.isnan(prev)
@@ -353,7 +267,7 @@ class FleetState:
                 count = hist.rings["cnt"].reduce(now, window_s, n)
                 out = np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
             else:
-                (kind,) = KIND_OF[func]
+                (kind,) = windows.KIND_OF[func]
                 out = hist.rings[kind].reduce(now, window_s, n)
                 if func == "rate":
                     out = out / window_s
@@ -361,7 +275,15 @@ class FleetState:
 
     # -- bookkeeping
     def nbytes(self) -> int:
-        arrays = [self.last_ts, self.present, self.expected, self.seen, self.anomaly, self.latest]
+        arrays = [
+            self.last_ts,
+            self.frame_ts,
+            self.present,
+            self.expected,
+            self.seen,
+            self.anomaly,
+            self.latest,
+        ]
         for hist in self.history.values():
             arrays += [hist.last_value, hist.last_valid_ts]
             arrays += [a for r in hist.rings.values() for a in (r.ids, r.data)]
@@ -396,6 +318,7 @@ class FleetState:
             return out
 
         self.last_ts = pad(self.last_ts, 0, None, -np.inf)
+        self.frame_ts = pad(self.frame_ts, 0, None, -np.inf)
         self.present = pad(self.present, 0, None, np.nan)
         self.expected = pad(self.expected, 0, None, np.nan)
         self.seen = pad(self.seen, 0, 1, False)

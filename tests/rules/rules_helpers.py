@@ -27,7 +27,7 @@ def frame(
     return telemetry.NodeFrame(
         node=node,
         ts=T0 + t,
-        seq=int(t),
+        seq=max(0, int(t)),
         boot_id="b",
         agent_version="t",
         source="sim",

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from rules_helpers import T0, frame, make_engine, rule
 
-from healer.rules import engine, evaluate, loader, state
+from healer.rules import engine, evaluate, loader, windows
 from healer.schemas import events
 
 
@@ -195,7 +195,7 @@ def test_reload_keeps_state_of_unchanged_rules_and_drops_removed_ones() -> None:
         "rules:\n  - {id: a, description: d, when: 'temp_c > 80', for: 20s, severity: info}\n"
     )
     assert only_a.ruleset is not None
-    eng.set_rules(only_a.ruleset)
+    assert eng.set_rules(only_a.ruleset) == []  # nothing of b was firing
     assert "ecc_dbe_volatile" not in eng.state.history
     eng.ingest(frame("n", 20.0, gpus=1, temp_c=90))
     assert statuses(eng.evaluate(T0 + 20)) == {("a", "n", 0, "fired")}  # pending since t=0 survived
@@ -237,6 +237,31 @@ def test_event_rules_fire_on_matching_events_only() -> None:
 def test_state_keeps_only_what_the_rules_read() -> None:
     ruleset = loader.load_text(rule("increase(ecc_dbe_volatile[10m]) > 0 and temp_c > 1")).ruleset
     assert ruleset is not None
-    needs = state.needs_of(ruleset)
+    needs = windows.needs_of(ruleset)
     assert needs.columns == ("temp_c", "ecc_dbe_volatile")
     assert needs.windows == {"ecc_dbe_volatile": {"inc": (600.0,)}}
+
+
+def test_reload_resolves_what_a_removed_or_changed_rule_had_firing() -> None:
+    eng = make_engine(rule("temp_c > 80"))
+    eng.ingest(frame("n", 0.0, gpus=1, temp_c=90))
+    assert statuses(eng.evaluate(T0)) == {("r", "n", 0, "fired")}
+    changed = loader.load_text(rule("temp_c > 85")).ruleset
+    assert changed is not None
+    (gone,) = eng.set_rules(changed)
+    assert (gone.rule_id, gone.node, gone.gpu, gone.status) == ("r", "n", 0, "resolved")
+    assert gone.evidence == {"reason": "rule removed or changed by a reload"}
+    assert statuses(eng.evaluate(T0 + 1)) == {("r", "n", 0, "fired")}  # the new rule starts afresh
+
+
+def test_receive_time_not_the_node_clock_decides_silence() -> None:
+    text = (
+        "rules:\n  - {id: s, description: d, scope: node, when: 'absent(telemetry[2m])', severity: major}\n"
+    )
+    eng = make_engine(text)
+    skewed = frame("n", -600.0, gpus=1)  # the node's clock is 10 minutes behind
+    eng.ingest(skewed, at=T0)
+    assert eng.evaluate(T0 + 60) == []
+    eng.ingest(frame("n", -600.0 + 100, gpus=1), at=T0 + 100)
+    assert eng.evaluate(T0 + 200) == []
+    assert statuses(eng.evaluate(T0 + 221)) == {("s", "n", None, "fired")}
