@@ -256,7 +256,8 @@ class FleetState:
         n = self.n
         seen = self.seen[:n]
         if name == metrics.TELEMETRY:
-            return (now - self.last_ts[:n] > window_s).astype(np.float64)[:, None]
+            last = self.last_ts[:n]  # a node that never sent a frame is unknown, not silent
+            return np.where(np.isfinite(last), (now - last > window_s).astype(np.float64), np.nan)[:, None]
         hist = self.history[name]
         recent = hist.last_valid_ts[:n] >= now - window_s
         if func == "absent":

@@ -265,3 +265,12 @@ def test_receive_time_not_the_node_clock_decides_silence() -> None:
     eng.ingest(frame("n", -600.0 + 100, gpus=1), at=T0 + 100)
     assert eng.evaluate(T0 + 200) == []
     assert statuses(eng.evaluate(T0 + 221)) == {("s", "n", None, "fired")}
+
+
+def test_a_node_known_only_by_its_labels_is_not_reported_silent() -> None:
+    text = (
+        "rules:\n  - {id: s, description: d, scope: node, when: 'absent(telemetry[2m])', severity: major}\n"
+    )
+    eng = make_engine(text)
+    eng.set_labels("never-reported", {"pool": "a"})  # e.g. a controller that just started
+    assert eng.evaluate(T0 + 3600) == []
