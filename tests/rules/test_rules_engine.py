@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 from rules_helpers import T0, frame, make_engine, rule
 
@@ -274,3 +276,39 @@ def test_a_node_known_only_by_its_labels_is_not_reported_silent() -> None:
     eng = make_engine(text)
     eng.set_labels("never-reported", {"pool": "a"})  # e.g. a controller that just started
     assert eng.evaluate(T0 + 3600) == []
+
+
+@hypothesis.given(
+    st.lists(st.one_of(st.none(), st.integers(min_value=0, max_value=50)), min_size=1, max_size=70),
+    st.sampled_from([60.0, 300.0]),
+)
+@hypothesis.settings(max_examples=100, deadline=None)
+def test_increase_and_max_match_a_sample_by_sample_reference(
+    values: list[int | None], window_s: float
+) -> None:
+    """Against a plain loop over raw samples (10 s apart) using the same bucket boundaries."""
+    w = f"[{int(window_s)}s]"
+    eng = make_engine(rule(f"increase(ecc_dbe_volatile{w}) > 0 or max_over_time(temp_c{w}) > 0"))
+    for i, v in enumerate(values):
+        eng.ingest(frame("n", i * 10.0, gpus=1, ecc_dbe_volatile=v, temp_c=v))
+        eng.evaluate(T0 + i * 10.0)
+    now = T0 + (len(values) - 1) * 10.0
+    width = window_s / 20
+    first_bucket = math.floor(now / width) - round(window_s / width) + 1
+    prev, total, peak, last_valid = None, 0.0, math.nan, -math.inf
+    for i, v in enumerate(values):
+        ts = T0 + i * 10.0
+        if v is None:
+            continue
+        in_window = math.floor(ts / width) >= first_bucket
+        if prev is not None and in_window:
+            total += v if v < prev else v - prev
+        if in_window:
+            peak = v if math.isnan(peak) else max(peak, v)
+        prev, last_valid = v, ts
+    expected_increase = total if last_valid >= now - window_s else math.nan
+    got_increase = eng.state.window("increase", "ecc_dbe_volatile", window_s, now)[0, 0]
+    got_max = eng.state.window("max_over_time", "temp_c", window_s, now)[0, 0]
+    assert (math.isnan(got_increase) and math.isnan(expected_increase)) or got_increase == expected_increase
+    if last_valid >= now - window_s:
+        assert got_max == peak
