@@ -194,24 +194,33 @@ class Engine:
         if rule.cooldown_s:
             cool[done] = now + rule.cooldown_s
         ongoing = ((s == _FIRING) | (s == _RESOLVING)) & ~promote
-        out = []
-        for status, mask in (("fired", promote), ("firing", ongoing), ("resolved", done)):
+        out: list[Firing] = []
+        names, info = st.names, st.gpu_info
+        statuses: tuple[tuple[Status, npt.NDArray[np.bool_]], ...] = (
+            ("fired", promote),
+            ("firing", ongoing),
+            ("resolved", done),
+        )
+        for status, mask in statuses:
             rows, cols = np.nonzero(mask)
-            for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
-                out.append(self._firing(rule, status, i, j, float(fired_at[i, j]), now, evidence))  # type: ignore[arg-type]
+            if len(rows) == 0:
+                continue
+            # Evidence for every firing slot at once: one fancy index per evidence value (values
+            # compared per GPU inside a node-scope aggregation are not the node's evidence).
+            columns = {
+                label: np.broadcast_to(arr, (n, width))[rows, cols].tolist()
+                for label, v in evidence.items()
+                if (arr := np.asarray(v, dtype=np.float64)).ndim < 2 or arr.shape[1] in (1, width)
+            }
+            since_list = fired_at[rows, cols].tolist()
+            for k, (i, j) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
+                facts: Evidence = {
+                    label: (None if math.isnan(xs[k]) else xs[k]) for label, xs in columns.items()
+                }
+                gpu = j if rule.scope == "gpu" else None
+                uuid = info[i].get(j, (None, None))[1] if gpu is not None else None
+                out.append(Firing(rule, names[i], gpu, status, since_list[k], now, facts, uuid))
         return out
-
-    def _firing(
-        self, rule: ruleset.Rule, status: Status, i: int, j: int, since: float, now: float, ev: dict[str, Any]
-    ) -> Firing:
-        evidence: Evidence = {}
-        for label, value in ev.items():
-            arr = np.asarray(value)
-            x = float(arr) if arr.ndim == 0 else float(arr[i, j if arr.shape[1] > 1 else 0])
-            evidence[label] = None if math.isnan(x) else x
-        gpu = j if rule.scope == "gpu" else None
-        uuid = self.state.gpu_info[i].get(j, (None, None))[1] if gpu is not None else None
-        return Firing(rule, self.state.names[i], gpu, status, since, now, evidence, uuid)
 
     def _track(self, rule: ruleset.Rule, width: int) -> _Track:
         st = self.state
