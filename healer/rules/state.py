@@ -28,8 +28,8 @@ from healer.rules import metrics, ruleset, windows
 from healer.schemas import telemetry
 
 F64 = npt.NDArray[np.float64]
-_Item = tuple[int, float, float, list[int], list[tuple[Any, ...]], int | None]
-"""A queued frame: node index, frame ts, accounted-at time, GPU indexes, one row per GPU, gpus_expected."""
+_Item = tuple[int, float, float, list[tuple[Any, ...]], int | None]
+"""A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected."""
 
 
 class FleetState:
@@ -54,8 +54,8 @@ class FleetState:
         """Bumped when nodes, GPU models or labels change (rule match masks depend on them)."""
         self.dropped_frames = 0
         self._index: dict[str, int] = {}
-        self._uuids: list[list[str | None] | None] = []
-        self._idx: list[list[int]] = []
+        self._boot: list[str | None] = []
+        self._count: list[int] = []
         self._pending: list[_Item] = []
         self.cap, self.gpus = capacity, gpus_per_node
         self.last_ts = np.full(self.cap, -np.inf)
@@ -71,7 +71,7 @@ class FleetState:
         self.col: dict[str, int] = {}
         self.history: dict[str, windows.History] = {}
         self._raw: list[str] = []
-        self._getter: Callable[[dict[str, Any]], tuple[Any, ...]] = lambda d: ()
+        self._getter: Callable[[dict[str, Any]], tuple[Any, ...]] = lambda d: (d["index"],)
         self.set_rules(rules or ruleset.RuleSet())
 
     @property
@@ -90,13 +90,10 @@ class FleetState:
             if name in old_col:
                 self.latest[:, :, i] = old_latest[:, :, old_col[name]]
         self._raw = [c for c in needs.columns if metrics.ALL[c].source == "sample"]
-        raw = list(self._raw)
-        if len(raw) >= 2:
-            self._getter = operator.itemgetter(*raw)
-        elif len(raw) == 1:
-            self._getter = lambda d: (d[raw[0]],)
+        if self._raw:
+            self._getter = operator.itemgetter("index", *self._raw)
         else:
-            self._getter = lambda d: ()
+            self._getter = lambda d: (d["index"],)
         old_hist, self.history = self.history, {}
         for metric, kinds in needs.windows.items():
             prev = old_hist.get(metric)
@@ -142,21 +139,17 @@ class FleetState:
         n = self._index.get(frame.node)
         if n is None:
             n = self._node(frame.node)
-        getter = self._getter
         gpus = frame.gpus
-        idx = [g.index for g in gpus]
-        uuids = [g.uuid for g in gpus]
-        if uuids != self._uuids[n] or idx != self._idx[n]:  # a GPU changed: rare, so checked cheaply
-            self._uuids[n], self._idx[n] = uuids, idx
-            info = self.gpu_info[n]
-            for g in gpus:
-                if info.get(g.index) != (g.model, g.uuid):
-                    info[g.index] = (g.model, g.uuid)
-                    self.version += 1
-            if idx and max(idx) >= self.gpus:
-                self._grow(self.cap, max(idx) + 1)
+        if frame.boot_id != self._boot[n] or len(gpus) != self._count[n]:
+            # GPUs only change across an agent restart (or when one falls off): refresh models/UUIDs.
+            self._boot[n], self._count[n] = frame.boot_id, len(gpus)
+            info = {g.index: (g.model, g.uuid) for g in gpus}
+            if info.items() - self.gpu_info[n].items():
+                self.gpu_info[n].update(info)
+                self.version += 1
+        getter = self._getter
         rows = [getter(g.__dict__) for g in gpus]
-        self._pending.append((n, frame.ts, frame.ts if at is None else at, idx, rows, frame.gpus_expected))
+        self._pending.append((n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected))
 
     def ingest_many(self, frames: Iterable[telemetry.NodeFrame], at: float | None = None) -> None:
         for frame in frames:
@@ -188,12 +181,14 @@ class FleetState:
         ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
         counts = np.fromiter((len(it[3]) for it in items), dtype=np.intp, count=len(items))
         frame_of = np.repeat(np.arange(len(items)), counts)
-        gidx = np.fromiter((g for it in items for g in it[3]), dtype=np.intp, count=int(counts.sum()))
-        grid = np.full((len(items), self.gpus, len(self.col)), np.nan)
         nraw = len(self._raw)
-        if nraw and len(gidx):
-            rows = [row for it in items for row in it[4]]
-            grid[frame_of, gidx, :nraw] = np.array(rows, dtype=np.float64).reshape(len(rows), nraw)
+        rows = [row for it in items for row in it[3]]
+        values = np.array(rows, dtype=np.float64).reshape(len(rows), 1 + nraw)
+        gidx = values[:, 0].astype(np.intp)
+        if len(gidx) and gidx.max() >= self.gpus:
+            self._grow(self.cap, int(gidx.max()) + 1)
+        grid = np.full((len(items), self.gpus, len(self.col)), np.nan)
+        grid[frame_of, gidx, :nraw] = values[:, 1:]
         with np.errstate(invalid="ignore"):
             for name, i in self.col.items():
                 if name in metrics.CLOCK_BITS:
@@ -204,7 +199,7 @@ class FleetState:
             self.last_ts[nodes] = ts
             self.frame_ts[nodes] = frame_ts
             self.present[nodes] = counts
-            self.expected[nodes] = [np.nan if it[5] is None else it[5] for it in items]
+            self.expected[nodes] = [np.nan if it[4] is None else it[4] for it in items]
             self.seen[nodes[frame_of], gidx] = True
             for hist in self.history.values():
                 self._accumulate(hist, grid[:, :, hist.column], nodes, ts)
@@ -303,8 +298,8 @@ class FleetState:
             self.names.append(node)
             self.labels.append({})
             self.gpu_info.append({})
-            self._uuids.append(None)
-            self._idx.append([])
+            self._boot.append(None)
+            self._count.append(-1)
             self.version += 1
         return n
 
