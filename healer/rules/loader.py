@@ -20,6 +20,8 @@ from healer import errors
 from healer.rules import actions, lexer, parser, ruleset, spec, tree
 
 RULE_SUFFIXES = (".yaml", ".yml")
+MAX_NODES = 100_000
+"""Values in one file once aliases are expanded; past it the file is refused (alias bombs)."""
 
 
 def expand(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
@@ -115,6 +117,15 @@ def _load_text(text: str, path: str) -> _File:
         return f
     if root is None:
         f.diags.append(ruleset.Diagnostic(path, 1, 1, "empty file: expected 'rules:'"))
+        return f
+    budget = [MAX_NODES]
+    cycle = _cycle(root, [], budget)
+    if cycle is not None:
+        problem = "recursive YAML alias: a value that contains itself"
+        f.at(
+            cycle,
+            problem if budget[0] > 0 else f"too large: more than {MAX_NODES} values once aliases expand",
+        )
         return f
     _check_duplicate_keys(f, root)
     if not isinstance(root, yaml.MappingNode) or not isinstance(data, dict):
@@ -301,6 +312,27 @@ def _find(node: yaml.Node, loc: tuple[int | str, ...], *, key: bool = False) -> 
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             node = node.value[part]
     return node
+
+
+def _cycle(node: yaml.Node, path: list[int], budget: list[int]) -> yaml.Node | None:
+    """The first node that contains itself through aliases (or where the size budget ran out)."""
+    budget[0] -= 1
+    if id(node) in path or budget[0] <= 0:
+        return node
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    path.append(id(node))
+    try:
+        for child in children:
+            found = _cycle(child, path, budget)
+            if found is not None:
+                return found
+    finally:
+        path.pop()
+    return None
 
 
 def _check_duplicate_keys(f: _File, node: yaml.Node) -> None:

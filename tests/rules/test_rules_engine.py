@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
 import hypothesis
 import hypothesis.strategies as st
@@ -11,6 +12,8 @@ from rules_helpers import T0, frame, make_engine, rule
 
 from healer.rules import engine, evaluate, loader, windows
 from healer.schemas import events
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def statuses(firings: list[engine.Firing]) -> set[tuple[str, str, int | None, str]]:
@@ -316,3 +319,12 @@ def test_increase_and_max_match_a_sample_by_sample_reference(
 
 def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def test_default_pack_on_an_empty_fleet_and_a_frame_without_gpus() -> None:
+    result = loader.load_paths([REPO / "rules"])
+    assert result.ruleset is not None
+    eng = engine.Engine(result.ruleset)
+    assert eng.evaluate(T0) == []
+    eng.ingest(frame("n", 0.0, gpus=0, expected=8))
+    assert statuses(eng.evaluate(T0)) == {("gpu-missing", "n", None, "fired")}

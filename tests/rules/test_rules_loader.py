@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 import textwrap
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 
 from healer.rules import loader
@@ -214,3 +216,32 @@ def test_default_pack_loads_without_errors_or_warnings() -> None:
         "gpu-missing",
         "nvlink-crc-storm",
     }
+
+
+@hypothesis.given(st.text(max_size=200))
+@hypothesis.settings(max_examples=200, deadline=None)
+def test_any_text_loads_or_reports_errors_without_raising(text: str) -> None:
+    result = loader.load_text(text)
+    assert result.ok or result.errors
+
+
+ALIAS_BOMB = (
+    "a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+    + "".join(f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcd", "bcde", strict=True))
+    + "rules: [*e, *e]\n"
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "rules: &a [*a]\n",
+        "rules:\n  - &r {id: a, severity: info, when: *r}\n",
+        "rules:\n  - !!python/object:os.system {}\n",
+        "rules:\n  - id: a\n    severity: info\n    when: 'temp_c > 1'\n    actions: *nope\n",
+        "\x00\x01",
+        ALIAS_BOMB,
+    ],
+)
+def test_hostile_yaml_is_an_error_not_a_crash(text: str) -> None:
+    assert not loader.load_text(text).ok
