@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import structlog
 
 from healer.rules import metrics, ruleset, windows
 from healer.schemas import telemetry
 
+log = structlog.get_logger(__name__)
 F64 = npt.NDArray[np.float64]
 _Item = tuple[int, float, float, list[tuple[Any, ...]], int | None]
 """A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected."""
@@ -173,7 +175,10 @@ class FleetState:
         frame_ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
         fresh = frame_ts > self.frame_ts[nodes]
         if not fresh.all():
-            self.dropped_frames += int((~fresh).sum())
+            dropped = int((~fresh).sum())
+            self.dropped_frames += dropped
+            late = [self.names[it[0]] for it, ok in zip(items, fresh.tolist(), strict=True) if not ok]
+            log.warning("frames_out_of_order_dropped", count=dropped, nodes=late[:10])
             items = [it for it, ok in zip(items, fresh.tolist(), strict=True) if ok]
             nodes, frame_ts = nodes[fresh], frame_ts[fresh]
             if not items:

@@ -8,6 +8,8 @@ import pathlib
 import hypothesis
 import hypothesis.strategies as st
 import numpy as np
+import structlog
+import structlog.testing
 from rules_helpers import T0, frame, make_engine, rule
 
 from healer.rules import engine, evaluate, loader, windows
@@ -171,8 +173,15 @@ def test_out_of_order_and_duplicate_frames_in_one_batch() -> None:
     assert statuses(eng.evaluate(T0 + 10)) == {("r", "n", 0, "fired")}
     # ... and a frame older than what was applied is dropped and counted.
     eng.ingest(frame("n", 5.0, gpus=1, ecc_dbe_volatile=100))
-    eng.evaluate(T0 + 20)
+    with structlog.testing.capture_logs() as logs:
+        eng.evaluate(T0 + 20)
     assert eng.state.dropped_frames == 1
+    assert {
+        "event": "frames_out_of_order_dropped",
+        "count": 1,
+        "nodes": ["n"],
+        "log_level": "warning",
+    } in logs
 
 
 def test_fleet_and_gpu_count_grow_without_losing_state() -> None:
