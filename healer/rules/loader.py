@@ -16,7 +16,6 @@ from typing import Any
 import pydantic
 import yaml
 
-from healer import errors
 from healer.rules import actions, lexer, parser, ruleset, spec, tree
 
 RULE_SUFFIXES = (".yaml", ".yml")
@@ -375,6 +374,3 @@ def _locate(node: yaml.ScalarNode, offset: int) -> tuple[int, int]:
     if newline < 0:
         return start.line + 1, start.column + 1 + si
     return start.line + 1 + src.count("\n", 0, si), si - newline
-
-
-__all__ = ["errors", "expand", "load_paths", "load_text"]
