@@ -72,6 +72,9 @@ class _EventFiring:
 
 
 class Engine:
+    """One RuleSet over one FleetState; ``state_options`` go to FleetState (gpus_per_node, capacity,
+    stale_after_s, buckets_per_window, max_buckets)."""
+
     def __init__(self, rules: ruleset.RuleSet, **state_options: Any) -> None:
         self.rules = rules
         self.state = fleet_state.FleetState(rules, **state_options)
@@ -108,7 +111,9 @@ class Engine:
                 rule = old[rule_id]
                 gpu = j if rule.scope == "gpu" else None
                 since = float(track.fired_at[i, j])
-                gone.append(Firing(rule, self.state.names[i], gpu, "resolved", since, at, dict(reason)))
+                uuid = self.state.gpu_info[i].get(j, (None, None))[1] if gpu is not None else None
+                name = self.state.names[i]
+                gone.append(Firing(rule, name, gpu, "resolved", since, at, dict(reason), uuid))
         for key, active in self._active.items():
             if key[0] not in new or not same(new[key[0]]):
                 since = active.since
