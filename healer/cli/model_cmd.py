@@ -1,0 +1,198 @@
+"""``healer model train|eval|info``: train the anomaly model, measure it on simulated faults, show it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import shlex
+import sys
+from typing import Any
+
+from healer import errors
+from healer.anomaly import dataset, evaluation, persist, training
+from healer.anomaly import model as anomaly_model
+from healer.bus import subjects
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("model", help="anomaly model: train, evaluate, show its card")
+    msub = parser.add_subparsers(dest="model_command", metavar="ACTION")
+    msub.required = True
+
+    tr = msub.add_parser("train", help="train on recorded healthy telemetry")
+    src = tr.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from", dest="from_files", nargs="+", type=pathlib.Path, help="sim recordings (.npz)")
+    src.add_argument("--from-stream", metavar="NATS_URL", help="read the HEALER_TELEMETRY stream")
+    tr.add_argument("--prefix", default="healer", help="subject prefix (with --from-stream)")
+    tr.add_argument("--limit", type=int, default=0, help="at most this many frames from the stream")
+    tr.add_argument("--out", required=True, type=pathlib.Path, help="model directory (models/NAME)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--trees", type=int, default=200, help="IsolationForest trees (%(default)s)")
+    tr.add_argument("--max-rows", type=int, default=200_000, help="GPU-windows used for fitting")
+    tr.add_argument("--window", type=float, default=300.0, help="window seconds (%(default)s)")
+    tr.add_argument("--bucket", type=float, default=30.0, help="bucket / scoring seconds (%(default)s)")
+    tr.add_argument("--gpus-per-node", type=int, default=8)
+    tr.set_defaults(func=_train)
+
+    ev = msub.add_parser("eval", help="replay labelled simulated scenarios through the model and the rules")
+    ev.add_argument("--model", required=True, type=pathlib.Path)
+    ev.add_argument(
+        "--scenarios",
+        default=",".join(evaluation.EVAL_SCENARIOS),
+        help="comma-separated scenario names or YAML files (%(default)s)",
+    )
+    ev.add_argument("--nodes", type=int, default=16)
+    ev.add_argument("--hours", type=float, default=3.0)
+    ev.add_argument("--seed", type=int, default=1000, help="first scenario seed (+1 per scenario)")
+    ev.add_argument("--interval", type=float, default=5.0, help="simulated seconds per frame")
+    ev.add_argument("--rules", nargs="+", default=["rules"], help="rule files or directories")
+    ev.add_argument("--json", action="store_true", help="print the full result as JSON")
+    ev.add_argument("--write-card", action="store_true", help="store the summary in the model card")
+    ev.set_defaults(func=_eval)
+
+    info = msub.add_parser("info", help="print the model card")
+    info.add_argument("path", type=pathlib.Path)
+    info.add_argument("--check", action="store_true", help="also load the model; exit 1 if it does not fit")
+    info.set_defaults(func=_info)
+
+
+def _bar(what: str) -> Any:
+    def show(done: int, total: int) -> None:
+        if not sys.stderr.isatty() and done != total:
+            return
+        width = 30
+        filled = int(width * done / max(total, 1))
+        sys.stderr.write(f"\r{what} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _train(args: argparse.Namespace) -> int:
+    settings = anomaly_model.TrainSettings(
+        window_s=args.window,
+        bucket_s=args.bucket,
+        n_estimators=args.trees,
+        seed=args.seed,
+        max_rows=args.max_rows,
+    )
+    try:
+        if args.from_files:
+            wins = [
+                dataset.from_recording(p, window_s=args.window, bucket_s=args.bucket, progress=_bar(str(p)))
+                for p in args.from_files
+            ]
+        else:
+            frames = asyncio.run(
+                dataset.stream_frames(
+                    args.from_stream,
+                    subjects.Subjects(args.prefix),
+                    limit=args.limit,
+                    progress=_bar("frames"),
+                )
+            )
+            win, bad = dataset.from_frames(
+                frames,
+                gpus_per_node=args.gpus_per_node,
+                window_s=args.window,
+                bucket_s=args.bucket,
+                source=f"stream:{subjects.Subjects(args.prefix).stream_telemetry}",
+            )
+            if bad:
+                print(f"skipped {bad} undecodable frames", file=sys.stderr)
+            wins = [win]
+        command = (
+            "healer model " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+            if sys.argv[1:2] == ["model"]
+            else "healer model train"
+        )
+        _, card = training.train(wins, args.out, settings, command)
+    except errors.HealerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "threshold": card["calibration"]["threshold"],
+                "gpu_windows": card["training_data"]["gpu_windows"],
+            }
+        )
+    )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    try:
+        m, card = persist.load(args.model)
+        names = [n for n in args.scenarios.split(",") if n]
+        result = evaluation.run(
+            m,
+            names,
+            nodes=args.nodes,
+            hours=args.hours,
+            seed=args.seed,
+            interval_s=args.interval,
+            rules_paths=args.rules,
+            progress=lambda n: print(f"scenario {n} ...", file=sys.stderr),
+        )
+    except errors.HealerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.write_card:
+        card["evaluation"] = {
+            "command": "healer model " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+            **{k: v for k, v in result.items() if k != "raw"},
+        }
+        persist.write_card(args.model, card)
+    if args.json:
+        print(json.dumps(result, indent=2, default=float))
+    else:
+        print(format_summary(result))
+    return 0
+
+
+def _minutes(v: float | None) -> str:
+    return "-" if v is None else f"{v / 60:+.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    lines = [
+        f"{'fault kind':<22} {'n':>3} {'recall':>7} {'prec':>6} {'rules':>6} "
+        f"{'lead min':>9} {'flag lead':>9} {'lead>=10m':>9} {'model 1st':>9}  rule",
+    ]
+    for kind, k in result["per_kind"].items():
+        lines.append(
+            f"{kind:<22} {k['faults']:>3} {_pct(k['model_recall']):>7} {_pct(k['model_precision']):>6} "
+            f"{_pct(k['rule_recall']):>6} {_minutes(k['median_lead_s']):>9} "
+            f"{_minutes(k['median_flag_lead_s']):>9} "
+            f"{_pct(k['share_lead_ge_600s']):>9} {_pct(k['share_model_first']):>9}  {k['rule'] or '-'}"
+        )
+    rate = result["model_false_per_1000_node_days"]
+    rrate = result["rule_false_per_1000_node_days"]
+    lines.append(
+        f"healthy node-days {result['healthy_node_days']:.2f}: model false incidents "
+        f"{result['model_false_incidents']} ({'-' if rate is None else f'{rate:.1f}'} per 1,000 node-days), "
+        f"rules {result['rule_false_incidents']} ({'-' if rrate is None else f'{rrate:.1f}'} per 1,000)"
+    )
+    return "\n".join(lines)
+
+
+def _info(args: argparse.Namespace) -> int:
+    try:
+        card = persist.read_card(args.path)
+        if args.check:
+            persist.load(args.path)
+    except persist.ModelMismatchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(card, indent=2, ensure_ascii=False))
+    return 0
