@@ -34,6 +34,15 @@ from healer.rules import engine, loader, ruleset
 from healer.schemas import codec
 
 ANOMALY_RULE = "anomaly-score-high"
+STATIC_RULES = {
+    "cooling_degradation": "gpu-temp-near-slowdown",
+    "inlet_failure": "gpu-temp-near-slowdown",
+    "nvlink_crc_rising": "nvlink-crc-storm",
+    "pcie_replay_storm": "pcie-replay-rate",
+    "ecc_sbe_storm": "ecc-sbe-rate-high",
+}
+"""Per fault kind, the static threshold / rate rule the model is compared with (besides the first rule
+of any kind to fire, which for NVLink is the any-replay warning)."""
 Hit = tuple[str, int | None, float, str]
 """(node, gpu or None, time, detector / rule id)."""
 
@@ -132,8 +141,8 @@ def _healthy_node_s(truth: list[dict[str, Any]], nodes: list[str], start: float,
 
 
 SCENARIO_DIR = pathlib.Path(__file__).parent / "scenarios"
-EVAL_SCENARIOS = ("healthy", "cooling-slow", "nvlink-slow", "pcie-storm")
-"""The default evaluation set: the simulator's healthy fleet plus this package's slow-fault scenarios."""
+EVAL_SCENARIOS = ("train-healthy", "cooling-slow", "nvlink-slow", "pcie-storm")
+"""The default evaluation set: a healthy fleet (the training mix, other seeds) and slow-fault scenarios."""
 
 
 def resolve_scenario(name: str) -> str:
@@ -172,6 +181,8 @@ def evaluate_scenario(
     faults = []
     for f in truth:
         mi, mf, ri = _first(incidents, f, run_end), _first(flags, f, run_end), _first(rule_hits, f, run_end)
+        named = [h for h in rule_hits if h[3] == STATIC_RULES.get(f["kind"])]
+        si = _first(named, f, run_end)
         faults.append(
             {
                 "kind": f["kind"],
@@ -183,6 +194,7 @@ def evaluate_scenario(
                 "model_flag_s": None if mf is None else mf[2] - f["visible_at"],
                 "rule_s": None if ri is None else ri[2] - f["visible_at"],
                 "rule_id": None if ri is None else ri[3],
+                "static_rule_s": None if si is None else si[2] - f["visible_at"],
             }
         )
     return {
@@ -214,6 +226,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         both = [f for f in det if f["rule_s"] is not None]
         leads = [f["rule_s"] - f["model_incident_s"] for f in both]
         flag_leads = [f["rule_s"] - f["model_flag_s"] for f in both if f["model_flag_s"] is not None]
+        static = [f for f in det if f["static_rule_s"] is not None]
+        static_leads = [f["static_rule_s"] - f["model_incident_s"] for f in static]
         rules_first = collections.Counter(f["rule_id"] for f in fs if f["rule_id"])
         per_kind[kind] = {
             "faults": len(fs),
@@ -225,6 +239,11 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "median_flag_lead_s": statistics.median(flag_leads) if flag_leads else None,
             "share_lead_ge_600s": (sum(x >= 600 for x in leads) / len(fs)) if fs else None,
             "share_model_first": (sum(x > 0 for x in leads) / len(fs)) if fs else None,
+            "static_rule": STATIC_RULES.get(kind),
+            "static_rule_recall": sum(f["static_rule_s"] is not None for f in fs) / len(fs),
+            "median_lead_vs_static_s": statistics.median(static_leads) if static_leads else None,
+            "share_before_static": sum(x > 0 for x in static_leads) / len(fs),
+            "share_10min_before_static": sum(x >= 600 for x in static_leads) / len(fs),
             "median_model_latency_s": statistics.median(f["model_incident_s"] for f in det) if det else None,
         }
     days = sum(r["healthy_node_days"] for r in results)

@@ -157,7 +157,9 @@ def train(
     )
     model = Model(
         forest=ensemble.IsolationForest(
-            n_estimators=settings.n_estimators, max_samples=settings.max_samples, random_state=settings.seed
+            n_estimators=settings.n_estimators,
+            max_samples=min(settings.max_samples, len(fit_rows)),
+            random_state=settings.seed,
         ),
         thermal_gpu=gpu,
         thermal_node=linear_model.HuberRegressor(max_iter=500),

@@ -48,6 +48,9 @@ def register(sub: Any) -> None:
     ev.add_argument("--seed", type=int, default=1000, help="first scenario seed (+1 per scenario)")
     ev.add_argument("--interval", type=float, default=5.0, help="simulated seconds per frame")
     ev.add_argument("--rules", nargs="+", default=["rules"], help="rule files or directories")
+    ev.add_argument(
+        "--hold", type=float, default=600.0, help="seconds at >= 0.9 before an anomaly incident (the rule's for)"
+    )
     ev.add_argument("--json", action="store_true", help="print the full result as JSON")
     ev.add_argument("--write-card", action="store_true", help="store the summary in the model card")
     ev.set_defaults(func=_eval)
@@ -138,6 +141,7 @@ def _eval(args: argparse.Namespace) -> int:
             seed=args.seed,
             interval_s=args.interval,
             rules_paths=args.rules,
+            hold_s=args.hold,
             progress=lambda n: print(f"scenario {n} ...", file=sys.stderr),
         )
     except errors.HealerError as e:
@@ -176,6 +180,17 @@ def format_summary(result: dict[str, Any]) -> str:
             f"{_minutes(k['median_flag_lead_s']):>9} "
             f"{_pct(k['share_lead_ge_600s']):>9} {_pct(k['share_model_first']):>9}  {k['rule'] or '-'}"
         )
+    lines.append("")
+    lines.append(
+        f"{'vs static rule':<22} {'rule':<24} {'recall':>7} {'lead min':>9} {'before':>7} {'>=10m':>6}"
+    )
+    for kind, k in result["per_kind"].items():
+        if k["static_rule"]:
+            lines.append(
+                f"{kind:<22} {k['static_rule']:<24} {_pct(k['static_rule_recall']):>7} "
+                f"{_minutes(k['median_lead_vs_static_s']):>9} {_pct(k['share_before_static']):>7} "
+                f"{_pct(k['share_10min_before_static']):>6}"
+            )
     rate = result["model_false_per_1000_node_days"]
     rrate = result["rule_false_per_1000_node_days"]
     lines.append(

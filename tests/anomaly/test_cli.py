@@ -1,0 +1,80 @@
+"""``healer model train|eval|info`` end to end on small simulated fleets."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from healer import cli
+from healer.anomaly import persist
+
+
+def test_train_from_file_then_info_prints_the_card(
+    healthy_recording: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m"
+    rc = cli.main(
+        [
+            "model",
+            "train",
+            "--from",
+            str(healthy_recording),
+            "--out",
+            str(out),
+            "--trees",
+            "20",
+            "--max-rows",
+            "3000",
+        ]
+    )
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["out"] == str(out)
+    assert cli.main(["model", "info", str(out), "--check"]) == 0
+    assert json.loads(capsys.readouterr().out)["features"] == persist.read_card(out)["features"]
+
+
+def test_info_check_fails_on_a_model_that_does_not_fit(
+    trained: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    card = persist.read_card(trained)
+    card["format"] = "something-else/9"
+    (tmp_path / "m").mkdir()
+    persist.write_card(tmp_path / "m", card)
+    assert cli.main(["model", "info", str(tmp_path / "m"), "--check"]) == 1
+    assert "format" in capsys.readouterr().err
+
+
+def test_eval_reports_recall_lead_and_false_incidents_per_kind(
+    trained: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    model = shutil.copytree(trained, tmp_path / "m")
+    rc = cli.main(
+        [
+            "model",
+            "eval",
+            "--model",
+            str(model),
+            "--scenarios",
+            "healthy,pcie-storm",
+            "--nodes",
+            "5",
+            "--hours",
+            "0.75",
+            "--json",
+            "--write-card",
+        ]
+    )
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out)
+    pcie = result["per_kind"]["pcie_replay_storm"]
+    assert pcie["faults"] == 4
+    assert pcie["model_recall"] == 1.0
+    assert pcie["rule_recall"] == 1.0
+    assert pcie["rule"] == "pcie-replay-rate"
+    assert result["healthy_node_days"] > 0.1
+    assert result["model_false_per_1000_node_days"] is not None
+    assert persist.read_card(model)["evaluation"]["per_kind"]["pcie_replay_storm"]["faults"] == 4

@@ -1,0 +1,91 @@
+"""Window features: counter increases across resets and gaps, peers, rates, and the two ingest paths
+(columnar recording vs frame-by-frame FleetWindow) giving the same numbers."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from healer.anomaly import dataset, features, window
+from healer.schemas import codec
+from healer.sim import recording
+from tests.anomaly import conftest
+
+
+def test_counter_increase_treats_a_drop_as_a_reset_and_skips_missing_samples() -> None:
+    values = np.array([[10.0], [np.nan], [14.0], [3.0], [5.0]])
+    inc, last = features.counter_increase(values, np.array([8.0]))
+    assert inc[:, 0].tolist() == [2.0, 0.0, 4.0, 3.0, 2.0]
+    assert last.tolist() == [5.0]
+
+
+def test_counter_increase_counts_nothing_without_a_previous_value() -> None:
+    inc, _ = features.counter_increase(np.array([[7.0], [9.0]]), np.array([np.nan]))
+    assert inc[:, 0].tolist() == [0.0, 2.0]
+
+
+def test_grouped_counter_increase_matches_per_block_computation() -> None:
+    rng = np.random.default_rng(0)
+    blocks = [np.cumsum(rng.integers(0, 5, (n, 3)), axis=0).astype(float) for n in (4, 1, 6)]
+    blocks[2][3] = 0.0  # a reset
+    blocks[0][1, 2] = np.nan
+    prev = np.array([[0.0, np.nan, 1.0], [np.nan] * 3, [2.0, 2.0, 2.0]])
+    starts = np.array([0, 4, 5])
+    inc, last = features.grouped_counter_increase(np.concatenate(blocks), starts, prev)
+    for k, block in enumerate(blocks):
+        want, want_last = features.counter_increase(block, prev[k])
+        end = starts[k] + len(block)
+        np.testing.assert_array_equal(inc[starts[k] : end], want)
+        np.testing.assert_array_equal(last[k], want_last)
+
+
+def test_node_peer_features_and_rates_have_their_units() -> None:
+    sums = np.zeros((1, 4, len(features.CHANNELS)))
+    n = 10.0
+    for g, temp in enumerate([60.0, 62.0, 64.0, 80.0]):
+        sums[0, g, :8] = [n, temp * n, 700 * n, 1.0 * n, 90 * n, 0.9 * n, 0, 0]
+    sums[0, 3, 8 + 3] = 150  # 150 PCIe replays in a 300 s window
+    feats, valid = features.window_features(sums, 300.0)
+    col = {name: feats[0, :, i] for i, name in enumerate(features.BASE_FEATURES)}
+    assert valid.all()
+    assert col["node_temp_c"].tolist() == [63.0] * 4
+    assert col["temp_node_dev_c"].tolist() == [-3.0, -1.0, 1.0, 17.0]
+    assert col["pcie_replay_per_min"].tolist() == [0.0, 0.0, 0.0, 30.0]
+    assert col["power_per_util_w_per_pct"][0] == pytest.approx(700 / 90)
+
+
+def test_a_gpu_without_samples_is_invalid_and_left_out_of_its_node_median() -> None:
+    sums = np.zeros((1, 3, len(features.CHANNELS)))
+    sums[0, 0, :3] = [1, 50, 700]
+    sums[0, 1, :3] = [1, 70, 700]
+    feats, valid = features.window_features(sums, 300.0)
+    assert valid[0].tolist() == [True, True, False]
+    assert np.isnan(feats[0, 2]).all()
+    assert feats[0, 0, features.BASE_FEATURES.index("node_temp_c")] == 60.0
+
+
+@pytest.fixture(scope="module")
+def pcie_recording(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("rec") / "pcie.npz"
+    return conftest.record(path, "pcie", nodes=3, minutes=12, seed=5)
+
+
+def test_frame_by_frame_window_gives_the_columnar_features(pcie_recording: pathlib.Path) -> None:
+    columnar = dataset.from_recording(pcie_recording)
+    fw = window.FleetWindow(gpus_per_node=8)
+    with recording.Recording(pcie_recording) as rec:
+        checked = 0
+        for ts, frames in rec.frames():
+            for _, data in frames:
+                fw.observe(codec.decode_frame(data))
+            hit = np.flatnonzero(np.abs(columnar.ts - (ts + 5.0)) < 1e-6)
+            if len(hit):  # the window ending with this bucket is complete
+                got, valid = fw.features(ts)
+                np.testing.assert_array_equal(valid, columnar.valid[hit[0]])
+                np.testing.assert_allclose(got, columnar.feats[hit[0]], rtol=1e-5, atol=1e-4)
+                checked += 1
+    assert checked >= 10
+    rates = columnar.feats[..., features.BASE_FEATURES.index("pcie_replay_per_min")]
+    assert rates.max() > 100  # the storm shows up as a rate

@@ -1,0 +1,48 @@
+"""The controller's API: observe frames cheaply, score the fleet in one batch, as {node: {gpu: score}}."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from healer.anomaly import scoring
+from healer.schemas import codec
+from healer.sim import recording
+from tests.anomaly import conftest
+
+
+def test_scorer_flags_the_overheating_gpu_from_frames(trained: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    rec_path = conftest.record(tmp_path / "o.npz", "overheat", nodes=4, minutes=25, seed=7)
+    scorer = scoring.load(trained)
+    last = 0.0
+    with recording.Recording(rec_path) as rec:
+        truth = [t for t in rec.truth() if t["kind"] == "cooling_degradation"]
+        for ts, frames in rec.frames():
+            for _, data in frames:
+                scorer.observe(codec.decode_frame(data))
+            last = ts
+    scores = scorer.score(last)
+    assert sorted(scores) == sorted(rec.node_names)
+    assert all(set(gpus) == set(range(8)) for gpus in scores.values())
+    for t in truth:
+        node = scores[t["node"]]
+        assert node[t["gpu"]] >= 0.9
+        assert max(s for g, s in node.items() if g != t["gpu"]) < node[t["gpu"]]
+    assert scorer.last_cost_s > 0
+
+
+def test_a_node_that_stopped_sending_is_not_scored(trained: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    rec_path = conftest.record(tmp_path / "h.npz", "healthy", nodes=2, minutes=6, seed=4)
+    scorer = scoring.load(trained)
+    with recording.Recording(rec_path) as rec:
+        for _, frames in rec.frames():
+            for node, data in frames:
+                scorer.observe(codec.decode_frame(data))
+                end = codec.decode_frame(data).ts
+                del node
+    arr, valid = scorer.score_array(end)
+    assert valid.all()
+    later = scorer.score(end + 3600)
+    assert later == {name: {} for name in scorer.window.node_names}
+    assert np.all((arr >= 0) & (arr <= 1))
