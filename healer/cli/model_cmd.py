@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
     ev.add_argument("--interval", type=float, default=5.0, help="simulated seconds per frame")
     ev.add_argument("--rules", nargs="+", default=["rules"], help="rule files or directories")
     ev.add_argument(
-        "--hold", type=float, default=600.0, help="seconds at >= 0.9 before an anomaly incident (the rule's for)"
+        "--hold", type=float, default=600.0, help="seconds at >= 0.9 before an incident (the rule for)"
     )
     ev.add_argument("--json", action="store_true", help="print the full result as JSON")
     ev.add_argument("--write-card", action="store_true", help="store the summary in the model card")
