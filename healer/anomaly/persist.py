@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import zipfile
 from typing import Any, Final
 
 import orjson
@@ -50,7 +51,7 @@ def save(path: str | pathlib.Path, m: anomaly_model.Model, card: dict[str, Any])
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
     blob = {"forest": m.forest, "thermal_gpu": m.thermal_gpu, "thermal_node": m.thermal_node}
-    skops.io.dump(blob, out / MODEL_FILE)
+    skops.io.dump(blob, out / MODEL_FILE, compression=zipfile.ZIP_DEFLATED, compresslevel=9)
     full = {
         "format": FORMAT,
         "features": list(anomaly_model.FEATURES),

@@ -51,6 +51,7 @@ def register(sub: Any) -> None:
     ev.add_argument(
         "--hold", type=float, default=600.0, help="seconds at >= 0.9 before an incident (the rule for)"
     )
+    ev.add_argument("--no-rules", action="store_true", help="model only (long healthy runs)")
     ev.add_argument("--json", action="store_true", help="print the full result as JSON")
     ev.add_argument("--write-card", action="store_true", help="store the summary in the model card")
     ev.set_defaults(func=_eval)
@@ -142,6 +143,7 @@ def _eval(args: argparse.Namespace) -> int:
             interval_s=args.interval,
             rules_paths=args.rules,
             hold_s=args.hold,
+            with_rules=not args.no_rules,
             progress=lambda n: print(f"scenario {n} ...", file=sys.stderr),
         )
     except errors.HealerError as e:
