@@ -26,15 +26,28 @@ from healer.schemas import telemetry
 
 log = structlog.get_logger(__name__)
 
+MIN_INTERVAL_S = 5.0
+"""Frames kept per node: at most one per this many seconds (the evaluation's sample interval)."""
+
 
 class Scorer:
     """A loaded model with its FleetWindow."""
 
-    def __init__(self, m: anomaly_model.Model, card: dict[str, Any], *, gpus_per_node: int = 8) -> None:
+    def __init__(
+        self,
+        m: anomaly_model.Model,
+        card: dict[str, Any],
+        *,
+        gpus_per_node: int = 8,
+        min_interval_s: float = MIN_INTERVAL_S,
+    ) -> None:
         self.model = m
         self.card = card
         self.window = window.FleetWindow(
-            gpus_per_node=gpus_per_node, window_s=m.settings.window_s, bucket_s=m.settings.bucket_s
+            gpus_per_node=gpus_per_node,
+            window_s=m.settings.window_s,
+            bucket_s=m.settings.bucket_s,
+            min_interval_s=min_interval_s,
         )
         self.last_cost_s = 0.0
         """CPU seconds of the last ``score`` call (flush + features + model), for /metrics."""
@@ -83,19 +96,23 @@ class NullScorer:
         return {}
 
 
-def load(path: str | pathlib.Path, *, gpus_per_node: int = 8) -> Scorer:
+def load(
+    path: str | pathlib.Path, *, gpus_per_node: int = 8, min_interval_s: float = MIN_INTERVAL_S
+) -> Scorer:
     """Load a saved model (raises ``persist.ModelMismatchError``)."""
     m, card = persist.load(path)
     log.info(
         "anomaly_model_loaded", path=str(path), threshold=m.calib["threshold"], trained=card.get("trained")
     )
-    return Scorer(m, card, gpus_per_node=gpus_per_node)
+    return Scorer(m, card, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s)
 
 
-def load_or_null(path: str | pathlib.Path, *, gpus_per_node: int = 8) -> Scorer | NullScorer:
+def load_or_null(
+    path: str | pathlib.Path, *, gpus_per_node: int = 8, min_interval_s: float = MIN_INTERVAL_S
+) -> Scorer | NullScorer:
     """``load``, or a NullScorer and an ``anomaly_model_unavailable`` error event when it fails."""
     try:
-        return load(path, gpus_per_node=gpus_per_node)
+        return load(path, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s)
     except persist.ModelMismatchError as e:
         log.error("anomaly_model_unavailable", path=str(path), error=str(e), anomaly_score=0)
         return NullScorer(str(e))

@@ -21,10 +21,34 @@ from healer.schemas import telemetry
 _NAN = math.nan
 
 
+def _fields(g: telemetry.GpuSample) -> tuple[float | int | None, ...]:
+    return (
+        g.temp_c,
+        g.power_w,
+        g.power_default_w,
+        g.util_gpu_pct,
+        g.sm_clock_mhz,
+        g.sm_clock_max_mhz,
+        g.clocks_event_reasons,
+        g.ecc_sbe_volatile,
+        g.nvlink_crc_flit_errors,
+        g.nvlink_crc_data_errors,
+        g.nvlink_replay_errors,
+        g.pcie_replay_count,
+    )
+
+
 class FleetWindow:
     """Per-node ring buffers of bucketed channel sums, fed frame by frame, read as window features."""
 
-    def __init__(self, *, gpus_per_node: int = 8, window_s: float = 300.0, bucket_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        gpus_per_node: int = 8,
+        window_s: float = 300.0,
+        bucket_s: float = 30.0,
+        min_interval_s: float = 0.0,
+    ) -> None:
         if window_s < bucket_s or bucket_s <= 0:
             raise ValueError("window_s must be at least bucket_s, and bucket_s positive")
         self.gpus = gpus_per_node
@@ -34,7 +58,13 @@ class FleetWindow:
         self.node_names: list[str] = []
         self.models: list[list[str | None]] = []
         self._index: dict[str, int] = {}
-        self._queue: list[tuple[int, float, list[float | None]]] = []
+        self._q_node: list[int] = []
+        self._q_ts: list[float] = []
+        self._vals: list[float | int | None] = []
+        self._kept: list[float] = []
+        self.min_interval_s = min_interval_s
+        self.skipped = 0
+        """Frames skipped because they came sooner than ``min_interval_s`` after the node's last one."""
         self._rows = len(features.RAW)
         cap = 16
         self._sums = np.zeros((cap, self.width, self.gpus, len(features.CHANNELS)), dtype=np.float32)
@@ -53,6 +83,7 @@ class FleetWindow:
             self._index[name] = i
             self.node_names.append(name)
             self.models.append([None] * self.gpus)
+            self._kept.append(-math.inf)
             if i == len(self._ids):
                 grow = len(self._ids)
                 self._sums = np.concatenate([self._sums, np.zeros_like(self._sums[:grow])])
@@ -61,41 +92,46 @@ class FleetWindow:
         return i
 
     def observe(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
-        """Queue one frame (hot path: no numpy). ``at`` defaults to ``frame.ts``."""
-        i = self._node(frame.node)
-        row: list[float | None] = [_NAN] * (self.gpus * self._rows)
+        """Queue one frame (hot path: no numpy). ``at`` defaults to ``frame.ts``. Frames closer than
+        ``min_interval_s`` to the node's last kept frame are skipped (counted in ``skipped``): counters
+        are cumulative, so nothing is lost but resolution the 30 s buckets do not need."""
+        i = self._index.get(frame.node)
+        if i is None:
+            i = self._node(frame.node)
+        ts = frame.ts if at is None else at
+        if ts - self._kept[i] < self.min_interval_s:
+            self.skipped += 1
+            return
+        self._kept[i] = ts
+        gpus = frame.gpus
         models = self.models[i]
-        r = self._rows
-        for g in frame.gpus:
-            k = g.index
-            if k >= self.gpus:
-                self.dropped += 1
-                continue
-            models[k] = g.model
-            row[k * r : k * r + r] = (
-                g.temp_c,
-                g.power_w,
-                g.power_default_w,
-                g.util_gpu_pct,
-                g.sm_clock_mhz,
-                g.sm_clock_max_mhz,
-                g.clocks_event_reasons,
-                g.ecc_sbe_volatile,
-                g.nvlink_crc_flit_errors,
-                g.nvlink_crc_data_errors,
-                g.nvlink_replay_errors,
-                g.pcie_replay_count,
-            )
-        self._queue.append((i, frame.ts if at is None else at, row))
+        if len(gpus) == self.gpus and all(g.index == k for k, g in enumerate(gpus)):
+            self._vals.extend([v for g in gpus for v in _fields(g)])
+            if models[0] is None or models[0] != gpus[0].model:
+                self.models[i] = [g.model for g in gpus]
+        else:  # lost GPUs or odd numbering: place each by its index
+            r = self._rows
+            row: list[float | None] = [_NAN] * (self.gpus * r)
+            for g in gpus:
+                k = g.index
+                if k >= self.gpus:
+                    self.dropped += 1
+                    continue
+                models[k] = g.model
+                row[k * r : k * r + r] = _fields(g)
+            self._vals.extend(row)
+        self._q_node.append(i)
+        self._q_ts.append(ts)
 
     def flush(self) -> None:
         """Fold the queued rows into the bucket rings (one batch of numpy work)."""
-        if not self._queue:
+        if not self._q_node:
             return
-        queue, self._queue = self._queue, []
-        node = np.fromiter((q[0] for q in queue), dtype=np.int64, count=len(queue))
-        ts = np.fromiter((q[1] for q in queue), dtype=np.float64, count=len(queue))
-        raw = np.array([q[2] for q in queue], dtype=np.float64).reshape(len(queue), self.gpus, self._rows)
+        m = len(self._q_node)
+        node = np.array(self._q_node, dtype=np.int64)
+        ts = np.array(self._q_ts, dtype=np.float64)
+        raw = np.array(self._vals, dtype=np.float64).reshape(m, self.gpus, self._rows)
+        self._q_node, self._q_ts, self._vals = [], [], []
         order = np.lexsort((ts, node))
         node, ts, raw = node[order], ts[order], raw[order]
         counters = raw[..., 7:]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from healer.anomaly import dataset, features, window
-from healer.schemas import codec
+from healer.schemas import codec, telemetry
 from healer.sim import recording
 from tests.anomaly import conftest
 
@@ -89,3 +89,48 @@ def test_frame_by_frame_window_gives_the_columnar_features(pcie_recording: pathl
     assert checked >= 10
     rates = columnar.feats[..., features.BASE_FEATURES.index("pcie_replay_per_min")]
     assert rates.max() > 100  # the storm shows up as a rate
+
+
+def _frame(ts: float, replays: int, gpus: tuple[int, ...] = tuple(range(8))) -> telemetry.NodeFrame:
+    return telemetry.NodeFrame(
+        node="n1",
+        ts=ts,
+        seq=int(ts),
+        boot_id="b",
+        agent_version="t",
+        source="sim",
+        gpus=[
+            telemetry.GpuSample(
+                index=g,
+                model="NVIDIA H100 80GB HBM3",
+                temp_c=60.0,
+                power_w=500.0,
+                power_default_w=700.0,
+                util_gpu_pct=90.0,
+                sm_clock_mhz=1980.0,
+                sm_clock_max_mhz=1980.0,
+                clocks_event_reasons=0,
+                pcie_replay_count=replays,
+            )
+            for g in gpus
+        ],
+    )
+
+
+def test_thinned_ingest_keeps_counter_increases_whole() -> None:
+    fw = window.FleetWindow(gpus_per_node=8, min_interval_s=5.0)
+    for t in range(300):
+        fw.observe(_frame(1_000_020.0 + t, replays=2 * t))
+    assert fw.skipped == 240
+    feats, valid = fw.features(1_000_319.0)
+    assert valid.all()
+    rate = feats[0, 0, features.BASE_FEATURES.index("pcie_replay_per_min")]
+    assert rate == pytest.approx(2 * 295 * 60 / 300)
+
+
+def test_a_missing_gpu_is_not_scored_and_the_others_are() -> None:
+    fw = window.FleetWindow(gpus_per_node=8)
+    for t in range(0, 300, 5):
+        fw.observe(_frame(1_000_020.0 + t, replays=0, gpus=(0, 1, 2, 4, 5, 6, 7)))
+    _, valid = fw.features(1_000_319.0)
+    assert valid[0].tolist() == [True, True, True, False, True, True, True, True]
