@@ -193,6 +193,7 @@ def evaluate_scenario(
                 "visible_at": f["visible_at"],
                 "model_incident_s": None if mi is None else mi[2] - f["visible_at"],
                 "model_flag_s": None if mf is None else mf[2] - f["visible_at"],
+                "until_end_s": run_end - f["visible_at"],
                 "rule_s": None if ri is None else ri[2] - f["visible_at"],
                 "rule_id": None if ri is None else ri[3],
                 "static_rule_s": None if si is None else si[2] - f["visible_at"],
@@ -211,6 +212,21 @@ def evaluate_scenario(
         "rule_false": sum(_is_false(h, truth) for h in rule_hits),
         "faults": faults,
     }
+
+
+def _share_ahead(fs: list[dict[str, Any]], model_key: str, margin_s: float) -> float:
+    """Share of faults the model caught at least ``margin_s`` before the kind's static rule; a fault the
+    rule never caught within the run counts when the model caught it ``margin_s`` before the run ended
+    (the rule's firing, if any, is later still)."""
+    ahead = 0
+    for f in fs:
+        t = f[model_key]
+        if t is None:
+            continue
+        rule_t = f["static_rule_s"] if f["static_rule_s"] is not None else f.get("until_end_s")
+        if rule_t is not None and rule_t - t >= margin_s and (margin_s > 0 or rule_t > t):
+            ahead += 1
+    return ahead / len(fs)
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -244,8 +260,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "static_rule": STATIC_RULES.get(kind),
             "static_rule_recall": sum(f["static_rule_s"] is not None for f in fs) / len(fs),
             "median_lead_vs_static_s": statistics.median(static_leads) if static_leads else None,
-            "share_before_static": sum(x > 0 for x in static_leads) / len(fs),
-            "share_10min_before_static": sum(x >= 600 for x in static_leads) / len(fs),
+            "share_before_static": _share_ahead(fs, "model_incident_s", 0.0),
+            "share_10min_before_static": _share_ahead(fs, "model_incident_s", 600.0),
+            "share_flag_before_static": _share_ahead(fs, "model_flag_s", 0.0),
+            "share_flag_10min_before_static": _share_ahead(fs, "model_flag_s", 600.0),
             "median_model_latency_s": statistics.median(f["model_incident_s"] for f in det) if det else None,
         }
     days = sum(r["healthy_node_days"] for r in results)

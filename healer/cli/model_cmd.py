@@ -184,14 +184,16 @@ def format_summary(result: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append(
-        f"{'vs static rule':<22} {'rule':<24} {'recall':>7} {'lead min':>9} {'before':>7} {'>=10m':>6}"
+        f"{'vs static rule':<22} {'rule':<24} {'recall':>7} {'lead min':>9} {'before':>7} {'>=10m':>6} "
+        f"{'flag before':>11} {'flag>=10m':>9}"
     )
     for kind, k in result["per_kind"].items():
         if k["static_rule"]:
             lines.append(
                 f"{kind:<22} {k['static_rule']:<24} {_pct(k['static_rule_recall']):>7} "
                 f"{_minutes(k['median_lead_vs_static_s']):>9} {_pct(k['share_before_static']):>7} "
-                f"{_pct(k['share_10min_before_static']):>6}"
+                f"{_pct(k['share_10min_before_static']):>6} {_pct(k['share_flag_before_static']):>11} "
+                f"{_pct(k['share_flag_10min_before_static']):>9}"
             )
     rate = result["model_false_per_1000_node_days"]
     rrate = result["rule_false_per_1000_node_days"]
