@@ -11,9 +11,12 @@ import sys
 from typing import Any
 
 from healer import errors
-from healer.anomaly import dataset, evaluation, persist, training
-from healer.anomaly import model as anomaly_model
 from healer.bus import subjects
+
+# scikit-learn, skops and the rule engine are imported inside the commands, so that every other
+# ``healer`` command starts without them.
+DEFAULT_SCENARIOS = "train-healthy,cooling-slow,nvlink-slow,pcie-storm"
+"""The same as ``healer.anomaly.evaluation.EVAL_SCENARIOS`` (a test keeps them equal)."""
 
 
 def register(sub: Any) -> None:
@@ -40,7 +43,7 @@ def register(sub: Any) -> None:
     ev.add_argument("--model", required=True, type=pathlib.Path)
     ev.add_argument(
         "--scenarios",
-        default=",".join(evaluation.EVAL_SCENARIOS),
+        default=DEFAULT_SCENARIOS,
         help="comma-separated scenario names or YAML files (%(default)s)",
     )
     ev.add_argument("--nodes", type=int, default=16)
@@ -77,6 +80,9 @@ def _bar(what: str) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from healer.anomaly import dataset, training
+    from healer.anomaly import model as anomaly_model
+
     settings = anomaly_model.TrainSettings(
         window_s=args.window,
         bucket_s=args.bucket,
@@ -131,6 +137,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from healer.anomaly import evaluation, persist
+
     try:
         m, card = persist.load(args.model)
         names = [n for n in args.scenarios.split(",") if n]
@@ -206,6 +214,8 @@ def format_summary(result: dict[str, Any]) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from healer.anomaly import persist
+
     try:
         card = persist.read_card(args.path)
         if args.check:

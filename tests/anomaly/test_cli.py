@@ -78,3 +78,10 @@ def test_eval_reports_recall_lead_and_false_incidents_per_kind(
     assert result["healthy_node_days"] > 0.1
     assert result["model_false_per_1000_node_days"] is not None
     assert persist.read_card(model)["evaluation"]["per_kind"]["pcie_replay_storm"]["faults"] == 4
+
+
+def test_cli_default_scenarios_are_the_evaluation_set() -> None:
+    from healer.anomaly import evaluation
+    from healer.cli import model_cmd
+
+    assert model_cmd.DEFAULT_SCENARIOS.split(",") == list(evaluation.EVAL_SCENARIOS)
