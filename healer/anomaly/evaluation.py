@@ -28,7 +28,7 @@ import numpy.typing as npt
 import orjson
 
 from healer import errors
-from healer.anomaly import dataset
+from healer.anomaly import baseline, dataset
 from healer.anomaly import model as anomaly_model
 from healer.rules import engine, loader, ruleset
 from healer.schemas import codec
@@ -55,7 +55,13 @@ def model_incidents(
     scores = np.zeros(w.valid.shape)
     if w.valid.any():
         x = m.complete(w.feats[w.valid], cls[w.valid])
-        scores[w.valid] = m.score_rows(x)
+        residual = np.full(w.valid.shape, np.nan)
+        residual[w.valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
+        power = np.zeros(w.valid.shape)
+        power[w.valid] = x[:, anomaly_model.POWER_COLUMN]
+        step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else m.settings.bucket_s
+        offsets = baseline.replay(residual, power, step, m.settings.baseline_tau_s)
+        scores[w.valid] = m.score_rows(x, offsets[w.valid])
     high = scores >= anomaly_model.SCORE_THRESHOLD
     incidents: list[Hit] = []
     flags: list[Hit] = []

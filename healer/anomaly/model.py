@@ -38,6 +38,8 @@ FEATURES: Final = (*features.BASE_FEATURES, "thermal_residual_c", "node_thermal_
 COMPONENTS: Final = ("forest", "thermal_gpu", "thermal_node", "counters")
 _GPU_INPUTS: Final = ("power_frac", "util_frac", "node_temp_c", "node_power_frac")
 _IDX = {name: i for i, name in enumerate(FEATURES)}
+RESIDUAL_COLUMN: Final = _IDX["thermal_residual_c"]
+POWER_COLUMN: Final = _IDX["power_frac"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,8 @@ class TrainSettings:
     """Raw threshold = max(margin, margin x the largest combined score on held-out healthy windows)."""
     rate_floor_per_min: float = 1.0
     """Smallest error rate (per minute over the window) the counters component scales to 1.0."""
+    baseline_tau_s: float = 21_600.0
+    """Time constant of each GPU's own thermal baseline when scoring (``baseline``); 0 turns it off."""
 
 
 @dataclasses.dataclass
@@ -87,10 +91,14 @@ class Model:
         res_node = np.where(cls >= 0, res_node, self.calib["node_median"])
         return np.column_stack([base, res_gpu, res_node])
 
-    def components(self, x: F64) -> dict[str, F64]:
-        """Each component's normalised score (1.0 = edge of healthy) for complete rows ``x``."""
+    def components(self, x: F64, gpu_offset_c: F64 | None = None) -> dict[str, F64]:
+        """Each component's normalised score (1.0 = edge of healthy) for complete rows ``x``;
+        ``gpu_offset_c``: each row's own thermal baseline (``baseline.GpuBaseline``), 0 if None."""
         c = self.calib
-        z_gpu = np.maximum(0.0, (x[:, _IDX["thermal_residual_c"]] - c["gpu_median"]) / c["gpu_scale"])
+        res = x[:, _IDX["thermal_residual_c"]]
+        if gpu_offset_c is not None:
+            res = res - gpu_offset_c
+        z_gpu = np.maximum(0.0, (res - c["gpu_median"]) / c["gpu_scale"])
         z_node = np.maximum(0.0, (x[:, _IDX["node_thermal_residual_c"]] - c["node_median"]) / c["node_scale"])
         rates = x[:, [_IDX[n] for n in features.RATE_FEATURES]]
         refs = np.array([c[f"rate_ref_{n}"] for n in features.RATE_FEATURES])
@@ -102,14 +110,14 @@ class Model:
             "counters": (rates / refs).max(axis=1),
         }
 
-    def raw(self, x: F64) -> F64:
-        comps = self.components(x)
+    def raw(self, x: F64, gpu_offset_c: F64 | None = None) -> F64:
+        comps = self.components(x, gpu_offset_c)
         out: F64 = np.max(np.stack([comps[k] for k in COMPONENTS]), axis=0)
         return out
 
-    def score_rows(self, x: F64) -> F64:
+    def score_rows(self, x: F64, gpu_offset_c: F64 | None = None) -> F64:
         """``anomaly_score`` in [0, 1] for complete rows."""
-        return to_score(self.raw(x), self.calib["threshold"])
+        return to_score(self.raw(x, gpu_offset_c), self.calib["threshold"])
 
     def class_index(self, models: list[list[str | None]]) -> npt.NDArray[np.intp]:
         index = {m: i for i, m in enumerate(self.classes)}

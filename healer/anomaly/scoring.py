@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from healer.anomaly import baseline, persist, window
 from healer.anomaly import model as anomaly_model
-from healer.anomaly import persist, window
 from healer.schemas import telemetry
 
 log = structlog.get_logger(__name__)
@@ -52,6 +52,9 @@ class Scorer:
         self.last_cost_s = 0.0
         """CPU seconds of the last ``score`` call (flush + features + model), for /metrics."""
         self.last_components: dict[str, npt.NDArray[np.float64]] = {}
+        self.baseline = baseline.GpuBaseline(gpus_per_node, m.settings.baseline_tau_s)
+        """Each GPU's own thermal baseline, updated once per ``score`` (not persisted)."""
+        self._last_now: float | None = None
 
     def observe(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
         self.window.observe(frame, at)
@@ -64,10 +67,18 @@ class Scorer:
         if valid.any():
             cls = np.broadcast_to(self.model.class_index(self.window.models), valid.shape)[valid]
             x = self.model.complete(base[valid], cls)
-            comps = self.model.components(x)
+            self.baseline.ensure(len(valid))
+            comps = self.model.components(x, self.baseline.offset[valid])
+            residual = np.full(valid.shape, np.nan)
+            residual[valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
+            power = np.zeros(valid.shape)
+            power[valid] = x[:, anomaly_model.POWER_COLUMN]
+            if self._last_now is not None:
+                self.baseline.update(residual, power, now - self._last_now)
             self.last_components = comps
             raw = np.max(np.stack([comps[k] for k in anomaly_model.COMPONENTS]), axis=0)
             out[valid] = anomaly_model.to_score(raw, self.model.calib["threshold"])
+        self._last_now = now if self._last_now is None else max(now, self._last_now)
         self.last_cost_s = time.process_time() - started
         return out, valid
 
