@@ -34,7 +34,10 @@ log = structlog.get_logger(__name__)
 
 ActionKind = Literal["power_limit", "restore_power_limit", "cordon", "uncordon", "migrate", "notify"]
 Status = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
-ItemStatus = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
+ItemStatus = Literal[
+    "done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned", "skipped"
+]
+"""``skipped``: left alone on purpose (a DaemonSet pod on a node being drained)."""
 
 REASON_PREFIX = "healer:"
 """Every mark healer leaves on a node (Slurm reason, Kubernetes annotation value) starts with this."""
@@ -87,7 +90,7 @@ class ActionOutcome(pydantic.BaseModel):
     def record(self, kind: str, at: float) -> incidents.ActionRecord:
         """The entry for the incident's ``actions`` list."""
         detail = self.detail
-        bad = [i for i in self.items if i.status not in ("done", "already-done", "planned")]
+        bad = [i for i in self.items if i.status not in ("done", "already-done", "planned", "skipped")]
         if bad:
             detail += "; " + "; ".join(f"{i.item}: {i.status}: {i.detail}" for i in bad)
         return incidents.ActionRecord(kind=kind, status=self.status, detail=detail[:4096], at=at)
@@ -102,7 +105,7 @@ class Actuator(Protocol):
 
 
 def worst(items: list[ItemResult]) -> Status:
-    """Overall status of an action made of items: the worst item wins."""
+    """Overall status of an action made of items: the worst item wins (skipped items count as done)."""
     order: list[Status] = ["failed-permanent", "failed-temporary", "refused", "planned", "done"]
     for status in order:
         if any(i.status == status for i in items):
