@@ -44,6 +44,7 @@ class SimSource:
     ) -> None:
         self.node = node
         self.count = gpus
+        self.gpus_expected: int | None = gpus
         self._rng = random.Random(seed if seed is not None else zlib.crc32(node.encode()))
         self._clock = clock
         self._limit_w = [DEFAULT_W] * gpus
