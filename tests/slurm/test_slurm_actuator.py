@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import time
 from collections.abc import Iterator
 
@@ -176,3 +177,30 @@ async def test_an_invalid_job_id_is_a_permanent_failure_with_slurms_text(
     item = await actuator.requeue("999999")
     assert item.status == "failed-permanent"
     assert item.detail == "Invalid job id specified for job 999999"
+
+
+async def test_migrate_signals_jobs_to_checkpoint_before_requeueing(
+    cluster: SlurmCluster, tmp_path: pathlib.Path
+) -> None:
+    marker = tmp_path / "checkpointed"
+    script = f"trap 'echo ckpt > {marker}' USR1; while true; do sleep 0.2; done"
+    out = cluster.run("sbatch", "--parsable", "--requeue", "-o", "/dev/null", "--wrap", script).stdout
+    job_id = out.strip().split(";")[0]
+    wait_for(f"job {job_id} running", lambda: job_state(cluster, job_id)[0] == "RUNNING")
+    node = job_state(cluster, job_id)[1]
+    graces: list[float] = []
+
+    async def grace(seconds: float) -> None:
+        """Stands in for the grace period: over as soon as the job has checkpointed."""
+        graces.append(seconds)
+        wait_for("the job's checkpoint", marker.exists)
+
+    settings = config.ActuatorSettings(
+        slurm_conf=str(cluster.conf), slurm_checkpoint_signal="USR1", slurm_checkpoint_grace_s=30
+    )
+    outcome = await slurm.SlurmActuator(settings, sleep=grace).apply(request("migrate", node))
+    assert outcome.status == "done", outcome
+    assert graces[0] == 30
+    assert marker.read_text() == "ckpt\n"
+    assert any(f"--signal=USR1 --full {job_id}" in step for step in outcome.plan)
+    assert outcome.items == [base.ItemResult(item=f"job {job_id}", status="done", detail="requeued")]
