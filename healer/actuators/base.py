@@ -170,7 +170,7 @@ def retry_policy(
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
-        logger.info("action_retry", attempt=state.attempt_number, error=str(error))
+        logger.info("actuator.retry", attempt=state.attempt_number, error=str(error))
 
     return tenacity.AsyncRetrying(
         retry=tenacity.retry_if_exception_type(errors.TemporaryError),
@@ -193,7 +193,7 @@ async def guarded(
     )
     if request.deadline is not None and time.time() > request.deadline:
         outcome = ActionOutcome(status="refused", detail="deadline passed before the action started")
-        logger.warning("action_refused", detail=outcome.detail)
+        logger.warning("actuator.refused", detail=outcome.detail)
         return outcome
 
     retrying = retry_policy(settings, request.deadline, logger)
@@ -204,13 +204,13 @@ async def guarded(
     except errors.PermanentError as e:
         outcome = ActionOutcome(status="failed-permanent", detail=str(e), dry_run=request.dry_run)
     except Exception as e:  # the contract: nothing leaks; an unknown failure is not worth retrying blind
-        logger.exception("action_crashed")
+        logger.exception("actuator.crashed")
         outcome = ActionOutcome(
             status="failed-permanent", detail=f"unexpected {type(e).__name__}: {e}", dry_run=request.dry_run
         )
     level = "info" if outcome.ok else "warning"
     getattr(logger, level)(
-        "action_outcome",
+        "actuator.outcome",
         status=outcome.status,
         detail=outcome.detail,
         dry_run=outcome.dry_run,
@@ -234,7 +234,7 @@ class LogActuator:
             if request.dry_run:
                 return ActionOutcome(status="planned", detail="would log only", plan=plan, dry_run=True)
             log.info(
-                "action_logged",
+                "actuator.logged",
                 incident_id=request.incident_id,
                 node=request.node,
                 gpu_index=request.gpu_index,

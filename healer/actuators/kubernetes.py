@@ -332,7 +332,7 @@ class KubernetesActuator:
                 last = f"not moved: {e}"
             if self._clock() + backoff > until:
                 return base.ItemResult(item=item, status="failed-temporary", detail=last)
-            log.info("eviction_retry", pod=item, detail=last, backoff_s=backoff)
+            log.info("kubernetes.eviction_retry", pod=item, detail=last, backoff_s=backoff)
             await self._sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 

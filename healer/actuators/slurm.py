@@ -231,7 +231,7 @@ class SlurmActuator:
                 plan.append(shlex.join(argv))
                 result = await self._run_argv(argv)
                 if result.rc != 0:
-                    log.info("checkpoint_signal_failed", node=node, job_id=j, error=result.error)
+                    log.info("slurm.checkpoint_signal_failed", node=node, job_id=j, error=result.error)
             plan.append(f"wait {self.settings.slurm_checkpoint_grace_s:g} s")
             await self._sleep(self.settings.slurm_checkpoint_grace_s)
             job_ids = await self.jobs_on(node)
@@ -365,5 +365,5 @@ class SlurmActuator:
         result = Result(
             tuple(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
         )
-        log.debug("slurm_command", argv=list(argv), rc=result.rc, stderr=result.stderr.strip()[:200])
+        log.debug("slurm.command", argv=list(argv), rc=result.rc, stderr=result.stderr.strip()[:200])
         return result

@@ -67,7 +67,7 @@ async def test_an_unexpected_exception_never_leaks() -> None:
         outcome = await base.guarded("t", FAST, req(), work)
     assert outcome.status == "failed-permanent"
     assert "KeyError" in outcome.detail
-    assert any(e["event"] == "action_crashed" for e in logs)
+    assert any(e["event"] == "actuator.crashed" for e in logs)
 
 
 async def test_a_past_deadline_refuses_without_acting() -> None:
@@ -119,4 +119,4 @@ async def test_log_actuator_only_logs_and_dry_run_says_so() -> None:
     assert done.status == "done"
     assert planned.status == "planned"
     assert planned.plan == ["log notify node=gpu01 incident=inc-1"]
-    assert [e["summary"] for e in logs if e["event"] == "action_logged"] == ["hot"]
+    assert [e["summary"] for e in logs if e["event"] == "actuator.logged"] == ["hot"]

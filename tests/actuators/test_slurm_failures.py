@@ -43,7 +43,7 @@ async def test_an_unreachable_controller_is_temporary_and_retried(tmp_path: path
     assert outcome.status == "failed-temporary"
     assert "Unable to contact slurm controller" in outcome.detail
     assert len((tmp_path / "calls").read_text().splitlines()) == 2
-    assert [e["attempt"] for e in logs if e["event"] == "action_retry"] == [1]
+    assert [e["attempt"] for e in logs if e["event"] == "actuator.retry"] == [1]
 
 
 async def test_a_command_that_hangs_is_killed_and_temporary(tmp_path: pathlib.Path) -> None:

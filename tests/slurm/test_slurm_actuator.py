@@ -204,3 +204,12 @@ async def test_migrate_signals_jobs_to_checkpoint_before_requeueing(
     assert marker.read_text() == "ckpt\n"
     assert any(f"--signal=USR1 --full {job_id}" in step for step in outcome.plan)
     assert outcome.items == [base.ItemResult(item=f"job {job_id}", status="done", detail="requeued")]
+
+
+async def test_a_reason_with_shell_and_scontrol_syntax_arrives_verbatim(
+    cluster: SlurmCluster, actuator: slurm.SlurmActuator
+) -> None:
+    summary = "temp_c >= 90 \"hot\" $(reboot); State=RESUME 'x'"
+    outcome = await actuator.apply(request("cordon", "gpu04", summary=summary))
+    assert outcome.status == "done", outcome
+    assert node_line(cluster, "gpu04") == ("drained", f"healer: inc-42 {summary}")
