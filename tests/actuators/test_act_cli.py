@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from healer import cli
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """The command configures logging onto the captured stderr; later tests must not log into it."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
 
 SINFO_IDLE = '{"nodes": [{"name": "gpu01", "state": "idle", "state_flags": [], "reason": ""}]}'
 
