@@ -87,6 +87,27 @@ def classify(text: str) -> type[errors.HealerError]:
     return errors.TemporaryError if any(t in text for t in TEMPORARY_TEXTS) else errors.PermanentError
 
 
+def requeue_blocker(job: dict[str, Any] | None) -> str:
+    """Why ``squeue --json`` says a job cannot be requeued, or ``""``."""
+    if job is None:
+        return ""
+    if job.get("batch_flag") is False:
+        return "an interactive job (srun/salloc): Slurm requeues batch jobs only"
+    if job.get("requeue") is False:
+        return "submitted with --no-requeue, or the cluster has JobRequeue=0"
+    return ""
+
+
+def _would(blocker: str) -> str:
+    return f"cannot be requeued: {blocker}" if blocker else "would requeue"
+
+
+def _explain(item: base.ItemResult, blocker: str) -> base.ItemResult:
+    if item.status != "failed-permanent" or not blocker:
+        return item
+    return item.model_copy(update={"detail": f"{item.detail} ({blocker})"})
+
+
 def reason_for(request: base.ActionRequest) -> str:
     text = f"{base.REASON_PREFIX} {request.incident_id} {request.summary}".strip()
     return " ".join(text.split())[:MAX_REASON_CHARS]
@@ -214,8 +235,12 @@ class SlurmActuator:
             for j in job_ids:
                 plan.append(shlex.join(self._argv("scontrol", "requeue", j)))
                 plan.append(shlex.join(self._argv("scontrol", "update", f"JobId={j}", "StartTime=now")))
+            info = await self.jobs() if job_ids else {}
             items = [
-                base.ItemResult(item=f"job {j}", status="planned", detail="would requeue") for j in job_ids
+                base.ItemResult(
+                    item=f"job {j}", status="planned", detail=_would(requeue_blocker(info.get(j)))
+                )
+                for j in job_ids
             ]
             return base.ActionOutcome(
                 status="planned",
@@ -247,7 +272,10 @@ class SlurmActuator:
                 else i
                 for i in items
             ]
-        status = base.worst(items) if items else "done"
+        if any(i.status == "failed-permanent" for i in items):
+            info = await self.jobs()
+            items = [_explain(i, requeue_blocker(info.get(i.item.removeprefix("job ")))) for i in items]
+        status = base.worst(items) if items else drain.status
         if status == "already-done" and drain.status == "done":
             status = "done"
         moved = sum(i.status in ("done", "already-done") for i in items)

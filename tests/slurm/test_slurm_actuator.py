@@ -138,12 +138,19 @@ async def test_migrate_reports_a_job_that_cannot_be_requeued(
 ) -> None:
     job_id = submit(cluster, "--no-requeue")
     node = job_state(cluster, job_id)[1]
+    planned = await actuator.apply(request("migrate", node, dry_run=True))
+    assert [i.detail for i in planned.items] == [
+        "cannot be requeued: submitted with --no-requeue, or the cluster has JobRequeue=0"
+    ]
     outcome = await actuator.apply(request("migrate", node))
     assert outcome.status == "failed-permanent"
     [item] = outcome.items
     assert item.item == f"job {job_id}"
     assert item.status == "failed-permanent"
-    assert item.detail == f"Requested operation is presently disabled for job {job_id}"
+    assert item.detail == (
+        f"Requested operation is presently disabled for job {job_id} "
+        "(submitted with --no-requeue, or the cluster has JobRequeue=0)"
+    )
     assert job_state(cluster, job_id) == ("RUNNING", node)
     assert node_line(cluster, node)[0] in ("drained", "draining")
 
@@ -161,6 +168,7 @@ async def test_dry_run_reads_but_changes_nothing(
         f"requeue {job_id}",
         f"update JobId={job_id} StartTime=now",
     ]
+    assert outcome.items == [base.ItemResult(item=f"job {job_id}", status="planned", detail="would requeue")]
     assert node_line(cluster, node)[0] in ("allocated", "mixed")
     assert job_state(cluster, job_id) == ("RUNNING", node)
 
