@@ -241,3 +241,15 @@ async def test_a_kubeconfig_that_cannot_be_read_is_a_permanent_failure(tmp_path:
     outcome = await kube.KubernetesActuator(settings).apply(req("cordon"))
     assert outcome.status == "failed-permanent"
     assert "Kubernetes configuration" in outcome.detail
+
+
+async def test_the_taint_is_optional(api: fake_kube_api.FakeKubeAPI, tmp_path: pathlib.Path) -> None:
+    api.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    settings = config.ActuatorSettings(kube_config=str(tmp_path / "kubeconfig"), kube_taint=False)
+    actuator = kube.KubernetesActuator(settings)
+    try:
+        assert (await actuator.apply(req("cordon"))).status == "done"
+    finally:
+        actuator.close()
+    assert api.nodes["gpu-a"]["spec"]["unschedulable"] is True
+    assert "taints" not in api.nodes["gpu-a"]["spec"]

@@ -66,13 +66,15 @@ def _free_ports(count: int) -> int:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     missing = _missing()
+    message = ""
     if missing:
         message = f"Slurm is not installed (missing {', '.join(missing)}); .ci/run installs it"
+    elif os.geteuid() != 0:
+        message = "the test Slurm runs its daemons as SlurmUser=root and needs root"
+    if message:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    if os.geteuid() != 0:
-        pytest.fail("the test Slurm runs as SlurmUser=root and needs root")
     # Not under pytest's tmp dirs: munged wants every directory above its socket executable by all.
     state_dir = pathlib.Path(tempfile.mkdtemp(prefix="healer-slurm-"))
     state_dir.chmod(0o711)
