@@ -78,15 +78,15 @@ class PowerActuator:
             return base.ActionOutcome(status="failed-permanent", detail=f"bad power request: {e}")
         subject = self.subjects.command(request.node)
         plan = [f"request {subject} {codec.encode(command).decode()}"]
-        if request.dry_run:
-            return base.ActionOutcome(
-                status="planned",
-                detail=f"would send {command.action} to {request.node}",
-                plan=plan,
-                dry_run=True,
-            )
 
         async def work() -> base.ActionOutcome:
+            if request.dry_run:
+                return base.ActionOutcome(
+                    status="planned",
+                    detail=f"would send {command.action} to {request.node}",
+                    plan=plan,
+                    dry_run=True,
+                )
             # Same id on every try; a fresh expiry, so a retry after a slow bus is still accepted.
             now = self._clock()
             fresh = command.model_copy(
