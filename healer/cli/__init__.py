@@ -22,6 +22,7 @@ GROUPS = [
     "healer.cli.act_cmd",
     "healer.cli.config_cmd",
     "healer.cli.schema_cmd",
+    "healer.cli.sim_cmd",
 ]
 """Modules that add subcommands, in help order."""
 

@@ -99,10 +99,12 @@ class Book:
     def __init__(self, store: kv.Store) -> None:
         self.store = store
         self.open: dict[Key, Incident] = {}
-        self._revisions: dict[str, int] = {}
+        self.resolving: dict[str, Incident] = {}
+        """Resolved incidents whose on_resolve actions (restore, uncordon) have not all run yet."""
 
     async def load(self) -> int:
         self.open.clear()
+        self.resolving.clear()
         for key in await self.store.keys(PREFIX):
             doc = await self.store.get(key)
             if doc is None:
@@ -113,26 +115,35 @@ class Book:
                 log.error("incidents.unreadable", key=key, error=str(e))
                 continue
             if inc.state == "resolved":
-                continue
-            self.open[inc.key] = inc
-            self._revisions[inc.id] = doc.revision
-        log.info("incidents.loaded", open=len(self.open))
+                self.resolving[inc.id] = inc
+            else:
+                self.open[inc.key] = inc
+        log.info("incidents.loaded", open=len(self.open), resolving=len(self.resolving))
         return len(self.open)
 
     def get(self, key: Key) -> Incident | None:
         return self.open.get(key)
 
+    def all(self) -> list[Incident]:
+        return [*self.open.values(), *self.resolving.values()]
+
     async def save(self, inc: Incident) -> None:
-        """Persist (bumping ``seq``); a resolved incident leaves KV (the feed keeps its history)."""
+        """Persist (bumping ``seq``). A resolved incident leaves KV once its on_resolve actions have run
+        (the feed keeps its history)."""
         inc.seq += 1
         inc.updated_at = time.time()
         if inc.state == "resolved":
-            self.open.pop(inc.key, None)
-            await self.store.delete(PREFIX + inc.id)
-            self._revisions.pop(inc.id, None)
-            return
-        self.open[inc.key] = inc
-        self._revisions[inc.id] = await self.store.put(PREFIX + inc.id, inc.model_dump(mode="json"))
+            if self.open.get(inc.key) is inc:
+                del self.open[inc.key]
+            if any(a.status is None for a in inc.actions):
+                self.resolving[inc.id] = inc
+            else:
+                self.resolving.pop(inc.id, None)
+                await self.store.delete(PREFIX + inc.id)
+                return
+        elif inc.node != "fleet":
+            self.open[inc.key] = inc
+        await self.store.put(PREFIX + inc.id, inc.model_dump(mode="json"))
 
     def by_severity(self) -> dict[str, int]:
         out: dict[str, int] = {"info": 0, "warning": 0, "major": 0, "critical": 0}
