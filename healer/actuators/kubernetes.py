@@ -188,7 +188,7 @@ class KubernetesActuator:
             condition = {
                 "type": CONDITION,
                 "status": "False",
-                "reason": str(request.params.get("reason", "GpuFault")),
+                "reason": str(request.params.get("condition_reason", "GpuFault")),
                 "message": message[:1024],
                 "lastHeartbeatTime": now,
                 "lastTransitionTime": now,
