@@ -175,10 +175,6 @@ class ControllerSettings(_Group):
     """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
     repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)
     """Window for counting repeat faults on one GPU."""
-    command_ttl_s: float = pydantic.Field(default=30.0, gt=0)
-    """Expiry of commands sent to agents."""
-    power_confirm_s: float = pydantic.Field(default=5.0, gt=0)
-    """How long to wait for frames to show a new power limit before calling the action failed."""
     power_cap_escalate_s: float = pydantic.Field(default=900.0, gt=0)
     """An incident still firing this long after its power cap escalates to a cordon (the ladder)."""
     action_retries: int = pydantic.Field(default=3, ge=0)
