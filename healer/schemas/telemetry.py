@@ -25,7 +25,7 @@ NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 class GpuSample(pydantic.BaseModel):
     """One GPU's readings at one instant."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     index: int = pydantic.Field(ge=0, le=255, description="NVML device index on the node")
     uuid: str | None = pydantic.Field(default=None, max_length=96, description="GPU UUID (GPU-...)")

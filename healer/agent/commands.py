@@ -1,0 +1,252 @@
+"""CommandExecutor: what the agent does with a command from ``healer.cmd.<node>``.
+
+Safety rules, in the order they are checked:
+1. a command id seen before gets the same answer again (the controller may retry; nothing runs twice);
+2. a command for another node, past its expiry, or with a fencing token older than the newest this
+   node has seen is refused with a reason (a deposed leader's late command cannot undo its successor);
+3. ``set_power_limit`` clamps to the GPU's [min, max] and remembers the limit it found, once, on disk,
+   so ``restore_power_limit`` returns exactly that limit even after an agent restart;
+4. ``restore_power_limit`` never touches a limit someone else changed after healer set it.
+
+The executor is synchronous and shared by the real agent and the simulated fleet, so a simulated node
+answers exactly as a real one would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from healer import errors
+from healer.schemas import commands
+from healer.telemetry import source
+
+log = structlog.get_logger(__name__)
+
+TOLERANCE_W = 0.5
+"""Two limits closer than this are the same limit (NVML works in milliwatts; drivers round)."""
+RECENT_MAX = 256
+
+
+class PowerControl(Protocol):
+    def power_limits(self, index: int) -> source.PowerLimits: ...
+
+    def set_power_limit(self, index: int, watts: float) -> None: ...
+
+
+_RANK = {"failed": 3, "refused": 2, "applied": 1, "already": 0}
+
+
+class CommandExecutor:
+    def __init__(
+        self,
+        node: str,
+        power: PowerControl,
+        state_path: pathlib.Path | None,
+        clock: Callable[[], float] = time.time,
+        gpu_indices: Callable[[], list[int]] | None = None,
+    ) -> None:
+        self.node = node
+        self.power = power
+        self.state_path = state_path
+        self.clock = clock
+        self.gpu_indices = gpu_indices
+        self.fencing_token = 0
+        self.originals: dict[int, dict[str, Any]] = {}
+        self.recent: dict[str, dict[str, Any]] = {}
+        self._load()
+
+    # -- persistence -------------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.state_path is None or not self.state_path.exists():
+            return
+        try:
+            doc = json.loads(self.state_path.read_text())
+            self.fencing_token = int(doc.get("fencing_token", 0))
+            self.originals = {int(k): v for k, v in doc.get("originals", {}).items()}
+            self.recent = dict(doc.get("recent", {}))
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            # Refusing to start would leave the GPUs capped forever; start empty and say so loudly.
+            log.error("commands.state_unreadable", path=str(self.state_path), error=repr(e))
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "fencing_token": self.fencing_token,
+            "originals": {str(k): v for k, v in self.originals.items()},
+            "recent": self.recent,
+        }
+        tmp = self.state_path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    # -- the entry point ---------------------------------------------------------------------------
+    def execute(self, cmd: commands.Command) -> commands.CommandResult:
+        bound = log.bind(node=self.node, command_id=cmd.id, action=cmd.action, token=cmd.fencing_token)
+        seen = self.recent.get(cmd.id)
+        if seen is not None:
+            bound.info("commands.repeat")
+            return commands.CommandResult.model_validate(seen)
+        refusal = self._refusal(cmd)
+        if refusal:
+            bound.warning("commands.refused", reason=refusal)
+            return self._result(cmd, "refused", refusal, [], remember=False)
+        if cmd.fencing_token > self.fencing_token:
+            self.fencing_token = cmd.fencing_token
+        targets = self._targets(cmd)
+        if not targets:
+            return self._result(cmd, "refused", "no GPU to act on", [], remember=False)
+        if cmd.action == "set_power_limit":
+            changes = [self._set(cmd, i) for i in targets]
+        else:
+            changes = [self._restore(i) for i in targets]
+        status = max((c.status for c in changes), key=_RANK.__getitem__)
+        detail = "; ".join(f"gpu{c.index}: {c.detail}" for c in changes if c.detail)
+        result = self._result(cmd, status, detail, changes, remember=True)
+        bound.info("commands.executed", status=status, detail=detail)
+        return result
+
+    def refuse_undecodable(self, reason: str) -> commands.CommandResult:
+        log.warning("commands.undecodable", node=self.node, reason=reason)
+        return commands.CommandResult(
+            command_id="", node=self.node, status="refused", detail=reason, ts=self.clock()
+        )
+
+    def _refusal(self, cmd: commands.Command) -> str:
+        now = self.clock()
+        if cmd.node != self.node:
+            return f"command for node {cmd.node!r} delivered to {self.node!r}"
+        if now > cmd.expires_at:
+            return f"expired {now - cmd.expires_at:.1f}s ago"
+        if cmd.fencing_token < self.fencing_token:
+            return (
+                f"stale fencing token {cmd.fencing_token} < {self.fencing_token} (a newer leader has spoken)"
+            )
+        return ""
+
+    def _targets(self, cmd: commands.Command) -> list[int]:
+        if cmd.gpu_index is not None:
+            return [cmd.gpu_index]
+        return list(self.gpu_indices()) if self.gpu_indices else []
+
+    def _result(
+        self,
+        cmd: commands.Command,
+        status: commands.ResultStatus,
+        detail: str,
+        changes: list[commands.PowerChange],
+        *,
+        remember: bool,
+    ) -> commands.CommandResult:
+        result = commands.CommandResult(
+            command_id=cmd.id, node=self.node, status=status, detail=detail, gpus=changes, ts=self.clock()
+        )
+        if remember:
+            self.recent[cmd.id] = result.model_dump(mode="json", by_alias=True)
+            while len(self.recent) > RECENT_MAX:
+                self.recent.pop(next(iter(self.recent)))
+        self._save()
+        return result
+
+    # -- actions -----------------------------------------------------------------------------------
+    def _set(self, cmd: commands.Command, index: int) -> commands.PowerChange:
+        try:
+            limits = self.power.power_limits(index)
+        except errors.HealerError as e:
+            return commands.PowerChange(index=index, status="failed", detail=f"cannot read limits: {e}")
+        if cmd.watts is not None:
+            requested = cmd.watts
+        else:
+            assert cmd.percent_of_default is not None
+            requested = limits.default_w * cmd.percent_of_default / 100.0
+        applied = min(max(requested, limits.min_w), limits.max_w)
+        clamped = abs(applied - requested) > TOLERANCE_W
+        record = self.originals.get(index)
+        if record is not None and abs(limits.current_w - record["applied_w"]) > TOLERANCE_W:
+            log.warning(
+                "commands.limit_changed_by_other",
+                gpu=index,
+                healer_set_w=record["applied_w"],
+                now_w=limits.current_w,
+            )
+            record = None  # someone set a new limit since; that is now the one to restore
+        if abs(limits.current_w - applied) <= TOLERANCE_W:
+            return commands.PowerChange(
+                index=index,
+                previous_w=limits.current_w,
+                requested_w=requested,
+                applied_w=limits.current_w,
+                clamped=clamped,
+                status="already",
+            )
+        try:
+            self.power.set_power_limit(index, applied)
+        except errors.HealerError as e:
+            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
+            return commands.PowerChange(
+                index=index,
+                previous_w=limits.current_w,
+                requested_w=requested,
+                status="failed",
+                detail=f"{kind}: {e}",
+            )
+        original = limits.current_w if record is None else record["original_w"]
+        self.originals[index] = {
+            "original_w": original,
+            "applied_w": applied,
+            "reason": cmd.reason,
+            "at": self.clock(),
+        }
+        return commands.PowerChange(
+            index=index,
+            previous_w=limits.current_w,
+            requested_w=requested,
+            applied_w=applied,
+            clamped=clamped,
+            status="applied",
+            detail=f"clamped to [{limits.min_w:g}, {limits.max_w:g}] W" if clamped else "",
+        )
+
+    def _restore(self, index: int) -> commands.PowerChange:
+        record = self.originals.get(index)
+        if record is None:
+            return commands.PowerChange(index=index, status="already", detail="healer holds no limit here")
+        try:
+            limits = self.power.power_limits(index)
+        except errors.HealerError as e:
+            return commands.PowerChange(index=index, status="failed", detail=f"cannot read limits: {e}")
+        if abs(limits.current_w - record["applied_w"]) > TOLERANCE_W:
+            del self.originals[index]
+            return commands.PowerChange(
+                index=index,
+                previous_w=limits.current_w,
+                status="refused",
+                detail=f"changed by someone else since healer set {record['applied_w']:g} W; left as is",
+            )
+        target = float(record["original_w"])
+        try:
+            self.power.set_power_limit(index, target)
+        except errors.HealerError as e:
+            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
+            return commands.PowerChange(
+                index=index,
+                previous_w=limits.current_w,
+                requested_w=target,
+                status="failed",
+                detail=f"{kind}: {e}",
+            )
+        del self.originals[index]
+        return commands.PowerChange(
+            index=index, previous_w=limits.current_w, requested_w=target, applied_w=target, status="applied"
+        )

@@ -1,0 +1,54 @@
+"""The agent's Prometheus metrics, on a registry of its own (several agents can share a process)."""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+
+
+class AgentMetrics:
+    def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
+        self.registry = registry or prom.CollectorRegistry()
+        r = self.registry
+        self.frames_published = prom.Counter(
+            "healer_agent_frames_published_total", "NodeFrames published", registry=r
+        )
+        self.frames_dropped = prom.Counter(
+            "healer_agent_frames_dropped_total",
+            "frames dropped because the outage buffer was full",
+            registry=r,
+        )
+        self.frames_buffered = prom.Gauge(
+            "healer_agent_frames_buffered", "frames waiting for NATS to come back", registry=r
+        )
+        self.ticks_skipped = prom.Counter(
+            "healer_agent_ticks_skipped_total", "intervals skipped because sampling overran", registry=r
+        )
+        self.sample_seconds = prom.Histogram(
+            "healer_agent_sample_seconds",
+            "time to read every GPU once",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
+        self.sample_errors = prom.Counter(
+            "healer_agent_sample_errors_total", "samples that failed as a whole", registry=r
+        )
+        self.gpus = prom.Gauge("healer_agent_gpus", "GPUs in the last frame", registry=r)
+        self.events = prom.Counter("healer_agent_events_total", "node events emitted", ["kind"], registry=r)
+        self.events_pending = prom.Gauge(
+            "healer_agent_events_pending", "events spooled and not yet stored by JetStream", registry=r
+        )
+        self.events_delivered = prom.Counter(
+            "healer_agent_events_delivered_total", "events stored by JetStream", registry=r
+        )
+        self.events_rejected = prom.Counter(
+            "healer_agent_events_rejected_total", "events JetStream refused for good", registry=r
+        )
+        self.commands = prom.Counter(
+            "healer_agent_commands_total", "commands handled", ["action", "status"], registry=r
+        )
+        self.decode_errors = prom.Counter(
+            "healer_agent_decode_errors_total", "undecodable messages received", ["reason"], registry=r
+        )
+        self.nats_connected = prom.Gauge(
+            "healer_agent_nats_connected", "1 while connected to NATS", registry=r
+        )

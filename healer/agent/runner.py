@@ -1,0 +1,264 @@
+"""Agent: the loop that turns a TelemetrySource into frames, events and command replies on the bus.
+
+It never stops sampling because NATS is away. Frames go into a bounded buffer (the oldest are dropped
+and counted: stale telemetry is worth little, memory on a GPU node is worth a lot); events go through
+the on-disk EventSpool and are delivered exactly once when NATS is back. Sampling runs in a worker
+thread so a slow NVML call cannot stall command handling, and ticks keep a fixed cadence: an overrun
+skips intervals (counted) instead of drifting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import pathlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+import healer
+from healer import errors
+from healer.agent import commands as commands_mod
+from healer.agent import metrics as metrics_mod
+from healer.agent import spool as spool_mod
+from healer.bus import base
+from healer.bus import subjects as subjects_mod
+from healer.schemas import codec, events, telemetry
+from healer.telemetry import source
+
+log = structlog.get_logger(__name__)
+
+Connector = Callable[[], Awaitable[base.Bus]]
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        node: str,
+        source: source.TelemetrySource,
+        state_dir: str | pathlib.Path,
+        bus: base.Bus | None = None,
+        connect: Connector | None = None,
+        subjects: subjects_mod.Subjects | None = None,
+        interval_s: float = 1.0,
+        gpus_expected: int | None = None,
+        buffer_frames: int = 300,
+        watcher: source.EventWatcher | None = None,
+        metrics: metrics_mod.AgentMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if bus is None and connect is None:
+            raise ValueError("Agent needs a bus or a way to connect to one")
+        self.node = node
+        self.source = source
+        self.bus = bus
+        self._connect = connect
+        self.subjects = subjects or subjects_mod.Subjects()
+        self.interval_s = interval_s
+        self.gpus_expected = gpus_expected
+        self.watcher = watcher
+        self.metrics = metrics or metrics_mod.AgentMetrics()
+        self.clock = clock
+        self.boot_id = uuid.uuid4().hex
+        self.seq = 0
+        self.state_dir = pathlib.Path(state_dir)
+        self.spool = spool_mod.EventSpool(self.state_dir)
+        self.frames: collections.deque[bytes] = collections.deque(maxlen=buffer_frames)
+        self.executor = commands_mod.CommandExecutor(
+            node, source, self.state_dir / "power.json", clock=clock, gpu_indices=self._gpu_indices
+        )
+        self._last_indices: list[int] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._cmd_sub: base.Subscription | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.log = log.bind(node=node)
+
+    # -- public ------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set; then say goodbye (agent_stop) and deliver what is spooled."""
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.source.open)
+        if self.gpus_expected is None:
+            self.gpus_expected = self.source.gpus_expected
+        if self.watcher is not None:
+            self.watcher.start(self._emit_threadsafe)
+        self.emit(
+            events.new(self.node, "agent_start", message=f"healer {healer.__version__} boot {self.boot_id}")
+        )
+        tasks = [
+            asyncio.create_task(self._deliver_events(), name="agent-events"),
+            asyncio.create_task(self._ensure_connected(), name="agent-connect"),
+        ]
+        try:
+            await self._tick_loop(stop)
+        finally:
+            self.emit(events.new(self.node, "agent_stop", message="stopping"))
+            self._stopping = True
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(tasks[0]), timeout=3.0)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.watcher is not None:
+                await asyncio.to_thread(self.watcher.stop)
+            if self._cmd_sub is not None:
+                with contextlib.suppress(errors.HealerError):
+                    await self._cmd_sub.unsubscribe()
+            await asyncio.to_thread(self.source.close)
+            self.log.info("agent.stopped", frames=self.seq, events_pending=len(self.spool))
+
+    def emit(self, event: events.NodeEvent) -> None:
+        """Spool an event (fsynced) and wake the sender; safe from the loop thread only."""
+        try:
+            self.spool.append(event)
+        except errors.PermanentError as e:
+            self.log.error("agent.event_lost", kind=event.kind, error=str(e))
+            return
+        self.metrics.events.labels(event.kind).inc()
+        self.metrics.events_pending.set(len(self.spool))
+        self.log.info("agent.event", kind=event.kind, gpu=event.gpu_index, xid=event.xid, event_id=event.id)
+        self._wake.set()
+
+    # -- connection --------------------------------------------------------------------------------
+    async def _ensure_connected(self) -> None:
+        if self.bus is None:
+            assert self._connect is not None
+            try:
+                self.bus = await self._connect()
+            except errors.HealerError as e:
+                # Sampling and spooling go on; only a restart (or a fixed URL) brings NATS back.
+                self.log.error("agent.connect_failed", error=str(e))
+                return
+        self._cmd_sub = await self.bus.subscribe(self.subjects.command(self.node), self._on_command)
+        self.log.info("agent.ready", subject=self.subjects.command(self.node))
+        self._wake.set()
+
+    def _online(self) -> base.Bus | None:
+        bus = self.bus
+        up = bus is not None and bus.connected and self._cmd_sub is not None
+        self.metrics.nats_connected.set(1 if up else 0)
+        return bus if up else None
+
+    # -- telemetry ---------------------------------------------------------------------------------
+    async def _tick_loop(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        next_t = loop.time()
+        while not stop.is_set():
+            await self.tick()
+            next_t += self.interval_s
+            now = loop.time()
+            if next_t < now:
+                missed = int((now - next_t) // self.interval_s) + 1
+                self.metrics.ticks_skipped.inc(missed)
+                next_t += missed * self.interval_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=next_t - now)
+
+    async def tick(self) -> None:
+        """Sample once and publish (or buffer) the frame."""
+        ts = self.clock()
+        started = time.perf_counter()
+        try:
+            sample = await asyncio.to_thread(self.source.sample)
+        except errors.HealerError as e:
+            self.metrics.sample_errors.inc()
+            self.log.error("agent.sample_failed", error=str(e))
+            return
+        finally:
+            self.metrics.sample_seconds.observe(time.perf_counter() - started)
+        for ev in sample.events:
+            self.emit(ev)
+        self._last_indices = [g.index for g in sample.gpus]
+        frame = telemetry.NodeFrame(
+            node=self.node,
+            ts=ts,
+            seq=self.seq,
+            boot_id=self.boot_id,
+            agent_version=healer.__version__,
+            source=self.source.kind,
+            gpus_expected=self.gpus_expected,
+            gpus=sample.gpus,
+        )
+        self.seq += 1
+        self.metrics.gpus.set(len(sample.gpus))
+        await self._send_frame(codec.encode(frame))
+
+    async def _send_frame(self, data: bytes) -> None:
+        bus = self._online()
+        if bus is not None:
+            try:
+                while self.frames:
+                    await bus.publish(self.subjects.telemetry(self.node), self.frames[0])
+                    self.frames.popleft()
+                    self.metrics.frames_published.inc()
+                await bus.publish(self.subjects.telemetry(self.node), data)
+                self.metrics.frames_published.inc()
+                self.metrics.frames_buffered.set(len(self.frames))
+                return
+            except errors.TemporaryError as e:
+                self.log.warning("agent.publish_failed", error=str(e))
+        if len(self.frames) == self.frames.maxlen:
+            self.metrics.frames_dropped.inc()
+        self.frames.append(data)
+        self.metrics.frames_buffered.set(len(self.frames))
+
+    # -- events ------------------------------------------------------------------------------------
+    def _emit_threadsafe(self, event: events.NodeEvent) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.emit, event)
+
+    async def _deliver_events(self) -> None:
+        delay = 0.1
+        while True:
+            item = self.spool.peek()
+            bus = self._online()
+            if item is None or bus is None:
+                if item is None and self._stopping:
+                    return
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+                continue
+            try:
+                await bus.publish_durable(self.subjects.events(item.node), item.data, msg_id=item.event_id)
+            except errors.TemporaryError as e:
+                self.log.warning(
+                    "agent.event_delivery_retry", event_id=item.event_id, error=str(e), delay=delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            except errors.PermanentError as e:
+                self.spool.drop(item, str(e))
+                self.metrics.events_rejected.inc()
+            else:
+                self.spool.ack(item)
+                self.metrics.events_delivered.inc()
+            delay = 0.1
+            self.metrics.events_pending.set(len(self.spool))
+
+    # -- commands ----------------------------------------------------------------------------------
+    def _gpu_indices(self) -> list[int]:
+        if self._last_indices:
+            return list(self._last_indices)
+        return list(range(self.gpus_expected or 0))
+
+    async def _on_command(self, msg: base.Msg) -> None:
+        try:
+            cmd = codec.decode_command(msg.data)
+        except errors.DecodeError as e:
+            self.metrics.decode_errors.labels(e.reason).inc()
+            result = self.executor.refuse_undecodable(str(e))
+            action = "unknown"
+        else:
+            result = await asyncio.to_thread(self.executor.execute, cmd)
+            action = cmd.action
+        self.metrics.commands.labels(action, result.status).inc()
+        if msg.reply:
+            await msg.respond(codec.encode(result))

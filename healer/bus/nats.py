@@ -1,0 +1,194 @@
+"""NatsBus: the Bus Protocol over nats-py, with JetStream for what must not be lost.
+
+The first connection is retried with tenacity (a node agent often starts before the network or the NATS
+cluster is up); once connected, nats-py reconnects by itself forever and this object reports the state
+through ``connected`` and log events. nats-py errors are translated into healer's vocabulary here and
+nowhere else: timeouts, no responders, a closed or reconnecting connection → ``TemporaryError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+import tenacity
+from nats.aio.client import Client
+from nats.aio.msg import Msg as NatsMsg
+
+from healer import config, errors
+from healer.bus import base
+
+log = structlog.get_logger(__name__)
+
+_TEMPORARY = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)
+
+
+class _Sub:
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def unsubscribe(self) -> None:
+        with contextlib.suppress(nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+            await self._sub.unsubscribe()
+
+
+class NatsBus:
+    """A connected client. Build with ``await NatsBus.connect(...)``; ``close()`` drains it."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str = "healer",
+        nats_settings: config.NatsSettings | None = None,
+        retry: config.RetrySettings | None = None,
+    ) -> NatsBus:
+        ns = nats_settings or config.NatsSettings(url=url)
+        rs = retry or config.RetrySettings()
+        servers = [u.strip() for u in url.split(",") if u.strip()]
+        holder: dict[str, NatsBus] = {}
+
+        async def on_disconnect() -> None:
+            log.warning("nats.disconnected", name=name)
+
+        async def on_reconnect() -> None:
+            log.info("nats.reconnected", name=name, server=str(getattr(holder.get("bus"), "server", "")))
+            bus = holder.get("bus")
+            if bus is not None:
+                for cb in bus.on_reconnect:
+                    await cb()
+
+        async def on_error(e: Exception) -> None:
+            log.warning("nats.error", name=name, error=repr(e))
+
+        options: dict[str, Any] = {
+            "servers": servers,
+            "name": name,
+            "connect_timeout": ns.connect_timeout_s,
+            "reconnect_time_wait": ns.reconnect_wait_s,
+            # nats-py retries a failed *first* connect forever unless attempts are bounded, which would
+            # hide a wrong URL; tenacity owns the first connect (bounded, logged), nats-py the rest:
+            # once connected, reconnecting is switched to "forever" below.
+            "max_reconnect_attempts": 1,
+            "allow_reconnect": True,
+            "disconnected_cb": on_disconnect,
+            "reconnected_cb": on_reconnect,
+            "error_cb": on_error,
+        }
+        if ns.creds_file:
+            options["user_credentials"] = ns.creds_file
+
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type((OSError, nats.errors.Error, asyncio.TimeoutError)),
+            wait=tenacity.wait_exponential(multiplier=rs.initial_delay_s, max=rs.max_delay_s),
+            stop=tenacity.stop_after_attempt(rs.attempts) if rs.attempts else tenacity.stop_never,
+            before_sleep=lambda state: log.warning(
+                "nats.connect_retry",
+                name=name,
+                url=url,
+                attempt=state.attempt_number,
+                error=repr(state.outcome.exception()) if state.outcome else None,
+            ),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    nc = await nats.connect(**options)
+
+        except (TimeoutError, OSError, nats.errors.Error) as e:
+            raise errors.TemporaryError(f"cannot connect to NATS at {url}: {e!r}") from e
+        nc.options["max_reconnect_attempts"] = -1
+        bus = cls(nc)
+        holder["bus"] = bus
+        log.info("nats.connected", name=name, url=url)
+        return bus
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> None:
+        try:
+            await self.nc.publish(subject, data, headers=headers)
+        except _TEMPORARY as e:
+            raise errors.TemporaryError(f"publish to {subject} failed: {e!r}") from e
+
+    async def publish_durable(self, subject: str, data: bytes, msg_id: str, timeout: float = 5.0) -> bool:
+        try:
+            ack = await self.js.publish(subject, data, timeout=timeout, headers={"Nats-Msg-Id": msg_id})
+        except nats.js.errors.APIError as e:
+            if e.code is not None and e.code >= 500:
+                raise errors.TemporaryError(f"JetStream publish to {subject}: {e}") from e
+            raise errors.PermanentError(f"JetStream refused {subject}: {e}") from e
+        except _TEMPORARY as e:
+            raise errors.TemporaryError(f"JetStream publish to {subject} failed: {e!r}") from e
+        return not bool(ack.duplicate)
+
+    async def subscribe(self, subject: str, handler: base.Handler, queue: str = "") -> base.Subscription:
+        async def deliver(m: NatsMsg) -> None:
+            msg = base.Msg(
+                subject=m.subject,
+                data=m.data,
+                reply=m.reply or "",
+                headers=dict(m.headers) if m.headers else None,
+                _responder=self._respond,
+            )
+            try:
+                await handler(msg)
+            except Exception:
+                log.exception("bus.handler_failed", subject=m.subject)
+
+        try:
+            sub = await self.nc.subscribe(subject, queue=queue, cb=deliver)
+        except _TEMPORARY as e:
+            raise errors.TemporaryError(f"subscribe {subject} failed: {e!r}") from e
+        return _Sub(sub)
+
+    async def _respond(self, reply: str, data: bytes) -> None:
+        await self.publish(reply, data)
+
+    async def request(self, subject: str, data: bytes, timeout: float = 2.0) -> base.Msg:
+        try:
+            m = await self.nc.request(subject, data, timeout=timeout)
+        except _TEMPORARY as e:
+            raise errors.TemporaryError(f"request to {subject} failed: {e!r}") from e
+        return base.Msg(subject=m.subject, data=m.data, headers=dict(m.headers) if m.headers else None)
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        try:
+            await self.nc.flush(timeout=max(1, round(timeout)))
+        except _TEMPORARY as e:
+            raise errors.TemporaryError(f"flush failed: {e!r}") from e
+
+    async def close(self) -> None:
+        if self.nc.is_closed:
+            return
+        try:
+            await self.nc.drain()
+        except (TimeoutError, nats.errors.Error, OSError):
+            await self.nc.close()

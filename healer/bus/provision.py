@@ -1,0 +1,135 @@
+"""Idempotent creation of healer's JetStream streams and KV buckets.
+
+Every process that needs them calls ``ensure`` at start: a missing stream is created, an existing one
+with the same settings is left alone, and one whose settings changed (retention, replicas, dedup window)
+is updated in place, so an upgrade never needs a manual step and two processes racing at start are fine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import nats.js.errors
+import structlog
+from nats.js import api
+
+from healer import config, errors
+from healer.bus import nats as natsbus
+from healer.bus import subjects as subjects_mod
+
+log = structlog.get_logger(__name__)
+
+STREAM_IN_USE = 10058
+"""JetStream err_code: stream name already in use with a different configuration."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    streams: list[api.StreamConfig]
+    buckets: list[api.KeyValueConfig]
+
+
+def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan:
+    replicas = settings.replicas
+    return Plan(
+        streams=[
+            api.StreamConfig(
+                name=subjects.stream_telemetry,
+                description="healer NodeFrames (core publishes captured for replay and training)",
+                subjects=[subjects.all_telemetry],
+                retention=api.RetentionPolicy.LIMITS,
+                discard=api.DiscardPolicy.OLD,
+                max_age=settings.telemetry_max_age_s,
+                storage=api.StorageType.FILE,
+                num_replicas=replicas,
+                duplicate_window=min(120.0, settings.telemetry_max_age_s),
+            ),
+            api.StreamConfig(
+                name=subjects.stream_events,
+                description="healer NodeEvents: XIDs, GPU lost, agent start/stop",
+                subjects=[subjects.all_events],
+                retention=api.RetentionPolicy.LIMITS,
+                discard=api.DiscardPolicy.OLD,
+                max_age=settings.events_max_age_s,
+                storage=api.StorageType.FILE,
+                num_replicas=replicas,
+                duplicate_window=min(settings.dedup_window_s, settings.events_max_age_s),
+            ),
+            api.StreamConfig(
+                name=subjects.stream_incidents,
+                description="healer incident feed (CloudEvents); deduplicated by Nats-Msg-Id",
+                subjects=[subjects.all_incidents],
+                retention=api.RetentionPolicy.LIMITS,
+                discard=api.DiscardPolicy.OLD,
+                max_age=settings.incidents_max_age_s,
+                storage=api.StorageType.FILE,
+                num_replicas=replicas,
+                duplicate_window=min(settings.dedup_window_s, settings.incidents_max_age_s),
+            ),
+        ],
+        buckets=[
+            api.KeyValueConfig(
+                bucket=subjects.kv_state,
+                description="healer durable controller state",
+                history=5,
+                replicas=replicas,
+                storage=api.StorageType.FILE,
+            ),
+            api.KeyValueConfig(
+                bucket=subjects.kv_leases,
+                description="healer leader and shard leases; the revision is the fencing token",
+                history=1,
+                ttl=settings.lease_ttl_s,
+                replicas=replicas,
+                storage=api.StorageType.FILE,
+            ),
+        ],
+    )
+
+
+async def ensure(
+    bus: natsbus.NatsBus, subjects: subjects_mod.Subjects, settings: config.NatsSettings
+) -> Plan:
+    """Create or update every stream and bucket; returns what it made sure of."""
+    wanted = plan(subjects, settings)
+    try:
+        for stream in wanted.streams:
+            await _ensure_stream(bus, stream)
+        for bucket in wanted.buckets:
+            await _ensure_bucket(bus, bucket)
+    except nats.js.errors.APIError as e:
+        raise errors.PermanentError(f"JetStream provisioning failed: {e}") from e
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
+        raise errors.TemporaryError(f"JetStream not available: {e!r}") from e
+    return wanted
+
+
+async def _ensure_stream(bus: natsbus.NatsBus, stream: api.StreamConfig) -> None:
+    try:
+        await bus.js.add_stream(stream)
+        log.debug("provision.stream_ok", stream=stream.name)
+    except nats.js.errors.BadRequestError as e:
+        if e.err_code != STREAM_IN_USE:
+            raise
+        await bus.js.update_stream(stream)
+        log.info("provision.stream_updated", stream=stream.name)
+
+
+async def _ensure_bucket(bus: natsbus.NatsBus, bucket: api.KeyValueConfig) -> None:
+    try:
+        await bus.js.create_key_value(bucket)
+        log.debug("provision.bucket_ok", bucket=bucket.bucket)
+    except nats.js.errors.BadRequestError as e:
+        if e.err_code != STREAM_IN_USE:
+            raise
+        info = await bus.js.stream_info(f"KV_{bucket.bucket}")
+        current = info.config
+        updated = dataclasses.replace(
+            current,
+            max_age=bucket.ttl,
+            max_msgs_per_subject=bucket.history,
+            num_replicas=bucket.replicas,
+            description=bucket.description,
+        )
+        await bus.js.update_stream(updated)
+        log.info("provision.bucket_updated", bucket=bucket.bucket)

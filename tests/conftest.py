@@ -1,0 +1,95 @@
+"""Shared fixtures: real nats-servers (single and a 3-node cluster) on free loopback ports.
+
+Each fixture starts its own server from the venv's nats-server binary, in a temporary state directory,
+and stops it (by its own PID) afterwards, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+
+from healer import config
+from healer.bus import memory, provision, server, subjects
+from healer.bus import nats as natsbus
+
+
+@pytest.fixture
+def nats_server(tmp_path: pathlib.Path) -> Iterator[server.EmbeddedServer]:
+    srv = server.EmbeddedServer(tmp_path / "nats")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: pathlib.Path) -> Iterator[server.EmbeddedCluster]:
+    cluster = server.EmbeddedCluster(tmp_path / "cluster", size=3)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def subj() -> subjects.Subjects:
+    return subjects.Subjects()
+
+
+@pytest.fixture
+async def nats_bus(
+    nats_server: server.EmbeddedServer, subj: subjects.Subjects
+) -> AsyncIterator[natsbus.NatsBus]:
+    """A connected, provisioned NatsBus on a fresh server."""
+    bus = await natsbus.NatsBus.connect(nats_server.url, name="test")
+    await provision.ensure(bus, subj, config.NatsSettings())
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+def make_memory_bus(subj: subjects.Subjects) -> memory.MemoryBus:
+    """A MemoryBus with the same streams as a provisioned server."""
+    bus = memory.MemoryBus()
+    bus.add_stream(subj.stream_telemetry, [subj.all_telemetry])
+    bus.add_stream(subj.stream_events, [subj.all_events])
+    bus.add_stream(subj.stream_incidents, [subj.all_incidents])
+    return bus
+
+
+@pytest.fixture
+async def memory_bus(subj: subjects.Subjects) -> AsyncIterator[memory.MemoryBus]:
+    bus = make_memory_bus(subj)
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.05) -> None:
+    """Poll ``predicate`` until it holds; TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - polling other objects' state is the point
+            await asyncio.sleep(step)
+
+
+async def read_stream(bus: natsbus.NatsBus, subject: str, quiet_s: float = 1.0) -> list[bytes]:
+    """Every message a stream holds on ``subject``, read by an ordered consumer until it goes quiet."""
+    sub = await bus.js.subscribe(subject, ordered_consumer=True)
+    out: list[bytes] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=quiet_s)
+            except TimeoutError:
+                return out
+            out.append(msg.data)
+    finally:
+        await sub.unsubscribe()

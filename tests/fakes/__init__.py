@@ -1,0 +1,1 @@
+"""Fakes for the test tree (a pynvml stand-in)."""

@@ -1,0 +1,234 @@
+"""The Bus Protocol behaves the same on the in-memory bus and on a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from healer import config, errors
+from healer.bus import base, memory, provision, server, subjects
+from healer.bus import nats as natsbus
+from tests import conftest
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def bus(request: pytest.FixtureRequest, subj: subjects.Subjects) -> AsyncIterator[base.Bus]:
+    """The same test body runs on the in-memory bus and on a real, provisioned nats-server."""
+    if request.param == "memory":
+        mem = conftest.make_memory_bus(subj)
+        yield mem
+        await mem.close()
+    else:
+        srv: server.EmbeddedServer = request.getfixturevalue("nats_server")
+        real = await natsbus.NatsBus.connect(srv.url, name="test")
+        await provision.ensure(real, subj, config.NatsSettings())
+        yield real
+        await real.close()
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.msgs: list[base.Msg] = []
+        self.changed = asyncio.Event()
+
+    async def __call__(self, msg: base.Msg) -> None:
+        self.msgs.append(msg)
+        self.changed.set()
+
+    async def wait_for(self, n: int, timeout: float = 5.0) -> list[base.Msg]:
+        async with asyncio.timeout(timeout):
+            while len(self.msgs) < n:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.msgs
+
+
+async def test_wildcard_subscription_receives_every_node(bus: base.Bus, subj: subjects.Subjects) -> None:
+    got = Collector()
+    await bus.subscribe(subj.all_telemetry, got)
+    await bus.flush()
+    for node in ["a", "b.example.org", "c"]:
+        await bus.publish(subj.telemetry(node), node.encode())
+    msgs = await got.wait_for(3)
+    assert [subj.node_of(m.subject) for m in msgs] == ["a", "b.example.org", "c"]
+    assert [m.data for m in msgs] == [b"a", b"b.example.org", b"c"]
+
+
+async def test_queue_group_delivers_each_message_once(bus: base.Bus) -> None:
+    got = Collector()
+    members: list[str] = []
+
+    def member(name: str) -> base.Handler:
+        async def handle(msg: base.Msg) -> None:
+            members.append(name)
+            await got(msg)
+
+        return handle
+
+    await bus.subscribe("q.>", member("a"), queue="workers")
+    await bus.subscribe("q.>", member("b"), queue="workers")
+    await bus.flush()
+    for i in range(20):
+        await bus.publish(f"q.{i}", b"x")
+    msgs = await got.wait_for(20)
+    await bus.flush()
+    assert sorted(m.subject for m in msgs) == sorted(f"q.{i}" for i in range(20))
+    assert len(members) == 20
+
+
+async def test_request_reply_round_trip(bus: base.Bus, subj: subjects.Subjects) -> None:
+    async def echo(msg: base.Msg) -> None:
+        await msg.respond(b"re:" + msg.data)
+
+    await bus.subscribe(subj.command("n1"), echo)
+    await bus.flush()
+    reply = await bus.request(subj.command("n1"), b"hello", timeout=2)
+    assert reply.data == b"re:hello"
+
+
+async def test_request_without_responder_is_temporary(bus: base.Bus, subj: subjects.Subjects) -> None:
+    with pytest.raises(errors.TemporaryError):
+        await bus.request(subj.command("nobody"), b"x", timeout=0.5)
+
+
+async def stored_in(bus: base.Bus, stream: str) -> int:
+    if isinstance(bus, memory.MemoryBus):
+        return len(bus.streams[stream].messages)
+    assert isinstance(bus, natsbus.NatsBus)
+    return int((await bus.js.stream_info(stream)).state.messages)
+
+
+async def test_durable_publish_deduplicates_by_msg_id(bus: base.Bus, subj: subjects.Subjects) -> None:
+    assert await bus.publish_durable(subj.events("n1"), b"e1", msg_id="id-1") is True
+    assert await bus.publish_durable(subj.events("n1"), b"e1", msg_id="id-1") is False
+    assert await bus.publish_durable(subj.events("n1"), b"e2", msg_id="id-2") is True
+    assert await stored_in(bus, subj.stream_events) == 2
+
+
+async def test_durable_publish_without_a_stream_is_temporary(bus: base.Bus) -> None:
+    with pytest.raises(errors.TemporaryError):
+        await bus.publish_durable("nostream.x", b"x", msg_id="m1", timeout=1)
+
+
+async def test_handler_exception_does_not_stop_delivery(bus: base.Bus) -> None:
+    got = Collector()
+
+    async def flaky(msg: base.Msg) -> None:
+        if msg.data == b"boom":
+            raise RuntimeError("handler bug")
+        await got(msg)
+
+    await bus.subscribe("f.x", flaky)
+    await bus.flush()
+    for data in [b"1", b"boom", b"2"]:
+        await bus.publish("f.x", data)
+    msgs = await got.wait_for(2)
+    assert [m.data for m in msgs] == [b"1", b"2"]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        ("healer.telemetry.*", "healer.telemetry.n1", True),
+        ("healer.telemetry.*", "healer.telemetry.n1.x", False),
+        ("healer.incidents.>", "healer.incidents.opened.n1", True),
+        ("healer.incidents.>", "healer.incidents", False),
+        ("a.*.c", "a.b.c", True),
+        ("a.*.c", "a.b.d", False),
+        ("a.b", "a.b", True),
+        ("a.b", "a.b.c", False),
+        (">", "anything.at.all", True),
+    ],
+)
+def test_memory_bus_matches_like_nats(pattern: str, subject: str, matches: bool) -> None:
+    assert memory.subject_matches(pattern, subject) is matches
+
+
+async def test_memory_bus_outage_raises_temporary(memory_bus: memory.MemoryBus) -> None:
+    memory_bus.set_connected(False)
+    assert not memory_bus.connected
+    with pytest.raises(errors.TemporaryError):
+        await memory_bus.publish("a.b", b"x")
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_node_names_escape_into_exactly_one_token(node: str) -> None:
+    subj = subjects.Subjects()
+    token = subjects.escape_node(node)
+    assert "." not in token
+    assert "*" not in token
+    assert ">" not in token
+    assert subjects.unescape_node(token) == node
+    assert subj.node_of(subj.telemetry(node)) == node
+
+
+async def test_provisioning_is_idempotent_and_applies_changes(
+    nats_server: server.EmbeddedServer, subj: subjects.Subjects
+) -> None:
+    bus = await natsbus.NatsBus.connect(nats_server.url)
+    try:
+        await provision.ensure(bus, subj, config.NatsSettings())
+        await provision.ensure(bus, subj, config.NatsSettings())
+        await provision.ensure(bus, subj, config.NatsSettings(telemetry_max_age_s=600, lease_ttl_s=20))
+        assert (await bus.js.stream_info("HEALER_TELEMETRY")).config.max_age == 600
+        assert (await bus.js.stream_info("HEALER_EVENTS")).config.subjects == ["healer.events.*"]
+        assert (await bus.js.stream_info("HEALER_INCIDENTS")).config.subjects == ["healer.incidents.>"]
+        assert (await bus.js.stream_info("KV_healer-leases")).config.max_age == 20
+        kv = await bus.js.key_value("healer-state")
+        rev = await kv.put("k", b"v")
+        assert (await kv.get("k")).revision == rev
+    finally:
+        await bus.close()
+
+
+async def test_initial_connect_retries_until_the_server_appears(tmp_path: object) -> None:
+    srv = server.EmbeddedServer(str(tmp_path) + "/late")
+    connecting = asyncio.create_task(
+        natsbus.NatsBus.connect(srv.url, retry=config.RetrySettings(initial_delay_s=0.05, max_delay_s=0.2))
+    )
+    await asyncio.sleep(0.5)
+    assert not connecting.done()
+    await asyncio.to_thread(srv.start)
+    try:
+        bus = await asyncio.wait_for(connecting, 10)
+        assert bus.connected
+        await bus.close()
+    finally:
+        srv.stop()
+
+
+async def test_initial_connect_gives_up_after_configured_attempts() -> None:
+    url = f"nats://127.0.0.1:{server.free_port()}"
+    with pytest.raises(errors.TemporaryError, match="cannot connect"):
+        await natsbus.NatsBus.connect(
+            url, retry=config.RetrySettings(initial_delay_s=0.01, max_delay_s=0.02, attempts=2)
+        )
+
+
+async def test_cluster_keeps_replicated_streams_when_a_node_dies(
+    nats_cluster: server.EmbeddedCluster, subj: subjects.Subjects
+) -> None:
+    bus = await natsbus.NatsBus.connect(nats_cluster.url)
+    try:
+        await provision.ensure(bus, subj, config.NatsSettings(replicas=3))
+        info = await bus.js.stream_info(subj.stream_events)
+        assert info.config.num_replicas == 3
+        assert await bus.publish_durable(subj.events("n1"), b"before", msg_id="b1")
+        victim = next(s for s in nats_cluster.servers if s.url not in str(bus.nc.connected_url))
+        victim.kill()
+        # The stream may first elect a new leader: a TemporaryError, retried as the agent does.
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    assert await bus.publish_durable(subj.events("n1"), b"after", msg_id="a1", timeout=2)
+                    break
+                except errors.TemporaryError:
+                    await asyncio.sleep(0.2)
+        info = await bus.js.stream_info(subj.stream_events)
+        assert info.state.messages == 2
+    finally:
+        await bus.close()

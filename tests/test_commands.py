@@ -1,0 +1,140 @@
+"""CommandExecutor safety rules, without a bus: idempotency, expiry, fencing, clamping, restore."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import pytest
+
+from healer import errors
+from healer.agent import commands as commands_mod
+from healer.schemas import commands
+from healer.telemetry import sim, source
+
+
+def cmd(
+    action: str, *, token: int = 1, ttl: float = 30, cid: str | None = None, **kw: object
+) -> commands.Command:
+    now = time.time()
+    return commands.Command.model_validate(
+        {
+            "id": cid or f"c-{action}-{token}-{kw}",
+            "node": kw.pop("node", "n1"),
+            "action": action,
+            "fencing_token": token,
+            "issued_at": now - 60,
+            "expires_at": now + ttl,
+            **kw,
+        }
+    )
+
+
+@pytest.fixture
+def power() -> sim.SimSource:
+    return sim.SimSource("n1", gpus=2)
+
+
+def executor(power: commands_mod.PowerControl, path: pathlib.Path | None) -> commands_mod.CommandExecutor:
+    return commands_mod.CommandExecutor("n1", power, path, gpu_indices=lambda: [0, 1])
+
+
+def test_whole_node_cap_applies_to_every_gpu(power: sim.SimSource) -> None:
+    res = executor(power, None).execute(cmd("set_power_limit", watts=500))
+    assert res.status == "applied"
+    assert [(c.index, c.applied_w) for c in res.gpus] == [(0, 500.0), (1, 500.0)]
+    assert power.power_limits(1).current_w == 500.0
+
+
+def test_repeated_command_id_is_answered_not_rerun(power: sim.SimSource) -> None:
+    ex = executor(power, None)
+    first = ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, cid="same"))
+    power.set_power_limit(0, 650)  # an operator acts in between
+    again = ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, cid="same"))
+    assert again == first
+    assert power.power_limits(0).current_w == 650.0
+
+
+def test_stale_token_is_refused_and_newer_token_accepted(power: sim.SimSource) -> None:
+    ex = executor(power, None)
+    assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=10)).status == "applied"
+    stale = ex.execute(cmd("restore_power_limit", gpu_index=0, token=9))
+    assert stale.status == "refused"
+    assert "stale fencing token 9 < 10" in stale.detail
+    assert power.power_limits(0).current_w == 500.0
+    assert ex.execute(cmd("restore_power_limit", gpu_index=0, token=11)).status == "applied"
+
+
+def test_expired_and_misaddressed_commands_are_refused(power: sim.SimSource) -> None:
+    ex = executor(power, None)
+    assert "expired" in ex.execute(cmd("set_power_limit", watts=500, ttl=-1)).detail
+    assert "delivered to" in ex.execute(cmd("set_power_limit", watts=500, node="n2")).detail
+    assert power.power_limits(0).current_w == 700.0
+
+
+def test_restore_survives_an_agent_restart(power: sim.SimSource, tmp_path: pathlib.Path) -> None:
+    state = tmp_path / "power.json"
+    power.set_power_limit(0, 650)  # the operator's limit before healer
+    executor(power, state).execute(cmd("set_power_limit", gpu_index=0, percent_of_default=50, token=3))
+    assert power.power_limits(0).current_w == 350.0
+    restarted = executor(power, state)
+    assert restarted.fencing_token == 3
+    res = restarted.execute(cmd("restore_power_limit", gpu_index=0, token=3))
+    assert res.status == "applied"
+    assert power.power_limits(0).current_w == 650.0
+    assert json.loads(state.read_text())["originals"] == {}
+
+
+def test_second_cap_keeps_the_first_original(power: sim.SimSource) -> None:
+    ex = executor(power, None)
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=600, token=1))
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=400, token=2))
+    ex.execute(cmd("restore_power_limit", gpu_index=0, token=3))
+    assert power.power_limits(0).current_w == 700.0
+
+
+def test_restore_leaves_a_limit_an_operator_changed_after_healer(power: sim.SimSource) -> None:
+    ex = executor(power, None)
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=1))
+    power.set_power_limit(0, 450)
+    res = ex.execute(cmd("restore_power_limit", gpu_index=0, token=2))
+    assert res.status == "refused"
+    assert "changed by someone else" in res.detail
+    assert power.power_limits(0).current_w == 450.0
+
+
+def test_restore_with_nothing_held_is_already_done(power: sim.SimSource) -> None:
+    res = executor(power, None).execute(cmd("restore_power_limit", gpu_index=1))
+    assert res.status == "already"
+
+
+def test_nvml_refusal_is_reported_as_failed(power: sim.SimSource) -> None:
+    class Locked:
+        def power_limits(self, index: int) -> source.PowerLimits:
+            return source.PowerLimits(700, 700, 200, 700)
+
+        def set_power_limit(self, index: int, watts: float) -> None:
+            raise errors.PermanentError("NVML: insufficient permissions")
+
+    res = executor(Locked(), None).execute(cmd("set_power_limit", gpu_index=0, watts=500))
+    assert res.status == "failed"
+    assert "permanent: NVML: insufficient permissions" in res.detail
+
+
+def test_unreadable_state_file_starts_empty_and_logs(power: sim.SimSource, tmp_path: pathlib.Path) -> None:
+    from structlog import testing
+
+    state = tmp_path / "power.json"
+    state.write_text("{broken")
+    with testing.capture_logs() as logs:
+        ex = executor(power, state)
+    assert ex.originals == {}
+    assert any(e["event"] == "commands.state_unreadable" for e in logs)
+
+
+def test_command_model_rejects_ambiguous_targets() -> None:
+    with pytest.raises(ValueError, match="exactly one of watts or percent_of_default"):
+        cmd("set_power_limit", watts=500, percent_of_default=80)
+    with pytest.raises(ValueError, match="takes no watts"):
+        cmd("restore_power_limit", watts=500)
