@@ -23,6 +23,7 @@ GROUPS = [
     "healer.cli.config_cmd",
     "healer.cli.schema_cmd",
     "healer.cli.sim_cmd",
+    "healer.cli.rules_cmd",
 ]
 """Modules that add subcommands, in help order."""
 
