@@ -127,3 +127,11 @@ class Receiver:
 
     def attempts(self, ce_id: str) -> int:
         return sum(1 for r in self.snapshot() if r.ce_id == ce_id)
+
+
+def tail_line(ev: incidents.IncidentEvent) -> str:
+    """What ``healer incidents tail`` prints for ``ev`` (one place to change if the format changes)."""
+    d = ev.data
+    where = d.node if d.gpu_index is None else f"{d.node}/gpu{d.gpu_index}"
+    stamp = ev.time.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{stamp} {ev.change:<9} {d.severity:<8} {where} {d.rule_id} {d.summary}"
