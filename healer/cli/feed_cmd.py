@@ -138,6 +138,7 @@ def _forward(args: argparse.Namespace) -> int:
         )
         feed = config.FeedSettings.model_validate(feed.model_dump())
         headers = _headers(args.header)
+        forward.check_url(args.url)
     except (errors.PermanentError, ValueError) as e:
         print(f"healer forward: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import pathlib
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -38,7 +39,17 @@ from healer.feed import envelope, webhook
 
 log = structlog.get_logger(__name__)
 
+ACK_TIMEOUT_S = 5.0
+"""How long to wait for JetStream to confirm an ack (unconfirmed: maybe a duplicate later, never a loss)."""
+
 Post = Callable[[str, bytes, Mapping[str, str], float], Awaitable[webhook.Delivery]]
+
+
+def check_url(url: str) -> None:
+    """Refuse, before anything starts, a receiver URL urllib could not POST to."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise errors.PermanentError(f"receiver URL must be http:// or https://, not {url!r}")
 
 
 class ForwardMetrics:
@@ -65,6 +76,9 @@ class ForwardMetrics:
         self.redelivered = prom.Counter(
             "healer_forward_redelivered_total", "events JetStream delivered more than once", registry=r
         )
+        self.backlog = prom.Gauge(
+            "healer_forward_backlog", "events in the stream not yet handed to this forwarder", registry=r
+        )
         self.last_delivered_ts = prom.Gauge(
             "healer_forward_last_delivered_timestamp_seconds", "when the last event was accepted", registry=r
         )
@@ -84,6 +98,7 @@ class Forwarder:
         metrics: ForwardMetrics | None = None,
         post: Post = webhook.post,
     ) -> None:
+        check_url(url)
         self.bus = bus
         self.subj = subj
         self.url = url
@@ -172,6 +187,8 @@ class Forwarder:
         bound = self.log.bind(seq=meta.sequence.stream, subject=msg.subject)
         if meta.num_delivered > 1:
             self.metrics.redelivered.inc()
+        self.metrics.backlog.set(meta.num_pending)
+        keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
             try:
                 item = envelope.classify(msg.data)
@@ -204,6 +221,18 @@ class Forwarder:
             with contextlib.suppress(nats.errors.Error, OSError):
                 await msg.nak()
             raise
+        finally:
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
+
+    async def _keep_alive(self, msg: NatsMsg) -> None:
+        """While an event is being delivered (and retried), keep JetStream from handing it out again."""
+        interval_s = self.settings.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(interval_s)
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await msg.in_progress()
 
     async def _deliver(
         self, msg: NatsMsg, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
@@ -238,14 +267,12 @@ class Forwarder:
         )
         async for attempt in retrying:
             with attempt:
-                with contextlib.suppress(nats.errors.Error, OSError):
-                    await msg.in_progress()  # keep JetStream from redelivering while we try
                 return await self.post(self.url, msg.data, headers, s.http_timeout_s)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _ack(self, msg: NatsMsg, bound: structlog.typing.FilteringBoundLogger) -> None:
         try:
-            await msg.ack_sync(timeout=max(1.0, self.settings.http_timeout_s))
+            await msg.ack_sync(timeout=ACK_TIMEOUT_S)
         except (nats.errors.Error, OSError) as e:
             # The receiver has it; JetStream will send it again and the receiver dedups on the id.
             bound.warning("forward.ack_failed", error=repr(e))

@@ -64,6 +64,10 @@ async def test_tail_prints_json_and_lines_and_reports_garbage(
     assert rc == 2
     assert "cannot read time" in err
 
+    rc, out, err = await healer("forward", "--nats", nats_server.url, "--url", "ftp://example/x")
+    assert rc == 2
+    assert "must be http:// or https://" in err
+
 
 async def test_tail_follow_sees_new_events_and_exits_cleanly_on_sigterm(
     nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer, procs: list[asyncio.subprocess.Process]

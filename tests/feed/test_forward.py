@@ -170,3 +170,45 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert webhook.retry_after_s("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
     assert webhook.retry_after_s("soon") == 0.0
     assert webhook.retry_after_s(None) == 0.0
+
+
+async def test_forwarding_survives_a_nats_server_restart(
+    nats_bus: natsbus.NatsBus,
+    nats_server: server.EmbeddedServer,
+    receiver: helpers.Receiver,
+    running: list[Running],
+) -> None:
+    receiver.start()
+    for n in range(2):
+        await helpers.publish(nats_bus, helpers.event(n))
+    run = Running(forward.Forwarder(nats_bus, helpers.SUBJ, receiver.url, FAST))
+    running.append(run)
+    await conftest.until(lambda: len(receiver.accepted_ids()) == 2)
+    nats_server.stop()
+    await conftest.until(lambda: not nats_bus.connected)
+    nats_server.start()
+    await conftest.until(lambda: nats_bus.connected, timeout=20)
+    for n in range(2, 4):
+        await helpers.publish(nats_bus, helpers.event(n))
+    await conftest.until(lambda: len(receiver.accepted_ids()) == 4, timeout=30)
+    assert receiver.accepted_ids() == [f"ev-{n}" for n in range(4)]
+
+
+async def test_an_event_being_retried_is_not_handed_to_a_second_forwarder(
+    nats_bus: natsbus.NatsBus, receiver: helpers.Receiver, running: list[Running]
+) -> None:
+    status = {"code": 503}
+    receiver.answer = lambda _id: status["code"]
+    receiver.start()
+    for n in range(3):
+        await helpers.publish(nats_bus, helpers.event(n))
+    settings = FAST.model_copy(update={"ack_wait_s": 0.6, "retry_max_delay_s": 0.2})
+    for _ in range(2):  # active and standby on one durable consumer
+        running.append(Running(forward.Forwarder(nats_bus, helpers.SUBJ, receiver.url, settings)))
+    await conftest.until(lambda: receiver.attempts("ev-0") >= 12)  # retried for well over ack_wait
+    info = await nats_bus.js.consumer_info(helpers.SUBJ.stream_incidents, "healer-forward")
+    assert info.num_redelivered == 0, "in-progress acks must keep the event with the forwarder retrying it"
+    status["code"] = 200
+    await conftest.until(lambda: len(receiver.accepted_ids()) == 3)
+    assert receiver.accepted_ids() == ["ev-0", "ev-1", "ev-2"]
+    assert [receiver.attempts(f"ev-{n}") for n in (1, 2)] == [1, 1]
