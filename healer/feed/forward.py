@@ -160,27 +160,39 @@ class Forwarder:
                 await stop_task
             with contextlib.suppress(asyncio.CancelledError):
                 await loop_task
-            if self._psub is not None:
-                with contextlib.suppress(nats.errors.Error, OSError, ValueError):
-                    await self._psub.unsubscribe()
+            await self._unbind()
 
     async def _loop(self) -> None:
         ready = False
+        failures = 0
         while True:
             try:
                 if not ready:
+                    await self._unbind()
                     await self.ensure_consumer()
                     ready = True
                 msgs = await self._psub.fetch(1, timeout=self.settings.fetch_timeout_s)
             except nats.errors.TimeoutError:
                 continue
             except (nats.errors.Error, nats.js.errors.Error, OSError) as e:
-                self.log.warning("forward.fetch_failed", error=repr(e))
-                ready = not isinstance(e, nats.js.errors.NotFoundError)
-                await asyncio.sleep(self.settings.retry_initial_delay_s)
+                # NATS away, the stream not provisioned yet, the consumer deleted: wait, then set up again.
+                failures += 1
+                self.log.warning("forward.fetch_failed", error=repr(e), ready=ready, failures=failures)
+                ready = ready and not isinstance(e, nats.js.errors.NotFoundError)
+                s = self.settings
+                await asyncio.sleep(
+                    min(s.retry_initial_delay_s * 2 ** min(failures, 16), s.retry_max_delay_s)
+                )
                 continue
+            failures = 0
             for msg in msgs:
                 await self._handle(msg)
+
+    async def _unbind(self) -> None:
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            with contextlib.suppress(nats.errors.Error, OSError, ValueError):
+                await psub.unsubscribe()
 
     async def _handle(self, msg: NatsMsg) -> None:
         meta = msg.metadata

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from healer import config, errors
 from healer.bus import nats as natsbus
-from healer.bus import server
+from healer.bus import provision, server
 from healer.feed import forward, webhook
 from healer.schemas import codec
 from tests import conftest
@@ -212,3 +212,20 @@ async def test_an_event_being_retried_is_not_handed_to_a_second_forwarder(
     await conftest.until(lambda: len(receiver.accepted_ids()) == 3)
     assert receiver.accepted_ids() == ["ev-0", "ev-1", "ev-2"]
     assert [receiver.attempts(f"ev-{n}") for n in (1, 2)] == [1, 1]
+
+
+async def test_forwarder_started_before_the_stream_exists_waits_for_it(
+    nats_server: server.EmbeddedServer, receiver: helpers.Receiver
+) -> None:
+    receiver.start()
+    bus = await natsbus.NatsBus.connect(nats_server.url)
+    with capture_logs() as logs:
+        run = Running(forward.Forwarder(bus, helpers.SUBJ, receiver.url, FAST))
+        try:
+            await conftest.until(lambda: any(e["event"] == "forward.fetch_failed" for e in logs))
+            await provision.ensure(bus, helpers.SUBJ, config.NatsSettings())
+            await helpers.publish(bus, helpers.event(0))
+            await conftest.until(lambda: receiver.accepted_ids() == ["ev-0"])
+        finally:
+            await run.finish()
+            await bus.close()
