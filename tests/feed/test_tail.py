@@ -188,3 +188,14 @@ def test_json_line_is_the_stored_event_on_one_line() -> None:
     line = tail.as_json_line(envelope.classify(pretty))
     assert "\n" not in line
     assert orjson.loads(line) == orjson.loads(raw)
+
+
+def test_other_cloudevents_render_as_type_subject_and_id() -> None:
+    raw = orjson.dumps(
+        {"specversion": "1.0", "id": "rej-7", "source": "healer://c/controller", "subject": "rules/gpu.yaml",
+         "type": "io.healer.rules.rejected.v1", "time": "2026-11-30T01:02:03.5Z", "data": {}}
+    )  # fmt: skip
+    assert (
+        tail.render(envelope.classify(raw))
+        == "2026-11-30T01:02:03Z io.healer.rules.rejected.v1 rules/gpu.yaml id=rej-7"
+    )
