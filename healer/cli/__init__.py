@@ -20,8 +20,10 @@ GROUPS = [
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
     "healer.cli.feed_cmd",
+    "healer.cli.act_cmd",
     "healer.cli.config_cmd",
     "healer.cli.schema_cmd",
+    "healer.cli.sim_cmd",
 ]
 """Modules that add subcommands, in help order."""
 

@@ -1,9 +1,10 @@
 """What a message on the incident feed is: a healer incident, another CloudEvent, or garbage.
 
-The feed carries CloudEvents 1.0 in structured JSON. Incident events (``io.healer.incident.*``) are
-validated in full against ``schemas.incidents.IncidentEvent``; other CloudEvents a controller may add to
-the feed later (``io.healer.rules.rejected.v1`` ...) only need a valid envelope, so consumers pass them on
-instead of calling them malformed. Anything else raises ``errors.DecodeError`` and is counted by callers.
+The feed carries CloudEvents 1.0 in structured JSON. Incident events (``io.healer.incident.*``) and
+rule-file rejections (``io.healer.rules.rejected.v1``) are validated in full against their models in
+``schemas.incidents``; other CloudEvents a later controller may add only need a valid envelope, so
+consumers pass them on instead of calling them malformed. Anything else raises ``errors.DecodeError``
+and is counted by callers.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ class Envelope(pydantic.BaseModel):
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """One feed message, decoded: ``incident`` is set for incident types, ``None`` for other events."""
+    """One feed message, decoded: the typed model for the types healer knows, only the envelope otherwise."""
 
     raw: bytes
     envelope: Envelope
-    incident: incidents.IncidentEvent | None
+    incident: incidents.IncidentEvent | None = None
+    rules_rejected: incidents.RulesRejectedEvent | None = None
 
 
 def classify(data: bytes) -> Item:
@@ -52,9 +54,21 @@ def classify(data: bytes) -> Item:
         first = e.errors(include_url=False)
         if first and first[0]["type"] == "json_invalid":
             raise errors.DecodeError(KIND, "json", first[0]["msg"]) from None
-        loc = ".".join(str(p) for p in first[0]["loc"]) if first else "<root>"
-        detail = f"{loc}: {first[0]['msg']}" if first else str(e)
-        raise errors.DecodeError(KIND, "validation", f"not a CloudEvent: {detail}") from None
+        raise errors.DecodeError(KIND, "validation", f"not a CloudEvent: {_first(e)}") from None
     if env.type.startswith(incidents.TYPE_PREFIX):
         return Item(raw=data, envelope=env, incident=codec.decode_incident(data))
-    return Item(raw=data, envelope=env, incident=None)
+    if env.type == incidents.RULES_REJECTED_TYPE:
+        try:
+            rejected = incidents.RulesRejectedEvent.model_validate_json(data)
+        except pydantic.ValidationError as e:
+            raise errors.DecodeError("rules_rejected", "validation", _first(e)) from None
+        return Item(raw=data, envelope=env, rules_rejected=rejected)
+    return Item(raw=data, envelope=env)
+
+
+def _first(e: pydantic.ValidationError) -> str:
+    first = e.errors(include_url=False)
+    if not first:
+        return str(e)
+    loc = ".".join(str(p) for p in first[0]["loc"]) or "<root>"
+    return f"{loc}: {first[0]['msg']}"

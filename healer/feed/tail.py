@@ -102,6 +102,8 @@ def _iso(ts: datetime | None) -> str:
 def render(item: envelope.Item) -> str:
     """One line: time, change, severity, node[/gpuN], rule, summary, actions (and the mode if not enforce)."""
     ev = item.incident
+    if item.rules_rejected is not None:
+        return _render_rejected(item.rules_rejected)
     if ev is None:
         env = item.envelope
         return f"{_iso(env.time)} {env.type} {env.subject or '-'} id={env.id}"
@@ -113,6 +115,15 @@ def render(item: envelope.Item) -> str:
         line += " actions=" + ",".join(f"{a.kind}:{a.status}" for a in d.actions)
     if d.mode != "enforce":
         line += f" [{d.mode}]"
+    return line
+
+
+def _render_rejected(ev: incidents.RulesRejectedEvent) -> str:
+    d = ev.data
+    line = f"{_iso(ev.time)} rules-rejected {d.rules_dir} {len(d.errors)} errors, {d.kept_rules} rules kept"
+    if d.errors:
+        first = d.errors[0]
+        line += f": {first.path}:{first.line}:{first.col}: {' '.join(first.message.split())}"
     return line
 
 
@@ -199,6 +210,6 @@ def _handle(
         log.warning("tail.rejected", subject=subject, seq=seq, reason=e.reason, detail=e.detail)
         on_bad(subject, seq, e)
         return
-    stats.ok("incident" if item.incident is not None else "cloudevent")
+    stats.ok("incident" if item.incident is not None else item.envelope.type)
     if query.wants(item):
         on_item(item)

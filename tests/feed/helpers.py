@@ -7,6 +7,7 @@ import http.server
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import orjson
 
@@ -135,3 +136,19 @@ def tail_line(ev: incidents.IncidentEvent) -> str:
     where = d.node if d.gpu_index is None else f"{d.node}/gpu{d.gpu_index}"
     stamp = ev.time.strftime("%Y-%m-%dT%H:%M:%SZ")
     return f"{stamp} {ev.change:<9} {d.severity:<8} {where} {d.rule_id} {d.summary}"
+
+
+def rules_rejected(event_id: str) -> incidents.RulesRejectedEvent:
+    return incidents.RulesRejectedEvent(
+        id=event_id,
+        source="healer://test/controller",
+        time=datetime.now(tz=UTC),
+        data=incidents.RulesRejectedData(
+            rules_dir="rules",
+            errors=[
+                incidents.RuleProblem(path="rules/gpu.yaml", line=12, col=11, message="unknown field 'temp'"),
+                incidents.RuleProblem(path="rules/gpu.yaml", line=19, col=5, message="bad duration"),
+            ],
+            kept_rules=14,
+        ),
+    )

@@ -24,11 +24,13 @@ def test_every_incident_type_has_a_valid_example() -> None:
 
 
 def test_rules_rejected_example_has_the_documented_fields() -> None:
-    (rejected,) = [i for i in examples() if i.envelope.type == "io.healer.rules.rejected.v1"]
-    data = orjson.loads(rejected.raw)["data"]
-    assert isinstance(data["path"], str)
-    assert data["errors"]
-    assert all(set(e) == {"line", "col", "message"} for e in data["errors"])
+    (rejected,) = [i for i in examples() if i.rules_rejected is not None]
+    text = DOC.read_text()
+    for name in incidents.RulesRejectedData.model_fields:
+        assert f"| `{name}` |" in text, name
+    for name in incidents.RuleProblem.model_fields:
+        assert f"| `errors[].{name}` |" in text, name
+    assert orjson.loads(rejected.raw)["data"]["errors"]
 
 
 def test_documented_tail_line_is_what_tail_prints() -> None:

@@ -122,27 +122,31 @@ async def test_garbage_is_counted_and_reported_not_fatal(nats_bus: natsbus.NatsB
     subject = helpers.SUBJ.incident("opened", "gpu-1")
     broken_incident = orjson.loads(codec.encode(helpers.event(9)))
     broken_incident["data"]["severity"] = "apocalyptic"
-    other = {
-        "specversion": "1.0",
-        "id": "rej-1",
-        "source": "healer://test/controller",
-        "type": "io.healer.rules.rejected.v1",
-        "data": {"path": "rules/x.yaml", "errors": []},
-    }
+    other = {"specversion": "1.0", "id": "x-1", "source": "urn:example", "type": "io.example.other.v1"}
+    rejected = helpers.rules_rejected("rej-1")
+    bad_rejected = orjson.loads(codec.encode(rejected))
+    del bad_rejected["data"]["kept_rules"]
     await helpers.publish(nats_bus, helpers.event(0))
     await helpers.publish_raw(nats_bus, subject, b"{not json")
     await helpers.publish_raw(nats_bus, subject, b"\xff\xfe")
     await helpers.publish_raw(nats_bus, subject, orjson.dumps(broken_incident))
     await helpers.publish_raw(nats_bus, subject, orjson.dumps({"id": "x"}))
     await helpers.publish_raw(nats_bus, subject, orjson.dumps(other))
+    await helpers.publish_raw(nats_bus, helpers.SUBJ.rules_rejected, codec.encode(rejected))
+    await helpers.publish_raw(nats_bus, helpers.SUBJ.rules_rejected, orjson.dumps(bad_rejected))
     await helpers.publish(nats_bus, helpers.event(1))
     with capture_logs() as logs:
         items, stats = await read_all(nats_bus, tail.Query())
-    assert ids(items) == ["ev-0", "rej-1", "ev-1"]
+    assert ids(items) == ["ev-0", "x-1", "rej-1", "ev-1"]
     assert items[1].incident is None
-    assert stats.rejected == {("cloudevent", "json"): 2, ("incident", "validation"): 1,
-                              ("cloudevent", "validation"): 1}  # fmt: skip
-    assert [e["seq"] for e in logs if e["event"] == "tail.rejected"] == [2, 3, 4, 5]
+    assert items[2].rules_rejected == rejected
+    assert stats.rejected == {
+        ("cloudevent", "json"): 2,
+        ("incident", "validation"): 1,
+        ("cloudevent", "validation"): 1,
+        ("rules_rejected", "validation"): 1,
+    }
+    assert [e["seq"] for e in logs if e["event"] == "tail.rejected"] == [2, 3, 4, 5, 8]
 
 
 async def test_missing_stream_is_a_clear_permanent_error(nats_server: object) -> None:
@@ -192,10 +196,17 @@ def test_json_line_is_the_stored_event_on_one_line() -> None:
 
 def test_other_cloudevents_render_as_type_subject_and_id() -> None:
     raw = orjson.dumps(
-        {"specversion": "1.0", "id": "rej-7", "source": "healer://c/controller", "subject": "rules/gpu.yaml",
-         "type": "io.healer.rules.rejected.v1", "time": "2026-11-30T01:02:03.5Z", "data": {}}
+        {"specversion": "1.0", "id": "o-7", "source": "urn:x", "subject": "thing/1",
+         "type": "io.example.other.v1", "time": "2026-11-30T01:02:03.5Z", "data": {}}
     )  # fmt: skip
+    assert tail.render(envelope.classify(raw)) == "2026-11-30T01:02:03Z io.example.other.v1 thing/1 id=o-7"
+
+
+def test_rules_rejected_renders_directory_counts_and_first_error() -> None:
+    ev = helpers.rules_rejected("rej-2")
+    line = tail.render(envelope.classify(codec.encode(ev)))
+    stamp = ev.time.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert (
-        tail.render(envelope.classify(raw))
-        == "2026-11-30T01:02:03Z io.healer.rules.rejected.v1 rules/gpu.yaml id=rej-7"
+        line
+        == f"{stamp} rules-rejected rules 2 errors, 14 rules kept: rules/gpu.yaml:12:11: unknown field 'temp'"
     )
