@@ -19,6 +19,7 @@ GROUPS = [
     "healer.cli.agent_cmd",
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
+    "healer.cli.feed_cmd",
     "healer.cli.act_cmd",
     "healer.cli.config_cmd",
     "healer.cli.schema_cmd",
