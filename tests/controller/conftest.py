@@ -83,9 +83,9 @@ class Harness:
     def settings(self, **controller: Any) -> config.Settings:
         return config.Settings(
             nats=config.NatsSettings(url=self.srv.url, lease_ttl_s=LEASE_TTL_S),
-            controller=config.ControllerSettings(
-                rules_dir=str(self.rules), tick_s=0.2, reload_check_s=0.3, mode="enforce",
-                uncordon_hold_s=0, **controller
+            controller=config.ControllerSettings.model_validate(
+                {"rules_dir": str(self.rules), "tick_s": 0.2, "reload_check_s": 0.3, "mode": "enforce",
+                 "uncordon_hold_s": 0, **controller}
             ),
         )  # fmt: skip
 
@@ -127,6 +127,13 @@ async def run_until(fleet: Fleet, predicate: Callable[[], bool], timeout: float 
             await asyncio.sleep(0.2)
 
 
+async def warm(fleet: Fleet, frames: int = 3) -> None:
+    """A few healthy frames first, so counters have a baseline to increase from."""
+    for _ in range(frames):
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+
+
 @pytest.fixture
 async def harness(nats_server: server.EmbeddedServer, tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
     h = Harness(nats_server, tmp_path)
@@ -137,4 +144,4 @@ async def harness(nats_server: server.EmbeddedServer, tmp_path: pathlib.Path) ->
         await h.close()
 
 
-__all__ = ["Feed", "Fleet", "Harness", "conftest", "run_until"]
+__all__ = ["Feed", "Fleet", "Harness", "conftest", "run_until", "warm"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 
 from healer import testing
-from tests.controller.conftest import Fleet, Harness, run_until
+from tests.controller.conftest import Fleet, Harness, run_until, warm
 
 
 async def test_new_dbe_opens_an_incident_then_acts_in_order(harness: Harness) -> None:
     actuator = testing.RecordingActuator()
     await harness.controller(actuator)
     fleet = Fleet(harness.bus, ["n1", "n2"])
-    await run_until(fleet, lambda: True)
+    await warm(fleet)
     fleet.overrides[("n1", 1)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: len(harness.feed.changes("n1")) >= 3)
     assert harness.feed.changes("n1")[:3] == ["opened", "action", "action"]
@@ -33,7 +33,7 @@ async def test_dry_run_makes_the_same_decisions_and_touches_nothing(harness: Har
     await harness.controller(actuator, mode="dry-run")
     fleet = Fleet(harness.bus, ["n1"])
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 0}
-    await run_until(fleet, lambda: True)
+    await warm(fleet)
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 2}
     await run_until(fleet, lambda: len(harness.feed.changes("n1")) >= 3)
     assert harness.feed.changes("n1")[:3] == ["opened", "action", "action"]
@@ -49,7 +49,7 @@ async def test_incident_resolves_and_undoes_healers_own_cordon(harness: Harness)
     actuator = testing.RecordingActuator()
     await harness.controller(actuator)
     fleet = Fleet(harness.bus, ["n1"])
-    await run_until(fleet, lambda: True)
+    await warm(fleet)
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: "action" in harness.feed.changes())
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 0}  # the GPU was reset
@@ -61,7 +61,7 @@ async def test_restarted_controller_resumes_without_repeating_actions(harness: H
     actuator = testing.RecordingActuator()
     first = await harness.controller(actuator)
     fleet = Fleet(harness.bus, ["n1"])
-    await run_until(fleet, lambda: True)
+    await warm(fleet)
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: len(actuator.executed()) == 2)
     incident_id = harness.feed.events[0].data.incident_id
@@ -82,7 +82,7 @@ async def test_standby_takes_over_within_the_lease_ttl_and_old_token_is_stale(ha
     fleet = Fleet(harness.bus, ["n1", "n2"])
     await run_until(fleet, lambda: a.leader)
     b = await harness.controller(actuator)
-    await run_until(fleet, lambda: True)
+    await warm(fleet)
     assert not b.leader
     old_token = a.lease.token
     assert old_token is not None
@@ -141,7 +141,7 @@ async def test_excluded_node_gets_incidents_but_no_actions(harness: Harness) -> 
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: "action" in harness.feed.changes("n1"))
     assert actuator.executed() == []
-    first = [e for e in harness.feed.events if e.change == "action"][0]
+    first = next(e for e in harness.feed.events if e.change == "action")
     assert first.data.actions[0].status == "skipped"
     assert "firmware upgrade" in first.data.actions[0].detail
 
