@@ -19,12 +19,14 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+import structlog
 
 from healer.rules import evaluate as evaluation
 from healer.rules import ruleset
 from healer.rules import state as fleet_state
 from healer.schemas import events, telemetry
 
+log = structlog.get_logger(__name__)
 Status = Literal["fired", "firing", "resolved"]
 Evidence = dict[str, float | int | str | bool | None]
 _INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
@@ -83,6 +85,8 @@ class Engine:
         self._tracks: dict[str, _Track] = {}
         self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
         self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
+        self.rule_errors = 0
+        """Rule evaluations that raised (logged with the rule id; the other rules still ran)."""
 
     # -- inputs
     def set_rules(self, rules: ruleset.RuleSet, now: float | None = None) -> list[Firing]:
@@ -164,7 +168,11 @@ class Engine:
         ev = evaluation.Evaluator(self.state, now)
         out: list[Firing] = []
         for rule in self.rules.condition_rules:
-            out += self._evaluate_rule(rule, ev, now)
+            try:
+                out += self._evaluate_rule(rule, ev, now)
+            except Exception:  # a bug must cost one rule one tick, never the controller
+                self.rule_errors += 1
+                log.exception("rule_evaluation_failed", rule_id=rule.id)
         out += self._evaluate_events(now)
         return out
 
