@@ -17,6 +17,7 @@ import healer
 GROUPS = [
     "healer.cli.demo_cmd",
     "healer.cli.agent_cmd",
+    "healer.cli.controller_cmd",
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
     "healer.cli.feed_cmd",
