@@ -206,7 +206,15 @@ class NatsBus:
         return base.Msg(subject=m.subject, data=m.data, headers=dict(m.headers) if m.headers else None)
 
     async def flush(self, timeout: float = 2.0) -> None:
+        """Return once the server has processed everything published before the call.
+
+        nats-py (2.16) writes the PING straight to the socket while earlier publishes may still wait in
+        its pending buffer for the flusher task, so one PONG does not prove they were processed (and
+        that their ``-ERR``, e.g. a permissions violation, was handled). The first round trip lets the
+        flusher write them out; the second PING then travels behind them.
+        """
         try:
+            await self.nc.flush(timeout=max(1, round(timeout)))
             await self.nc.flush(timeout=max(1, round(timeout)))
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"flush failed: {e!r}") from e
