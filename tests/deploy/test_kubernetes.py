@@ -194,3 +194,16 @@ def test_rules_config_map_holds_rule_files() -> None:
             assert r["severity"] in {"info", "warning", "major", "critical"}
             assert "when" in r or "on_event" in r
     assert len(ids) == len(set(ids))
+
+
+def test_image_runs_the_healer_command_so_args_start_with_the_subcommand() -> None:
+    dockerfile = (m.DEPLOY / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["healer"]' in dockerfile
+    subcommands = {
+        _pod(d)["containers"][0]["args"][0]
+        for d in DOCS
+        if d["metadata"]["name"].startswith("healer-")
+        and d["kind"] in m.WORKLOADS
+        and d["metadata"]["name"] != "healer-nats"
+    }
+    assert subcommands == {"agent", "controller"}
