@@ -96,6 +96,108 @@ class AgentSettings(_Group):
     """Watch NVML events (XIDs, double-bit ECC) in a thread (``source: nvml`` only)."""
 
 
+class ActuatorSettings(_Group):
+    """How healer acts on schedulers and agents; see docs/remediation.md."""
+
+    retry_attempts: int = pydantic.Field(default=3, ge=1)
+    """Tries of one action when it fails temporarily (scheduler unreachable, a timeout, HTTP 5xx); after
+    the last one the outcome is ``failed-temporary`` and the controller escalates the incident."""
+    retry_initial_delay_s: float = pydantic.Field(default=0.5, ge=0)
+    """First pause between tries; it doubles each time (or is the delay the error asked for, if longer)."""
+    retry_max_delay_s: float = pydantic.Field(default=10.0, ge=0)
+    """Ceiling of the pause between tries."""
+    call_timeout_s: float = pydantic.Field(default=15.0, gt=0)
+    """Timeout of one call to a scheduler (one ``scontrol``/``squeue``/``sinfo`` run, one API request)."""
+    node_name_template: str = "{node}"
+    """How a telemetry node name becomes the scheduler's node name: ``{node}`` is the full name,
+    ``{short}`` the part before the first dot (``gpu01.dc1.example`` → ``gpu01``). Identity by default."""
+    node_map_file: str | None = None
+    """YAML file mapping telemetry node names to scheduler node names (``gpu01.dc1: gpu-a01``); an entry
+    there wins over ``node_name_template``."""
+    slurm_bin_dir: str | None = None
+    """Directory holding ``scontrol``, ``squeue``, ``sinfo`` and ``scancel``; unset: found on PATH."""
+    slurm_conf: str | None = None
+    """``SLURM_CONF`` for the Slurm commands; unset: Slurm's own default (or the inherited variable)."""
+    slurm_checkpoint_signal: str | None = None
+    """Signal sent to a node's jobs before they are requeued (e.g. ``USR1``) so they can checkpoint;
+    unset: no signal, requeue at once."""
+    slurm_checkpoint_grace_s: float = pydantic.Field(default=60.0, ge=0)
+    """How long to wait after the checkpoint signal before requeueing (only with a signal set)."""
+    slurm_requeue_settle_s: float = pydantic.Field(default=10.0, ge=0)
+    """How long to wait for a requeued job to become pending before lifting its requeue hold
+    (``StartTime=now``); past it the job keeps Slurm's short hold and starts a little later."""
+    kube_config: str | None = None
+    """Kubeconfig file; unset: in-cluster service account, else the default kubeconfig."""
+    kube_context: str | None = None
+    """Kubeconfig context; unset: the current context."""
+    kube_taint: bool = True
+    """Also put the taint ``healer.io/gpu-fault:NoSchedule`` on nodes healer cordons."""
+    kube_evict_timeout_s: float = pydantic.Field(default=300.0, gt=0)
+    """How long migrate keeps retrying evictions a PodDisruptionBudget refuses (HTTP 429) before it
+    reports the pods not moved."""
+    kube_evict_backoff_s: float = pydantic.Field(default=5.0, gt=0)
+    """First pause between eviction retries of one pod (doubles, at most 60 s)."""
+    power_reply_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    """How long to wait for the node agent's reply to a power command."""
+    power_command_ttl_s: float = pydantic.Field(default=30.0, gt=0)
+    """Expiry of a power command: the agent refuses it once this long has passed since it was issued."""
+    power_confirm_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """How long to wait for a telemetry frame showing the new power limit after the agent's reply."""
+    power_confirm_poll_s: float = pydantic.Field(default=0.5, gt=0)
+    """How often the latest frames are looked at while confirming a power limit."""
+    power_tolerance_w: float = pydantic.Field(default=1.0, ge=0)
+    """A reported power limit within this many watts of the requested one counts as applied."""
+
+
+class ControllerSettings(_Group):
+    rules_dir: str = "rules"
+    """Directory of rule files (*.yaml); watched and hot-reloaded."""
+    mode: Literal["enforce", "dry-run", "observe"] = "dry-run"
+    """enforce: act; dry-run: decide and publish, touch nothing; observe: incidents only."""
+    actuator: Literal["log", "slurm", "kubernetes"] = "log"
+    """Where cordon/drain/migrate go. Power limits always go to the node agent."""
+    cluster: str = "default"
+    """Cluster name, in every incident's CloudEvent ``source`` (healer://<cluster>/controller)."""
+    tick_s: float = pydantic.Field(default=1.0, gt=0)
+    """Rule evaluation interval."""
+    reload_check_s: float = pydantic.Field(default=2.0, gt=0)
+    """How often the rules directory is checked for changes."""
+    gpus_per_node: int = pydantic.Field(default=8, ge=1, le=256)
+    """Expected GPUs per node (fleet-state sizing; frames may carry fewer or more)."""
+    stale_after_s: float = pydantic.Field(default=300.0, gt=0)
+    """A node silent this long is dropped from the evaluated fleet (node-silent rules fire before)."""
+    shards: int = pydantic.Field(default=1, ge=1)
+    """Number of controller shards; each owns the nodes whose name hashes to it."""
+    shard: int = pydantic.Field(default=0, ge=0)
+    """This process's shard (0 .. shards-1)."""
+    metrics_port: int = pydantic.Field(default=9742, ge=0, le=65535)
+    """Prometheus /metrics port; 0 turns it off."""
+    breaker_max_nodes: int = pydantic.Field(default=50, ge=1)
+    """Circuit breaker: at most this many nodes cordoned/drained by healer in the window..."""
+    breaker_max_percent: float = pydantic.Field(default=10.0, gt=0, le=100)
+    """...and at most this percentage of the known fleet (never fewer than one node)."""
+    breaker_window_s: float = pydantic.Field(default=3600.0, gt=0)
+    """Sliding window of the circuit breaker."""
+    action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
+    """The same action on the same node (for another incident) waits at least this long."""
+    actions_per_minute: int = pydantic.Field(default=60, ge=1)
+    """Fleet-wide rate limit per action kind."""
+    repeat_faults: int = pydantic.Field(default=3, ge=2)
+    """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
+    repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)
+    """Window for counting repeat faults on one GPU."""
+    command_ttl_s: float = pydantic.Field(default=30.0, gt=0)
+    """Expiry of commands sent to agents."""
+    power_confirm_s: float = pydantic.Field(default=5.0, gt=0)
+    """How long to wait for frames to show a new power limit before calling the action failed."""
+    power_cap_escalate_s: float = pydantic.Field(default=900.0, gt=0)
+    """An incident still firing this long after its power cap escalates to a cordon (the ladder)."""
+    action_retries: int = pydantic.Field(default=3, ge=0)
+    """Temporary action failures retried this many times (one per tick) before the incident escalates."""
+    uncordon_hold_s: float = pydantic.Field(default=300.0, ge=0)
+    """After an incident resolves, wait this long before undoing healer's cordon."""
+
+
 class LogSettings(_Group):
     level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
@@ -107,7 +209,9 @@ class Settings(_Group):
     nats: NatsSettings = pydantic.Field(default_factory=NatsSettings)
     retry: RetrySettings = pydantic.Field(default_factory=RetrySettings)
     agent: AgentSettings = pydantic.Field(default_factory=AgentSettings)
+    controller: ControllerSettings = pydantic.Field(default_factory=ControllerSettings)
     log: LogSettings = pydantic.Field(default_factory=LogSettings)
+    actuators: ActuatorSettings = pydantic.Field(default_factory=ActuatorSettings)
 
 
 def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -135,3 +239,42 @@ def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | No
         return Settings.model_validate(raw)
     except pydantic.ValidationError as e:
         raise errors.PermanentError(f"bad settings: {e}") from e
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md, generated from the models so it cannot drift (a test checks it)."""
+    lines = [
+        "# Configuration",
+        "",
+        "Generated by `healer config docs` from `healer/config.py`; do not edit by hand.",
+        "",
+        "Precedence, lowest first: defaults, the YAML file (`--config FILE` or `HEALER_CONFIG`), environment",
+        "variables `HEALER_<GROUP>_<FIELD>`, command-line flags. `healer config show` prints the effective",
+        "values. A file is grouped like this table:",
+        "",
+        "```yaml",
+        "nats:",
+        "  url: nats://nats-0.nats:4222,nats://nats-1.nats:4222",
+        "  replicas: 3",
+        "agent:",
+        "  interval_s: 1",
+        "```",
+    ]
+    for group_name, field in Settings.model_fields.items():
+        group_model = field.annotation
+        assert isinstance(group_model, type)
+        assert issubclass(group_model, _Group)
+        lines += [
+            "",
+            f"## `{group_name}`",
+            "",
+            "| field | environment | default | what |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, f in group_model.model_fields.items():
+            default = "(host-dependent)" if f.default_factory is not None else repr(f.default)
+            if group_name == "agent" and name == "state_dir":
+                default = "`$XDG_STATE_HOME/healer`"
+            var = f"HEALER_{group_name}_{name}".upper()
+            lines.append(f"| `{name}` | `{var}` | {default} | {(f.description or '').replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

@@ -29,6 +29,14 @@ def test_bad_values_and_unknown_fields_are_refused(tmp_path: pathlib.Path) -> No
 
 
 def test_every_setting_is_documented() -> None:
-    for group in (config.NatsSettings, config.RetrySettings, config.AgentSettings, config.LogSettings):
+    for group_field in config.Settings.model_fields.values():
+        group = group_field.annotation
+        assert isinstance(group, type)
+        assert issubclass(group, config._Group)
         for name, field in group.model_fields.items():
             assert field.description, f"{group.__name__}.{name} has no docstring"
+
+
+def test_configuration_reference_is_current() -> None:
+    doc = pathlib.Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    assert doc.read_text() == config.reference_markdown(), "run: healer config docs > docs/configuration.md"

@@ -83,6 +83,8 @@ class Agent:
         """Run until ``stop`` is set; then say goodbye (agent_stop) and deliver what is spooled."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.source.open)
+        if self.gpus_expected is None:
+            self.gpus_expected = self.source.gpus_expected
         if self.watcher is not None:
             self.watcher.start(self._emit_threadsafe)
         self.emit(
@@ -127,7 +129,12 @@ class Agent:
     async def _ensure_connected(self) -> None:
         if self.bus is None:
             assert self._connect is not None
-            self.bus = await self._connect()
+            try:
+                self.bus = await self._connect()
+            except errors.HealerError as e:
+                # Sampling and spooling go on; only a restart (or a fixed URL) brings NATS back.
+                self.log.error("agent.connect_failed", error=str(e))
+                return
         self._cmd_sub = await self.bus.subscribe(self.subjects.command(self.node), self._on_command)
         self.log.info("agent.ready", subject=self.subjects.command(self.node))
         self._wake.set()

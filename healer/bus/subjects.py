@@ -54,6 +54,11 @@ class Subjects:
         return f"{self.prefix}.incidents.{change}.{escape_node(node)}"
 
     @property
+    def rules_rejected(self) -> str:
+        """Controller notices that a rule reload was rejected (stored in the incidents stream)."""
+        return f"{self.prefix}.incidents.rules.rejected"
+
+    @property
     def all_telemetry(self) -> str:
         return f"{self.prefix}.telemetry.*"
 

@@ -14,7 +14,16 @@ from collections.abc import Sequence
 
 import healer
 
-GROUPS = ["healer.cli.schema_cmd"]
+GROUPS = [
+    "healer.cli.demo_cmd",
+    "healer.cli.agent_cmd",
+    "healer.cli.nats_cmd",
+    "healer.cli.telemetry_cmd",
+    "healer.cli.act_cmd",
+    "healer.cli.config_cmd",
+    "healer.cli.schema_cmd",
+    "healer.cli.sim_cmd",
+]
 """Modules that add subcommands, in help order."""
 
 

@@ -17,3 +17,7 @@ def add_nats_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix", default=os.environ.get("HEALER_NATS_PREFIX", "healer"), help="subject prefix"
     )
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=os.environ.get("HEALER_CONFIG"), help="settings YAML file")

@@ -15,6 +15,7 @@ DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "command.v1.json": commands.Command,
     "command-result.v1.json": commands.CommandResult,
     "incident-event.v1.json": incidents.IncidentEvent,
+    "rules-rejected-event.v1.json": incidents.RulesRejectedEvent,
 }
 
 

@@ -93,3 +93,38 @@ def build(*, event_id: str, cluster: str, change: Change, data: IncidentData, ts
         time=datetime.fromtimestamp(ts, tz=UTC),
         data=data,
     )
+
+
+RULES_REJECTED_TYPE: Final = "io.healer.rules.rejected.v1"
+
+
+class RuleProblem(pydantic.BaseModel):
+    model_config = base.CONFIG
+
+    path: str
+    line: int
+    col: int
+    message: str
+
+
+class RulesRejectedData(pydantic.BaseModel):
+    model_config = base.CONFIG
+
+    rules_dir: str
+    errors: list[RuleProblem]
+    kept_rules: int = pydantic.Field(description="rules still active (the previous set)")
+
+
+class RulesRejectedEvent(pydantic.BaseModel):
+    """Published when a changed rule file fails to load and the previous rules stay active."""
+
+    model_config = base.CONFIG
+
+    specversion: Literal["1.0"] = "1.0"
+    id: str
+    source: str
+    type: Literal["io.healer.rules.rejected.v1"] = RULES_REJECTED_TYPE
+    subject: str = "rules"
+    time: datetime
+    datacontenttype: Literal["application/json"] = "application/json"
+    data: RulesRejectedData

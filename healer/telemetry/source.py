@@ -35,6 +35,8 @@ class PowerLimits:
 class TelemetrySource(Protocol):
     kind: telemetry.Source
     """``nvml`` or ``sim``: goes into every frame's ``source``."""
+    gpus_expected: int | None
+    """GPUs this node should have (configured, else what ``open()`` found); frames carry it."""
 
     def open(self) -> None:
         """Acquire the devices (nvmlInit). Raises errors.PermanentError if there is nothing to read."""

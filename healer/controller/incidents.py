@@ -1,0 +1,152 @@
+"""Incidents: what the controller knows is wrong, keyed by (rule, node, gpu), kept in KV ``healer-state``.
+
+An incident is written to KV before anything is published or done about it, and every change bumps its
+``seq``; feed event ids are ``<incident id>.<seq>``, so a controller that crashes between writing and
+publishing publishes the same id again and JetStream drops the duplicate. A restarted (or newly elected)
+controller loads the open incidents and carries on: actions already recorded as done are never redone.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pydantic
+import structlog
+
+from healer.controller import kv
+from healer.schemas import incidents
+
+log = structlog.get_logger(__name__)
+
+PREFIX = "incident."
+
+Key = tuple[str, str, int | None]
+
+FINAL = ("done", "already-done", "refused", "failed-permanent", "skipped", "planned")
+"""Action statuses that are never retried."""
+
+
+class PlannedAction(pydantic.BaseModel):
+    """One action of an incident, in the order the rule lists them."""
+
+    kind: str
+    params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    status: incidents.ActionStatus | None = None
+    """None: not tried yet."""
+    detail: str = ""
+    attempts: int = 0
+    at: float = 0.0
+    on_resolve: bool = False
+
+
+class Incident(pydantic.BaseModel):
+    id: str
+    rule_id: str
+    severity: incidents.Severity
+    node: str
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    state: incidents.IncidentState = "open"
+    summary: str = ""
+    evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
+    labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    mode: incidents.Mode
+    opened_at: float
+    updated_at: float
+    resolved_at: float | None = None
+    seq: int = 0
+    actions: list[PlannedAction] = pydantic.Field(default_factory=list)
+    escalated: bool = False
+    last_seen_firing: float = 0.0
+
+    @property
+    def key(self) -> Key:
+        return (self.rule_id, self.node, self.gpu_index)
+
+    def records(self) -> list[incidents.ActionRecord]:
+        return [
+            incidents.ActionRecord(kind=a.kind, status=a.status, detail=a.detail[:4096], at=a.at)
+            for a in self.actions
+            if a.status is not None
+        ]
+
+    def data(self) -> incidents.IncidentData:
+        return incidents.IncidentData(
+            incident_id=self.id,
+            rule_id=self.rule_id,
+            severity=self.severity,
+            node=self.node,
+            gpu_index=self.gpu_index,
+            gpu_uuid=self.gpu_uuid,
+            state=self.state,
+            summary=self.summary[:4096],
+            evidence=self.evidence,
+            actions=self.records(),
+            labels=self.labels,
+            mode=self.mode,
+        )
+
+
+def new_id() -> str:
+    return f"inc-{time.strftime('%Y%m%d', time.gmtime())}-{uuid.uuid4().hex[:12]}"
+
+
+class Book:
+    """Open incidents in memory, mirrored to KV on every change."""
+
+    def __init__(self, store: kv.Store) -> None:
+        self.store = store
+        self.open: dict[Key, Incident] = {}
+        self.resolving: dict[str, Incident] = {}
+        """Resolved incidents whose on_resolve actions (restore, uncordon) have not all run yet."""
+
+    async def load(self) -> int:
+        self.open.clear()
+        self.resolving.clear()
+        for key in await self.store.keys(PREFIX):
+            doc = await self.store.get(key)
+            if doc is None:
+                continue
+            try:
+                inc = Incident.model_validate(doc.value)
+            except pydantic.ValidationError as e:
+                log.error("incidents.unreadable", key=key, error=str(e))
+                continue
+            if inc.state == "resolved":
+                self.resolving[inc.id] = inc
+            else:
+                self.open[inc.key] = inc
+        log.info("incidents.loaded", open=len(self.open), resolving=len(self.resolving))
+        return len(self.open)
+
+    def get(self, key: Key) -> Incident | None:
+        return self.open.get(key)
+
+    def all(self) -> list[Incident]:
+        return [*self.open.values(), *self.resolving.values()]
+
+    async def save(self, inc: Incident) -> None:
+        """Persist (bumping ``seq``). A resolved incident leaves KV once its on_resolve actions have run
+        (the feed keeps its history)."""
+        inc.seq += 1
+        inc.updated_at = time.time()
+        if inc.state == "resolved":
+            if self.open.get(inc.key) is inc:
+                del self.open[inc.key]
+            if any(a.status is None for a in inc.actions):
+                self.resolving[inc.id] = inc
+            else:
+                self.resolving.pop(inc.id, None)
+                await self.store.delete(PREFIX + inc.id)
+                return
+        elif inc.node != "fleet":
+            self.open[inc.key] = inc
+        await self.store.put(PREFIX + inc.id, inc.model_dump(mode="json"))
+
+    def by_severity(self) -> dict[str, int]:
+        out: dict[str, int] = {"info": 0, "warning": 0, "major": 0, "critical": 0}
+        for inc in self.open.values():
+            out[inc.severity] += 1
+        return out

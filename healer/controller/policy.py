@@ -1,0 +1,139 @@
+"""The safety policy between incidents and actuators: what healer is allowed to do right now.
+
+- **Circuit breaker** (global, in KV with compare-and-set so every shard and controller shares it): at
+  most ``breaker_max_nodes`` nodes and ``breaker_max_percent`` of the known fleet (never fewer than one
+  node) taken out of service by healer in a sliding window. The action that would exceed it is refused,
+  the breaker opens, and nothing more is taken out of service until a person runs ``healer breaker
+  reset``. A mass fault (or a telemetry glitch that looks like one) can cost at most that much capacity.
+- **Exclusions**: nodes under maintenance (``healer exclude add NODE``) get incidents, never actions.
+- **Cooldown**: the same action kind on the same node for another incident waits ``action_cooldown_s``.
+- **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute from this process;
+  beyond it the action waits for the next tick.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any
+
+import structlog
+
+from healer import config, errors
+from healer.controller import kv
+
+log = structlog.get_logger(__name__)
+
+BREAKER_KEY = "breaker"
+EXCLUDE_PREFIX = "exclude."
+FLEET_PREFIX = "fleet.shard."
+TAKES_OUT_OF_SERVICE = frozenset({"cordon", "drain", "migrate", "inspect"})
+
+
+class Breaker:
+    def __init__(self, store: kv.Store, settings: config.ControllerSettings) -> None:
+        self.store = store
+        self.settings = settings
+
+    def limit(self, fleet_size: int) -> int:
+        by_percent = math.floor(fleet_size * self.settings.breaker_max_percent / 100.0)
+        return max(1, min(self.settings.breaker_max_nodes, by_percent))
+
+    async def status(self) -> dict[str, Any]:
+        doc = await self.store.get(BREAKER_KEY)
+        return doc.value if doc else {"open": False, "entries": []}
+
+    async def admit(self, node: str, fleet_size: int, incident_id: str) -> tuple[bool, str, bool]:
+        """May healer take ``node`` out of service? -> (allowed, reason, tripped_now)."""
+        for _ in range(20):
+            doc = await self.store.get(BREAKER_KEY)
+            state: dict[str, Any] = doc.value if doc else {"open": False, "entries": []}
+            now = time.time()
+            entries = [
+                e for e in state.get("entries", []) if now - float(e[1]) < self.settings.breaker_window_s
+            ]
+            if any(e[0] == node for e in entries):
+                return True, "node already counted in the breaker window", False
+            if state.get("open"):
+                return (
+                    False,
+                    f"circuit breaker open since {state.get('opened_at')}: {state.get('reason')}",
+                    False,
+                )
+            limit = self.limit(fleet_size)
+            tripped = len(entries) + 1 > limit
+            if tripped:
+                state = {
+                    "open": True,
+                    "opened_at": now,
+                    "reason": f"{len(entries) + 1} nodes in {self.settings.breaker_window_s:g}s would exceed "
+                    f"the limit of {limit} (fleet of {fleet_size})",
+                    "entries": entries,
+                    "refused": [node, incident_id],
+                }
+            else:
+                state = {"open": False, "entries": [*entries, [node, now, incident_id]]}
+            try:
+                if doc is None:
+                    await self.store.create(BREAKER_KEY, state)
+                else:
+                    await self.store.update(BREAKER_KEY, state, doc.revision)
+            except kv.Conflict:
+                continue
+            if tripped:
+                log.error("breaker.tripped", node=node, reason=state["reason"])
+                return False, str(state["reason"]), True
+            return True, f"{len(entries) + 1} of {limit} in the window", False
+        raise errors.TemporaryError("breaker: too much contention on the KV key")
+
+    async def reset(self, by: str) -> dict[str, Any]:
+        state = {"open": False, "entries": [], "reset_by": by, "reset_at": time.time()}
+        await self.store.put(BREAKER_KEY, state)
+        log.warning("breaker.reset", by=by)
+        return state
+
+
+class Exclusions:
+    def __init__(self, store: kv.Store) -> None:
+        self.store = store
+        self.nodes: dict[str, dict[str, Any]] = {}
+
+    async def refresh(self) -> None:
+        found: dict[str, dict[str, Any]] = {}
+        for key in await self.store.keys(EXCLUDE_PREFIX):
+            doc = await self.store.get(key)
+            if doc is not None:
+                found[key.removeprefix(EXCLUDE_PREFIX)] = doc.value
+        self.nodes = found
+
+    async def add(self, node: str, by: str, reason: str) -> None:
+        await self.store.put(EXCLUDE_PREFIX + node, {"by": by, "reason": reason, "at": time.time()})
+
+    async def remove(self, node: str) -> None:
+        await self.store.delete(EXCLUDE_PREFIX + node)
+
+
+class Limits:
+    """Per-process cooldowns and rate limits (cheap, in memory)."""
+
+    def __init__(self, settings: config.ControllerSettings) -> None:
+        self.settings = settings
+        self.last: dict[tuple[str, str], tuple[float, str]] = {}
+        self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+
+    def check(self, kind: str, node: str, incident_id: str, now: float) -> str:
+        """Empty string when allowed; else why not (and the action waits)."""
+        prev = self.last.get((kind, node))
+        if prev and prev[1] != incident_id and now - prev[0] < self.settings.action_cooldown_s:
+            return f"cooldown: {kind} on {node} {now - prev[0]:.0f}s ago for {prev[1]}"
+        window = self.recent[kind]
+        while window and now - window[0] > 60.0:
+            window.popleft()
+        if len(window) >= self.settings.actions_per_minute:
+            return f"rate limit: {len(window)} {kind} actions in the last minute"
+        return ""
+
+    def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
+        self.last[(kind, node)] = (now, incident_id)
+        self.recent[kind].append(now)

@@ -1,0 +1,601 @@
+"""Controller: ingest → rule engine → incidents → safety policy → actuators, once per tick.
+
+Ingest is cheap and never blocks on anything slow: frames (core subscription on
+``healer.telemetry.*``) are decoded at the edge and queued in the engine; events come from a durable
+JetStream consumer and are acknowledged only after the tick that evaluated them has recorded its
+decisions in KV. Every tick evaluates all rules over the shard's fleet at once; transitions become
+incident changes, published on the feed; actions run in per-incident tasks so a slow drain never
+delays detection elsewhere.
+
+Only the lease holder acts and publishes. A standby ingests the same telemetry (warm state) and, when it
+wins the lease, reloads the incidents from KV and picks up where the old leader stopped: actions
+recorded as done are never repeated, and every action carries the new lease's fencing token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import os
+import pathlib
+import socket
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js import api as js_api
+
+from healer import config, errors
+from healer.actuators import base as actuators
+from healer.bus import base as bus_base
+from healer.bus import nats as natsbus
+from healer.bus import subjects as subjects_mod
+from healer.controller import feed as feed_mod
+from healer.controller import incidents as incidents_mod
+from healer.controller import kv, lease, policy
+from healer.controller import metrics as metrics_mod
+from healer.rules import engine as engine_mod
+from healer.rules import loader
+from healer.schemas import codec, incidents
+
+log = structlog.get_logger(__name__)
+
+SCHEDULER_KIND = {
+    "cordon": "cordon",
+    "drain": "cordon",
+    "inspect": "cordon",
+    "uncordon": "uncordon",
+    "migrate": "migrate",
+}
+"""Rule actions → scheduler actuator actions. ``drain`` is a cordon that lets running work finish
+(Slurm DRAIN semantics); ``inspect`` is a cordon whose reason asks for hardware inspection."""
+POWER_KINDS = ("power_limit", "restore_power_limit")
+OK = ("done", "already-done", "planned", "skipped")
+
+
+def shard_of(node: str, shards: int) -> int:
+    return zlib.crc32(node.encode()) % shards if shards > 1 else 0
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: config.Settings,
+        bus: natsbus.NatsBus,
+        *,
+        scheduler: actuators.Actuator,
+        power: actuators.Actuator | None = None,
+        metrics: metrics_mod.ControllerMetrics | None = None,
+        holder: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.cs = settings.controller
+        self.bus = bus
+        self.subjects = subjects_mod.Subjects(settings.nats.prefix)
+        self.scheduler = scheduler
+        self.power = power
+        self.metrics = metrics or metrics_mod.ControllerMetrics()
+        self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.clock = clock
+        self.log = log.bind(shard=self.cs.shard, holder=self.holder)
+        self.engine: engine_mod.Engine | None = None
+        self.rules_path = pathlib.Path(self.cs.rules_dir)
+        self._rules_sig: tuple[tuple[str, float, int], ...] = ()
+        self.nodes: set[str] = set()
+        self.power_limits: dict[tuple[str, int], tuple[float, float]] = {}
+        self.unacked: list[Any] = []
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.breaker_incident: incidents_mod.Incident | None = None
+        self._bg: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+        self._leader = False
+        self._events_sub: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        result = loader.load_paths([self.rules_path])
+        if result.ruleset is None:
+            raise errors.PermanentError(
+                "rules do not load; fix them first:\n" + "\n".join(str(d) for d in result.errors)
+            )
+        self.engine = engine_mod.Engine(
+            result.ruleset, gpus_per_node=self.cs.gpus_per_node, stale_after_s=self.cs.stale_after_s
+        )
+        self._rules_sig = self._signature()
+        self.metrics.rules_loaded.set(len(result.ruleset.rules))
+        state_kv = kv.Store(await self.bus.js.key_value(self.subjects.kv_state))
+        lease_kv = kv.Store(await self.bus.js.key_value(self.subjects.kv_leases))
+        self.state = state_kv
+        self.book = incidents_mod.Book(state_kv)
+        self.feed = feed_mod.FeedPublisher(self.bus, self.subjects, self.cs.cluster)
+        self.breaker = policy.Breaker(state_kv, self.cs)
+        self.dry_breaker = policy.Breaker(_Prefixed(state_kv, "dry-run."), self.cs)
+        self.exclusions = policy.Exclusions(state_kv)
+        self.limits = policy.Limits(self.cs)
+        self.lease = lease.Lease(
+            lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
+        )
+        await self.bus.subscribe(self.subjects.all_telemetry, self._on_frame)
+        self._bg = [
+            asyncio.create_task(self.lease.keep(self._stop, self._on_leadership), name="controller-lease"),
+            asyncio.create_task(self._tick_loop(), name="controller-ticks"),
+            asyncio.create_task(self._housekeeping(), name="controller-housekeeping"),
+        ]
+        self.log.info("controller.started", rules=len(result.ruleset.rules), mode=self.cs.mode)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for t in list(self.tasks.values()):
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(t), 5.0)
+        await asyncio.gather(*self._bg, return_exceptions=True)
+        for t in self.tasks.values():
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self._events_sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._events_sub.unsubscribe()
+        self.log.info("controller.stopped")
+
+    @property
+    def leader(self) -> bool:
+        return self._leader and self.lease.valid()
+
+    def _on_leadership(self, leader: bool) -> None:
+        self.metrics.leader.set(1 if leader else 0)
+        self.log.warning("controller.leadership", leader=leader, token=self.lease.token)
+        if leader:
+            asyncio.get_running_loop().create_task(self._become_leader())
+        else:
+            self._leader = False
+
+    async def _become_leader(self) -> None:
+        await self.book.load()
+        await self.exclusions.refresh()
+        self._events_sub = await self.bus.js.pull_subscribe(
+            self.subjects.all_events,
+            durable=f"healer-controller-s{self.cs.shard}",
+            stream=self.subjects.stream_events,
+            config=js_api.ConsumerConfig(
+                ack_policy=js_api.AckPolicy.EXPLICIT, ack_wait=60, max_ack_pending=20000
+            ),
+        )
+        self._bg.append(asyncio.create_task(self._pull_events(), name="controller-events"))
+        self._leader = True
+        for inc in self.book.all():
+            if any(a.status is None for a in inc.actions):
+                self._spawn(inc, self._run_actions(inc))
+
+    # -- ingest ------------------------------------------------------------------------------------
+    def _mine(self, node: str) -> bool:
+        return shard_of(node, self.cs.shards) == self.cs.shard
+
+    async def _on_frame(self, msg: bus_base.Msg) -> None:
+        if self.cs.shards > 1 and not self._mine(self.subjects.node_of(msg.subject)):
+            return
+        try:
+            frame = codec.decode_frame(msg.data)
+        except errors.DecodeError as e:
+            self.metrics.decode_errors.labels(e.kind, e.reason).inc()
+            self.log.warning("controller.bad_frame", subject=msg.subject, reason=e.reason, detail=e.detail)
+            return
+        now = self.clock()
+        assert self.engine is not None
+        self.engine.ingest(frame, at=now)
+        self.nodes.add(frame.node)
+        for g in frame.gpus:
+            if g.power_limit_w is not None:
+                self.power_limits[(frame.node, g.index)] = (frame.ts, g.power_limit_w)
+        self.metrics.frames.inc()
+        self.metrics.lag.observe(max(0.0, now - frame.ts))
+
+    def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
+        return self.power_limits.get((node, gpu_index))
+
+    async def _pull_events(self) -> None:
+        while not self._stop.is_set() and self._leader:
+            try:
+                msgs = await self._events_sub.fetch(256, timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except (nats.errors.Error, nats.js.errors.Error) as e:
+                self.log.warning("controller.events_fetch_failed", error=repr(e))
+                await asyncio.sleep(0.5)
+                continue
+            for m in msgs:
+                try:
+                    event = codec.decode_event(m.data)
+                except errors.DecodeError as e:
+                    self.metrics.decode_errors.labels(e.kind, e.reason).inc()
+                    self.log.warning("controller.bad_event", reason=e.reason, detail=e.detail)
+                    await m.ack()
+                    continue
+                if not self._mine(event.node):
+                    await m.ack()
+                    continue
+                assert self.engine is not None
+                self.engine.ingest_event(event)
+                self.metrics.events.inc()
+                self.unacked.append(m)
+            self.metrics.events_pending.set(len(self.unacked))
+
+    # -- the tick ----------------------------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_t = loop.time()
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            try:
+                await self.tick()
+            except errors.HealerError as e:
+                self.log.error("controller.tick_failed", error=str(e))
+            self.metrics.tick.observe(time.perf_counter() - started)
+            next_t += self.cs.tick_s
+            now = loop.time()
+            if next_t < now:
+                next_t = now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=next_t - now)
+
+    async def tick(self) -> None:
+        assert self.engine is not None
+        now = self.clock()
+        acks, self.unacked = self.unacked, []
+        firings = self.engine.evaluate(now)
+        self.metrics.evaluations.inc(len(self.engine.rules.rules))
+        self.metrics.fleet_nodes.set(len(self.nodes))
+        if not self.leader:
+            self.unacked = acks + self.unacked  # not ours to acknowledge yet
+            return
+        for f in firings:
+            await self._handle(f, now)
+        await self._retry_and_escalate(now)
+        await self.feed.flush()
+        for m in acks:
+            with contextlib.suppress(nats.errors.Error):
+                await m.ack()
+        self.metrics.events_pending.set(len(self.unacked))
+        for sev, n in self.book.by_severity().items():
+            self.metrics.incidents_open.labels(sev).set(n)
+
+    async def _handle(self, f: engine_mod.Firing, now: float) -> None:
+        inc = self.book.get(f.key)
+        if f.status == "resolved":
+            if inc is not None and inc.state != "resolved":
+                await self._resolve(inc, f)
+            return
+        if inc is None:
+            await self._open(f, now)
+            return
+        inc.last_seen_firing = now
+        if f.status == "fired":  # fired again: a new event, or a condition after a restart
+            inc.evidence = dict(f.evidence)
+            await self._save_publish(inc, "updated")
+
+    async def _open(self, f: engine_mod.Firing, now: float) -> None:
+        rule = f.rule
+        where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
+        inc = incidents_mod.Incident(
+            id=incidents_mod.new_id(),
+            rule_id=rule.id,
+            severity=rule.severity,
+            node=f.node,
+            gpu_index=f.gpu,
+            gpu_uuid=f.gpu_uuid,
+            summary=f"{rule.id} on {where}: {rule.description}".strip().rstrip(":"),
+            evidence=dict(f.evidence),
+            labels=dict(rule.labels),
+            mode=self.cs.mode,
+            opened_at=now,
+            updated_at=now,
+            last_seen_firing=now,
+            actions=[incidents_mod.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions],
+        )
+        repeats = await self._count_repeat(inc, now)
+        if repeats >= self.cs.repeat_faults and f.gpu is not None:
+            inc.escalated = True
+            inc.summary += (
+                f" (fault #{repeats} on this GPU within {self.cs.repeat_window_s:g}s: inspect hardware)"
+            )
+            if not any(a.kind == "inspect" for a in inc.actions):
+                inc.actions.append(
+                    incidents_mod.PlannedAction(kind="inspect", params={"reason": "repeat faults"})
+                )
+        await self._save_publish(inc, "opened")
+        if inc.escalated:
+            await self._save_publish(inc, "escalated")
+        self._spawn(inc, self._run_actions(inc))
+
+    async def _resolve(self, inc: incidents_mod.Incident, f: engine_mod.Firing) -> None:
+        inc.state = "resolved"
+        inc.resolved_at = self.clock()
+        inc.evidence = {**inc.evidence, **{f"resolve.{k}": v for k, v in f.evidence.items()}}
+        inc.actions += [
+            incidents_mod.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=True)
+            for a in f.rule.on_resolve
+        ]
+        await self._save_publish(inc, "resolved")
+        if any(a.on_resolve and a.status is None for a in inc.actions):
+            self._spawn(inc, self._run_actions(inc))
+
+    async def _count_repeat(self, inc: incidents_mod.Incident, now: float) -> int:
+        if inc.gpu_index is None:
+            return 0
+        key = f"history.{inc.node}.{inc.gpu_index}"
+        doc = await self.state.get(key)
+        times = [t for t in (doc.value.get("opened", []) if doc else []) if now - t < self.cs.repeat_window_s]
+        times.append(now)
+        await self.state.put(key, {"opened": times[-50:]})
+        return len(times)
+
+    async def _save_publish(self, inc: incidents_mod.Incident, change: incidents.Change) -> None:
+        await self.book.save(inc)
+        await self.feed.publish(inc, change)
+        self.metrics.incident_changes.labels(change).inc()
+        self.log.info(
+            "incident." + change, incident_id=inc.id, rule_id=inc.rule_id, node=inc.node, gpu=inc.gpu_index,
+            severity=inc.severity,
+        )  # fmt: skip
+
+    async def _retry_and_escalate(self, now: float) -> None:
+        for inc in self.book.all():
+            if inc.id in self.tasks:
+                continue
+            if any(a.status is None for a in inc.actions):
+                self._spawn(inc, self._run_actions(inc))
+            capped = any(
+                a.kind == "power_limit" and a.status in ("done", "already-done") for a in inc.actions
+            )
+            if (
+                capped
+                and inc.state == "open"
+                and not any(a.kind == "cordon" for a in inc.actions)
+                and now - inc.opened_at > self.cs.power_cap_escalate_s
+            ):
+                inc.escalated = True
+                inc.summary += "; still firing after the power cap: cordoned (escalation ladder)"
+                inc.actions.append(
+                    incidents_mod.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
+                )
+                await self._save_publish(inc, "escalated")
+                self._spawn(inc, self._run_actions(inc))
+
+    # -- actions -----------------------------------------------------------------------------------
+    def _spawn(self, inc: incidents_mod.Incident, work: Coroutine[Any, Any, None]) -> None:
+        previous = self.tasks.get(inc.id)
+
+        async def chained() -> None:
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous
+            try:
+                await work
+            except errors.HealerError as e:
+                self.log.error("controller.actions_failed", incident_id=inc.id, error=str(e))
+            finally:
+                if self.tasks.get(inc.id) is task:
+                    del self.tasks[inc.id]
+
+        task = asyncio.get_running_loop().create_task(chained(), name=f"actions:{inc.id}")
+        self.tasks[inc.id] = task
+
+    async def _run_actions(self, inc: incidents_mod.Incident) -> None:
+        for action in inc.actions:
+            if action.status is not None:
+                if action.status not in OK:
+                    return  # a failed step stops the chain (no migrate without a cordon)
+                continue
+            if not self.leader:
+                return
+            if action.on_resolve and action.kind == "uncordon" and self.cs.uncordon_hold_s:
+                wait = (inc.resolved_at or 0) + self.cs.uncordon_hold_s - self.clock()
+                if wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), timeout=wait)
+                    if self._stop.is_set():
+                        return
+            status, detail = await self._act(inc, action)
+            if status is None:
+                action.detail = detail
+                return  # waits (rate limit, cooldown, temporary failure): retried next tick
+            action.status, action.detail, action.at = status, detail[:4096], self.clock()
+            self.metrics.actions.labels(action.kind, status).inc()
+            await self._save_publish(inc, "action")
+            if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
+                inc.escalated = True
+                await self._save_publish(inc, "escalated")
+            if status not in OK:
+                return
+        if inc.state == "resolved":
+            await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
+
+    async def _act(
+        self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction
+    ) -> tuple[incidents.ActionStatus | None, str]:
+        now = self.clock()
+        mode = self.cs.mode
+        if mode == "observe":
+            return "skipped", "observe mode: incidents only"
+        if action.kind == "notify":
+            return "done", str(action.params.get("message") or "incident published")
+        if action.kind == "reset_gpu":
+            return (
+                "skipped",
+                "GPU reset is not automated: drain the node and reset it by hand (nvidia-smi -r)",
+            )
+        excluded = self.exclusions.nodes.get(inc.node)
+        if excluded is not None:
+            return (
+                "skipped",
+                f"node excluded for maintenance by {excluded.get('by')}: {excluded.get('reason')}",
+            )
+        wait = self.limits.check(action.kind, inc.node, inc.id, now)
+        if wait:
+            return None, wait
+        if action.kind in policy.TAKES_OUT_OF_SERVICE:
+            breaker = self.breaker if mode == "enforce" else self.dry_breaker
+            allowed, reason, tripped = await breaker.admit(inc.node, self._fleet_size(), inc.id)
+            if tripped:
+                await self._breaker_tripped(reason)
+            if not allowed:
+                return "refused", reason
+        if action.on_resolve and action.kind == "uncordon" and not self._may_uncordon(inc):
+            return "skipped", "another open incident still holds this node cordoned"
+        token = self.lease.token
+        if token is None or not self.lease.valid():
+            return None, "not the leader any more"
+        request = actuators.ActionRequest(
+            incident_id=inc.id,
+            kind=SCHEDULER_KIND.get(action.kind, action.kind),  # type: ignore[arg-type]
+            node=inc.node,
+            gpu_index=inc.gpu_index,
+            params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
+            summary=(action.params.get("reason") or inc.summary)[:1024],
+            fencing_token=token,
+            dry_run=mode == "dry-run",
+            deadline=now + 600.0,
+        )
+        actuator = self.power if action.kind in POWER_KINDS else self.scheduler
+        if actuator is None:
+            return "failed-permanent", f"no actuator for {action.kind}"
+        self.limits.record(action.kind, inc.node, inc.id, now)
+        outcome = await actuator.apply(request)
+        if outcome.status == "failed-temporary":
+            action.attempts += 1
+            if action.attempts <= self.cs.action_retries:
+                return None, f"attempt {action.attempts} failed: {outcome.detail}"
+        record = outcome.record(action.kind, now)
+        detail = record.detail
+        if outcome.dry_run and outcome.plan:
+            detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
+        return outcome.status, detail
+
+    def _may_uncordon(self, inc: incidents_mod.Incident) -> bool:
+        if not any(
+            a.kind in SCHEDULER_KIND and a.kind != "uncordon" and a.status == "done" for a in inc.actions
+        ):
+            return False
+        holding = ("cordon", "drain", "inspect", "migrate")
+        return not any(
+            other.id != inc.id
+            and other.node == inc.node
+            and any(a.kind in holding and a.status in OK for a in other.actions)
+            for other in self.book.open.values()
+        )
+
+    def _fleet_size(self) -> int:
+        return max(len(self.nodes), 1) * max(1, self.cs.shards)
+
+    async def _breaker_tripped(self, reason: str) -> None:
+        now = self.clock()
+        inc = incidents_mod.Incident(
+            id=incidents_mod.new_id(),
+            rule_id="circuit-breaker",
+            severity="critical",
+            node="fleet",
+            state="escalated",
+            summary=f"circuit breaker open: {reason}. healer takes no more nodes out of service until "
+            "`healer breaker reset`.",
+            mode=self.cs.mode,
+            opened_at=now,
+            updated_at=now,
+            escalated=True,
+        )
+        self.breaker_incident = inc
+        self.metrics.breaker_open.set(1)
+        await self._save_publish(inc, "escalated")
+
+    # -- housekeeping ------------------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.cs.reload_check_s)
+            if self._stop.is_set():
+                return
+            try:
+                await self._maybe_reload()
+                if self.leader:
+                    await self.exclusions.refresh()
+                    status = await self.breaker.status()
+                    self.metrics.breaker_open.set(1 if status.get("open") else 0)
+            except errors.HealerError as e:
+                self.log.warning("controller.housekeeping_failed", error=str(e))
+
+    def _signature(self) -> tuple[tuple[str, float, int], ...]:
+        files = loader.expand([self.rules_path])
+        out = []
+        for p in files:
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                out.append((str(p), st.st_mtime, st.st_size))
+        return tuple(out)
+
+    async def _maybe_reload(self) -> None:
+        sig = self._signature()
+        if sig == self._rules_sig:
+            return
+        self._rules_sig = sig
+        result = loader.load_paths([self.rules_path])
+        assert self.engine is not None
+        if result.ruleset is None:
+            self.metrics.rules_rejected.inc()
+            problems = result.errors
+            self.log.error(
+                "rules.rejected", errors=[str(d) for d in problems], kept=len(self.engine.rules.rules)
+            )
+            if self.leader:
+                await self._publish_rejection(problems)
+            return
+        gone = self.engine.set_rules(result.ruleset, now=self.clock())
+        self.metrics.rules_loaded.set(len(result.ruleset.rules))
+        self.log.info("rules.reloaded", rules=len(result.ruleset.rules), resolved=len(gone))
+        if self.leader:
+            for f in gone:
+                await self._handle(f, self.clock())
+
+    async def _publish_rejection(self, problems: list[Any]) -> None:
+        assert self.engine is not None
+        event = incidents.RulesRejectedEvent(
+            id=f"rules-{uuid.uuid4().hex}",
+            source=f"healer://{self.cs.cluster}/controller",
+            time=datetime.datetime.fromtimestamp(self.clock(), tz=datetime.UTC),
+            data=incidents.RulesRejectedData(
+                rules_dir=str(self.rules_path),
+                errors=[
+                    incidents.RuleProblem(path=d.path, line=d.line, col=d.col, message=d.message)
+                    for d in problems
+                ],
+                kept_rules=len(self.engine.rules.rules),
+            ),
+        )
+        try:
+            await self.bus.publish_durable(self.subjects.rules_rejected, codec.encode(event), msg_id=event.id)
+        except errors.HealerError as e:
+            self.log.warning("rules.rejection_not_published", error=str(e))
+
+
+class _Prefixed(kv.Store):
+    """The same bucket under a key prefix (the dry-run breaker keeps its own state)."""
+
+    def __init__(self, store: kv.Store, prefix: str) -> None:
+        super().__init__(store.kv)
+        self.prefix = prefix
+
+    async def get(self, key: str) -> kv.Doc | None:
+        return await super().get(self.prefix + key)
+
+    async def put(self, key: str, value: dict[str, Any]) -> int:
+        return await super().put(self.prefix + key, value)
+
+    async def create(self, key: str, value: dict[str, Any]) -> int:
+        return await super().create(self.prefix + key, value)
+
+    async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
+        return await super().update(self.prefix + key, value, revision)

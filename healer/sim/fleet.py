@@ -1,0 +1,370 @@
+"""The physics engine: every GPU of the simulated fleet as numpy arrays of shape (nodes, gpus).
+
+One ``step(dt)`` advances the whole fleet: workloads set utilisation, power follows utilisation and is
+capped by the power limit (and by thermal regulation when cooling is short), temperature follows power
+through a first-order thermal model on top of the node inlet and each GPU's cooling efficiency, clocks
+drop with the matching NVML ``clocks_event_reasons`` bits, and cumulative counters advance by the fault
+rates the injector has set. Nothing here builds a pydantic model; ``frames`` turns the arrays into
+NodeFrame JSON. Faults act by writing to the public arrays (``cool_factor``, ``sbe_rate``, ``present``
+...) and by calling ``emit_event``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from healer import errors
+from healer.schemas import events as events_schema
+from healer.sim import profiles, workloads
+from healer.telemetry import source
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+BOOL = npt.NDArray[np.bool_]
+
+COUNTERS = (
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "pcie_replay_count",
+)
+VOLATILE = (
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "pcie_replay_count",
+)
+"""Counters a GPU reset or driver reload clears (aggregate ECC and remapped rows persist)."""
+
+
+def boot_id(run_id: str, node: int, boot_no: int) -> str:
+    """A node agent's boot id: new on every (simulated) agent start."""
+    return f"{run_id}-{node}-{boot_no}"
+
+
+class Fleet:
+    """State and physics of N nodes with G GPUs each (one GPU model per node)."""
+
+    def __init__(
+        self,
+        node_names: Sequence[str],
+        gpus: int,
+        node_profiles: Sequence[profiles.Profile],
+        *,
+        seed: int,
+        start_ts: float,
+        run_id: str,
+        workload_mix: Mapping[str, float],
+        inlet_c: float = 25.0,
+        inlet_spread_c: float = 2.0,
+    ) -> None:
+        n = len(node_names)
+        self.node_names = list(node_names)
+        self.nodes, self.gpus = n, gpus
+        self.profiles = list(node_profiles)
+        self.run_id = run_id
+        self.t = start_ts
+        ss = np.random.SeedSequence(seed)
+        phys_ss, work_ss = ss.spawn(2)
+        self._rng = np.random.default_rng(phys_ss)
+        self.work = workloads.Workloads(n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts)
+
+        def per_gpu(attr: str) -> F64:
+            vals = np.array([getattr(p, attr) for p in self.profiles], dtype=np.float64)
+            return np.repeat(vals[:, None], gpus, axis=1)
+
+        self.p_default, self.p_min, self.p_max = (
+            per_gpu("power_default_w"),
+            per_gpu("power_min_w"),
+            per_gpu("power_max_w"),
+        )
+        self.p_idle, self.p_full = per_gpu("power_idle_w"), per_gpu("power_full_w")
+        self.slowdown_c, self.shutdown_c = per_gpu("slowdown_temp_c"), per_gpu("shutdown_temp_c")
+        self.maxop_c, self.mem_max_c = per_gpu("max_operating_temp_c"), per_gpu("mem_max_temp_c")
+        self.mem_total, self.sm_max, self.sm_idle = (
+            per_gpu("mem_total_mib"),
+            per_gpu("sm_clock_max_mhz"),
+            per_gpu("sm_clock_idle_mhz"),
+        )
+        self.c_per_w, self.tau_s, self.hbm_off = (
+            per_gpu("thermal_c_per_w"),
+            per_gpu("thermal_tau_s"),
+            per_gpu("hbm_offset_c"),
+        )
+        self.nvlink_total = per_gpu("nvlink_links").astype(np.int64)
+        self.pcie_gen_max = per_gpu("pcie_gen_max").astype(np.int64)
+        self.pcie_width_max = per_gpu("pcie_width_max").astype(np.int64)
+
+        shape = (n, gpus)
+        self.inlet_base = inlet_c + self._rng.uniform(-inlet_spread_c, inlet_spread_c, n)
+        self.inlet_delta = np.zeros(n)
+        self.cool_base = np.clip(self._rng.normal(1.0, 0.04, shape), 0.85, 1.15)
+        self.cool_factor = np.ones(shape)
+        self.power_limit = self.p_default.copy()
+        self.util = self.work.util.copy()
+        self.util_mem = np.zeros(shape)
+        self.mem_used = np.zeros(shape)
+        self.power = self.p_idle.copy()
+        self.temp = self._steady(self.power) + self._rng.normal(0.0, 1.0, shape)
+        self.mem_temp = self.temp + 2.0
+        self.energy = np.zeros(shape)
+        self.sm_clock = self.sm_idle.copy()
+        self.reasons = np.zeros(shape, dtype=np.int64)
+        self.counters: dict[str, I64] = {name: np.zeros(shape, dtype=np.int64) for name in COUNTERS}
+        self.nvlink_up = self.nvlink_total.copy()
+        self.pcie_gen = self.pcie_gen_max.copy()
+        self.pcie_width = self.pcie_width_max.copy()
+        self.recovery = np.zeros(shape, dtype=np.int64)
+        self.remap_pending = np.zeros(shape, dtype=np.bool_)
+        self.remap_failure = np.zeros(shape, dtype=np.bool_)
+        self.present = np.ones(shape, dtype=np.bool_)
+        self.brake = np.zeros(shape, dtype=np.bool_)
+        self.sbe_rate = np.zeros(shape)
+        self.nvlink_crc_rate = np.zeros(shape)
+        self.pcie_replay_rate = np.zeros(shape)
+        self.silent = np.zeros(n, dtype=np.bool_)
+        self.boot_no = np.zeros(n, dtype=np.int64)
+        self.seq = np.zeros(n, dtype=np.int64)
+        self.events: list[dict[str, Any]] = []
+        self._event_no = 0
+        self.uuids = [[f"GPU-{run_id}-{i:05d}-{g:02d}" for g in range(gpus)] for i in range(n)]
+        for i in range(n):
+            self.emit_event(i, "agent_start", message="simulated agent started")
+
+    # ----------------------------------------------------------------- physics
+
+    def _resistance(self) -> F64:
+        out: F64 = self.c_per_w / (self.cool_base * np.maximum(self.cool_factor, 0.05))
+        return out
+
+    def _inlet(self) -> F64:
+        out: F64 = (self.inlet_base + self.inlet_delta)[:, None]
+        return out
+
+    def _steady(self, power_w: F64) -> F64:
+        out: F64 = self._inlet() + power_w * self._resistance()
+        return out
+
+    def step(self, dt: float) -> None:
+        """Advance the clock and every GPU by ``dt`` seconds."""
+        self.t += dt
+        self.physics(dt)
+
+    def physics(self, dt: float) -> None:
+        """Advance every GPU by ``dt`` seconds at the current clock (faults already applied)."""
+        rng = self._rng
+        util = self.work.step(self.t, dt)
+        self.util = util
+        wanted = self.p_idle + (self.p_full - self.p_idle) * util / 100.0
+        r = self._resistance()
+        inlet = self._inlet()
+        p = np.minimum(wanted, self.power_limit)
+        power_capped = wanted > self.power_limit
+        p_hold = (self.maxop_c - inlet) / r
+        sw_thermal = (self.temp >= self.maxop_c - 1.0) & (p > p_hold)
+        p = np.where(sw_thermal, np.maximum(p_hold, self.p_idle * 0.8), p)
+        hw_thermal = self.temp >= self.slowdown_c
+        p = np.where(hw_thermal, self.p_idle + 0.25 * (p - self.p_idle), p)
+        p = np.where(self.brake, self.p_idle + 0.3 * (p - self.p_idle), p)
+        busy = util >= 1.0
+        p = p + rng.normal(0.0, 1.0, p.shape) * np.where(busy, 4.0, 1.0)
+        p = np.maximum(p, self.p_idle * 0.5)
+        self.power = p
+        decay = 1.0 - np.exp(-dt / self.tau_s)
+        self.temp += (inlet + p * r - self.temp) * decay
+        hbm_target = self.temp + self.hbm_off * (p / self.p_default) + 1.0
+        self.mem_temp += (hbm_target - self.mem_temp) * np.minimum(1.0, 2.0 * decay)
+        self.energy += p * dt
+
+        dyn_wanted = np.maximum(wanted - self.p_idle, 1e-6)
+        ratio = np.clip((p - self.p_idle) / dyn_wanted, 0.0, 1.0)
+        limited = busy & (ratio < 0.999)
+        clock = np.where(busy, self.sm_max, self.sm_idle)
+        clock = np.where(limited, np.maximum(self.sm_idle, self.sm_max * np.sqrt(ratio)), clock)
+        self.sm_clock = clock
+        reasons = np.where(busy, 0, profiles.GPU_IDLE)
+        reasons |= np.where(power_capped & ~sw_thermal & ~hw_thermal, profiles.SW_POWER_CAP, 0)
+        reasons |= np.where(sw_thermal, profiles.SW_THERMAL_SLOWDOWN, 0)
+        reasons |= np.where(hw_thermal, profiles.HW_THERMAL_SLOWDOWN | profiles.HW_SLOWDOWN, 0)
+        reasons |= np.where(self.brake, profiles.HW_POWER_BRAKE_SLOWDOWN | profiles.HW_SLOWDOWN, 0)
+        self.reasons = reasons.astype(np.int64)
+        self.util_mem = util * self.work.mem_util_factor()[:, None]
+        self.mem_used = np.maximum(500.0, self.mem_total * self.work.mem_fraction()[:, None])
+        self._advance_counters(dt)
+
+    def _advance_counters(self, dt: float) -> None:
+        c = self.counters
+        for rate, names in (
+            (self.sbe_rate, (("ecc_sbe_volatile", 1.0), ("ecc_sbe_aggregate", 1.0))),
+            (
+                self.nvlink_crc_rate,
+                (
+                    ("nvlink_crc_flit_errors", 1.0),
+                    ("nvlink_crc_data_errors", 0.01),
+                    ("nvlink_replay_errors", 0.1),
+                ),
+            ),
+            (self.pcie_replay_rate, (("pcie_replay_count", 1.0),)),
+        ):
+            idx = np.flatnonzero(rate)
+            if not idx.size:
+                continue
+            lam = rate.ravel()[idx] * dt
+            base = self._rng.poisson(lam)
+            for name, frac in names:
+                inc = base if frac == 1.0 else self._rng.binomial(base, frac)
+                c[name].ravel()[idx] += inc
+
+    # ----------------------------------------------------------------- events and lifecycle
+
+    def boot_id(self, node: int) -> str:
+        return boot_id(self.run_id, node, int(self.boot_no[node]))
+
+    def emit_event(
+        self,
+        node: int,
+        kind: events_schema.EventKind,
+        *,
+        gpu: int | None = None,
+        xid: int | None = None,
+        message: str = "",
+    ) -> None:
+        """Queue a NodeEvent (as a wire dict) with a deterministic, unique id."""
+        self._event_no += 1
+        name = self.node_names[node]
+        self.events.append(
+            {
+                "schema": events_schema.SCHEMA,
+                "id": f"{name}-{self.boot_id(node)}-e{self._event_no}",
+                "node": name,
+                "ts": round(self.t, 3),
+                "kind": kind,
+                "gpu_index": gpu,
+                "gpu_uuid": None if gpu is None else self.uuids[node][gpu],
+                "xid": xid,
+                "message": message,
+            }
+        )
+
+    def take_events(self) -> list[dict[str, Any]]:
+        out, self.events = self.events, []
+        return out
+
+    def reset_gpu(self, node: int, gpu: int) -> None:
+        """A GPU reset: volatile counters clear, a pending row remap is applied, throttles clear."""
+        for name in VOLATILE:
+            self.counters[name][node, gpu] = 0
+        self.remap_pending[node, gpu] = False
+        self.recovery[node, gpu] = profiles.RECOVERY_NONE
+        self.brake[node, gpu] = False
+        self.nvlink_up[node, gpu] = self.nvlink_total[node, gpu]
+        self.power_limit[node, gpu] = self.p_default[node, gpu]
+
+    def restart_agent(self, node: int) -> None:
+        """The agent process starts again: new boot id, sequence from zero, an ``agent_start`` event."""
+        self.boot_no[node] += 1
+        self.seq[node] = 0
+        self.silent[node] = False
+        self.emit_event(node, "agent_start", message="simulated agent started")
+
+    def reboot_node(self, node: int) -> None:
+        """Node reboot: every GPU reset, lost GPUs back on the bus, energy counters cleared."""
+        for g in range(self.gpus):
+            self.reset_gpu(node, g)
+        self.present[node] = True
+        self.energy[node] = 0.0
+        self.pcie_gen[node] = self.pcie_gen_max[node]
+        self.pcie_width[node] = self.pcie_width_max[node]
+        self.restart_agent(node)
+
+    # ----------------------------------------------------------------- power control
+
+    def _check(self, node: int, gpu: int) -> None:
+        if not 0 <= gpu < self.gpus:
+            raise errors.PermanentError(f"no GPU {gpu} on {self.node_names[node]} ({self.gpus} GPUs)")
+        if not self.present[node, gpu]:
+            raise errors.PermanentError(f"GPU {gpu} on {self.node_names[node]} is lost (fallen off the bus)")
+
+    def power_limits(self, node: int, gpu: int) -> source.PowerLimits:
+        self._check(node, gpu)
+        return source.PowerLimits(
+            float(self.power_limit[node, gpu]),
+            float(self.p_default[node, gpu]),
+            float(self.p_min[node, gpu]),
+            float(self.p_max[node, gpu]),
+        )
+
+    def set_power_limit(self, node: int, gpu: int, watts: float) -> None:
+        self._check(node, gpu)
+        lo, hi = float(self.p_min[node, gpu]), float(self.p_max[node, gpu])
+        if not lo <= watts <= hi:
+            raise errors.PermanentError(f"power limit {watts} W outside [{lo}, {hi}]")
+        self.power_limit[node, gpu] = watts
+
+    # ----------------------------------------------------------------- frame view
+
+    def columns(self) -> dict[str, npt.NDArray[Any]]:
+        """The dynamic GpuSample fields as (nodes, gpus) arrays (views, not copies)."""
+        cols: dict[str, npt.NDArray[Any]] = {
+            "temp_c": self.temp,
+            "mem_temp_c": self.mem_temp,
+            "power_w": self.power,
+            "power_limit_w": self.power_limit,
+            "energy_j": self.energy,
+            "util_gpu_pct": self.util,
+            "util_mem_pct": self.util_mem,
+            "mem_used_mib": self.mem_used,
+            "sm_clock_mhz": self.sm_clock,
+            "clocks_event_reasons": self.reasons,
+            "nvlink_links_up": self.nvlink_up,
+            "pcie_gen": self.pcie_gen,
+            "pcie_width": self.pcie_width,
+            "recovery_action": self.recovery,
+            "row_remap_pending": self.remap_pending,
+            "row_remap_failure": self.remap_failure,
+            "present": self.present,
+        }
+        cols.update(self.counters)
+        return cols
+
+    def static(self) -> list[list[dict[str, Any]]]:
+        """The GpuSample fields that never change, per node and GPU."""
+        out = []
+        for i, prof in enumerate(self.profiles):
+            row = []
+            for g in range(self.gpus):
+                row.append(
+                    {
+                        "index": g,
+                        "uuid": self.uuids[i][g],
+                        "model": prof.model,
+                        "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
+                        "slowdown_temp_c": prof.slowdown_temp_c,
+                        "shutdown_temp_c": prof.shutdown_temp_c,
+                        "mem_max_temp_c": prof.mem_max_temp_c,
+                        "power_default_w": prof.power_default_w,
+                        "power_min_w": prof.power_min_w,
+                        "power_max_w": prof.power_max_w,
+                        "mem_total_mib": prof.mem_total_mib,
+                        "sm_clock_max_mhz": prof.sm_clock_max_mhz,
+                        "nvlink_links_total": prof.nvlink_links,
+                        "pcie_gen_max": prof.pcie_gen_max,
+                        "pcie_width_max": prof.pcie_width_max,
+                    }
+                )
+            out.append(row)
+        return out

@@ -1,0 +1,121 @@
+"""Fleet arrays → NodeFrame JSON bytes, without a pydantic model per GPU.
+
+Validating 16,000 GpuSample models a second would cost more than the whole simulation, so the encoder
+rounds each column the way NVML quantises it (temperatures and utilisation in whole units, power in
+tenths of a watt, energy in millijoules), converts whole columns to Python lists in one call, and lets
+orjson write the dicts. Tests decode the output with ``codec.decode_frame`` to keep it honest. The same
+encoder serves live frames and frames rebuilt from a recording, so a replay is byte-for-byte the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from healer.schemas import telemetry
+
+FLOAT_FIELDS: Final = (("power_w", 1), ("power_limit_w", 1), ("energy_j", 3))
+"""Float fields and the decimals they are rounded to."""
+
+WHOLE_FIELDS: Final = ("temp_c", "mem_temp_c", "util_gpu_pct", "util_mem_pct", "mem_used_mib", "sm_clock_mhz")
+"""Float fields NVML reports in whole units: rounded and written as JSON integers (cheaper to write;
+they decode to the same floats)."""
+
+INT_FIELDS: Final = (
+    "clocks_event_reasons",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "nvlink_links_up",
+    "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "pcie_gen",
+    "pcie_width",
+    "pcie_replay_count",
+    "recovery_action",
+)
+BOOL_FIELDS: Final = ("row_remap_pending", "row_remap_failure")
+DYNAMIC_FIELDS: Final = (*(f for f, _ in FLOAT_FIELDS), *WHOLE_FIELDS, *INT_FIELDS, *BOOL_FIELDS, "present")
+"""Everything that changes from frame to frame (``present`` = the GPU answers on the bus)."""
+
+AGENT_VERSION: Final = "healer-sim/0.1"
+
+
+class Encoder:
+    """Writes one step of the fleet as one JSON document per reporting node."""
+
+    def __init__(
+        self,
+        node_names: Sequence[str],
+        static: Sequence[Sequence[Mapping[str, Any]]],
+        *,
+        source: telemetry.Source = "sim",
+        agent_version: str = AGENT_VERSION,
+    ) -> None:
+        self.node_names = list(node_names)
+        self.static = [[dict(g) for g in row] for row in static]
+        self.gpus = len(static[0]) if static else 0
+        self.source = source
+        self.agent_version = agent_version
+        self._float_names = tuple(f for f, _ in FLOAT_FIELDS)
+        self._int_names = (*WHOLE_FIELDS, *INT_FIELDS)
+
+    def encode(
+        self,
+        cols: Mapping[str, npt.NDArray[Any]],
+        nodes: npt.NDArray[np.intp],
+        seq: npt.NDArray[np.int64],
+        boot_ids: Sequence[str],
+        ts: float,
+    ) -> list[tuple[int, bytes]]:
+        """Frames of ``nodes`` (indices), with their ``seq`` and ``boot_ids`` (both indexed by node)."""
+        if not len(nodes):
+            return []
+        floats = np.stack(
+            [np.round(cols[f][nodes].astype(np.float64), d) for f, d in FLOAT_FIELDS], axis=-1
+        ).tolist()
+        whole = [np.rint(cols[f][nodes]).astype(np.int64) for f in WHOLE_FIELDS]
+        ints = np.stack(whole + [cols[f][nodes] for f in INT_FIELDS], axis=-1).tolist()
+        bools = np.stack([cols[f][nodes] for f in BOOL_FIELDS], axis=-1).tolist()
+        present = cols["present"][nodes].tolist()
+        seqs = seq[nodes].tolist()
+        ts = round(ts, 3)
+        out = []
+        fnames, inames, bnames = self._float_names, self._int_names, BOOL_FIELDS
+        for k, n in enumerate(nodes.tolist()):
+            static_row, frow, irow, brow, prow = self.static[n], floats[k], ints[k], bools[k], present[k]
+            gpus = []
+            for g in range(self.gpus):
+                if not prow[g]:
+                    continue
+                d = static_row[g].copy()
+                d.update(zip(fnames, frow[g]))  # noqa: B905 - lengths fixed by construction
+                d.update(zip(inames, irow[g]))  # noqa: B905
+                d.update(zip(bnames, brow[g]))  # noqa: B905
+                gpus.append(d)
+            doc = {
+                "schema": telemetry.SCHEMA,
+                "node": self.node_names[n],
+                "ts": ts,
+                "seq": seqs[k],
+                "boot_id": boot_ids[n],
+                "agent_version": self.agent_version,
+                "source": self.source,
+                "gpus_expected": self.gpus,
+                "gpus": gpus,
+            }
+            out.append((n, orjson.dumps(doc)))
+        return out
+
+
+def encode_event(event: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(event)

@@ -1,0 +1,102 @@
+"""Jobs that drive utilisation, so healthy telemetry is not flat.
+
+Each node runs one job at a time (a node is the scheduling unit on HGX machines): ``training`` (steady
+~95 % on every GPU with a short dip at each checkpoint), ``inference`` (bursty: every GPU flips between
+busy and quiet on its own) or ``idle``. Jobs end after an exponentially distributed time and the next
+kind is drawn from the scenario's mix. A fault that kills the job (an XID 79 or 95) makes the node idle
+until the scheduler gives it new work. Everything is vectorised over the whole fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+IDLE: Final = 0
+TRAINING: Final = 1
+INFERENCE: Final = 2
+KINDS: Final = {"idle": IDLE, "training": TRAINING, "inference": INFERENCE}
+
+MEAN_DURATION_S: Final = {IDLE: 1200.0, TRAINING: 6 * 3600.0, INFERENCE: 2 * 3600.0}
+MIN_DURATION_S: Final = 300.0
+CHECKPOINT_PERIOD_S: Final = 1800.0
+CHECKPOINT_LENGTH_S: Final = 40.0
+UTIL_TAU_S: Final = 3.0
+BURST_SWITCH_PER_S: Final = 1.0 / 20.0
+
+F64 = npt.NDArray[np.float64]
+
+
+class Workloads:
+    """Per-node job state and the utilisation it asks of every GPU."""
+
+    def __init__(
+        self, nodes: int, gpus: int, mix: Mapping[str, float], rng: np.random.Generator, now: float
+    ) -> None:
+        self.nodes = nodes
+        self.gpus = gpus
+        self._rng = rng
+        self._t0 = now
+        kinds = [KINDS[k] for k in mix]
+        weights = np.array([mix[k] for k in mix], dtype=np.float64)
+        if weights.sum() <= 0:
+            kinds, weights = [IDLE], np.ones(1)
+        self._kinds = np.array(kinds, dtype=np.int8)
+        self._weights = weights / weights.sum()
+        self.kind = self._draw_kinds(nodes)
+        self.end_t = now + self._draw_durations(self.kind) * rng.random(nodes)
+        self.ckpt_phase = rng.random(nodes) * CHECKPOINT_PERIOD_S
+        self.busy = rng.random((nodes, gpus)) < 0.5
+        self.gpu_offset = rng.normal(0.0, 1.5, (nodes, gpus))
+        self.util = self.target(now)
+
+    def _draw_kinds(self, n: int) -> npt.NDArray[np.int8]:
+        return self._kinds[self._rng.choice(len(self._kinds), size=n, p=self._weights)]
+
+    def _draw_durations(self, kind: npt.NDArray[np.int8]) -> F64:
+        means = np.array([MEAN_DURATION_S[IDLE], MEAN_DURATION_S[TRAINING], MEAN_DURATION_S[INFERENCE]])
+        out: F64 = np.maximum(MIN_DURATION_S, self._rng.exponential(1.0, kind.shape) * means[kind])
+        return out
+
+    def crash(self, node: int, now: float) -> None:
+        """The node's job died; the node sits idle until the scheduler hands out new work."""
+        self.kind[node] = IDLE
+        self.end_t[node] = now + MIN_DURATION_S
+
+    def target(self, now: float) -> F64:
+        """Utilisation (percent) each GPU is asked for at ``now``."""
+        kind = self.kind[:, None]
+        in_ckpt = ((now - self._t0 + self.ckpt_phase) % CHECKPOINT_PERIOD_S) < CHECKPOINT_LENGTH_S
+        training = np.where(in_ckpt[:, None], 15.0, 95.0 + self.gpu_offset)
+        inference = np.where(self.busy, 85.0, 20.0) + 2 * self.gpu_offset
+        out: F64 = np.where(kind == TRAINING, training, np.where(kind == INFERENCE, inference, 0.0))
+        return out
+
+    def step(self, now: float, dt: float) -> F64:
+        """Advance jobs to ``now`` and return each GPU's utilisation (percent, 0..100)."""
+        done = np.flatnonzero(self.end_t <= now)
+        if done.size:
+            new = self._draw_kinds(done.size)
+            self.kind[done] = new
+            self.end_t[done] = now + self._draw_durations(new)
+        flip = self._rng.random(self.busy.shape) < min(1.0, BURST_SWITCH_PER_S * dt)
+        self.busy ^= flip
+        target = self.target(now)
+        alpha = 1.0 - np.exp(-dt / UTIL_TAU_S)
+        sigma = np.array([0.0, 1.2, 6.0])[self.kind][:, None]
+        self.util += (target - self.util) * alpha
+        noisy: F64 = np.clip(self.util + self._rng.normal(0.0, 1.0, self.util.shape) * sigma, 0.0, 100.0)
+        return noisy
+
+    def mem_fraction(self) -> F64:
+        """Fraction of HBM each node's job keeps allocated."""
+        out: F64 = np.array([0.006, 0.92, 0.62])[self.kind]
+        return out
+
+    def mem_util_factor(self) -> F64:
+        """Memory-bandwidth utilisation relative to SM utilisation, per node."""
+        out: F64 = np.array([0.0, 0.45, 0.7])[self.kind]
+        return out
