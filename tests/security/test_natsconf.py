@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from healer import config, errors
+from healer import cli, config, errors
 from healer.bus import subjects
 from healer.cli import natsconf_cmd
 from healer.security import natsconf
@@ -161,3 +161,13 @@ def test_cli_refuses_half_a_tls_setup(tmp_path: pathlib.Path) -> None:
     with pytest.raises(SystemExit) as exc:
         _cli(["nats", "config", "--nodes", str(nodes), "--out", str(tmp_path), "--tls-cert", "s.pem"])
     assert exc.value.code == 2
+
+
+def test_healer_nats_config_is_a_real_command(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text("nodes: [gpu-1, gpu-2]\nfeeds: [siem]\n")
+    assert cli.main(["nats", "config", "--nodes", str(nodes), "--out", str(tmp_path / "out")]) == 0
+    assert "2 nodes, 1 controllers, 1 feeds" in capsys.readouterr().out
+    assert (tmp_path / "out" / "creds" / "feeds" / "siem.nk").exists()
