@@ -38,8 +38,7 @@ class NatsSettings(_Group):
     nkey_seed_file: str | None = None
     """NKey seed file of this identity (``healer nats config`` writes one per node, controller, feed)."""
     inbox_prefix: str | None = None
-    """Reply-inbox prefix; must be the one this identity's permissions allow (``healer nats config``
-    writes it next to the seed). Unset: nats-py's default ``_INBOX``, for servers without permissions."""
+    """Reply-inbox prefix this identity's permissions allow (``healer nats config`` writes it)."""
     tls_ca_file: str | None = None
     """CA bundle that signed the NATS servers' certificates (use ``tls://`` URLs); unset: system CAs."""
     tls_cert_file: str | None = None
