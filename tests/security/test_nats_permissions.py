@@ -20,12 +20,17 @@ import nats
 import nats.errors
 import pytest
 import structlog
+from nats.js import api as js_api
 from structlog.testing import capture_logs
 
 from healer import config, errors
+from healer.agent import runner
 from healer.bus import base, provision, server, subjects
 from healer.bus import nats as natsbus
+from healer.schemas import codec
 from healer.security import natsconf
+from healer.telemetry import sim
+from tests import test_agent as agent_tests
 
 NODE_A = "gpu-a.dc1.example.com"
 NODE_B = "gpu-b"
@@ -270,3 +275,36 @@ async def test_a_seed_not_in_the_config_is_refused(fleet: Fleet, tmp_path: pathl
 
 async def _ignore(msg: base.Msg) -> None:
     return None
+
+
+async def test_the_real_agent_works_under_its_node_identity(
+    fleet: Fleet, controller: natsbus.NatsBus, tmp_path: pathlib.Path
+) -> None:
+    """The agent as shipped (frames, spooled events through JetStream, power commands) needs no right
+    beyond its node permissions: nothing is denied and everything arrives."""
+    got = agent_tests.Frames()
+    await controller.subscribe(SUBJ.telemetry(NODE_A), got)
+    await controller.flush()
+    stored = await controller.js.pull_subscribe(
+        SUBJ.events(NODE_A),
+        stream=SUBJ.stream_events,
+        config=js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.NEW),
+    )
+    with capture_logs() as logs:
+        node_bus = await fleet.connect("node", NODE_A)
+        agent = runner.Agent(
+            node=NODE_A, source=sim.SimSource(NODE_A, gpus=2, seed=1), bus=node_bus, state_dir=tmp_path,
+            interval_s=0.05,
+        )  # fmt: skip
+        run = agent_tests.Running(agent)
+        try:
+            await got.wait(lambda fs: len(fs) >= 1)
+            cmd = agent_tests.command(NODE_A, "set_power_limit", gpu_index=1, percent_of_default=80)
+            reply = await controller.request(SUBJ.command(NODE_A), codec.encode(cmd), timeout=5.0)
+            assert codec.decode_command_result(reply.data).status == "applied"
+            (first,) = await stored.fetch(1, timeout=10.0)
+            assert codec.decode_event(first.data).kind == "agent_start"
+        finally:
+            await run.close()
+            await node_bus.close()
+    assert denials(logs) == []
