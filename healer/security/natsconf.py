@@ -160,6 +160,7 @@ def feed_permissions(subj: subjects_mod.Subjects, name: str) -> Permissions:
     return Permissions(
         publish=(
             _js_api("INFO"),
+            _js_api("STREAM", "NAMES"),  # clients look the stream up by subject; reveals names only
             _js_api("STREAM", "INFO", stream),
             _js_api("CONSUMER", "CREATE", stream),
             _js_api("CONSUMER", "CREATE", stream, ">"),

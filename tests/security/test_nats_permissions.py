@@ -226,12 +226,32 @@ async def test_feed_reads_incidents_through_a_consumer(
         pulled = await durable.fetch(100, timeout=5.0)
         for m in pulled:
             await m.ack()
-        push = await feed.js.subscribe(SUBJ.all_incidents, stream=SUBJ.stream_incidents)
+        push = await feed.js.subscribe(SUBJ.all_incidents)  # stream looked up by subject
         pushed = await push.next_msg(timeout=5.0)
         await push.unsubscribe()
     assert subject in {m.subject for m in pulled}
     assert pushed.subject.startswith(f"{SUBJ.prefix}.incidents.")
     assert denials(logs) == []
+
+
+async def test_controller_holds_leases_and_state_in_kv_and_a_node_cannot_touch_them(
+    controller: natsbus.NatsBus, node_a: natsbus.NatsBus
+) -> None:
+    leases = await controller.js.key_value(SUBJ.kv_leases)
+    revision = await leases.put("leader", b"controller-0")
+    assert (await leases.get("leader")).revision == revision
+    watcher = await leases.watch("leader")
+    seen = await watcher.updates(timeout=5.0)
+    assert seen is not None
+    assert seen.value == b"controller-0"
+    await watcher.stop()
+    state = await controller.js.key_value(SUBJ.kv_state)
+    await state.put("breaker", b"closed")
+    with capture_logs() as logs:
+        await node_a.publish(f"$KV.{SUBJ.kv_leases}.leader", b"node-a")  # take the lead by hand
+        await node_a.flush()
+    assert any(SUBJ.kv_leases in d for d in denials(logs))
+    assert (await leases.get("leader")).value == b"controller-0"
 
 
 async def test_feed_cannot_read_telemetry(feed: natsbus.NatsBus) -> None:
