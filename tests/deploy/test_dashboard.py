@@ -1,5 +1,6 @@
-"""The Grafana dashboard parses and queries only metrics that exist: the agent's are read from its
-Prometheus registry (so renaming one in code fails here), the controller's from the list below."""
+"""The Grafana dashboard parses, queries only metrics that exist and shows every one: the names are
+read from the agent's and the controller's Prometheus registries, so renaming or adding a metric in
+code fails here until the dashboard follows."""
 
 from __future__ import annotations
 
@@ -7,40 +8,29 @@ import json
 import re
 from typing import Any
 
+import prometheus_client as prom
+
 from healer.agent import metrics as agent_metrics
+from healer.controller import metrics as controller_metrics
 from tests.deploy import manifests as m
 
-CONTROLLER_METRICS = {
-    "healer_controller_frames_ingested_total": "counter",
-    "healer_controller_events_ingested_total": "counter",
-    "healer_controller_decode_errors_total": "counter",
-    "healer_controller_tick_seconds": "histogram",
-    "healer_controller_incidents_open": "gauge",
-    "healer_controller_actions_total": "counter",
-    "healer_controller_breaker_open": "gauge",
-    "healer_controller_lag_seconds": "gauge",
-    "healer_controller_leader": "gauge",
-}
-"""The controller's metrics as issue 5 names them; keep in sync with the controller's registry."""
 
-_SERIES = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("",), "gauge": ("",)}
-
-
-def _agent_series() -> set[str]:
-    registry = agent_metrics.AgentMetrics().registry
+def _series(registry: prom.CollectorRegistry) -> set[str]:
+    """The series names a registry exports (a labelled metric has no samples before first use, so
+    they are derived from the metric families: counters end in _total, histograms have three)."""
     names: set[str] = set()
     for family in registry.collect():
         if family.type == "counter":
             names.add(f"{family.name}_total")
         elif family.type == "histogram":
-            names.update(f"{family.name}{s}" for s in _SERIES["histogram"])
+            names.update(f"{family.name}{s}" for s in ("_bucket", "_sum", "_count"))
         else:
             names.add(family.name)
     return names
 
 
-def _controller_series() -> set[str]:
-    return {f"{name}{s}" for name, kind in CONTROLLER_METRICS.items() for s in _SERIES[kind]}
+AGENT = _series(agent_metrics.AgentMetrics().registry)
+CONTROLLER = _series(controller_metrics.ControllerMetrics().registry)
 
 
 def _dashboard() -> dict[str, Any]:
@@ -70,22 +60,22 @@ def test_dashboard_has_unique_panel_ids_and_a_prometheus_datasource_variable() -
 
 
 def test_every_queried_metric_exists() -> None:
-    known = _agent_series() | _controller_series()
+    known = AGENT | CONTROLLER
     unknown = _queried() - known
     assert not unknown, f"the dashboard queries metrics nobody exports: {sorted(unknown)}"
 
 
 def test_every_agent_and_controller_metric_is_on_the_dashboard() -> None:
-    queried = _queried()
-    bases = {re.sub(r"_(bucket|sum|count)$", "", n) for n in queried}
-    missing = {
-        n
-        for n in _agent_series() | set(CONTROLLER_METRICS)
-        if re.sub(r"_(bucket|sum|count)$", "", n) not in bases
-    }
-    assert not missing, f"metrics without a panel: {sorted(missing)}"
+    def base(name: str) -> str:
+        return re.sub(r"_(bucket|sum|count)$", "", name)
+
+    shown = {base(n) for n in _queried()}
+    missing = sorted({base(n) for n in AGENT | CONTROLLER} - shown)
+    assert not missing, f"metrics without a panel: {missing}"
 
 
-def test_agent_series_are_read_from_the_registry() -> None:
-    assert "healer_agent_frames_published_total" in _agent_series()
-    assert "healer_agent_sample_seconds_bucket" in _agent_series()
+def test_series_names_come_from_the_registries() -> None:
+    assert "healer_agent_frames_published_total" in AGENT
+    assert "healer_agent_sample_seconds_bucket" in AGENT
+    assert "healer_controller_leader" in CONTROLLER
+    assert "healer_controller_lag_seconds_bucket" in CONTROLLER
