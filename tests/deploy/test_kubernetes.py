@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 import pytest
 import yaml
 
+from healer import cli
 from tests.deploy import manifests as m
 
 DOCS = m.documents()
@@ -207,3 +209,21 @@ def test_image_runs_the_healer_command_so_args_start_with_the_subcommand() -> No
         and d["metadata"]["name"] != "healer-nats"
     }
     assert subcommands == {"agent", "controller"}
+
+
+def test_agent_command_lines_parse_with_the_real_cli() -> None:
+    """The DaemonSet's and the systemd unit's agent arguments are ones `healer agent` accepts."""
+    parser = cli.build_parser()
+    (agent,) = _pod(m.find("DaemonSet", "healer-agent"))["containers"]
+    args = parser.parse_args([a.replace("$(NODE_NAME)", "gpu-1") for a in agent["args"]])
+    assert (args.command, args.source, args.interval, args.metrics_port) == ("agent", "nvml", 1.0, 9741)
+    unit = (m.DEPLOY / "systemd" / "healer-agent.service").read_text()
+    (exec_start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    argv = shlex.split(exec_start.removeprefix("ExecStart="))[1:]
+    argv = [{"${HEALER_NODE}": "gpu-1", "${HEALER_NATS_URL}": "tls://nats:4222"}.get(a, a) for a in argv]
+    args = parser.parse_args(argv)
+    assert (args.command, args.state_dir, args.config) == (
+        "agent",
+        "/var/lib/healer",
+        "/etc/healer/agent.yaml",
+    )
