@@ -95,6 +95,29 @@ class AgentSettings(_Group):
     """Watch NVML events (XIDs, double-bit ECC) in a thread (``source: nvml`` only)."""
 
 
+class FeedSettings(_Group):
+    """The incident feed's consumers: ``healer incidents tail`` and ``healer forward``."""
+
+    durable: str = pydantic.Field(default="healer-forward", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Name of the forwarder's durable JetStream consumer; one name per receiver you forward to."""
+    ack_wait_s: float = pydantic.Field(default=30.0, gt=0)
+    """An unacknowledged event is redelivered after this; also how long a killed forwarder's event waits."""
+    fetch_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    """Long-poll time of one fetch from the durable consumer when the feed is idle."""
+    http_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """Timeout of one HTTP POST to the receiver (connect and response)."""
+    retry_initial_delay_s: float = pydantic.Field(default=0.5, gt=0)
+    """First back-off delay after the receiver failed (connection error, 5xx, 408, 429)."""
+    retry_max_delay_s: float = pydantic.Field(default=30.0, gt=0)
+    """Back-off ceiling; a receiver's Retry-After is honoured up to this."""
+    retry_attempts: int = pydantic.Field(default=0, ge=0)
+    """Attempts per event before the forwarder exits (the event stays unacknowledged); 0 means forever."""
+    metrics_port: int = pydantic.Field(default=0, ge=0, le=65535)
+    """Prometheus /metrics port of ``healer forward``; 0 turns it off."""
+    metrics_addr: str = "0.0.0.0"
+    """Address the forwarder's /metrics listens on."""
+
+
 class ActuatorSettings(_Group):
     """How healer acts on schedulers and agents; see docs/remediation.md."""
 
@@ -185,10 +208,6 @@ class ControllerSettings(_Group):
     """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
     repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)
     """Window for counting repeat faults on one GPU."""
-    command_ttl_s: float = pydantic.Field(default=30.0, gt=0)
-    """Expiry of commands sent to agents."""
-    power_confirm_s: float = pydantic.Field(default=5.0, gt=0)
-    """How long to wait for frames to show a new power limit before calling the action failed."""
     power_cap_escalate_s: float = pydantic.Field(default=900.0, gt=0)
     """An incident still firing this long after its power cap escalates to a cordon (the ladder)."""
     action_retries: int = pydantic.Field(default=3, ge=0)
@@ -208,6 +227,7 @@ class Settings(_Group):
     nats: NatsSettings = pydantic.Field(default_factory=NatsSettings)
     retry: RetrySettings = pydantic.Field(default_factory=RetrySettings)
     agent: AgentSettings = pydantic.Field(default_factory=AgentSettings)
+    feed: FeedSettings = pydantic.Field(default_factory=FeedSettings)
     controller: ControllerSettings = pydantic.Field(default_factory=ControllerSettings)
     log: LogSettings = pydantic.Field(default_factory=LogSettings)
     actuators: ActuatorSettings = pydantic.Field(default_factory=ActuatorSettings)

@@ -19,10 +19,12 @@ GROUPS = [
     "healer.cli.agent_cmd",
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
+    "healer.cli.feed_cmd",
     "healer.cli.act_cmd",
     "healer.cli.config_cmd",
     "healer.cli.schema_cmd",
     "healer.cli.sim_cmd",
+    "healer.cli.rules_cmd",
 ]
 """Modules that add subcommands, in help order."""
 

@@ -453,7 +453,7 @@ class Controller:
             return None, "not the leader any more"
         request = actuators.ActionRequest(
             incident_id=inc.id,
-            kind=SCHEDULER_KIND.get(action.kind, action.kind),  # type: ignore[arg-type]
+            kind=SCHEDULER_KIND.get(action.kind, action.kind),
             node=inc.node,
             gpu_index=inc.gpu_index,
             params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},

@@ -1,0 +1,62 @@
+"""``healer rules check|test|schema``: the promtool-style tooling for rule files."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any
+
+from healer.rules import loader, ruletests, schema
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("rules", help="check, test and describe rule files")
+    rules_sub = parser.add_subparsers(dest="rules_command", metavar="ACTION")
+    rules_sub.required = True
+
+    check = rules_sub.add_parser("check", help="lint rule files: every error and warning at once")
+    check.add_argument("paths", nargs="+", type=pathlib.Path, help="rule files or directories")
+    check.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    check.set_defaults(func=_check)
+
+    test = rules_sub.add_parser("test", help="run rule unit tests (promtool style)")
+    test.add_argument("paths", nargs="+", type=pathlib.Path, help="test files or directories")
+    test.set_defaults(func=_test)
+
+    sch = rules_sub.add_parser("schema", help="write the rule-file JSON Schema (for editors)")
+    sch.add_argument("--out", type=pathlib.Path, help="file to write (default: standard output)")
+    sch.set_defaults(func=_schema)
+
+
+def _check(args: argparse.Namespace) -> int:
+    result = loader.load_paths(args.paths)
+    for diag in result.diagnostics:
+        print(diag)
+    errors, warnings = len(result.errors), len(result.warnings)
+    failed = errors > 0 or (args.strict and warnings > 0)
+    if result.ruleset is not None:
+        count = f"{len(result.ruleset.rules)} rules in {len(result.ruleset.files)} files"
+    else:
+        count = f"{len(loader.expand(args.paths))} files"
+    print(f"{'FAILED' if failed else 'OK'}: {count}, {errors} errors, {warnings} warnings")
+    return 1 if failed else 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    results = ruletests.run_paths(args.paths)
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        print(f"{'PASS' if r.ok else 'FAIL'}  {r.file}: {r.name}")
+        for failure in r.failures:
+            print("      " + failure.replace("\n", "\n      "))
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed or not results else 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    if args.out is None:
+        sys.stdout.write(schema.render())
+    else:
+        print(schema.write(args.out))
+    return 0

@@ -1,0 +1,101 @@
+"""The action catalog: every action a rule may ask for, with its parameters, validated at load time.
+
+This is the one list the controller maps onto actuators (power through the node agent, cordon / drain /
+migrate through Kubernetes or Slurm, notify into the incident feed). A rule names actions either bare
+(``cordon``) or with parameters (``power_limit: {percent_of_default: 80}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Final
+
+import pydantic
+
+
+class _Params(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(_Params):
+    pass
+
+
+class PowerLimitParams(_Params):
+    """Exactly one of ``watts`` or ``percent_of_default``; the agent clamps to the GPU's min/max."""
+
+    watts: float | None = pydantic.Field(default=None, gt=0, le=5000, description="absolute limit in W")
+    percent_of_default: float | None = pydantic.Field(
+        default=None, ge=10, le=100, description="limit as a percentage of the GPU's default limit"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _exactly_one(self) -> PowerLimitParams:
+        if (self.watts is None) == (self.percent_of_default is None):
+            raise ValueError("power_limit takes exactly one of 'watts' or 'percent_of_default'")
+        return self
+
+
+class ReasonParams(_Params):
+    reason: str | None = pydantic.Field(default=None, max_length=200, description="shown with the action")
+
+
+class NotifyParams(_Params):
+    message: str | None = pydantic.Field(default=None, max_length=1000, description="added to the incident")
+
+
+class ResetParams(_Params):
+    when_idle: bool = pydantic.Field(default=True, description="wait until no job uses the GPU")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ActionKind:
+    name: str
+    params: type[_Params]
+    description: str
+    reversible_by: str | None = None
+    """The action that undoes it (for the 'no way to resolve' lint)."""
+
+
+CATALOG: Final[dict[str, ActionKind]] = {
+    a.name: a
+    for a in (
+        ActionKind("power_limit", PowerLimitParams, "lower the GPU's power limit", "restore_power_limit"),
+        ActionKind("restore_power_limit", NoParams, "put back the power limit healer changed"),
+        ActionKind("cordon", ReasonParams, "stop new work landing on the node", "uncordon"),
+        ActionKind("uncordon", NoParams, "lift a cordon healer itself set (never an operator's)"),
+        ActionKind("drain", ReasonParams, "cordon, and let running work finish or be requeued", "uncordon"),
+        ActionKind("migrate", NoParams, "evict pods (honouring PDBs) / requeue Slurm jobs elsewhere"),
+        ActionKind("notify", NotifyParams, "incident only: record and publish, act on nothing"),
+        ActionKind(
+            "reset_gpu", ResetParams, "reset the GPU once idle (row remap pending, XID 48/79 recovery)"
+        ),
+        ActionKind("inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)"),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Action:
+    kind: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def build(kind: str, params: Any) -> Action:
+    """Validate one action. Raises ValueError with a readable message."""
+    spec = CATALOG.get(kind)
+    if spec is None:
+        raise ValueError(f"unknown action {kind!r} (known: {', '.join(CATALOG)})")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ValueError(f"parameters of {kind} must be a mapping, got {type(params).__name__}")
+    try:
+        model = spec.params.model_validate(params)
+    except pydantic.ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or kind}: {err['msg'].removeprefix('Value error, ')}"
+            for err in e.errors()
+        )
+        raise ValueError(f"bad parameters for {kind}: {problems}") from e
+    return Action(kind, model.model_dump(exclude_none=True, exclude_defaults=False))

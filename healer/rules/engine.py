@@ -1,0 +1,308 @@
+"""The engine the controller drives: ingest telemetry and events, evaluate every rule for the fleet, and
+report transitions with the evidence behind them.
+
+Per (rule, node, GPU) a condition rule is inactive → pending (condition true, waiting ``for``) →
+firing → resolving (resolve condition true, waiting ``resolve.for``) → resolved. The default resolve
+condition is "``when`` is definitely false", so a reading that goes missing neither fires nor resolves.
+``cooldown`` keeps a resolved target from firing again too soon. Event rules fire at once on a matching
+NodeEvent; with ``resolve: {for: ...}`` they resolve after that much quiet time, otherwise each event is
+a one-shot ``fired``. All state lives in numpy arrays per rule, updated with masks, so a tick costs a
+few array operations per rule whatever the fleet size; Python objects are only built for transitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from healer.rules import evaluate as evaluation
+from healer.rules import ruleset
+from healer.rules import state as fleet_state
+from healer.schemas import events, telemetry
+
+Status = Literal["fired", "firing", "resolved"]
+Evidence = dict[str, float | int | str | bool | None]
+_INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Firing:
+    """One transition or ongoing firing of a rule on one target (a GPU, or a node when ``gpu`` is None)."""
+
+    rule: ruleset.Rule
+    node: str
+    gpu: int | None
+    status: Status
+    since: float
+    """When it fired (for ``resolved``: when the firing started)."""
+    at: float
+    evidence: Evidence
+    gpu_uuid: str | None = None
+
+    @property
+    def rule_id(self) -> str:
+        return self.rule.id
+
+    @property
+    def key(self) -> tuple[str, str, int | None]:
+        return (self.rule.id, self.node, self.gpu)
+
+
+@dataclasses.dataclass(slots=True)
+class _Track:
+    state: npt.NDArray[np.int8]
+    since: npt.NDArray[np.float64]
+    fired_at: npt.NDArray[np.float64]
+    cool_until: npt.NDArray[np.float64]
+    mask_version: int = -1
+    mask: npt.NDArray[np.bool_] | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _EventFiring:
+    since: float
+    last: float
+    evidence: Evidence
+    gpu_uuid: str | None
+
+
+class Engine:
+    """One RuleSet over one FleetState; ``state_options`` go to FleetState (gpus_per_node, capacity,
+    stale_after_s, buckets_per_window, max_buckets)."""
+
+    def __init__(self, rules: ruleset.RuleSet, **state_options: Any) -> None:
+        self.rules = rules
+        self.state = fleet_state.FleetState(rules, **state_options)
+        self._tracks: dict[str, _Track] = {}
+        self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
+        self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
+
+    # -- inputs
+    def set_rules(self, rules: ruleset.RuleSet, now: float | None = None) -> list[Firing]:
+        """Swap in a new RuleSet. Rules whose id, scope and conditions are unchanged keep their state;
+        what a removed or changed rule had firing is returned as ``resolved`` (reason in the evidence),
+        so the controller can close those incidents; a changed rule then starts afresh."""
+        old = {r.id: r for r in self.rules.rules}
+        new = {r.id: r for r in rules.rules}
+
+        def same(r: ruleset.Rule) -> bool:
+            o = old.get(r.id)
+            return o is not None and (o.when_text, o.resolve_text, o.scope) == (
+                r.when_text,
+                r.resolve_text,
+                r.scope,
+            )
+
+        keep = {r.id for r in rules.rules if same(r)}
+        at = now if now is not None else float(np.max(self.state.last_ts[: self.state.n], initial=0.0))
+        gone: list[Firing] = []
+        reason: Evidence = {"reason": "rule removed or changed by a reload"}
+        for rule_id, track in self._tracks.items():
+            if rule_id in keep or rule_id not in old:
+                continue
+            n = min(self.state.n, track.state.shape[0])
+            rows, cols = np.nonzero(track.state[:n] >= _FIRING)
+            for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
+                rule = old[rule_id]
+                gpu = j if rule.scope == "gpu" else None
+                since = float(track.fired_at[i, j])
+                uuid = self.state.gpu_info[i].get(j, (None, None))[1] if gpu is not None else None
+                name = self.state.names[i]
+                gone.append(Firing(rule, name, gpu, "resolved", since, at, dict(reason), uuid))
+        for key, active in self._active.items():
+            if key[0] not in new or not same(new[key[0]]):
+                since = active.since
+                gone.append(
+                    Firing(old[key[0]], key[1], key[2], "resolved", since, at, dict(reason), active.gpu_uuid)
+                )
+        self._tracks = {k: v for k, v in self._tracks.items() if k in keep}
+        for track in self._tracks.values():
+            track.mask_version = -1
+        self._active = {k: v for k, v in self._active.items() if k[0] in keep}
+        self.rules = rules
+        self.state.set_rules(rules)
+        return gone
+
+    def ingest(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+        """Queue a frame (cheap); the numpy work happens once per batch, at the next ``evaluate``.
+        ``at``: receive time on the clock ``evaluate(now)`` uses (default ``frame.ts``)."""
+        self.state.ingest(frame, at)
+
+    def ingest_many(self, frames: Iterable[telemetry.NodeFrame], at: float | None = None) -> None:
+        self.state.ingest_many(frames, at)
+
+    def memory_bytes(self) -> int:
+        """Fleet state plus per-rule hysteresis arrays."""
+        tracks = sum(
+            a.nbytes for t in self._tracks.values() for a in (t.state, t.since, t.fired_at, t.cool_until)
+        )
+        return self.state.nbytes() + tracks
+
+    def ingest_event(self, event: events.NodeEvent) -> None:
+        for rule in self.rules.event_rules:
+            assert rule.on_event is not None
+            if rule.on_event.matches(event):
+                self._queued.append((rule, event))
+
+    def set_labels(self, node: str, labels: Mapping[str, str]) -> None:
+        self.state.set_labels(node, labels)
+
+    def set_anomaly_scores(self, node: str, scores: Mapping[int, float]) -> None:
+        self.state.set_anomaly_scores(node, scores)
+
+    # -- evaluation
+    def evaluate(self, now: float) -> list[Firing]:
+        """Every rule over the whole fleet: new firings, ongoing firings and resolutions."""
+        self.state.flush()
+        ev = evaluation.Evaluator(self.state, now)
+        out: list[Firing] = []
+        for rule in self.rules.condition_rules:
+            out += self._evaluate_rule(rule, ev, now)
+        out += self._evaluate_events(now)
+        return out
+
+    def _evaluate_rule(self, rule: ruleset.Rule, ev: evaluation.Evaluator, now: float) -> list[Firing]:
+        st = self.state
+        n = st.n
+        width = st.gpus if rule.scope == "gpu" else 1
+        track = self._track(rule, width)
+        assert rule.when is not None
+        value, evidence = ev.condition(rule.when, rule.when_text)
+        value = np.broadcast_to(value, (n, width))
+        exists = st.seen[:n] if rule.scope == "gpu" else np.ones((n, 1), dtype=bool)
+        applies = exists if track.mask is None else exists & track.mask[:n]
+        cond = (value == 1) & applies
+        if rule.resolve_when is not None:
+            rvalue, revidence = ev.condition(rule.resolve_when, rule.resolve_text)
+            evidence = {**evidence, **revidence}
+            rcond = np.broadcast_to(rvalue, (n, width)) == 1
+        else:
+            rcond = value == 0
+        rcond = rcond | ~applies
+        s, since = track.state[:n], track.since[:n]
+        fired_at, cool = track.fired_at[:n], track.cool_until[:n]
+        start = (s == _INACTIVE) & cond
+        s[start], since[start] = _PENDING, now
+        s[(s == _PENDING) & ~cond] = _INACTIVE
+        promote = (s == _PENDING) & (now - since >= rule.for_s) & (now >= cool)
+        s[promote], fired_at[promote] = _FIRING, now
+        resolving = (s == _FIRING) & rcond
+        s[resolving], since[resolving] = _RESOLVING, now
+        s[(s == _RESOLVING) & ~rcond] = _FIRING
+        done = (s == _RESOLVING) & (now - since >= rule.resolve_for_s)
+        s[done] = _INACTIVE
+        if rule.cooldown_s:
+            cool[done] = now + rule.cooldown_s
+        ongoing = ((s == _FIRING) | (s == _RESOLVING)) & ~promote
+        out: list[Firing] = []
+        names, info = st.names, st.gpu_info
+        statuses: tuple[tuple[Status, npt.NDArray[np.bool_]], ...] = (
+            ("fired", promote),
+            ("firing", ongoing),
+            ("resolved", done),
+        )
+        for status, mask in statuses:
+            rows, cols = np.nonzero(mask)
+            if len(rows) == 0:
+                continue
+            # Evidence for every firing slot at once: one fancy index per evidence value (values
+            # compared per GPU inside a node-scope aggregation are not the node's evidence).
+            columns = {
+                label: np.broadcast_to(arr, (n, width))[rows, cols].tolist()
+                for label, v in evidence.items()
+                if (arr := np.asarray(v, dtype=np.float64)).ndim < 2 or arr.shape[1] in (1, width)
+            }
+            since_list = fired_at[rows, cols].tolist()
+            for k, (i, j) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
+                facts: Evidence = {
+                    label: (None if math.isnan(xs[k]) else xs[k]) for label, xs in columns.items()
+                }
+                gpu = j if rule.scope == "gpu" else None
+                uuid = info[i].get(j, (None, None))[1] if gpu is not None else None
+                out.append(Firing(rule, names[i], gpu, status, since_list[k], now, facts, uuid))
+        return out
+
+    def _track(self, rule: ruleset.Rule, width: int) -> _Track:
+        st = self.state
+        track = self._tracks.get(rule.id)
+        if track is None or track.state.shape != (st.cap, width):
+            fresh = _Track(
+                np.zeros((st.cap, width), dtype=np.int8),
+                np.zeros((st.cap, width)),
+                np.zeros((st.cap, width)),
+                np.full((st.cap, width), -np.inf),
+            )
+            if track is not None:  # the fleet grew: keep what we knew
+                rows, cols = track.state.shape
+                for name in ("state", "since", "fired_at", "cool_until"):
+                    getattr(fresh, name)[:rows, :cols] = getattr(track, name)
+            track = self._tracks[rule.id] = fresh
+        if track.mask_version != st.version:
+            track.mask = None if rule.match.everything else self._mask(rule, width)
+            track.mask_version = st.version
+        return track
+
+    def _mask(self, rule: ruleset.Rule, width: int) -> npt.NDArray[np.bool_]:
+        st = self.state
+        mask = np.zeros((st.cap, width), dtype=bool)
+        for i, name in enumerate(st.names):
+            if not rule.match.node_ok(name, st.labels[i]):
+                continue
+            if rule.scope == "node":
+                models = [m for m, _ in st.gpu_info[i].values()]
+                mask[i] = rule.match.model is None or any(rule.match.model_ok(m) for m in models)
+            elif rule.match.model is None:
+                mask[i] = True
+            else:
+                for g, (model, _) in st.gpu_info[i].items():
+                    mask[i, g] = rule.match.model_ok(model)
+        return mask
+
+    def _evaluate_events(self, now: float) -> list[Firing]:
+        out: list[Firing] = []
+        queued, self._queued = self._queued, []
+        for rule, event in queued:
+            n = self.state.node_index(event.node)
+            labels = self.state.labels[n] if n is not None else {}
+            model = None
+            if n is not None and event.gpu_index is not None:
+                model = self.state.gpu_info[n].get(event.gpu_index, (None, None))[0]
+            if not rule.match.node_ok(event.node, labels):
+                continue
+            if rule.match.model is not None and not rule.match.model_ok(model):
+                continue
+            gpu = event.gpu_index if rule.scope == "gpu" else None
+            evidence: Evidence = {"kind": event.kind, "xid": event.xid, "message": event.message}
+            if event.gpu_index is not None:
+                evidence["gpu_index"] = event.gpu_index
+            key = (rule.id, event.node, gpu)
+            active = self._active.get(key)
+            if active is not None:
+                active.last, active.evidence = max(active.last, event.ts), evidence
+                out.append(
+                    Firing(rule, event.node, gpu, "firing", active.since, now, evidence, event.gpu_uuid)
+                )
+                continue
+            if rule.resolve_for_s > 0:
+                self._active[key] = _EventFiring(now, event.ts, evidence, event.gpu_uuid)
+            out.append(Firing(rule, event.node, gpu, "fired", now, now, evidence, event.gpu_uuid))
+        rules = {r.id: r for r in self.rules.event_rules}
+        reported = {f.key for f in out}
+        for key, active in list(self._active.items()):
+            rule = rules[key[0]]
+            if now - active.last >= rule.resolve_for_s:
+                del self._active[key]
+                status: Status = "resolved"
+            elif key in reported:
+                continue
+            else:
+                status = "firing"
+            out.append(
+                Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
+            )
+        return out

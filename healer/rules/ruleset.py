@@ -1,0 +1,126 @@
+"""Loaded rules: what the engine evaluates and the controller reads (ids, severities, actions).
+
+A ``RuleSet`` is immutable; hot reload builds a new one and swaps it in only when it loaded without
+errors. ``Diagnostic`` is one error or warning with its file:line:column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Mapping
+from typing import Literal
+
+from healer import errors
+from healer.rules import actions as catalog
+from healer.rules import tree
+from healer.schemas import events, incidents
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Diagnostic:
+    path: str
+    line: int
+    col: int
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}: {self.severity}: {self.message}"
+
+    def as_error(self) -> errors.RuleError:
+        return errors.RuleError(self.message, path=self.path, line=self.line, col=self.col)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Match:
+    model: str | None = None
+    node: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def everything(self) -> bool:
+        return self.model is None and self.node is None and not self.labels
+
+    def node_ok(self, node: str, labels: Mapping[str, str]) -> bool:
+        if self.node is not None and not fnmatch.fnmatchcase(node, self.node):
+            return False
+        return all(k in labels and fnmatch.fnmatchcase(labels[k], v) for k, v in self.labels)
+
+    def model_ok(self, model: str | None) -> bool:
+        return self.model is None or (model is not None and fnmatch.fnmatchcase(model, self.model))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventMatch:
+    kind: events.EventKind
+    xids: frozenset[int] | None = None
+
+    def matches(self, event: events.NodeEvent) -> bool:
+        if event.kind != self.kind:
+            return False
+        return self.xids is None or (event.xid is not None and event.xid in self.xids)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    severity: incidents.Severity
+    scope: Literal["gpu", "node"]
+    description: str = ""
+    match: Match = Match()
+    when: tree.Node | None = None
+    when_text: str = ""
+    on_event: EventMatch | None = None
+    for_s: float = 0.0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    actions: tuple[catalog.Action, ...] = ()
+    resolve_when: tree.Node | None = None
+    resolve_text: str = ""
+    resolve_for_s: float = 0.0
+    has_resolve: bool = False
+    on_resolve: tuple[catalog.Action, ...] = ()
+    cooldown_s: float = 0.0
+    path: str = "<string>"
+    line: int = 0
+
+    @property
+    def action_kinds(self) -> list[str]:
+        return [a.kind for a in self.actions]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuleSet:
+    rules: tuple[Rule, ...] = ()
+    files: tuple[str, ...] = ()
+
+    def by_id(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
+
+    @property
+    def condition_rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.when is not None)
+
+    @property
+    def event_rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.on_event is not None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadResult:
+    """Either a RuleSet (``ok``) or the errors that kept it from loading; warnings in both cases."""
+
+    ruleset: RuleSet | None
+    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.ruleset is not None
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "warning"]

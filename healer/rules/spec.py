@@ -1,0 +1,104 @@
+"""The rule-file document as pydantic models: the structure the loader validates each rule against, and
+the source of the JSON Schema editors use (``healer rules schema``).
+
+Expressions, durations and actions are plain strings/mappings here; the loader checks their content
+(parser.py, lexer.py, actions.py) so those errors can point inside the value.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import pydantic
+
+from healer import errors
+from healer.rules import actions, lexer
+from healer.schemas import events, incidents
+
+ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+DURATION_PATTERN = r"^(\d+(ms|s|m|h|d|w))+$"
+
+DURATION_HELP = "a duration such as 30s, 5m, 1h30m (or a number of seconds)"
+
+
+def _duration(value: Any) -> Any:
+    if value is None:
+        return value
+    try:
+        lexer.duration_value(value)
+    except errors.RuleError as e:
+        raise ValueError(e.message) from e
+    return value
+
+
+def _action_schema() -> dict[str, Any]:
+    bare = {"enum": list(actions.CATALOG), "description": "an action without parameters"}
+    with_params = [
+        {
+            "type": "object",
+            "properties": {name: kind.params.model_json_schema()},
+            "required": [name],
+            "additionalProperties": False,
+            "description": kind.description,
+        }
+        for name, kind in actions.CATALOG.items()
+    ]
+    return {"type": "array", "items": {"anyOf": [bare, *with_params]}}
+
+
+DurationValue = Annotated[
+    str | float | None,
+    pydantic.BeforeValidator(_duration),
+    pydantic.WithJsonSchema({"anyOf": [{"type": "string", "pattern": DURATION_PATTERN}, {"type": "number"}]}),
+]
+ActionList = Annotated[list[Any], pydantic.WithJsonSchema(_action_schema())]
+
+
+class _Spec(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class MatchSpec(_Spec):
+    """Which GPUs/nodes a rule applies to; every given selector must match (shell-style globs)."""
+
+    model: str | None = pydantic.Field(default=None, description='GPU product name glob, e.g. "*H100*"')
+    node: str | None = pydantic.Field(default=None, description='node name glob, e.g. "gpu-a-*"')
+    labels: dict[str, str] = pydantic.Field(default_factory=dict, description="node label → value glob")
+
+
+class ResolveSpec(_Spec):
+    when: str | None = pydantic.Field(
+        default=None, description="condition that resolves the firing (default: `when` is false)"
+    )
+    for_: DurationValue = pydantic.Field(default=None, alias="for", description=DURATION_HELP)
+
+
+class EventSpec(_Spec):
+    kind: events.EventKind
+    xid: list[int] | None = pydantic.Field(default=None, description="XID codes (kind xid); none = any")
+
+
+class RuleSpec(_Spec):
+    id: str = pydantic.Field(pattern=ID_PATTERN, max_length=128, description="unique across all files")
+    description: str = pydantic.Field(default="", max_length=2000, description="what and why; cite sources")
+    scope: Literal["gpu", "node"] = pydantic.Field(
+        default="gpu", description="one firing per GPU or per node"
+    )
+    match: MatchSpec = pydantic.Field(default_factory=MatchSpec)
+    when: str | None = pydantic.Field(default=None, description="condition over telemetry (or on_event)")
+    on_event: EventSpec | None = pydantic.Field(default=None, description="fire on a node event instead")
+    for_: DurationValue = pydantic.Field(default=None, alias="for", description=DURATION_HELP)
+    severity: incidents.Severity
+    labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    actions: ActionList = pydantic.Field(default_factory=list)
+    resolve: ResolveSpec | None = None
+    on_resolve: ActionList = pydantic.Field(default_factory=list)
+    cooldown: DurationValue = pydantic.Field(
+        default=None, description="after resolving, do not fire again on the same target for this long"
+    )
+
+
+class RuleFile(_Spec):
+    """A rule file: ``rules:`` and nothing else."""
+
+    rules: list[RuleSpec]

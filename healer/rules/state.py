@@ -1,0 +1,334 @@
+"""FleetState: what the rule engine remembers about the fleet, as numpy arrays, bounded in size.
+
+Layout: node ``n`` and GPU index ``g`` address slot ``[n, g]``. ``latest`` holds the newest value of every
+metric the rules read, shaped (nodes, gpus, columns); NaN is "missing" (a null reading, a GPU absent
+from the frame, or a node gone stale). Range functions read per-metric *bucketed windows*: instead of
+every sample, a ring of time buckets (a window is resolved to 1/20 of its length) keeps the sum of
+counter increases (resets handled as Prometheus does: a drop means the counter restarted from 0),
+signed differences, change counts, sums, counts, maxima and minima, only for the metric/function pairs
+the loaded rules use. Memory is therefore O(slots x buckets) per referenced pair, whatever the sample
+rate, and one evaluation reduces a few dozen (slots,) planes per window.
+
+``ingest`` is the controller's hot path: it only pulls the referenced fields out of each GpuSample with
+one ``itemgetter`` call and queues the row; the numpy work happens once per batch in ``flush``
+(``evaluate`` flushes first), vectorized over every frame received since the last tick.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from healer.rules import metrics, ruleset, windows
+from healer.schemas import telemetry
+
+log = structlog.get_logger(__name__)
+F64 = npt.NDArray[np.float64]
+_Item = tuple[int, float, float, list[tuple[Any, ...]], int | None]
+"""A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected."""
+
+
+class FleetState:
+    def __init__(
+        self,
+        rules: ruleset.RuleSet | None = None,
+        *,
+        gpus_per_node: int = 8,
+        capacity: int = 64,
+        stale_after_s: float = 300.0,
+        buckets_per_window: int = 20,
+        max_buckets: int = 240,
+    ) -> None:
+        self.stale_after_s = stale_after_s
+        self.buckets_per_window = buckets_per_window
+        self.max_buckets = max_buckets
+        self.names: list[str] = []
+        self.labels: list[dict[str, str]] = []
+        self.gpu_info: list[dict[int, tuple[str | None, str | None]]] = []
+        """Per node: GPU index → (model, uuid), as last reported."""
+        self.version = 0
+        """Bumped when nodes, GPU models or labels change (rule match masks depend on them)."""
+        self.dropped_frames = 0
+        self._index: dict[str, int] = {}
+        self._boot: list[str | None] = []
+        self._count: list[int] = []
+        self._pending: list[_Item] = []
+        self.cap, self.gpus = capacity, gpus_per_node
+        self.last_ts = np.full(self.cap, -np.inf)
+        """When each node's newest frame counted (its ``at``), on the evaluator's clock."""
+        self.frame_ts = np.full(self.cap, -np.inf)
+        """The newest frame's own ``ts`` per node (older frames are dropped as out of order)."""
+        self.present = np.full(self.cap, np.nan)
+        self.expected = np.full(self.cap, np.nan)
+        self.seen = np.zeros((self.cap, self.gpus), dtype=bool)
+        self.anomaly = np.zeros((self.cap, self.gpus))
+        self.needs = windows.Needs((), {})
+        self.latest = np.full((self.cap, self.gpus, 0), np.nan)
+        self.col: dict[str, int] = {}
+        self.history: dict[str, windows.History] = {}
+        self._raw: list[str] = []
+        self._getter: Callable[[dict[str, Any]], tuple[Any, ...]] = lambda d: (d["index"],)
+        self.set_rules(rules or ruleset.RuleSet())
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    # -- configuration
+    def set_rules(self, rules: ruleset.RuleSet) -> None:
+        """Keep exactly what ``rules`` read; columns and windows that survive a reload keep their data."""
+        self.flush()
+        needs = windows.needs_of(rules)
+        old_latest, old_col = self.latest, self.col
+        self.col = {name: i for i, name in enumerate(needs.columns)}
+        self.latest = np.full((self.cap, self.gpus, len(needs.columns)), np.nan)
+        for name, i in self.col.items():
+            if name in old_col:
+                self.latest[:, :, i] = old_latest[:, :, old_col[name]]
+        self._raw = [c for c in needs.columns if metrics.ALL[c].source == "sample"]
+        if self._raw:
+            self._getter = operator.itemgetter("index", *self._raw)
+        else:
+            self._getter = lambda d: (d["index"],)
+        old_hist, self.history = self.history, {}
+        for metric, kinds in needs.windows.items():
+            prev = old_hist.get(metric)
+            hist = windows.History(
+                self.col[metric],
+                prev.last_value if prev else np.full((self.cap, self.gpus), np.nan),
+                prev.last_valid_ts if prev else np.full((self.cap, self.gpus), -np.inf),
+                {},
+            )
+            for kind, spans in kinds.items():
+                width = max(min(spans) / self.buckets_per_window, max(spans) / self.max_buckets)
+                size = math.ceil(max(spans) / width) + 1
+                old = prev.rings.get(kind) if prev else None
+                if old is not None and old.width_s == width and len(old.ids) == size:
+                    hist.rings[kind] = old
+                else:
+                    init = math.nan if kind in windows.NAN_INIT else 0.0
+                    data = np.full((size, self.cap, self.gpus), init)
+                    hist.rings[kind] = windows.Ring(
+                        kind, width, np.full(size, -(2**62), dtype=np.int64), data
+                    )
+            self.history[metric] = hist
+        self.needs = needs
+
+    def set_labels(self, node: str, labels: Mapping[str, str]) -> None:
+        """Node labels for ``match: {labels: ...}`` (the controller learns them from the scheduler)."""
+        n = self._node(node)
+        if self.labels[n] != labels:
+            self.labels[n] = dict(labels)
+            self.version += 1
+
+    def set_anomaly_scores(self, node: str, scores: Mapping[int, float]) -> None:
+        """The anomaly model's latest score per GPU index of a node (0..1)."""
+        n = self._node(node)
+        for g, score in scores.items():
+            if 0 <= g < self.gpus:
+                self.anomaly[n, g] = score
+
+    # -- ingest
+    def ingest(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+        """Queue one frame. ``at``: when it counts on the evaluator's clock (the controller passes its
+        receive time, so a node's clock skew cannot make it look silent); default ``frame.ts``."""
+        n = self._index.get(frame.node)
+        if n is None:
+            n = self._node(frame.node)
+        gpus = frame.gpus
+        if frame.boot_id != self._boot[n] or len(gpus) != self._count[n]:
+            # GPUs only change across an agent restart (or when one falls off): refresh models/UUIDs.
+            self._boot[n], self._count[n] = frame.boot_id, len(gpus)
+            info = {g.index: (g.model, g.uuid) for g in gpus}
+            if info.items() - self.gpu_info[n].items():
+                self.gpu_info[n].update(info)
+                self.version += 1
+        getter = self._getter
+        rows = [getter(g.__dict__) for g in gpus]
+        self._pending.append((n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected))
+
+    def ingest_many(self, frames: Iterable[telemetry.NodeFrame], at: float | None = None) -> None:
+        for frame in frames:
+            self.ingest(frame, at)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        pending.sort(key=operator.itemgetter(1))
+        while pending:
+            seen: set[int] = set()
+            now: list[_Item] = []
+            later: list[_Item] = []
+            for item in pending:
+                (later if item[0] in seen else now).append(item)
+                seen.add(item[0])
+            self._apply(now)
+            pending = later
+
+    def _apply(self, items: list[_Item]) -> None:
+        nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
+        frame_ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
+        fresh = frame_ts > self.frame_ts[nodes]
+        if not fresh.all():
+            dropped = int((~fresh).sum())
+            self.dropped_frames += dropped
+            late = [self.names[it[0]] for it, ok in zip(items, fresh.tolist(), strict=True) if not ok]
+            log.warning("frames_out_of_order_dropped", count=dropped, nodes=late[:10])
+            items = [it for it, ok in zip(items, fresh.tolist(), strict=True) if ok]
+            nodes, frame_ts = nodes[fresh], frame_ts[fresh]
+            if not items:
+                return
+        ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
+        counts = np.fromiter((len(it[3]) for it in items), dtype=np.intp, count=len(items))
+        frame_of = np.repeat(np.arange(len(items)), counts)
+        nraw = len(self._raw)
+        rows = [row for it in items for row in it[3]]
+        values = np.array(rows, dtype=np.float64).reshape(len(rows), 1 + nraw)
+        gidx = values[:, 0].astype(np.intp)
+        if len(gidx) and gidx.max() >= self.gpus:
+            self._grow(self.cap, int(gidx.max()) + 1)
+        grid = np.full((len(items), self.gpus, len(self.col)), np.nan)
+        grid[frame_of, gidx, :nraw] = values[:, 1:]
+        with np.errstate(invalid="ignore"):
+            for name, i in self.col.items():
+                if name in metrics.CLOCK_BITS:
+                    bits = grid[:, :, self.col["clocks_event_reasons"]]
+                    flag = (np.nan_to_num(bits).astype(np.int64) & metrics.CLOCK_BITS[name][0]) != 0
+                    grid[:, :, i] = np.where(np.isnan(bits), np.nan, flag)
+            self.latest[nodes] = grid
+            self.last_ts[nodes] = ts
+            self.frame_ts[nodes] = frame_ts
+            self.present[nodes] = counts
+            self.expected[nodes] = [np.nan if it[4] is None else it[4] for it in items]
+            self.seen[nodes[frame_of], gidx] = True
+            for hist in self.history.values():
+                self._accumulate(hist, grid[:, :, hist.column], nodes, ts)
+
+    @staticmethod
+    def _accumulate(hist: windows.History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
+        prev = hist.last_value[nodes]
+        valid = ~np.isnan(cur)
+        both = valid & ~np.isnan(prev)
+        for kind, ring in hist.rings.items():
+            if kind == "inc":
+                d = cur - prev
+                values = np.where(both, np.where(d < 0, cur, d), 0.0)
+            elif kind == "diff":
+                values = np.where(both, cur - prev, 0.0)
+            elif kind == "chg":
+                values = (both & (cur != prev)).astype(np.float64)
+            elif kind == "sum":
+                values = np.where(valid, cur, 0.0)
+            elif kind == "cnt":
+                values = valid.astype(np.float64)
+            else:
+                values = cur
+            ring.add(ts, nodes, values)
+        hist.last_value[nodes] = np.where(valid, cur, prev)
+        hist.last_valid_ts[nodes] = np.where(valid, ts[:, None], hist.last_valid_ts[nodes])
+
+    # -- reading (evaluate.py)
+    def fresh(self, now: float) -> npt.NDArray[np.bool_]:
+        """(n, 1): the node's newest frame is recent enough for instant values to count."""
+        return (now - self.last_ts[: self.n] <= self.stale_after_s)[:, None]
+
+    def instant(self, name: str, now: float) -> F64:
+        n, fresh = self.n, self.fresh(now)
+        metric = metrics.ALL[name]
+        if metric.source == "node":
+            if name == "gpus_expected":
+                v = self.expected[:n]
+            elif name == "gpus_present":
+                v = self.present[:n]
+            else:
+                v = np.maximum(self.expected[:n] - self.present[:n], 0.0)
+            return np.where(fresh, v[:, None], np.nan)
+        if metric.source == "external":
+            return np.where(fresh & self.seen[:n], self.anomaly[:n], np.nan)
+        return np.where(fresh, self.latest[:n, :, self.col[name]], np.nan)
+
+    def window(self, func: str, name: str, window_s: float, now: float) -> F64:
+        n = self.n
+        seen = self.seen[:n]
+        if name == metrics.TELEMETRY:
+            last = self.last_ts[:n]  # a node that never sent a frame is unknown, not silent
+            return np.where(np.isfinite(last), (now - last > window_s).astype(np.float64), np.nan)[:, None]
+        hist = self.history[name]
+        recent = hist.last_valid_ts[:n] >= now - window_s
+        if func == "absent":
+            return np.where(seen, (~recent).astype(np.float64), np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if func == "avg_over_time":
+                total = hist.rings["sum"].reduce(now, window_s, n)
+                count = hist.rings["cnt"].reduce(now, window_s, n)
+                out = np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+            else:
+                (kind,) = windows.KIND_OF[func]
+                out = hist.rings[kind].reduce(now, window_s, n)
+                if func == "rate":
+                    out = out / window_s
+        return np.where(seen & recent, out, np.nan)
+
+    # -- bookkeeping
+    def nbytes(self) -> int:
+        arrays = [
+            self.last_ts,
+            self.frame_ts,
+            self.present,
+            self.expected,
+            self.seen,
+            self.anomaly,
+            self.latest,
+        ]
+        for hist in self.history.values():
+            arrays += [hist.last_value, hist.last_valid_ts]
+            arrays += [a for r in hist.rings.values() for a in (r.ids, r.data)]
+        return sum(a.nbytes for a in arrays)
+
+    def node_index(self, node: str) -> int | None:
+        return self._index.get(node)
+
+    def _node(self, node: str) -> int:
+        n = self._index.get(node)
+        if n is None:
+            n = self.n
+            if n >= self.cap:
+                self._grow(self.cap * 2, self.gpus)
+            self._index[node] = n
+            self.names.append(node)
+            self.labels.append({})
+            self.gpu_info.append({})
+            self._boot.append(None)
+            self._count.append(-1)
+            self.version += 1
+        return n
+
+    def _grow(self, cap: int, gpus: int) -> None:
+        def pad(a: Any, node_axis: int, gpu_axis: int | None, fill: Any) -> Any:
+            shape = list(a.shape)
+            shape[node_axis] = cap
+            if gpu_axis is not None:
+                shape[gpu_axis] = gpus
+            out = np.full(shape, fill, dtype=a.dtype)
+            out[tuple(slice(0, s) for s in a.shape)] = a
+            return out
+
+        self.last_ts = pad(self.last_ts, 0, None, -np.inf)
+        self.frame_ts = pad(self.frame_ts, 0, None, -np.inf)
+        self.present = pad(self.present, 0, None, np.nan)
+        self.expected = pad(self.expected, 0, None, np.nan)
+        self.seen = pad(self.seen, 0, 1, False)
+        self.anomaly = pad(self.anomaly, 0, 1, 0.0)
+        self.latest = pad(self.latest, 0, 1, np.nan)
+        for hist in self.history.values():
+            hist.last_value = pad(hist.last_value, 0, 1, np.nan)
+            hist.last_valid_ts = pad(hist.last_valid_ts, 0, 1, -np.inf)
+            for ring in hist.rings.values():
+                ring.data = pad(ring.data, 1, 2, ring.init)
+        self.cap, self.gpus = cap, gpus
+        self.version += 1

@@ -1,0 +1,116 @@
+"""Window rings: how FleetState answers ``rate(x[5m])`` and friends without keeping raw samples.
+
+A ring holds time buckets of one (metric, accumulator kind) pair: counter increases (resets handled as
+Prometheus does), signed differences, change counts, sums, counts, maxima or minima, each a (nodes, GPUs)
+plane. A bucket is 1/20 of the shortest window that reads the pair, so a window is resolved to 1/20 of
+its length, and ``needs_of`` lists exactly the pairs and instant columns a RuleSet reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from healer.rules import metrics, ruleset, tree
+
+F64 = npt.NDArray[np.float64]
+KIND_OF: Final = {
+    "rate": ("inc",),
+    "increase": ("inc",),
+    "delta": ("diff",),
+    "changes": ("chg",),
+    "avg_over_time": ("sum", "cnt"),
+    "max_over_time": ("max",),
+    "min_over_time": ("min",),
+    "absent": (),
+}
+NAN_INIT: Final = frozenset({"max", "min"})
+
+
+@dataclasses.dataclass(slots=True)
+class Ring:
+    """Time buckets of one (metric, accumulator kind): data[bucket position, node, gpu]."""
+
+    kind: str
+    width_s: float
+    ids: npt.NDArray[np.int64]
+    data: F64
+
+    @property
+    def init(self) -> float:
+        return math.nan if self.kind in NAN_INIT else 0.0
+
+    def add(self, ts: F64, nodes: npt.NDArray[np.intp], values: F64) -> None:
+        b = np.floor(ts / self.width_s).astype(np.int64)
+        pos = b % len(self.ids)
+        for bb in np.unique(b).tolist():
+            p = bb % len(self.ids)
+            if bb > self.ids[p]:
+                self.ids[p] = bb
+                self.data[p] = self.init
+        ok = self.ids[pos] == b
+        if not ok.all():
+            pos, nodes, values = pos[ok], nodes[ok], values[ok]
+        if self.kind == "max":
+            self.data[pos, nodes] = np.fmax(self.data[pos, nodes], values)
+        elif self.kind == "min":
+            self.data[pos, nodes] = np.fmin(self.data[pos, nodes], values)
+        else:
+            self.data[pos, nodes] += values
+
+    def reduce(self, now: float, window_s: float, n: int) -> F64:
+        bnow = math.floor(now / self.width_s)
+        k = max(1, math.ceil(window_s / self.width_s - 1e-9))
+        sel = np.flatnonzero((self.ids > bnow - k) & (self.ids <= bnow))
+        shape = self.data.shape[1:]
+        if len(sel) == 0:
+            return np.full((n, shape[1]), self.init)
+        planes = self.data[sel, :n]
+        if self.kind == "max":
+            return np.fmax.reduce(planes, axis=0)  # type: ignore[no-any-return]
+        if self.kind == "min":
+            return np.fmin.reduce(planes, axis=0)  # type: ignore[no-any-return]
+        return planes.sum(axis=0)  # type: ignore[no-any-return]
+
+
+@dataclasses.dataclass(slots=True)
+class History:
+    column: int
+    last_value: F64
+    last_valid_ts: F64
+    rings: dict[str, Ring]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Needs:
+    """What the loaded rules read: instant columns and (metric → kind → windows)."""
+
+    columns: tuple[str, ...]
+    windows: Mapping[str, Mapping[str, tuple[float, ...]]]
+
+
+def needs_of(rules: ruleset.RuleSet) -> Needs:
+    cols: dict[str, None] = {}
+    wins: dict[str, dict[str, set[float]]] = {}
+    for rule in rules.rules:
+        for root in (rule.when, rule.resolve_when):
+            for node in tree.walk(root) if root is not None else []:
+                if isinstance(node, tree.Ref) and metrics.ALL[node.name].source in ("sample", "derived"):
+                    cols[node.name] = None
+                elif isinstance(node, tree.Call) and isinstance(node.args[0], tree.Range):
+                    rng = node.args[0]
+                    if rng.name == metrics.TELEMETRY:
+                        continue
+                    cols[rng.name] = None
+                    per_kind = wins.setdefault(rng.name, {})
+                    for kind in KIND_OF[node.func]:
+                        per_kind.setdefault(kind, set()).add(rng.window_s)
+    if any(metrics.ALL[c].source == "derived" for c in cols):
+        cols.setdefault("clocks_event_reasons", None)
+    ordered = [c for c in metrics.SAMPLE if c in cols] + [c for c in metrics.DERIVED if c in cols]
+    return Needs(tuple(ordered), {m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items()})
