@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from healer import cli
+from healer.rules import loader
 from tests.deploy import manifests as m
 
 DOCS = m.documents()
@@ -185,16 +186,16 @@ def test_nats_statefulset_is_a_three_node_jetstream_cluster() -> None:
     assert "persistentVolumeClaim" in data  # JetStream data outlives the pod
 
 
-def test_rules_config_map_holds_rule_files() -> None:
+def test_rules_config_map_loads_with_the_rule_engine_without_warnings() -> None:
     cm = m.find("ConfigMap", "healer-rules")
     ids: list[str] = []
     for name, text in cm["data"].items():
         assert name.endswith(".yaml")
-        rules = yaml.safe_load(text)["rules"]
-        ids += [r["id"] for r in rules]
-        for r in rules:
-            assert r["severity"] in {"info", "warning", "major", "critical"}
-            assert "when" in r or "on_event" in r
+        result = loader.load_text(text, name)
+        assert result.ok, result.errors
+        assert result.warnings == []
+        assert result.ruleset is not None
+        ids += [r.id for r in result.ruleset.rules]
     assert len(ids) == len(set(ids))
 
 
