@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from healer import cli
+from healer.cli import controller_cmd
 from healer.rules import loader
 from tests.deploy import manifests as m
 
@@ -227,4 +229,23 @@ def test_agent_command_lines_parse_with_the_real_cli() -> None:
         "agent",
         "/var/lib/healer",
         "/etc/healer/agent.yaml",
+    )
+
+
+def test_controller_command_lines_parse_with_the_real_cli() -> None:
+    """The Deployment's and the systemd unit's controller arguments are ones `healer controller` accepts."""
+    parser = argparse.ArgumentParser(prog="healer")
+    controller_cmd.register(parser.add_subparsers(dest="command"))
+    (ctl,) = _pod(m.find("Deployment", "healer-controller"))["containers"]
+    args = parser.parse_args(ctl["args"])
+    assert (args.mode, args.actuator, args.metrics_port) == ("dry-run", "kubernetes", 9742)
+    unit = (m.DEPLOY / "systemd" / "healer-controller.service").read_text()
+    (exec_start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    argv = shlex.split(exec_start.removeprefix("ExecStart="))[1:]
+    env = {"${HEALER_NATS_URL}": "tls://nats:4222", "${HEALER_ACTUATOR}": "slurm"}
+    args = parser.parse_args([env.get(a, a) for a in argv])
+    assert (args.mode, args.rules, args.config) == (
+        "dry-run",
+        "/etc/healer/rules",
+        "/etc/healer/controller.yaml",
     )
