@@ -35,6 +35,16 @@ class NatsSettings(_Group):
     """Subject prefix; streams and buckets are named after it (HEALER_TELEMETRY, healer-state ...)."""
     creds_file: str | None = None
     """NATS credentials file (user JWT + NKey seed) for this identity; see docs/security.md."""
+    nkey_seed_file: str | None = None
+    """NKey seed file of this identity (``healer nats config`` writes one per node, controller, feed)."""
+    inbox_prefix: str | None = None
+    """Reply-inbox prefix this identity's permissions allow (``healer nats config`` writes it)."""
+    tls_ca_file: str | None = None
+    """CA bundle that signed the NATS servers' certificates (use ``tls://`` URLs); unset: system CAs."""
+    tls_cert_file: str | None = None
+    """Client certificate, for servers that verify clients (``verify: true``); needs ``tls_key_file``."""
+    tls_key_file: str | None = None
+    """Private key of ``tls_cert_file``."""
     connect_timeout_s: float = 2.0
     """Timeout of one connection attempt."""
     reconnect_wait_s: float = 0.5
