@@ -165,3 +165,28 @@ async def test_broken_rule_file_is_rejected_and_old_rules_stay(harness: Harness)
     assert ctl.metrics.rules_rejected._value.get() == 1
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: len(actuator.executed()) == 2)
+
+
+async def test_two_shards_split_the_fleet_each_with_its_own_lease(harness: Harness) -> None:
+    from healer.controller import service
+
+    actuators = [testing.RecordingActuator(), testing.RecordingActuator()]
+    shards = [
+        await harness.controller(actuators[i], shards=2, shard=i, breaker_max_percent=50) for i in range(2)
+    ]
+    nodes = [f"node-{i:02d}" for i in range(8)]
+    owner = {n: service.shard_of(n, 2) for n in nodes}
+    assert set(owner.values()) == {0, 1}, "the test needs nodes on both shards"
+    fleet = Fleet(harness.bus, nodes)
+    await run_until(fleet, lambda: all(s.leader for s in shards))
+    await warm(fleet)
+    faulty = [next(n for n in nodes if owner[n] == 0), next(n for n in nodes if owner[n] == 1)]
+    for node in faulty:
+        fleet.overrides[(node, 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: all(len(a.executed("cordon")) == 1 for a in actuators))
+    for i in range(2):
+        assert [r.node for r in actuators[i].executed("cordon")] == [faulty[i]]
+        assert shards[i].nodes == {n for n in nodes if owner[n] == i}
+    assert shards[0].lease.key != shards[1].lease.key
+    status = await shards[0].breaker.status()
+    assert sorted(e[0] for e in status["entries"]) == sorted(faulty), "one breaker, shared through KV"
