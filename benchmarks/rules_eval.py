@@ -53,11 +53,11 @@ def frames(nodes: int, t: float, variants: list[list[telemetry.GpuSample]]) -> l
 def bare_pass(eng: engine.Engine, now: float) -> None:
     st = eng.state
     n = st.n
-    for c in range(st.latest.shape[2]):
-        _ = st.latest[:n, :, c] > 0.0
+    for c in range(st.latest.shape[0]):
+        _ = st.latest[c, :n] > 0.0
     for hist in st.history.values():
         for ring in hist.rings.values():
-            _ = ring.data[:, :n].sum(axis=0)
+            _ = ring.data[:, :n].sum(axis=0)  # one pass over every bucket plane
 
 
 def main() -> None:

@@ -35,6 +35,16 @@ class NatsSettings(_Group):
     """Subject prefix; streams and buckets are named after it (HEALER_TELEMETRY, healer-state ...)."""
     creds_file: str | None = None
     """NATS credentials file (user JWT + NKey seed) for this identity; see docs/security.md."""
+    nkey_seed_file: str | None = None
+    """NKey seed file of this identity (``healer nats config`` writes one per node, controller, feed)."""
+    inbox_prefix: str | None = None
+    """Reply-inbox prefix this identity's permissions allow (``healer nats config`` writes it)."""
+    tls_ca_file: str | None = None
+    """CA bundle that signed the NATS servers' certificates (use ``tls://`` URLs); unset: system CAs."""
+    tls_cert_file: str | None = None
+    """Client certificate, for servers that verify clients (``verify: true``); needs ``tls_key_file``."""
+    tls_key_file: str | None = None
+    """Private key of ``tls_cert_file``."""
     connect_timeout_s: float = 2.0
     """Timeout of one connection attempt."""
     reconnect_wait_s: float = 0.5
@@ -85,6 +95,82 @@ class AgentSettings(_Group):
     """Watch NVML events (XIDs, double-bit ECC) in a thread (``source: nvml`` only)."""
 
 
+class FeedSettings(_Group):
+    """The incident feed's consumers: ``healer incidents tail`` and ``healer forward``."""
+
+    durable: str = pydantic.Field(default="healer-forward", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Name of the forwarder's durable JetStream consumer; one name per receiver you forward to."""
+    ack_wait_s: float = pydantic.Field(default=30.0, gt=0)
+    """An unacknowledged event is redelivered after this; also how long a killed forwarder's event waits."""
+    fetch_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    """Long-poll time of one fetch from the durable consumer when the feed is idle."""
+    http_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """Timeout of one HTTP POST to the receiver (connect and response)."""
+    retry_initial_delay_s: float = pydantic.Field(default=0.5, gt=0)
+    """First back-off delay after the receiver failed (connection error, 5xx, 408, 429)."""
+    retry_max_delay_s: float = pydantic.Field(default=30.0, gt=0)
+    """Back-off ceiling; a receiver's Retry-After is honoured up to this."""
+    retry_attempts: int = pydantic.Field(default=0, ge=0)
+    """Attempts per event before the forwarder exits (the event stays unacknowledged); 0 means forever."""
+    metrics_port: int = pydantic.Field(default=0, ge=0, le=65535)
+    """Prometheus /metrics port of ``healer forward``; 0 turns it off."""
+    metrics_addr: str = "0.0.0.0"
+    """Address the forwarder's /metrics listens on."""
+
+
+class ActuatorSettings(_Group):
+    """How healer acts on schedulers and agents; see docs/remediation.md."""
+
+    retry_attempts: int = pydantic.Field(default=3, ge=1)
+    """Tries of one action when it fails temporarily (scheduler unreachable, a timeout, HTTP 5xx); after
+    the last one the outcome is ``failed-temporary`` and the controller escalates the incident."""
+    retry_initial_delay_s: float = pydantic.Field(default=0.5, ge=0)
+    """First pause between tries; it doubles each time (or is the delay the error asked for, if longer)."""
+    retry_max_delay_s: float = pydantic.Field(default=10.0, ge=0)
+    """Ceiling of the pause between tries."""
+    call_timeout_s: float = pydantic.Field(default=15.0, gt=0)
+    """Timeout of one call to a scheduler (one ``scontrol``/``squeue``/``sinfo`` run, one API request)."""
+    node_name_template: str = "{node}"
+    """How a telemetry node name becomes the scheduler's node name: ``{node}`` is the full name,
+    ``{short}`` the part before the first dot (``gpu01.dc1.example`` → ``gpu01``). Identity by default."""
+    node_map_file: str | None = None
+    """YAML file mapping telemetry node names to scheduler node names (``gpu01.dc1: gpu-a01``); an entry
+    there wins over ``node_name_template``."""
+    slurm_bin_dir: str | None = None
+    """Directory holding ``scontrol``, ``squeue``, ``sinfo`` and ``scancel``; unset: found on PATH."""
+    slurm_conf: str | None = None
+    """``SLURM_CONF`` for the Slurm commands; unset: Slurm's own default (or the inherited variable)."""
+    slurm_checkpoint_signal: str | None = None
+    """Signal sent to a node's jobs before they are requeued (e.g. ``USR1``) so they can checkpoint;
+    unset: no signal, requeue at once."""
+    slurm_checkpoint_grace_s: float = pydantic.Field(default=60.0, ge=0)
+    """How long to wait after the checkpoint signal before requeueing (only with a signal set)."""
+    slurm_requeue_settle_s: float = pydantic.Field(default=10.0, ge=0)
+    """How long to wait for a requeued job to become pending before lifting its requeue hold
+    (``StartTime=now``); past it the job keeps Slurm's short hold and starts a little later."""
+    kube_config: str | None = None
+    """Kubeconfig file; unset: in-cluster service account, else the default kubeconfig."""
+    kube_context: str | None = None
+    """Kubeconfig context; unset: the current context."""
+    kube_taint: bool = True
+    """Also put the taint ``healer.io/gpu-fault:NoSchedule`` on nodes healer cordons."""
+    kube_evict_timeout_s: float = pydantic.Field(default=300.0, gt=0)
+    """How long migrate keeps retrying evictions a PodDisruptionBudget refuses (HTTP 429) before it
+    reports the pods not moved."""
+    kube_evict_backoff_s: float = pydantic.Field(default=5.0, gt=0)
+    """First pause between eviction retries of one pod (doubles, at most 60 s)."""
+    power_reply_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    """How long to wait for the node agent's reply to a power command."""
+    power_command_ttl_s: float = pydantic.Field(default=30.0, gt=0)
+    """Expiry of a power command: the agent refuses it once this long has passed since it was issued."""
+    power_confirm_timeout_s: float = pydantic.Field(default=10.0, gt=0)
+    """How long to wait for a telemetry frame showing the new power limit after the agent's reply."""
+    power_confirm_poll_s: float = pydantic.Field(default=0.5, gt=0)
+    """How often the latest frames are looked at while confirming a power limit."""
+    power_tolerance_w: float = pydantic.Field(default=1.0, ge=0)
+    """A reported power limit within this many watts of the requested one counts as applied."""
+
+
 class ControllerSettings(_Group):
     rules_dir: str = "rules"
     """Directory of rule files (*.yaml); watched and hot-reloaded."""
@@ -122,10 +208,6 @@ class ControllerSettings(_Group):
     """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
     repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)
     """Window for counting repeat faults on one GPU."""
-    command_ttl_s: float = pydantic.Field(default=30.0, gt=0)
-    """Expiry of commands sent to agents."""
-    power_confirm_s: float = pydantic.Field(default=5.0, gt=0)
-    """How long to wait for frames to show a new power limit before calling the action failed."""
     power_cap_escalate_s: float = pydantic.Field(default=900.0, gt=0)
     """An incident still firing this long after its power cap escalates to a cordon (the ladder)."""
     action_retries: int = pydantic.Field(default=3, ge=0)
@@ -145,8 +227,10 @@ class Settings(_Group):
     nats: NatsSettings = pydantic.Field(default_factory=NatsSettings)
     retry: RetrySettings = pydantic.Field(default_factory=RetrySettings)
     agent: AgentSettings = pydantic.Field(default_factory=AgentSettings)
+    feed: FeedSettings = pydantic.Field(default_factory=FeedSettings)
     controller: ControllerSettings = pydantic.Field(default_factory=ControllerSettings)
     log: LogSettings = pydantic.Field(default_factory=LogSettings)
+    actuators: ActuatorSettings = pydantic.Field(default_factory=ActuatorSettings)
 
 
 def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -50,6 +51,20 @@ class _Sub:
             await self._sub.unsubscribe()
 
 
+def _tls_context(ns: config.NatsSettings) -> ssl.SSLContext | None:
+    """A client TLS context when a CA or client certificate is configured (``tls://`` URLs alone use
+    nats-py's default context with the system CAs)."""
+    if not (ns.tls_ca_file or ns.tls_cert_file):
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=ns.tls_ca_file)
+        if ns.tls_cert_file:
+            ctx.load_cert_chain(ns.tls_cert_file, ns.tls_key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise errors.PermanentError(f"bad NATS TLS settings: {e}") from e
+    return ctx
+
+
 class NatsBus:
     """A connected client. Build with ``await NatsBus.connect(...)``; ``close()`` drains it."""
 
@@ -83,6 +98,10 @@ class NatsBus:
                     await cb()
 
         async def on_error(e: Exception) -> None:
+            if "permissions violation" in str(e).lower():
+                # Not transient: this identity tried something its credentials do not allow.
+                log.error("nats.permission_denied", name=name, error=str(e))
+                return
             log.warning("nats.error", name=name, error=repr(e))
 
         options: dict[str, Any] = {
@@ -101,6 +120,13 @@ class NatsBus:
         }
         if ns.creds_file:
             options["user_credentials"] = ns.creds_file
+        if ns.nkey_seed_file:
+            options["nkeys_seed"] = ns.nkey_seed_file
+        if ns.inbox_prefix:
+            options["inbox_prefix"] = ns.inbox_prefix
+        tls = _tls_context(ns)
+        if tls is not None:
+            options["tls"] = tls
 
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type((OSError, nats.errors.Error, asyncio.TimeoutError)),
@@ -180,7 +206,15 @@ class NatsBus:
         return base.Msg(subject=m.subject, data=m.data, headers=dict(m.headers) if m.headers else None)
 
     async def flush(self, timeout: float = 2.0) -> None:
+        """Return once the server has processed everything published before the call.
+
+        nats-py (2.16) writes the PING straight to the socket while earlier publishes may still wait in
+        its pending buffer for the flusher task, so one PONG does not prove they were processed (and
+        that their ``-ERR``, e.g. a permissions violation, was handled). The first round trip lets the
+        flusher write them out; the second PING then travels behind them.
+        """
         try:
+            await self.nc.flush(timeout=max(1, round(timeout)))
             await self.nc.flush(timeout=max(1, round(timeout)))
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"flush failed: {e!r}") from e

@@ -94,6 +94,13 @@ class Subjects:
     def kv_leases(self) -> str:
         return f"{self.prefix.replace('.', '-')}-leases"
 
+    def inbox(self, role: str, name: str) -> str:
+        """Reply-inbox prefix of one identity (``NatsSettings.inbox_prefix``): ``_INBOX.<prefix>.<role>.
+        <name>``. Each identity may subscribe only below its own, so nobody reads another's replies."""
+        if not role or any(ch in role for ch in " .*>"):
+            raise ValueError(f"bad role {role!r}")
+        return f"_INBOX.{self.prefix}.{role}.{escape_node(name)}"
+
     def _stream(self, what: str) -> str:
         return f"{self.prefix.upper().replace('.', '_').replace('-', '_')}_{what}"
 

@@ -17,8 +17,12 @@ import healer
 GROUPS = [
     "healer.cli.demo_cmd",
     "healer.cli.agent_cmd",
+    "healer.cli.controller_cmd",
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
+    "healer.cli.feed_cmd",
+    "healer.cli.act_cmd",
+    "healer.cli.bench_cmd",
     "healer.cli.config_cmd",
     "healer.cli.schema_cmd",
     "healer.cli.sim_cmd",

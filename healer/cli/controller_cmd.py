@@ -89,9 +89,9 @@ def build_scheduler(s: config.Settings) -> actuators.Actuator:
 
         return slurm.SlurmActuator(s.actuators, names)
     if s.controller.actuator == "kubernetes":
-        from healer.actuators import kubernetes  # only this actuator needs the kubernetes client
+        from healer.actuators import kubernetes as kube  # only this actuator needs the kubernetes client
 
-        return kubernetes.KubernetesActuator(s.actuators, names)
+        return kube.KubernetesActuator(s.actuators, names)
     return actuators.LogActuator(s.actuators)
 
 

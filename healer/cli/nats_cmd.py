@@ -1,4 +1,5 @@
-"""``healer nats serve|provision``: an embedded nats-server for one host, and stream provisioning."""
+"""``healer nats serve|provision|config``: an embedded nats-server for one host, stream provisioning,
+and the secured server configuration (``config``, see ``natsconf_cmd``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from healer import config, errors, logs
 from healer.bus import nats as natsbus
 from healer.bus import provision, server, subjects
-from healer.cli import common
+from healer.cli import common, natsconf_cmd
 
 
 def register(sub: Any) -> None:
@@ -32,6 +33,8 @@ def register(sub: Any) -> None:
     common.add_nats_option(prov)
     prov.add_argument("--replicas", type=int, default=1, help="JetStream replicas (3 on a cluster)")
     prov.set_defaults(func=_provision)
+
+    natsconf_cmd.add_config_parser(nsub)
 
 
 async def _ensure(url: str, prefix: str, replicas: int) -> provision.Plan:

@@ -7,6 +7,7 @@ with a full outbox loses no incident (the next change republishes the current st
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 
@@ -28,6 +29,7 @@ class FeedPublisher:
         self.cluster = cluster
         self.outbox: collections.deque[tuple[str, bytes, str]] = collections.deque(maxlen=100_000)
         self.published = 0
+        self._lock = asyncio.Lock()
 
     def build(self, inc: incidents_mod.Incident, change: incidents.Change) -> incidents.IncidentEvent:
         return incidents.build(
@@ -38,21 +40,23 @@ class FeedPublisher:
             ts=time.time(),
         )
 
-    async def publish(self, inc: incidents_mod.Incident, change: incidents.Change) -> incidents.IncidentEvent:
-        event = self.build(inc, change)
-        self.outbox.append((self.subjects.incident(change, inc.node), codec.encode(event), event.id))
-        await self.flush()
-        return event
+    def enqueue(self, event: incidents.IncidentEvent) -> None:
+        """Queue an event built while the incident was at this ``seq`` (call before any await)."""
+        self.outbox.append(
+            (self.subjects.incident(event.change, event.data.node), codec.encode(event), event.id)
+        )
 
     async def flush(self) -> None:
-        while self.outbox:
-            subject, data, msg_id = self.outbox[0]
-            try:
-                await self.bus.publish_durable(subject, data, msg_id=msg_id)
-            except errors.TemporaryError as e:
-                log.warning("feed.publish_deferred", pending=len(self.outbox), error=str(e))
-                return
-            except errors.PermanentError as e:
-                log.error("feed.publish_refused", event_id=msg_id, error=str(e))
-            self.outbox.popleft()
-            self.published += 1
+        """Publish the outbox in order; one flusher at a time (ticks and action tasks both call it)."""
+        async with self._lock:
+            while self.outbox:
+                subject, data, msg_id = self.outbox[0]
+                try:
+                    await self.bus.publish_durable(subject, data, msg_id=msg_id)
+                except errors.TemporaryError as e:
+                    log.warning("feed.publish_deferred", pending=len(self.outbox), error=str(e))
+                    return
+                except errors.PermanentError as e:
+                    log.error("feed.publish_refused", event_id=msg_id, error=str(e))
+                self.outbox.popleft()
+                self.published += 1

@@ -128,10 +128,8 @@ class Book:
         return [*self.open.values(), *self.resolving.values()]
 
     async def save(self, inc: Incident) -> None:
-        """Persist (bumping ``seq``). A resolved incident leaves KV once its on_resolve actions have run
-        (the feed keeps its history)."""
-        inc.seq += 1
-        inc.updated_at = time.time()
+        """Persist. A resolved incident leaves KV once its on_resolve actions have run (the feed keeps its
+        history). The caller bumps ``seq`` when the change is published."""
         if inc.state == "resolved":
             if self.open.get(inc.key) is inc:
                 del self.open[inc.key]

@@ -236,6 +236,8 @@ class Controller:
                 await self.tick()
             except errors.HealerError as e:
                 self.log.error("controller.tick_failed", error=str(e))
+            except Exception:  # a bug in one incident's handling must not stop the controller
+                self.log.exception("controller.tick_crashed")
             self.metrics.tick.observe(time.perf_counter() - started)
             next_t += self.cs.tick_s
             now = loop.time()
@@ -336,8 +338,11 @@ class Controller:
         return len(times)
 
     async def _save_publish(self, inc: incidents_mod.Incident, change: incidents.Change) -> None:
+        inc.seq += 1
+        inc.updated_at = self.clock()
+        self.feed.enqueue(self.feed.build(inc, change))  # built before any await: ids never collide
         await self.book.save(inc)
-        await self.feed.publish(inc, change)
+        await self.feed.flush()
         self.metrics.incident_changes.labels(change).inc()
         self.log.info(
             "incident." + change, incident_id=inc.id, rule_id=inc.rule_id, node=inc.node, gpu=inc.gpu_index,
@@ -453,7 +458,7 @@ class Controller:
             return None, "not the leader any more"
         request = actuators.ActionRequest(
             incident_id=inc.id,
-            kind=SCHEDULER_KIND.get(action.kind, action.kind),  # type: ignore[arg-type]
+            kind=SCHEDULER_KIND.get(action.kind, action.kind),
             node=inc.node,
             gpu_index=inc.gpu_index,
             params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},

@@ -19,12 +19,14 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+import structlog
 
 from healer.rules import evaluate as evaluation
 from healer.rules import ruleset
 from healer.rules import state as fleet_state
 from healer.schemas import events, telemetry
 
+log = structlog.get_logger(__name__)
 Status = Literal["fired", "firing", "resolved"]
 Evidence = dict[str, float | int | str | bool | None]
 _INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
@@ -61,6 +63,8 @@ class _Track:
     cool_until: npt.NDArray[np.float64]
     mask_version: int = -1
     mask: npt.NDArray[np.bool_] | None = None
+    busy: bool = True
+    """Some target is pending, firing or resolving (False lets a quiet rule skip the state machine)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -81,6 +85,8 @@ class Engine:
         self._tracks: dict[str, _Track] = {}
         self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
         self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
+        self.rule_errors = 0
+        """Rule evaluations that raised (logged with the rule id; the other rules still ran)."""
 
     # -- inputs
     def set_rules(self, rules: ruleset.RuleSet, now: float | None = None) -> list[Firing]:
@@ -162,7 +168,11 @@ class Engine:
         ev = evaluation.Evaluator(self.state, now)
         out: list[Firing] = []
         for rule in self.rules.condition_rules:
-            out += self._evaluate_rule(rule, ev, now)
+            try:
+                out += self._evaluate_rule(rule, ev, now)
+            except Exception:  # a bug must cost one rule one tick, never the controller
+                self.rule_errors += 1
+                log.exception("rule_evaluation_failed", rule_id=rule.id)
         out += self._evaluate_events(now)
         return out
 
@@ -177,13 +187,8 @@ class Engine:
         exists = st.seen[:n] if rule.scope == "gpu" else np.ones((n, 1), dtype=bool)
         applies = exists if track.mask is None else exists & track.mask[:n]
         cond = (value == 1) & applies
-        if rule.resolve_when is not None:
-            rvalue, revidence = ev.condition(rule.resolve_when, rule.resolve_text)
-            evidence = {**evidence, **revidence}
-            rcond = np.broadcast_to(rvalue, (n, width)) == 1
-        else:
-            rcond = value == 0
-        rcond = rcond | ~applies
+        if not track.busy and not cond.any():
+            return []  # the common case: nothing pending or firing, and nothing starts
         s, since = track.state[:n], track.since[:n]
         fired_at, cool = track.fired_at[:n], track.cool_until[:n]
         start = (s == _INACTIVE) & cond
@@ -191,6 +196,15 @@ class Engine:
         s[(s == _PENDING) & ~cond] = _INACTIVE
         promote = (s == _PENDING) & (now - since >= rule.for_s) & (now >= cool)
         s[promote], fired_at[promote] = _FIRING, now
+        if rule.resolve_when is not None and (s >= _FIRING).any():
+            rvalue, revidence = ev.condition(rule.resolve_when, rule.resolve_text)
+            evidence = {**evidence, **revidence}
+            rcond = np.broadcast_to(rvalue, (n, width)) == 1
+        elif rule.resolve_when is not None:
+            rcond = np.zeros((n, width), dtype=bool)
+        else:
+            rcond = value == 0
+        rcond = rcond | ~applies
         resolving = (s == _FIRING) & rcond
         s[resolving], since[resolving] = _RESOLVING, now
         s[(s == _RESOLVING) & ~rcond] = _FIRING
@@ -206,10 +220,11 @@ class Engine:
             ("firing", ongoing),
             ("resolved", done),
         )
+        track.busy = bool((s != _INACTIVE).any())
         for status, mask in statuses:
-            rows, cols = np.nonzero(mask)
-            if len(rows) == 0:
+            if not mask.any():
                 continue
+            rows, cols = np.nonzero(mask)
             # Evidence for every firing slot at once: one fancy index per evidence value (values
             # compared per GPU inside a node-scope aggregation are not the node's evidence).
             columns = {

@@ -1,13 +1,14 @@
 """FleetState: what the rule engine remembers about the fleet, as numpy arrays, bounded in size.
 
-Layout: node ``n`` and GPU index ``g`` address slot ``[n, g]``. ``latest`` holds the newest value of every
-metric the rules read, shaped (nodes, gpus, columns); NaN is "missing" (a null reading, a GPU absent
-from the frame, or a node gone stale). Range functions read per-metric *bucketed windows*: instead of
-every sample, a ring of time buckets (a window is resolved to 1/20 of its length) keeps the sum of
-counter increases (resets handled as Prometheus does: a drop means the counter restarted from 0),
-signed differences, change counts, sums, counts, maxima and minima, only for the metric/function pairs
-the loaded rules use. Memory is therefore O(slots x buckets) per referenced pair, whatever the sample
-rate, and one evaluation reduces a few dozen (slots,) planes per window.
+Layout: node ``n`` and GPU index ``g`` address slot ``[n, g]``. ``latest`` holds the newest value of
+every metric the rules read, shaped (columns, nodes, gpus) so each metric is one contiguous plane; NaN
+is "missing" (a null reading, a GPU absent from the frame, or a node gone stale). Range functions read
+per-metric *bucketed windows* (windows.py): instead of every sample, a ring of time buckets (a window is
+resolved to 1/20 of its length) keeps the sum of counter increases (resets handled as Prometheus does:
+a drop means the counter restarted from 0), signed differences, change counts, sums, counts, maxima
+and minima, only for the metric/function pairs the loaded rules use. Memory is therefore O(slots x
+buckets) per referenced pair, whatever the sample rate, and one evaluation reduces a few dozen
+(slots,) planes per window.
 
 ``ingest`` is the controller's hot path: it only pulls the referenced fields out of each GpuSample with
 one ``itemgetter`` call and queues the row; the numpy work happens once per batch in ``flush``
@@ -69,7 +70,7 @@ class FleetState:
         self.seen = np.zeros((self.cap, self.gpus), dtype=bool)
         self.anomaly = np.zeros((self.cap, self.gpus))
         self.needs = windows.Needs((), {})
-        self.latest = np.full((self.cap, self.gpus, 0), np.nan)
+        self.latest = np.full((0, self.cap, self.gpus), np.nan)
         self.col: dict[str, int] = {}
         self.history: dict[str, windows.History] = {}
         self._raw: list[str] = []
@@ -87,10 +88,10 @@ class FleetState:
         needs = windows.needs_of(rules)
         old_latest, old_col = self.latest, self.col
         self.col = {name: i for i, name in enumerate(needs.columns)}
-        self.latest = np.full((self.cap, self.gpus, len(needs.columns)), np.nan)
+        self.latest = np.full((len(needs.columns), self.cap, self.gpus), np.nan)
         for name, i in self.col.items():
             if name in old_col:
-                self.latest[:, :, i] = old_latest[:, :, old_col[name]]
+                self.latest[i] = old_latest[old_col[name]]
         self._raw = [c for c in needs.columns if metrics.ALL[c].source == "sample"]
         if self._raw:
             self._getter = operator.itemgetter("index", *self._raw)
@@ -200,7 +201,7 @@ class FleetState:
                     bits = grid[:, :, self.col["clocks_event_reasons"]]
                     flag = (np.nan_to_num(bits).astype(np.int64) & metrics.CLOCK_BITS[name][0]) != 0
                     grid[:, :, i] = np.where(np.isnan(bits), np.nan, flag)
-            self.latest[nodes] = grid
+            self.latest[:, nodes] = grid.transpose(2, 0, 1)
             self.last_ts[nodes] = ts
             self.frame_ts[nodes] = frame_ts
             self.present[nodes] = counts
@@ -237,6 +238,11 @@ class FleetState:
         """(n, 1): the node's newest frame is recent enough for instant values to count."""
         return (now - self.last_ts[: self.n] <= self.stale_after_s)[:, None]
 
+    def _all_fresh(self, now: float) -> bool:
+        """Every node fresh (the common case): instant reads can skip the staleness mask."""
+        n = self.n
+        return bool(n == 0 or now - self.last_ts[:n].min() <= self.stale_after_s)
+
     def instant(self, name: str, now: float) -> F64:
         n, fresh = self.n, self.fresh(now)
         metric = metrics.ALL[name]
@@ -250,7 +256,8 @@ class FleetState:
             return np.where(fresh, v[:, None], np.nan)
         if metric.source == "external":
             return np.where(fresh & self.seen[:n], self.anomaly[:n], np.nan)
-        return np.where(fresh, self.latest[:n, :, self.col[name]], np.nan)
+        plane = self.latest[self.col[name], :n]
+        return plane if self._all_fresh(now) else np.where(fresh, plane, np.nan)
 
     def window(self, func: str, name: str, window_s: float, now: float) -> F64:
         n = self.n
@@ -324,7 +331,7 @@ class FleetState:
         self.expected = pad(self.expected, 0, None, np.nan)
         self.seen = pad(self.seen, 0, 1, False)
         self.anomaly = pad(self.anomaly, 0, 1, 0.0)
-        self.latest = pad(self.latest, 0, 1, np.nan)
+        self.latest = pad(self.latest, 1, 2, np.nan)
         for hist in self.history.values():
             hist.last_value = pad(hist.last_value, 0, 1, np.nan)
             hist.last_valid_ts = pad(hist.last_valid_ts, 0, 1, -np.inf)

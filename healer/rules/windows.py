@@ -70,12 +70,12 @@ class Ring:
         shape = self.data.shape[1:]
         if len(sel) == 0:
             return np.full((n, shape[1]), self.init)
-        planes = self.data[sel, :n]
-        if self.kind == "max":
-            return np.fmax.reduce(planes, axis=0)  # type: ignore[no-any-return]
-        if self.kind == "min":
-            return np.fmin.reduce(planes, axis=0)  # type: ignore[no-any-return]
-        return planes.sum(axis=0)  # type: ignore[no-any-return]
+        # In-place accumulation over the selected planes: no (buckets x slots) temporary.
+        out = self.data[sel[0], :n].copy()
+        op = np.fmax if self.kind == "max" else np.fmin if self.kind == "min" else np.add
+        for p in sel[1:].tolist():
+            op(out, self.data[p, :n], out=out)
+        return out
 
 
 @dataclasses.dataclass(slots=True)

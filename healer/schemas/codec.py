@@ -50,18 +50,37 @@ def _decode(model: type[M], kind: str, data: bytes | str) -> M:
     if len(data) > MAX_MESSAGE_BYTES:
         raise errors.DecodeError(kind, "too_large", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
     try:
+        # orjson + model_validate is ~1.5x faster than model_validate_json on an 8-GPU frame (the hot path);
+        # what orjson refuses (NaN, integers past 64 bits, bad UTF-8) goes the slow way for a precise reason.
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _decode_slow(model, kind, data)
+    try:
+        return model.model_validate(doc, context=_WIRE)
+    except pydantic.ValidationError as e:
+        raise _rejection(model, kind, data, e) from None
+
+
+def _decode_slow(model: type[M], kind: str, data: bytes | str) -> M:
+    try:
         return model.model_validate_json(data, context=_WIRE)
     except pydantic.ValidationError as e:
-        first = e.errors(include_url=False)
-        if first and first[0]["type"] == "json_invalid":
-            raise errors.DecodeError(kind, "json", first[0]["msg"]) from None
-        if any(err["loc"][:1] == ("schema",) or "'schema'" in err["msg"] for err in first):
-            expected = KNOWN_SCHEMAS.get(model, "?")
-            found = _peek_schema(data)
-            raise errors.DecodeError(
-                kind, "schema_version", f"schema {found!r} is not supported (expected {expected!r})"
-            ) from None
-        raise errors.DecodeError(kind, "validation", _describe(e)) from None
+        raise _rejection(model, kind, data, e) from None
+
+
+def _rejection(
+    model: type[M], kind: str, data: bytes | str, e: pydantic.ValidationError
+) -> errors.DecodeError:
+    first = e.errors(include_url=False)
+    if first and first[0]["type"] == "json_invalid":
+        return errors.DecodeError(kind, "json", first[0]["msg"])
+    if any(err["loc"][:1] == ("schema",) or "'schema'" in err["msg"] for err in first):
+        expected = KNOWN_SCHEMAS.get(model, "?")
+        found = _peek_schema(data)
+        return errors.DecodeError(
+            kind, "schema_version", f"schema {found!r} is not supported (expected {expected!r})"
+        )
+    return errors.DecodeError(kind, "validation", _describe(e))
 
 
 def _peek_schema(data: bytes | str) -> object:

@@ -8,6 +8,7 @@ import pathlib
 import hypothesis
 import hypothesis.strategies as st
 import numpy as np
+import pytest
 import structlog
 import structlog.testing
 from rules_helpers import T0, frame, make_engine, rule
@@ -337,3 +338,25 @@ def test_default_pack_on_an_empty_fleet_and_a_frame_without_gpus() -> None:
     assert eng.evaluate(T0) == []
     eng.ingest(frame("n", 0.0, gpus=0, expected=8))
     assert statuses(eng.evaluate(T0)) == {("gpu-missing", "n", None, "fired")}
+
+
+def test_a_failing_rule_costs_one_tick_of_that_rule_not_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (
+        "rules:\n"
+        "  - {id: broken, description: d, when: 'power_w > 1', severity: info}\n"
+        "  - {id: fine, description: d, when: 'temp_c > 1', severity: info}\n"
+    )
+    eng = make_engine(text)
+    real = evaluate.Evaluator.condition
+
+    def flaky(self: evaluate.Evaluator, root: object, text: str) -> object:
+        if text == "power_w > 1":
+            raise RuntimeError("bug")
+        return real(self, root, text)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(evaluate.Evaluator, "condition", flaky)
+    eng.ingest(frame("n", 0.0, gpus=1))
+    with structlog.testing.capture_logs() as logs:
+        assert statuses(eng.evaluate(T0)) == {("fine", "n", 0, "fired")}
+    assert eng.rule_errors == 1
+    assert any(e["event"] == "rule_evaluation_failed" and e["rule_id"] == "broken" for e in logs)

@@ -1,0 +1,247 @@
+"""The actuator contract: one request in, one outcome out, no exception ever.
+
+The controller decides *what* to do; an actuator does it on one system (the node agent, Slurm,
+Kubernetes) and says how it went. Everything that can go wrong comes back as an ``ActionOutcome``:
+
+- ``done`` / ``already-done``: the node is now in the asked-for state (``already-done``: it was);
+- ``refused``: healer's own safety rules say no (an operator's drain, a deadline already past);
+- ``failed-temporary``: worth trying again later (the scheduler was away) — retried here first, with
+  the timings in ``ActuatorSettings``, then reported so the controller can escalate;
+- ``failed-permanent``: trying again will not help (unknown node, a job that cannot be requeued);
+- ``planned``: a dry run; ``plan`` lists exactly the calls the real run would make.
+
+``guarded`` is the one wrapper every actuator runs its work through: it checks the deadline, retries
+``TemporaryError`` with tenacity, turns ``PermanentError`` and any unexpected exception into an outcome,
+and logs the result with the request's context bound.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol
+
+import pydantic
+import structlog
+import tenacity
+import yaml
+
+from healer import config, errors
+from healer.schemas import base, incidents, telemetry
+
+log = structlog.get_logger(__name__)
+
+ActionKind = Literal["power_limit", "restore_power_limit", "cordon", "uncordon", "migrate", "notify"]
+Status = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
+ItemStatus = Literal[
+    "done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned", "skipped"
+]
+"""``skipped``: left alone on purpose (a DaemonSet pod on a node being drained)."""
+
+REASON_PREFIX = "healer:"
+"""Every mark healer leaves on a node (Slurm reason, Kubernetes annotation value) starts with this."""
+
+
+class ActionRequest(pydantic.BaseModel):
+    """One action the controller wants done on one node (scheduler-independent)."""
+
+    model_config = base.CONFIG
+
+    incident_id: str = pydantic.Field(min_length=1, max_length=128)
+    kind: ActionKind
+    node: str = pydantic.Field(min_length=1, max_length=253, pattern=telemetry.NODE_PATTERN)
+    """The node as telemetry names it; actuators map it to the scheduler's name (``NodeNames``)."""
+    gpu_index: int | None = pydantic.Field(default=None, ge=0, le=255)
+    params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    """Action parameters from the rule (``watts`` / ``percent_of_default`` for power_limit)."""
+    summary: str = pydantic.Field(default="", max_length=1024)
+    fencing_token: int = pydantic.Field(default=1, ge=1)
+    """The acting leader's lease revision; passed on to agents, which refuse stale ones."""
+    dry_run: bool = False
+    deadline: float | None = None
+    """Unix seconds after which the action must not start (nor be retried)."""
+
+
+class ItemResult(pydantic.BaseModel):
+    """What happened to one thing inside an action: a job, a pod, a GPU."""
+
+    model_config = base.CONFIG
+
+    item: str
+    status: ItemStatus
+    detail: str = ""
+
+
+class ActionOutcome(pydantic.BaseModel):
+    model_config = base.CONFIG
+
+    status: Status
+    detail: str = ""
+    items: list[ItemResult] = pydantic.Field(default_factory=list)
+    plan: list[str] = pydantic.Field(default_factory=list)
+    """The calls made (or, in a dry run, the calls that would be made), in order, readable."""
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("done", "already-done", "planned")
+
+    def record(self, kind: str, at: float) -> incidents.ActionRecord:
+        """The entry for the incident's ``actions`` list."""
+        detail = self.detail
+        bad = [i for i in self.items if i.status not in ("done", "already-done", "planned", "skipped")]
+        if bad:
+            detail += "; " + "; ".join(f"{i.item}: {i.status}: {i.detail}" for i in bad)
+        return incidents.ActionRecord(kind=kind, status=self.status, detail=detail[:4096], at=at)
+
+
+class Actuator(Protocol):
+    """Acts on one system. ``apply`` never raises."""
+
+    name: str
+
+    async def apply(self, request: ActionRequest) -> ActionOutcome: ...
+
+
+def worst(items: list[ItemResult]) -> Status:
+    """Overall status of an action made of items: the worst item wins (skipped items count as done)."""
+    order: list[Status] = ["failed-permanent", "failed-temporary", "refused", "planned", "done"]
+    for status in order:
+        if any(i.status == status for i in items):
+            return status
+    return "done" if not items else "already-done"
+
+
+class NodeNames:
+    """Telemetry node name → scheduler node name: a mapping file first, then a template."""
+
+    def __init__(self, template: str = "{node}", mapping: Mapping[str, str] | None = None) -> None:
+        try:
+            template.format(node="n", short="n")
+        except (KeyError, IndexError, ValueError) as e:
+            raise errors.PermanentError(f"bad node_name_template {template!r}: {e!r}") from e
+        self.template = template
+        self.mapping = dict(mapping or {})
+
+    @classmethod
+    def from_settings(cls, settings: config.ActuatorSettings) -> NodeNames:
+        mapping: dict[str, str] = {}
+        if settings.node_map_file:
+            try:
+                raw = yaml.safe_load(pathlib.Path(settings.node_map_file).read_text()) or {}
+            except (OSError, yaml.YAMLError) as e:
+                raise errors.PermanentError(f"cannot read node_map_file: {e}") from e
+            if not isinstance(raw, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+            ):
+                raise errors.PermanentError("node_map_file must map node names (strings) to node names")
+            mapping = raw
+        return cls(settings.node_name_template, mapping)
+
+    def __call__(self, node: str) -> str:
+        if node in self.mapping:
+            return self.mapping[node]
+        return self.template.format(node=node, short=node.split(".", 1)[0])
+
+
+def _wait(settings: config.ActuatorSettings) -> Callable[[tenacity.RetryCallState], float]:
+    exponential = tenacity.wait_exponential(
+        multiplier=settings.retry_initial_delay_s, max=settings.retry_max_delay_s
+    )
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        delay = exponential(state)
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, errors.TemporaryError):
+            delay = max(delay, min(exc.delay, settings.retry_max_delay_s))
+        return delay
+
+    return wait
+
+
+def retry_policy(
+    settings: config.ActuatorSettings, deadline: float | None, logger: Any
+) -> tenacity.AsyncRetrying:
+    """Retry ``TemporaryError`` only, ``retry_attempts`` times, never past ``deadline``; then re-raise."""
+    stops: list[tenacity.stop.stop_base] = [tenacity.stop_after_attempt(settings.retry_attempts)]
+    if deadline is not None:
+        stops.append(tenacity.stop_after_delay(max(0.0, deadline - time.time())))
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        logger.info("actuator.retry", attempt=state.attempt_number, error=str(error))
+
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception_type(errors.TemporaryError),
+        stop=tenacity.stop_any(*stops),
+        wait=_wait(settings),
+        reraise=True,
+        before_sleep=before_sleep,
+    )
+
+
+async def guarded(
+    actuator: str,
+    settings: config.ActuatorSettings,
+    request: ActionRequest,
+    work: Callable[[], Awaitable[ActionOutcome]],
+) -> ActionOutcome:
+    """Run ``work`` under the contract: deadline, retries of temporary errors, no exception escapes."""
+    logger = log.bind(
+        actuator=actuator, incident_id=request.incident_id, node=request.node, kind=request.kind
+    )
+    if request.deadline is not None and time.time() > request.deadline:
+        outcome = ActionOutcome(status="refused", detail="deadline passed before the action started")
+        logger.warning("actuator.refused", detail=outcome.detail)
+        return outcome
+
+    retrying = retry_policy(settings, request.deadline, logger)
+    try:
+        outcome = await retrying(work)
+    except errors.TemporaryError as e:
+        outcome = ActionOutcome(status="failed-temporary", detail=str(e), dry_run=request.dry_run)
+    except errors.PermanentError as e:
+        outcome = ActionOutcome(status="failed-permanent", detail=str(e), dry_run=request.dry_run)
+    except Exception as e:  # the contract: nothing leaks; an unknown failure is not worth retrying blind
+        logger.exception("actuator.crashed")
+        outcome = ActionOutcome(
+            status="failed-permanent", detail=f"unexpected {type(e).__name__}: {e}", dry_run=request.dry_run
+        )
+    level = "info" if outcome.ok else "warning"
+    getattr(logger, level)(
+        "actuator.outcome",
+        status=outcome.status,
+        detail=outcome.detail,
+        dry_run=outcome.dry_run,
+        items=len(outcome.items),
+    )
+    return outcome
+
+
+class LogActuator:
+    """Does nothing but log the request: for ``notify``, for trying rules out, for unknown systems."""
+
+    name = "log"
+
+    def __init__(self, settings: config.ActuatorSettings | None = None) -> None:
+        self.settings = settings or config.ActuatorSettings()
+
+    async def apply(self, request: ActionRequest) -> ActionOutcome:
+        plan = [f"log {request.kind} node={request.node} incident={request.incident_id}"]
+
+        async def work() -> ActionOutcome:
+            if request.dry_run:
+                return ActionOutcome(status="planned", detail="would log only", plan=plan, dry_run=True)
+            log.info(
+                "actuator.logged",
+                incident_id=request.incident_id,
+                node=request.node,
+                gpu_index=request.gpu_index,
+                kind=request.kind,
+                params=request.params,
+                summary=request.summary,
+            )
+            return ActionOutcome(status="done", detail="logged only", plan=plan)
+
+        return await guarded(self.name, self.settings, request, work)

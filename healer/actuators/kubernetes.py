@@ -1,0 +1,373 @@
+"""Kubernetes actuator: cordon, uncordon and migrate nodes through the official client.
+
+- ``cordon``: PATCH the node (strategic merge) with ``spec.unschedulable: true``, the annotation
+  ``healer.io/incident: <id>`` and, if configured, the taint ``healer.io/gpu-fault:NoSchedule``; then
+  PATCH its status subresource with the condition ``GpuHealthy=False`` (reason, message), as
+  node-problem-detector reports problems. A node an operator already cordoned is left exactly as it is.
+- ``uncordon``: only when healer's annotation is there (and names this incident): condition back to
+  ``GpuHealthy=True``, then annotation, taint and ``unschedulable`` removed.
+- ``migrate``: cordon, then evict the node's pods through the Eviction API (policy/v1), which honours
+  PodDisruptionBudgets. DaemonSet pods, mirror (static) pods and finished pods are skipped; 429 (a budget
+  says not now) is retried with back-off until ``kube_evict_timeout_s``; 404 means the pod is gone
+  already. Pods not moved are reported one by one.
+
+Taints are a plain list in a strategic merge patch (the Node type declares no merge key for them), so
+the node patch carries the whole new list and the ``resourceVersion`` it was computed from: a concurrent
+change makes the API answer 409 and the action is retried on fresh state.
+
+Only this module imports ``kubernetes``. The synchronous client runs in worker threads; responses are
+read as plain JSON (``_preload_content=False``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+import urllib3.exceptions
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from healer import config, errors
+from healer.actuators import base
+
+log = structlog.get_logger(__name__)
+
+ANNOTATION = "healer.io/incident"
+TAINT_KEY = "healer.io/gpu-fault"
+CONDITION = "GpuHealthy"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+SMP = "application/strategic-merge-patch+json"
+MAX_BACKOFF_S = 60.0
+
+
+class ApiError(errors.HealerError):
+    """A non-2xx answer from the API server, with its code and the server's own message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def build_api_client(settings: config.ActuatorSettings) -> k8s_client.ApiClient:
+    """In-cluster service account, else the kubeconfig (``kube_config`` or the default one)."""
+    cfg = k8s_client.Configuration()
+    try:
+        if settings.kube_config:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=settings.kube_config,
+                context=settings.kube_context,
+                client_configuration=cfg,
+                persist_config=False,
+            )
+        else:
+            try:
+                k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            except k8s_config.ConfigException:
+                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    context=settings.kube_context, client_configuration=cfg, persist_config=False
+                )
+    except (k8s_config.ConfigException, OSError, ValueError) as e:
+        raise errors.PermanentError(f"no usable Kubernetes configuration: {e}") from e
+    return k8s_client.ApiClient(cfg)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubernetesActuator:
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        settings: config.ActuatorSettings | None = None,
+        names: base.NodeNames | None = None,
+        api_client: k8s_client.ApiClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings or config.ActuatorSettings()
+        self.names = names or base.NodeNames(self.settings.node_name_template)
+        self._api_client = api_client
+        self._sleep = sleep
+        self._clock = clock
+
+    def close(self) -> None:
+        if self._api_client is not None:
+            self._api_client.close()  # type: ignore[no-untyped-call]
+            self._api_client = None
+
+    async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
+        async def work() -> base.ActionOutcome:
+            node = self.names(request.node)
+            if request.kind == "cordon":
+                return await self._cordon(node, request)
+            if request.kind == "uncordon":
+                return await self._uncordon(node, request)
+            if request.kind == "migrate":
+                return await self._migrate(node, request)
+            raise errors.PermanentError(f"the kubernetes actuator does not do {request.kind}")
+
+        return await base.guarded(self.name, self.settings, request, work)
+
+    # -- API calls ----------------------------------------------------------------------------------
+
+    def _core(self) -> k8s_client.CoreV1Api:
+        if self._api_client is None:
+            self._api_client = build_api_client(self.settings)
+        return k8s_client.CoreV1Api(self._api_client)
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run one client call in a thread; JSON body back, or ``ApiError`` / ``TemporaryError``."""
+        core = self._core()
+        fn = getattr(core, method)
+        kwargs.update(_preload_content=False, _request_timeout=self.settings.call_timeout_s)
+        try:
+            response = await asyncio.to_thread(fn, *args, **kwargs)
+        except k8s_client.ApiException as e:
+            raise ApiError(int(e.status or 0), _message(e.body, e.reason)) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise errors.TemporaryError(f"Kubernetes API unreachable: {e}") from e
+        try:
+            return json.loads(response.data or b"{}")
+        except ValueError as e:
+            raise errors.TemporaryError(f"Kubernetes API answered something that is not JSON: {e}") from e
+
+    async def _api(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``_call`` with the usual meaning of codes: 409, 429 and 5xx retry; other errors are final."""
+        try:
+            return await self._call(method, *args, **kwargs)
+        except ApiError as e:
+            if e.code in (409, 429) or e.code >= 500:
+                raise errors.TemporaryError(str(e), delay=1.0) from e
+            raise errors.PermanentError(str(e)) from e
+
+    async def _patch_node(self, node: str, body: dict[str, Any]) -> Any:
+        return await self._api("patch_node", node, body, _content_type=SMP)
+
+    async def _patch_status(self, node: str, body: dict[str, Any]) -> Any:
+        return await self._api("patch_node_status", node, body, _content_type=SMP)
+
+    # -- actions ------------------------------------------------------------------------------------
+
+    async def _cordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        obj = await self._api("read_node", node)
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        annotations = meta.get("annotations") or {}
+        cordoned, ours = bool(spec.get("unschedulable")), ANNOTATION in annotations
+        if cordoned and not ours:
+            return base.ActionOutcome(
+                status="already-done",
+                detail=f"{node} already cordoned by an operator; left as is",
+                dry_run=request.dry_run,
+            )
+        steps: list[tuple[str, dict[str, Any]]] = []
+        taints = list(spec.get("taints") or [])
+        want_taint = self.settings.kube_taint and not any(t.get("key") == TAINT_KEY for t in taints)
+        if not cordoned or want_taint:
+            patch: dict[str, Any] = {
+                "metadata": {"annotations": {ANNOTATION: request.incident_id}},
+                "spec": {"unschedulable": True},
+            }
+            if want_taint:
+                patch["metadata"]["resourceVersion"] = meta.get("resourceVersion")
+                patch["spec"]["taints"] = [*taints, {"key": TAINT_KEY, "effect": "NoSchedule"}]
+            if ours:
+                del patch["metadata"]["annotations"]
+            steps.append((f"PATCH /api/v1/nodes/{node}", patch))
+        if _condition(obj) != "False":
+            message = f"{base.REASON_PREFIX} {request.incident_id} {request.summary}".strip()
+            now = _now()
+            condition = {
+                "type": CONDITION,
+                "status": "False",
+                "reason": str(request.params.get("condition_reason", "GpuFault")),
+                "message": message[:1024],
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            steps.append((f"PATCH /api/v1/nodes/{node}/status", {"status": {"conditions": [condition]}}))
+        if not steps:
+            return base.ActionOutcome(
+                status="already-done",
+                detail=f"{node} already cordoned by healer ({annotations[ANNOTATION]})",
+                dry_run=request.dry_run,
+            )
+        return await self._run_steps(node, steps, request, f"cordoned {node}")
+
+    async def _uncordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        obj = await self._api("read_node", node)
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        owner = (meta.get("annotations") or {}).get(ANNOTATION)
+        if owner is None:
+            if spec.get("unschedulable"):
+                return base.ActionOutcome(
+                    status="refused",
+                    detail=f"{node} was cordoned by an operator; healer leaves it cordoned",
+                    dry_run=request.dry_run,
+                )
+            return base.ActionOutcome(
+                status="already-done", detail=f"{node} is schedulable", dry_run=request.dry_run
+            )
+        if owner != request.incident_id and not request.params.get("any_incident"):
+            return base.ActionOutcome(
+                status="refused",
+                detail=f"{node} cordoned by healer for incident {owner}, not {request.incident_id}",
+                dry_run=request.dry_run,
+            )
+        now = _now()
+        condition = {
+            "type": CONDITION,
+            "status": "True",
+            "reason": "GpuHealthy",
+            "message": f"{base.REASON_PREFIX} {request.incident_id} resolved",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": {ANNOTATION: None}},
+            "spec": {"unschedulable": None},
+        }
+        taints = list(spec.get("taints") or [])
+        if any(t.get("key") == TAINT_KEY for t in taints):
+            patch["metadata"]["resourceVersion"] = meta.get("resourceVersion")
+            patch["spec"]["taints"] = [t for t in taints if t.get("key") != TAINT_KEY] or None
+        steps = [
+            (f"PATCH /api/v1/nodes/{node}/status", {"status": {"conditions": [condition]}}),
+            (f"PATCH /api/v1/nodes/{node}", patch),
+        ]
+        return await self._run_steps(node, steps, request, f"uncordoned {node}")
+
+    async def _run_steps(
+        self, node: str, steps: list[tuple[str, dict[str, Any]]], request: base.ActionRequest, done: str
+    ) -> base.ActionOutcome:
+        plan = [f"{what} {SMP} {json.dumps(body, sort_keys=True)}" for what, body in steps]
+        if request.dry_run:
+            return base.ActionOutcome(status="planned", detail=f"would have {done}", plan=plan, dry_run=True)
+        latest: dict[str, Any] | None = None
+        for what, body in steps:
+            if latest is not None and "resourceVersion" in body.get("metadata", {}):
+                # the previous step changed the node: its answer carries the version to build on
+                body = {**body, "metadata": {**body["metadata"], "resourceVersion": _version(latest)}}
+            if what.endswith("/status"):
+                latest = await self._patch_status(node, body)
+            else:
+                latest = await self._patch_node(node, body)
+        return base.ActionOutcome(status="done", detail=done, plan=plan)
+
+    async def _migrate(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        cordon = await self._cordon(node, request)
+        pods = await self._api("list_pod_for_all_namespaces", field_selector=f"spec.nodeName={node}")
+        items: list[base.ItemResult] = []
+        to_evict: list[tuple[str, str]] = []
+        for pod in pods.get("items") or []:
+            meta = pod.get("metadata") or {}
+            ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+            why = _skip_reason(pod)
+            if why:
+                items.append(base.ItemResult(item=f"pod {ns}/{name}", status="skipped", detail=why))
+            else:
+                to_evict.append((ns, name))
+        plan = [
+            *cordon.plan,
+            *(f"POST /api/v1/namespaces/{ns}/pods/{name}/eviction" for ns, name in to_evict),
+        ]
+        if request.dry_run:
+            items += [
+                base.ItemResult(item=f"pod {ns}/{n}", status="planned", detail="would evict")
+                for ns, n in to_evict
+            ]
+            return base.ActionOutcome(
+                status="planned",
+                detail=f"{cordon.detail}; would evict {len(to_evict)} pod(s)",
+                items=items,
+                plan=plan,
+                dry_run=True,
+            )
+        until = self._clock() + self.settings.kube_evict_timeout_s
+        items += await asyncio.gather(*(self._evict(ns, name, until) for ns, name in to_evict))
+        failures = [i for i in items if i.status.startswith("failed")]
+        if failures:
+            status = base.worst(failures)
+        elif cordon.status == "done" or any(i.status == "done" for i in items):
+            status = "done"
+        else:
+            status = "already-done"
+        moved = sum(i.status in ("done", "already-done") for i in items)
+        return base.ActionOutcome(
+            status=status,
+            detail=f"{cordon.detail}; {moved} of {len(to_evict)} pod(s) evicted",
+            items=items,
+            plan=plan,
+        )
+
+    async def _evict(self, namespace: str, name: str, until: float) -> base.ItemResult:
+        item = f"pod {namespace}/{name}"
+        body = k8s_client.V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=k8s_client.V1ObjectMeta(name=name, namespace=namespace),
+        )
+        backoff = self.settings.kube_evict_backoff_s
+        while True:
+            try:
+                await self._call(
+                    "create_namespaced_pod_eviction", name, namespace, body, _content_type="application/json"
+                )
+                return base.ItemResult(item=item, status="done", detail="evicted")
+            except ApiError as e:
+                if e.code == 404:
+                    return base.ItemResult(item=item, status="already-done", detail="pod already gone")
+                if e.code not in (409, 429) and e.code < 500:
+                    return base.ItemResult(item=item, status="failed-permanent", detail=f"not moved: {e}")
+                last = f"not moved: {e}"
+            except errors.TemporaryError as e:
+                last = f"not moved: {e}"
+            if self._clock() + backoff > until:
+                return base.ItemResult(item=item, status="failed-temporary", detail=last)
+            log.info("kubernetes.eviction_retry", pod=item, detail=last, backoff_s=backoff)
+            await self._sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+def _message(body: Any, fallback: Any) -> str:
+    try:
+        status = json.loads(body)
+        message = status.get("message") if isinstance(status, dict) else None
+        causes = (status.get("details") or {}).get("causes") or [] if isinstance(status, dict) else []
+        extra = "; ".join(str(c.get("message")) for c in causes if isinstance(c, dict) and c.get("message"))
+        if message:
+            return f"{message} ({extra})" if extra else str(message)
+    except (TypeError, ValueError):
+        pass
+    return str(fallback or "no message")
+
+
+def _version(obj: Any) -> str | None:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return str(meta["resourceVersion"]) if isinstance(meta, dict) and "resourceVersion" in meta else None
+
+
+def _condition(node: dict[str, Any]) -> str | None:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == CONDITION:
+            return str(cond.get("status"))
+    return None
+
+
+def _skip_reason(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+        return "mirror (static) pod: the kubelet owns it, eviction cannot move it"
+    if any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or []):
+        return "DaemonSet pod: it belongs on this node"
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return "pod has finished"
+    return ""

@@ -1,0 +1,397 @@
+"""Slurm actuator: drain, resume and migrate nodes with the Slurm commands every site already has.
+
+- ``cordon``: ``scontrol update NodeName=X State=DRAIN Reason="healer: <incident> <summary>"``. A node
+  an operator already drained keeps the operator's reason (healer would otherwise later lift it).
+- ``uncordon``: ``State=RESUME``, only when the current reason starts with ``healer:`` and names this
+  incident; an operator's drain is never lifted.
+- ``migrate``: drain, optionally signal the node's jobs to checkpoint and wait a grace period, then
+  ``scontrol requeue`` each job listed by ``squeue -w X -h -o %i`` and lift the requeue hold with
+  ``scontrol update JobId=ID StartTime=now``. Jobs that cannot be requeued are reported one by one.
+
+State is read through ``sinfo --json`` and ``squeue --json`` (Slurm 22.05 has no ``scontrol --json``).
+Every command runs from an argument list (never a shell) with a timeout. Slurm's error texts are
+classified into permanent and temporary errors in ``classify``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import structlog
+
+from healer import config, errors
+from healer.actuators import base
+
+log = structlog.get_logger(__name__)
+
+TEMPORARY_TEXTS = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "Zero Bytes were transmitted",
+    "try again later",
+    "Resource temporarily unavailable",
+    "Slurm backup controller in standby mode",
+)
+"""Error texts that mean the controller is away or busy: worth another try."""
+
+MAX_REASON_CHARS = 256
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeState:
+    name: str
+    state: str
+    flags: tuple[str, ...]
+    reason: str
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags
+
+    @property
+    def healer_owned(self) -> bool:
+        return self.reason.startswith(base.REASON_PREFIX)
+
+    @property
+    def incident(self) -> str:
+        """The incident id in healer's reason (``healer: <id> <summary>``), or ``""``."""
+        parts = self.reason.removeprefix(base.REASON_PREFIX).split(None, 1)
+        return parts[0] if self.healer_owned and parts else ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    argv: tuple[str, ...]
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error(self) -> str:
+        return (self.stderr.strip() or self.stdout.strip() or f"exit status {self.rc}")[:1000]
+
+
+def classify(text: str) -> type[errors.HealerError]:
+    """Which error a Slurm error text is: ``TemporaryError`` for an unreachable or busy controller,
+    ``PermanentError`` for everything else (invalid node name, invalid job id, missing reason, access
+    denied ...)."""
+    return errors.TemporaryError if any(t in text for t in TEMPORARY_TEXTS) else errors.PermanentError
+
+
+def requeue_blocker(job: dict[str, Any] | None) -> str:
+    """Why ``squeue --json`` says a job cannot be requeued, or ``""``."""
+    if job is None:
+        return ""
+    if job.get("batch_flag") is False:
+        return "an interactive job (srun/salloc): Slurm requeues batch jobs only"
+    if job.get("requeue") is False:
+        return "submitted with --no-requeue, or the cluster has JobRequeue=0"
+    return ""
+
+
+def _would(blocker: str) -> str:
+    return f"cannot be requeued: {blocker}" if blocker else "would requeue"
+
+
+def _explain(item: base.ItemResult, blocker: str) -> base.ItemResult:
+    if item.status != "failed-permanent" or not blocker:
+        return item
+    return item.model_copy(update={"detail": f"{item.detail} ({blocker})"})
+
+
+def reason_for(request: base.ActionRequest) -> str:
+    text = f"{base.REASON_PREFIX} {request.incident_id} {request.summary}".strip()
+    return " ".join(text.split())[:MAX_REASON_CHARS]
+
+
+class SlurmActuator:
+    name = "slurm"
+
+    def __init__(
+        self,
+        settings: config.ActuatorSettings | None = None,
+        names: base.NodeNames | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.settings = settings or config.ActuatorSettings()
+        self.names = names or base.NodeNames(self.settings.node_name_template)
+        self._sleep = sleep
+        self._env = dict(os.environ)
+        if self.settings.slurm_conf:
+            self._env["SLURM_CONF"] = self.settings.slurm_conf
+
+    async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
+        async def work() -> base.ActionOutcome:
+            node = self.names(request.node)
+            if request.kind == "cordon":
+                return await self._cordon(node, request)
+            if request.kind == "uncordon":
+                return await self._uncordon(node, request)
+            if request.kind == "migrate":
+                return await self._migrate(node, request)
+            raise errors.PermanentError(f"the slurm actuator does not do {request.kind}")
+
+        return await base.guarded(self.name, self.settings, request, work)
+
+    # -- reading state ------------------------------------------------------------------------------
+
+    async def node_state(self, node: str) -> NodeState | None:
+        """The node as ``sinfo --json`` shows it; ``None`` when Slurm does not know it."""
+        data = await self._json("sinfo", "--json")
+        for entry in data.get("nodes", []):
+            if entry.get("name") == node:
+                return NodeState(
+                    name=node,
+                    state=str(entry.get("state", "")),
+                    flags=tuple(str(f) for f in entry.get("state_flags") or ()),
+                    reason=str(entry.get("reason") or ""),
+                )
+        return None
+
+    async def jobs_on(self, node: str) -> list[str]:
+        """Ids of the jobs placed on ``node`` (pending jobs are on no node yet)."""
+        result = await self._run("squeue", "-w", node, "-h", "-o", "%i")
+        if result.rc != 0:
+            raise classify(result.error)(f"squeue -w {node}: {result.error}")
+        return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+
+    async def jobs(self) -> dict[str, dict[str, Any]]:
+        """Every job ``squeue --json`` knows, by id (state, batch_flag, requeue, nodes ...)."""
+        data = await self._json("squeue", "--json")
+        return {str(job.get("job_id")): job for job in data.get("jobs", [])}
+
+    # -- actions ------------------------------------------------------------------------------------
+
+    async def _cordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        argv = self._argv(
+            "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason_for(request)}"
+        )
+        state = await self.node_state(node)
+        if state is not None and state.drained:
+            who = "healer" if state.healer_owned else "an operator"
+            return base.ActionOutcome(
+                status="already-done",
+                detail=f"{node} already drained by {who}: {state.reason!r}",
+                dry_run=request.dry_run,
+            )
+        if request.dry_run:
+            return self._planned(f"would drain {node}", [argv])
+        await self._checked(argv)
+        return base.ActionOutcome(status="done", detail=f"drained {node}", plan=[shlex.join(argv)])
+
+    async def _uncordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        argv = self._argv("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        state = await self.node_state(node)
+        if state is None:
+            raise errors.PermanentError(f"Invalid node name specified: Slurm does not know {node!r}")
+        if not state.drained:
+            return base.ActionOutcome(
+                status="already-done",
+                detail=f"{node} is not drained ({state.state})",
+                dry_run=request.dry_run,
+            )
+        if not state.healer_owned:
+            return base.ActionOutcome(
+                status="refused",
+                detail=f"{node} was drained by an operator ({state.reason!r}); healer leaves it drained",
+                dry_run=request.dry_run,
+            )
+        if state.incident != request.incident_id and not request.params.get("any_incident"):
+            return base.ActionOutcome(
+                status="refused",
+                detail=f"{node} drained by healer for incident {state.incident}, not {request.incident_id}",
+                dry_run=request.dry_run,
+            )
+        if request.dry_run:
+            return self._planned(f"would resume {node}", [argv])
+        result = await self._run_argv(argv)
+        if result.rc != 0:
+            after = await self.node_state(node)
+            if "Invalid node state" in result.error and after is not None and not after.drained:
+                return base.ActionOutcome(status="already-done", detail=f"{node} is not drained")
+            raise classify(result.error)(result.error)
+        return base.ActionOutcome(status="done", detail=f"resumed {node}", plan=[shlex.join(argv)])
+
+    async def _migrate(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        drain = await self._cordon(node, request)
+        job_ids = await self.jobs_on(node)
+        signal = self.settings.slurm_checkpoint_signal
+        if request.dry_run:
+            plan = list(drain.plan)
+            if signal and job_ids:
+                plan += [
+                    shlex.join(self._argv("scancel", f"--signal={signal}", "--full", j)) for j in job_ids
+                ]
+                plan.append(f"wait {self.settings.slurm_checkpoint_grace_s:g} s")
+            for j in job_ids:
+                plan.append(shlex.join(self._argv("scontrol", "requeue", j)))
+                plan.append(shlex.join(self._argv("scontrol", "update", f"JobId={j}", "StartTime=now")))
+            info = await self.jobs() if job_ids else {}
+            items = [
+                base.ItemResult(
+                    item=f"job {j}", status="planned", detail=_would(requeue_blocker(info.get(j)))
+                )
+                for j in job_ids
+            ]
+            return base.ActionOutcome(
+                status="planned",
+                detail=f"{drain.detail}; would requeue {len(job_ids)} job(s)",
+                items=items,
+                plan=plan,
+                dry_run=True,
+            )
+        plan = list(drain.plan)
+        if signal and job_ids:
+            for j in job_ids:
+                argv = self._argv("scancel", f"--signal={signal}", "--full", j)
+                plan.append(shlex.join(argv))
+                result = await self._run_argv(argv)
+                if result.rc != 0:
+                    log.info("slurm.checkpoint_signal_failed", node=node, job_id=j, error=result.error)
+            plan.append(f"wait {self.settings.slurm_checkpoint_grace_s:g} s")
+            await self._sleep(self.settings.slurm_checkpoint_grace_s)
+            job_ids = await self.jobs_on(node)
+        items = [await self._requeue(j, plan) for j in job_ids]
+        failed = [i for i in items if i.status == "failed-permanent" and "Invalid job id" in i.detail]
+        if failed:  # a job that vanished between squeue and requeue has ended: nothing left to move
+            still_here = set(await self.jobs_on(node))
+            items = [
+                base.ItemResult(
+                    item=i.item, status="already-done", detail=f"job ended before requeue ({i.detail})"
+                )
+                if i in failed and i.item.removeprefix("job ") not in still_here
+                else i
+                for i in items
+            ]
+        if any(i.status == "failed-permanent" for i in items):
+            info = await self.jobs()
+            items = [_explain(i, requeue_blocker(info.get(i.item.removeprefix("job ")))) for i in items]
+        status = base.worst(items) if items else drain.status
+        if status == "already-done" and drain.status == "done":
+            status = "done"
+        moved = sum(i.status in ("done", "already-done") for i in items)
+        return base.ActionOutcome(
+            status=status,
+            detail=f"{drain.detail}; {moved} of {len(items)} job(s) requeued",
+            items=items,
+            plan=plan,
+        )
+
+    async def requeue(self, job_id: str) -> base.ItemResult:
+        """Requeue one job and lift its hold; never raises."""
+        try:
+            return await self._requeue(job_id, [])
+        except errors.HealerError as e:
+            return base.ItemResult(item=f"job {job_id}", status="failed-permanent", detail=str(e))
+
+    async def _requeue(self, job_id: str, plan: list[str]) -> base.ItemResult:
+        item = f"job {job_id}"
+        argv = self._argv("scontrol", "requeue", job_id)
+        plan.append(shlex.join(argv))
+        result = await self._retried(argv)
+        if result.rc != 0:
+            if "is pending execution" in result.error:
+                return base.ItemResult(item=item, status="already-done", detail="already pending")
+            status: base.ItemStatus = (
+                "failed-temporary" if classify(result.error) is errors.TemporaryError else "failed-permanent"
+            )
+            return base.ItemResult(item=item, status=status, detail=result.error)
+        # The requeued job sits in COMPLETING for a moment; once it is pending, lift the requeue hold.
+        settle_until = time.monotonic() + self.settings.slurm_requeue_settle_s
+        while time.monotonic() < settle_until:
+            state = await self._run("squeue", "-h", "-o", "%T", "-j", job_id)
+            if state.rc != 0 or state.stdout.strip() != "COMPLETING":
+                break
+            await self._sleep(0.1)
+        argv = self._argv("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        plan.append(shlex.join(argv))
+        release = await self._run_argv(argv)
+        if release.rc != 0 and "no longer pending" not in release.error:
+            return base.ItemResult(item=item, status="done", detail=f"requeued; hold kept: {release.error}")
+        return base.ItemResult(item=item, status="done", detail="requeued")
+
+    # -- running commands ---------------------------------------------------------------------------
+
+    def _planned(self, detail: str, argvs: Sequence[Sequence[str]]) -> base.ActionOutcome:
+        return base.ActionOutcome(
+            status="planned", detail=detail, plan=[shlex.join(a) for a in argvs], dry_run=True
+        )
+
+    def _argv(self, tool: str, *args: str) -> list[str]:
+        if self.settings.slurm_bin_dir:
+            path = os.path.join(self.settings.slurm_bin_dir, tool)
+        else:
+            path = shutil.which(tool, path=self._env.get("PATH")) or tool
+        return [path, *args]
+
+    async def _run(self, tool: str, *args: str) -> Result:
+        return await self._run_argv(self._argv(tool, *args))
+
+    async def _retried(self, argv: list[str]) -> Result:
+        """Run, retrying while the error text is temporary; return the last result."""
+
+        async def once() -> Result:
+            result = await self._run_argv(argv)
+            if result.rc != 0 and classify(result.error) is errors.TemporaryError:
+                raise errors.TemporaryError(result.error)
+            return result
+
+        try:
+            return await base.retry_policy(self.settings, None, log)(once)
+        except errors.TemporaryError as e:
+            return Result(tuple(argv), 1, "", str(e))
+
+    async def _checked(self, argv: list[str]) -> Result:
+        result = await self._run_argv(argv)
+        if result.rc != 0:
+            raise classify(result.error)(result.error)
+        return result
+
+    async def _json(self, tool: str, *args: str) -> dict[str, Any]:
+        result = await self._run(tool, *args)
+        if result.rc != 0:
+            raise classify(result.error)(f"{tool}: {result.error}")
+        try:
+            data = json.loads(result.stdout)
+        except ValueError as e:
+            raise errors.TemporaryError(f"{tool} printed something that is not JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise errors.TemporaryError(f"{tool} printed JSON that is not an object")
+        return data
+
+    async def _run_argv(self, argv: Sequence[str]) -> Result:
+        timeout = self.settings.call_timeout_s
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+            )
+        except FileNotFoundError as e:
+            raise errors.PermanentError(
+                f"{argv[0]} not found (install Slurm's client commands or set actuators.slurm_bin_dir)"
+            ) from e
+        except OSError as e:
+            raise errors.PermanentError(f"cannot run {argv[0]}: {e}") from e
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError as e:
+            proc.kill()
+            await proc.wait()
+            raise errors.TemporaryError(f"{shlex.join(argv)} timed out after {timeout:g} s") from e
+        result = Result(
+            tuple(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        )
+        log.debug("slurm.command", argv=list(argv), rc=result.rc, stderr=result.stderr.strip()[:200])
+        return result

@@ -1,0 +1,257 @@
+"""``healer bench controller``: how many node-frames one controller process ingests and evaluates, next
+to what a bare subscriber can receive on the same machine in the same run, and fault-to-action latency.
+
+Three measurements, each with a separate publisher process flooding (or pacing) a local nats-server:
+
+1. **bare ceiling**: a nats-py subscriber that only receives and decodes each frame with orjson;
+2. **controller**: the real Controller with the default rule pack (observe mode, so the cost measured is
+   ingest + rule evaluation + incidents, not actuators), frames counted by its own metric;
+3. **latency**: nodes paced at one frame per second, a new double-bit ECC error injected on a node every
+   couple of seconds; latency is from the publish of the first faulty frame to the actuator receiving
+   the cordon (enforce mode, recording actuator), p50/p99.
+
+Ratios are what to read: absolute numbers depend on the machine and on the other processes sharing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import multiprocessing
+import pathlib
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import orjson
+import structlog
+
+from healer import config, testing
+from healer.bus import nats as natsbus
+from healer.bus import provision, server, subjects
+from healer.controller import service
+from healer.schemas import codec, telemetry
+from healer.telemetry import sim
+
+TS_MARK = b"1111111111.25"
+
+
+def _templates(nodes: int, faulty: set[int]) -> list[tuple[str, bytes, bytes | None]]:
+    gpus = sim.SimSource("bench", gpus=8, seed=1).sample().gpus
+    bad = [g.model_copy(update={"ecc_dbe_volatile": 1}) if g.index == 3 else g for g in gpus]
+    out = []
+    for i in range(nodes):
+        node = f"gpu-{i:05d}"
+
+        def enc(gs: list[telemetry.GpuSample], node: str = node) -> bytes:
+            frame = telemetry.NodeFrame(
+                node=node, ts=float(TS_MARK), seq=0, boot_id="bench", agent_version="bench", source="sim",
+                gpus_expected=8, gpus=gs,
+            )  # fmt: skip
+            return codec.encode(frame)
+
+        out.append((node, enc(gpus), enc(bad) if i in faulty else None))
+    return out
+
+
+def _publisher(url: str, nodes: int, seconds: float, rate_hz: float, faults: int, result: Any) -> None:
+    """A separate process: flood (rate_hz = 0) or pace frames; inject faults; report what it did."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+
+    async def main() -> dict[str, Any]:
+        faulty = set(range(0, nodes, max(1, nodes // max(1, faults)))) if faults else set()
+        faulty = set(sorted(faulty)[:faults])
+        frames = _templates(nodes, faulty)
+        bus = await natsbus.NatsBus.connect(url, name="bench-publisher")
+        subj = subjects.Subjects()
+        subject_of = {node: subj.telemetry(node) for node, _, _ in frames}
+        sent = 0
+        injected: dict[str, float] = {}
+        order = sorted(faulty)
+        start = time.time()
+        rnd = 0
+        while time.time() - start < seconds:
+            rnd += 1
+            round_start = time.time()
+            # after a 5-round baseline, one more node turns faulty every 2 rounds
+            live_faults = set(order[: max(0, (rnd - 5) // 2)]) if rate_hz else set()
+            for i, (node, good, bad) in enumerate(frames):
+                ts = time.time()
+                use_bad = bad is not None and i in live_faults
+                data = (bad if use_bad else good).replace(TS_MARK, f"{ts:.6f}".encode())  # type: ignore[union-attr]
+                await bus.publish(subject_of[node], data)
+                sent += 1
+                if use_bad and node not in injected:
+                    injected[node] = ts
+                if sent % 500 == 0:
+                    await asyncio.sleep(0)
+            if rate_hz:
+                await asyncio.sleep(max(0.0, 1.0 / rate_hz - (time.time() - round_start)))
+        await bus.flush(10)
+        await bus.close()
+        return {"sent": sent, "seconds": time.time() - start, "injected": injected}
+
+    result.put(asyncio.run(main()))
+
+
+def _start_publisher(url: str, nodes: int, seconds: float, rate_hz: float, faults: int) -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_publisher, args=(url, nodes, seconds, rate_hz, faults, queue), daemon=True)
+    proc.start()
+    return proc, queue
+
+
+async def bare_ceiling(url: str, nodes: int, seconds: float) -> float:
+    import nats
+
+    nc = await nats.connect(url, name="bench-bare", pending_size=1 << 27)
+    count = 0
+    first = last = 0.0
+
+    async def handle(msg: Any) -> None:
+        nonlocal count, first, last
+        orjson.loads(msg.data)
+        now = time.perf_counter()
+        if not count:
+            first = now
+        count += 1
+        last = now
+
+    await nc.subscribe(
+        "healer.telemetry.*", cb=handle, pending_msgs_limit=2_000_000, pending_bytes_limit=1 << 31
+    )
+    await nc.flush()
+    proc, queue = _start_publisher(url, nodes, seconds, 0, 0)
+    await asyncio.to_thread(proc.join, seconds + 60)
+    await asyncio.sleep(1.0)
+    await nc.close()
+    queue.get(timeout=5)
+    return count / (last - first) if last > first else 0.0
+
+
+def _settings(url: str, rules_dir: str, mode: str, tick_s: float) -> config.Settings:
+    return config.Settings(
+        nats=config.NatsSettings(url=url),
+        controller=config.ControllerSettings.model_validate(
+            {"rules_dir": rules_dir, "mode": mode, "tick_s": tick_s, "breaker_max_percent": 50.0}
+        ),
+    )
+
+
+async def controller_rate(url: str, rules_dir: str, nodes: int, seconds: float) -> tuple[float, float]:
+    bus = await natsbus.NatsBus.connect(url, name="bench-controller")
+    ctl = service.Controller(
+        _settings(url, rules_dir, "observe", 1.0), bus, scheduler=testing.RecordingActuator()
+    )
+    await ctl.start()
+    samples: list[tuple[float, float]] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append((time.perf_counter(), ctl.metrics.frames._value.get()))
+            await asyncio.sleep(0.25)
+
+    sampler = asyncio.create_task(sample())
+    proc, queue = _start_publisher(url, nodes, seconds, 0, 0)
+    await asyncio.to_thread(proc.join, seconds + 60)
+    await asyncio.sleep(2.0)
+    sampler.cancel()
+    await ctl.stop()
+    await bus.close()
+    queue.get(timeout=5)
+    moving = [(t, n) for t, n in samples if n > 0]
+    if len(moving) < 2:
+        return 0.0, 0.0
+    (t0, n0), (t1, n1) = moving[0], moving[-1]
+    ticks = next(iter(ctl.metrics.tick.collect())).samples
+    tick_sum = next(s.value for s in ticks if s.name.endswith("_sum"))
+    tick_count = next(s.value for s in ticks if s.name.endswith("_count"))
+    return (n1 - n0) / (t1 - t0), tick_sum / max(tick_count, 1)
+
+
+async def latency(url: str, rules_dir: str, nodes: int, seconds: float, faults: int) -> list[float]:
+    bus = await natsbus.NatsBus.connect(url, name="bench-latency")
+    actuator = _TimedActuator()
+    ctl = service.Controller(_settings(url, rules_dir, "enforce", 1.0), bus, scheduler=actuator)
+    await ctl.start()
+    proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults)
+    await asyncio.to_thread(proc.join, seconds + 60)
+    await asyncio.sleep(3.0)
+    await ctl.stop()
+    await bus.close()
+    injected: dict[str, float] = queue.get(timeout=5)["injected"]
+    return sorted(actuator.first[n] - t for n, t in injected.items() if n in actuator.first)
+
+
+class _TimedActuator(testing.RecordingActuator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: dict[str, float] = {}
+
+    async def apply(self, request: Any) -> Any:
+        self.first.setdefault(request.node, time.time())
+        return await super().apply(request)
+
+
+@dataclasses.dataclass
+class Report:
+    nodes: int
+    frame_bytes: int
+    bare_frames_per_s: float
+    controller_frames_per_s: float
+    ratio: float
+    tick_mean_s: float
+    latency_nodes: int
+    latency_faults_detected: int
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+
+
+async def run(nodes: int, seconds: float, latency_nodes: int, faults: int, rules_dir: str) -> Report:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    frame_bytes = len(_templates(1, set())[0][1])
+    with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
+        b = await natsbus.NatsBus.connect(srv.url)
+        await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
+        await b.close()
+        bare = await bare_ceiling(srv.url, nodes, seconds)
+        ctl_rate, tick_mean = await controller_rate(srv.url, rules_dir, nodes, seconds)
+    with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
+        b = await natsbus.NatsBus.connect(srv.url)
+        await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
+        await b.close()
+        lat = await latency(srv.url, rules_dir, latency_nodes, max(seconds, 5 + 2 * faults + 5), faults)
+    q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else []
+    return Report(
+        nodes=nodes,
+        frame_bytes=frame_bytes,
+        bare_frames_per_s=round(bare),
+        controller_frames_per_s=round(ctl_rate),
+        ratio=round(ctl_rate / bare, 3) if bare else 0.0,
+        tick_mean_s=round(tick_mean, 4),
+        latency_nodes=latency_nodes,
+        latency_faults_detected=len(lat),
+        latency_p50_s=round(statistics.median(lat), 3) if lat else None,
+        latency_p99_s=round(q[98], 3) if q else (round(lat[0], 3) if lat else None),
+    )
+
+
+def main(nodes: int, seconds: float, latency_nodes: int, faults: int, rules_dir: str, as_json: bool) -> int:
+    report = asyncio.run(run(nodes, seconds, latency_nodes, faults, rules_dir))
+    if as_json:
+        print(json.dumps(dataclasses.asdict(report), indent=2))
+        return 0
+    print(f"controller benchmark: {nodes} distinct nodes x 8 GPUs, frames of {report.frame_bytes} bytes")
+    print(f"  bare nats-py subscriber + orjson decode : {report.bare_frames_per_s:>8,.0f} frames/s")
+    print(f"  controller (decode, ingest, evaluate)   : {report.controller_frames_per_s:>8,.0f} frames/s")
+    print(f"  ratio controller / bare                 : {report.ratio:>8.2f}")
+    print(f"  mean evaluation tick under that load    : {report.tick_mean_s * 1000:>8.1f} ms")
+    print(
+        f"  fault-to-action at 1 s ticks, {latency_nodes} nodes at 1 Hz: "
+        f"{report.latency_faults_detected}/{faults} faults acted on, "
+        f"p50 {report.latency_p50_s} s, p99 {report.latency_p99_s} s"
+    )
+    return 0

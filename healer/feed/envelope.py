@@ -1,0 +1,74 @@
+"""What a message on the incident feed is: a healer incident, another CloudEvent, or garbage.
+
+The feed carries CloudEvents 1.0 in structured JSON. Incident events (``io.healer.incident.*``) and
+rule-file rejections (``io.healer.rules.rejected.v1``) are validated in full against their models in
+``schemas.incidents``; other CloudEvents a later controller may add only need a valid envelope, so
+consumers pass them on instead of calling them malformed. Anything else raises ``errors.DecodeError``
+and is counted by callers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Literal
+
+import pydantic
+
+from healer import errors
+from healer.schemas import codec, incidents
+
+KIND = "cloudevent"
+
+
+class Envelope(pydantic.BaseModel):
+    """The CloudEvents 1.0 context attributes every feed message must carry; other fields pass through."""
+
+    model_config = pydantic.ConfigDict(extra="allow", frozen=True)
+
+    specversion: Literal["1.0"]
+    id: str = pydantic.Field(min_length=1, max_length=128)
+    source: str = pydantic.Field(min_length=1, max_length=1024)
+    type: str = pydantic.Field(min_length=1, max_length=256)
+    subject: str | None = None
+    time: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One feed message, decoded: the typed model for the types healer knows, only the envelope otherwise."""
+
+    raw: bytes
+    envelope: Envelope
+    incident: incidents.IncidentEvent | None = None
+    rules_rejected: incidents.RulesRejectedEvent | None = None
+
+
+def classify(data: bytes) -> Item:
+    """Decode one feed message or raise ``errors.DecodeError`` (reasons as in ``schemas.codec``)."""
+    if len(data) > codec.MAX_MESSAGE_BYTES:
+        raise errors.DecodeError(KIND, "too_large", f"{len(data)} bytes > {codec.MAX_MESSAGE_BYTES}")
+    try:
+        env = Envelope.model_validate_json(data)
+    except pydantic.ValidationError as e:
+        first = e.errors(include_url=False)
+        if first and first[0]["type"] == "json_invalid":
+            raise errors.DecodeError(KIND, "json", first[0]["msg"]) from None
+        raise errors.DecodeError(KIND, "validation", f"not a CloudEvent: {_first(e)}") from None
+    if env.type.startswith(incidents.TYPE_PREFIX):
+        return Item(raw=data, envelope=env, incident=codec.decode_incident(data))
+    if env.type == incidents.RULES_REJECTED_TYPE:
+        try:
+            rejected = incidents.RulesRejectedEvent.model_validate_json(data)
+        except pydantic.ValidationError as e:
+            raise errors.DecodeError("rules_rejected", "validation", _first(e)) from None
+        return Item(raw=data, envelope=env, rules_rejected=rejected)
+    return Item(raw=data, envelope=env)
+
+
+def _first(e: pydantic.ValidationError) -> str:
+    first = e.errors(include_url=False)
+    if not first:
+        return str(e)
+    loc = ".".join(str(p) for p in first[0]["loc"]) or "<root>"
+    return f"{loc}: {first[0]['msg']}"

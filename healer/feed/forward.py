@@ -1,0 +1,313 @@
+"""Forwarding the incident feed to an HTTP receiver, at-least-once: ``healer forward``.
+
+A durable pull consumer (explicit acks, one event in flight) hands events over in stream order. Each
+is POSTed in CloudEvents structured mode and acknowledged only once the receiver answered 2xx; while the
+receiver is down or answers 5xx/408/429 the event is retried with exponential back-off (forever by
+default) and kept alive with in-progress acks, so nothing is lost and nothing overtakes it. A killed
+forwarder's event is redelivered by JetStream after ``ack_wait_s``; a stopped one hands it back at once.
+Receivers deduplicate on the event ``id``, which a redelivery repeats (the body is the stored bytes).
+
+An answer that will never change (another 4xx) must not block the feed forever: the event is logged,
+counted, written to the dead-letter file if there is one, and acknowledged. So is anything in the stream
+that is not a CloudEvent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import nats.errors
+import nats.js.errors
+import orjson
+import prometheus_client as prom
+import structlog
+import tenacity
+from nats.aio.msg import Msg as NatsMsg
+from nats.js import api
+
+from healer import config, errors
+from healer.bus import nats as natsbus
+from healer.bus import subjects as subjects_mod
+from healer.feed import envelope, webhook
+
+log = structlog.get_logger(__name__)
+
+ACK_TIMEOUT_S = 5.0
+"""How long to wait for JetStream to confirm an ack (unconfirmed: maybe a duplicate later, never a loss)."""
+
+Post = Callable[[str, bytes, Mapping[str, str], float], Awaitable[webhook.Delivery]]
+
+
+def check_url(url: str) -> None:
+    """Refuse, before anything starts, a receiver URL urllib could not POST to."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise errors.PermanentError(f"receiver URL must be http:// or https://, not {url!r}")
+
+
+class ForwardMetrics:
+    """The forwarder's Prometheus metrics, on a registry of its own."""
+
+    def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
+        self.registry = registry or prom.CollectorRegistry()
+        r = self.registry
+        self.delivered = prom.Counter(
+            "healer_forward_delivered_total", "events the receiver accepted (2xx)", registry=r
+        )
+        self.retried = prom.Counter(
+            "healer_forward_retried_total", "failed attempts that will be retried", registry=r
+        )
+        self.refused = prom.Counter(
+            "healer_forward_refused_total", "events the receiver refused for good (4xx)", registry=r
+        )
+        self.malformed = prom.Counter(
+            "healer_forward_malformed_total",
+            "stream messages that are not CloudEvents",
+            ["reason"],
+            registry=r,
+        )
+        self.redelivered = prom.Counter(
+            "healer_forward_redelivered_total", "events JetStream delivered more than once", registry=r
+        )
+        self.backlog = prom.Gauge(
+            "healer_forward_backlog", "events in the stream not yet handed to this forwarder", registry=r
+        )
+        self.last_delivered_ts = prom.Gauge(
+            "healer_forward_last_delivered_timestamp_seconds", "when the last event was accepted", registry=r
+        )
+
+
+class Forwarder:
+    def __init__(
+        self,
+        bus: natsbus.NatsBus,
+        subj: subjects_mod.Subjects,
+        url: str,
+        settings: config.FeedSettings,
+        *,
+        dead_letter: pathlib.Path | None = None,
+        headers: Mapping[str, str] | None = None,
+        start: Literal["all", "new"] = "all",
+        metrics: ForwardMetrics | None = None,
+        post: Post = webhook.post,
+    ) -> None:
+        check_url(url)
+        self.bus = bus
+        self.subj = subj
+        self.url = url
+        self.settings = settings
+        self.dead_letter = dead_letter
+        self.extra_headers = dict(headers or {})
+        self.start = start
+        self.metrics = metrics or ForwardMetrics()
+        self.post = post
+        self.log = log.bind(durable=settings.durable)
+        self._psub: Any = None
+
+    @property
+    def stream(self) -> str:
+        return self.subj.stream_incidents
+
+    async def ensure_consumer(self) -> None:
+        """Create the durable consumer, or bring an existing one's ack settings up to date."""
+        s = self.settings
+        js = self.bus.js
+        try:
+            info = await js.consumer_info(self.stream, s.durable)
+        except nats.js.errors.NotFoundError:
+            policy = api.DeliverPolicy.NEW if self.start == "new" else api.DeliverPolicy.ALL
+            await js.add_consumer(
+                self.stream,
+                api.ConsumerConfig(
+                    name=s.durable,
+                    durable_name=s.durable,
+                    description="healer forward: incident feed to an HTTP receiver",
+                    deliver_policy=policy,
+                    ack_policy=api.AckPolicy.EXPLICIT,
+                    ack_wait=s.ack_wait_s,
+                    max_ack_pending=1,
+                    max_deliver=-1,
+                    filter_subject=self.subj.all_incidents,
+                ),
+            )
+            self.log.info("forward.consumer_created", stream=self.stream, start=self.start)
+        else:
+            current = info.config
+            if current.ack_wait != s.ack_wait_s or current.max_ack_pending != 1:
+                current.ack_wait = s.ack_wait_s
+                current.max_ack_pending = 1
+                await js.add_consumer(self.stream, current)
+                self.log.info("forward.consumer_updated", ack_wait_s=s.ack_wait_s)
+        self._psub = await js.pull_subscribe_bind(durable=s.durable, stream=self.stream)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Forward until ``stop`` is set; raises ``PermanentError`` if it cannot go on."""
+        loop_task = asyncio.create_task(self._loop(), name="healer-forward")
+        stop_task = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({loop_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_task.cancel()
+            loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stop_task
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop_task
+            await self._unbind()
+
+    async def _loop(self) -> None:
+        ready = False
+        failures = 0
+        while True:
+            try:
+                if not ready:
+                    await self._unbind()
+                    await self.ensure_consumer()
+                    ready = True
+                msgs = await self._psub.fetch(1, timeout=self.settings.fetch_timeout_s)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as e:
+                # NATS away, the stream not provisioned yet, the consumer deleted: wait, then set up again.
+                failures += 1
+                self.log.warning("forward.fetch_failed", error=repr(e), ready=ready, failures=failures)
+                ready = ready and not isinstance(e, nats.js.errors.NotFoundError)
+                s = self.settings
+                await asyncio.sleep(
+                    min(s.retry_initial_delay_s * 2 ** min(failures, 16), s.retry_max_delay_s)
+                )
+                continue
+            failures = 0
+            for msg in msgs:
+                await self._handle(msg)
+
+    async def _unbind(self) -> None:
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            with contextlib.suppress(nats.errors.Error, OSError, ValueError):
+                await psub.unsubscribe()
+
+    async def _handle(self, msg: NatsMsg) -> None:
+        meta = msg.metadata
+        bound = self.log.bind(seq=meta.sequence.stream, subject=msg.subject)
+        if meta.num_delivered > 1:
+            self.metrics.redelivered.inc()
+        self.metrics.backlog.set(meta.num_pending)
+        keepalive = asyncio.create_task(self._keep_alive(msg))
+        try:
+            try:
+                item = envelope.classify(msg.data)
+            except errors.DecodeError as e:
+                self.metrics.malformed.labels(e.reason).inc()
+                bound.warning("forward.malformed", reason=e.reason, detail=e.detail)
+                self._write_dead_letter(msg, None, None, f"malformed: {e}")
+                await self._ack(msg, bound)
+                return
+            bound = bound.bind(event_id=item.envelope.id, type=item.envelope.type)
+            try:
+                delivery = await self._deliver(msg, item, bound)
+            except webhook.Refused as e:
+                self.metrics.refused.inc()
+                bound.error("forward.refused", status=e.status, body=e.body[:200])
+                self._write_dead_letter(msg, item.envelope.id, e.status, str(e))
+                await self._ack(msg, bound)
+                return
+            except errors.TemporaryError as e:
+                raise errors.PermanentError(
+                    f"gave up on event {item.envelope.id} after {self.settings.retry_attempts} attempts "
+                    f"(left unacknowledged): {e}"
+                ) from e
+            self.metrics.delivered.inc()
+            self.metrics.last_delivered_ts.set(time.time())
+            bound.info("forward.delivered", status=delivery.status, elapsed_s=round(delivery.elapsed_s, 4))
+            await self._ack(msg, bound)
+        except asyncio.CancelledError:
+            # Stopping: hand the event back now rather than after ack_wait (a redelivery repeats its id).
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await msg.nak()
+            raise
+        finally:
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
+
+    async def _keep_alive(self, msg: NatsMsg) -> None:
+        """While an event is being delivered (and retried), keep JetStream from handing it out again."""
+        interval_s = self.settings.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(interval_s)
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await msg.in_progress()
+
+    async def _deliver(
+        self, msg: NatsMsg, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
+    ) -> webhook.Delivery:
+        s = self.settings
+        backoff = tenacity.wait_exponential(multiplier=s.retry_initial_delay_s, max=s.retry_max_delay_s)
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            delay = float(backoff(state))
+            exc = state.outcome.exception() if state.outcome else None
+            if isinstance(exc, errors.TemporaryError) and exc.delay > delay:
+                delay = min(exc.delay, s.retry_max_delay_s)
+            return delay
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            self.metrics.retried.inc()
+            exc = state.outcome.exception() if state.outcome else None
+            bound.warning(
+                "forward.retry",
+                attempt=state.attempt_number,
+                error=str(exc),
+                delay_s=round(state.next_action.sleep, 3) if state.next_action else None,
+            )
+
+        headers = webhook.headers_for(item.envelope.id, item.envelope.type, self.extra_headers)
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(errors.TemporaryError),
+            wait=wait,
+            stop=tenacity.stop_after_attempt(s.retry_attempts) if s.retry_attempts else tenacity.stop_never,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self.post(self.url, msg.data, headers, s.http_timeout_s)
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _ack(self, msg: NatsMsg, bound: structlog.typing.FilteringBoundLogger) -> None:
+        try:
+            await msg.ack_sync(timeout=ACK_TIMEOUT_S)
+        except (nats.errors.Error, OSError) as e:
+            # The receiver has it; JetStream will send it again and the receiver dedups on the id.
+            bound.warning("forward.ack_failed", error=repr(e))
+
+    def _write_dead_letter(self, msg: NatsMsg, event_id: str | None, status: int | None, reason: str) -> None:
+        if self.dead_letter is None:
+            return
+        try:
+            event: object = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            event = msg.data.decode("utf-8", "replace")
+        record = {
+            "at": datetime.now(tz=UTC).isoformat(),
+            "stream_seq": msg.metadata.sequence.stream,
+            "subject": msg.subject,
+            "id": event_id,
+            "status": status,
+            "reason": reason,
+            "event": event,
+        }
+        try:
+            with self.dead_letter.open("ab") as f:
+                f.write(orjson.dumps(record) + b"\n")
+                f.flush()
+        except OSError as e:
+            raise errors.PermanentError(f"cannot write dead-letter file {self.dead_letter}: {e}") from e

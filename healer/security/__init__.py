@@ -1,0 +1,1 @@
+"""Security: NATS accounts, identities and per-identity permissions (see docs/security.md)."""

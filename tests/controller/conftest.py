@@ -1,0 +1,147 @@
+"""Controller test harness: a real nats-server, a rules directory, frames published like agents do."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from healer import config, testing
+from healer.bus import base, provision, server, subjects
+from healer.bus import nats as natsbus
+from healer.controller import service
+from healer.schemas import codec, incidents, telemetry
+from healer.telemetry import sim
+from tests import conftest
+
+DBE_RULES = """
+rules:
+  - id: ecc-dbe
+    description: new double-bit ECC error
+    scope: gpu
+    when: increase(ecc_dbe_volatile[10m]) > 0
+    severity: critical
+    actions: [cordon, migrate]
+    resolve: {when: "ecc_dbe_volatile == 0", for: 0s}
+    on_resolve: [uncordon]
+"""
+
+LEASE_TTL_S = 2.0
+
+
+class Fleet:
+    """Publishes NodeFrames for a few nodes, with per-(node, gpu) overrides (the injected faults)."""
+
+    def __init__(self, bus: base.Bus, nodes: list[str]) -> None:
+        self.bus = bus
+        self.subj = subjects.Subjects()
+        self.nodes = nodes
+        self.sources = {n: sim.SimSource(n, gpus=2, seed=i) for i, n in enumerate(nodes)}
+        self.overrides: dict[tuple[str, int], dict[str, Any]] = {}
+        self.seq = 0
+
+    async def publish(self) -> None:
+        self.seq += 1
+        for node, src in self.sources.items():
+            gpus = [g.model_copy(update=self.overrides.get((node, g.index), {})) for g in src.sample().gpus]
+            frame = telemetry.NodeFrame(
+                node=node, ts=time.time(), seq=self.seq, boot_id="b", agent_version="t", source="sim",
+                gpus_expected=2, gpus=gpus,
+            )  # fmt: skip
+            await self.bus.publish(self.subj.telemetry(node), codec.encode(frame))
+
+
+class Feed:
+    """Collects the incident feed from a core subscription (in order of publication)."""
+
+    def __init__(self) -> None:
+        self.events: list[incidents.IncidentEvent] = []
+
+    async def __call__(self, msg: base.Msg) -> None:
+        if msg.subject.startswith("healer.incidents.rules"):
+            return
+        self.events.append(codec.decode_incident(msg.data))
+
+    def changes(self, node: str | None = None) -> list[str]:
+        return [e.change for e in self.events if node is None or e.data.node == node]
+
+
+class Harness:
+    def __init__(self, srv: server.EmbeddedServer, tmp: pathlib.Path) -> None:
+        self.srv = srv
+        self.tmp = tmp
+        self.rules = tmp / "rules"
+        self.rules.mkdir()
+        (self.rules / "dbe.yaml").write_text(DBE_RULES)
+        self.controllers: list[tuple[service.Controller, natsbus.NatsBus]] = []
+        self.feed = Feed()
+
+    def settings(self, **controller: Any) -> config.Settings:
+        return config.Settings(
+            nats=config.NatsSettings(url=self.srv.url, lease_ttl_s=LEASE_TTL_S),
+            controller=config.ControllerSettings.model_validate(
+                {"rules_dir": str(self.rules), "tick_s": 0.2, "reload_check_s": 0.3, "mode": "enforce",
+                 "uncordon_hold_s": 0, **controller}
+            ),
+        )  # fmt: skip
+
+    async def setup(self) -> natsbus.NatsBus:
+        self.bus = await natsbus.NatsBus.connect(self.srv.url, name="harness")
+        await provision.ensure(self.bus, subjects.Subjects(), config.NatsSettings(lease_ttl_s=LEASE_TTL_S))
+        await self.bus.subscribe("healer.incidents.>", self.feed)
+        return self.bus
+
+    async def controller(self, actuator: testing.RecordingActuator, **controller: Any) -> service.Controller:
+        bus = await natsbus.NatsBus.connect(self.srv.url, name=f"controller-{len(self.controllers)}")
+        ctl = service.Controller(self.settings(**controller), bus, scheduler=actuator)
+        await ctl.start()
+        self.controllers.append((ctl, bus))
+        return ctl
+
+    async def crash(self, ctl: service.Controller) -> None:
+        """Stop a controller the way SIGKILL would: no lease release, no goodbye."""
+        for t in [*ctl._bg, *ctl.tasks.values()]:
+            t.cancel()
+        await asyncio.gather(*ctl._bg, *ctl.tasks.values(), return_exceptions=True)
+        for c, bus in self.controllers:
+            if c is ctl:
+                await bus.nc.close()
+
+    async def close(self) -> None:
+        for ctl, bus in self.controllers:
+            if not bus.nc.is_closed:
+                await ctl.stop()
+                await bus.close()
+        await self.bus.close()
+
+
+async def run_until(fleet: Fleet, predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Keep publishing frames (as agents do, every 0.2 s) until ``predicate`` holds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await fleet.publish()
+            await asyncio.sleep(0.2)
+
+
+async def warm(fleet: Fleet, frames: int = 3) -> None:
+    """A few healthy frames first, so counters have a baseline to increase from."""
+    for _ in range(frames):
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def harness(nats_server: server.EmbeddedServer, tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
+    h = Harness(nats_server, tmp_path)
+    await h.setup()
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+__all__ = ["Feed", "Fleet", "Harness", "conftest", "run_until", "warm"]

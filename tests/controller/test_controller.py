@@ -1,0 +1,192 @@
+"""The controller against a real nats-server: faults become incidents and actions, safely."""
+
+from __future__ import annotations
+
+import asyncio
+
+from healer import testing
+from tests.controller.conftest import Fleet, Harness, run_until, warm
+
+
+async def test_new_dbe_opens_an_incident_then_acts_in_order(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await warm(fleet)
+    fleet.overrides[("n1", 1)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: len(harness.feed.changes("n1")) >= 3)
+    assert harness.feed.changes("n1")[:3] == ["opened", "action", "action"]
+    opened = harness.feed.events[0]
+    assert opened.data.rule_id == "ecc-dbe"
+    assert opened.data.gpu_index == 1
+    assert opened.subject == "node/n1/gpu/1"
+    assert opened.data.evidence
+    assert [(r.kind, r.node) for r in actuator.executed()] == [("cordon", "n1"), ("migrate", "n1")]
+    assert all(r.fencing_token >= 1 for r in actuator.requests)
+    action = harness.feed.events[2].data
+    assert [(a.kind, a.status) for a in action.actions] == [("cordon", "done"), ("migrate", "done")]
+    assert harness.feed.changes("n2") == []
+
+
+async def test_dry_run_makes_the_same_decisions_and_touches_nothing(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    await harness.controller(actuator, mode="dry-run")
+    fleet = Fleet(harness.bus, ["n1"])
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 0}
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 2}
+    await run_until(fleet, lambda: len(harness.feed.changes("n1")) >= 3)
+    assert harness.feed.changes("n1")[:3] == ["opened", "action", "action"]
+    assert actuator.executed() == []
+    assert [r.kind for r in actuator.requests] == ["cordon", "migrate"]
+    assert all(r.dry_run for r in actuator.requests)
+    last = harness.feed.events[2].data
+    assert last.mode == "dry-run"
+    assert [a.status for a in last.actions] == ["planned", "planned"]
+
+
+async def test_incident_resolves_and_undoes_healers_own_cordon(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1"])
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: "action" in harness.feed.changes())
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 0}  # the GPU was reset
+    await run_until(fleet, lambda: len(actuator.executed("uncordon")) == 1)
+    assert "resolved" in harness.feed.changes("n1")
+
+
+async def test_restarted_controller_resumes_without_repeating_actions(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    first = await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1"])
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: len(actuator.executed()) == 2)
+    incident_id = harness.feed.events[0].data.incident_id
+    await harness.crash(first)
+    second = await harness.controller(actuator)
+    await run_until(fleet, lambda: second.leader and bool(second.book.open), timeout=20)
+    assert [i.id for i in second.book.open.values()] == [incident_id]
+    for _ in range(10):
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+    assert len(actuator.executed()) == 2, "the new controller must not act again"
+    assert harness.feed.changes("n1").count("opened") == 1
+
+
+async def test_standby_takes_over_within_the_lease_ttl_and_old_token_is_stale(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    a = await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await run_until(fleet, lambda: a.leader)
+    b = await harness.controller(actuator)
+    await warm(fleet)
+    assert not b.leader
+    old_token = a.lease.token
+    assert old_token is not None
+    await harness.crash(a)
+    loop = asyncio.get_running_loop()
+    crashed_at = loop.time()
+    await run_until(fleet, lambda: b.leader, timeout=10)
+    assert loop.time() - crashed_at < 3 * 2.0, "standby must lead within about the lease TTL"
+    assert b.lease.token is not None
+    assert b.lease.token > old_token
+    fleet.overrides[("n2", 1)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: len(actuator.executed()) == 2)
+    for _ in range(5):
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+    assert [(r.kind, r.node, r.fencing_token) for r in actuator.executed()] == [
+        ("cordon", "n2", b.lease.token),
+        ("migrate", "n2", b.lease.token),
+    ]
+
+
+async def test_mass_fault_trips_the_breaker_and_stops(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator, breaker_max_percent=10.0)
+    nodes = [f"n{i:02d}" for i in range(20)]
+    fleet = Fleet(harness.bus, nodes)
+    await run_until(fleet, lambda: len(ctl.nodes) == 20)
+    for node in nodes[:12]:  # 60 % of the fleet
+        fleet.overrides[(node, 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: any(e.data.rule_id == "circuit-breaker" for e in harness.feed.events))
+    for _ in range(10):
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+    cordoned = {r.node for r in actuator.executed("cordon")}
+    assert len(cordoned) == 2, "10 % of 20 nodes"
+    breaker_events = [e for e in harness.feed.events if e.data.rule_id == "circuit-breaker"]
+    assert len(breaker_events) == 1
+    assert breaker_events[0].change == "escalated"
+    assert breaker_events[0].data.severity == "critical"
+    refused = [
+        e for e in harness.feed.events if e.change == "action" and e.data.actions[0].status == "refused"
+    ]
+    assert refused, "the actions past the limit are refused and published"
+    status = await ctl.breaker.status()
+    assert status["open"] is True
+    await ctl.breaker.reset(by="test")
+    assert (await ctl.breaker.status())["open"] is False
+
+
+async def test_excluded_node_gets_incidents_but_no_actions(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator)
+    await ctl.exclusions.add("n1", by="test", reason="firmware upgrade")
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader and "n1" in ctl.exclusions.nodes)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: "action" in harness.feed.changes("n1"))
+    assert actuator.executed() == []
+    first = next(e for e in harness.feed.events if e.change == "action")
+    assert first.data.actions[0].status == "skipped"
+    assert "firmware upgrade" in first.data.actions[0].detail
+
+
+async def test_broken_rule_file_is_rejected_and_old_rules_stay(harness: Harness) -> None:
+    from healer.bus import base
+
+    rejected: list[bytes] = []
+
+    async def on_rejected(msg: base.Msg) -> None:
+        rejected.append(msg.data)
+
+    await harness.bus.subscribe("healer.incidents.rules.rejected", on_rejected)
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader)
+    (harness.rules / "broken.yaml").write_text("rules:\n  - id: x\n    scope: gpu\n    when: temp_c >>> 3\n")
+    await run_until(fleet, lambda: bool(rejected))
+    assert b"broken.yaml" in rejected[0]
+    assert ctl.metrics.rules_rejected._value.get() == 1
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: len(actuator.executed()) == 2)
+
+
+async def test_two_shards_split_the_fleet_each_with_its_own_lease(harness: Harness) -> None:
+    from healer.controller import service
+
+    actuators = [testing.RecordingActuator(), testing.RecordingActuator()]
+    shards = [
+        await harness.controller(actuators[i], shards=2, shard=i, breaker_max_percent=50) for i in range(2)
+    ]
+    nodes = [f"node-{i:02d}" for i in range(8)]
+    owner = {n: service.shard_of(n, 2) for n in nodes}
+    assert set(owner.values()) == {0, 1}, "the test needs nodes on both shards"
+    fleet = Fleet(harness.bus, nodes)
+    await run_until(fleet, lambda: all(s.leader for s in shards))
+    await warm(fleet)
+    faulty = [next(n for n in nodes if owner[n] == 0), next(n for n in nodes if owner[n] == 1)]
+    for node in faulty:
+        fleet.overrides[(node, 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: all(len(a.executed("cordon")) == 1 for a in actuators))
+    for i in range(2):
+        assert [r.node for r in actuators[i].executed("cordon")] == [faulty[i]]
+        assert shards[i].nodes == {n for n in nodes if owner[n] == i}
+    assert shards[0].lease.key != shards[1].lease.key
+    status = await shards[0].breaker.status()
+    assert sorted(e[0] for e in status["entries"]) == sorted(faulty), "one breaker, shared through KV"

@@ -1,0 +1,115 @@
+"""`healer controller` as real processes: SIGKILL the leader, the standby acts once; the operator
+commands `healer breaker` and `healer exclude` work against the same KV."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+
+from healer import config
+from healer.bus import nats as natsbus
+from healer.bus import provision, server, subjects
+from tests.controller.conftest import DBE_RULES, Feed, Fleet, run_until, warm
+
+HEALER = [sys.executable, "-m", "healer"]
+
+
+def start_controller(url: str, rules: pathlib.Path, log: pathlib.Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "HEALER_NATS_LEASE_TTL_S": "2", "HEALER_LOG_FORMAT": "json"}
+    with log.open("ab") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [*HEALER, "controller", "--nats", url, "--rules", str(rules), "--mode", "enforce", "--actuator",
+             "log", "--tick", "0.2", "--metrics-port", "0"],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+async def leader_pid(bus: natsbus.NatsBus) -> int | None:
+    kv = await bus.js.key_value("healer-leases")
+    try:
+        entry = await kv.get("leader.shard-0")
+    except Exception:
+        return None
+    if not entry.value:
+        return None
+    holder = str(orjson.loads(entry.value)["holder"])
+    return int(holder.split("-")[-2])
+
+
+async def test_sigkilled_leader_is_replaced_and_no_action_runs_twice(
+    nats_server: server.EmbeddedServer, tmp_path: pathlib.Path
+) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "dbe.yaml").write_text(DBE_RULES)
+    bus = await natsbus.NatsBus.connect(nats_server.url)
+    await provision.ensure(bus, subjects.Subjects(), config.NatsSettings(lease_ttl_s=2))
+    feed = Feed()
+    await bus.subscribe("healer.incidents.>", feed)
+    procs = [start_controller(nats_server.url, rules, tmp_path / f"c{i}.log") for i in range(2)]
+    try:
+        fleet = Fleet(bus, ["n1", "n2"])
+        pid: int | None = None
+
+        def elected() -> bool:
+            return pid in {p.pid for p in procs}
+
+        async with asyncio.timeout(30):
+            while not elected():
+                pid = await leader_pid(bus)
+                await fleet.publish()
+                await asyncio.sleep(0.2)
+        leader = next(p for p in procs if p.pid == pid)
+        standby = next(p for p in procs if p.pid != pid)
+        await warm(fleet)
+        leader.send_signal(signal.SIGKILL)
+        leader.wait(10)
+        killed_at = time.monotonic()
+        fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+        await run_until(fleet, lambda: feed.changes("n1").count("action") >= 2, timeout=30)
+        took = time.monotonic() - killed_at
+        for _ in range(10):
+            await fleet.publish()
+            await asyncio.sleep(0.2)
+        assert standby.poll() is None
+        assert await leader_pid(bus) == standby.pid
+        assert took < 10, f"standby acted {took:.1f}s after the leader died (lease TTL 2 s)"
+        assert feed.changes("n1").count("opened") == 1
+        actions = [e.data.actions for e in feed.events if e.change == "action"]
+        assert [(a.kind, a.status) for a in actions[-1]] == [("cordon", "done"), ("migrate", "done")]
+        assert len(actions) == 2, "each action executed and published exactly once"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        await bus.close()
+
+
+def test_operator_commands_for_breaker_and_exclusions(nats_server: server.EmbeddedServer) -> None:
+    def healer(*args: str) -> str:
+        done = subprocess.run(
+            [*HEALER, *args, "--nats", nats_server.url], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert '"open": false' in healer("breaker", "status")
+    assert "gpu-07" in healer("exclude", "add", "gpu-07", "--reason", "PSU swap")
+    listed = healer("exclude", "list")
+    assert "gpu-07" in listed
+    assert "PSU swap" in listed
+    assert "gpu-07" not in healer("exclude", "remove", "gpu-07")
+    reset = healer("breaker", "reset")
+    assert '"reset_by"' in reset

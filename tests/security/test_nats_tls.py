@@ -1,0 +1,57 @@
+"""TLS as `healer nats config --tls-*` writes it: a real nats-server that requires TLS, and NatsBus
+connecting through it with ``tls_ca_file``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import urllib.request
+
+import pytest
+
+from healer import config, errors
+from healer.bus import nats as natsbus
+from healer.bus import server, subjects
+from healer.security import natsconf
+from tests.security import certs
+
+pytestmark = pytest.mark.nats
+
+
+async def test_node_connects_over_tls_with_the_private_ca(tmp_path: pathlib.Path) -> None:
+    tls = certs.make(tmp_path / "tls")
+    result = natsconf.generate(
+        natsconf.Inventory(nodes=["gpu-1"]),
+        tmp_path / "auth",
+        tls=natsconf.Tls(str(tls.cert), str(tls.key), str(tls.ca)),
+    )
+    srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
+    srv.start()
+    try:
+        identity = config.load(result.settings_files[("node", "gpu-1")], env={}).nats
+        secured = identity.model_copy(update={"url": srv.url, "tls_ca_file": str(tls.ca)})
+        bus = await natsbus.NatsBus.connect(
+            srv.url, nats_settings=secured, retry=config.RetrySettings(attempts=1)
+        )
+        try:
+            await bus.publish(subjects.Subjects().telemetry("gpu-1"), b"frame")
+            await bus.flush()
+            assert bus.connected
+            varz = await asyncio.to_thread(_varz, srv.monitor_port)
+            assert varz["tls_required"] is True
+        finally:
+            await bus.close()
+    finally:
+        srv.stop()
+
+
+def test_a_missing_ca_file_is_a_permanent_error(tmp_path: pathlib.Path) -> None:
+    ns = config.NatsSettings(tls_ca_file=str(tmp_path / "absent.pem"))
+    with pytest.raises(errors.PermanentError):
+        natsbus._tls_context(ns)
+
+
+def _varz(port: int) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as resp:
+        return dict(json.load(resp))
