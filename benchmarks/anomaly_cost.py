@@ -35,7 +35,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--model", default=str(REPO / "models" / "default"))
-    ap.add_argument("--variants", type=int, default=500, help="distinct simulated nodes whose frames are reused")
+    ap.add_argument(
+        "--variants", type=int, default=500, help="distinct simulated nodes whose frames are reused"
+    )
     args = ap.parse_args()
 
     scorer = scoring.load(args.model)
@@ -43,9 +45,7 @@ def main() -> None:
     sim = scenarios.build(scenarios.load("mixed"), nodes=args.variants, gpus=8, seed=1)
     sim.step(1.0)
     proto = [codec.decode_frame(data) for _, data in sim.frames()]
-    frames = [
-        proto[i % len(proto)].model_copy(update={"node": f"node-{i:05d}"}) for i in range(args.nodes)
-    ]
+    frames = [proto[i % len(proto)].model_copy(update={"node": f"node-{i:05d}"}) for i in range(args.nodes)]
     t0 = 1_767_225_600.0
     # fill the window (untimed), one bucket at a time
     for b in range(round(scorer.window.window_s / bucket_s)):
@@ -64,7 +64,7 @@ def main() -> None:
     ingest_s = time.process_time() - started
     flush_s, _ = cpu(scorer.window.flush)
     score_s, scores = cpu(scorer.score_array, t1 + bucket_s - 1)
-    arr, valid = scores
+    _, valid = scores
     # bare numpy: the window reduction and one comparison per feature over the same shapes
     ring = scorer.window._sums[: args.nodes]
 
@@ -80,8 +80,12 @@ def main() -> None:
     print(f"fleet: {args.nodes} nodes x 8 GPUs = {gpus} GPUs scored ({int(valid.sum())} valid)")
     print(f"ingest: {1e6 * ingest_s / n_obs:.1f} us per frame (observe), {n_obs} frames")
     print(f"flush of one {bucket_s:g} s bucket ({n_obs} frames): {flush_s * 1e3:.0f} ms")
-    print(f"score (features + model, one batch): {score_s * 1e3:.0f} ms, {1e6 * score_s / gpus:.2f} us per GPU")
-    print(f"bare numpy pass over the same ring: {bare_s * 1e3:.1f} ms; score / bare = {score_s / bare_s:.0f}x")
+    print(
+        f"score (features + model, one batch): {score_s * 1e3:.0f} ms, {1e6 * score_s / gpus:.2f} us per GPU"
+    )
+    print(
+        f"bare numpy pass over the same ring: {bare_s * 1e3:.1f} ms; score / bare = {score_s / bare_s:.0f}x"
+    )
     share_batch = batch_s / bucket_s
     share_ingest = ingest_s / bucket_s
     print(
