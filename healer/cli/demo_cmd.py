@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import signal
 import sys
@@ -48,7 +49,8 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     live_view = not args.json and sys.stdout.isatty()
-    logs.configure("error")
+    held = io.StringIO()  # under the live view, errors are held and printed after it
+    logs.configure("error", stream=held if live_view else None)
     opts = runner.Options(
         duration_s=args.duration,
         nodes=args.nodes,
@@ -74,6 +76,9 @@ def _run(args: argparse.Namespace) -> int:
     except errors.HealerError as e:
         print(f"healer demo: {e}", file=sys.stderr)
         return 1
+    finally:
+        if held.getvalue():
+            print(held.getvalue(), file=sys.stderr, end="")
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

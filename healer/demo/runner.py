@@ -16,7 +16,7 @@ import dataclasses
 import pathlib
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -109,7 +109,8 @@ async def run(
         replaced = stage.merge_rules(pack, overrides, tmp / "rules")
         with server.EmbeddedServer(tmp / "nats") as srv:
             log.info("demo.nats_started", pid=srv.pid, url=srv.url, tmp=str(tmp))
-            say(f"nats-server (pid {srv.pid}) on {srv.url}; rules: {pack} with {replaced or 'no'} overridden")
+            say(f"nats-server (pid {srv.pid}) on {srv.url}, state in {tmp}")
+            say(f"rules: {pack}, with {', '.join(replaced) or 'nothing'} replaced from {overrides}")
             s = settings_for(opts, srv.url, tmp / "rules", tmp)
             return await _run_with_server(opts, s, sc, stop, on_tick, say, tick_s)
 
@@ -181,21 +182,25 @@ async def _run_with_server(
     finally:
         fleet_stop.set()
         if fleet_task is not None:
-            with contextlib.suppress(Exception):
-                await fleet_task
+            await _quietly("fleet", fleet_task)
         if fleet is not None:
-            with contextlib.suppress(Exception):
-                await fleet.close()
+            await _quietly("fleet commands", fleet.close())
         if ctl is not None:
-            with contextlib.suppress(Exception):
-                await ctl.stop()
+            await _quietly("controller", ctl.stop())
         for bus in reversed(buses):
-            with contextlib.suppress(Exception):
-                await bus.close()
+            await _quietly("bus", bus.close())
         log.info("demo.stopped")
     return obs.summary(
         duration_s=time.monotonic() - started, nodes=opts.nodes, gpus=opts.gpus, interrupted=stop.is_set()
     )
+
+
+async def _quietly(what: str, work: Awaitable[Any]) -> None:
+    """Stopping goes on whatever one part does: everything the demo started must be stopped."""
+    try:
+        await work
+    except Exception as e:
+        log.error("demo.stop_failed", what=what, error=repr(e))
 
 
 def _frames(obs: watch.Observer) -> Callable[[base.Msg], Any]:

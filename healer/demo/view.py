@@ -57,7 +57,7 @@ def render(obs: watch.Observer, now: float, *, duration_s: float, header: str) -
     hot = Table(title="hottest GPUs", box=box.SIMPLE_HEAD, expand=True)
     for col in ("GPU", "temp", "power", "limit"):
         hot.add_column(col, justify="right" if col != "GPU" else "left")
-    for g in obs.hottest(5):
+    for g in obs.hottest(4):
         style = "red" if g.temp_c >= 85 else "yellow" if g.temp_c >= 80 else ""
         limit = f"{g.limit_w:.0f} W" + (" (capped)" if g.limit_w < g.default_w - 0.5 else "")
         hot.add_row(
@@ -67,7 +67,7 @@ def render(obs: watch.Observer, now: float, *, duration_s: float, header: str) -
     inc = Table(title="open incidents", box=box.SIMPLE_HEAD, expand=True)
     for col in ("opened", "severity", "rule", "where", "last action"):
         inc.add_column(col)
-    for i in obs.open_incidents()[-10:]:
+    for i in obs.open_incidents()[-8:]:
         last = i.actions[-1] if i.actions else None
         inc.add_row(
             _t(obs, i.opened_at),
@@ -80,14 +80,17 @@ def render(obs: watch.Observer, now: float, *, duration_s: float, header: str) -
     acts = Table(title="recent actions", box=box.SIMPLE_HEAD, expand=True)
     for col in ("at", "action", "status", "where", "rule"):
         acts.add_column(col)
-    for a in obs.actions[-8:]:
+    for a in obs.actions[-6:]:
         style = "green" if a.status in watch.OK else "red" if a.status == "refused" else "yellow"
         acts.add_row(_t(obs, a.at), a.kind, Text(a.status, style=style), _where(a.node, a.gpu), a.rule_id)
 
-    lines = Text("\n".join(f"{_t(obs, at)}  {line}" for at, line in list(obs.log)[-6:]), style="dim")
+    lines = Text("\n".join(f"{_t(obs, at)}  {line}" for at, line in list(obs.log)[-4:]), style="dim")
+    top = Table.grid(expand=True)
+    top.add_column(ratio=1)
+    top.add_column(ratio=1)
+    top.add_row(health, hot)
     return Group(
-        Panel(Group(health), title=title, title_align="left"),
-        hot,
+        Panel(top, title=title, title_align="left"),
         inc,
         acts,
         Panel(lines, title="feed", title_align="left"),
@@ -113,8 +116,11 @@ def summary_text(s: dict[str, Any]) -> str:
         f"  faults injected {s['faults_injected']}, detected {s['faults_detected']}, "
         f"acted on {s['faults_acted_on']}",
     ]
-    for r in s["faults"]:
+    for group in _grouped(s["faults"]):
+        r = group[0]
         where = r["node"] + (f" GPU {r['gpu']}" if r["gpu"] is not None else "")
+        if len(group) > 1:
+            where = f"{len(group)} nodes ({', '.join(g['node'] for g in group[:3])}, ...)"
         latency = f"{r['latency_to_action_s']:.1f} s" if r["latency_to_action_s"] is not None else "-"
         out.append(
             f"  t={r['t_start_s']:6.1f}s {r['kind']:<20} {where:<20} rules: {', '.join(r['rules']) or '-'}"
@@ -122,6 +128,7 @@ def summary_text(s: dict[str, Any]) -> str:
         out.append(
             f"            visible->first action {latency:>8}  actions: {', '.join(r['actions']) or '-'}"
             + ("  [resolved]" if r["resolved"] else "")
+            + (" (each)" if len(group) > 1 else "")
         )
     out.append("  actions: " + ", ".join(f"{k} x{v}" for k, v in s["actions"].items()))
     out.append(f"  cordoned by healer: {', '.join(s['cordoned_nodes']) or '-'}")
@@ -131,3 +138,21 @@ def summary_text(s: dict[str, Any]) -> str:
         out.append("  incidents without an injected fault: " + ", ".join(s["incidents"]["unexpected"]))
     out.append("  story: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in s["story"].items()))
     return "\n".join(out)
+
+
+def _grouped(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Faults of one kind that started together and got the same handling print as one line."""
+    groups: list[list[dict[str, Any]]] = []
+    for r in rows:
+        g = groups[-1] if groups else None
+        if (
+            g
+            and r["kind"] == g[0]["kind"]
+            and r["t_start_s"] == g[0]["t_start_s"]
+            and r["actions"] == g[0]["actions"]
+            and r["rules"] == g[0]["rules"]
+        ):
+            g.append(r)
+        else:
+            groups.append([r])
+    return groups

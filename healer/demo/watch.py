@@ -253,10 +253,19 @@ class Observer:
             return any(all(a in r["actions"] for a in actions) for r in rs)
 
         hot = row("cooling_degradation")
+        hot_incidents = [
+            i
+            for f in self.faults
+            if f.kind == "cooling_degradation"
+            for i in self.incidents.values()
+            if self._matches(f, i.node, i.gpu, i.opened_at)
+        ]
         return {
             "overheat_capped": anyhas(hot, "power_limit:done"),
             "overheat_resolved_and_restored": any(
-                r["resolved"] and "restore_power_limit:done" in r["actions"] for r in hot
+                i.state == "resolved"
+                and any(a.kind == "restore_power_limit" and a.status in OK for a in i.actions)
+                for i in hot_incidents
             ),
             "dbe_cordoned_and_migrated": has(row("ecc_dbe"), "cordon:done", "migrate:done"),
             "nvlink_cordoned": has(row("nvlink_crc_rising"), "cordon:done"),
