@@ -246,11 +246,14 @@ class Observer:
         def row(kind: str) -> list[dict[str, Any]]:
             return [r for r in rows if r["kind"] == kind]
 
-        def has(rs: list[dict[str, Any]], *actions: str) -> bool:
-            return bool(rs) and all(all(a in r["actions"] for a in actions) for r in rs)
+        def did(r: dict[str, Any], kind: str) -> bool:
+            return any(f"{kind}:{status}" in r["actions"] for status in OK)
 
-        def anyhas(rs: list[dict[str, Any]], *actions: str) -> bool:
-            return any(all(a in r["actions"] for a in actions) for r in rs)
+        def has(rs: list[dict[str, Any]], *kinds: str) -> bool:
+            return bool(rs) and all(all(did(r, k) for k in kinds) for r in rs)
+
+        def anyhas(rs: list[dict[str, Any]], *kinds: str) -> bool:
+            return any(all(did(r, k) for k in kinds) for r in rs)
 
         hot = row("cooling_degradation")
         hot_incidents = [
@@ -261,14 +264,14 @@ class Observer:
             if self._matches(f, i.node, i.gpu, i.opened_at)
         ]
         return {
-            "overheat_capped": anyhas(hot, "power_limit:done"),
+            "overheat_capped": anyhas(hot, "power_limit"),
             "overheat_resolved_and_restored": any(
                 i.state == "resolved"
                 and any(a.kind == "restore_power_limit" and a.status in OK for a in i.actions)
                 for i in hot_incidents
             ),
-            "dbe_cordoned_and_migrated": has(row("ecc_dbe"), "cordon:done", "migrate:done"),
-            "nvlink_cordoned": has(row("nvlink_crc_rising"), "cordon:done"),
-            "silent_node_cordoned": has(row("node_silent"), "cordon:done"),
+            "dbe_cordoned_and_migrated": has(row("ecc_dbe"), "cordon", "migrate"),
+            "nvlink_cordoned": has(row("nvlink_crc_rising"), "cordon"),
+            "silent_node_cordoned": has(row("node_silent"), "cordon"),
             "breaker_tripped": bool(self.breaker.get("open")),
         }
