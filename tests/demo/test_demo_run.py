@@ -117,3 +117,12 @@ def test_ctrl_c_stops_everything_the_demo_started_and_still_prints_the_summary()
     assert summary["duration_s"] < 60
     assert not _alive(nats_pid), "the demo's nats-server outlived it"
     assert not state_dir.exists(), "the demo's temporary directory was left behind"
+
+
+def test_a_fleet_too_small_for_the_scenario_fails_before_starting_anything() -> None:
+    proc = _demo("--nodes", "10", "--duration", "5")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert out == ""
+    assert "nodes [11] not in 0..9" in err
+    assert "nats-server" not in err
