@@ -201,7 +201,7 @@ class ControllerSettings(_Group):
     breaker_window_s: float = pydantic.Field(default=3600.0, gt=0)
     """Sliding window of the circuit breaker."""
     action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
-    """The same action on the same node (for another incident) waits at least this long."""
+    """A power cap on the same node for another incident waits at least this long (no flapping)."""
     actions_per_minute: int = pydantic.Field(default=60, ge=1)
     """Fleet-wide rate limit per action kind."""
     repeat_faults: int = pydantic.Field(default=3, ge=2)

@@ -6,7 +6,9 @@
   the breaker opens, and nothing more is taken out of service until a person runs ``healer breaker
   reset``. A mass fault (or a telemetry glitch that looks like one) can cost at most that much capacity.
 - **Exclusions**: nodes under maintenance (``healer exclude add NODE``) get incidents, never actions.
-- **Cooldown**: the same action kind on the same node for another incident waits ``action_cooldown_s``.
+- **Cooldown**: a power cap on a GPU for another incident within ``action_cooldown_s`` of the last one
+  waits (no cap/restore flapping). Cordon, drain and migrate have no cooldown: they are idempotent
+  (a second cordon is ``already-done``) and must never wait behind another incident's.
 - **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute from this process;
   beyond it the action waits for the next tick.
 """
@@ -29,6 +31,7 @@ BREAKER_KEY = "breaker"
 EXCLUDE_PREFIX = "exclude."
 FLEET_PREFIX = "fleet.shard."
 TAKES_OUT_OF_SERVICE = frozenset({"cordon", "drain", "migrate", "inspect"})
+COOLDOWN_KINDS = frozenset({"power_limit"})
 
 
 class Breaker:
@@ -124,7 +127,7 @@ class Limits:
 
     def check(self, kind: str, node: str, incident_id: str, now: float) -> str:
         """Empty string when allowed; else why not (and the action waits)."""
-        prev = self.last.get((kind, node))
+        prev = self.last.get((kind, node)) if kind in COOLDOWN_KINDS else None
         if prev and prev[1] != incident_id and now - prev[0] < self.settings.action_cooldown_s:
             return f"cooldown: {kind} on {node} {now - prev[0]:.0f}s ago for {prev[1]}"
         window = self.recent[kind]

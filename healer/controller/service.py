@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import itertools
 import os
 import pathlib
 import socket
@@ -56,6 +57,8 @@ SCHEDULER_KIND = {
 """Rule actions → scheduler actuator actions. ``drain`` is a cordon that lets running work finish
 (Slurm DRAIN semantics); ``inspect`` is a cordon whose reason asks for hardware inspection."""
 POWER_KINDS = ("power_limit", "restore_power_limit")
+EPISODE_S = 120.0
+"""Incidents on one GPU opened within this long of each other count as one fault episode."""
 OK = ("done", "already-done", "planned", "skipped")
 
 
@@ -328,6 +331,8 @@ class Controller:
             self._spawn(inc, self._run_actions(inc))
 
     async def _count_repeat(self, inc: incidents_mod.Incident, now: float) -> int:
+        """Fault episodes on this GPU within ``repeat_window_s``, this one included. Incidents opened
+        within ``EPISODE_S`` of each other are one episode (one DBE fires several rules at once)."""
         if inc.gpu_index is None:
             return 0
         key = f"history.{inc.node}.{inc.gpu_index}"
@@ -335,7 +340,11 @@ class Controller:
         times = [t for t in (doc.value.get("opened", []) if doc else []) if now - t < self.cs.repeat_window_s]
         times.append(now)
         await self.state.put(key, {"opened": times[-50:]})
-        return len(times)
+        episodes = 1
+        for earlier, later in itertools.pairwise(times):
+            if later - earlier >= EPISODE_S:
+                episodes += 1
+        return episodes
 
     async def _save_publish(self, inc: incidents_mod.Incident, change: incidents.Change) -> None:
         inc.seq += 1

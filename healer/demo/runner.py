@@ -1,0 +1,228 @@
+"""Running the demo: nats-server, controller, simulated fleet and observer, started and stopped in order.
+
+Everything runs in this process except the nats-server (the embedded binary, a child process with its
+state in a temporary directory). Start order: server → streams and buckets → controller (enforce mode,
+the log actuator unless told otherwise, the power actuator that talks to the node agents) → observer →
+the simulated fleet (``healer.sim.live.LiveFleet``: frames, events and the agents' command executors, so
+a power cap really cools the simulated GPU). Stop order is the reverse, and it runs however the run ends:
+at the end of ``duration_s``, on ``stop`` (the CLI sets it on SIGINT / SIGTERM) or on an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import pathlib
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+import yaml
+
+from healer import config, errors
+from healer.actuators import base as actuators
+from healer.actuators import power
+from healer.bus import base, provision, server, subjects
+from healer.bus import nats as natsbus
+from healer.controller import service
+from healer.demo import stage, watch
+from healer.schemas import codec
+from healer.sim import live, scenarios
+
+log = structlog.get_logger(__name__)
+
+
+@dataclasses.dataclass
+class Options:
+    duration_s: float = 150.0
+    nodes: int = 32
+    gpus: int = 8
+    seed: int = 0
+    scenario: str | None = None
+    """Scenario file; default: healer/demo/scenario.yaml."""
+    rules: str | None = None
+    """The rule pack; default: rules/ of the checkout."""
+    overrides: str | None = None
+    """Rules replacing the pack's rules of the same id; default healer/demo/rules/; "" for none."""
+    actuator: str = "log"
+    config_file: str | None = None
+    slurm_nodes: tuple[str, ...] = ("gpu01", "gpu02", "gpu03", "gpu04")
+    """With the Slurm actuator: the Slurm nodes the story's nodes stand for, in order of their faults."""
+    warmup_s: float = stage.WARMUP_S
+
+
+Tick = Callable[[watch.Observer, float], None]
+
+
+def settings_for(opts: Options, url: str, rules_dir: pathlib.Path, tmp: pathlib.Path) -> config.Settings:
+    raw = config.load(opts.config_file).model_dump()
+    raw["nats"]["url"] = url
+    raw["controller"].update(
+        rules_dir=str(rules_dir),
+        mode="enforce",
+        actuator=opts.actuator,
+        metrics_port=0,
+        gpus_per_node=opts.gpus,
+        cluster="demo",
+    )
+    if opts.actuator == "slurm" and not raw["actuators"].get("node_map_file"):
+        sim = scenarios.build(
+            stage.load_scenario(opts.scenario), nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed
+        )
+        mapping = dict(zip(stage.story_nodes(sim), opts.slurm_nodes, strict=False))
+        (tmp / "node-map.yaml").write_text(yaml.safe_dump(mapping))
+        raw["actuators"]["node_map_file"] = str(tmp / "node-map.yaml")
+    return config.Settings.model_validate(raw)
+
+
+def build_scheduler(s: config.Settings) -> actuators.Actuator:
+    names = actuators.NodeNames.from_settings(s.actuators)
+    if s.controller.actuator == "slurm":
+        from healer.actuators import slurm
+
+        return slurm.SlurmActuator(s.actuators, names)
+    return actuators.LogActuator(s.actuators)
+
+
+async def run(
+    opts: Options,
+    *,
+    stop: asyncio.Event | None = None,
+    on_tick: Tick | None = None,
+    say: Callable[[str], None] = lambda line: None,
+    tick_s: float = 0.25,
+) -> dict[str, Any]:
+    """Run the demo; returns the summary (the dict ``--json`` prints)."""
+    if opts.actuator not in ("log", "slurm"):
+        raise errors.PermanentError(f"the demo runs the log or slurm actuator, not {opts.actuator!r}")
+    stop = stop or asyncio.Event()
+    sc = stage.load_scenario(opts.scenario)
+    scenarios.build(
+        sc, nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed
+    )  # a bad fleet size fails here, early
+    pack = stage.find_rule_pack(opts.rules)
+    overrides = stage.default_overrides() if opts.overrides is None else (
+        pathlib.Path(opts.overrides) if opts.overrides else None
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="healer-demo-") as tmp_name:
+        tmp = pathlib.Path(tmp_name)
+        replaced = stage.merge_rules(pack, overrides, tmp / "rules")
+        with server.EmbeddedServer(tmp / "nats") as srv:
+            log.info("demo.nats_started", pid=srv.pid, url=srv.url, tmp=str(tmp))
+            say(f"nats-server (pid {srv.pid}) on {srv.url}, state in {tmp}")
+            say(f"rules: {pack}, with {', '.join(replaced) or 'nothing'} replaced from {overrides}")
+            s = settings_for(opts, srv.url, tmp / "rules", tmp)
+            return await _run_with_server(opts, s, sc, stop, on_tick, say, tick_s)
+
+
+async def _run_with_server(
+    opts: Options,
+    s: config.Settings,
+    sc: scenarios.Scenario,
+    stop: asyncio.Event,
+    on_tick: Tick | None,
+    say: Callable[[str], None],
+    tick_s: float,
+) -> dict[str, Any]:
+    subj = subjects.Subjects(s.nats.prefix)
+    buses: list[natsbus.NatsBus] = []
+    ctl: service.Controller | None = None
+    fleet: live.LiveFleet | None = None
+    fleet_stop = asyncio.Event()
+    fleet_task: asyncio.Task[live.Stats] | None = None
+    obs = watch.Observer(time.time())
+    started = time.monotonic()
+    try:
+
+        async def connect(name: str) -> natsbus.NatsBus:
+            bus = await natsbus.NatsBus.connect(s.nats.url, name=name, nats_settings=s.nats, retry=s.retry)
+            buses.append(bus)
+            return bus
+
+        ctl_bus = await connect("healer-demo-controller")
+        await provision.ensure(ctl_bus, subj, s.nats)
+        ctl = service.Controller(s, ctl_bus, scheduler=build_scheduler(s))
+        ctl.power = power.PowerActuator(ctl_bus, ctl, subj, s.actuators)
+        await ctl.start()
+        say(f"controller: mode {s.controller.mode}, actuator {s.controller.actuator}")
+
+        watch_bus = await connect("healer-demo-watch")
+        await watch_bus.subscribe(subj.all_telemetry, _frames(obs))
+        await watch_bus.subscribe(subj.all_incidents, _incidents(obs))
+
+        sim = stage.build_fleet(
+            sc, nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed, start_ts=time.time(), warmup_s=opts.warmup_s
+        )
+        obs.t0 = sim.t
+        fleet = live.LiveFleet(sim, await connect("healer-demo-fleet"), subj, truth_sink=obs.on_truth)
+        await fleet.start()
+        fleet_task = asyncio.create_task(fleet.run(stop=fleet_stop), name="demo-fleet")
+        say(f"fleet: {opts.nodes} simulated nodes x {opts.gpus} GPUs, scenario {sc.name!r}")
+        log.info("demo.started", nodes=opts.nodes, duration_s=opts.duration_s)
+        started = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < opts.duration_s:
+            if fleet_task.done():
+                fleet_task.result()  # an error in the fleet ends the demo with that error
+                raise errors.PermanentError("the simulated fleet stopped")
+            if on_tick is not None:
+                on_tick(obs, time.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=tick_s)
+        if on_tick is not None:
+            on_tick(obs, time.time())
+        with contextlib.suppress(errors.HealerError):
+            status = await ctl.breaker.status()
+            obs.breaker = {
+                **obs.breaker,
+                "open": bool(status.get("open")),
+                "reason": status.get("reason", obs.breaker.get("reason")),
+                "nodes_in_window": len(status.get("entries", [])),
+                "limit": ctl.breaker.limit(max(len(ctl.nodes), 1)),
+            }
+    finally:
+        fleet_stop.set()
+        if fleet_task is not None:
+            await _quietly("fleet", fleet_task)
+        if fleet is not None:
+            await _quietly("fleet commands", fleet.close())
+        if ctl is not None:
+            await _quietly("controller", ctl.stop())
+        for bus in reversed(buses):
+            await _quietly("bus", bus.close())
+        log.info("demo.stopped")
+    return obs.summary(
+        duration_s=time.monotonic() - started, nodes=opts.nodes, gpus=opts.gpus, interrupted=stop.is_set()
+    )
+
+
+async def _quietly(what: str, work: Awaitable[Any]) -> None:
+    """Stopping goes on whatever one part does: everything the demo started must be stopped."""
+    try:
+        await work
+    except Exception as e:
+        log.error("demo.stop_failed", what=what, error=repr(e))
+
+
+def _frames(obs: watch.Observer) -> Callable[[base.Msg], Any]:
+    async def on_frame(msg: base.Msg) -> None:
+        try:
+            obs.on_frame(codec.decode_frame(msg.data))
+        except errors.DecodeError as e:
+            log.warning("demo.bad_frame", reason=e.reason)
+
+    return on_frame
+
+
+def _incidents(obs: watch.Observer) -> Callable[[base.Msg], Any]:
+    async def on_incident(msg: base.Msg) -> None:
+        if msg.subject.endswith(".rules.rejected") or b'"io.healer.incident.' not in msg.data:
+            return
+        try:
+            obs.on_incident(codec.decode_incident(msg.data))
+        except errors.DecodeError as e:
+            log.warning("demo.bad_incident", reason=e.reason)
+
+    return on_incident

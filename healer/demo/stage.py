@@ -1,0 +1,137 @@
+"""Setting the demo's stage: the rules the controller runs, the scenario and the simulated fleet.
+
+The controller runs the **default rule pack** (``rules/`` of the checkout, or ``--rules DIR``) with the
+rules of an override directory (``healer/demo/rules/`` by default) replacing the pack's rules of the same
+id. The default override only shortens the timing of ``gpu-temp-near-slowdown`` (a GPU takes about two
+minutes to heat past 85 C and cool under its cap again; the real rule then waits another five); every
+other rule is the shipped one. The merged directory is written to the demo's temporary directory, so
+nothing in the checkout changes.
+
+The fleet is the simulator's (``healer.sim``), running a scenario file (``healer/demo/scenario.yaml`` by
+default, same format as ``healer sim``). Before the demo starts the fleet is stepped for a few simulated
+minutes so its GPUs are at working temperature; the scenario's ``at_s`` count from the end of that warm-up.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import pathlib
+import shutil
+
+import yaml
+
+from healer import errors
+from healer.sim import engine, scenarios
+
+WARMUP_S = 300.0
+"""Simulated seconds the fleet runs before the demo starts (thermal time constants are ~30 s)."""
+
+
+def default_scenario_text() -> str:
+    return (importlib.resources.files("healer.demo") / "scenario.yaml").read_text()
+
+
+def default_overrides() -> pathlib.Path:
+    return pathlib.Path(str(importlib.resources.files("healer.demo") / "rules"))
+
+
+def find_rule_pack(explicit: str | None = None) -> pathlib.Path:
+    """``explicit``, else ``rules/`` in the working directory, else the checkout this package lives in."""
+    candidates = (
+        [pathlib.Path(explicit)]
+        if explicit
+        else [pathlib.Path("rules"), pathlib.Path(__file__).resolve().parents[2] / "rules"]
+    )
+    for c in candidates:
+        if c.is_dir() and any(c.glob("*.yaml")):
+            return c
+    raise errors.PermanentError(
+        f"no rule pack at {', '.join(str(c) for c in candidates)}: "
+        "run from the healer checkout or give --rules"
+    )
+
+
+def _rules_of(path: pathlib.Path) -> list[dict[str, object]]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise errors.PermanentError(f"cannot read rule file {path}: {e}") from e
+    rules = doc.get("rules") if isinstance(doc, dict) else None
+    if not isinstance(rules, list):
+        raise errors.PermanentError(f"{path}: expected a mapping with `rules:`")
+    return [r for r in rules if isinstance(r, dict)]
+
+
+def merge_rules(pack: pathlib.Path, overrides: pathlib.Path | None, out: pathlib.Path) -> list[str]:
+    """Write ``pack`` to ``out`` with the rules of ``overrides`` replacing those of the same id.
+
+    Files of the pack without an overridden rule are copied byte for byte; the others are rewritten
+    without those rules, and the override files are added as ``zz-demo-<name>``. Returns the ids
+    overridden. The controller's own loader then checks the result as it checks any rules directory.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    override_files = sorted(overrides.glob("*.yaml")) if overrides is not None else []
+    replaced = {str(r.get("id")) for f in override_files for r in _rules_of(f)}
+    for f in sorted(pack.glob("*.yaml")):
+        rules = _rules_of(f)
+        if any(str(r.get("id")) in replaced for r in rules):
+            kept = [r for r in rules if str(r.get("id")) not in replaced]
+            (out / f.name).write_text(yaml.safe_dump({"rules": kept}, sort_keys=False))
+        else:
+            shutil.copyfile(f, out / f.name)
+    for f in override_files:
+        shutil.copyfile(f, out / f"zz-demo-{f.name}")
+    return sorted(replaced)
+
+
+def load_scenario(path: str | None) -> scenarios.Scenario:
+    if path is None:
+        return scenarios.parse(default_scenario_text(), "healer/demo/scenario.yaml")
+    return scenarios.load(path)
+
+
+def build_fleet(
+    sc: scenarios.Scenario, *, nodes: int, gpus: int, seed: int, start_ts: float, warmup_s: float = WARMUP_S
+) -> engine.Simulation:
+    """The simulation, warmed up so that its clock reads ``start_ts`` and its first fault is still ahead.
+
+    Each GPU that a ``cooling_degradation`` fault targets gets nominal cooling (the simulator otherwise
+    draws every GPU's cooling within ±4 %): the story's timing (hot enough to fire, cool enough under an
+    80 % cap to resolve) is tuned for nominal cooling and must not depend on the seed.
+    """
+    shifted = [
+        f.model_copy(
+            update={
+                "at_s": f.at_s + warmup_s
+                if isinstance(f.at_s, float | int)
+                else (f.at_s[0] + warmup_s, f.at_s[1] + warmup_s)
+            }
+        )
+        for f in sc.faults
+    ]
+    sim = scenarios.build(
+        sc.model_copy(update={"faults": shifted}),
+        nodes=nodes,
+        gpus=gpus,
+        seed=seed,
+        start_ts=start_ts - warmup_s,
+        run_id=scenarios.fresh_run_id(),
+    )
+    for _, _, fault in sim.injector.pending:
+        if fault.kind == "cooling_degradation" and fault.gpu is not None:
+            sim.fleet.cool_base[fault.node, fault.gpu] = 1.0
+    steps = int(warmup_s)
+    for _ in range(steps):
+        sim.step(warmup_s / steps if steps else 0.0)
+    sim.take_truth()
+    return sim
+
+
+def story_nodes(sim: engine.Simulation) -> list[str]:
+    """Node names of the scheduled faults, in order of their start (first appearance)."""
+    names: list[str] = []
+    for _, _, fault in sorted(sim.injector.pending, key=lambda p: (p[0], p[1])):
+        name = sim.fleet.node_names[fault.node]
+        if name not in names:
+            names.append(name)
+    return names

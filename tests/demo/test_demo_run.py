@@ -1,0 +1,128 @@
+"""``healer demo`` end to end, as a user runs it: a subprocess with its own nats-server, controller and fleet.
+
+The story runs compressed (tests/demo/fast/: 16 nodes, test-only rule copies with short windows, the
+breaker at 20 %) so it completes in about 40 s; the full-length story's timing is checked in simulated
+time by test_stage.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAST = pathlib.Path(__file__).resolve().parent / "fast"
+FAST_ARGS = [
+    "--nodes", "16", "--scenario", str(FAST / "scenario.yaml"), "--overrides", str(FAST / "rules"),
+    "--config", str(FAST / "settings.yaml"),
+]  # fmt: skip
+
+
+def _demo(*args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEALER_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "healer", "demo", "--json", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = pathlib.Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+@pytest.mark.slow
+def test_compressed_story_shows_every_step_in_the_json_summary() -> None:
+    proc = _demo("--duration", "38", *FAST_ARGS)
+    try:
+        out, err = proc.communicate(timeout=100)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out)  # nothing but the JSON on stdout
+    assert summary["story"] == {
+        "overheat_capped": True,
+        "overheat_resolved_and_restored": True,
+        "dbe_cordoned_and_migrated": True,
+        "nvlink_cordoned": True,
+        "silent_node_cordoned": True,
+        "breaker_tripped": True,
+    }, err[-3000:]
+    assert summary["faults_injected"] == 10
+    assert summary["faults_detected"] == 10
+    by_kind = {r["kind"]: r for r in summary["faults"]}
+    for kind in ("cooling_degradation", "ecc_dbe", "nvlink_crc_rising", "node_silent"):
+        assert by_kind[kind]["latency_to_action_s"] is not None, kind
+        assert 0 <= by_kind[kind]["latency_to_action_s"] < 30, by_kind[kind]
+    mass = [r for r in summary["faults"] if r["kind"] == "gsp_timeout"]
+    assert all(r["actions"] == ["cordon:refused"] for r in mass), mass
+    assert summary["actions"]["cordon:refused"] == 6
+    assert summary["breaker"]["open"] is True
+    assert summary["breaker"]["limit"] == 3
+    assert sorted(summary["cordoned_nodes"]) == ["sim-00007", "sim-00011", "sim-00013"]
+    assert summary["incidents"]["unexpected"] == []
+    assert summary["interrupted"] is False
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_the_demo_started_and_still_prints_the_summary() -> None:
+    proc = _demo("--duration", "600", *FAST_ARGS)
+    assert proc.stderr is not None
+    nats_pid, state_dir, lines = None, None, []
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if not sel.select(timeout=1.0):
+                continue
+            line = proc.stderr.readline()
+            lines.append(line)
+            if m := re.search(r"nats-server \(pid (\d+)\) on \S+, state in (\S+)", line):
+                nats_pid, state_dir = int(m.group(1)), pathlib.Path(m.group(2))
+            if line.startswith("fleet:"):
+                break
+        assert nats_pid is not None, "".join(lines)
+        assert state_dir is not None
+        assert _alive(nats_pid)
+        assert state_dir.exists()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["interrupted"] is True
+    assert summary["duration_s"] < 60
+    assert not _alive(nats_pid), "the demo's nats-server outlived it"
+    assert not state_dir.exists(), "the demo's temporary directory was left behind"
+
+
+def test_a_fleet_too_small_for_the_scenario_fails_before_starting_anything() -> None:
+    proc = _demo("--nodes", "10", "--duration", "5")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert out == ""
+    assert "nodes [11] not in 0..9" in err
+    assert "nats-server" not in err

@@ -1,0 +1,100 @@
+"""The demo's Observer: faults from the simulator's truth matched to incidents from the feed."""
+
+from __future__ import annotations
+
+from healer.demo import view, watch
+from healer.schemas import incidents
+
+T0 = 1_900_000_000.0
+
+
+def _event(
+    change: incidents.Change,
+    inc_id: str,
+    rule: str,
+    node: str,
+    gpu: int | None,
+    at: float,
+    actions: list[tuple[str, incidents.ActionStatus, float]] | None = None,
+    state: incidents.IncidentState = "open",
+) -> incidents.IncidentEvent:
+    data = incidents.IncidentData(
+        incident_id=inc_id, rule_id=rule, severity="major", node=node, gpu_index=gpu, state=state,
+        summary=f"{rule} on {node}", mode="enforce",
+        actions=[incidents.ActionRecord(kind=k, status=s, at=T0 + a) for k, s, a in actions or []],
+    )  # fmt: skip
+    return incidents.build(
+        event_id=f"{inc_id}.{change}", cluster="demo", change=change, data=data, ts=T0 + at
+    )
+
+
+def _truth(
+    fid: str, kind: str, node: str, gpu: int | None, start: float, visible: float
+) -> dict[str, object]:
+    return {
+        "id": fid,
+        "kind": kind,
+        "node": node,
+        "gpu": gpu,
+        "start": T0 + start,
+        "visible_at": T0 + visible,
+    }
+
+
+def test_latency_runs_from_visible_to_the_first_action_that_changes_something() -> None:
+    obs = watch.Observer(T0)
+    obs.on_truth([_truth("f1", "nvlink_crc_rising", "n1", 2, 3.0, 4.0)])
+    obs.on_incident(_event("opened", "a", "nvlink-replay-recovery", "n1", 2, 5.0))
+    obs.on_incident(_event("action", "a", "nvlink-replay-recovery", "n1", 2, 5.0, [("notify", "done", 5.0)]))
+    obs.on_incident(_event("opened", "b", "nvlink-crc-storm", "n1", 2, 130.0))
+    obs.on_incident(_event("action", "b", "nvlink-crc-storm", "n1", 2, 130.5, [("cordon", "done", 130.5)]))
+    (row,) = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["faults"]
+    assert row["detected"] is True
+    assert row["t_detected_s"] == 5.0
+    assert row["first_action"] == "cordon:done"
+    assert row["latency_to_action_s"] == 126.5
+    assert row["rules"] == ["nvlink-crc-storm", "nvlink-replay-recovery"]
+
+
+def test_node_fault_matches_node_incidents_and_other_nodes_count_as_unexpected() -> None:
+    obs = watch.Observer(T0)
+    obs.on_truth([_truth("f1", "node_silent", "n3", None, 4.0, 4.0)])
+    obs.on_incident(_event("opened", "a", "node-silent", "n3", None, 124.0))
+    obs.on_incident(_event("opened", "b", "gpu-temp-near-slowdown", "n9", 0, 50.0))
+    s = obs.summary(duration_s=150, nodes=10, gpus=8, interrupted=False)
+    assert s["faults_detected"] == 1
+    assert s["incidents"]["unexpected"] == ["gpu-temp-near-slowdown on n9 GPU 0"]
+
+
+def test_story_needs_the_overheat_incident_resolved_with_its_limit_restored() -> None:
+    obs = watch.Observer(T0)
+    obs.on_truth([_truth("f1", "cooling_degradation", "n1", 5, 1.0, 1.5)])
+    capped = [("power_limit", "done", 40.0)]
+    obs.on_incident(_event("opened", "a", "gpu-temp-near-slowdown", "n1", 5, 39.0))
+    obs.on_incident(_event("action", "a", "gpu-temp-near-slowdown", "n1", 5, 40.0, capped))
+    story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]
+    assert story["overheat_capped"] is True
+    assert story["overheat_resolved_and_restored"] is False
+    restored = [*capped, ("restore_power_limit", "done", 90.0)]
+    obs.on_incident(_event("resolved", "a", "gpu-temp-near-slowdown", "n1", 5, 89.0, capped, "resolved"))
+    obs.on_incident(_event("action", "a", "gpu-temp-near-slowdown", "n1", 5, 90.0, restored, "resolved"))
+    story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]
+    assert story["overheat_resolved_and_restored"] is True
+
+
+def test_breaker_incident_opens_the_breaker_and_mass_faults_print_as_one_line() -> None:
+    obs = watch.Observer(T0)
+    obs.on_truth([_truth(f"f{i}", "gsp_timeout", f"n{i}", 0, 140.0, 140.0) for i in range(4)])
+    for i in range(4):
+        obs.on_incident(_event("opened", f"x{i}", "xid-fatal", f"n{i}", 0, 141.0))
+        obs.on_incident(
+            _event("action", f"x{i}", "xid-fatal", f"n{i}", 0, 141.0, [("cordon", "refused", 141.0)])
+        )
+    obs.on_incident(_event("escalated", "cb", watch.BREAKER_RULE, "fleet", None, 141.0, state="escalated"))
+    s = obs.summary(duration_s=150, nodes=32, gpus=8, interrupted=False)
+    assert s["story"]["breaker_tripped"] is True
+    assert s["actions"] == {"cordon:refused": 4}
+    assert s["cordoned_nodes"] == []
+    text = view.summary_text(s)
+    assert text.count("gsp_timeout") == 1
+    assert "4 nodes (n0, n1, n2, ...)" in text
