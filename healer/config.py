@@ -182,6 +182,10 @@ class ControllerSettings(_Group):
     """Cluster name, in every incident's CloudEvent ``source`` (healer://<cluster>/controller)."""
     tick_s: float = pydantic.Field(default=1.0, gt=0)
     """Rule evaluation interval."""
+    model: str | None = None
+    """Anomaly model directory (``models/default``); unset: ``anomaly_score`` is 0 everywhere."""
+    anomaly_interval_s: float = pydantic.Field(default=30.0, gt=0)
+    """How often the anomaly model scores the fleet (one batch; the model's window bucket is 30 s)."""
     reload_check_s: float = pydantic.Field(default=2.0, gt=0)
     """How often the rules directory is checked for changes."""
     gpus_per_node: int = pydantic.Field(default=8, ge=1, le=256)

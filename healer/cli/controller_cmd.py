@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
     p.add_argument("--rules", help="rules directory (default: rules)")
     p.add_argument("--mode", choices=["enforce", "dry-run", "observe"], help="default: dry-run")
     p.add_argument("--actuator", choices=["log", "slurm", "kubernetes"], help="default: log")
-    p.add_argument("--model", help="anomaly model (not in this build yet: anomaly_score stays 0)")
+    p.add_argument("--model", help="anomaly model directory, e.g. models/default (default: none, score 0)")
     p.add_argument("--tick", type=float, help="seconds between evaluations (default 1)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (default 9742)")
     p.add_argument("--shards", type=int, help="number of controller shards (default 1)")
@@ -75,6 +75,7 @@ def _settings(args: argparse.Namespace) -> config.Settings:
         "shards": args.shards,
         "shard": args.shard,
         "cluster": args.cluster,
+        "model": args.model,
     }
     raw = s.model_dump()
     raw["controller"].update({k: v for k, v in updates.items() if v is not None})

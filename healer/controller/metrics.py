@@ -55,4 +55,15 @@ class ControllerMetrics:
         self.rules_rejected = prom.Counter(
             "healer_controller_rules_rejected_total", "rule reloads rejected for errors", registry=r
         )
+        self.anomaly_seconds = prom.Histogram(
+            "healer_controller_anomaly_score_seconds",
+            "CPU seconds of one batched anomaly scoring pass over the fleet",
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=r,
+        )
+        self.anomaly_model_loaded = prom.Gauge(
+            "healer_controller_anomaly_model_loaded",
+            "1 when an anomaly model is loaded and scoring",
+            registry=r,
+        )
         self.fleet_nodes = prom.Gauge("healer_controller_fleet_nodes", "nodes seen by this shard", registry=r)

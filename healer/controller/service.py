@@ -34,6 +34,7 @@ from nats.js import api as js_api
 
 from healer import config, errors
 from healer.actuators import base as actuators
+from healer.anomaly import scoring
 from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
@@ -100,6 +101,8 @@ class Controller:
         self._stop = asyncio.Event()
         self._leader = False
         self._events_sub: Any = None
+        self.scorer: scoring.Scorer | scoring.NullScorer | None = None
+        self._scored_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,6 +116,12 @@ class Controller:
         )
         self._rules_sig = self._signature()
         self.metrics.rules_loaded.set(len(result.ruleset.rules))
+        if self.cs.model:
+            self.scorer = scoring.load_or_null(self.cs.model, gpus_per_node=self.cs.gpus_per_node)
+            loaded = isinstance(self.scorer, scoring.Scorer)
+            self.metrics.anomaly_model_loaded.set(1 if loaded else 0)
+            if not loaded:
+                self.log.error("controller.anomaly_disabled", model=self.cs.model, anomaly_score=0)
         state_kv = kv.Store(await self.bus.js.key_value(self.subjects.kv_state))
         lease_kv = kv.Store(await self.bus.js.key_value(self.subjects.kv_leases))
         self.state = state_kv
@@ -192,6 +201,8 @@ class Controller:
         now = self.clock()
         assert self.engine is not None
         self.engine.ingest(frame, at=now)
+        if self.scorer is not None:
+            self.scorer.observe(frame, at=now)
         self.nodes.add(frame.node)
         for g in frame.gpus:
             if g.power_limit_w is not None:
@@ -253,6 +264,11 @@ class Controller:
         assert self.engine is not None
         now = self.clock()
         acks, self.unacked = self.unacked, []
+        if self.scorer is not None and now - self._scored_at >= self.cs.anomaly_interval_s:
+            self._scored_at = now
+            for node, per_gpu in self.scorer.score(now).items():
+                self.engine.set_anomaly_scores(node, per_gpu)
+            self.metrics.anomaly_seconds.observe(self.scorer.last_cost_s)
         firings = self.engine.evaluate(now)
         self.metrics.evaluations.inc(len(self.engine.rules.rules))
         self.metrics.fleet_nodes.set(len(self.nodes))

@@ -52,6 +52,8 @@ class Options:
     slurm_nodes: tuple[str, ...] = ("gpu01", "gpu02", "gpu03", "gpu04")
     """With the Slurm actuator: the Slurm nodes the story's nodes stand for, in order of their faults."""
     warmup_s: float = stage.WARMUP_S
+    model: str | None = None
+    """Anomaly model; default: models/default of the checkout when present; "" for none."""
 
 
 Tick = Callable[[watch.Observer, float], None]
@@ -68,6 +70,9 @@ def settings_for(opts: Options, url: str, rules_dir: pathlib.Path, tmp: pathlib.
         gpus_per_node=opts.gpus,
         cluster="demo",
     )
+    model = stage.find_model(opts.model)
+    if model is not None:
+        raw["controller"]["model"] = str(model)
     if opts.actuator == "slurm" and not raw["actuators"].get("node_map_file"):
         sim = scenarios.build(
             stage.load_scenario(opts.scenario), nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed

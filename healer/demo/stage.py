@@ -35,6 +35,22 @@ def default_overrides() -> pathlib.Path:
     return pathlib.Path(str(importlib.resources.files("healer.demo") / "rules"))
 
 
+def find_model(explicit: str | None = None) -> pathlib.Path | None:
+    """The anomaly model the demo's controller scores with: ``explicit`` ("" = none), else
+    ``models/default`` in the working directory or in the checkout this package lives in."""
+    if explicit == "":
+        return None
+    if explicit:
+        return pathlib.Path(explicit)
+    for c in (
+        pathlib.Path("models/default"),
+        pathlib.Path(__file__).resolve().parents[2] / "models" / "default",
+    ):
+        if (c / "card.json").is_file():
+            return c
+    return None
+
+
 def find_rule_pack(explicit: str | None = None) -> pathlib.Path:
     """``explicit``, else ``rules/`` in the working directory, else the checkout this package lives in."""
     candidates = (

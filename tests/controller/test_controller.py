@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 
 from healer import testing
 from tests.controller.conftest import Fleet, Harness, run_until, warm
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 async def test_new_dbe_opens_an_incident_then_acts_in_order(harness: Harness) -> None:
@@ -212,3 +215,58 @@ async def test_repeat_faults_count_episodes_not_rules(harness: Harness) -> None:
     assert await ctl._count_repeat(inc, t + 300) == 2
     assert await ctl._count_repeat(inc, t + 900) == 3
     assert await ctl._count_repeat(inc, t + 900 + ctl.cs.repeat_window_s) == 1, "old episodes age out"
+
+
+async def test_anomaly_scores_reach_the_rules_in_batches(harness: Harness) -> None:
+    """The scorer sees every frame (cheap observe) and is asked for one batch per interval; its scores
+    are what `anomaly_score` reads."""
+
+    class FakeScorer:
+        """Stands in for healer.anomaly.scoring.Scorer: scores GPU 1 of n1 as anomalous."""
+
+        def __init__(self) -> None:
+            self.observed = 0
+            self.batches = 0
+            self.last_cost_s = 0.001
+
+        def observe(self, frame: object, at: float | None = None) -> None:
+            self.observed += 1
+
+        def score(self, now: float) -> dict[str, dict[int, float]]:
+            self.batches += 1
+            return {"n1": {0: 0.1, 1: 0.97}}
+
+    (harness.rules / "anomaly.yaml").write_text(
+        "rules:\n  - id: anomalous\n    description: model says so\n    scope: gpu\n"
+        "    when: anomaly_score >= 0.9\n    severity: warning\n    actions: [notify]\n"
+    )
+    ctl = await harness.controller(testing.RecordingActuator(), anomaly_interval_s=0.5)
+    scorer = FakeScorer()
+    ctl.scorer = scorer  # type: ignore[assignment]
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await run_until(fleet, lambda: "opened" in harness.feed.changes("n1"))
+    opened = next(e for e in harness.feed.events if e.change == "opened")
+    assert (opened.data.rule_id, opened.data.node, opened.data.gpu_index) == ("anomalous", "n1", 1)
+    assert scorer.observed >= 2
+    assert 1 <= scorer.batches < scorer.observed, "scored in batches, not per frame"
+    assert ctl.metrics.anomaly_seconds._sum.get() > 0
+
+
+async def test_a_model_that_does_not_load_leaves_the_controller_running(harness: Harness) -> None:
+    broken = harness.tmp / "model"
+    broken.mkdir()
+    (broken / "card.json").write_text("{}")
+    ctl = await harness.controller(testing.RecordingActuator(), model=str(broken))
+    assert ctl.metrics.anomaly_model_loaded._value.get() == 0
+    fleet = Fleet(harness.bus, ["n1"])
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: "opened" in harness.feed.changes("n1"))
+
+
+async def test_the_default_model_loads_and_scores(harness: Harness) -> None:
+    model = ROOT / "models" / "default"
+    ctl = await harness.controller(testing.RecordingActuator(), model=str(model), anomaly_interval_s=0.5)
+    assert ctl.metrics.anomaly_model_loaded._value.get() == 1
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.metrics.anomaly_seconds._sum.get() > 0)

@@ -87,3 +87,13 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
         "nvlink-replay-recovery", "node-silent",
     }  # fmt: skip
     assert set(seen) == expected, "no other rule of the pack may fire on the healthy part of the fleet"
+
+
+def test_the_demo_controller_scores_with_the_default_model(tmp_path: pathlib.Path) -> None:
+    from healer.demo import runner
+
+    s = runner.settings_for(runner.Options(), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
+    assert s.controller.model is not None
+    assert (pathlib.Path(s.controller.model) / "card.json").is_file()
+    none = runner.settings_for(runner.Options(model=""), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
+    assert none.controller.model is None
