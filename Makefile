@@ -31,9 +31,15 @@ fmt: $(STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/healer schema export --out docs/schemas
+	$(BIN)/healer rules schema --out docs/schemas/rules.v1.json
+	$(BIN)/healer config docs > docs/configuration.md
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/agent_cost.py
+	$(BIN)/python benchmarks/sim_throughput.py --quick
+	$(BIN)/python benchmarks/rules_eval.py
+	$(BIN)/python benchmarks/anomaly_cost.py
+	$(BIN)/healer bench controller
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
