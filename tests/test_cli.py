@@ -4,11 +4,13 @@ processes against a real nats-server, stopped with SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 from healer import cli
@@ -69,6 +71,14 @@ async def event_kinds(url: str, subject: str) -> list[str]:
         await bus.close()
 
 
+def subscribed(srv: server.EmbeddedServer, subject: str) -> bool:
+    """Has some client subscribed to ``subject``? (the server's own monitoring endpoint)"""
+    url = f"http://{srv.host}:{srv.monitor_port}/connz?subs=1"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        conns = json.loads(resp.read())["connections"] or []
+    return any(subject in (c.get("subscriptions_list") or []) for c in conns)
+
+
 def test_watch_survives_garbage_and_counts_it(
     nats_server: server.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
@@ -76,14 +86,19 @@ def test_watch_survives_garbage_and_counts_it(
         [*HEALER, "telemetry", "watch", "--nats", nats_server.url, "--count", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    publisher = f"""
+    try:
+        deadline = time.monotonic() + 60
+        while not subscribed(nats_server, "healer.telemetry.*"):
+            assert time.monotonic() < deadline, "healer telemetry watch never subscribed"
+            assert watch.poll() is None, watch.communicate()
+            time.sleep(0.1)
+        publisher = f"""
 import asyncio, time
 from healer.bus import nats as nb
 from healer.telemetry import sim
 from healer.schemas import telemetry, codec
 async def main():
     bus = await nb.NatsBus.connect("{nats_server.url}")
-    await asyncio.sleep(1.0)
     for junk in [b"{{", b'{{"schema":"healer.telemetry.v9"}}', b"\\xff" * 10]:
         await bus.publish("healer.telemetry.x", junk)
     f = telemetry.NodeFrame(node="ok", ts=time.time(), seq=0, boot_id="b", agent_version="t", source="sim",
@@ -92,8 +107,12 @@ async def main():
     await bus.close()
 asyncio.run(main())
 """
-    subprocess.run([sys.executable, "-c", publisher], check=True, timeout=30)
-    out, err = watch.communicate(timeout=30)
+        subprocess.run([sys.executable, "-c", publisher], check=True, timeout=60)
+        out, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
     assert watch.returncode == 0
     assert out.startswith("ok seq=0 gpus=1")
     assert "rejected 3 messages (frame/json=2, frame/schema_version=1)" in err

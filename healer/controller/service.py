@@ -25,7 +25,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import nats.js.errors
@@ -34,7 +34,6 @@ from nats.js import api as js_api
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.anomaly import scoring
 from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
@@ -45,6 +44,9 @@ from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
 from healer.schemas import codec, incidents
+
+if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
+    from healer.anomaly import scoring
 
 log = structlog.get_logger(__name__)
 
@@ -117,6 +119,8 @@ class Controller:
         self._rules_sig = self._signature()
         self.metrics.rules_loaded.set(len(result.ruleset.rules))
         if self.cs.model:
+            from healer.anomaly import scoring
+
             self.scorer = scoring.load_or_null(self.cs.model, gpus_per_node=self.cs.gpus_per_node)
             loaded = isinstance(self.scorer, scoring.Scorer)
             self.metrics.anomaly_model_loaded.set(1 if loaded else 0)
