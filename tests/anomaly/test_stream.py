@@ -31,6 +31,10 @@ async def _publish(url: str, rec_path: pathlib.Path) -> int:
                     count += 1
         await bus.publish(subj.telemetry("junk"), b"not a frame")
         await bus.flush()
+        # Core publishes are captured by the stream asynchronously: wait until all are stored.
+        async with asyncio.timeout(30):
+            while (await bus.js.stream_info(subj.stream_telemetry)).state.messages < count + 1:  # noqa: ASYNC110 - polling the server
+                await asyncio.sleep(0.05)
         return count + 1
     finally:
         await bus.close()
