@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from healer import config
-from healer.bus import memory, provision, server, subjects
+from healer.bus import base, memory, provision, server, subjects
 from healer.bus import nats as natsbus
 
 
@@ -53,6 +53,40 @@ async def nats_bus(
         yield bus
     finally:
         await bus.close()
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def bus(request: pytest.FixtureRequest, subj: subjects.Subjects) -> AsyncIterator[base.Bus]:
+    """The same test body runs on the in-memory bus and on a real, provisioned nats-server."""
+    if request.param == "memory":
+        mem = make_memory_bus(subj)
+        yield mem
+        await mem.close()
+    else:
+        srv: server.EmbeddedServer = request.getfixturevalue("nats_server")
+        real = await natsbus.NatsBus.connect(srv.url, name="test")
+        await provision.ensure(real, subj, config.NatsSettings())
+        yield real
+        await real.close()
+
+
+class Collector:
+    """A subscription handler that keeps every message and can wait for a count."""
+
+    def __init__(self) -> None:
+        self.msgs: list[base.Msg] = []
+        self.changed = asyncio.Event()
+
+    async def __call__(self, msg: base.Msg) -> None:
+        self.msgs.append(msg)
+        self.changed.set()
+
+    async def wait_for(self, n: int, timeout: float = 10.0) -> list[base.Msg]:
+        async with asyncio.timeout(timeout):
+            while len(self.msgs) < n:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.msgs
 
 
 def make_memory_bus(subj: subjects.Subjects) -> memory.MemoryBus:

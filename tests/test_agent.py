@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -48,20 +47,6 @@ class Running:
     async def close(self) -> None:
         self.stop.set()
         await asyncio.wait_for(self.task, 10)
-
-
-@pytest.fixture(params=["memory", "nats"])
-async def bus(request: pytest.FixtureRequest, subj: subjects.Subjects) -> AsyncIterator[base.Bus]:
-    if request.param == "memory":
-        mem = conftest.make_memory_bus(subj)
-        yield mem
-        await mem.close()
-    else:
-        srv: server.EmbeddedServer = request.getfixturevalue("nats_server")
-        real = await natsbus.NatsBus.connect(srv.url, name="test")
-        await provision.ensure(real, subj, config.NatsSettings())
-        yield real
-        await real.close()
 
 
 async def test_frames_arrive_valid_with_increasing_seq(

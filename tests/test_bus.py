@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
@@ -15,40 +14,8 @@ from healer.bus import nats as natsbus
 from tests import conftest
 
 
-@pytest.fixture(params=["memory", "nats"])
-async def bus(request: pytest.FixtureRequest, subj: subjects.Subjects) -> AsyncIterator[base.Bus]:
-    """The same test body runs on the in-memory bus and on a real, provisioned nats-server."""
-    if request.param == "memory":
-        mem = conftest.make_memory_bus(subj)
-        yield mem
-        await mem.close()
-    else:
-        srv: server.EmbeddedServer = request.getfixturevalue("nats_server")
-        real = await natsbus.NatsBus.connect(srv.url, name="test")
-        await provision.ensure(real, subj, config.NatsSettings())
-        yield real
-        await real.close()
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.msgs: list[base.Msg] = []
-        self.changed = asyncio.Event()
-
-    async def __call__(self, msg: base.Msg) -> None:
-        self.msgs.append(msg)
-        self.changed.set()
-
-    async def wait_for(self, n: int, timeout: float = 5.0) -> list[base.Msg]:
-        async with asyncio.timeout(timeout):
-            while len(self.msgs) < n:
-                self.changed.clear()
-                await self.changed.wait()
-        return self.msgs
-
-
 async def test_wildcard_subscription_receives_every_node(bus: base.Bus, subj: subjects.Subjects) -> None:
-    got = Collector()
+    got = conftest.Collector()
     await bus.subscribe(subj.all_telemetry, got)
     await bus.flush()
     for node in ["a", "b.example.org", "c"]:
@@ -59,7 +26,7 @@ async def test_wildcard_subscription_receives_every_node(bus: base.Bus, subj: su
 
 
 async def test_queue_group_delivers_each_message_once(bus: base.Bus) -> None:
-    got = Collector()
+    got = conftest.Collector()
     members: list[str] = []
 
     def member(name: str) -> base.Handler:
@@ -115,7 +82,7 @@ async def test_durable_publish_without_a_stream_is_temporary(bus: base.Bus) -> N
 
 
 async def test_handler_exception_does_not_stop_delivery(bus: base.Bus) -> None:
-    got = Collector()
+    got = conftest.Collector()
 
     async def flaky(msg: base.Msg) -> None:
         if msg.data == b"boom":

@@ -14,7 +14,7 @@ import prometheus_client
 import structlog
 
 from healer import config, errors, logs
-from healer.actuators import base as actuators
+from healer.actuators import factory
 from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
 from healer.cli import common
@@ -83,19 +83,6 @@ def _settings(args: argparse.Namespace) -> config.Settings:
     return config.Settings.model_validate(raw)
 
 
-def build_scheduler(s: config.Settings) -> actuators.Actuator:
-    names = actuators.NodeNames.from_settings(s.actuators)
-    if s.controller.actuator == "slurm":
-        from healer.actuators import slurm
-
-        return slurm.SlurmActuator(s.actuators, names)
-    if s.controller.actuator == "kubernetes":
-        from healer.actuators import kubernetes as kube  # only this actuator needs the kubernetes client
-
-        return kube.KubernetesActuator(s.actuators, names)
-    return actuators.LogActuator(s.actuators)
-
-
 async def run_controller(
     s: config.Settings, stop: asyncio.Event, metrics: metrics_mod.ControllerMetrics
 ) -> None:
@@ -106,7 +93,7 @@ async def run_controller(
     )
     try:
         await provision.ensure(bus, subjects.Subjects(s.nats.prefix), s.nats)
-        ctl = service.Controller(s, bus, scheduler=build_scheduler(s), metrics=metrics)
+        ctl = service.Controller(s, bus, scheduler=factory.scheduler(s), metrics=metrics)
         ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
         await ctl.start()
         await stop.wait()

@@ -23,8 +23,7 @@ import structlog
 import yaml
 
 from healer import config, errors
-from healer.actuators import base as actuators
-from healer.actuators import power
+from healer.actuators import factory, power
 from healer.bus import base, provision, server, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
@@ -81,15 +80,6 @@ def settings_for(opts: Options, url: str, rules_dir: pathlib.Path, tmp: pathlib.
         (tmp / "node-map.yaml").write_text(yaml.safe_dump(mapping))
         raw["actuators"]["node_map_file"] = str(tmp / "node-map.yaml")
     return config.Settings.model_validate(raw)
-
-
-def build_scheduler(s: config.Settings) -> actuators.Actuator:
-    names = actuators.NodeNames.from_settings(s.actuators)
-    if s.controller.actuator == "slurm":
-        from healer.actuators import slurm
-
-        return slurm.SlurmActuator(s.actuators, names)
-    return actuators.LogActuator(s.actuators)
 
 
 async def run(
@@ -149,7 +139,7 @@ async def _run_with_server(
 
         ctl_bus = await connect("healer-demo-controller")
         await provision.ensure(ctl_bus, subj, s.nats)
-        ctl = service.Controller(s, ctl_bus, scheduler=build_scheduler(s))
+        ctl = service.Controller(s, ctl_bus, scheduler=factory.scheduler(s))
         ctl.power = power.PowerActuator(ctl_bus, ctl, subj, s.actuators)
         await ctl.start()
         say(f"controller: mode {s.controller.mode}, actuator {s.controller.actuator}")

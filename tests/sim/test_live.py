@@ -3,51 +3,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from structlog.testing import capture_logs
 
-from healer import config, errors
-from healer.bus import base, provision, server, subjects
-from healer.bus import nats as natsbus
+from healer import errors
+from healer.bus import base, subjects
 from healer.schemas import codec, commands
 from healer.sim import live, recording, replay, scenarios
 from tests import conftest
-
-
-@pytest.fixture(params=["memory", "nats"])
-async def bus(request: pytest.FixtureRequest, subj: subjects.Subjects) -> AsyncIterator[base.Bus]:
-    if request.param == "memory":
-        mem = conftest.make_memory_bus(subj)
-        yield mem
-        await mem.close()
-    else:
-        srv: server.EmbeddedServer = request.getfixturevalue("nats_server")
-        real = await natsbus.NatsBus.connect(srv.url, name="test")
-        await provision.ensure(real, subj, config.NatsSettings())
-        yield real
-        await real.close()
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.msgs: list[base.Msg] = []
-        self.changed = asyncio.Event()
-
-    async def __call__(self, msg: base.Msg) -> None:
-        self.msgs.append(msg)
-        self.changed.set()
-
-    async def wait_for(self, n: int, timeout: float = 10.0) -> list[base.Msg]:
-        async with asyncio.timeout(timeout):
-            while len(self.msgs) < n:
-                self.changed.clear()
-                await self.changed.wait()
-        return self.msgs
 
 
 def _command(node: str, cid: str, **kw: object) -> bytes:
@@ -69,7 +35,7 @@ async def test_live_fleet_publishes_frames_and_events_and_a_power_cap_cools_the_
     sc = scenarios.Scenario(name="t", workload={"training": 1.0})
     sim = scenarios.build(sc, nodes=3, gpus=4, seed=1, start_ts=time.time(), run_id=scenarios.fresh_run_id())
     fleet_live = live.LiveFleet(sim, bus, subj, interval_s=1.0)
-    frames_seen, events_seen = Collector(), Collector()
+    frames_seen, events_seen = conftest.Collector(), conftest.Collector()
     await bus.subscribe(subj.all_telemetry, frames_seen)
     await bus.subscribe(subj.all_events, events_seen)
     await fleet_live.start()
@@ -141,7 +107,7 @@ async def test_replay_republishes_the_recorded_frames_and_events(
     )
     path = tmp_path / "r.npz"
     recording.record(sim, path, duration_s=100.0, interval_s=10.0)
-    frames_seen, events_seen = Collector(), Collector()
+    frames_seen, events_seen = conftest.Collector(), conftest.Collector()
     await bus.subscribe(subj.all_telemetry, frames_seen)
     await bus.subscribe(subj.all_events, events_seen)
     await bus.flush()
@@ -161,7 +127,7 @@ async def test_an_outage_drops_frames_but_keeps_events_for_later(subj: subjects.
     mem = conftest.make_memory_bus(subj)
     sim = scenarios.build(scenarios.load("healthy"), nodes=2, gpus=2, seed=1, run_id="outage")
     fleet_live = live.LiveFleet(sim, mem, subj)
-    events_seen = Collector()
+    events_seen = conftest.Collector()
     await mem.subscribe(subj.all_events, events_seen)
     mem.set_connected(False)
     with capture_logs() as logs:

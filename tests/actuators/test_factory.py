@@ -1,0 +1,22 @@
+"""`controller.actuator` picks the scheduler actuator, with the node-name mapping applied."""
+
+from __future__ import annotations
+
+import pytest
+
+from healer import config
+from healer.actuators import factory
+
+
+@pytest.mark.parametrize(("kind", "cls"), [("log", "LogActuator"), ("slurm", "SlurmActuator"),
+                                           ("kubernetes", "KubernetesActuator")])  # fmt: skip
+def test_controller_setting_picks_the_actuator(kind: str, cls: str) -> None:
+    s = config.Settings(
+        controller=config.ControllerSettings(actuator=kind),  # type: ignore[arg-type]
+        actuators=config.ActuatorSettings(node_name_template="{short}"),
+    )
+    actuator = factory.scheduler(s)
+    assert type(actuator).__name__ == cls
+    names = getattr(actuator, "names", None)
+    if names is not None:
+        assert names("gpu01.dc1.example") == "gpu01"
