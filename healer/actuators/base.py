@@ -245,3 +245,21 @@ class LogActuator:
             return ActionOutcome(status="done", detail="logged only", plan=plan)
 
         return await guarded(self.name, self.settings, request, work)
+
+
+async def dispatch(
+    actuator: str,
+    settings: config.ActuatorSettings,
+    request: ActionRequest,
+    node: str,
+    handlers: Mapping[str, Callable[[str, ActionRequest], Awaitable[ActionOutcome]]],
+) -> ActionOutcome:
+    """Run the handler for ``request.kind`` on the scheduler's ``node`` name, under ``guarded``."""
+
+    async def work() -> ActionOutcome:
+        handler = handlers.get(request.kind)
+        if handler is None:
+            raise errors.PermanentError(f"the {actuator} actuator does not do {request.kind}")
+        return await handler(node, request)
+
+    return await guarded(actuator, settings, request, work)

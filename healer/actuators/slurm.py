@@ -130,17 +130,8 @@ class SlurmActuator:
             self._env["SLURM_CONF"] = self.settings.slurm_conf
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
-        async def work() -> base.ActionOutcome:
-            node = self.names(request.node)
-            if request.kind == "cordon":
-                return await self._cordon(node, request)
-            if request.kind == "uncordon":
-                return await self._uncordon(node, request)
-            if request.kind == "migrate":
-                return await self._migrate(node, request)
-            raise errors.PermanentError(f"the slurm actuator does not do {request.kind}")
-
-        return await base.guarded(self.name, self.settings, request, work)
+        handlers = {"cordon": self._cordon, "uncordon": self._uncordon, "migrate": self._migrate}
+        return await base.dispatch(self.name, self.settings, request, self.names(request.node), handlers)
 
     # -- reading state ------------------------------------------------------------------------------
 

@@ -190,17 +190,9 @@ class CommandExecutor:
                 clamped=clamped,
                 status="already",
             )
-        try:
-            self.power.set_power_limit(index, applied)
-        except errors.HealerError as e:
-            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
-            return commands.PowerChange(
-                index=index,
-                previous_w=limits.current_w,
-                requested_w=requested,
-                status="failed",
-                detail=f"{kind}: {e}",
-            )
+        failed = self._apply(index, applied, limits.current_w, requested)
+        if failed is not None:
+            return failed
         original = limits.current_w if record is None else record["original_w"]
         self.originals[index] = {
             "original_w": original,
@@ -217,6 +209,23 @@ class CommandExecutor:
             status="applied",
             detail=f"clamped to [{limits.min_w:g}, {limits.max_w:g}] W" if clamped else "",
         )
+
+    def _apply(
+        self, index: int, watts: float, previous_w: float, requested_w: float
+    ) -> commands.PowerChange | None:
+        """Set the limit; None when it worked, else the failed change (temporary or permanent)."""
+        try:
+            self.power.set_power_limit(index, watts)
+        except errors.HealerError as e:
+            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
+            return commands.PowerChange(
+                index=index,
+                previous_w=previous_w,
+                requested_w=requested_w,
+                status="failed",
+                detail=f"{kind}: {e}",
+            )
+        return None
 
     def _restore(self, index: int) -> commands.PowerChange:
         record = self.originals.get(index)
@@ -235,17 +244,9 @@ class CommandExecutor:
                 detail=f"changed by someone else since healer set {record['applied_w']:g} W; left as is",
             )
         target = float(record["original_w"])
-        try:
-            self.power.set_power_limit(index, target)
-        except errors.HealerError as e:
-            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
-            return commands.PowerChange(
-                index=index,
-                previous_w=limits.current_w,
-                requested_w=target,
-                status="failed",
-                detail=f"{kind}: {e}",
-            )
+        failed = self._apply(index, target, limits.current_w, target)
+        if failed is not None:
+            return failed
         del self.originals[index]
         return commands.PowerChange(
             index=index, previous_w=limits.current_w, requested_w=target, applied_w=target, status="applied"
