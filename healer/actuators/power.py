@@ -36,7 +36,8 @@ class PowerReadings(Protocol):
     """Where confirmations come from: the controller's view of the latest telemetry."""
 
     def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
-        """``(frame ts, power_limit_w)`` of the newest frame from ``node`` with that GPU, else ``None``."""
+        """``(frame ts, power_limit_w)`` from the newest frame of ``node``; ``None`` if it has no limit
+        for that GPU."""
 
 
 _ITEM_STATUS: dict[commands.ResultStatus, base.ItemStatus] = {

@@ -56,7 +56,7 @@ class Scorer:
         """Each GPU's own thermal baseline, updated once per ``score`` (not persisted)."""
         self._last_now: float | None = None
 
-    def observe(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+    def observe(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         self.window.observe(frame, at)
 
     def score_array(self, now: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
@@ -100,7 +100,7 @@ class NullScorer:
         self.reason = reason
         self.last_cost_s = 0.0
 
-    def observe(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+    def observe(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         return None
 
     def score(self, now: float) -> dict[str, dict[int, float]]:

@@ -21,7 +21,7 @@ from healer.schemas import telemetry
 _NAN = math.nan
 
 
-def _fields(g: telemetry.GpuSample) -> tuple[float | int | None, ...]:
+def _fields(g: telemetry.GpuView) -> tuple[float | int | None, ...]:
     return (
         g.temp_c,
         g.power_w,
@@ -91,7 +91,7 @@ class FleetWindow:
                 self._last = np.concatenate([self._last, np.full_like(self._last[:grow], np.nan)])
         return i
 
-    def observe(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+    def observe(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         """Queue one frame (hot path: no numpy). ``at`` defaults to ``frame.ts``. Frames closer than
         ``min_interval_s`` to the node's last kept frame are skipped (counted in ``skipped``): counters
         are cumulative, so nothing is lost but resolution the 30 s buckets do not need."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
+import numpy as np
 import prometheus_client as prom
+from prometheus_client import metrics_core
 
 
 class ControllerMetrics:
@@ -11,6 +15,12 @@ class ControllerMetrics:
         r = self.registry
         self.frames = prom.Counter(
             "healer_controller_frames_ingested_total", "NodeFrames ingested", registry=r
+        )
+        self.frames_lax = prom.Counter(
+            "healer_controller_frames_lax_total",
+            "NodeFrames valid only after type coercion (e.g. 3.0 for an integer): they take the slow decode"
+            " path; a rising count points at an agent that should be fixed",
+            registry=r,
         )
         self.events = prom.Counter(
             "healer_controller_events_ingested_total", "NodeEvents ingested", registry=r
@@ -39,10 +49,10 @@ class ControllerMetrics:
         self.breaker_open = prom.Gauge(
             "healer_controller_breaker_open", "1 while the breaker is open", registry=r
         )
-        self.lag = prom.Histogram(
+        self.lag = BatchedHistogram(
             "healer_controller_lag_seconds",
-            "receive time minus frame timestamp",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+            "receive time minus frame timestamp (folded in once per tick)",
+            (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
             registry=r,
         )
         self.events_pending = prom.Gauge(
@@ -67,3 +77,42 @@ class ControllerMetrics:
             registry=r,
         )
         self.fleet_nodes = prom.Gauge("healer_controller_fleet_nodes", "nodes seen by this shard", registry=r)
+
+
+class BatchedHistogram(prom.registry.Collector):
+    """A Prometheus histogram for the per-frame hot path: ``observe`` only appends to a list, and
+    ``fold`` (the controller calls it once per tick, on its event loop) turns the batch into bucket
+    counts with numpy. A scrape therefore sees the histogram as of the last tick. prometheus_client's
+    Histogram costs about 1 us per observation (a lock and a bucket search); this costs tens of ns."""
+
+    def __init__(
+        self, name: str, documentation: str, buckets: Sequence[float], *, registry: prom.CollectorRegistry
+    ) -> None:
+        self.name, self.documentation = name, documentation
+        self.bounds = np.array([*sorted(buckets), np.inf])
+        self.counts = np.zeros(len(self.bounds), dtype=np.int64)
+        self.sum = 0.0
+        self.pending: list[float] = []
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.pending.append(value)
+
+    def fold(self) -> None:
+        batch, self.pending = self.pending, []
+        if batch:
+            values = np.asarray(batch, dtype=np.float64)
+            # bucket i counts values <= bounds[i] (Prometheus "le"): the first bound not below the value
+            where = np.searchsorted(self.bounds, values, side="left")
+            self.counts += np.bincount(where, minlength=len(self.bounds))
+            self.sum += float(values.sum())
+
+    def collect(self) -> Iterator[metrics_core.Metric]:
+        cumulative = np.cumsum(self.counts).tolist()
+        labels = ["+Inf" if b == np.inf else repr(b) for b in self.bounds.tolist()]
+        yield metrics_core.HistogramMetricFamily(
+            self.name,
+            self.documentation,
+            buckets=list(zip(labels, cumulative, strict=True)),
+            sum_value=self.sum,
+        )

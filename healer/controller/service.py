@@ -43,7 +43,7 @@ from healer.controller import kv, lease, policy
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
-from healer.schemas import codec, incidents
+from healer.schemas import codec, incidents, telemetry
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
     from healer.anomaly import scoring
@@ -95,7 +95,8 @@ class Controller:
         self.rules_path = pathlib.Path(self.cs.rules_dir)
         self._rules_sig: tuple[tuple[str, float, int], ...] = ()
         self.nodes: set[str] = set()
-        self.power_limits: dict[tuple[str, int], tuple[float, float]] = {}
+        self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
+        """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
         self.unacked: list[Any] = []
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.breaker_incident: incidents_mod.Incident | None = None
@@ -197,7 +198,7 @@ class Controller:
         if self.cs.shards > 1 and not self._mine(self.subjects.node_of(msg.subject)):
             return
         try:
-            frame = codec.decode_frame(msg.data)
+            frame = codec.decode_frame_view(msg.data)
         except errors.DecodeError as e:
             self.metrics.decode_errors.labels(e.kind, e.reason).inc()
             self.log.warning("controller.bad_frame", subject=msg.subject, reason=e.reason, detail=e.detail)
@@ -208,14 +209,17 @@ class Controller:
         if self.scorer is not None:
             self.scorer.observe(frame, at=now)
         self.nodes.add(frame.node)
-        for g in frame.gpus:
-            if g.power_limit_w is not None:
-                self.power_limits[(frame.node, g.index)] = (frame.ts, g.power_limit_w)
+        self.power_limits[frame.node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
+        if isinstance(frame, telemetry.NodeFrame):
+            self.metrics.frames_lax.inc()
         self.metrics.frames.inc()
         self.metrics.lag.observe(max(0.0, now - frame.ts))
 
     def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
-        return self.power_limits.get((node, gpu_index))
+        """(frame ts, power limit in W) of the GPU in the node's newest frame; None while unknown."""
+        ts, limits = self.power_limits.get(node, (0.0, {}))
+        limit = limits.get(gpu_index)
+        return None if limit is None else (ts, limit)
 
     async def _pull_events(self) -> None:
         while not self._stop.is_set() and self._leader:
@@ -274,6 +278,7 @@ class Controller:
                 self.engine.set_anomaly_scores(node, per_gpu)
             self.metrics.anomaly_seconds.observe(self.scorer.last_cost_s)
         firings = self.engine.evaluate(now)
+        self.metrics.lag.fold()
         self.metrics.evaluations.inc(len(self.engine.rules.rules))
         self.metrics.fleet_nodes.set(len(self.nodes))
         if not self.leader:

@@ -134,12 +134,12 @@ class Engine:
         self.state.set_rules(rules)
         return gone
 
-    def ingest(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+    def ingest(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         """Queue a frame (cheap); the numpy work happens once per batch, at the next ``evaluate``.
         ``at``: receive time on the clock ``evaluate(now)`` uses (default ``frame.ts``)."""
         self.state.ingest(frame, at)
 
-    def ingest_many(self, frames: Iterable[telemetry.NodeFrame], at: float | None = None) -> None:
+    def ingest_many(self, frames: Iterable[telemetry.FrameView], at: float | None = None) -> None:
         self.state.ingest_many(frames, at)
 
     def memory_bytes(self) -> int:

@@ -11,7 +11,7 @@ buckets) per referenced pair, whatever the sample rate, and one evaluation reduc
 (slots,) planes per window.
 
 ``ingest`` is the controller's hot path: it only pulls the referenced fields out of each GpuSample with
-one ``itemgetter`` call and queues the row; the numpy work happens once per batch in ``flush``
+one ``attrgetter`` call and queues the row; the numpy work happens once per batch in ``flush``
 (``evaluate`` flushes first), vectorized over every frame received since the last tick.
 """
 
@@ -74,7 +74,7 @@ class FleetState:
         self.col: dict[str, int] = {}
         self.history: dict[str, windows.History] = {}
         self._raw: list[str] = []
-        self._getter: Callable[[dict[str, Any]], tuple[Any, ...]] = lambda d: (d["index"],)
+        self._getter: Callable[[telemetry.GpuView], tuple[Any, ...]] = operator.attrgetter("index")
         self.set_rules(rules or ruleset.RuleSet())
 
     @property
@@ -93,10 +93,7 @@ class FleetState:
             if name in old_col:
                 self.latest[i] = old_latest[old_col[name]]
         self._raw = [c for c in needs.columns if metrics.ALL[c].source == "sample"]
-        if self._raw:
-            self._getter = operator.itemgetter("index", *self._raw)
-        else:
-            self._getter = lambda d: (d["index"],)
+        self._getter = operator.attrgetter("index", *self._raw) if self._raw else _index_only
         old_hist, self.history = self.history, {}
         for metric, kinds in needs.windows.items():
             prev = old_hist.get(metric)
@@ -136,7 +133,7 @@ class FleetState:
                 self.anomaly[n, g] = score
 
     # -- ingest
-    def ingest(self, frame: telemetry.NodeFrame, at: float | None = None) -> None:
+    def ingest(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         """Queue one frame. ``at``: when it counts on the evaluator's clock (the controller passes its
         receive time, so a node's clock skew cannot make it look silent); default ``frame.ts``."""
         n = self._index.get(frame.node)
@@ -151,10 +148,10 @@ class FleetState:
                 self.gpu_info[n].update(info)
                 self.version += 1
         getter = self._getter
-        rows = [getter(g.__dict__) for g in gpus]
+        rows = [getter(g) for g in gpus]
         self._pending.append((n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected))
 
-    def ingest_many(self, frames: Iterable[telemetry.NodeFrame], at: float | None = None) -> None:
+    def ingest_many(self, frames: Iterable[telemetry.FrameView], at: float | None = None) -> None:
         for frame in frames:
             self.ingest(frame, at)
 
@@ -339,3 +336,7 @@ class FleetState:
                 ring.data = pad(ring.data, 1, 2, ring.init)
         self.cap, self.gpus = cap, gpus
         self.version += 1
+
+
+def _index_only(g: telemetry.GpuView) -> tuple[int]:
+    return (g.index,)

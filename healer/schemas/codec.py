@@ -8,13 +8,13 @@ whatever the input. Consumers count the reasons (``DecodeStats``) and carry on.
 from __future__ import annotations
 
 import collections
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import orjson
 import pydantic
 
 from healer import errors
-from healer.schemas import commands, events, incidents, telemetry
+from healer.schemas import commands, events, fastwire, incidents, telemetry
 
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest document accepted (a 256-GPU frame is ~270 KB); anything bigger is hostile or broken."""
@@ -93,6 +93,22 @@ def _peek_schema(data: bytes | str) -> object:
 
 def decode_frame(data: bytes | str) -> telemetry.NodeFrame:
     return _decode(telemetry.NodeFrame, "frame", data)
+
+
+def decode_frame_view(data: bytes | str) -> telemetry.FrameView:
+    """``decode_frame`` for the controller's hot path, four to five times cheaper on a well-formed frame:
+    the strict msgspec decoder derived from NodeFrame (schemas/fastwire.py) first; whatever it refuses
+    goes to ``decode_frame``, which either accepts it (a lax but valid document: the result is then a
+    NodeFrame) or raises the usual ``DecodeError``. Same verdicts and values as ``decode_frame``."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise errors.DecodeError("frame", "too_large", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        return cast(telemetry.FrameView, _STRICT_FRAME.decode(data))
+    except fastwire.Error:
+        return decode_frame(data)
+
+
+_STRICT_FRAME = fastwire.decoder(telemetry.NodeFrame)
 
 
 def decode_event(data: bytes | str) -> events.NodeEvent:

@@ -44,15 +44,18 @@ class Fleet:
         self.overrides: dict[tuple[str, int], dict[str, Any]] = {}
         self.seq = 0
 
+    def frame(self, node: str) -> telemetry.NodeFrame:
+        src = self.sources[node]
+        gpus = [g.model_copy(update=self.overrides.get((node, g.index), {})) for g in src.sample().gpus]
+        return telemetry.NodeFrame(
+            node=node, ts=time.time(), seq=self.seq, boot_id="b", agent_version="t", source="sim",
+            gpus_expected=2, gpus=gpus,
+        )  # fmt: skip
+
     async def publish(self) -> None:
         self.seq += 1
-        for node, src in self.sources.items():
-            gpus = [g.model_copy(update=self.overrides.get((node, g.index), {})) for g in src.sample().gpus]
-            frame = telemetry.NodeFrame(
-                node=node, ts=time.time(), seq=self.seq, boot_id="b", agent_version="t", source="sim",
-                gpus_expected=2, gpus=gpus,
-            )  # fmt: skip
-            await self.bus.publish(self.subj.telemetry(node), codec.encode(frame))
+        for node in self.sources:
+            await self.bus.publish(self.subj.telemetry(node), codec.encode(self.frame(node)))
 
 
 class Feed:

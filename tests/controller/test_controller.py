@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
+import time
 
 from healer import testing
+from healer.bus import subjects
+from healer.schemas import codec
+from tests.conftest import until
 from tests.controller.conftest import Fleet, Harness, run_until, warm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -270,3 +275,28 @@ async def test_the_default_model_loads_and_scores(harness: Harness) -> None:
     assert ctl.metrics.anomaly_model_loaded._value.get() == 1
     fleet = Fleet(harness.bus, ["n1"])
     await run_until(fleet, lambda: ctl.metrics.anomaly_seconds._sum.get() > 0)
+
+
+async def test_bad_frames_are_counted_and_lax_frames_still_act(harness: Harness) -> None:
+    """Malformed frames are counted by reason and change nothing; a frame that is valid only after
+    pydantic's coercion (the strict fast decoder refuses it) is still ingested, and counted as lax."""
+    ctl = await harness.controller(testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await warm(fleet)
+    subject = subjects.Subjects().telemetry("n1")
+    good = json.loads(codec.encode(fleet.frame("n1")))
+    await harness.bus.publish(subject, b"{not json")
+    await harness.bus.publish(subject, json.dumps({**good, "schema": "healer.telemetry.v9"}).encode())
+    await harness.bus.publish(subject, json.dumps({**good, "seq": -1}).encode())
+    lax = {**good, "ts": time.time(), "seq": float(good["seq"] + 1)}  # 12.0 for an integer: lax
+    lax["gpus"][1]["ecc_dbe_volatile"] = 1
+    await harness.bus.publish(subject, json.dumps(lax).encode())
+    await until(lambda: "opened" in harness.feed.changes("n1"))
+    errors_by = {
+        s.labels["reason"]: s.value
+        for s in next(iter(ctl.metrics.decode_errors.collect())).samples
+        if s.name.endswith("_total")
+    }
+    assert errors_by == {"json": 1, "schema_version": 1, "validation": 1}
+    assert ctl.metrics.frames_lax._value.get() == 1
+    assert harness.feed.events[0].data.gpu_index == 1
