@@ -188,6 +188,10 @@ class ControllerSettings(_Group):
     """How often the anomaly model scores the fleet (one batch; the model's window bucket is 30 s)."""
     reload_check_s: float = pydantic.Field(default=2.0, gt=0)
     """How often the rules directory is checked for changes."""
+    frames_buffer_mib: float = pydantic.Field(default=128.0, gt=0)
+    """Frames received and not yet ingested, at most (nats-py's pending limit for the telemetry
+    subscription, 15,000 8-GPU frames at the default): past it frames are dropped and counted
+    (``healer_controller_frames_dropped_total``), never queued without bound."""
     gpus_per_node: int = pydantic.Field(default=8, ge=1, le=256)
     """Expected GPUs per node (fleet-state sizing; frames may carry fewer or more)."""
     stale_after_s: float = pydantic.Field(default=300.0, gt=0)

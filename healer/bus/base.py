@@ -37,6 +37,14 @@ Handler = Callable[[Msg], Awaitable[None]]
 class Subscription(Protocol):
     async def unsubscribe(self) -> None: ...
 
+    @property
+    def pending(self) -> int:
+        """Messages received and not yet handled (the subscriber's backlog)."""
+
+    @property
+    def dropped(self) -> int:
+        """Messages the client dropped because the backlog was full (a slow consumer)."""
+
 
 class Bus(Protocol):
     @property
@@ -47,7 +55,9 @@ class Bus(Protocol):
 
     async def publish_durable(self, subject: str, data: bytes, msg_id: str, timeout: float = 5.0) -> bool: ...
 
-    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription: ...
+    async def subscribe(
+        self, subject: str, handler: Handler, queue: str = "", *, pending_bytes: int | None = None
+    ) -> Subscription: ...
 
     async def request(self, subject: str, data: bytes, timeout: float = 2.0) -> Msg: ...
 

@@ -88,6 +88,14 @@ class _MemSub:
             finally:
                 self.inbox.task_done()
 
+    @property
+    def pending(self) -> int:
+        return self.inbox.qsize()
+
+    @property
+    def dropped(self) -> int:
+        return 0  # the inbox is unbounded
+
     async def unsubscribe(self) -> None:
         self.bus._subs.discard(self)
         self.task.cancel()
@@ -176,7 +184,10 @@ class MemoryBus:
         stream.messages.append(StoredMsg(len(stream.messages) + 1, subject, data, msg_id))
         return True
 
-    async def subscribe(self, subject: str, handler: base.Handler, queue: str = "") -> base.Subscription:
+    async def subscribe(
+        self, subject: str, handler: base.Handler, queue: str = "", *, pending_bytes: int | None = None
+    ) -> base.Subscription:
+        """``pending_bytes`` is accepted for parity with NatsBus and ignored: the inbox is unbounded."""
         self._check(subject, wildcards=True)
         sub = _MemSub(self, subject, handler, queue)
         self._subs.add(sub)

@@ -9,8 +9,11 @@ nowhere else: timeouts, no responders, a closed or reconnecting connection → `
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import math
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +29,9 @@ from healer import config, errors
 from healer.bus import base
 
 log = structlog.get_logger(__name__)
+SLOW_CONSUMER_LOG_S = 10.0
+DEFAULT_PENDING_BYTES = 128 * 2**20
+"""nats-py's own default backlog per subscription."""
 
 _TEMPORARY = (
     nats.errors.TimeoutError,
@@ -43,8 +49,17 @@ _TEMPORARY = (
 
 
 class _Sub:
-    def __init__(self, sub: Any) -> None:
+    def __init__(self, sub: Any, bus: NatsBus) -> None:
         self._sub = sub
+        self._bus = bus
+
+    @property
+    def pending(self) -> int:
+        return int(self._sub.pending_msgs)
+
+    @property
+    def dropped(self) -> int:
+        return self._bus.dropped.get(self._sub._id, 0)
 
     async def unsubscribe(self) -> None:
         with contextlib.suppress(nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
@@ -72,6 +87,9 @@ class NatsBus:
         self.nc = nc
         self.js = nc.jetstream()
         self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
+        self.dropped: collections.Counter[int] = collections.Counter()
+        """Messages nats-py dropped per subscription id because its backlog was full."""
+        self._drop_logged = -math.inf
 
     @classmethod
     async def connect(
@@ -98,6 +116,10 @@ class NatsBus:
                     await cb()
 
         async def on_error(e: Exception) -> None:
+            bus = holder.get("bus")
+            if isinstance(e, nats.errors.SlowConsumerError) and bus is not None:
+                bus._slow_consumer(e, name)
+                return
             if "permissions violation" in str(e).lower():
                 # Not transient: this identity tried something its credentials do not allow.
                 log.error("nats.permission_denied", name=name, error=str(e))
@@ -158,6 +180,17 @@ class NatsBus:
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
 
+    def _slow_consumer(self, e: nats.errors.SlowConsumerError, name: str) -> None:
+        """nats-py calls back once per dropped message: count each, log at most every 10 s (a log line
+        per message would deepen the overload that caused it)."""
+        self.dropped[e.sid] += 1
+        now = time.monotonic()
+        if now - self._drop_logged >= SLOW_CONSUMER_LOG_S:
+            self._drop_logged = now
+            log.error(
+                "nats.slow_consumer", name=name, subject=e.subject, dropped_total=sum(self.dropped.values())
+            )
+
     async def publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> None:
         try:
             await self.nc.publish(subject, data, headers=headers)
@@ -175,7 +208,13 @@ class NatsBus:
             raise errors.TemporaryError(f"JetStream publish to {subject} failed: {e!r}") from e
         return not bool(ack.duplicate)
 
-    async def subscribe(self, subject: str, handler: base.Handler, queue: str = "") -> base.Subscription:
+    async def subscribe(
+        self, subject: str, handler: base.Handler, queue: str = "", *, pending_bytes: int | None = None
+    ) -> base.Subscription:
+        """``pending_bytes``: the backlog past which nats-py drops messages (default nats-py's, 128 MiB);
+        drops are counted in ``dropped`` and on the subscription."""
+        limit = DEFAULT_PENDING_BYTES if pending_bytes is None else pending_bytes
+
         async def deliver(m: NatsMsg) -> None:
             msg = base.Msg(
                 subject=m.subject,
@@ -190,10 +229,10 @@ class NatsBus:
                 log.exception("bus.handler_failed", subject=m.subject)
 
         try:
-            sub = await self.nc.subscribe(subject, queue=queue, cb=deliver)
+            sub = await self.nc.subscribe(subject, queue=queue, cb=deliver, pending_bytes_limit=limit)
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"subscribe {subject} failed: {e!r}") from e
-        return _Sub(sub)
+        return _Sub(sub, self)
 
     async def _respond(self, reply: str, data: bytes) -> None:
         await self.publish(reply, data)

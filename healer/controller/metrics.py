@@ -22,6 +22,16 @@ class ControllerMetrics:
             " path; a rising count points at an agent that should be fixed",
             registry=r,
         )
+        self.frames_pending = prom.Gauge(
+            "healer_controller_frames_pending",
+            "frames received and not yet ingested (backlog), at the last tick",
+            registry=r,
+        )
+        self.frames_dropped = prom.Counter(
+            "healer_controller_frames_dropped_total",
+            "frames dropped because the backlog was full (controller.frames_buffer_mib): add shards",
+            registry=r,
+        )
         self.events = prom.Counter(
             "healer_controller_events_ingested_total", "NodeEvents ingested", registry=r
         )

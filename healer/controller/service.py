@@ -104,6 +104,8 @@ class Controller:
         self._stop = asyncio.Event()
         self._leader = False
         self._events_sub: Any = None
+        self._frames_sub: bus_base.Subscription
+        self._frames_dropped = 0
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         self._scored_at = 0.0
 
@@ -139,7 +141,11 @@ class Controller:
         self.lease = lease.Lease(
             lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
         )
-        await self.bus.subscribe(self.subjects.all_telemetry, self._on_frame)
+        self._frames_sub = await self.bus.subscribe(
+            self.subjects.all_telemetry,
+            self._on_frame,
+            pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
+        )
         self._bg = [
             asyncio.create_task(self.lease.keep(self._stop, self._on_leadership), name="controller-lease"),
             asyncio.create_task(self._tick_loop(), name="controller-ticks"),
@@ -279,6 +285,9 @@ class Controller:
             self.metrics.anomaly_seconds.observe(self.scorer.last_cost_s)
         firings = self.engine.evaluate(now)
         self.metrics.lag.fold()
+        self.metrics.frames_pending.set(self._frames_sub.pending)
+        self.metrics.frames_dropped.inc(self._frames_sub.dropped - self._frames_dropped)
+        self._frames_dropped = self._frames_sub.dropped
         self.metrics.evaluations.inc(len(self.engine.rules.rules))
         self.metrics.fleet_nodes.set(len(self.nodes))
         if not self.leader:

@@ -7,6 +7,8 @@ import json
 import pathlib
 import time
 
+import structlog.testing
+
 from healer import testing
 from healer.bus import subjects
 from healer.schemas import codec
@@ -300,3 +302,28 @@ async def test_bad_frames_are_counted_and_lax_frames_still_act(harness: Harness)
     assert errors_by == {"json": 1, "schema_version": 1, "validation": 1}
     assert ctl.metrics.frames_lax._value.get() == 1
     assert harness.feed.events[0].data.gpu_index == 1
+
+
+async def test_a_full_frame_backlog_drops_frames_and_counts_every_one(harness: Harness) -> None:
+    """Past ``frames_buffer_mib`` of backlog nats-py drops frames; each one is counted, none silently
+    lost: ingested + dropped == published. (A 5 KB buffer holds two 2-GPU frames; a burst of 300
+    arrives in socket reads of many frames each, faster than the handler can run in between.)"""
+    ctl = await harness.controller(testing.RecordingActuator(), frames_buffer_mib=0.005)
+    fleet = Fleet(harness.bus, ["n1"])
+    subject = subjects.Subjects().telemetry("n1")
+    frames = []
+    for _ in range(300):
+        fleet.seq += 1
+        frames.append(codec.encode(fleet.frame("n1")))
+
+    def accounted() -> float:
+        return ctl.metrics.frames._value.get() + ctl.metrics.frames_dropped._value.get()
+
+    with structlog.testing.capture_logs() as logs:
+        for data in frames:
+            await harness.bus.publish(subject, data)
+        await harness.bus.flush()
+        await until(lambda: accounted() == 300)
+    assert ctl.metrics.frames_dropped._value.get() > 1
+    assert [e["event"] for e in logs].count("nats.slow_consumer") == 1, "one log line, not one per frame"
+    assert ctl._frames_sub.dropped == ctl.metrics.frames_dropped._value.get()
