@@ -10,7 +10,9 @@ Three measurements, each with a separate publisher process flooding (or pacing) 
    couple of seconds; latency is from the publish of the first faulty frame to the actuator receiving
    the cordon (enforce mode, recording actuator), p50/p99.
 
-Ratios are what to read: absolute numbers depend on the machine and on the other processes sharing it.
+Each rate is given per CPU second of the consuming process (the per-core figure the targets are stated
+in, robust to other load on the machine and to a publisher that cannot outrun the bare subscriber) and
+per wall second. Ratios are what to read: absolute numbers depend on the machine and on what else runs.
 """
 
 from __future__ import annotations
@@ -104,17 +106,35 @@ def _start_publisher(url: str, nodes: int, seconds: float, rate_hz: float, fault
     return proc, queue
 
 
-async def bare_ceiling(url: str, nodes: int, seconds: float) -> float:
+@dataclasses.dataclass
+class Rate:
+    """Frames over a measured span, by the wall clock and by this process's CPU time (the per-core
+    figure: immune to a publisher that cannot keep up and to other load on the machine)."""
+
+    frames: float
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def per_s(self) -> float:
+        return self.frames / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.frames / self.cpu_s if self.cpu_s > 0 else 0.0
+
+
+async def bare_ceiling(url: str, nodes: int, seconds: float) -> Rate:
     import nats
 
     nc = await nats.connect(url, name="bench-bare", pending_size=1 << 27)
     count = 0
-    first = last = 0.0
+    first = last = (0.0, 0.0)
 
     async def handle(msg: Any) -> None:
         nonlocal count, first, last
         orjson.loads(msg.data)
-        now = time.perf_counter()
+        now = (time.perf_counter(), time.process_time())
         if not count:
             first = now
         count += 1
@@ -129,7 +149,7 @@ async def bare_ceiling(url: str, nodes: int, seconds: float) -> float:
     await asyncio.sleep(1.0)
     await nc.close()
     queue.get(timeout=5)
-    return count / (last - first) if last > first else 0.0
+    return Rate(count - 1, last[0] - first[0], last[1] - first[1])
 
 
 def _settings(url: str, rules_dir: str, mode: str, tick_s: float) -> config.Settings:
@@ -141,17 +161,17 @@ def _settings(url: str, rules_dir: str, mode: str, tick_s: float) -> config.Sett
     )
 
 
-async def controller_rate(url: str, rules_dir: str, nodes: int, seconds: float) -> tuple[float, float]:
+async def controller_rate(url: str, rules_dir: str, nodes: int, seconds: float) -> tuple[Rate, float, int]:
     bus = await natsbus.NatsBus.connect(url, name="bench-controller")
     ctl = service.Controller(
         _settings(url, rules_dir, "observe", 1.0), bus, scheduler=testing.RecordingActuator()
     )
     await ctl.start()
-    samples: list[tuple[float, float]] = []
+    samples: list[tuple[float, float, float]] = []
 
     async def sample() -> None:
         while True:
-            samples.append((time.perf_counter(), ctl.metrics.frames._value.get()))
+            samples.append((time.perf_counter(), time.process_time(), ctl.metrics.frames._value.get()))
             await asyncio.sleep(0.25)
 
     sampler = asyncio.create_task(sample())
@@ -162,14 +182,16 @@ async def controller_rate(url: str, rules_dir: str, nodes: int, seconds: float) 
     await ctl.stop()
     await bus.close()
     queue.get(timeout=5)
-    moving = [(t, n) for t, n in samples if n > 0]
+    # from the first frame to the last sample that saw a new one (not the idle tail after the flood)
+    moving = [s for i, s in enumerate(samples) if s[2] > 0 and (i == 0 or s[2] > samples[i - 1][2])]
     if len(moving) < 2:
-        return 0.0, 0.0
-    (t0, n0), (t1, n1) = moving[0], moving[-1]
+        return Rate(0, 0, 0), 0.0, 0
+    (t0, c0, n0), (t1, c1, n1) = moving[0], moving[-1]
     ticks = next(iter(ctl.metrics.tick.collect())).samples
     tick_sum = next(s.value for s in ticks if s.name.endswith("_sum"))
     tick_count = next(s.value for s in ticks if s.name.endswith("_count"))
-    return (n1 - n0) / (t1 - t0), tick_sum / max(tick_count, 1)
+    dropped = int(ctl.metrics.frames_dropped._value.get())
+    return Rate(n1 - n0, t1 - t0, c1 - c0), tick_sum / max(tick_count, 1), dropped
 
 
 async def latency(url: str, rules_dir: str, nodes: int, seconds: float, faults: int) -> list[float]:
@@ -201,8 +223,13 @@ class Report:
     nodes: int
     frame_bytes: int
     bare_frames_per_s: float
+    bare_frames_per_cpu_s: float
     controller_frames_per_s: float
+    controller_frames_per_cpu_s: float
+    controller_frames_dropped: int
     ratio: float
+    """controller / bare, frames per CPU second of each (per core)."""
+    ratio_wall: float
     tick_mean_s: float
     latency_nodes: int
     latency_faults_detected: int
@@ -218,7 +245,7 @@ async def run(nodes: int, seconds: float, latency_nodes: int, faults: int, rules
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()
         bare = await bare_ceiling(srv.url, nodes, seconds)
-        ctl_rate, tick_mean = await controller_rate(srv.url, rules_dir, nodes, seconds)
+        ctl_rate, tick_mean, dropped = await controller_rate(srv.url, rules_dir, nodes, seconds)
     with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         b = await natsbus.NatsBus.connect(srv.url)
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
@@ -228,9 +255,13 @@ async def run(nodes: int, seconds: float, latency_nodes: int, faults: int, rules
     return Report(
         nodes=nodes,
         frame_bytes=frame_bytes,
-        bare_frames_per_s=round(bare),
-        controller_frames_per_s=round(ctl_rate),
-        ratio=round(ctl_rate / bare, 3) if bare else 0.0,
+        bare_frames_per_s=round(bare.per_s),
+        bare_frames_per_cpu_s=round(bare.per_cpu_s),
+        controller_frames_per_s=round(ctl_rate.per_s),
+        controller_frames_per_cpu_s=round(ctl_rate.per_cpu_s),
+        controller_frames_dropped=dropped,
+        ratio=round(ctl_rate.per_cpu_s / bare.per_cpu_s, 3) if bare.per_cpu_s else 0.0,
+        ratio_wall=round(ctl_rate.per_s / bare.per_s, 3) if bare.per_s else 0.0,
         tick_mean_s=round(tick_mean, 4),
         latency_nodes=latency_nodes,
         latency_faults_detected=len(lat),
@@ -245,9 +276,17 @@ def main(nodes: int, seconds: float, latency_nodes: int, faults: int, rules_dir:
         print(json.dumps(dataclasses.asdict(report), indent=2))
         return 0
     print(f"controller benchmark: {nodes} distinct nodes x 8 GPUs, frames of {report.frame_bytes} bytes")
-    print(f"  bare nats-py subscriber + orjson decode : {report.bare_frames_per_s:>8,.0f} frames/s")
-    print(f"  controller (decode, ingest, evaluate)   : {report.controller_frames_per_s:>8,.0f} frames/s")
-    print(f"  ratio controller / bare                 : {report.ratio:>8.2f}")
+    print("                                             per CPU second   per wall second")
+    print(
+        f"  bare nats-py subscriber + orjson decode : {report.bare_frames_per_cpu_s:>8,.0f} frames"
+        f"  {report.bare_frames_per_s:>12,.0f} frames"
+    )
+    print(
+        f"  controller (decode, ingest, evaluate)   : {report.controller_frames_per_cpu_s:>8,.0f} frames"
+        f"  {report.controller_frames_per_s:>12,.0f} frames"
+    )
+    print(f"  ratio controller / bare                 : {report.ratio:>8.2f}  {report.ratio_wall:>18.2f}")
+    print(f"  frames the controller dropped (backlog) : {report.controller_frames_dropped:>8,}")
     print(f"  mean evaluation tick under that load    : {report.tick_mean_s * 1000:>8.1f} ms")
     print(
         f"  fault-to-action at 1 s ticks, {latency_nodes} nodes at 1 Hz: "
