@@ -158,15 +158,17 @@ class FleetState:
     def flush(self) -> None:
         pending, self._pending = self._pending, []
         pending.sort(key=operator.itemgetter(1))
-        while pending:
-            seen: set[int] = set()
-            now: list[_Item] = []
-            later: list[_Item] = []
-            for item in pending:
-                (later if item[0] in seen else now).append(item)
-                seen.add(item[0])
-            self._apply(now)
-            pending = later
+        # Batch k holds every node's k-th frame (in time order), so no batch holds a node twice.
+        batches: list[list[_Item]] = []
+        nth: dict[int, int] = {}
+        for item in pending:
+            k = nth.get(item[0], 0)
+            nth[item[0]] = k + 1
+            if k == len(batches):
+                batches.append([])
+            batches[k].append(item)
+        for batch in batches:
+            self._apply(batch)
 
     def _apply(self, items: list[_Item]) -> None:
         nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
