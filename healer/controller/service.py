@@ -24,7 +24,7 @@ import socket
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import nats.errors
@@ -37,6 +37,7 @@ from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
+from healer.controller import actions as actions_mod
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
 from healer.controller import kv, lease, policy
@@ -50,19 +51,8 @@ if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller wit
 
 log = structlog.get_logger(__name__)
 
-SCHEDULER_KIND = {
-    "cordon": "cordon",
-    "drain": "cordon",
-    "inspect": "cordon",
-    "uncordon": "uncordon",
-    "migrate": "migrate",
-}
-"""Rule actions → scheduler actuator actions. ``drain`` is a cordon that lets running work finish
-(Slurm DRAIN semantics); ``inspect`` is a cordon whose reason asks for hardware inspection."""
-POWER_KINDS = ("power_limit", "restore_power_limit")
 EPISODE_S = 120.0
 """Incidents on one GPU opened within this long of each other count as one fault episode."""
-OK = ("done", "already-done", "planned", "skipped")
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -98,14 +88,13 @@ class Controller:
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
         self.unacked: list[Any] = []
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.breaker_incident: incidents_mod.Incident | None = None
         self._bg: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._leader = False
         self._events_sub: Any = None
         self._frames_sub: bus_base.Subscription
         self._frames_dropped = 0
+        self.actions: actions_mod.ActionRunner  # built in start(), with the policy it applies
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         self._scored_at = 0.0
 
@@ -141,6 +130,12 @@ class Controller:
         self.lease = lease.Lease(
             lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
         )
+        self.actions = actions_mod.ActionRunner(
+            self.cs, scheduler=self.scheduler, power=self.power, lease=self.lease, breaker=self.breaker,
+            dry_breaker=self.dry_breaker, exclusions=self.exclusions, limits=self.limits, book=self.book,
+            metrics=self.metrics, publish=self._save_publish, leader=lambda: self.leader,
+            fleet_size=self._fleet_size, clock=self.clock, stop=self._stop, log=self.log,
+        )  # fmt: skip
         self._frames_sub = await self.bus.subscribe(
             self.subjects.all_telemetry,
             self._on_frame,
@@ -166,6 +161,12 @@ class Controller:
             with contextlib.suppress(nats.errors.Error):
                 await self._events_sub.unsubscribe()
         self.log.info("controller.stopped")
+
+    @property
+    def tasks(self) -> dict[str, asyncio.Task[None]]:
+        """The running per-incident action tasks."""
+        runner: actions_mod.ActionRunner | None = getattr(self, "actions", None)
+        return runner.tasks if runner is not None else {}
 
     @property
     def leader(self) -> bool:
@@ -194,7 +195,7 @@ class Controller:
         self._leader = True
         for inc in self.book.all():
             if any(a.status is None for a in inc.actions):
-                self._spawn(inc, self._run_actions(inc))
+                self.actions.spawn(inc)
 
     # -- ingest ------------------------------------------------------------------------------------
     def _mine(self, node: str) -> bool:
@@ -350,7 +351,7 @@ class Controller:
         await self._save_publish(inc, "opened")
         if inc.escalated:
             await self._save_publish(inc, "escalated")
-        self._spawn(inc, self._run_actions(inc))
+        self.actions.spawn(inc)
 
     async def _resolve(self, inc: incidents_mod.Incident, f: engine_mod.Firing) -> None:
         inc.state = "resolved"
@@ -362,7 +363,7 @@ class Controller:
         ]
         await self._save_publish(inc, "resolved")
         if any(a.on_resolve and a.status is None for a in inc.actions):
-            self._spawn(inc, self._run_actions(inc))
+            self.actions.spawn(inc)
 
     async def _count_repeat(self, inc: incidents_mod.Incident, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s``, this one included. Incidents opened
@@ -397,7 +398,7 @@ class Controller:
             if inc.id in self.tasks:
                 continue
             if any(a.status is None for a in inc.actions):
-                self._spawn(inc, self._run_actions(inc))
+                self.actions.spawn(inc)
             capped = any(
                 a.kind == "power_limit" and a.status in ("done", "already-done") for a in inc.actions
             )
@@ -413,152 +414,10 @@ class Controller:
                     incidents_mod.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
                 )
                 await self._save_publish(inc, "escalated")
-                self._spawn(inc, self._run_actions(inc))
-
-    # -- actions -----------------------------------------------------------------------------------
-    def _spawn(self, inc: incidents_mod.Incident, work: Coroutine[Any, Any, None]) -> None:
-        previous = self.tasks.get(inc.id)
-
-        async def chained() -> None:
-            if previous is not None:
-                with contextlib.suppress(Exception):
-                    await previous
-            try:
-                await work
-            except errors.HealerError as e:
-                self.log.error("controller.actions_failed", incident_id=inc.id, error=str(e))
-            finally:
-                if self.tasks.get(inc.id) is task:
-                    del self.tasks[inc.id]
-
-        task = asyncio.get_running_loop().create_task(chained(), name=f"actions:{inc.id}")
-        self.tasks[inc.id] = task
-
-    async def _run_actions(self, inc: incidents_mod.Incident) -> None:
-        for action in inc.actions:
-            if action.status is not None:
-                if action.status not in OK:
-                    return  # a failed step stops the chain (no migrate without a cordon)
-                continue
-            if not self.leader:
-                return
-            if action.on_resolve and action.kind == "uncordon" and self.cs.uncordon_hold_s:
-                wait = (inc.resolved_at or 0) + self.cs.uncordon_hold_s - self.clock()
-                if wait > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), timeout=wait)
-                    if self._stop.is_set():
-                        return
-            status, detail = await self._act(inc, action)
-            if status is None:
-                action.detail = detail
-                return  # waits (rate limit, cooldown, temporary failure): retried next tick
-            action.status, action.detail, action.at = status, detail[:4096], self.clock()
-            self.metrics.actions.labels(action.kind, status).inc()
-            await self._save_publish(inc, "action")
-            if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
-                inc.escalated = True
-                await self._save_publish(inc, "escalated")
-            if status not in OK:
-                return
-        if inc.state == "resolved":
-            await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
-
-    async def _act(
-        self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction
-    ) -> tuple[incidents.ActionStatus | None, str]:
-        now = self.clock()
-        mode = self.cs.mode
-        if mode == "observe":
-            return "skipped", "observe mode: incidents only"
-        if action.kind == "notify":
-            return "done", str(action.params.get("message") or "incident published")
-        if action.kind == "reset_gpu":
-            return (
-                "skipped",
-                "GPU reset is not automated: drain the node and reset it by hand (nvidia-smi -r)",
-            )
-        excluded = self.exclusions.nodes.get(inc.node)
-        if excluded is not None:
-            return (
-                "skipped",
-                f"node excluded for maintenance by {excluded.get('by')}: {excluded.get('reason')}",
-            )
-        wait = self.limits.check(action.kind, inc.node, inc.id, now)
-        if wait:
-            return None, wait
-        if action.kind in policy.TAKES_OUT_OF_SERVICE:
-            breaker = self.breaker if mode == "enforce" else self.dry_breaker
-            allowed, reason, tripped = await breaker.admit(inc.node, self._fleet_size(), inc.id)
-            if tripped:
-                await self._breaker_tripped(reason)
-            if not allowed:
-                return "refused", reason
-        if action.on_resolve and action.kind == "uncordon" and not self._may_uncordon(inc):
-            return "skipped", "another open incident still holds this node cordoned"
-        token = self.lease.token
-        if token is None or not self.lease.valid():
-            return None, "not the leader any more"
-        request = actuators.ActionRequest(
-            incident_id=inc.id,
-            kind=SCHEDULER_KIND.get(action.kind, action.kind),
-            node=inc.node,
-            gpu_index=inc.gpu_index,
-            params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
-            summary=(action.params.get("reason") or inc.summary)[:1024],
-            fencing_token=token,
-            dry_run=mode == "dry-run",
-            deadline=now + 600.0,
-        )
-        actuator = self.power if action.kind in POWER_KINDS else self.scheduler
-        if actuator is None:
-            return "failed-permanent", f"no actuator for {action.kind}"
-        self.limits.record(action.kind, inc.node, inc.id, now)
-        outcome = await actuator.apply(request)
-        if outcome.status == "failed-temporary":
-            action.attempts += 1
-            if action.attempts <= self.cs.action_retries:
-                return None, f"attempt {action.attempts} failed: {outcome.detail}"
-        record = outcome.record(action.kind, now)
-        detail = record.detail
-        if outcome.dry_run and outcome.plan:
-            detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
-        return outcome.status, detail
-
-    def _may_uncordon(self, inc: incidents_mod.Incident) -> bool:
-        if not any(
-            a.kind in SCHEDULER_KIND and a.kind != "uncordon" and a.status == "done" for a in inc.actions
-        ):
-            return False
-        holding = ("cordon", "drain", "inspect", "migrate")
-        return not any(
-            other.id != inc.id
-            and other.node == inc.node
-            and any(a.kind in holding and a.status in OK for a in other.actions)
-            for other in self.book.open.values()
-        )
+                self.actions.spawn(inc)
 
     def _fleet_size(self) -> int:
         return max(len(self.nodes), 1) * max(1, self.cs.shards)
-
-    async def _breaker_tripped(self, reason: str) -> None:
-        now = self.clock()
-        inc = incidents_mod.Incident(
-            id=incidents_mod.new_id(),
-            rule_id="circuit-breaker",
-            severity="critical",
-            node="fleet",
-            state="escalated",
-            summary=f"circuit breaker open: {reason}. healer takes no more nodes out of service until "
-            "`healer breaker reset`.",
-            mode=self.cs.mode,
-            opened_at=now,
-            updated_at=now,
-            escalated=True,
-        )
-        self.breaker_incident = inc
-        self.metrics.breaker_open.set(1)
-        await self._save_publish(inc, "escalated")
 
     # -- housekeeping ------------------------------------------------------------------------------
     async def _housekeeping(self) -> None:

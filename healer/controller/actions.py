@@ -1,0 +1,224 @@
+"""Running an incident's actions: every gate between a decision and an actuator, one task per incident.
+
+The gates, in order: the mode (observe acts on nothing; dry-run asks actuators for a plan), what needs
+no actuator (notify) or is not automated (GPU reset), maintenance exclusions, per-action rate limits and
+cooldowns, the circuit breaker for anything that takes a node out of service (a separate one for
+dry-run), ownership (an uncordon only undoes healer's own cordon, and only when no other open incident
+still holds the node), and leadership: every request carries the lease's fencing token, and a process
+that is no longer the leader stops. Each step's outcome is recorded on the incident and published before
+the next one runs; a failed step stops the chain (no migrate without a cordon) and escalates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from healer import config, errors
+from healer.actuators import base as actuators
+from healer.controller import incidents as incidents_mod
+from healer.controller import lease as lease_mod
+from healer.controller import metrics as metrics_mod
+from healer.controller import policy
+from healer.schemas import incidents
+
+SCHEDULER_KIND = {
+    "cordon": "cordon",
+    "drain": "cordon",
+    "inspect": "cordon",
+    "uncordon": "uncordon",
+    "migrate": "migrate",
+}
+"""Rule actions → scheduler actuator actions. ``drain`` is a cordon that lets running work finish
+(Slurm DRAIN semantics); ``inspect`` is a cordon whose reason asks for hardware inspection."""
+POWER_KINDS = ("power_limit", "restore_power_limit")
+OK = ("done", "already-done", "planned", "skipped")
+
+Publish = Callable[[incidents_mod.Incident, incidents.Change], Awaitable[None]]
+
+
+class ActionRunner:
+    """Owns the per-incident action tasks. ``publish`` saves an incident change and puts it on the feed;
+    ``leader`` and ``fleet_size`` are asked at the moment of acting."""
+
+    def __init__(
+        self,
+        cs: config.ControllerSettings,
+        *,
+        scheduler: actuators.Actuator,
+        power: actuators.Actuator | None,
+        lease: lease_mod.Lease,
+        breaker: policy.Breaker,
+        dry_breaker: policy.Breaker,
+        exclusions: policy.Exclusions,
+        limits: policy.Limits,
+        book: incidents_mod.Book,
+        metrics: metrics_mod.ControllerMetrics,
+        publish: Publish,
+        leader: Callable[[], bool],
+        fleet_size: Callable[[], int],
+        clock: Callable[[], float],
+        stop: asyncio.Event,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.cs = cs
+        self.scheduler, self.power = scheduler, power
+        self.lease = lease
+        self.breaker, self.dry_breaker = breaker, dry_breaker
+        self.exclusions, self.limits = exclusions, limits
+        self.book = book
+        self.metrics = metrics
+        self.publish = publish
+        self.leader = leader
+        self.fleet_size = fleet_size
+        self.clock = clock
+        self.stop = stop
+        self.log = log
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.breaker_incident: incidents_mod.Incident | None = None
+
+    def spawn(self, inc: incidents_mod.Incident) -> None:
+        """Run the incident's pending actions in its own task, after any task it already has."""
+        work = self.run(inc)
+        previous = self.tasks.get(inc.id)
+
+        async def chained() -> None:
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous
+            try:
+                await work
+            except errors.HealerError as e:
+                self.log.error("controller.actions_failed", incident_id=inc.id, error=str(e))
+            finally:
+                if self.tasks.get(inc.id) is task:
+                    del self.tasks[inc.id]
+
+        task = asyncio.get_running_loop().create_task(chained(), name=f"actions:{inc.id}")
+        self.tasks[inc.id] = task
+
+    async def run(self, inc: incidents_mod.Incident) -> None:
+        for action in inc.actions:
+            if action.status is not None:
+                if action.status not in OK:
+                    return  # a failed step stops the chain (no migrate without a cordon)
+                continue
+            if not self.leader():
+                return
+            if action.on_resolve and action.kind == "uncordon" and self.cs.uncordon_hold_s:
+                wait = (inc.resolved_at or 0) + self.cs.uncordon_hold_s - self.clock()
+                if wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stop.wait(), timeout=wait)
+                    if self.stop.is_set():
+                        return
+            status, detail = await self._act(inc, action)
+            if status is None:
+                action.detail = detail
+                return  # waits (rate limit, cooldown, temporary failure): retried next tick
+            action.status, action.detail, action.at = status, detail[:4096], self.clock()
+            self.metrics.actions.labels(action.kind, status).inc()
+            await self.publish(inc, "action")
+            if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
+                inc.escalated = True
+                await self.publish(inc, "escalated")
+            if status not in OK:
+                return
+        if inc.state == "resolved":
+            await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
+
+    async def _act(
+        self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction
+    ) -> tuple[incidents.ActionStatus | None, str]:
+        now = self.clock()
+        mode = self.cs.mode
+        if mode == "observe":
+            return "skipped", "observe mode: incidents only"
+        if action.kind == "notify":
+            return "done", str(action.params.get("message") or "incident published")
+        if action.kind == "reset_gpu":
+            return (
+                "skipped",
+                "GPU reset is not automated: drain the node and reset it by hand (nvidia-smi -r)",
+            )
+        excluded = self.exclusions.nodes.get(inc.node)
+        if excluded is not None:
+            return (
+                "skipped",
+                f"node excluded for maintenance by {excluded.get('by')}: {excluded.get('reason')}",
+            )
+        wait = self.limits.check(action.kind, inc.node, inc.id, now)
+        if wait:
+            return None, wait
+        if action.kind in policy.TAKES_OUT_OF_SERVICE:
+            breaker = self.breaker if mode == "enforce" else self.dry_breaker
+            allowed, reason, tripped = await breaker.admit(inc.node, self.fleet_size(), inc.id)
+            if tripped:
+                await self._breaker_tripped(reason)
+            if not allowed:
+                return "refused", reason
+        if action.on_resolve and action.kind == "uncordon" and not self._may_uncordon(inc):
+            return "skipped", "another open incident still holds this node cordoned"
+        token = self.lease.token
+        if token is None or not self.lease.valid():
+            return None, "not the leader any more"
+        request = actuators.ActionRequest(
+            incident_id=inc.id,
+            kind=SCHEDULER_KIND.get(action.kind, action.kind),
+            node=inc.node,
+            gpu_index=inc.gpu_index,
+            params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
+            summary=(action.params.get("reason") or inc.summary)[:1024],
+            fencing_token=token,
+            dry_run=mode == "dry-run",
+            deadline=now + 600.0,
+        )
+        actuator = self.power if action.kind in POWER_KINDS else self.scheduler
+        if actuator is None:
+            return "failed-permanent", f"no actuator for {action.kind}"
+        self.limits.record(action.kind, inc.node, inc.id, now)
+        outcome = await actuator.apply(request)
+        if outcome.status == "failed-temporary":
+            action.attempts += 1
+            if action.attempts <= self.cs.action_retries:
+                return None, f"attempt {action.attempts} failed: {outcome.detail}"
+        record = outcome.record(action.kind, now)
+        detail = record.detail
+        if outcome.dry_run and outcome.plan:
+            detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
+        return outcome.status, detail
+
+    def _may_uncordon(self, inc: incidents_mod.Incident) -> bool:
+        if not any(
+            a.kind in SCHEDULER_KIND and a.kind != "uncordon" and a.status == "done" for a in inc.actions
+        ):
+            return False
+        holding = ("cordon", "drain", "inspect", "migrate")
+        return not any(
+            other.id != inc.id
+            and other.node == inc.node
+            and any(a.kind in holding and a.status in OK for a in other.actions)
+            for other in self.book.open.values()
+        )
+
+    async def _breaker_tripped(self, reason: str) -> None:
+        now = self.clock()
+        inc = incidents_mod.Incident(
+            id=incidents_mod.new_id(),
+            rule_id="circuit-breaker",
+            severity="critical",
+            node="fleet",
+            state="escalated",
+            summary=f"circuit breaker open: {reason}. healer takes no more nodes out of service until "
+            "`healer breaker reset`.",
+            mode=self.cs.mode,
+            opened_at=now,
+            updated_at=now,
+            escalated=True,
+        )
+        self.breaker_incident = inc
+        self.metrics.breaker_open.set(1)
+        await self.publish(inc, "escalated")
