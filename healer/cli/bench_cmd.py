@@ -22,6 +22,12 @@ def register(sub: Any) -> None:
     )
     c.add_argument("--faults", type=int, default=10, help="faults injected for latency (default %(default)s)")
     c.add_argument("--rules", default="rules", help="rule pack (default %(default)s)")
+    c.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="interleaved throughput rounds, best of each (default %(default)s)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
 
@@ -29,4 +35,6 @@ def register(sub: Any) -> None:
 def _controller(args: argparse.Namespace) -> int:
     from healer import bench
 
-    return bench.main(args.nodes, args.seconds, args.latency_nodes, args.faults, args.rules, args.json)
+    return bench.main(
+        args.nodes, args.seconds, args.latency_nodes, args.faults, args.rules, args.json, args.rounds
+    )
