@@ -250,7 +250,6 @@ class Report:
 async def run(
     nodes: int, seconds: float, latency_nodes: int, faults: int, rules_dir: str, rounds: int = 2
 ) -> Report:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     frame_bytes = len(_templates(1, set())[0][1])
     with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         b = await natsbus.NatsBus.connect(srv.url)
@@ -300,6 +299,7 @@ def main(
     as_json: bool,
     rounds: int = 2,
 ) -> int:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     report = asyncio.run(run(nodes, seconds, latency_nodes, faults, rules_dir, rounds))
     if as_json:
         print(json.dumps(dataclasses.asdict(report), indent=2))

@@ -182,6 +182,7 @@ class Controller:
 
     async def _become_leader(self) -> None:
         await self.book.load()
+        self._restore_firings()
         await self.exclusions.refresh()
         self._events_sub = await self.bus.js.pull_subscribe(
             self.subjects.all_events,
@@ -196,6 +197,25 @@ class Controller:
         for inc in self.book.all():
             if any(a.status is None for a in inc.actions):
                 self.actions.spawn(inc)
+
+    def _restore_firings(self) -> None:
+        """Hand the engine what the incidents from KV say was firing, so each resolves by its rule's
+        own terms (an event rule after its quiet period, a condition rule when its resolve condition
+        holds on fresh data) instead of staying open for ever after a restart or a failover."""
+        assert self.engine is not None
+        for inc in self.book.open.values():
+            if inc.node == "fleet":
+                continue  # the breaker's incident: `healer breaker reset` closes it
+            restored = self.engine.restore(
+                inc.rule_id, inc.node, inc.gpu_index, since=inc.opened_at,
+                last=max(inc.last_seen_firing, inc.updated_at), evidence=inc.evidence,
+                gpu_uuid=inc.gpu_uuid,
+            )  # fmt: skip
+            if not restored:
+                self.log.warning(
+                    "controller.incident_rule_missing", incident_id=inc.id, rule_id=inc.rule_id,
+                    detail="no loaded rule has this id: the incident stays open until a person resolves it",
+                )  # fmt: skip
 
     # -- ingest ------------------------------------------------------------------------------------
     def _mine(self, node: str) -> bool:

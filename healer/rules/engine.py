@@ -85,6 +85,7 @@ class Engine:
         self._tracks: dict[str, _Track] = {}
         self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
         self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
+        self._restores: dict[tuple[str, str, int | None], float] = {}
         self.rule_errors = 0
         """Rule evaluations that raised (logged with the rule id; the other rules still ran)."""
 
@@ -155,6 +156,51 @@ class Engine:
             if rule.on_event.matches(event):
                 self._queued.append((rule, event))
 
+    def restore(
+        self,
+        rule_id: str,
+        node: str,
+        gpu: int | None,
+        *,
+        since: float,
+        last: float,
+        evidence: Evidence,
+        gpu_uuid: str | None = None,
+    ) -> bool:
+        """Take back a firing a previous process reported (a controller restart or a new leader), so it
+        resolves by the rule's own terms instead of staying open forever. An event rule's firing is
+        active again at once, quiet since ``last``. A condition rule's comes back as firing once the
+        target reports again (a GPU that has not reported neither fires nor resolves), then follows the
+        resolve condition like any other. False if no loaded rule has that id."""
+        rule = self.rules.by_id(rule_id)
+        if rule is None:
+            return False
+        key = (rule_id, node, gpu if rule.scope == "gpu" else None)
+        if rule.on_event is not None:
+            if rule.resolve_for_s > 0:
+                self._active.setdefault(key, _EventFiring(since, last, dict(evidence), gpu_uuid))
+        else:
+            self._restores[key] = since
+        return True
+
+    def _apply_restores(self) -> None:
+        st = self.state
+        for key, since in list(self._restores.items()):
+            rule_id, node, gpu = key
+            rule = self.rules.by_id(rule_id)
+            n = st.node_index(node)
+            if rule is None or rule.on_event is not None:
+                del self._restores[key]
+                continue
+            if n is None or (gpu is not None and (gpu >= st.gpus or not st.seen[n, gpu])):
+                continue  # not reported since: wait
+            del self._restores[key]
+            track = self._track(rule, st.gpus if rule.scope == "gpu" else 1)
+            j = gpu if gpu is not None else 0
+            if track.state[n, j] == _INACTIVE:
+                track.state[n, j], track.since[n, j], track.fired_at[n, j] = _FIRING, since, since
+                track.busy = True
+
     def set_labels(self, node: str, labels: Mapping[str, str]) -> None:
         self.state.set_labels(node, labels)
 
@@ -165,6 +211,8 @@ class Engine:
     def evaluate(self, now: float) -> list[Firing]:
         """Every rule over the whole fleet: new firings, ongoing firings and resolutions."""
         self.state.flush()
+        if self._restores:
+            self._apply_restores()
         ev = evaluation.Evaluator(self.state, now)
         out: list[Firing] = []
         for rule in self.rules.condition_rules:

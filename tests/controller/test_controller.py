@@ -327,3 +327,34 @@ async def test_a_full_frame_backlog_drops_frames_and_counts_every_one(harness: H
     assert ctl.metrics.frames_dropped._value.get() > 1
     assert [e["event"] for e in logs].count("nats.slow_consumer") == 1, "one log line, not one per frame"
     assert ctl._frames_sub.dropped == ctl.metrics.frames_dropped._value.get()
+
+
+async def test_incidents_from_before_a_restart_resolve_on_their_rules_terms(harness: Harness) -> None:
+    """A new process knows the open incidents from KV; the engine takes their firings back, so an event
+    rule's incident resolves after its quiet period and a condition rule's when its resolve condition
+    holds on fresh data, even if the fault cleared while no controller ran."""
+    from healer.schemas import events
+
+    (harness.rules / "xid.yaml").write_text(
+        "rules:\n  - id: xid-fatal\n    description: fatal XID\n    on_event: {kind: xid, xid: [79]}\n"
+        "    severity: critical\n    actions: [notify]\n    resolve: {for: 4s}\n"
+    )
+    actuator = testing.RecordingActuator()
+    first = await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    event = events.new("n2", "xid", gpu_index=1, xid=79, message="fallen off the bus")
+    await harness.bus.publish_durable(subjects.Subjects().events("n2"), codec.encode(event), msg_id=event.id)
+    await run_until(
+        fleet, lambda: {"n1", "n2"} <= {e.data.node for e in harness.feed.events if e.change == "opened"}
+    )
+    await harness.crash(first)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 0}  # cleared while no controller ran
+    second = await harness.controller(actuator)
+    await run_until(
+        fleet, lambda: {"n1", "n2"} <= {e.data.node for e in harness.feed.events if e.change == "resolved"}
+    )
+    assert not second.book.open
+    resolved = {e.data.node: e.data.rule_id for e in harness.feed.events if e.change == "resolved"}
+    assert resolved == {"n1": "ecc-dbe", "n2": "xid-fatal"}

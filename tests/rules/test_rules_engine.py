@@ -360,3 +360,42 @@ def test_a_failing_rule_costs_one_tick_of_that_rule_not_the_others(monkeypatch: 
         assert statuses(eng.evaluate(T0)) == {("fine", "n", 0, "fired")}
     assert eng.rule_errors == 1
     assert any(e["event"] == "rule_evaluation_failed" and e["rule_id"] == "broken" for e in logs)
+
+
+def test_restored_event_firing_resolves_after_its_quiet_period() -> None:
+    """A new process takes back an event rule's firing from the incident store: quiet since ``last``,
+    it resolves on the rule's terms instead of staying open for ever."""
+    text = (
+        "rules:\n  - id: fatal\n    description: d\n    on_event: {kind: xid, xid: [79]}\n"
+        "    severity: critical\n    actions: [cordon]\n    resolve: {for: 10m}\n"
+    )
+    eng = make_engine(text)
+    assert eng.restore("fatal", "n", 2, since=T0, last=T0 + 60, evidence={"xid": 79})
+    assert statuses(eng.evaluate(T0 + 600)) == {("fatal", "n", 2, "firing")}  # 9 min quiet
+    eng.ingest_event(events.new("n", "xid", gpu_index=2, xid=79, ts=T0 + 610))
+    assert statuses(eng.evaluate(T0 + 620)) == {("fatal", "n", 2, "firing")}, "a new event, not a new fire"
+    assert statuses(eng.evaluate(T0 + 1200)) == {("fatal", "n", 2, "firing")}
+    assert statuses(eng.evaluate(T0 + 1210)) == {("fatal", "n", 2, "resolved")}  # 10 min after 610
+    assert not eng.restore("gone", "n", 2, since=T0, last=T0, evidence={})
+
+
+def test_restored_condition_firing_waits_for_data_then_follows_the_resolve_condition() -> None:
+    text = rule("temp_c > 85", extra="    for: 30s\n    resolve: {when: temp_c < 75, for: 20s}\n")
+    eng = make_engine(text)
+    assert eng.restore("r", "n", 0, since=T0 - 500, last=T0 - 100, evidence={"temp_c": 90.0})
+    assert eng.evaluate(T0) == [], "no frame from the GPU yet: neither firing nor resolved"
+    eng.ingest(frame("n", 10.0, gpus=1, temp_c=90))
+    (still,) = eng.evaluate(T0 + 10)
+    assert (still.status, still.since) == ("firing", T0 - 500), "still hot: the same firing, not a new one"
+    seen = []
+    for i, t in enumerate([70, 70, 70], start=2):
+        eng.ingest(frame("n", i * 10.0, gpus=1, temp_c=t))
+        seen.append([f.status for f in eng.evaluate(T0 + i * 10)])
+    assert seen == [["firing"], ["firing"], ["resolved"]]  # 20 s below 75
+
+
+def test_restored_condition_firing_that_cleared_while_down_resolves() -> None:
+    eng = make_engine(rule("temp_c > 85"))
+    eng.restore("r", "n", 0, since=T0 - 500, last=T0 - 100, evidence={})
+    eng.ingest(frame("n", 0.0, gpus=1, temp_c=60))
+    assert statuses(eng.evaluate(T0)) == {("r", "n", 0, "resolved")}
