@@ -130,6 +130,7 @@ def struct_for(model: type[pydantic.BaseModel]) -> type[msgspec.Struct]:
         kw_only=True,
         frozen=True,
         forbid_unknown_fields=True,
+        gc=False,  # decoded documents are trees (no cycles): the collector need not track them
         rename=rename or None,
         module=__name__,
     )
