@@ -60,13 +60,16 @@ def _templates(nodes: int, faulty: set[int]) -> list[tuple[str, bytes, bytes | N
     return out
 
 
-def _publisher(url: str, nodes: int, seconds: float, rate_hz: float, faults: int, result: Any) -> None:
-    """A separate process: flood (rate_hz = 0) or pace frames; inject faults; report what it did."""
+def _publisher(
+    url: str, nodes: int, seconds: float, rate_hz: float, faults: int, shards: int, result: Any
+) -> None:
+    """A separate process: flood (rate_hz = 0) or pace frames; inject faults (on nodes of shard 0 of
+    ``shards``, the one measured); report what it did."""
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
 
     async def main() -> dict[str, Any]:
-        faulty = set(range(0, nodes, max(1, nodes // max(1, faults)))) if faults else set()
-        faulty = set(sorted(faulty)[:faults])
+        mine = [i for i in range(nodes) if service.shard_of(f"gpu-{i:05d}", shards) == 0]
+        faulty = set(mine[:: max(1, len(mine) // max(1, faults))][:faults]) if faults else set()
         frames = _templates(nodes, faulty)
         bus = await natsbus.NatsBus.connect(url, name="bench-publisher")
         subj = subjects.Subjects()
@@ -100,10 +103,13 @@ def _publisher(url: str, nodes: int, seconds: float, rate_hz: float, faults: int
     result.put(asyncio.run(main()))
 
 
-def _start_publisher(url: str, nodes: int, seconds: float, rate_hz: float, faults: int) -> tuple[Any, Any]:
+def _start_publisher(
+    url: str, nodes: int, seconds: float, rate_hz: float, faults: int, shards: int = 1
+) -> tuple[Any, Any]:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_publisher, args=(url, nodes, seconds, rate_hz, faults, queue), daemon=True)
+    args = (url, nodes, seconds, rate_hz, faults, shards, queue)
+    proc = ctx.Process(target=_publisher, args=args, daemon=True)
     proc.start()
     return proc, queue
 
@@ -202,18 +208,23 @@ async def controller_rate(
     return Rate((n1 - n0) / share, t1 - t0, c1 - c0), tick_sum / max(tick_count, 1), dropped
 
 
-async def latency(url: str, rules_dir: str, nodes: int, seconds: float, faults: int) -> list[float]:
+async def latency(
+    url: str, rules_dir: str, nodes: int, seconds: float, faults: int, shards: int = 1
+) -> tuple[list[float], int]:
+    """Fault-to-action latencies, and frames dropped, for shard 0 of ``shards`` (all of the fleet's
+    frames reach it; it ingests its share)."""
     bus = await natsbus.NatsBus.connect(url, name="bench-latency")
     actuator = _TimedActuator()
-    ctl = service.Controller(_settings(url, rules_dir, "enforce", 1.0), bus, scheduler=actuator)
+    ctl = service.Controller(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
     await ctl.start()
-    proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults)
+    proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards)
     await asyncio.to_thread(proc.join, seconds + 60)
     await asyncio.sleep(3.0)
     await ctl.stop()
     await bus.close()
     injected: dict[str, float] = queue.get(timeout=5)["injected"]
-    return sorted(actuator.first[n] - t for n, t in injected.items() if n in actuator.first)
+    dropped = int(ctl.metrics.frames_dropped._value.get())
+    return sorted(actuator.first[n] - t for n, t in injected.items() if n in actuator.first), dropped
 
 
 class _TimedActuator(testing.RecordingActuator):
@@ -242,13 +253,22 @@ class Report:
     """Shard 0 of two: the fleet's frames (its half ingested, the other half skipped) per CPU second."""
     tick_mean_s: float
     latency_nodes: int
+    latency_shards: int
+    """The latency controller is shard 0 of this many (it receives every frame, ingests its share)."""
+    latency_frames_dropped: int
     latency_faults_detected: int
     latency_p50_s: float | None
     latency_p99_s: float | None
 
 
 async def run(
-    nodes: int, seconds: float, latency_nodes: int, faults: int, rules_dir: str, rounds: int = 2
+    nodes: int,
+    seconds: float,
+    latency_nodes: int,
+    faults: int,
+    rules_dir: str,
+    rounds: int = 2,
+    latency_shards: int = 1,
 ) -> Report:
     frame_bytes = len(_templates(1, set())[0][1])
     with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
@@ -269,7 +289,9 @@ async def run(
         b = await natsbus.NatsBus.connect(srv.url)
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()
-        lat = await latency(srv.url, rules_dir, latency_nodes, max(seconds, 5 + 2 * faults + 5), faults)
+        lat, lat_dropped = await latency(
+            srv.url, rules_dir, latency_nodes, max(seconds, 5 + 2 * faults + 5), faults, latency_shards
+        )
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else []
     return Report(
         nodes=nodes,
@@ -284,6 +306,8 @@ async def run(
         shard_of_2_fleet_frames_per_cpu_s=round(shard_rate.per_cpu_s),
         tick_mean_s=round(tick_mean, 4),
         latency_nodes=latency_nodes,
+        latency_shards=latency_shards,
+        latency_frames_dropped=lat_dropped,
         latency_faults_detected=len(lat),
         latency_p50_s=round(statistics.median(lat), 3) if lat else None,
         latency_p99_s=round(q[98], 3) if q else (round(lat[0], 3) if lat else None),
@@ -298,9 +322,10 @@ def main(
     rules_dir: str,
     as_json: bool,
     rounds: int = 2,
+    latency_shards: int = 1,
 ) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    report = asyncio.run(run(nodes, seconds, latency_nodes, faults, rules_dir, rounds))
+    report = asyncio.run(run(nodes, seconds, latency_nodes, faults, rules_dir, rounds, latency_shards))
     if as_json:
         print(json.dumps(dataclasses.asdict(report), indent=2))
         return 0
@@ -322,9 +347,11 @@ def main(
         f"  (10,000 nodes at 1 Hz: {10_000 / max(shard, 1):.2f} of a core per shard)"
     )
     print(f"  mean evaluation tick under that load    : {report.tick_mean_s * 1000:>8.1f} ms")
+    shard_note = f" (shard 0 of {latency_shards})" if latency_shards > 1 else ""
     print(
-        f"  fault-to-action at 1 s ticks, {latency_nodes} nodes at 1 Hz: "
+        f"  fault-to-action at 1 s ticks, {latency_nodes} nodes at 1 Hz{shard_note}: "
         f"{report.latency_faults_detected}/{faults} faults acted on, "
-        f"p50 {report.latency_p50_s} s, p99 {report.latency_p99_s} s"
+        f"p50 {report.latency_p50_s} s, p99 {report.latency_p99_s} s, "
+        f"{report.latency_frames_dropped} frames dropped"
     )
     return 0

@@ -28,6 +28,12 @@ def register(sub: Any) -> None:
         default=2,
         help="interleaved throughput rounds, best of each (default %(default)s)",
     )
+    c.add_argument(
+        "--latency-shards",
+        type=int,
+        default=1,
+        help="run the latency controller as shard 0 of this many (default %(default)s)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
 
@@ -36,5 +42,12 @@ def _controller(args: argparse.Namespace) -> int:
     from healer import bench
 
     return bench.main(
-        args.nodes, args.seconds, args.latency_nodes, args.faults, args.rules, args.json, args.rounds
+        args.nodes,
+        args.seconds,
+        args.latency_nodes,
+        args.faults,
+        args.rules,
+        args.json,
+        args.rounds,
+        args.latency_shards,
     )
