@@ -10,7 +10,7 @@ and minima, only for the metric/function pairs the loaded rules use. Memory is t
 buckets) per referenced pair, whatever the sample rate, and one evaluation reduces a few dozen
 (slots,) planes per window.
 
-``ingest`` is the controller's hot path: it only pulls the referenced fields out of each GpuSample with
+``ingest`` is the controller's hot path: it only pulls the referenced fields out of each GPU reading with
 one ``attrgetter`` call and queues the row; the numpy work happens once per batch in ``flush``
 (``evaluate`` flushes first), vectorized over every frame received since the last tick.
 """
@@ -75,6 +75,7 @@ class FleetState:
         self.history: dict[str, windows.History] = {}
         self._raw: list[str] = []
         self._getter: Callable[[telemetry.GpuView], tuple[Any, ...]] = operator.attrgetter("index")
+        self._dict_getter: Callable[[dict[str, Any]], tuple[Any, ...]] = operator.itemgetter("index")
         self.set_rules(rules or ruleset.RuleSet())
 
     @property
@@ -93,7 +94,10 @@ class FleetState:
             if name in old_col:
                 self.latest[i] = old_latest[old_col[name]]
         self._raw = [c for c in needs.columns if metrics.ALL[c].source == "sample"]
+        # Both read the same fields: attributes of the controller's msgspec structs, or (faster than
+        # attribute lookup on a pydantic model) the __dict__ of a GpuSample.
         self._getter = operator.attrgetter("index", *self._raw) if self._raw else _index_only
+        self._dict_getter = operator.itemgetter("index", *self._raw) if self._raw else _index_only_dict
         old_hist, self.history = self.history, {}
         for metric, kinds in needs.windows.items():
             prev = old_hist.get(metric)
@@ -147,8 +151,12 @@ class FleetState:
             if info.items() - self.gpu_info[n].items():
                 self.gpu_info[n].update(info)
                 self.version += 1
-        getter = self._getter
-        rows = [getter(g) for g in gpus]
+        if isinstance(frame, telemetry.NodeFrame):
+            dict_getter = self._dict_getter
+            rows = [dict_getter(g.__dict__) for g in frame.gpus]
+        else:
+            getter = self._getter
+            rows = [getter(g) for g in gpus]
         self._pending.append((n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected))
 
     def ingest_many(self, frames: Iterable[telemetry.FrameView], at: float | None = None) -> None:
@@ -342,3 +350,7 @@ class FleetState:
 
 def _index_only(g: telemetry.GpuView) -> tuple[int]:
     return (g.index,)
+
+
+def _index_only_dict(d: dict[str, Any]) -> tuple[int]:
+    return (d["index"],)
