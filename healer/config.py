@@ -188,6 +188,11 @@ class ControllerSettings(_Group):
     """How often the anomaly model scores the fleet (one batch; the model's window bucket is 30 s)."""
     reload_check_s: float = pydantic.Field(default=2.0, gt=0)
     """How often the rules directory is checked for changes."""
+    labels_refresh_s: float = pydantic.Field(default=300.0, ge=0)
+    """How often node labels for rules' ``match.labels`` are read from the scheduler actuator
+    (Kubernetes node labels; Slurm ``partition`` and ``features``); 0: never. The log actuator has none."""
+    labels_timeout_s: float = pydantic.Field(default=30.0, gt=0)
+    """Longest a label refresh may take; past it the previous labels stay and the failure is counted."""
     frames_buffer_mib: float = pydantic.Field(default=128.0, gt=0)
     """Frames received and not yet ingested, at most (nats-py's pending limit for the telemetry
     subscription, 15,000 8-GPU frames at the default): past it frames are dropped and counted

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pathlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import pydantic
@@ -102,6 +102,15 @@ class Actuator(Protocol):
     name: str
 
     async def apply(self, request: ActionRequest) -> ActionOutcome: ...
+
+
+class LabelSource(Protocol):
+    """A scheduler that knows its nodes' labels (Kubernetes labels, Slurm partitions and features)."""
+
+    async def node_labels(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Labels by healer node name, for those of ``nodes`` the scheduler knows (the rest are left
+        out). Raises ``HealerError`` when the scheduler cannot be asked."""
+        ...
 
 
 def worst(items: list[ItemResult]) -> Status:

@@ -25,7 +25,7 @@ import asyncio
 import datetime
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -107,6 +107,20 @@ class KubernetesActuator:
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
         handlers = {"cordon": self._cordon, "uncordon": self._uncordon, "migrate": self._migrate}
         return await base.dispatch(self.name, self.settings, request, self.names(request.node), handlers)
+
+    async def node_labels(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The Kubernetes labels of ``nodes`` (one ``list nodes`` call), by healer node name."""
+        listed = await self._api("list_node")
+        by_name = {
+            str(item.get("metadata", {}).get("name")): dict(item.get("metadata", {}).get("labels") or {})
+            for item in listed.get("items", [])
+        }
+        out: dict[str, dict[str, str]] = {}
+        for node in nodes:
+            labels = by_name.get(self.names(node))
+            if labels is not None:
+                out[node] = {str(k): str(v) for k, v in labels.items()}
+        return out
 
     # -- API calls ----------------------------------------------------------------------------------
 

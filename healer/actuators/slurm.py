@@ -148,6 +148,20 @@ class SlurmActuator:
                 )
         return None
 
+    async def node_labels(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Labels of ``nodes`` from one ``sinfo --json``, by healer node name: ``partition`` (the
+        node's partitions, comma-separated) and ``features`` (its active features, comma-separated),
+        for rules' ``match.labels`` (globs: ``{partition: "*train*"}``)."""
+        data = await self._json("sinfo", "--json")
+        by_name: dict[str, dict[str, str]] = {}
+        for entry in data.get("nodes", []):
+            features = entry.get("active_features") or entry.get("features") or ""
+            by_name[str(entry.get("name"))] = {
+                "partition": _csv(entry.get("partitions") or ()),
+                "features": _csv(features),
+            }
+        return {node: by_name[self.names(node)] for node in nodes if self.names(node) in by_name}
+
     async def jobs_on(self, node: str) -> list[str]:
         """Ids of the jobs placed on ``node`` (pending jobs are on no node yet)."""
         result = await self._run("squeue", "-w", node, "-h", "-o", "%i")
@@ -386,3 +400,9 @@ class SlurmActuator:
         )
         log.debug("slurm.command", argv=list(argv), rc=result.rc, stderr=result.stderr.strip()[:200])
         return result
+
+
+def _csv(value: Any) -> str:
+    """A list or a comma-separated string (Slurm versions differ) as one comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return ",".join(i.strip() for i in items if i.strip())

@@ -72,6 +72,11 @@ class ControllerMetrics:
             "healer_controller_leader", "1 while this process holds the lease", registry=r
         )
         self.rules_loaded = prom.Gauge("healer_controller_rules_loaded", "rules active", registry=r)
+        self.label_refresh_failures = prom.Counter(
+            "healer_controller_label_refresh_failures_total",
+            "node label refreshes from the scheduler that failed (the previous labels stay)",
+            registry=r,
+        )
         self.rules_rejected = prom.Counter(
             "healer_controller_rules_rejected_total", "rule reloads rejected for errors", registry=r
         )

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import datetime
 import itertools
+import math
 import os
 import pathlib
 import socket
@@ -25,7 +26,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import nats.errors
 import nats.js.errors
@@ -94,6 +95,7 @@ class Controller:
         self._events_sub: Any = None
         self._frames_sub: bus_base.Subscription
         self._frames_dropped = 0
+        self._labels_at = -math.inf
         self.actions: actions_mod.ActionRunner  # built in start(), with the policy it applies
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         self._scored_at = 0.0
@@ -446,6 +448,7 @@ class Controller:
                 await asyncio.wait_for(self._stop.wait(), timeout=self.cs.reload_check_s)
             if self._stop.is_set():
                 return
+            await self._maybe_refresh_labels()
             try:
                 await self._maybe_reload()
                 if self.leader:
@@ -454,6 +457,27 @@ class Controller:
                     self.metrics.breaker_open.set(1 if status.get("open") else 0)
             except errors.HealerError as e:
                 self.log.warning("controller.housekeeping_failed", error=str(e))
+
+    async def _maybe_refresh_labels(self) -> None:
+        """Node labels for rules' ``match.labels``, from the scheduler (Kubernetes labels, Slurm
+        partitions and features) every ``labels_refresh_s``. On failure the previous labels stay."""
+        now = time.monotonic()
+        if not hasattr(self.scheduler, "node_labels") or not self.cs.labels_refresh_s:
+            return
+        if now - self._labels_at < self.cs.labels_refresh_s:
+            return
+        self._labels_at = now
+        source = cast(actuators.LabelSource, self.scheduler)
+        assert self.engine is not None
+        try:
+            labels = await asyncio.wait_for(source.node_labels(sorted(self.nodes)), self.cs.labels_timeout_s)
+        except (errors.HealerError, TimeoutError) as e:
+            self.metrics.label_refresh_failures.inc()
+            self.log.warning("controller.labels_failed", error=str(e) or repr(e), kept="previous labels")
+            return
+        for node, node_labels in labels.items():
+            self.engine.set_labels(node, node_labels)
+        self.log.debug("controller.labels_refreshed", nodes=len(labels))
 
     def _signature(self) -> tuple[tuple[str, float, int], ...]:
         files = loader.expand([self.rules_path])

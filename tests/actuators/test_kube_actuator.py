@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from healer import config
+from healer import config, errors
 from healer.actuators import base
 from healer.actuators import kubernetes as kube
 from tests.fakes import fake_kube_api
@@ -253,3 +253,23 @@ async def test_the_taint_is_optional(api: fake_kube_api.FakeKubeAPI, tmp_path: p
         actuator.close()
     assert api.nodes["gpu-a"]["spec"]["unschedulable"] is True
     assert "taints" not in api.nodes["gpu-a"]["spec"]
+
+
+async def test_node_labels_come_from_one_node_list(
+    api: fake_kube_api.FakeKubeAPI, actuator: kube.KubernetesActuator
+) -> None:
+    api.add_node("gpu-b", labels={"pool": "train", "nvidia.com/gpu.product": "H100"})
+    labels = await actuator.node_labels(["gpu-a", "gpu-b", "gpu-unknown"])
+    assert labels == {
+        "gpu-a": {"kubernetes.io/hostname": "gpu-a"},
+        "gpu-b": {"kubernetes.io/hostname": "gpu-b", "pool": "train", "nvidia.com/gpu.product": "H100"},
+    }
+    assert [f"{r.method} {r.path}" for r in api.requests] == ["GET /api/v1/nodes"]
+
+
+async def test_node_labels_failing_is_an_error_the_caller_sees(
+    api: fake_kube_api.FakeKubeAPI, actuator: kube.KubernetesActuator
+) -> None:
+    api.fail("GET", r"^/api/v1/nodes$", 500)
+    with pytest.raises(errors.TemporaryError, match="500"):
+        await actuator.node_labels(["gpu-a"])

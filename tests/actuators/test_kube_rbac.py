@@ -52,6 +52,7 @@ async def test_rbac_grants_exactly_the_calls_the_actuator_makes(
         for kind in ("cordon", "migrate", "uncordon"):
             request = base.ActionRequest(incident_id="inc-1", kind=kind, node="gpu-a")  # type: ignore[arg-type]
             assert (await actuator.apply(request)).ok
+        assert "gpu-a" in await actuator.node_labels(["gpu-a"])
     finally:
         actuator.close()
     assert all(r.status < 400 for r in api.requests)

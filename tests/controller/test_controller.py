@@ -9,11 +9,11 @@ import time
 
 import structlog.testing
 
-from healer import testing
+from healer import errors, testing
 from healer.bus import subjects
 from healer.schemas import codec
 from tests.conftest import until
-from tests.controller.conftest import Fleet, Harness, run_until, warm
+from tests.controller.conftest import DBE_RULES, Fleet, Harness, run_until, warm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -358,3 +358,42 @@ async def test_incidents_from_before_a_restart_resolve_on_their_rules_terms(harn
     assert not second.book.open
     resolved = {e.data.node: e.data.rule_id for e in harness.feed.events if e.change == "resolved"}
     assert resolved == {"n1": "ecc-dbe", "n2": "xid-fatal"}
+
+
+class LabelledScheduler(testing.RecordingActuator):
+    """A RecordingActuator that also answers node_labels, as the Slurm and Kubernetes actuators do."""
+
+    def __init__(self, labels: dict[str, dict[str, str]]) -> None:
+        super().__init__()
+        self.labels = labels
+        self.asked = 0
+        self.broken = False
+
+    async def node_labels(self, nodes: list[str]) -> dict[str, dict[str, str]]:
+        self.asked += 1
+        if self.broken:
+            raise errors.TemporaryError("scheduler unreachable")
+        return {n: self.labels[n] for n in nodes if n in self.labels}
+
+
+async def test_rules_match_node_labels_read_from_the_scheduler(harness: Harness) -> None:
+    (harness.rules / "dbe.yaml").write_text(
+        DBE_RULES.replace("    scope: gpu\n", "    scope: gpu\n    match: {labels: {pool: train*}}\n")
+    )
+    scheduler = LabelledScheduler({"n1": {"pool": "training"}, "n2": {"pool": "inference"}})
+    ctl = await harness.controller(scheduler, labels_refresh_s=0.3)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await run_until(fleet, lambda: scheduler.asked >= 2)
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    fleet.overrides[("n2", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: "opened" in harness.feed.changes("n1"))
+    for _ in range(5):
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+    assert harness.feed.changes("n2") == [], "n2 is not in a train* pool"
+    scheduler.broken = True
+    failures = ctl.metrics.label_refresh_failures._value.get()
+    await run_until(fleet, lambda: ctl.metrics.label_refresh_failures._value.get() > failures)
+    assert ctl.engine is not None
+    assert ctl.engine.state.labels[ctl.engine.state.node_index("n1")] == {"pool": "training"}, "kept"

@@ -4,6 +4,7 @@ It stands in for kube-apiserver because none can run on the test machines (no De
 ships one and its downloads are unreachable). It serves exactly the calls the actuator makes, with the
 real paths, verbs, content types, bodies and status codes, on a loopback port, and refuses the rest:
 
+- ``GET    /api/v1/nodes``                                         200 (a NodeList; no selectors)
 - ``GET    /api/v1/nodes/{name}``                                  200, 404
 - ``PATCH  /api/v1/nodes/{name}``         strategic-merge or merge patch: 200, 404, 409 (resourceVersion)
 - ``PATCH  /api/v1/nodes/{name}/status``  the same; ``status.conditions`` merge by ``type``
@@ -35,6 +36,7 @@ SMP = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 
 ROUTES: list[tuple[re.Pattern[str], dict[str, tuple[str, str]]]] = [
+    (re.compile(r"^/api/v1/nodes$"), {"GET": ("list", "nodes")}),
     (re.compile(r"^/api/v1/nodes/([^/]+)$"), {"GET": ("get", "nodes"), "PATCH": ("patch", "nodes")}),
     (re.compile(r"^/api/v1/nodes/([^/]+)/status$"), {"PATCH": ("patch", "nodes/status")}),
     (re.compile(r"^/api/v1/pods$"), {"GET": ("list", "pods")}),
@@ -165,6 +167,7 @@ class FakeKubeAPI:
         unschedulable: bool = False,
         annotations: dict[str, str] | None = None,
         taints: list[dict[str, str]] | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         spec: dict[str, Any] = {"podCIDR": "10.0.0.0/24"}
         if unschedulable:
@@ -178,7 +181,7 @@ class FakeKubeAPI:
                 "name": name,
                 "uid": f"uid-{name}",
                 "resourceVersion": self._next_version(),
-                "labels": {"kubernetes.io/hostname": name},
+                "labels": {"kubernetes.io/hostname": name, **(labels or {})},
                 "annotations": dict(annotations or {}),
             },
             "spec": spec,
@@ -355,6 +358,12 @@ class FakeKubeAPI:
                 fault.times -= 1
                 reason = REASONS.get(fault.status, "InternalError")
                 return fault.status, status_body(fault.status, reason, f"injected {fault.status} {reason}")
+        if resource == "nodes" and verb == "list":
+            if query:
+                return 400, status_body(400, "BadRequest", f"this fake lists nodes without {sorted(query)}")
+            meta = {"resourceVersion": str(self._version)}
+            items = copy.deepcopy(list(self.nodes.values()))
+            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items}
         if resource in ("nodes", "nodes/status"):
             return self._node(method, match.group(1), content_type, body, resource)
         if resource == "pods":

@@ -61,8 +61,9 @@ MinJobAge=300
 SlurmdTimeout=30
 InactiveLimit=0
 GresTypes=gpu
-NodeName=gpu[01-04] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$slurmd_base-$((slurmd_base + 3)) CPUs=1 RealMemory=100 Gres=gpu:8 State=UNKNOWN
+NodeName=gpu[01-04] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$slurmd_base-$((slurmd_base + 3)) CPUs=1 RealMemory=100 Gres=gpu:8 Feature=h100,nvlink State=UNKNOWN
 PartitionName=gpu Nodes=gpu[01-04] Default=YES MaxTime=INFINITE State=UP
+PartitionName=train Nodes=gpu[01-02] MaxTime=INFINITE State=UP
 CONF
 cat >"$dir/etc/gres.conf" <<CONF
 AutoDetect=off
@@ -75,7 +76,7 @@ for n in "${nodes[@]}"; do "$slurmd" -f "$conf" -N "$n"; done
 
 # Ready when every node answers as idle.
 for _ in $(seq 1 100); do
-  idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | grep -c ' idle$' || true)
+  idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | grep -c ' idle$' || true)  # a node per partition
   if [ "$idle" = "${#nodes[@]}" ]; then
     echo "SLURM_CONF=$conf"
     exit 0

@@ -29,7 +29,8 @@ def wait_for(what: str, check: object, timeout_s: float = 20.0) -> None:
 def node_line(cluster: SlurmCluster, node: str) -> tuple[str, str]:
     """(state, reason). A trailing ``*`` (slurmd slow to answer a ping on a loaded test machine) is
     dropped: the tests are about the drain state and reason, not about ping latency."""
-    out = cluster.run("sinfo", "-N", "-h", "-n", node, "-o", "%T|%E").stdout.strip()
+    # one line per partition the node is in (gpu01-02 are in two): the same state and reason on each
+    out = (cluster.run("sinfo", "-N", "-h", "-n", node, "-o", "%T|%E").stdout.strip().splitlines() or [""])[0]
     state, _, reason = out.partition("|")
     return state.rstrip("*"), reason
 
@@ -223,3 +224,12 @@ async def test_a_reason_with_shell_and_scontrol_syntax_arrives_verbatim(
     outcome = await actuator.apply(request("cordon", "gpu04", summary=summary))
     assert outcome.status == "done", outcome
     assert node_line(cluster, "gpu04") == ("drained", f"healer: inc-42 {summary}")
+
+
+async def test_node_labels_are_partitions_and_active_features(actuator: slurm.SlurmActuator) -> None:
+    """start.sh gives every node features h100,nvlink; gpu01-02 are also in partition train."""
+    labels = await actuator.node_labels(["gpu01", "gpu03", "not-a-node"])
+    assert set(labels) == {"gpu01", "gpu03"}
+    assert set(labels["gpu01"]["partition"].split(",")) == {"gpu", "train"}
+    assert labels["gpu03"]["partition"] == "gpu"
+    assert {labels[n]["features"] for n in labels} == {"h100,nvlink"}
