@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.js.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -199,3 +200,36 @@ async def test_cluster_keeps_replicated_streams_when_a_node_dies(
         assert info.state.messages == 2
     finally:
         await bus.close()
+
+
+JS = nats.js.errors
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (
+            JS.BadRequestError(code=400, err_code=10005, description="no suitable peers"),
+            errors.TemporaryError,
+        ),
+        (
+            JS.ServerError(code=503, err_code=10008, description="temporarily unavailable"),
+            errors.TemporaryError,
+        ),
+        (JS.BadRequestError(code=400, err_code=10052, description="replicas > 1"), errors.PermanentError),
+    ],
+)
+async def test_provisioning_failures_are_classified(error: Exception, expected: type[Exception]) -> None:
+    """A replica whose server is offline or not yet known (10005) and server-side errors are worth a
+    retry; a configuration JetStream refuses is not. (A real cluster shows 10005 only for an instant
+    while it forms, too briefly to provoke in a test: JetStream's own reply is stood in for.)"""
+
+    class RefusingJetStream:
+        async def add_stream(self, config: object) -> None:
+            raise error
+
+    class Bus:
+        js = RefusingJetStream()
+
+    with pytest.raises(expected):
+        await provision.ensure(Bus(), subjects.Subjects(), config.NatsSettings())  # type: ignore[arg-type]

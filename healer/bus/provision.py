@@ -87,6 +87,11 @@ def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan
     )
 
 
+PLACEMENT_PENDING = {10005}
+"""JetStream's "no suitable peers for placement" (a replica's server is offline or not yet known):
+temporary, it resolves when the peer is back."""
+
+
 async def ensure(
     bus: natsbus.NatsBus, subjects: subjects_mod.Subjects, settings: config.NatsSettings
 ) -> Plan:
@@ -98,6 +103,8 @@ async def ensure(
         for bucket in wanted.buckets:
             await _ensure_bucket(bus, bucket)
     except nats.js.errors.APIError as e:
+        if e.err_code in PLACEMENT_PENDING or (e.code is not None and e.code >= 500):
+            raise errors.TemporaryError(f"JetStream cannot place it yet: {e}", delay=1.0) from e
         raise errors.PermanentError(f"JetStream provisioning failed: {e}") from e
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
         raise errors.TemporaryError(f"JetStream not available: {e!r}") from e

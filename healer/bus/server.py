@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
@@ -217,6 +218,27 @@ class EmbeddedCluster:
             s.start(wait=False)
         for s in self.servers:
             s.wait_ready(timeout)
+        self.wait_peers(timeout)
+
+    def wait_peers(self, timeout: float = 30.0) -> None:
+        """Until the JetStream meta leader sees every other server as a current peer: /healthz is
+        satisfied by a quorum, but placing a stream with as many replicas as servers needs them all."""
+        deadline = time.monotonic() + timeout
+        last = "no meta leader"
+        while time.monotonic() < deadline:
+            for s in self.servers:
+                try:
+                    with urllib.request.urlopen(f"http://{s.host}:{s.monitor_port}/jsz", timeout=1.0) as r:
+                        meta = json.loads(r.read()).get("meta_cluster", {})
+                except (OSError, ValueError):
+                    continue
+                replicas = meta.get("replicas") or []
+                if meta.get("leader") and len(replicas) == len(self.servers) - 1:
+                    if all(p.get("current") and not p.get("offline") for p in replicas):
+                        return
+                    last = f"peers {replicas}"
+            time.sleep(0.1)
+        raise errors.TemporaryError(f"JetStream cluster peers not all current after {timeout}s: {last}")
 
     def stop(self) -> None:
         for s in self.servers:
