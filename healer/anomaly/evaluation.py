@@ -17,7 +17,6 @@ the model was earlier).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import pathlib
 import statistics
 import tempfile
@@ -29,7 +28,7 @@ import numpy.typing as npt
 import orjson
 
 from healer import errors
-from healer.anomaly import baseline, dataset
+from healer.anomaly import dataset, diagnosis
 from healer.anomaly import model as anomaly_model
 from healer.rules import engine, loader, ruleset
 from healer.schemas import codec
@@ -44,44 +43,7 @@ STATIC_RULES = {
 }
 """Per fault kind, the static threshold / rate rule the model is compared with (besides the first rule
 of any kind to fire, which for NVLink is the any-replay warning)."""
-Hit = tuple[str, int | None, float, str]
-"""(node, gpu or None, time, detector / rule id)."""
-
-
-@dataclasses.dataclass
-class Scored:
-    """A recording's windows as the model saw them: (windows, nodes, gpus) arrays."""
-
-    scores: npt.NDArray[np.float64]
-    components: dict[str, npt.NDArray[np.float64]]
-    """Each component's value over the raw threshold (1.0: this component alone reaches 0.9)."""
-    residual_c: npt.NDArray[np.float64]
-    own_offset_c: npt.NDArray[np.float64]
-    """The GPU's own expected thermal excess before the window (``nan``: baseline not ready)."""
-    power_frac: npt.NDArray[np.float64]
-
-
-def score_windows(m: anomaly_model.Model, w: dataset.Windows) -> Scored:
-    """Score recorded windows in time order, with each GPU's own baseline replayed as a scorer would."""
-    cls = np.broadcast_to(m.class_index(w.models)[None], w.valid.shape)
-    scores = np.zeros(w.valid.shape)
-    comps = {k: np.zeros(w.valid.shape) for k in anomaly_model.COMPONENTS}
-    residual = np.full(w.valid.shape, np.nan)
-    power = np.zeros(w.valid.shape)
-    offsets = np.full(w.valid.shape, np.nan)
-    if w.valid.any():
-        x = m.complete(w.feats[w.valid], cls[w.valid])
-        residual[w.valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
-        power[w.valid] = x[:, anomaly_model.POWER_COLUMN]
-        step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else m.settings.bucket_s
-        s = m.settings
-        offsets = baseline.replay(residual, power, step, s.baseline_tau_s, s.baseline_init_s)
-        per = m.components(x, offsets[w.valid])
-        for k in anomaly_model.COMPONENTS:
-            comps[k][w.valid] = per[k] / m.calib["threshold"]
-        raw = np.max(np.stack([per[k] for k in anomaly_model.COMPONENTS]), axis=0)
-        scores[w.valid] = anomaly_model.to_score(raw, m.calib["threshold"])
-    return Scored(scores, comps, residual, offsets, power)
+Hit = diagnosis.Hit
 
 
 def incidents_from_scores(
@@ -112,31 +74,9 @@ def model_incidents(
     m: anomaly_model.Model, w: dataset.Windows, hold_s: float
 ) -> tuple[list[Hit], list[Hit], npt.NDArray[np.float64]]:
     """(incidents, flags, scores (windows, nodes, gpus)) of the model over recorded windows."""
-    scored = score_windows(m, w)
+    scored = diagnosis.score_windows(m, w)
     incidents, flags = incidents_from_scores(scored.scores, w, hold_s)
     return incidents, flags, scored.scores
-
-
-def explain(hit: Hit, w: dataset.Windows, scored: Scored, start: float) -> dict[str, Any]:
-    """What drove an incident: the window's score, each component, the GPU's residual and own baseline."""
-    node, gpu, t, _ = hit
-    k = int(np.searchsorted(w.ts, t))
-    n = w.node_names.index(node)
-    g = 0 if gpu is None else gpu
-    comps = {name: round(float(v[k, n, g]), 3) for name, v in scored.components.items()}
-    own = float(scored.own_offset_c[k, n, g])
-    return {
-        "node": node,
-        "gpu": gpu,
-        "model": w.models[n][g],
-        "at_s": round(t - start, 1),
-        "score": round(float(scored.scores[k, n, g]), 4),
-        "component": max(comps, key=lambda name: comps[name]),
-        "components": comps,
-        "residual_c": round(float(scored.residual_c[k, n, g]), 2),
-        "own_offset_c": None if np.isnan(own) else round(own, 2),
-        "power_frac": round(float(scored.power_frac[k, n, g]), 3),
-    }
 
 
 def rule_incidents(path: pathlib.Path, rules: ruleset.RuleSet, gpus: int, every_s: float) -> list[Hit]:
@@ -240,7 +180,7 @@ def evaluate_scenario(
             truth = rec.truth()
             start = float(rec.meta["start_ts"])
         run_end = start + hours * 3600
-        scored = score_windows(m, w)
+        scored = diagnosis.score_windows(m, w)
         incidents, flags = incidents_from_scores(scored.scores, w, hold_s)
         rule_hits = rule_incidents(path, _default_rules(rules_paths), 8, rules_every_s) if with_rules else []
     faults = []
@@ -271,7 +211,10 @@ def evaluate_scenario(
         "healthy_node_days": _healthy_node_s(truth, w.node_names, start, run_end) / 86400,
         "model_incidents": len(incidents),
         "model_false": sum(_is_false(h, truth) for h in incidents),
-        "model_false_detail": [explain(h, w, scored, start) for h in incidents if _is_false(h, truth)],
+        "model_false_detail": [
+            diagnosis.explain(h, w, scored, start) for h in incidents if _is_false(h, truth)
+        ],
+        "healthy_margin": diagnosis.healthy_margin(w, scored, truth, hold_s),
         "with_rules": with_rules,
         "rule_incidents": len(rule_hits),
         "rule_false": sum(_is_false(h, truth) for h in rule_hits),
@@ -292,6 +235,15 @@ def _share_ahead(fs: list[dict[str, Any]], model_key: str, margin_s: float) -> f
         if rule_t is not None and rule_t - t >= margin_s and (margin_s > 0 or rule_t > t):
             ahead += 1
     return ahead / len(fs)
+
+
+def _max_held(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Per component, the highest ``healthy_margin`` value over all scenarios."""
+    out: dict[str, float] = {}
+    for r in results:
+        for k, v in r.get("healthy_margin", {}).get("by_component", {}).items():
+            out[k] = max(out.get(k, 0.0), v)
+    return out
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -343,6 +295,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "model_false_incidents": mf,
         "model_precision": (mi - mf) / mi if mi else None,
         "model_false_per_1000_node_days": 1000 * mf / days if days else None,
+        "healthy_max_held": _max_held(results),
         "model_false_by_component": dict(
             collections.Counter(d["component"] for r in results for d in r.get("model_false_detail", []))
         ),
