@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
-from healer.anomaly import dataset, evaluation, features, persist
+from healer.anomaly import dataset, diagnosis, features, persist
 from healer.anomaly import model as anomaly_model
 from tests.anomaly import conftest
 
@@ -65,7 +65,7 @@ def test_a_gpu_hot_all_its_life_does_not_alert_from_the_start(
     node, gpu = _busy_gpu(unseen)
     extra = max(0.8 * fleet_edge_c, 2 * rise_edge_c)  # beyond what thermal_rise would let pass
     assert extra < fleet_edge_c
-    scored = evaluation.score_windows(m, _hotter(unseen, node, gpu, np.full(len(unseen.ts), extra)))
+    scored = diagnosis.score_windows(m, _hotter(unseen, node, gpu, np.full(len(unseen.ts), extra)))
     assert scored.components["thermal_gpu"][:, node, gpu].max() < 1.0
     assert scored.components["thermal_rise"][:, node, gpu].max() < 1.0
     assert not np.isnan(scored.own_offset_c[-1, node, gpu])  # it has a baseline by the end
@@ -79,7 +79,7 @@ def test_a_gpu_getting_hotter_is_caught_by_its_own_baseline_first(
     node, gpu = _busy_gpu(unseen)
     minutes = (unseen.ts - unseen.ts[0]) / 60
     ramp = np.clip(minutes - 20, 0, None) * (0.9 * fleet_edge_c / 40)  # from 20 min, 0.9 x edge at 60
-    scored = evaluation.score_windows(m, _hotter(unseen, node, gpu, ramp))
+    scored = diagnosis.score_windows(m, _hotter(unseen, node, gpu, ramp))
     rise = scored.components["thermal_rise"][:, node, gpu]
     level = scored.components["thermal_gpu"][:, node, gpu]
     assert rise[-1] >= 1.0
