@@ -28,7 +28,7 @@ import numpy.typing as npt
 import orjson
 
 from healer import errors
-from healer.anomaly import baseline, dataset
+from healer.anomaly import dataset, diagnosis
 from healer.anomaly import model as anomaly_model
 from healer.rules import engine, loader, ruleset
 from healer.schemas import codec
@@ -43,25 +43,13 @@ STATIC_RULES = {
 }
 """Per fault kind, the static threshold / rate rule the model is compared with (besides the first rule
 of any kind to fire, which for NVLink is the any-replay warning)."""
-Hit = tuple[str, int | None, float, str]
-"""(node, gpu or None, time, detector / rule id)."""
+Hit = diagnosis.Hit
 
 
-def model_incidents(
-    m: anomaly_model.Model, w: dataset.Windows, hold_s: float
-) -> tuple[list[Hit], list[Hit], npt.NDArray[np.float64]]:
-    """(incidents, flags, scores (windows, nodes, gpus)) of the model over recorded windows."""
-    cls = np.broadcast_to(m.class_index(w.models)[None], w.valid.shape)
-    scores = np.zeros(w.valid.shape)
-    if w.valid.any():
-        x = m.complete(w.feats[w.valid], cls[w.valid])
-        residual = np.full(w.valid.shape, np.nan)
-        residual[w.valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
-        power = np.zeros(w.valid.shape)
-        power[w.valid] = x[:, anomaly_model.POWER_COLUMN]
-        step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else m.settings.bucket_s
-        offsets = baseline.replay(residual, power, step, m.settings.baseline_tau_s)
-        scores[w.valid] = m.score_rows(x, offsets[w.valid])
+def incidents_from_scores(
+    scores: npt.NDArray[np.float64], w: dataset.Windows, hold_s: float
+) -> tuple[list[Hit], list[Hit]]:
+    """(incidents, flags) of the default anomaly rule over scores (windows, nodes, gpus)."""
     high = scores >= anomaly_model.SCORE_THRESHOLD
     incidents: list[Hit] = []
     flags: list[Hit] = []
@@ -79,7 +67,16 @@ def model_incidents(
                     fired = True
             else:
                 run_start, fired = None, False
-    return incidents, flags, scores
+    return incidents, flags
+
+
+def model_incidents(
+    m: anomaly_model.Model, w: dataset.Windows, hold_s: float
+) -> tuple[list[Hit], list[Hit], npt.NDArray[np.float64]]:
+    """(incidents, flags, scores (windows, nodes, gpus)) of the model over recorded windows."""
+    scored = diagnosis.score_windows(m, w)
+    incidents, flags = incidents_from_scores(scored.scores, w, hold_s)
+    return incidents, flags, scored.scores
 
 
 def rule_incidents(path: pathlib.Path, rules: ruleset.RuleSet, gpus: int, every_s: float) -> list[Hit]:
@@ -183,7 +180,8 @@ def evaluate_scenario(
             truth = rec.truth()
             start = float(rec.meta["start_ts"])
         run_end = start + hours * 3600
-        incidents, flags, _ = model_incidents(m, w, hold_s)
+        scored = diagnosis.score_windows(m, w)
+        incidents, flags = incidents_from_scores(scored.scores, w, hold_s)
         rule_hits = rule_incidents(path, _default_rules(rules_paths), 8, rules_every_s) if with_rules else []
     faults = []
     for f in truth:
@@ -213,6 +211,10 @@ def evaluate_scenario(
         "healthy_node_days": _healthy_node_s(truth, w.node_names, start, run_end) / 86400,
         "model_incidents": len(incidents),
         "model_false": sum(_is_false(h, truth) for h in incidents),
+        "model_false_detail": [
+            diagnosis.explain(h, w, scored, start) for h in incidents if _is_false(h, truth)
+        ],
+        "healthy_margin": diagnosis.healthy_margin(w, scored, truth, hold_s),
         "with_rules": with_rules,
         "rule_incidents": len(rule_hits),
         "rule_false": sum(_is_false(h, truth) for h in rule_hits),
@@ -233,6 +235,15 @@ def _share_ahead(fs: list[dict[str, Any]], model_key: str, margin_s: float) -> f
         if rule_t is not None and rule_t - t >= margin_s and (margin_s > 0 or rule_t > t):
             ahead += 1
     return ahead / len(fs)
+
+
+def _max_held(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Per component, the highest ``healthy_margin`` value over all scenarios."""
+    out: dict[str, float] = {}
+    for r in results:
+        for k, v in r.get("healthy_margin", {}).get("by_component", {}).items():
+            out[k] = max(out.get(k, 0.0), v)
+    return out
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -284,6 +295,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "model_false_incidents": mf,
         "model_precision": (mi - mf) / mi if mi else None,
         "model_false_per_1000_node_days": 1000 * mf / days if days else None,
+        "healthy_max_held": _max_held(results),
+        "model_false_by_component": dict(
+            collections.Counter(d["component"] for r in results for d in r.get("model_false_detail", []))
+        ),
         "rule_false_incidents": rf,
         "rule_false_per_1000_node_days": 1000 * rf / rule_days if rule_days else None,
         "scenarios": [{k: v for k, v in r.items() if k != "faults"} for r in results],

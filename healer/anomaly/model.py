@@ -7,7 +7,12 @@ nodes (``calibration_quantile``), combined by taking the largest:
 - ``thermal_gpu``: a robust linear regression (HuberRegressor) of a GPU's temperature from its power,
   utilisation and its node peers' median temperature and power; the residual (too hot for what it
   draws, given its neighbours, which share its inlet air) is scored as a one-sided robust z-score
-  (median / MAD of the training residuals);
+  (median / MAD of the training residuals) against the fleet. Its edge is the wider of the held-out
+  quantile and the fleet tail (``level_tail``): GPUs differ for life, and in a fleet of 80,000 some
+  healthy GPU is always hotter than any of the few hundred held out in training;
+- ``thermal_rise``: the same residual against the GPU's own learned excess (``baseline.GpuBaseline``),
+  scored once the GPU has been watched busy for ``baseline_init_s``, with the spread of that difference
+  on held-out nodes (much narrower than the fleet's): a GPU getting hotter than it used to be;
 - ``thermal_node``: the same for the node's median temperature against a per-model-class baseline of
   median power (the whole node too hot: inlet air, fans);
 - ``counters``: error-counter rates over the largest rate seen in training (at least
@@ -22,6 +27,8 @@ Persistence is ``persist``'s job (skops + JSON card); the controller's API is ``
 from __future__ import annotations
 
 import dataclasses
+import statistics
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -35,7 +42,7 @@ F64 = npt.NDArray[np.float64]
 SCORE_THRESHOLD: Final = 0.9
 FEATURES: Final = (*features.BASE_FEATURES, "thermal_residual_c", "node_thermal_residual_c")
 """The forest's input, in order: the base window features plus the two thermal residuals (°C)."""
-COMPONENTS: Final = ("forest", "thermal_gpu", "thermal_node", "counters")
+COMPONENTS: Final = ("forest", "thermal_gpu", "thermal_rise", "thermal_node", "counters")
 _GPU_INPUTS: Final = ("power_frac", "util_frac", "node_temp_c", "node_power_frac")
 _IDX = {name: i for i, name in enumerate(FEATURES)}
 RESIDUAL_COLUMN: Final = _IDX["thermal_residual_c"]
@@ -61,6 +68,12 @@ class TrainSettings:
     """Smallest error rate (per minute over the window) the counters component scales to 1.0."""
     baseline_tau_s: float = 21_600.0
     """Time constant of each GPU's own thermal baseline when scoring (``baseline``); 0 turns it off."""
+    baseline_init_s: float = 900.0
+    """Busy seconds a GPU is watched (its baseline the plain mean) before ``thermal_rise`` scores it."""
+    level_tail: float = 1e-6
+    """Share of healthy GPUs allowed past the fleet check's edge under a normal fit to the training
+    residuals: one in a million, so no GPU of a healthy 10,000-node fleet (80,000 GPUs) is expected
+    there only for being the hottest of many."""
 
 
 @dataclasses.dataclass
@@ -93,12 +106,15 @@ class Model:
 
     def components(self, x: F64, gpu_offset_c: F64 | None = None) -> dict[str, F64]:
         """Each component's normalised score (1.0 = edge of healthy) for complete rows ``x``;
-        ``gpu_offset_c``: each row's own thermal baseline (``baseline.GpuBaseline``), 0 if None."""
+        ``gpu_offset_c``: each row's own expected thermal excess in °C (``baseline.GpuBaseline.offset``;
+        ``nan`` where the GPU has no baseline yet): ``thermal_rise`` is 0 without it."""
         c = self.calib
         res = x[:, _IDX["thermal_residual_c"]]
-        if gpu_offset_c is not None:
-            res = res - gpu_offset_c
         z_gpu = np.maximum(0.0, (res - c["gpu_median"]) / c["gpu_scale"])
+        rise = np.zeros(len(x))
+        if gpu_offset_c is not None:
+            own = ~np.isnan(gpu_offset_c)
+            rise[own] = np.maximum(0.0, (res[own] - gpu_offset_c[own] - c["rise_median"]) / c["rise_scale"])
         z_node = np.maximum(0.0, (x[:, _IDX["node_thermal_residual_c"]] - c["node_median"]) / c["node_scale"])
         rates = x[:, [_IDX[n] for n in features.RATE_FEATURES]]
         refs = np.array([c[f"rate_ref_{n}"] for n in features.RATE_FEATURES])
@@ -106,6 +122,7 @@ class Model:
         return {
             "forest": np.maximum(0.0, (a - c["forest_median"]) / (c["q_forest"] - c["forest_median"])),
             "thermal_gpu": z_gpu / c["q_thermal_gpu"],
+            "thermal_rise": rise / c["q_thermal_rise"],
             "thermal_node": z_node / c["q_thermal_node"],
             "counters": (rates / refs).max(axis=1),
         }
@@ -148,10 +165,14 @@ def train(
     cls: npt.NDArray[np.intp],
     holdout: npt.NDArray[np.bool_],
     settings: TrainSettings,
+    own_offsets: Callable[[Model], F64] | None = None,
 ) -> tuple[Model, dict[str, Any]]:
     """Fit on rows where ``holdout`` is False, calibrate on the held-out rows (other nodes).
 
     ``base`` (rows, BASE_FEATURES) are valid healthy GPU-windows, ``cls`` their model-class index.
+    ``own_offsets(model)`` gives every row's own-baseline offset (°C, ``nan`` before the GPU is ready)
+    as a scorer replaying the rows in time order would have had it, for the fitted thermal regression;
+    without it ``thermal_rise`` keeps a fleet-wide scale (rows carry no time order by themselves).
     Returns the model and a summary for the card.
     """
     rng = np.random.default_rng(settings.seed)
@@ -187,22 +208,44 @@ def train(
     c["forest_median"] = float(np.median(a_fit))
     for n in features.RATE_FEATURES:
         c[f"rate_ref_{n}"] = max(settings.rate_floor_per_min, 2.0 * float(x_fit[:, _IDX[n]].max()))
+    # each GPU against its own baseline: the spread on fitting nodes, once their baselines are ready
+    offsets = own_offsets(model) if own_offsets is not None else np.full(len(base), np.nan)
+    own_fit = ~np.isnan(offsets[fit_rows])
+    if own_fit.any():
+        rise_fit = x_fit[own_fit, _IDX["thermal_residual_c"]] - offsets[fit_rows][own_fit]
+        c["rise_median"], c["rise_scale"] = _robust(rise_fit)
+    else:
+        c["rise_median"], c["rise_scale"] = c["gpu_median"], c["gpu_scale"]
     # calibration on held-out nodes
     x_cal = model.complete(base[cal_rows], cls[cal_rows])
-    c.update(q_forest=1.0, q_thermal_gpu=1.0, q_thermal_node=1.0, threshold=1.0)
-    pre = model.components(x_cal)
+    off_cal = offsets[cal_rows]
+    c.update(q_forest=1.0, q_thermal_gpu=1.0, q_thermal_rise=1.0, q_thermal_node=1.0, threshold=1.0)
+    pre = model.components(x_cal, off_cal)
     q = settings.calibration_quantile
     a_q = c["forest_median"] + float(np.quantile(pre["forest"], q)) * (1.0 - c["forest_median"])
     c["q_forest"] = max(a_q, c["forest_median"] + 1e-3)
-    c["q_thermal_gpu"] = max(float(np.quantile(pre["thermal_gpu"], q)), 1.0)
+    c["level_z"] = statistics.NormalDist().inv_cdf(1.0 - settings.level_tail)
+    c["q_thermal_gpu"] = max(float(np.quantile(pre["thermal_gpu"], q)), c["level_z"], 1.0)
+    own_cal = ~np.isnan(off_cal)
+    if own_cal.any():
+        c["q_thermal_rise"] = max(float(np.quantile(pre["thermal_rise"][own_cal], q)), 1.0)
+    else:
+        c["q_thermal_rise"] = c["q_thermal_gpu"]
     c["q_thermal_node"] = max(float(np.quantile(pre["thermal_node"], q)), 1.0)
-    raw_cal = model.raw(x_cal)
+    raw_cal = model.raw(x_cal, off_cal)
     c["threshold"] = settings.threshold_margin * max(1.0, float(raw_cal.max()))
+    comps_cal = model.components(x_cal, off_cal)
     summary = {
         "fit_rows": len(fit_rows),
         "calibration_rows": len(cal_rows),
+        "calibration_rows_with_own_baseline": int(own_cal.sum()),
         "calibration_raw_max": float(raw_cal.max()),
         "calibration_raw_q9999": float(np.quantile(raw_cal, 0.9999)),
+        "calibration_component_max": {k: float(v.max()) for k, v in comps_cal.items()},
         "thermal_gpu_coef": [float(v) for v in gpu.coef_] + [float(gpu.intercept_)],
+        "edge_c": {
+            "thermal_gpu": c["threshold"] * c["q_thermal_gpu"] * c["gpu_scale"] + c["gpu_median"],
+            "thermal_rise": c["threshold"] * c["q_thermal_rise"] * c["rise_scale"] + c["rise_median"],
+        },
     }
     return model, summary

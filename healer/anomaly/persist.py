@@ -22,7 +22,8 @@ import skops.io
 from healer import errors
 from healer.anomaly import model as anomaly_model
 
-FORMAT: Final = "healer-anomaly-model/1"
+FORMAT: Final = "healer-anomaly-model/2"
+"""/2: the own-baseline component (``thermal_rise``) and its calibration; /1 models are refused."""
 MODEL_FILE: Final = "model.skops"
 CARD_FILE: Final = "card.json"
 TRUSTED: Final = frozenset(

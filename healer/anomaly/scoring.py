@@ -52,7 +52,9 @@ class Scorer:
         self.last_cost_s = 0.0
         """CPU seconds of the last ``score`` call (flush + features + model), for /metrics."""
         self.last_components: dict[str, npt.NDArray[np.float64]] = {}
-        self.baseline = baseline.GpuBaseline(gpus_per_node, m.settings.baseline_tau_s)
+        self.baseline = baseline.GpuBaseline(
+            gpus_per_node, m.settings.baseline_tau_s, m.settings.baseline_init_s
+        )
         """Each GPU's own thermal baseline, updated once per ``score`` (not persisted)."""
         self._last_now: float | None = None
 
@@ -67,12 +69,11 @@ class Scorer:
         if valid.any():
             cls = np.broadcast_to(self.model.class_index(self.window.models), valid.shape)[valid]
             x = self.model.complete(base[valid], cls)
-            self.baseline.ensure(len(valid))
-            comps = self.model.components(x, self.baseline.offset[valid])
             residual = np.full(valid.shape, np.nan)
             residual[valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
             power = np.zeros(valid.shape)
             power[valid] = x[:, anomaly_model.POWER_COLUMN]
+            comps = self.model.components(x, self.baseline.offset(power)[valid])
             if self._last_now is not None:
                 self.baseline.update(residual, power, now - self._last_now)
             self.last_components = comps

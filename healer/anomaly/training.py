@@ -15,7 +15,7 @@ import numpy as np
 import structlog
 
 from healer import errors
-from healer.anomaly import dataset, features, persist
+from healer.anomaly import baseline, dataset, features, persist
 from healer.anomaly import model as anomaly_model
 
 log = structlog.get_logger(__name__)
@@ -40,6 +40,24 @@ def rows(windows: list[dataset.Windows]) -> tuple[Any, list[str], Any, Any]:
     return base, names, np.concatenate(classes), np.concatenate(holds)
 
 
+def own_offsets(m: anomaly_model.Model, windows: list[dataset.Windows]) -> Any:
+    """Each valid GPU-window's own-baseline offset (°C, ``nan`` before the GPU is ready), in ``rows``'
+    order, as a scorer fed the windows in time order would have had it."""
+    out = []
+    for w in windows:
+        cls = np.broadcast_to(m.class_index(w.models)[None], w.valid.shape)
+        residual = np.full(w.valid.shape, np.nan)
+        power = np.zeros(w.valid.shape)
+        if w.valid.any():
+            x = m.complete(w.feats[w.valid], cls[w.valid])
+            residual[w.valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
+            power[w.valid] = x[:, anomaly_model.POWER_COLUMN]
+        step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else m.settings.bucket_s
+        s = m.settings
+        out.append(baseline.replay(residual, power, step, s.baseline_tau_s, s.baseline_init_s)[w.valid])
+    return np.concatenate(out)
+
+
 def train(
     windows: list[dataset.Windows],
     out: str | pathlib.Path,
@@ -52,7 +70,9 @@ def train(
         raise errors.PermanentError(
             "training needs at least 4 nodes (one in four is held out for calibration)"
         )
-    m, summary = anomaly_model.train(base, names, cls, hold, settings)
+    m, summary = anomaly_model.train(
+        base, names, cls, hold, settings, own_offsets=lambda fitted: own_offsets(fitted, windows)
+    )
     node_count = sum(len(w.node_names) for w in windows)
     span = [w.span_s for w in windows]
     card: dict[str, Any] = {

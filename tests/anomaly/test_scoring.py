@@ -30,9 +30,9 @@ def test_scorer_flags_the_overheating_gpu_from_frames(trained: pathlib.Path, tmp
         assert node[t["gpu"]] >= 0.9
         assert max(s for g, s in node.items() if g != t["gpu"]) < node[t["gpu"]]
     assert scorer.last_cost_s > 0
-    before = scorer.baseline.offset.copy()
+    before = scorer.baseline.busy_s.copy()
     scorer.score(last + 30)
-    assert not np.array_equal(scorer.baseline.offset, before)  # each GPU's own baseline moves
+    assert not np.array_equal(scorer.baseline.busy_s, before)  # each GPU's own baseline learns
 
 
 def test_a_node_that_stopped_sending_is_not_scored(trained: pathlib.Path, tmp_path: pathlib.Path) -> None:
