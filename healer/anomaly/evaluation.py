@@ -4,7 +4,8 @@ Each scenario is simulated with its own seed (never the training seed), recorded
 
 - **model**: window features every ``bucket_s`` from the recording, scored; an *anomaly incident* is
   what the default pack's ``anomaly-score-high`` rule does with the score: ``anomaly_score >= 0.9``
-  held for ``hold_s`` (600 s). A *flag* is the first window at or above 0.9.
+  held for ``hold_s`` (the rule's ``for``: 300 s in the default pack). A *flag* is the first window at
+  or above 0.9.
 - **rules**: the recording's frames, decoded as the controller decodes them, through the rule engine
   with the default pack (the anomaly rule left out), evaluated every ``rules_every_s``.
 
@@ -164,7 +165,7 @@ def evaluate_scenario(
     interval_s: float = 5.0,
     rules_paths: Sequence[str | pathlib.Path] = ("rules",),
     rules_every_s: float = 10.0,
-    hold_s: float = 600.0,
+    hold_s: float = 300.0,
     with_rules: bool = True,
     workdir: str | pathlib.Path | None = None,
 ) -> dict[str, Any]:

@@ -16,6 +16,21 @@ from healer.bus import subjects
 # scikit-learn, skops and the rule engine are imported inside the commands, so that every other
 # ``healer`` command starts without them.
 DEFAULT_SCENARIOS = "train-healthy,cooling-slow,nvlink-slow,pcie-storm"
+ANOMALY_RULE = "anomaly-score-high"
+DEFAULT_HOLD_S = 300.0
+"""The hold when the rule pack has no anomaly rule (the default pack's is 5 minutes)."""
+
+
+def anomaly_hold_s(rules_paths: list[str]) -> float:
+    """What the rule pack makes of the score: the ``for`` of its anomaly rule, so ``model eval``
+    counts incidents as the controller would raise them."""
+    from healer.rules import loader
+
+    result = loader.load_paths([pathlib.Path(p) for p in rules_paths])
+    rule = result.ruleset.by_id(ANOMALY_RULE) if result.ruleset is not None else None
+    return rule.for_s if rule is not None else DEFAULT_HOLD_S
+
+
 """The same as ``healer.anomaly.evaluation.EVAL_SCENARIOS`` (a test keeps them equal)."""
 
 
@@ -52,7 +67,10 @@ def register(sub: Any) -> None:
     ev.add_argument("--interval", type=float, default=5.0, help="simulated seconds per frame")
     ev.add_argument("--rules", nargs="+", default=["rules"], help="rule files or directories")
     ev.add_argument(
-        "--hold", type=float, default=600.0, help="seconds at >= 0.9 before an incident (the rule for)"
+        "--hold",
+        type=float,
+        default=None,
+        help="seconds at >= 0.9 before an incident (default: the `for` of anomaly-score-high in --rules)",
     )
     ev.add_argument("--no-rules", action="store_true", help="model only (long healthy runs)")
     ev.add_argument("--json", action="store_true", help="print the full result as JSON")
@@ -139,6 +157,8 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from healer.anomaly import evaluation, persist
 
+    hold_s = args.hold if args.hold is not None else anomaly_hold_s(args.rules)
+    print(f"incident after {hold_s:g} s at >= 0.9", file=sys.stderr)
     try:
         m, card = persist.load(args.model)
         names = [n for n in args.scenarios.split(",") if n]
@@ -150,7 +170,7 @@ def _eval(args: argparse.Namespace) -> int:
             seed=args.seed,
             interval_s=args.interval,
             rules_paths=args.rules,
-            hold_s=args.hold,
+            hold_s=hold_s,
             with_rules=not args.no_rules,
             progress=lambda n: print(f"scenario {n} ...", file=sys.stderr),
         )

@@ -85,3 +85,17 @@ def test_cli_default_scenarios_are_the_evaluation_set() -> None:
     from healer.cli import model_cmd
 
     assert model_cmd.DEFAULT_SCENARIOS.split(",") == list(evaluation.EVAL_SCENARIOS)
+
+
+def test_eval_holds_a_score_as_long_as_the_rule_pack_does(tmp_path: pathlib.Path) -> None:
+    from healer.cli import model_cmd
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    assert model_cmd.anomaly_hold_s([str(repo / "rules")]) == 300.0  # rules/anomaly.yaml: for 5m
+    (tmp_path / "a.yaml").write_text(
+        "rules:\n  - id: anomaly-score-high\n    description: d\n    scope: gpu\n"
+        "    when: anomaly_score >= 0.9\n    for: 2m\n    severity: warning\n    actions: [notify]\n"
+    )
+    assert model_cmd.anomaly_hold_s([str(tmp_path)]) == 120.0
+    (tmp_path / "a.yaml").unlink()
+    assert model_cmd.anomaly_hold_s([str(tmp_path)]) == model_cmd.DEFAULT_HOLD_S
