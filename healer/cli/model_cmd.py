@@ -230,6 +230,18 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{result['model_false_incidents']} ({'-' if rate is None else f'{rate:.1f}'} per 1,000 node-days), "
         f"rules {result['rule_false_incidents']} ({'-' if rrate is None else f'{rrate:.1f}'} per 1,000)"
     )
+    by_component = result.get("model_false_by_component") or {}
+    if by_component:
+        lines.append(
+            "false incidents by component: " + ", ".join(f"{k} {v}" for k, v in sorted(by_component.items()))
+        )
+    held = result.get("healthy_max_held") or {}
+    if held:
+        top = max(held, key=held.__getitem__)
+        lines.append(
+            f"closest a healthy GPU came to an incident: {held[top]:.2f} of the level, held for the whole "
+            f"hold ({top}; " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(held.items())) + ")"
+        )
     return "\n".join(lines)
 
 

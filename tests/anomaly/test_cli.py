@@ -99,3 +99,22 @@ def test_eval_holds_a_score_as_long_as_the_rule_pack_does(tmp_path: pathlib.Path
     assert model_cmd.anomaly_hold_s([str(tmp_path)]) == 120.0
     (tmp_path / "a.yaml").unlink()
     assert model_cmd.anomaly_hold_s([str(tmp_path)]) == model_cmd.DEFAULT_HOLD_S
+
+
+def test_the_text_summary_says_what_drove_false_incidents_and_how_close_healthy_gpus_came() -> None:
+    from healer.cli import model_cmd
+
+    result = {
+        "per_kind": {},
+        "healthy_node_days": 100.0,
+        "model_false_incidents": 2,
+        "model_false_per_1000_node_days": 20.0,
+        "rule_false_incidents": 0,
+        "rule_false_per_1000_node_days": 0.0,
+        "model_false_by_component": {"thermal_gpu": 2},
+        "healthy_max_held": {"thermal_gpu": 0.71, "forest": 0.67},
+    }
+    text = model_cmd.format_summary(result)
+    assert "false incidents by component: thermal_gpu 2" in text
+    assert "0.71 of the level" in text
+    assert "(thermal_gpu; forest 0.67, thermal_gpu 0.71)" in text
