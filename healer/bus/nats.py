@@ -115,7 +115,16 @@ class NatsBus:
                 for cb in bus.on_reconnect:
                     await cb()
 
+        refused: list[BaseException] = []
+        refused_event = asyncio.Event()
+
         async def on_error(e: Exception) -> None:
+            if isinstance(e, ssl.SSLCertVerificationError) and "bus" not in holder:
+                # The server's certificate does not verify against our CA: a setting to fix, not a
+                # network blip (and nats-py can hang after it instead of giving up).
+                refused.append(e)
+                refused_event.set()
+                return
             bus = holder.get("bus")
             if isinstance(e, nats.errors.SlowConsumerError) and bus is not None:
                 bus._slow_consumer(e, name)
@@ -163,10 +172,31 @@ class NatsBus:
             ),
             reraise=True,
         )
+
+        async def attempt_once() -> Client:
+            nc = Client()
+            connecting = asyncio.create_task(nc.connect(**options))
+            refusal = asyncio.create_task(refused_event.wait())
+            try:
+                await asyncio.wait({connecting, refusal}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                refusal.cancel()
+            if connecting.done():
+                await connecting  # raises what the attempt raised
+                return nc
+            connecting.cancel()
+            await asyncio.wait({connecting}, timeout=2.0)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(nc.close(), 2.0)
+            raise errors.PermanentError(
+                f"NATS at {url}: TLS certificate verification failed ({refused[0]}); check "
+                "nats.tls_ca_file (the CA that signed the server's certificate)"
+            )
+
         try:
             async for attempt in retrying:
                 with attempt:
-                    nc = await nats.connect(**options)
+                    nc = await attempt_once()
 
         except (TimeoutError, OSError, nats.errors.Error) as e:
             raise errors.TemporaryError(f"cannot connect to NATS at {url}: {e!r}") from e

@@ -55,3 +55,29 @@ def test_a_missing_ca_file_is_a_permanent_error(tmp_path: pathlib.Path) -> None:
 def _varz(port: int) -> dict[str, object]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as resp:
         return dict(json.load(resp))
+
+
+async def test_a_server_certificate_from_another_ca_is_a_permanent_error_at_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A wrong CA is a setting to fix: connecting fails at the first attempt with a PermanentError naming
+    the setting (nats-py alone would keep the first connect hanging)."""
+    tls = certs.make(tmp_path / "tls")
+    other = certs.make(tmp_path / "other")
+    result = natsconf.generate(
+        natsconf.Inventory(nodes=["gpu-1"]),
+        tmp_path / "auth",
+        tls=natsconf.Tls(str(tls.cert), str(tls.key), str(tls.ca)),
+    )
+    srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
+    srv.start()
+    try:
+        identity = config.load(result.settings_files[("node", "gpu-1")], env={}).nats
+        wrong = identity.model_copy(update={"url": srv.url, "tls_ca_file": str(other.ca)})
+        async with asyncio.timeout(20):
+            with pytest.raises(errors.PermanentError, match="tls_ca_file"):
+                await natsbus.NatsBus.connect(
+                    srv.url, nats_settings=wrong, retry=config.RetrySettings(attempts=3)
+                )
+    finally:
+        srv.stop()
