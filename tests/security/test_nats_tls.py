@@ -4,9 +4,11 @@ connecting through it with ``tls_ca_file``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import pathlib
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,7 +21,11 @@ from tests.security import certs
 pytestmark = pytest.mark.nats
 
 
-async def test_node_connects_over_tls_with_the_private_ca(tmp_path: pathlib.Path) -> None:
+@contextlib.contextmanager
+def tls_server(
+    tmp_path: pathlib.Path,
+) -> Iterator[tuple[server.EmbeddedServer, config.NatsSettings, certs.TlsFiles]]:
+    """A nats-server that requires TLS (certificates from a private CA), and node gpu-1's identity."""
     tls = certs.make(tmp_path / "tls")
     result = natsconf.generate(
         natsconf.Inventory(nodes=["gpu-1"]),
@@ -29,7 +35,13 @@ async def test_node_connects_over_tls_with_the_private_ca(tmp_path: pathlib.Path
     srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
     srv.start()
     try:
-        identity = config.load(result.settings_files[("node", "gpu-1")], env={}).nats
+        yield srv, config.load(result.settings_files[("node", "gpu-1")], env={}).nats, tls
+    finally:
+        srv.stop()
+
+
+async def test_node_connects_over_tls_with_the_private_ca(tmp_path: pathlib.Path) -> None:
+    with tls_server(tmp_path) as (srv, identity, tls):
         secured = identity.model_copy(update={"url": srv.url, "tls_ca_file": str(tls.ca)})
         bus = await natsbus.NatsBus.connect(
             srv.url, nats_settings=secured, retry=config.RetrySettings(attempts=1)
@@ -42,8 +54,6 @@ async def test_node_connects_over_tls_with_the_private_ca(tmp_path: pathlib.Path
             assert varz["tls_required"] is True
         finally:
             await bus.close()
-    finally:
-        srv.stop()
 
 
 def test_a_missing_ca_file_is_a_permanent_error(tmp_path: pathlib.Path) -> None:
@@ -62,22 +72,11 @@ async def test_a_server_certificate_from_another_ca_is_a_permanent_error_at_once
 ) -> None:
     """A wrong CA is a setting to fix: connecting fails at the first attempt with a PermanentError naming
     the setting (nats-py alone would keep the first connect hanging)."""
-    tls = certs.make(tmp_path / "tls")
     other = certs.make(tmp_path / "other")
-    result = natsconf.generate(
-        natsconf.Inventory(nodes=["gpu-1"]),
-        tmp_path / "auth",
-        tls=natsconf.Tls(str(tls.cert), str(tls.key), str(tls.ca)),
-    )
-    srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
-    srv.start()
-    try:
-        identity = config.load(result.settings_files[("node", "gpu-1")], env={}).nats
+    with tls_server(tmp_path) as (srv, identity, _):
         wrong = identity.model_copy(update={"url": srv.url, "tls_ca_file": str(other.ca)})
         async with asyncio.timeout(20):
             with pytest.raises(errors.PermanentError, match="tls_ca_file"):
                 await natsbus.NatsBus.connect(
                     srv.url, nats_settings=wrong, retry=config.RetrySettings(attempts=3)
                 )
-    finally:
-        srv.stop()
