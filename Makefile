@@ -33,6 +33,7 @@ schemas: $(STAMP)
 	$(BIN)/healer schema export --out docs/schemas
 	$(BIN)/healer rules schema --out docs/schemas/rules.v1.json
 	$(BIN)/healer config docs > docs/configuration.md
+	$(BIN)/python -m healer.rules.packdoc rules docs/rules.md
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/agent_cost.py

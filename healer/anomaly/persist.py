@@ -3,8 +3,11 @@
 A model is a directory: ``model.skops`` (the fitted estimators; loading accepts only the scikit-learn
 types listed in ``TRUSTED``) and ``card.json`` (format, features and their order, library versions,
 training data summary and time span, calibration and threshold, evaluation results). ``load`` refuses a
-model whose format, feature list or scikit-learn / skops version differs from this build with a
-``ModelMismatchError``: scores from a model read by another library version are not trustworthy.
+model whose format or feature list differs from this build, or that was trained with another minor
+release of scikit-learn or skops, with a ``ModelMismatchError``: estimators read by another release
+line are not trustworthy. Patch releases of the same line (1.9.1 → 1.9.2) keep the estimators' layout,
+so such a model loads with a ``model.library_patch_differs`` warning; pyproject.toml pins the
+``controller`` extra to the line the shipped model was trained with.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import orjson
 import sklearn
 import skops
 import skops.io
+import structlog
 
 from healer import errors
 from healer.anomaly import model as anomaly_model
+
+log = structlog.get_logger(__name__)
 
 FORMAT: Final = "healer-anomaly-model/2"
 """/2: the own-baseline component (``thermal_rise``) and its calibration; /1 models are refused."""
@@ -45,6 +51,11 @@ class ModelMismatchError(errors.PermanentError):
 
 def versions() -> dict[str, str]:
     return {"sklearn": sklearn.__version__, "skops": skops.__version__}
+
+
+def release_line(version: str) -> tuple[str, ...]:
+    """``"1.9.2"`` → ``("1", "9")``: the part of a version a model's compatibility depends on."""
+    return tuple(version.split(".")[:2])
 
 
 def save(path: str | pathlib.Path, m: anomaly_model.Model, card: dict[str, Any]) -> pathlib.Path:
@@ -92,8 +103,15 @@ def check_card(card: dict[str, Any], where: str) -> None:
         )
     have = card.get("versions") or {}
     for lib, version in versions().items():
-        if have.get(lib) != version:
-            problems.append(f"trained with {lib} {have.get(lib)}, this build has {version}")
+        trained = str(have.get(lib))
+        if trained == version:
+            continue
+        if release_line(trained) == release_line(version):
+            log.warning(
+                "model.library_patch_differs", model=where, library=lib, trained=trained, running=version
+            )
+            continue
+        problems.append(f"trained with {lib} {trained}, this build has {version} (another release line)")
     if problems:
         raise ModelMismatchError(f"{where}: model does not fit this build: " + "; ".join(problems))
 

@@ -50,6 +50,43 @@ def test_other_sklearn_version_is_refused(trained: pathlib.Path, tmp_path: pathl
         persist.load(path)
 
 
+def _patch_release(version: str) -> str:
+    major, minor, *rest = version.split(".")
+    patch = int(rest[0]) if rest and rest[0].isdigit() else 0
+    return f"{major}.{minor}.{patch + 1}"
+
+
+def test_a_patch_release_of_the_training_library_loads_with_a_warning(
+    trained: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """A scikit-learn patch release (1.9.1 → 1.9.2) keeps the estimators' layout: the model loads and
+    scores, and the difference is logged instead of silently switching the anomaly model off."""
+    path = _copy(trained, tmp_path / "m")
+    card = persist.read_card(path)
+    running = card["versions"]["sklearn"]
+    card["versions"]["sklearn"] = _patch_release(running)
+    persist.write_card(path, card)
+    with structlog.testing.capture_logs() as logs:
+        m, _ = persist.load(path)
+    assert m.forest is not None
+    (warning,) = [e for e in logs if e["event"] == "model.library_patch_differs"]
+    assert (warning["library"], warning["trained"], warning["running"]) == (
+        "sklearn",
+        _patch_release(running),
+        running,
+    )
+
+
+def test_another_minor_release_of_skops_is_refused(trained: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    path = _copy(trained, tmp_path / "m")
+    card = persist.read_card(path)
+    major, minor = card["versions"]["skops"].split(".")[:2]
+    card["versions"]["skops"] = f"{major}.{int(minor) + 1}.0"
+    persist.write_card(path, card)
+    with pytest.raises(persist.ModelMismatchError, match="another release line"):
+        persist.load(path)
+
+
 def test_damaged_model_file_is_refused(trained: pathlib.Path, tmp_path: pathlib.Path) -> None:
     path = _copy(trained, tmp_path / "m")
     (path / persist.MODEL_FILE).write_bytes(b"not a zip")

@@ -249,3 +249,25 @@ def test_controller_command_lines_parse_with_the_real_cli() -> None:
         "/etc/healer/rules",
         "/etc/healer/controller.yaml",
     )
+
+
+def test_the_controller_image_ships_the_anomaly_model_its_manifests_pass() -> None:
+    """The controller stage of the Dockerfile copies models/ where the Deployment's --model points, and
+    the agent stage installs no extra (no scikit-learn, Kubernetes client or nats-server on GPU nodes)."""
+    dockerfile = (m.DEPLOY / "Dockerfile").read_text()
+    stages = dockerfile.split("\nFROM ")
+    (agent,) = [s for s in stages if s.startswith("base AS agent")]
+    (controller,) = [s for s in stages if s.startswith("base AS controller")]
+    assert "pip install --no-cache-dir . " in agent
+    assert "'.[controller]'" in controller
+    assert "COPY models /usr/share/healer/models" in controller
+    parser = argparse.ArgumentParser(prog="healer")
+    controller_cmd.register(parser.add_subparsers(dest="command"))
+    (ctl,) = _pod(m.find("Deployment", "healer-controller"))["containers"]
+    model = parser.parse_args(ctl["args"]).model
+    assert model.startswith("/usr/share/healer/models/")
+    shipped = m.DEPLOY.parent / "models" / model.removeprefix("/usr/share/healer/models/")
+    assert (shipped / "card.json").is_file()
+    (agent_pod,) = _pod(m.find("DaemonSet", "healer-agent"))["containers"]
+    assert agent_pod["image"].startswith("healer-agent:")
+    assert ctl["image"].startswith("healer:")
