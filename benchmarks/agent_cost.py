@@ -5,7 +5,8 @@ against the in-memory bus, once with the simulated source and once with NvmlSour
 tree's fake pynvml (the NVML library calls themselves cost nothing there; on a real GPU add the
 driver's time, see docs/nvml.md), then a real `healer agent --source sim` process publishing to a real
 nats-server at 10 frames/s, read from /proc. Prints one table; the ratio column compares each to the
-10 ms/frame budget (1 % of one core at a 1 s interval).
+10 ms/frame budget (1 % of one core at a 1 s interval). Last, the cost of one Prometheus scrape of the
+agent's /metrics with the 8 GPUs' dcgm-exporter-named series, against the cost of one frame.
 
     .venv/bin/python benchmarks/agent_cost.py [--frames 2000]
 """
@@ -25,10 +26,13 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+import prometheus_client
 import structlog
 
+from healer.agent import metrics as metrics_mod
 from healer.agent import runner
 from healer.bus import memory, server, subjects
+from healer.schemas import telemetry
 from healer.telemetry import nvml, sim, source
 from tests.fakes import fake_pynvml
 
@@ -62,6 +66,27 @@ async def measure(src: source.TelemetrySource, frames: int) -> float:
     await bus.close()
     assert received == frames + 50
     return cpu / frames * 1000.0
+
+
+def scrape_cost(scrapes: int) -> tuple[float, int]:
+    """(ms CPU per scrape of the agent's registry with 8 GPUs' readings, bytes per scrape)."""
+    metrics = metrics_mod.AgentMetrics()
+    src = sim.SimSource("bench-node", gpus=8, seed=1)
+    frame = telemetry.NodeFrame(
+        node="bench-node",
+        ts=1.0,
+        seq=0,
+        boot_id="b",
+        agent_version="bench",
+        source="sim",
+        gpus=src.sample().gpus,
+    )
+    metrics.gpu.observe(frame)
+    size = len(prometheus_client.generate_latest(metrics.registry))
+    start = time.process_time()
+    for _ in range(scrapes):
+        prometheus_client.generate_latest(metrics.registry)
+    return (time.process_time() - start) / scrapes * 1000.0, size
 
 
 def process_cost(seconds: float, interval_s: float) -> tuple[float, float, int]:
@@ -121,6 +146,12 @@ def main() -> None:
         print(f"{name:<30}{ms:>14.3f}{ms:>20.3f}{ms / BUDGET_MS:>17.1%}")
     print(f"peak RSS, in-process benchmark: {rss_mb:.0f} MB; real `healer agent` process: {proc_rss:.0f} MB")
     print("(target: < 10 ms CPU per frame, < 80 MB RSS)")
+    scrape_ms, scrape_bytes = scrape_cost(500)
+    frame_ms = rows[0][1]
+    print(
+        f"one /metrics scrape (8 GPUs, dcgm-exporter names): {scrape_ms:.3f} ms CPU, {scrape_bytes} bytes"
+        f" = {scrape_ms / frame_ms:.2f} x one sim frame's cost"
+    )
 
 
 if __name__ == "__main__":

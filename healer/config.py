@@ -93,6 +93,9 @@ class AgentSettings(_Group):
     """Address /metrics listens on."""
     xid_watch: bool = True
     """Watch NVML events (XIDs, double-bit ECC) in a thread (``source: nvml`` only)."""
+    job_map_dir: str | None = None
+    """Directory with one file per GPU index listing the job ids on it (a Slurm prolog writes them, as
+    for dcgm-exporter's ``--hpc-job-mapping-dir``); the GPU metrics then carry an ``hpc_job`` label."""
 
 
 class FeedSettings(_Group):

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import prometheus_client as prom
+
+from healer.agent import gpu_metrics
 
 
 class AgentMetrics:
-    def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: prom.CollectorRegistry | None = None,
+        *,
+        job_map_dir: str | pathlib.Path | None = None,
+    ) -> None:
         self.registry = registry or prom.CollectorRegistry()
         r = self.registry
+        self.gpu = gpu_metrics.GpuCollector(job_map_dir)
+        """The GPUs' readings under dcgm-exporter's names (docs/agent.md)."""
+        r.register(self.gpu)
         self.frames_published = prom.Counter(
             "healer_agent_frames_published_total", "NodeFrames published", registry=r
         )

@@ -121,6 +121,7 @@ class Agent:
             self.log.error("agent.event_lost", kind=event.kind, error=str(e))
             return
         self.metrics.events.labels(event.kind).inc()
+        self.metrics.gpu.observe_event(event)
         self.metrics.events_pending.set(len(self.spool))
         self.log.info("agent.event", kind=event.kind, gpu=event.gpu_index, xid=event.xid, event_id=event.id)
         self._wake.set()
@@ -187,6 +188,7 @@ class Agent:
         )
         self.seq += 1
         self.metrics.gpus.set(len(sample.gpus))
+        self.metrics.gpu.observe(frame)
         await self._send_frame(codec.encode(frame))
 
     async def _send_frame(self, data: bytes) -> None:

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logs.configure(s.log.level, s.log.format)
     node = s.agent.node or socket.gethostname()
-    metrics = metrics_mod.AgentMetrics()
+    metrics = metrics_mod.AgentMetrics(job_map_dir=s.agent.job_map_dir)
     if s.agent.metrics_port:
         prometheus_client.start_http_server(
             s.agent.metrics_port, s.agent.metrics_addr, registry=metrics.registry

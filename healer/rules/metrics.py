@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Final, Literal
 
-from healer.schemas import telemetry
+from healer.schemas import dcgm, telemetry
 
 Level = Literal["gpu", "node"]
 Kind = Literal["gauge", "counter", "bool"]
@@ -46,45 +46,8 @@ COUNTERS: Final = frozenset(
     }
 )
 
-DCGM_ALIASES: Final[dict[str, str]] = {
-    "DCGM_FI_DEV_GPU_TEMP": "temp_c",
-    "DCGM_FI_DEV_MEMORY_TEMP": "mem_temp_c",
-    "DCGM_FI_DEV_SLOWDOWN_TEMP": "slowdown_temp_c",
-    "DCGM_FI_DEV_SHUTDOWN_TEMP": "shutdown_temp_c",
-    "DCGM_FI_DEV_MEM_MAX_OP_TEMP": "mem_max_temp_c",
-    "DCGM_FI_DEV_POWER_USAGE": "power_w",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "power_limit_w",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF": "power_default_w",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN": "power_min_w",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX": "power_max_w",
-    "DCGM_FI_DEV_GPU_UTIL": "util_gpu_pct",
-    "DCGM_FI_DEV_MEM_COPY_UTIL": "util_mem_pct",
-    "DCGM_FI_DEV_FB_USED": "mem_used_mib",
-    "DCGM_FI_DEV_FB_TOTAL": "mem_total_mib",
-    "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
-    "DCGM_FI_DEV_MAX_SM_CLOCK": "sm_clock_max_mhz",
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "clocks_event_reasons",
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "clocks_event_reasons",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe_volatile",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe_volatile",
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": "ecc_sbe_aggregate",
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "ecc_dbe_aggregate",
-    "DCGM_FI_DEV_RETIRED_PENDING": "retired_pages_pending",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "remapped_rows_correctable",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "remapped_rows_uncorrectable",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": "row_remap_pending",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "nvlink_crc_flit_errors",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "nvlink_crc_data_errors",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "nvlink_replay_errors",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "nvlink_recovery_errors",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay_count",
-    "DCGM_FI_DEV_PCIE_LINK_GEN": "pcie_gen",
-    "DCGM_FI_DEV_PCIE_LINK_WIDTH": "pcie_width",
-    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": "pcie_gen_max",
-    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": "pcie_width_max",
-}
-"""dcgm-exporter field names → healer metric names (values are in healer's units)."""
+DCGM_ALIASES: Final = dcgm.ALIASES
+"""dcgm-exporter field names → healer metric names (the catalogue lives beside the schema)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
