@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pathlib
+import typing
 
 import prometheus_client as prom
 
+from healer import buildinfo
 from healer.agent import gpu_metrics
+from healer.schemas import codec, commands, events
 
 
 class AgentMetrics:
@@ -18,6 +21,7 @@ class AgentMetrics:
     ) -> None:
         self.registry = registry or prom.CollectorRegistry()
         r = self.registry
+        self.build_info = buildinfo.register(r, "agent")
         self.gpu = gpu_metrics.GpuCollector(job_map_dir)
         """The GPUs' readings under dcgm-exporter's names (docs/agent.md)."""
         r.register(self.gpu)
@@ -64,3 +68,10 @@ class AgentMetrics:
         self.nats_connected = prom.Gauge(
             "healer_agent_nats_connected", "1 while connected to NATS", registry=r
         )
+        for action in typing.get_args(commands.CommandAction):  # zeros, not "No data", on a healthy node
+            for status in typing.get_args(commands.ResultStatus):
+                self.commands.labels(action, status)
+        for reason in codec.DECODE_REASONS:
+            self.decode_errors.labels(reason)
+        for kind in typing.get_args(events.EventKind):
+            self.events.labels(kind)

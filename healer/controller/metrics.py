@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import prometheus_client as prom
 from prometheus_client import metrics_core
+
+from healer import buildinfo
+from healer.rules import actions
+from healer.schemas import codec, incidents
 
 
 class ControllerMetrics:
@@ -92,6 +97,23 @@ class ControllerMetrics:
             registry=r,
         )
         self.fleet_nodes = prom.Gauge("healer_controller_fleet_nodes", "nodes seen by this shard", registry=r)
+        self.build_info = buildinfo.register(r, "controller")
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        """Every label set whose values are known up front exists from the start at 0, so a healthy
+        controller's dashboard shows zeros instead of "No data" until the first error."""
+        for kind in ("frame", "event"):
+            for reason in codec.DECODE_REASONS:
+                self.decode_errors.labels(kind, reason)
+        for severity in typing.get_args(incidents.Severity):
+            self.incidents_open.labels(severity).set(0)
+        for change in typing.get_args(incidents.Change):
+            self.incident_changes.labels(change)
+        for kind in actions.CATALOG:
+            for status in typing.get_args(incidents.ActionStatus):
+                if status != "planned":
+                    self.actions.labels(kind, status)
 
 
 class BatchedHistogram(prom.registry.Collector):

@@ -32,10 +32,11 @@ import tenacity
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import api
 
-from healer import config, errors
+from healer import buildinfo, config, errors
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
 from healer.feed import envelope, webhook
+from healer.schemas import codec
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +83,9 @@ class ForwardMetrics:
         self.last_delivered_ts = prom.Gauge(
             "healer_forward_last_delivered_timestamp_seconds", "when the last event was accepted", registry=r
         )
+        self.build_info = buildinfo.register(r, "forwarder")
+        for reason in codec.DECODE_REASONS:  # zeros, not "No data", while nothing is malformed
+            self.malformed.labels(reason)
 
 
 class Forwarder:

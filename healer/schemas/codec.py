@@ -8,7 +8,7 @@ whatever the input. Consumers count the reasons (``DecodeStats``) and carry on.
 from __future__ import annotations
 
 import collections
-from typing import TypeVar, cast
+from typing import Final, TypeVar, cast
 
 import orjson
 import pydantic
@@ -18,6 +18,8 @@ from healer.schemas import commands, events, fastwire, incidents, telemetry
 
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest document accepted (a 256-GPU frame is ~270 KB); anything bigger is hostile or broken."""
+DECODE_REASONS: Final = ("too_large", "json", "schema_version", "validation")
+"""Every ``DecodeError.reason`` the decoders raise (metrics start each at 0, so panels have data)."""
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 _WIRE = {"wire": True}

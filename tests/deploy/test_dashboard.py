@@ -12,6 +12,8 @@ import prometheus_client as prom
 
 from healer.agent import metrics as agent_metrics
 from healer.controller import metrics as controller_metrics
+from healer.feed import forward
+from healer.schemas import dcgm
 from tests.deploy import manifests as m
 
 
@@ -31,6 +33,9 @@ def _series(registry: prom.CollectorRegistry) -> set[str]:
 
 AGENT = _series(agent_metrics.AgentMetrics().registry)
 CONTROLLER = _series(controller_metrics.ControllerMetrics().registry)
+FORWARDER = _series(forward.ForwardMetrics().registry)
+GPU = {f.name for f in dcgm.EXPORTED}
+"""The agent's GPU series (served once it has sampled, so not in an empty registry)."""
 
 
 def _dashboard() -> dict[str, Any]:
@@ -42,8 +47,14 @@ def _queried() -> set[str]:
     names: set[str] = set()
     for panel in _dashboard()["panels"]:
         for target in panel.get("targets", []):
-            names.update(re.findall(r"\bhealer_[a-z0-9_]+", target["expr"]))
+            names.update(re.findall(r"\b(?:healer_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)", target["expr"]))
     return names
+
+
+def _exprs() -> list[str]:
+    dash = _dashboard()
+    panels = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    return panels + [a["expr"] for a in dash["annotations"]["list"]]
 
 
 def test_dashboard_has_unique_panel_ids_and_a_prometheus_datasource_variable() -> None:
@@ -60,7 +71,7 @@ def test_dashboard_has_unique_panel_ids_and_a_prometheus_datasource_variable() -
 
 
 def test_every_queried_metric_exists() -> None:
-    known = AGENT | CONTROLLER
+    known = AGENT | CONTROLLER | FORWARDER | GPU
     unknown = _queried() - known
     assert not unknown, f"the dashboard queries metrics nobody exports: {sorted(unknown)}"
 
@@ -70,7 +81,7 @@ def test_every_agent_and_controller_metric_is_on_the_dashboard() -> None:
         return re.sub(r"_(bucket|sum|count)$", "", name)
 
     shown = {base(n) for n in _queried()}
-    missing = sorted({base(n) for n in AGENT | CONTROLLER} - shown)
+    missing = sorted({base(n) for n in AGENT | CONTROLLER | FORWARDER} - shown)
     assert not missing, f"metrics without a panel: {missing}"
 
 
@@ -79,3 +90,19 @@ def test_series_names_come_from_the_registries() -> None:
     assert "healer_agent_sample_seconds_bucket" in AGENT
     assert "healer_controller_leader" in CONTROLLER
     assert "healer_controller_lag_seconds_bucket" in CONTROLLER
+
+
+def test_every_selector_follows_the_cluster_and_instance_variables() -> None:
+    """A site with several clusters in one Prometheus picks one; no panel mixes them."""
+    names = {v["name"] for v in _dashboard()["templating"]["list"]}
+    assert {"datasource", "cluster", "instance"} <= names
+    for expr in _exprs():
+        for sel in re.finditer(r"\b(?:healer_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)(\{[^}]*\})?", expr):
+            assert 'cluster=~"$cluster"' in (sel.group(1) or ""), f"{sel.group(0)!r} in {expr!r}"
+
+
+def test_incidents_actions_and_the_breaker_are_annotations() -> None:
+    names = {a["name"] for a in _dashboard()["annotations"]["list"]}
+    assert names == {"Incidents opened", "Actions taken", "Breaker open"}
+    assert "healer_build_info" in _queried()
+    assert {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"} <= _queried()
