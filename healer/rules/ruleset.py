@@ -52,9 +52,19 @@ class Match:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Repeat:
+    """A burst: ``count`` matching events on one target within ``within_s``, from ``pids`` processes."""
+
+    count: int
+    within_s: float
+    pids: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EventMatch:
     kind: events.EventKind
     xids: frozenset[int] | None = None
+    repeat: Repeat | None = None
 
     def matches(self, event: events.NodeEvent) -> bool:
         if event.kind != self.kind:
