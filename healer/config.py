@@ -93,6 +93,15 @@ class AgentSettings(_Group):
     """Address /metrics listens on."""
     xid_watch: bool = True
     """Watch NVML events (XIDs, double-bit ECC) in a thread (``source: nvml`` only)."""
+    kmsg_watch: bool = True
+    """Follow the kernel log for NVIDIA XID and NVSwitch SXID lines (``source: nvml`` only); needs read
+    access to ``kmsg_path`` (CAP_SYSLOG or root, see docs/agent.md); without it the agent logs
+    ``kmsg_unavailable`` and runs on with NVML events alone."""
+    kmsg_path: str = "/dev/kmsg"
+    """The kernel log device to follow (a file or FIFO of kmsg records works too, for tests)."""
+    xid_dedupe_window_s: float = pydantic.Field(default=5.0, ge=0)
+    """An XID for the same GPU and code seen again within this time (by NVML and the kernel log, or
+    as several log lines of one fault) becomes one event."""
 
 
 class FeedSettings(_Group):

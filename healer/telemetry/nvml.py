@@ -29,7 +29,7 @@ import structlog
 
 from healer import errors
 from healer.schemas import events, telemetry
-from healer.telemetry import source
+from healer.telemetry import kmsg, source
 
 log = structlog.get_logger(__name__)
 
@@ -424,6 +424,29 @@ class NvmlSource:
                     self._failed(gpu, key, ValueError(f"{v[key]!r} refused: {err['msg']}"))
                     v[key] = None
             return telemetry.GpuSample(**v)
+
+    # -- PCI addresses (for the kernel log) ------------------------------------------------------------
+    def gpu_at(self, address: kmsg.PciAddress) -> tuple[int, str | None] | None:
+        """The (index, UUID) of the GPU at a PCI domain:bus:device, read through ``_read`` (cached like
+        every static reading); None for an address that is none of this node's GPUs."""
+        with self._lock:
+            if self._nv is None:
+                return None
+            for gpu in self._gpus:
+                if gpu.handle is None:
+                    continue
+                try:
+                    pci = self._static(gpu, "pci_info", self._fn["pci"])
+                    if pci is None or (pci.domain, pci.bus, pci.device) != (
+                        address.domain,
+                        address.bus,
+                        address.device,
+                    ):
+                        continue
+                    return gpu.index, self._static(gpu, "uuid", self._fn["uuid"])
+                except _Lost:  # a lost GPU still owns its address: say which it was
+                    return gpu.index, gpu.static.get("uuid")
+            return None
 
     # -- power -----------------------------------------------------------------------------------------
     def power_limits(self, index: int) -> source.PowerLimits:

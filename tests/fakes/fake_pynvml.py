@@ -183,6 +183,7 @@ class c_nvmlUtilization_t:
 @dataclasses.dataclass
 class nvmlPciInfo_t:
     busId: str
+    busIdLegacy: str = ""
     domain: int = 0
     bus: int = 0
     device: int = 0
@@ -408,7 +409,15 @@ class FakeNvml:
 
     def nvmlDeviceGetPciInfo(self, handle: c_nvmlDevice_t) -> nvmlPciInfo_t:
         gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
-        return nvmlPciInfo_t(busId=gpu.bus_id, bus=0x18 + gpu.index * 0x10)
+        domain, bus, rest = gpu.bus_id.split(":")  # NVML's "00000000:3B:00.0"
+        device = int(rest.split(".")[0], 16)
+        return nvmlPciInfo_t(
+            busId=gpu.bus_id,
+            busIdLegacy=gpu.bus_id[4:],
+            domain=int(domain, 16),
+            bus=int(bus, 16),
+            device=device,
+        )
 
     def nvmlDeviceGetTemperature(self, handle: c_nvmlDevice_t, sensor: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetTemperature")
