@@ -3,7 +3,8 @@
 A rule set that handles XIDs at all (it has an ``on_event`` rule of kind ``xid``) should match every
 XID whose immediate action in NVIDIA's catalog is a reset, a reboot, support or a hardware check
 (``xids.NEEDS_RULE``); otherwise that XID reaches the controller and is dropped without a word.
-A burst rule (``repeat``) does not count: a single such XID would still go unmatched. Rule sets
+A burst rule (``repeat``) or one that needs decoded log fields (``details``) does not count: a single
+XID, or one NVML reported without a log line, would still go unmatched. Rule sets
 without XID rules (a thermal-only file being linted) are not asked to cover anything.
 """
 
@@ -19,7 +20,7 @@ def uncovered(rules: ruleset.RuleSet, catalog: xids.Catalog | None = None) -> li
     xid_rules = [r.on_event for r in rules.event_rules if r.on_event is not None and r.on_event.kind == "xid"]
     if not xid_rules:
         return []
-    single = [m for m in xid_rules if m.repeat is None]
+    single = [m for m in xid_rules if m.repeat is None and not m.details]
     if any(m.xids is None for m in single):
         return []
     matched = set().union(*(m.xids or frozenset() for m in single))

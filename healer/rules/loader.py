@@ -207,7 +207,10 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         when=when,
         when_text=s.when or "",
         on_event=ruleset.EventMatch(
-            s.on_event.kind, frozenset(s.on_event.xid) if s.on_event.xid else None, repeat
+            s.on_event.kind,
+            frozenset(s.on_event.xid) if s.on_event.xid else None,
+            repeat,
+            tuple(sorted(s.on_event.details.items())),
         )
         if s.on_event
         else None,

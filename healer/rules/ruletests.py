@@ -33,6 +33,7 @@ class EventIn(_M):
     gpu: int | None = None
     xid: int | None = None
     pid: int | None = None
+    details: dict[str, str | int | bool] = pydantic.Field(default_factory=dict)
     message: str = ""
 
 
@@ -134,7 +135,14 @@ def _run_case(rules: Any, case: Case, interval: str | float) -> list[str]:
             at, name, ev = pending.pop(0)
             eng.ingest_event(
                 events.new(
-                    name, ev.kind, gpu_index=ev.gpu, xid=ev.xid, pid=ev.pid, message=ev.message, ts=T0 + at
+                    name,
+                    ev.kind,
+                    gpu_index=ev.gpu,
+                    xid=ev.xid,
+                    pid=ev.pid,
+                    message=ev.message,
+                    details=ev.details,
+                    ts=T0 + at,
                 )
             )
         for plan in plans.values():

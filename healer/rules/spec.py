@@ -88,6 +88,10 @@ class EventSpec(_Spec):
     xid: list[int] | None = pydantic.Field(
         default=None, description="XID codes (kind xid) or SXID codes (kind sxid); none = any"
     )
+    details: dict[str, str | int | bool] = pydantic.Field(
+        default_factory=dict,
+        description="decoded kernel-log fields that must all be equal, e.g. {fatal: true} (SXID)",
+    )
     repeat: RepeatSpec | None = pydantic.Field(
         default=None, description="count events per GPU (scope gpu) or node (scope node) over a window"
     )

@@ -171,3 +171,24 @@ def test_repeat_errors_point_at_file_line_column() -> None:
     assert [str(d) for d in bad_window.errors] == [
         "r.yaml:6:34: error: repeat.within must be longer than 0s (a window such as 10m)"
     ]
+
+
+def test_details_match_decoded_log_fields_by_value_and_type() -> None:
+    result = loader.load_text(
+        "rules:\n  - id: fatal-sxid\n    description: d\n    scope: node\n"
+        "    on_event: {kind: sxid, details: {fatal: true}}\n    severity: critical\n"
+    )
+    assert result.ruleset is not None
+    match = result.ruleset.rules[0].on_event
+    assert match is not None
+    assert match.matches(events.new("n1", "sxid", xid=20034, details={"fatal": True, "link": 30}))
+    assert not match.matches(events.new("n1", "sxid", xid=12028, details={"fatal": False}))
+    assert not match.matches(events.new("n1", "sxid", xid=12028, details={"fatal": 1}))
+    assert not match.matches(events.new("n1", "sxid", xid=12028))
+
+
+def test_a_details_rule_alone_does_not_cover_its_codes() -> None:
+    text = XID_RULE.replace("xid: [79]", "xid: [46], details: {fatal: true}")
+    result = loader.load_text(text)
+    assert result.ruleset is not None
+    assert 46 in {x.code for x in coverage.uncovered(result.ruleset)}
