@@ -250,20 +250,70 @@ def test_an_unreadable_kmsg_leaves_the_agent_running_without_it(tmp_path: pathli
     assert w.records == 0
 
 
-def test_an_xid_seen_by_nvml_and_the_log_becomes_one_event() -> None:
+class Stub:
+    """A watcher whose events the test hands in (``emit`` runs on the test's thread)."""
+
+    def __init__(self) -> None:
+        self.sink: kernel_log.source.EventSink | None = None
+
+    def start(self, sink: kernel_log.source.EventSink) -> None:
+        self.sink = sink
+
+    def stop(self) -> None:
+        self.sink = None
+
+    def emit(self, event: events.NodeEvent) -> None:
+        assert self.sink is not None
+        self.sink(event)
+
+
+def _combined(**kw: float) -> tuple[watchers.Combined, Stub, list[events.NodeEvent], list[float]]:
     now = [100.0]
-    combined = watchers.Combined([], window_s=5.0, clock=lambda: now[0])
-    nvml_event = events.new("n1", "xid", gpu_index=2, xid=79, source="nvml")
-    log_event = events.new("n1", "xid", gpu_index=2, xid=79, source="kmsg", pid=3)
-    other_gpu = events.new("n1", "xid", gpu_index=3, xid=79, source="kmsg")
-    assert combined.admit(nvml_event)
-    assert not combined.admit(log_event)
-    assert combined.admit(other_gpu)
-    assert combined.admit(events.new("n1", "sxid", xid=12028))
-    assert combined.admit(events.new("n1", "sxid", xid=12028))  # only XIDs are deduplicated
+    stub, got = Stub(), []
+    combined = watchers.Combined([stub], clock=lambda: now[0], **kw)
+    combined.start(got.append)
+    return combined, stub, got, now
+
+
+def test_an_xid_seen_by_nvml_and_the_log_becomes_one_event() -> None:
+    combined, stub, got, now = _combined(window_s=5.0)
+    stub.emit(events.new("n1", "xid", gpu_index=2, xid=79, source="nvml"))
+    stub.emit(log_event := events.new("n1", "xid", gpu_index=2, xid=79, source="kmsg", pid=3))
+    stub.emit(events.new("n1", "xid", gpu_index=3, xid=79, source="kmsg"))
+    stub.emit(events.new("n1", "sxid", xid=12028))
+    stub.emit(events.new("n1", "sxid", xid=12028))  # only XIDs are deduplicated
     now[0] += 5.0
-    assert combined.admit(log_event)  # a new window: a new fault
+    stub.emit(log_event)  # a new window: a new fault
+    assert [(e.kind, e.gpu_index, e.source) for e in got] == [
+        ("xid", 2, "nvml"), ("xid", 3, "kmsg"), ("sxid", None, None), ("sxid", None, None), ("xid", 2, "kmsg")
+    ]  # fmt: skip
     assert combined.duplicates == 1
+
+
+def test_an_nvml_xid_held_for_the_log_is_replaced_by_the_logs_richer_line() -> None:
+    combined, stub, got, _ = _combined(window_s=5.0, hold_s=60.0)
+    stub.emit(events.new("n1", "xid", gpu_index=2, xid=13, source="nvml"))
+    assert got == []  # held, waiting for the log's line of the same fault
+    stub.emit(events.new("n1", "xid", gpu_index=2, xid=13, source="kmsg", pid=4242))
+    stub.emit(events.new("n1", "xid", gpu_index=2, xid=13, source="kmsg", pid=4242))  # a 2nd line
+    assert [(e.source, e.pid) for e in got] == [("kmsg", 4242)]
+    assert (combined.replaced, combined.duplicates) == (1, 1)
+    stub.emit(events.new("n1", "xid", gpu_index=5, xid=48, source="nvml"))
+    combined.stop()  # a hold cut short by stop() passes the event: never lost
+    assert [(e.gpu_index, e.source) for e in got] == [(2, "kmsg"), (5, "nvml")]
+
+
+def test_a_held_nvml_xid_is_passed_when_no_log_line_comes() -> None:
+    got: queue.Queue[events.NodeEvent] = queue.Queue()
+    stub = Stub()
+    combined = watchers.Combined([stub], hold_s=0.01)
+    combined.start(got.put)
+    try:
+        stub.emit(events.new("n1", "xid", gpu_index=1, xid=79, source="nvml"))
+        assert got.get(timeout=GET_S).source == "nvml"
+    finally:
+        combined.stop()
+    assert got.empty()
 
 
 def test_combined_watcher_passes_each_watchers_events_through_one_dedupe(node: Node) -> None:

@@ -71,7 +71,8 @@ def build_source(
         found.append(
             kernel_log.KmsgWatcher(node, state_dir=s.state_dir, path=s.kmsg_path, resolve=src.gpu_at)
         )
-    return src, watchers.Combined(found, window_s=s.xid_dedupe_window_s) if found else None
+    hold_s = s.xid_log_wait_s if s.kmsg_watch else 0.0
+    return src, watchers.Combined(found, window_s=s.xid_dedupe_window_s, hold_s=hold_s) if found else None
 
 
 def run(args: argparse.Namespace) -> int:
