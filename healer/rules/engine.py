@@ -345,6 +345,7 @@ class Engine:
             evidence: Evidence = {"kind": event.kind, "xid": event.xid, "message": event.message}
             if event.gpu_index is not None:
                 evidence["gpu_index"] = event.gpu_index
+            evidence.update(_log_facts(event))
             if rule.on_event is not None and rule.on_event.repeat is not None:
                 burst = self._repeats.observe(rule, event, gpu)
                 if burst is None:
@@ -376,3 +377,15 @@ class Engine:
                 Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
             )
         return out
+
+
+def _log_facts(event: events.NodeEvent) -> Evidence:
+    """What the kernel log added to an event (process, PCI address, decoded registers), for evidence."""
+    facts: Evidence = {
+        k: v
+        for k, v in (("source", event.source), ("pid", event.pid), ("process", event.process),
+                     ("pci_bus_id", event.pci_bus_id))
+        if v is not None
+    }  # fmt: skip
+    facts.update({k: v for k, v in event.details.items() if k not in facts})
+    return facts

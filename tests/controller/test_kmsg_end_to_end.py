@@ -75,6 +75,8 @@ async def test_a_kmsg_xid_line_becomes_the_right_incident_and_actions(
     assert incident.severity == "critical"
     assert incident.evidence["xid"] == 109
     assert "CTX SWITCH TIMEOUT" in str(incident.evidence["message"])
+    assert (incident.evidence["pid"], incident.evidence["process"]) == (1797828, "pt_main_thread")
+    assert (incident.evidence["source"], incident.evidence["pci_bus_id"]) == ("kmsg", "0000:38:00")
     assert [r.node for r in actuator.executed("cordon")] == ["n1"]  # drain is a cordon
     statuses = {a.kind: a.status for e in harness.feed.events for a in e.data.actions}
     assert statuses["reset_gpu"] == "skipped"  # not automated: the incident says so

@@ -192,3 +192,24 @@ def test_a_details_rule_alone_does_not_cover_its_codes() -> None:
     result = loader.load_text(text)
     assert result.ruleset is not None
     assert 46 in {x.code for x in coverage.uncovered(result.ruleset)}
+
+
+def test_an_event_firing_carries_what_the_kernel_log_added_as_evidence() -> None:
+    result = loader.load_text(
+        "rules:\n  - id: nvlink\n    description: d\n    on_event: {kind: xid, xid: [74]}\n"
+        "    severity: major\n"
+    )
+    assert result.ruleset is not None
+    eng = engine.Engine(result.ruleset)
+    details: dict[str, str | int | bool] = {"link": 14, "reg2": 0x10000, "nvlink_class": "link_other"}
+    eng.ingest_event(
+        events.new("n1", "xid", gpu_index=0, xid=74, source="kmsg", pci_bus_id="0000:18:00", details=details)
+    )
+    (fired,) = eng.evaluate(ruletests.T0)
+    assert fired.evidence["nvlink_class"] == "link_other"
+    assert (fired.evidence["link"], fired.evidence["source"], fired.evidence["pci_bus_id"]) == (
+        14,
+        "kmsg",
+        "0000:18:00",
+    )
+    assert "pid" not in fired.evidence  # the driver named no process
