@@ -96,6 +96,18 @@ class AgentSettings(_Group):
     job_map_dir: str | None = None
     """Directory with one file per GPU index listing the job ids on it (a Slurm prolog writes them, as
     for dcgm-exporter's ``--hpc-job-mapping-dir``); the GPU metrics then carry an ``hpc_job`` label."""
+    kmsg_watch: bool = True
+    """Follow the kernel log for NVIDIA XID and NVSwitch SXID lines (``source: nvml`` only); needs read
+    access to ``kmsg_path`` (CAP_SYSLOG or root, see docs/agent.md); without it the agent logs
+    ``kmsg_unavailable`` and runs on with NVML events alone."""
+    kmsg_path: str = "/dev/kmsg"
+    """The kernel log device to follow (a file or FIFO of kmsg records works too, for tests)."""
+    xid_dedupe_window_s: float = pydantic.Field(default=5.0, ge=0)
+    """An XID for the same GPU and code seen again within this time (by NVML and the kernel log, or
+    as several log lines of one fault) becomes one event."""
+    xid_log_wait_s: float = pydantic.Field(default=1.0, ge=0, le=30)
+    """How long an XID from NVML waits for the kernel log's line of the same fault, which is passed
+    instead because it names the process and the registers (``kmsg_watch`` only; 0: never wait)."""
 
 
 class FeedSettings(_Group):

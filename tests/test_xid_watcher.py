@@ -40,7 +40,8 @@ def test_injected_xid_reaches_the_sink_as_a_node_event(
     event = got.get(timeout=GET_S)
     assert (event.kind, event.node, event.gpu_index, event.xid) == ("xid", "gpu-node-1", 2, 79)
     assert event.gpu_uuid == fake.gpus[2].uuid
-    assert "fallen off the bus" in event.message
+    assert "fell off the bus" in event.message  # the catalogue's name
+    assert event.source == "nvml"
     assert events.NodeEvent.model_validate_json(event.model_dump_json()) == event
 
 

@@ -63,11 +63,16 @@ def build_source(
 ) -> tuple[source.TelemetrySource, source.EventWatcher | None]:
     if s.source == "sim":
         return sim.SimSource(node, gpus=s.sim_gpus), None
-    from healer.telemetry import nvml, xid  # only a real node needs the NVML bindings
+    from healer.telemetry import kernel_log, nvml, watchers, xid  # only a real node needs NVML
 
-    return nvml.NvmlSource(node, gpus_expected=s.gpus_expected), (
-        xid.XidWatcher(node) if s.xid_watch else None
-    )
+    src = nvml.NvmlSource(node, gpus_expected=s.gpus_expected)
+    found: list[source.EventWatcher] = [xid.XidWatcher(node)] if s.xid_watch else []
+    if s.kmsg_watch:
+        found.append(
+            kernel_log.KmsgWatcher(node, state_dir=s.state_dir, path=s.kmsg_path, resolve=src.gpu_at)
+        )
+    hold_s = s.xid_log_wait_s if s.kmsg_watch else 0.0
+    return src, watchers.Combined(found, window_s=s.xid_dedupe_window_s, hold_s=hold_s) if found else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import pathlib
 import sys
 from typing import Any
 
-from healer.rules import loader, ruletests, schema
+from healer.rules import coverage, loader, ruletests, schema
 
 
 def register(sub: Any) -> None:
@@ -31,9 +31,10 @@ def register(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     result = loader.load_paths(args.paths)
-    for diag in result.diagnostics:
+    gaps = coverage.warnings(result.ruleset) if result.ruleset is not None else []
+    for diag in [*result.diagnostics, *gaps]:
         print(diag)
-    errors, warnings = len(result.errors), len(result.warnings)
+    errors, warnings = len(result.errors), len(result.warnings) + len(gaps)
     failed = errors > 0 or (args.strict and warnings > 0)
     if result.ruleset is not None:
         count = f"{len(result.ruleset.rules)} rules in {len(result.ruleset.files)} files"

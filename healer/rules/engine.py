@@ -22,7 +22,7 @@ import numpy.typing as npt
 import structlog
 
 from healer.rules import evaluate as evaluation
-from healer.rules import ruleset
+from healer.rules import repeats, ruleset
 from healer.rules import state as fleet_state
 from healer.schemas import events, telemetry
 
@@ -86,6 +86,7 @@ class Engine:
         self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
         self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
         self._restores: dict[tuple[str, str, int | None], float] = {}
+        self._repeats = repeats.Counter()
         self.rule_errors = 0
         """Rule evaluations that raised (logged with the rule id; the other rules still ran)."""
 
@@ -131,6 +132,7 @@ class Engine:
         for track in self._tracks.values():
             track.mask_version = -1
         self._active = {k: v for k, v in self._active.items() if k[0] in keep}
+        self._repeats.retain(keep)
         self.rules = rules
         self.state.set_rules(rules)
         return gone
@@ -343,6 +345,12 @@ class Engine:
             evidence: Evidence = {"kind": event.kind, "xid": event.xid, "message": event.message}
             if event.gpu_index is not None:
                 evidence["gpu_index"] = event.gpu_index
+            evidence.update(_log_facts(event))
+            if rule.on_event is not None and rule.on_event.repeat is not None:
+                burst = self._repeats.observe(rule, event, gpu)
+                if burst is None:
+                    continue  # not a burst (yet)
+                evidence.update(burst)
             key = (rule.id, event.node, gpu)
             active = self._active.get(key)
             if active is not None:
@@ -369,3 +377,15 @@ class Engine:
                 Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
             )
         return out
+
+
+def _log_facts(event: events.NodeEvent) -> Evidence:
+    """What the kernel log added to an event (process, PCI address, decoded registers), for evidence."""
+    facts: Evidence = {
+        k: v
+        for k, v in (("source", event.source), ("pid", event.pid), ("process", event.process),
+                     ("pci_bus_id", event.pci_bus_id))
+        if v is not None
+    }  # fmt: skip
+    facts.update({k: v for k, v in event.details.items() if k not in facts})
+    return facts

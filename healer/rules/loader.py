@@ -191,8 +191,9 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
     if s.on_event is not None:
         if s.for_ is not None:
             f.at(_child(node, "for") or node, "'for' does not apply to on_event rules (events fire at once)")
-        if s.on_event.xid is not None and s.on_event.kind != "xid":
-            f.at(_child(node, "on_event") or node, "'xid' only applies to on_event kind xid")
+        if s.on_event.xid is not None and s.on_event.kind not in ("xid", "sxid"):
+            f.at(_child(node, "on_event") or node, "'xid' only applies to on_event kind xid or sxid")
+    repeat = _repeat(f, node, s)
     acts = _actions(f, _child(node, "actions"), s.actions)
     on_resolve = _actions(f, _child(node, "on_resolve"), s.on_resolve)
     if not structure_ok or len([d for d in f.diags if d.severity == "error"]) > before:
@@ -205,7 +206,12 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         match=ruleset.Match(s.match.model, s.match.node, tuple(sorted(s.match.labels.items()))),
         when=when,
         when_text=s.when or "",
-        on_event=ruleset.EventMatch(s.on_event.kind, frozenset(s.on_event.xid) if s.on_event.xid else None)
+        on_event=ruleset.EventMatch(
+            s.on_event.kind,
+            frozenset(s.on_event.xid) if s.on_event.xid else None,
+            repeat,
+            tuple(sorted(s.on_event.details.items())),
+        )
         if s.on_event
         else None,
         for_s=lexer.duration_value(s.for_) if s.for_ is not None else 0.0,
@@ -222,6 +228,17 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
     )
     _lint(f, node, rule)
     return rule
+
+
+def _repeat(f: _File, node: yaml.Node, s: spec.RuleSpec) -> ruleset.Repeat | None:
+    if s.on_event is None or s.on_event.repeat is None:
+        return None
+    r = s.on_event.repeat
+    within_s = lexer.duration_value(r.within) if r.within is not None else 0.0
+    if within_s <= 0:
+        where = _child(_child(_child(node, "on_event") or node, "repeat") or node, "within")
+        f.at(where or node, "repeat.within must be longer than 0s (a window such as 10m)")
+    return ruleset.Repeat(r.count, within_s, r.pids)
 
 
 def _structure_errors(f: _File, node: yaml.Node, e: pydantic.ValidationError) -> None:

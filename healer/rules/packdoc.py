@@ -33,6 +33,13 @@ def condition(rule: ruleset.Rule) -> str:
         text = f"on {rule.on_event.kind}"
         if rule.on_event.xids:
             text += " [" + ", ".join(str(x) for x in sorted(rule.on_event.xids)) + "]"
+        for key, value in rule.on_event.details:
+            text += f" {key}={str(value).lower() if isinstance(value, bool) else value}"
+        if rule.on_event.repeat is not None:
+            rep = rule.on_event.repeat
+            text += f" x{rep.count} within {duration(rep.within_s)}"
+            if rep.pids:
+                text += f" from {rep.pids}+ processes"
     else:
         text = rule.when_text
     text = f"`{text}`"

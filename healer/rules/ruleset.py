@@ -52,12 +52,29 @@ class Match:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Repeat:
+    """A burst: ``count`` matching events on one target within ``within_s``, from ``pids`` processes."""
+
+    count: int
+    within_s: float
+    pids: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EventMatch:
     kind: events.EventKind
     xids: frozenset[int] | None = None
+    repeat: Repeat | None = None
+    details: tuple[tuple[str, events.DetailValue], ...] = ()
+    """Decoded kernel-log fields the event must carry with these values (``{fatal: true}``)."""
 
     def matches(self, event: events.NodeEvent) -> bool:
         if event.kind != self.kind:
+            return False
+        if self.details and not all(
+            k in event.details and event.details[k] == v and type(event.details[k]) is type(v)
+            for k, v in self.details
+        ):
             return False
         return self.xids is None or (event.xid is not None and event.xid in self.xids)
 

@@ -32,6 +32,8 @@ class EventIn(_M):
     kind: events.EventKind = "xid"
     gpu: int | None = None
     xid: int | None = None
+    pid: int | None = None
+    details: dict[str, str | int | bool] = pydantic.Field(default_factory=dict)
     message: str = ""
 
 
@@ -132,7 +134,16 @@ def _run_case(rules: Any, case: Case, interval: str | float) -> list[str]:
         while pending and pending[0][0] <= t:
             at, name, ev = pending.pop(0)
             eng.ingest_event(
-                events.new(name, ev.kind, gpu_index=ev.gpu, xid=ev.xid, message=ev.message, ts=T0 + at)
+                events.new(
+                    name,
+                    ev.kind,
+                    gpu_index=ev.gpu,
+                    xid=ev.xid,
+                    pid=ev.pid,
+                    message=ev.message,
+                    details=ev.details,
+                    ts=T0 + at,
+                )
             )
         for plan in plans.values():
             frame = plan.frame(i, T0 + t)

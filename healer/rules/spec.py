@@ -73,9 +73,28 @@ class ResolveSpec(_Spec):
     for_: DurationValue = pydantic.Field(default=None, alias="for", description=DURATION_HELP)
 
 
+class RepeatSpec(_Spec):
+    """Fire only on a burst: ``count`` matching events on one target within ``within``."""
+
+    count: int = pydantic.Field(ge=2, le=10_000, description="matching events needed within the window")
+    within: DurationValue = pydantic.Field(description="the sliding window, " + DURATION_HELP)
+    pids: int = pydantic.Field(
+        default=0, ge=0, le=1000, description="at least this many different processes (pid) among them"
+    )
+
+
 class EventSpec(_Spec):
     kind: events.EventKind
-    xid: list[int] | None = pydantic.Field(default=None, description="XID codes (kind xid); none = any")
+    xid: list[int] | None = pydantic.Field(
+        default=None, description="XID codes (kind xid) or SXID codes (kind sxid); none = any"
+    )
+    details: dict[str, str | int | bool] = pydantic.Field(
+        default_factory=dict,
+        description="decoded kernel-log fields that must all be equal, e.g. {fatal: true} (SXID)",
+    )
+    repeat: RepeatSpec | None = pydantic.Field(
+        default=None, description="count events per GPU (scope gpu) or node (scope node) over a window"
+    )
 
 
 class RuleSpec(_Spec):

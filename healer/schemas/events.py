@@ -16,7 +16,10 @@ from healer.schemas import base, telemetry
 
 SCHEMA: Final = "healer.event.v1"
 
-EventKind = Literal["xid", "gpu_lost", "nvml_error", "agent_start", "agent_stop"]
+EventKind = Literal["xid", "sxid", "gpu_lost", "nvml_error", "agent_start", "agent_stop"]
+"""``sxid``: an NVSwitch error (its code in ``xid``, the switch's PCI address in ``pci_bus_id``)."""
+EventSource = Literal["nvml", "kmsg"]
+DetailValue = str | int | bool
 
 
 class NodeEvent(base.WireModel):
@@ -29,6 +32,14 @@ class NodeEvent(base.WireModel):
     gpu_uuid: str | None = pydantic.Field(default=None, max_length=96)
     xid: int | None = pydantic.Field(default=None, ge=0)
     message: str = pydantic.Field(default="", max_length=4096)
+    # What the kernel log adds to an XID (null when the event came from NVML or says nothing of it).
+    source: EventSource | None = pydantic.Field(default=None, description="where the agent saw it")
+    pid: int | None = pydantic.Field(default=None, ge=0, description="process the driver named")
+    process: str | None = pydantic.Field(default=None, max_length=256, description="its name")
+    pci_bus_id: str | None = pydantic.Field(default=None, max_length=32, description="as the log gave it")
+    details: dict[str, DetailValue] = pydantic.Field(
+        default_factory=dict, description="decoded log fields: link, registers, unit, fatal ..."
+    )
 
 
 def new(
@@ -40,6 +51,11 @@ def new(
     xid: int | None = None,
     message: str = "",
     ts: float | None = None,
+    source: EventSource | None = None,
+    pid: int | None = None,
+    process: str | None = None,
+    pci_bus_id: str | None = None,
+    details: dict[str, DetailValue] | None = None,
 ) -> NodeEvent:
     """Build an event with a fresh unique id (uuid4, so two agents never collide)."""
     return NodeEvent(
@@ -51,4 +67,9 @@ def new(
         gpu_uuid=gpu_uuid,
         xid=xid,
         message=message,
+        source=source,
+        pid=pid,
+        process=process,
+        pci_bus_id=pci_bus_id,
+        details=details or {},
     )

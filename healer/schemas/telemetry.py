@@ -80,6 +80,16 @@ class GpuSample(pydantic.BaseModel):
         ge=0,
         description="NVML recovery action: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain+reset",
     )
+    # NVLink fabric registration (nvmlDeviceGetGpuFabricInfo: H100/H200 and later in NVSwitch systems).
+    fabric_state: int | None = pydantic.Field(
+        default=None,
+        ge=0,
+        le=3,
+        description="NVML_GPU_FABRIC_STATE_*: 1 not started, 2 in progress, 3 completed (null: no fabric)",
+    )
+    fabric_status: int | None = pydantic.Field(
+        default=None, ge=0, description="nvmlReturn_t of the fabric registration once completed (0 success)"
+    )
 
 
 class NodeFrame(base.WireModel):

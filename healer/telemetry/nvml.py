@@ -18,6 +18,7 @@ pynvml. docs/nvml.md maps each field to its NVML call.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -29,7 +30,7 @@ import structlog
 
 from healer import errors
 from healer.schemas import events, telemetry
-from healer.telemetry import source
+from healer.telemetry import kmsg, source
 
 log = structlog.get_logger(__name__)
 
@@ -213,6 +214,7 @@ class NvmlSource:
     def _resolve(self, nv: ModuleType) -> None:
         """Look every function and constant up once; what this pynvml lacks reads as unsupported."""
         self._fn = {k: _with_fallback(nv, name, FALLBACKS.get(k)) for k, name in FUNCTIONS.items()}
+        self._fn["fabric"] = _fabric_reader(nv)
         names = [
             "NVML_SUCCESS", "NVML_TEMPERATURE_GPU", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
             "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", "NVML_TEMPERATURE_THRESHOLD_MEM_MAX", "NVML_CLOCK_SM",
@@ -382,6 +384,8 @@ class NvmlSource:
         v["pcie_width"] = r(gpu, "pcie_width", f["pcie_width"])
         v["pcie_width_max"] = st(gpu, "pcie_width_max", f["pcie_width_max"])
         v["pcie_replay_count"] = r(gpu, "pcie_replay_count", f["pcie_replay"])
+        if (fabric := r(gpu, "fabric", f["fabric"])) is not None:
+            v["fabric_state"], v["fabric_status"] = fabric
         return self._validated(gpu, v)
 
     def _field_values(self, gpu: _Gpu, v: dict[str, Any]) -> None:
@@ -424,6 +428,29 @@ class NvmlSource:
                     self._failed(gpu, key, ValueError(f"{v[key]!r} refused: {err['msg']}"))
                     v[key] = None
             return telemetry.GpuSample(**v)
+
+    # -- PCI addresses (for the kernel log) ------------------------------------------------------------
+    def gpu_at(self, address: kmsg.PciAddress) -> tuple[int, str | None] | None:
+        """The (index, UUID) of the GPU at a PCI domain:bus:device, read through ``_read`` (cached like
+        every static reading); None for an address that is none of this node's GPUs."""
+        with self._lock:
+            if self._nv is None:
+                return None
+            for gpu in self._gpus:
+                if gpu.handle is None:
+                    continue
+                try:
+                    pci = self._static(gpu, "pci_info", self._fn["pci"])
+                    if pci is None or (pci.domain, pci.bus, pci.device) != (
+                        address.domain,
+                        address.bus,
+                        address.device,
+                    ):
+                        continue
+                    return gpu.index, self._static(gpu, "uuid", self._fn["uuid"])
+                except _Lost:  # a lost GPU still owns its address: say which it was
+                    return gpu.index, gpu.static.get("uuid")
+            return None
 
     # -- power -----------------------------------------------------------------------------------------
     def power_limits(self, index: int) -> source.PowerLimits:
@@ -470,6 +497,24 @@ class NvmlSource:
         if gpu.handle is None:
             raise errors.TemporaryError(f"GPU {index} has no NVML handle (yet)", delay=5.0)
         return nv, gpu
+
+
+def _fabric_reader(nv: ModuleType) -> Callable[[Any], tuple[int, int]] | None:
+    """nvmlDeviceGetGpuFabricInfo fills a caller-allocated struct: (state, status) for ``_read``. A GPU
+    outside any NVLink fabric answers state NOT_SUPPORTED, which reads as NotSupported (null, asked once)."""
+    fn, struct = getattr(nv, "nvmlDeviceGetGpuFabricInfo", None), getattr(nv, "c_nvmlGpuFabricInfo_t", None)
+    not_supported = getattr(nv, "NVML_ERROR_NOT_SUPPORTED", None)
+    if fn is None or struct is None or not_supported is None:
+        return None
+
+    def read(handle: Any) -> tuple[int, int]:
+        info = struct()
+        fn(handle, ctypes.byref(info))
+        if int(info.state) == getattr(nv, "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED", 0):
+            raise nv.NVMLError(not_supported)
+        return int(info.state), int(info.status)
+
+    return read
 
 
 def _milli(value: Any) -> float | None:

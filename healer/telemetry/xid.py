@@ -19,32 +19,13 @@ from typing import Any, Final
 import structlog
 
 from healer import errors
-from healer.schemas import events
+from healer.schemas import events, xids
 from healer.telemetry import nvml, source
 
 log = structlog.get_logger(__name__)
 
 DBE_XID: Final = 48
 """The XID the driver logs for a double-bit ECC error."""
-
-XID_NAMES: Final = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup",
-    48: "double-bit ECC error",
-    63: "ECC page retirement / row remapping recorded",
-    64: "ECC page retirement / row remapping failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-}
-"""A few well-known XIDs, to make the event message readable; the number is what rules match on."""
 
 
 class XidWatcher:
@@ -174,8 +155,7 @@ class XidWatcher:
         where = f"GPU {index}" if index is not None else "a GPU"
         if data.eventType & nv.nvmlEventTypeXidCriticalError:
             xid = int(data.eventData)
-            name = XID_NAMES.get(xid, "see the NVIDIA XID catalog")
-            message = f"XID {xid} on {where}: {name}"
+            message = f"XID {xid} on {where}: {xids.load().name(xid)}"
         elif data.eventType & nv.nvmlEventTypeDoubleBitEccError:
             xid = DBE_XID
             message = f"double-bit ECC error event on {where} (NVML event, reported as XID {DBE_XID})"
@@ -183,7 +163,9 @@ class XidWatcher:
             self._log.debug("xid_watch_event_ignored", event_type=int(data.eventType), gpu_index=index)
             return None
         self._log.warning("nvml_xid", gpu_index=index, gpu_uuid=uuid, xid=xid)
-        return events.new(self.node, "xid", gpu_index=index, gpu_uuid=uuid, xid=xid, message=message)
+        return events.new(
+            self.node, "xid", gpu_index=index, gpu_uuid=uuid, xid=xid, message=message, source="nvml"
+        )
 
     def _emit(self, sink: source.EventSink, event: events.NodeEvent) -> None:
         try:

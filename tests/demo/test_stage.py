@@ -84,8 +84,11 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
     assert len({n for _, n, _, _ in mass}) == 8
     expected = {
         "gpu-temp-near-slowdown", "ecc-dbe-new", "xid-fatal", "row-remap-pending", "nvlink-crc-storm",
-        "nvlink-replay-recovery", "node-silent",
+        "nvlink-replay-recovery", "node-silent", "recovery-action-reset",
     }  # fmt: skip
+    # The driver's recovery action (a reset) comes with the GSP timeouts and the row remap, nowhere else.
+    faulted = {(n, g) for r in ("xid-fatal", "row-remap-pending") for _, n, g, _ in seen[r]}
+    assert {(n, g) for _, n, g, _ in seen["recovery-action-reset"]} <= faulted
     assert set(seen) == expected, "no other rule of the pack may fire on the healthy part of the fleet"
 
 

@@ -129,7 +129,9 @@ def test_agent_daemonset_gives_the_agent_what_its_command_line_needs() -> None:
     # power limits: root with CAP_SYS_ADMIN only, not privileged
     sc = agent["securityContext"]
     assert sc.get("privileged", False) is False
-    assert sc["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert sc["capabilities"]["add"] == ["SYS_ADMIN", "SYSLOG"]  # SYSLOG: the kernel log
+    _, kmsg = m.mounted_at(pod, agent, "/dev/kmsg")
+    assert kmsg["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert sc["readOnlyRootFilesystem"] is True
     # runs on faulty, cordoned and tainted nodes too

@@ -36,7 +36,7 @@ def test_units_parse_as_ini_with_the_three_sections() -> None:
         assert {"Unit", "Service", "Install"} <= set(parser.sections())
 
 
-def test_agent_unit_runs_the_nvml_agent_as_root_with_only_cap_sys_admin() -> None:
+def test_agent_unit_runs_the_nvml_agent_as_root_with_only_cap_sys_admin_and_cap_syslog() -> None:
     svc = _unit("healer-agent.service")["Service"]
     (exec_start,) = svc["ExecStart"]
     argv = shlex.split(exec_start)
@@ -46,7 +46,8 @@ def test_agent_unit_runs_the_nvml_agent_as_root_with_only_cap_sys_admin() -> Non
     assert f["--state-dir"] == "/var/lib/healer"
     assert f["--metrics-port"] == "9741"
     assert svc["StateDirectory"] == ["healer"]  # systemd creates /var/lib/healer
-    assert svc["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN"]
+    assert svc["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN CAP_SYSLOG"]  # CAP_SYSLOG: /dev/kmsg
+    assert svc["ProtectKernelLogs"] == ["no"]  # yes would hide /dev/kmsg from the kernel-log source
     assert "DynamicUser" not in svc
     assert svc["NoNewPrivileges"] == ["yes"]
     assert svc["ProtectSystem"] == ["strict"]

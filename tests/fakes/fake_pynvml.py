@@ -19,6 +19,7 @@ injected into every event set that registered for them. ``calls`` counts every f
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import queue
 import string
@@ -90,6 +91,10 @@ NVML_FI_DEV_MEMORY_TEMP = 82
 NVML_FI_DEV_NVLINK_LINK_COUNT = 91
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
 NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
 NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
 NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3
@@ -183,6 +188,7 @@ class c_nvmlUtilization_t:
 @dataclasses.dataclass
 class nvmlPciInfo_t:
     busId: str
+    busIdLegacy: str = ""
     domain: int = 0
     bus: int = 0
     device: int = 0
@@ -228,8 +234,20 @@ class c_nvmlEventSet_t:
         self.freed = False
 
 
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    """As nvidia-ml-py has it: the caller allocates it and passes ``byref`` to the NVML call."""
+
+    _fields_ = (
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint),
+    )
+
+
 STRUCTS = (
     c_nvmlDevice_t,
+    c_nvmlGpuFabricInfo_t,
     c_nvmlMemory_t,
     c_nvmlUtilization_t,
     nvmlPciInfo_t,
@@ -306,6 +324,10 @@ class FakeGpu:
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     """function name -> NVML_ERROR_* code it raises for this GPU"""
     lost: bool = False
+    fabric_state: int = NVML_GPU_FABRIC_STATE_COMPLETED
+    """NVML_GPU_FABRIC_STATE_*; an H100 SXM in an NVSwitch system, registered with the fabric manager"""
+    fabric_status: int = NVML_SUCCESS
+    """nvmlReturn_t of the fabric registration"""
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.index:08x}-fake-4a1b-9c2d-{self.index:012x}"
@@ -408,7 +430,15 @@ class FakeNvml:
 
     def nvmlDeviceGetPciInfo(self, handle: c_nvmlDevice_t) -> nvmlPciInfo_t:
         gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
-        return nvmlPciInfo_t(busId=gpu.bus_id, bus=0x18 + gpu.index * 0x10)
+        domain, bus, rest = gpu.bus_id.split(":")  # NVML's "00000000:3B:00.0"
+        device = int(rest.split(".")[0], 16)
+        return nvmlPciInfo_t(
+            busId=gpu.bus_id,
+            busIdLegacy=gpu.bus_id[4:],
+            domain=int(domain, 16),
+            bus=int(bus, 16),
+            device=device,
+        )
 
     def nvmlDeviceGetTemperature(self, handle: c_nvmlDevice_t, sensor: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetTemperature")
@@ -535,6 +565,12 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: c_nvmlDevice_t) -> int:
         return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: c_nvmlDevice_t, gpuFabricInfo: Any) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetGpuFabricInfo")
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)  # ctypes.byref(struct), as real callers pass
+        info.state, info.status = gpu.fabric_state, gpu.fabric_status
+        return NVML_SUCCESS
 
     # -- events ------------------------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> c_nvmlEventSet_t:
