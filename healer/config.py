@@ -210,7 +210,7 @@ class ControllerSettings(_Group):
     breaker_max_nodes: int = pydantic.Field(default=50, ge=1)
     """Circuit breaker: at most this many nodes cordoned/drained by healer in the window..."""
     breaker_max_percent: float = pydantic.Field(default=10.0, gt=0, le=100)
-    """...and at most this percentage of the known fleet (never fewer than one node)."""
+    """...and at most this percentage of the admitted fleet (``admission``; never fewer than one node)."""
     breaker_window_s: float = pydantic.Field(default=3600.0, gt=0)
     """Sliding window of the circuit breaker."""
     action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
