@@ -46,7 +46,7 @@ from healer.controller import kv, lease, policy
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
-from healer.schemas import codec, incidents, telemetry
+from healer.schemas import codec, events, incidents, telemetry
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
     from healer.anomaly import scoring
@@ -259,7 +259,7 @@ class Controller:
         for field in e.fields:
             self.metrics.invalid_fields.labels(e.kind, field).inc()
 
-    async def _admit_event(self, m: Any, event: Any) -> bool:
+    async def _admit_event(self, m: Any, event: events.NodeEvent) -> bool:
         """An event is used only if its subject's node is this shard's, is the node its body names, and
         is admitted. Others are acknowledged and dropped, except those of a name the scheduler has not
         been asked about yet: JetStream delivers them again once it has been (never lose an XID)."""

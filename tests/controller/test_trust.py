@@ -2,7 +2,8 @@
 fleet the operator admits, time on the controller's clock.
 
 Ordering without sleeps: one publisher's messages reach one subscription in order, so once a good frame
-sent *after* a bad one has been ingested, the bad one has been judged."""
+sent *after* a bad one has been ingested, the bad one has been judged (``listening`` makes sure the
+controller's subscription exists before the first frame)."""
 
 from __future__ import annotations
 
@@ -42,12 +43,20 @@ def frame(node: str, gpus: int = 2, **fields: Any) -> telemetry.NodeFrame:
     return telemetry.NodeFrame(**doc)
 
 
+async def listening(harness: Harness, actuator: testing.RecordingActuator, **settings: Any) -> Any:
+    """A started controller whose telemetry subscription the server has registered (a frame published
+    before that would reach nobody)."""
+    ctl = await harness.controller(actuator, **settings)
+    await ctl.bus.flush()
+    return ctl
+
+
 async def send(harness: Harness, subject_node: str, f: telemetry.NodeFrame) -> None:
     await harness.bus.publish(SUBJ.telemetry(subject_node), codec.encode(f))
 
 
 async def test_a_frame_naming_another_node_is_rejected_and_counted(harness: Harness) -> None:
-    ctl = await harness.controller(testing.RecordingActuator())
+    ctl = await listening(harness, testing.RecordingActuator())
     await send(harness, "gpu-a", frame("gpu-b"))
     await send(harness, "gpu-a", frame("gpu-a"))
     await until(lambda: value(ctl.metrics.frames) == 1)
@@ -60,7 +69,7 @@ async def test_a_frame_naming_another_node_is_rejected_and_counted(harness: Harn
 async def test_an_event_naming_another_node_cordons_nothing(harness: Harness) -> None:
     (harness.rules / "xid.yaml").write_text(XID_RULES)
     actuator = testing.RecordingActuator()
-    ctl = await harness.controller(actuator)
+    ctl = await listening(harness, actuator)
     await until(lambda: ctl.leader)
     forged = events.new("gpu-b", "xid", gpu_index=0, xid=48)
     await harness.bus.publish_durable(SUBJ.events("gpu-a"), codec.encode(forged), msg_id=forged.id)
@@ -77,8 +86,8 @@ async def test_unknown_nodes_allocate_nothing_and_do_not_grow_the_breakers_fleet
 ) -> None:
     inventory = tmp_path / "nodes.yaml"
     inventory.write_text("nodes: [gpu-a, gpu-b]\n")
-    ctl = await harness.controller(
-        testing.RecordingActuator(), admission="file", inventory_file=str(inventory)
+    ctl = await listening(
+        harness, testing.RecordingActuator(), admission="file", inventory_file=str(inventory)
     )
     for i in range(200):
         await send(harness, f"ghost-{i}", frame(f"ghost-{i}"))
@@ -94,7 +103,7 @@ async def test_unknown_nodes_allocate_nothing_and_do_not_grow_the_breakers_fleet
 
 async def test_scheduler_admission_admits_only_the_nodes_the_scheduler_lists(harness: Harness) -> None:
     scheduler = LabelledScheduler({"n1": {}})
-    ctl = await harness.controller(scheduler, admission="scheduler", admission_refresh_s=0.1)
+    ctl = await listening(harness, scheduler, admission="scheduler", admission_refresh_s=0.1)
     fleet = Fleet(harness.bus, ["n1", "ghost"])
     await run_until(fleet, lambda: "n1" in ctl.nodes)
     await until(lambda: "ghost" in ctl.admission.refused)
@@ -113,7 +122,7 @@ def test_scheduler_admission_needs_a_scheduler_that_lists_nodes() -> None:
 
 
 async def test_a_frame_with_more_gpus_than_allowed_never_widens_the_state(harness: Harness) -> None:
-    ctl = await harness.controller(testing.RecordingActuator(), max_gpus_per_node=8)
+    ctl = await listening(harness, testing.RecordingActuator(), max_gpus_per_node=8)
     await send(harness, "gpu-a", frame("gpu-a", gpus=32))
     await send(harness, "gpu-a", frame("gpu-a", gpus=2))
     await until(lambda: value(ctl.metrics.frames) == 1)
@@ -123,7 +132,7 @@ async def test_a_frame_with_more_gpus_than_allowed_never_widens_the_state(harnes
 
 
 async def test_a_clock_ten_years_ahead_is_counted_and_does_not_silence_the_node(harness: Harness) -> None:
-    ctl = await harness.controller(testing.RecordingActuator())
+    ctl = await listening(harness, testing.RecordingActuator())
     await send(harness, "gpu-a", frame("gpu-a", ts=time.time() + 10 * 365 * 86400))
     for i in range(3):
         await send(harness, "gpu-a", frame("gpu-a", seq=2 + i))
@@ -135,7 +144,7 @@ async def test_a_clock_ten_years_ahead_is_counted_and_does_not_silence_the_node(
 
 
 async def test_impossible_readings_are_counted_per_field(harness: Harness) -> None:
-    ctl = await harness.controller(testing.RecordingActuator())
+    ctl = await listening(harness, testing.RecordingActuator())
     hot = frame("gpu-a")
     doc = hot.model_dump(mode="json", by_alias=True)
     doc["gpus"][0]["temp_c"] = 1e300
@@ -153,7 +162,7 @@ async def test_incidents_of_a_forgotten_node_resolve_without_undoing_anything(ha
         "    on_resolve: [uncordon]\n"
     )
     actuator = testing.RecordingActuator()
-    ctl = await harness.controller(actuator, node_retention_s=3.0)
+    ctl = await listening(harness, actuator, node_retention_s=3.0)
     await send(harness, "gpu-a", frame("gpu-a"))
     await until(lambda: len(actuator.executed("cordon")) == 1)
     await until(lambda: "resolved" in harness.feed.changes("gpu-a"), timeout=15)

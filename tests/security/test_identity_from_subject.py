@@ -88,6 +88,7 @@ async def controller(
     actuator = testing.RecordingActuator()
     ctl = service.Controller(settings, bus, scheduler=actuator)
     await ctl.start()
+    await bus.flush()  # the controller's subscriptions are registered before any node publishes
     try:
         yield ctl, actuator, opened
     finally:
