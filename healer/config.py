@@ -245,8 +245,9 @@ class ControllerSettings(_Group):
     as skewed (``healer_controller_clock_skewed_total``). Ordering, freshness, silence and quiet
     periods always use the controller's receive time, never a node's ``ts``."""
     max_gpus_per_node: int = pydantic.Field(default=16, ge=1, le=256)
-    """Most GPUs a node may report: a frame with more GPUs, a GPU index at or past this, or a larger
-    ``gpus_expected`` is rejected and counted (reason ``too_many_gpus``); fleet state never grows wider."""
+    """Most GPUs a node may report (never fewer than ``gpus_per_node``): a frame with more GPUs, a GPU
+    index at or past this, or a larger ``gpus_expected`` is rejected and counted (reason
+    ``too_many_gpus``); fleet state never grows wider."""
     node_retention_s: float = pydantic.Field(default=86400.0, gt=0)
     """A node silent this long is forgotten: its fleet-state row is reused, and what its rules had
     firing (``node-silent`` above all) resolves with the reason, without running ``on_resolve``

@@ -99,6 +99,11 @@ class Admission:
             self._reload_file()
         self.metrics.nodes_admitted.set(len(self.admitted))
 
+    @property
+    def gpu_limit(self) -> int:
+        """GPUs a node may report: ``max_gpus_per_node``, never fewer than ``gpus_per_node``."""
+        return max(self.cs.max_gpus_per_node, self.cs.gpus_per_node)
+
     # -- decisions ---------------------------------------------------------------------------------
     def admits(self, node: str) -> bool:
         if node in self.admitted:
@@ -123,7 +128,7 @@ class Admission:
             return self.reject("frame", "identity_mismatch", subject_node, claimed=frame.node)
         if not self.admits(subject_node):
             return self.reject("frame", "unknown_node", subject_node)
-        limit = self.cs.max_gpus_per_node
+        limit = self.gpu_limit
         gpus = frame.gpus
         if len(gpus) > limit or (frame.gpus_expected or 0) > limit or any(g.index >= limit for g in gpus):
             return self.reject("frame", "too_many_gpus", subject_node, gpus=len(gpus), limit=limit)
@@ -134,7 +139,7 @@ class Admission:
             return self.reject("event", "identity_mismatch", subject_node, claimed=event.node)
         if not self.admits(subject_node):
             return self.reject("event", "unknown_node", subject_node)
-        if event.gpu_index is not None and event.gpu_index >= self.cs.max_gpus_per_node:
+        if event.gpu_index is not None and event.gpu_index >= self.gpu_limit:
             return self.reject("event", "too_many_gpus", subject_node, gpu_index=event.gpu_index)
         self.check_skew("event", event.ts, now)
         return True

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+import structlog
 
 from healer import config, errors, testing
 from healer.bus import subjects
@@ -169,3 +170,12 @@ async def test_incidents_of_a_forgotten_node_resolve_without_undoing_anything(ha
     assert value(ctl.metrics.nodes_forgotten) == 1
     assert actuator.executed("uncordon") == [], "healer's cordon on a node that left stays"
     assert ctl.nodes == set()
+
+
+def test_the_gpu_limit_is_never_below_the_configured_gpus_per_node() -> None:
+    cs = config.ControllerSettings(admission="first-seen", gpus_per_node=32, max_gpus_per_node=16)
+    metrics = metrics_mod.ControllerMetrics()
+    check = admission.Admission(cs, metrics, scheduler=None, log=structlog.get_logger())
+    assert check.frame_ok("gpu-a", frame("gpu-a", gpus=32))
+    assert not check.frame_ok("gpu-a", frame("gpu-a", gpus=33))
+    assert value(metrics.messages_rejected, "frame", "too_many_gpus") == 1
