@@ -165,7 +165,7 @@ def _settings(url: str, rules_dir: str, mode: str, tick_s: float, shards: int = 
         nats=config.NatsSettings(url=url),
         controller=config.ControllerSettings.model_validate(
             {"rules_dir": rules_dir, "mode": mode, "tick_s": tick_s, "breaker_max_percent": 50.0,
-             "shards": shards, "shard": 0}
+             "shards": shards, "shard": 0, "admission": "first-seen"}
         ),
     )  # fmt: skip
 

@@ -225,7 +225,7 @@ class ControllerSettings(_Group):
     breaker_max_nodes: int = pydantic.Field(default=50, ge=1)
     """Circuit breaker: at most this many nodes cordoned/drained by healer in the window..."""
     breaker_max_percent: float = pydantic.Field(default=10.0, gt=0, le=100)
-    """...and at most this percentage of the known fleet (never fewer than one node)."""
+    """...and at most this percentage of the admitted fleet (``admission``; never fewer than one node)."""
     breaker_window_s: float = pydantic.Field(default=3600.0, gt=0)
     """Sliding window of the circuit breaker."""
     action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
@@ -242,6 +242,31 @@ class ControllerSettings(_Group):
     """Temporary action failures retried this many times (one per tick) before the incident escalates."""
     uncordon_hold_s: float = pydantic.Field(default=300.0, ge=0)
     """After an incident resolves, wait this long before undoing healer's cordon."""
+    admission: Literal["scheduler", "file", "first-seen"] = "scheduler"
+    """Which node names the controller believes in. ``scheduler``: nodes the scheduler actuator lists
+    (Slurm ``sinfo``, Kubernetes nodes; asked when an unknown name first reports, at most every
+    ``admission_refresh_s``); ``file``: the names in ``inventory_file``; ``first-seen``: any name that
+    reports (development and demos only: anyone able to publish telemetry grows the fleet). Frames and
+    events from names not admitted are dropped and counted before they allocate any state, and only
+    admitted nodes count toward the breaker's fleet size."""
+    inventory_file: str | None = None
+    """With ``admission: file``: a YAML list of node names, or a mapping with a ``nodes`` list (the
+    ``healer nats config --nodes`` file works); re-read when it changes."""
+    admission_refresh_s: float = pydantic.Field(default=10.0, gt=0)
+    """With ``admission: scheduler``: the scheduler is asked about names that reported but are not
+    admitted at most this often (one node list call for all of them)."""
+    max_clock_skew_s: float = pydantic.Field(default=60.0, gt=0)
+    """A frame or event whose ``ts`` is further than this from the controller's receive time is counted
+    as skewed (``healer_controller_clock_skewed_total``). Ordering, freshness, silence and quiet
+    periods always use the controller's receive time, never a node's ``ts``."""
+    max_gpus_per_node: int = pydantic.Field(default=16, ge=1, le=256)
+    """Most GPUs a node may report (never fewer than ``gpus_per_node``): a frame with more GPUs, a GPU
+    index at or past this, or a larger ``gpus_expected`` is rejected and counted (reason
+    ``too_many_gpus``); fleet state never grows wider."""
+    node_retention_s: float = pydantic.Field(default=86400.0, gt=0)
+    """A node silent this long is forgotten: its fleet-state row is reused, and what its rules had
+    firing (``node-silent`` above all) resolves with the reason, without running ``on_resolve``
+    actions (healer's cordon on a node that left stays)."""
 
 
 class LogSettings(_Group):

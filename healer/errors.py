@@ -32,11 +32,14 @@ class DecodeError(HealerError):
     ``too_large``); ``detail`` is the human-readable explanation.
     """
 
-    def __init__(self, kind: str, reason: str, detail: str) -> None:
+    def __init__(self, kind: str, reason: str, detail: str, fields: tuple[str, ...] = ()) -> None:
         super().__init__(f"bad {kind}: {reason}: {detail}")
         self.kind = kind
         self.reason = reason
         self.detail = detail
+        self.fields = fields
+        """Schema fields out of their bounds (``gpus.temp_c``), for per-field counts: only names the
+        schema defines, never a name taken from the input."""
 
 
 class RuleError(HealerError):

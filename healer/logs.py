@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import structlog
 
@@ -35,3 +37,25 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
+
+
+class Throttle:
+    """Rate-limited logging: ``allow(key)`` is True at most once per ``every_s`` per key, and says how
+    many calls were held back since the last True (``suppressed``)."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._last: dict[Any, float] = {}
+        self.suppressed: dict[Any, int] = {}
+
+    def allow(self, key: Any) -> bool:
+        now = self.clock()
+        if now - self._last.get(key, -float("inf")) >= self.every_s:
+            self._last[key] = now
+            return True
+        self.suppressed[key] = self.suppressed.get(key, 0) + 1
+        return False
+
+    def take_suppressed(self, key: Any) -> int:
+        return self.suppressed.pop(key, 0)

@@ -62,6 +62,42 @@ def test_bad_frames_are_rejected_with_a_reason(mutate: object, reason: str) -> N
     assert info.value.kind == "frame"
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temp_c", 1e300),
+        ("temp_c", -273.0),
+        ("mem_temp_c", 400.0),
+        ("power_w", -100.0),
+        ("power_limit_w", 1e9),
+        ("sm_clock_mhz", 1e7),
+        ("mem_total_mib", 1e12),
+        ("energy_j", -1.0),
+        ("pcie_width", 1024),
+        ("nvlink_links_up", 100_000),
+        ("ecc_dbe_volatile", -1),
+    ],
+)
+def test_physically_impossible_readings_are_rejected_and_named(field: str, value: float) -> None:
+    """Both decoders (the controller's strict one first) refuse a reading past its physical bounds and
+    name the field, for the per-field count; nothing from the input becomes a field name."""
+    doc = json.loads(codec.encode(good_frame()))
+    doc["gpus"][3][field] = value
+    data = json.dumps(doc).encode()
+    for decode in (codec.decode_frame, codec.decode_frame_view):
+        with pytest.raises(errors.DecodeError) as info:
+            decode(data)
+        assert (info.value.reason, info.value.fields) == ("validation", (f"gpus.{field}",))
+
+
+def test_an_unknown_field_is_not_counted_by_its_name() -> None:
+    doc = json.loads(codec.encode(good_frame()))
+    doc["gpus"][0]["attacker_chosen_name"] = -1
+    with pytest.raises(errors.DecodeError) as info:
+        codec.decode_frame(json.dumps(doc).encode())
+    assert info.value.fields == ()
+
+
 def test_unknown_schema_version_names_both_versions() -> None:
     doc = json.loads(codec.encode(good_frame()))
     doc["schema"] = "healer.telemetry.v7"

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
 
-from healer import config, errors
+from healer import config, errors, logs
 from healer.actuators import base
 from healer.bus import base as bus_base
 from healer.bus import subjects as subjects_mod
@@ -38,6 +39,10 @@ class PowerReadings(Protocol):
     def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
         """``(frame ts, power_limit_w)`` from the newest frame of ``node``; ``None`` if it has no limit
         for that GPU."""
+
+
+# A readings object may also have ``reply_rejected(reason: str) -> None``: it is told about every reply
+# not believed (``identity_mismatch``: from another node; ``command_mismatch``: for another command).
 
 
 _ITEM_STATUS: dict[commands.ResultStatus, base.ItemStatus] = {
@@ -71,6 +76,7 @@ class PowerActuator:
         self._clock = clock
         self._monotonic = monotonic
         self._sleep = sleep
+        self._throttle = logs.Throttle()
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
         try:
@@ -131,9 +137,31 @@ class PowerActuator:
             result = codec.decode_command_result(reply.data)
         except errors.DecodeError as e:
             raise errors.PermanentError(f"the agent's reply is not a command result: {e}") from e
-        if result.command_id != command.id and result.command_id:
-            raise errors.PermanentError(f"reply for command {result.command_id!r}, not {command.id!r}")
+        if result.node != command.node:
+            self._reject(
+                "identity_mismatch", command, f"reply from node {result.node!r}, not {command.node!r}"
+            )
+        # An agent that cannot decode a command answers a bare refusal without its id; nothing else
+        # may come back without the command's id.
+        bare_refusal = not result.command_id and result.status == "refused" and not result.gpus
+        if result.command_id != command.id and not bare_refusal:
+            self._reject(
+                "command_mismatch", command, f"reply for command {result.command_id!r}, not {command.id!r}"
+            )
         return result
+
+    def _reject(self, reason: str, command: commands.Command, detail: str) -> typing.NoReturn:
+        """A reply that does not answer this command from this node is not believed (counted, logged at
+        a bounded rate) and the action fails permanently."""
+        hook = getattr(self.readings, "reply_rejected", None)
+        if hook is not None:
+            hook(reason)
+        if self._throttle.allow(reason):
+            log.warning(
+                "power.reply_rejected", reason=reason, node=command.node, command_id=command.id,
+                detail=detail, suppressed=self._throttle.take_suppressed(reason),
+            )  # fmt: skip
+        raise errors.PermanentError(f"reply not believed ({reason}): {detail}")
 
     async def _confirm(
         self, request: base.ActionRequest, result: commands.CommandResult, plan: list[str]

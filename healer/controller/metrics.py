@@ -97,6 +97,35 @@ class ControllerMetrics:
             registry=r,
         )
         self.fleet_nodes = prom.Gauge("healer_controller_fleet_nodes", "nodes seen by this shard", registry=r)
+        self.messages_rejected = prom.Counter(
+            "healer_controller_messages_rejected_total",
+            "frames, events and command replies not believed: identity_mismatch (the body names another"
+            " node than the subject), unknown_node (not admitted), too_many_gpus (past max_gpus_per_node)",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.clock_skewed = prom.Counter(
+            "healer_controller_clock_skewed_total",
+            "frames and events whose ts is further than controller.max_clock_skew_s from receive time",
+            ["kind"],
+            registry=r,
+        )
+        self.invalid_fields = prom.Counter(
+            "healer_controller_invalid_fields_total",
+            "rejected frames and events by schema field out of its bounds (e.g. gpus.temp_c)",
+            ["kind", "field"],
+            registry=r,
+        )
+        self.nodes_admitted = prom.Gauge(
+            "healer_controller_nodes_admitted",
+            "nodes admitted (controller.admission): the breaker's fleet size",
+            registry=r,
+        )
+        self.nodes_forgotten = prom.Counter(
+            "healer_controller_nodes_forgotten_total",
+            "nodes whose state was reclaimed after controller.node_retention_s of silence",
+            registry=r,
+        )
         self.build_info = buildinfo.register(r, "controller")
         self._start_at_zero()
 
@@ -114,6 +143,11 @@ class ControllerMetrics:
             for status in typing.get_args(incidents.ActionStatus):
                 if status != "planned":
                     self.actions.labels(kind, status)
+        for kind in ("frame", "event", "command_result"):
+            for reason in ("identity_mismatch", "unknown_node", "too_many_gpus"):
+                self.messages_rejected.labels(kind, reason)
+        for kind in ("frame", "event"):
+            self.clock_skewed.labels(kind)
 
 
 class BatchedHistogram(prom.registry.Collector):

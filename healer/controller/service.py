@@ -39,13 +39,14 @@ from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
 from healer.controller import actions as actions_mod
+from healer.controller import admission as admission_mod
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
 from healer.controller import kv, lease, policy
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
-from healer.schemas import codec, incidents, telemetry
+from healer.schemas import codec, events, incidents, telemetry
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
     from healer.anomaly import scoring
@@ -82,6 +83,10 @@ class Controller:
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock = clock
         self.log = log.bind(shard=self.cs.shard, holder=self.holder)
+        self.admission = admission_mod.Admission(
+            self.cs, self.metrics, scheduler=scheduler, log=self.log, clock=clock
+        )
+        self._received_at = -math.inf
         self.engine: engine_mod.Engine | None = None
         self.rules_path = pathlib.Path(self.cs.rules_dir)
         self._rules_sig: tuple[tuple[str, float, int], ...] = ()
@@ -224,25 +229,50 @@ class Controller:
         return shard_of(node, self.cs.shards) == self.cs.shard
 
     async def _on_frame(self, msg: bus_base.Msg) -> None:
-        if self.cs.shards > 1 and not self._mine(self.subjects.node_of(msg.subject)):
+        node = self.subjects.node_of(msg.subject)  # the identity the server's permissions vouch for
+        if self.cs.shards > 1 and not self._mine(node):
             return
         try:
             frame = codec.decode_frame_view(msg.data)
         except errors.DecodeError as e:
-            self.metrics.decode_errors.labels(e.kind, e.reason).inc()
+            self._count_bad(e)
             self.log.warning("controller.bad_frame", subject=msg.subject, reason=e.reason, detail=e.detail)
             return
-        now = self.clock()
+        # Receive time, strictly increasing: frames are ordered by it, never by the node's own ts.
+        now = self._received_at = max(self.clock(), math.nextafter(self._received_at, math.inf))
+        if not self.admission.frame_ok(node, frame):
+            return
         assert self.engine is not None
         self.engine.ingest(frame, at=now)
         if self.scorer is not None:
             self.scorer.observe(frame, at=now)
-        self.nodes.add(frame.node)
-        self.power_limits[frame.node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
+        self.nodes.add(node)
+        self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
         if isinstance(frame, telemetry.NodeFrame):
             self.metrics.frames_lax.inc()
         self.metrics.frames.inc()
-        self.metrics.lag.observe(max(0.0, now - frame.ts))
+        if self.admission.check_skew("frame", frame.ts, now):
+            self.metrics.lag.observe(max(0.0, now - frame.ts))
+
+    def _count_bad(self, e: errors.DecodeError) -> None:
+        self.metrics.decode_errors.labels(e.kind, e.reason).inc()
+        for field in e.fields:
+            self.metrics.invalid_fields.labels(e.kind, field).inc()
+
+    async def _admit_event(self, m: Any, event: events.NodeEvent) -> bool:
+        """An event is used only if its subject's node is this shard's, is the node its body names, and
+        is admitted. Others are acknowledged and dropped, except those of a name the scheduler has not
+        been asked about yet: JetStream delivers them again once it has been (never lose an XID)."""
+        node = self.subjects.node_of(m.subject)
+        ok = self._mine(node) and self.admission.event_ok(node, event, self.clock())
+        if ok:
+            return True
+        with contextlib.suppress(nats.errors.Error):
+            if self.admission.waiting(node) and event.node == node:
+                await m.nak(delay=self.cs.admission_refresh_s + self.cs.reload_check_s)
+            else:
+                await m.ack()
+        return False
 
     def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
         """(frame ts, power limit in W) of the GPU in the node's newest frame; None while unknown."""
@@ -264,12 +294,11 @@ class Controller:
                 try:
                     event = codec.decode_event(m.data)
                 except errors.DecodeError as e:
-                    self.metrics.decode_errors.labels(e.kind, e.reason).inc()
+                    self._count_bad(e)
                     self.log.warning("controller.bad_event", reason=e.reason, detail=e.detail)
                     await m.ack()
                     continue
-                if not self._mine(event.node):
-                    await m.ack()
+                if not await self._admit_event(m, event):
                     continue
                 assert self.engine is not None
                 self.engine.ingest_event(event)
@@ -306,7 +335,7 @@ class Controller:
             for node, per_gpu in self.scorer.score(now).items():
                 self.engine.set_anomaly_scores(node, per_gpu)
             self.metrics.anomaly_seconds.observe(self.scorer.last_cost_s)
-        firings = self.engine.evaluate(now)
+        firings = self.engine.evaluate(now) + self._forget_silent(now)
         self.metrics.lag.fold()
         self.metrics.frames_pending.set(self._frames_sub.pending)
         self.metrics.frames_dropped.inc(self._frames_sub.dropped - self._frames_dropped)
@@ -379,9 +408,10 @@ class Controller:
         inc.state = "resolved"
         inc.resolved_at = self.clock()
         inc.evidence = {**inc.evidence, **{f"resolve.{k}": v for k, v in f.evidence.items()}}
+        forgotten = f.evidence.get("reason") == engine_mod.FORGOTTEN  # the node left: undo nothing on it
         inc.actions += [
             incidents_mod.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=True)
-            for a in f.rule.on_resolve
+            for a in ([] if forgotten else f.rule.on_resolve)
         ]
         await self._save_publish(inc, "resolved")
         if any(a.on_resolve and a.status is None for a in inc.actions):
@@ -438,8 +468,25 @@ class Controller:
                 await self._save_publish(inc, "escalated")
                 self.actions.spawn(inc)
 
+    def _forget_silent(self, now: float) -> list[engine_mod.Firing]:
+        """Reclaim the state of nodes silent longer than ``node_retention_s``; their firings resolve."""
+        assert self.engine is not None
+        forgotten = self.engine.forget_silent(now, self.cs.node_retention_s)
+        for node in forgotten.nodes:
+            self.nodes.discard(node)
+            self.power_limits.pop(node, None)
+            self.metrics.nodes_forgotten.inc()
+            self.log.info("controller.node_forgotten", node=node, retention_s=self.cs.node_retention_s)
+        return forgotten.resolved
+
+    def reply_rejected(self, reason: str) -> None:
+        """The power actuator did not believe an agent's reply (see ``actuators.power``): count it."""
+        self.metrics.messages_rejected.labels("command_result", reason).inc()
+
     def _fleet_size(self) -> int:
-        return max(len(self.nodes), 1) * max(1, self.cs.shards)
+        """The breaker's denominator: admitted nodes only (an inventory file lists every shard's)."""
+        admitted = max(len(self.admission.admitted), 1)
+        return admitted if self.cs.admission == "file" else admitted * max(1, self.cs.shards)
 
     # -- housekeeping ------------------------------------------------------------------------------
     async def _housekeeping(self) -> None:
@@ -449,6 +496,7 @@ class Controller:
             if self._stop.is_set():
                 return
             await self._maybe_refresh_labels()
+            await self.admission.refresh()
             try:
                 await self._maybe_reload()
                 if self.leader:

@@ -67,7 +67,9 @@ def settings_for(opts: Options, url: str, rules_dir: pathlib.Path, tmp: pathlib.
         actuator=opts.actuator,
         metrics_port=0,
         gpus_per_node=opts.gpus,
+        max_gpus_per_node=max(opts.gpus, 16),
         cluster="demo",
+        admission="first-seen",  # the simulated fleet is whatever the demo starts
     )
     model = stage.find_model(opts.model)
     if model is not None:

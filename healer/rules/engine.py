@@ -5,9 +5,10 @@ Per (rule, node, GPU) a condition rule is inactive → pending (condition true, 
 firing → resolving (resolve condition true, waiting ``resolve.for``) → resolved. The default resolve
 condition is "``when`` is definitely false", so a reading that goes missing neither fires nor resolves.
 ``cooldown`` keeps a resolved target from firing again too soon. Event rules fire at once on a matching
-NodeEvent; with ``resolve: {for: ...}`` they resolve after that much quiet time, otherwise each event is
-a one-shot ``fired``. All state lives in numpy arrays per rule, updated with masks, so a tick costs a
-few array operations per rule whatever the fleet size; Python objects are only built for transitions.
+NodeEvent; with ``resolve: {for: ...}`` they resolve after that much quiet time (measured on the clock
+``evaluate(now)`` runs on, never the event's own ``ts``), otherwise each event is a one-shot ``fired``.
+All state lives in numpy arrays per rule, updated with masks, so a tick costs a few array operations per
+rule whatever the fleet size; Python objects are only built for transitions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ log = structlog.get_logger(__name__)
 Status = Literal["fired", "firing", "resolved"]
 Evidence = dict[str, float | int | str | bool | None]
 _INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
+FORGOTTEN = "node forgotten: silent longer than its retention"
+"""The evidence ``reason`` of a firing resolved because its node was forgotten (``forget_silent``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +56,14 @@ class Firing:
     @property
     def key(self) -> tuple[str, str, int | None]:
         return (self.rule.id, self.node, self.gpu)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What ``forget_silent`` did: the nodes forgotten, and their firings, now resolved."""
+
+    nodes: list[str]
+    resolved: list[Firing]
 
 
 @dataclasses.dataclass(slots=True)
@@ -209,6 +220,42 @@ class Engine:
     def set_anomaly_scores(self, node: str, scores: Mapping[int, float]) -> None:
         self.state.set_anomaly_scores(node, scores)
 
+    def forget_silent(self, now: float, retention_s: float) -> Forgotten:
+        """Forget every node silent longer than ``retention_s`` (its state row is reused). What its
+        rules had firing comes back as ``resolved`` with ``evidence["reason"] == FORGOTTEN``, so the
+        caller can close those incidents without undoing anything on a node that left."""
+        st = self.state
+        out: list[Firing] = []
+        reason: Evidence = {"reason": FORGOTTEN}
+        names = st.silent_since(now - retention_s)
+        for name in names:
+            n = st.node_index(name)
+            assert n is not None
+            for rule_id, track in self._tracks.items():
+                rule = self.rules.by_id(rule_id)
+                if rule is None or n >= track.state.shape[0]:
+                    continue
+                for j in np.nonzero(track.state[n] >= _FIRING)[0].tolist():
+                    gpu = j if rule.scope == "gpu" else None
+                    uuid = st.gpu_info[n].get(j, (None, None))[1] if gpu is not None else None
+                    since = float(track.fired_at[n, j])
+                    out.append(Firing(rule, name, gpu, "resolved", since, now, dict(reason), uuid))
+                track.state[n], track.since[n], track.fired_at[n] = _INACTIVE, 0.0, 0.0
+                track.cool_until[n] = -np.inf
+            for key in [k for k in self._active if k[1] == name]:
+                active = self._active.pop(key)
+                rule = self.rules.by_id(key[0])
+                if rule is not None:
+                    out.append(
+                        Firing(
+                            rule, name, key[2], "resolved", active.since, now, dict(reason), active.gpu_uuid
+                        )
+                    )
+            for key in [k for k in self._restores if k[1] == name]:
+                del self._restores[key]
+            st.forget(name)
+        return Forgotten(names, out)
+
     # -- evaluation
     def evaluate(self, now: float) -> list[Firing]:
         """Every rule over the whole fleet: new firings, ongoing firings and resolutions."""
@@ -353,14 +400,14 @@ class Engine:
                 evidence.update(burst)
             key = (rule.id, event.node, gpu)
             active = self._active.get(key)
-            if active is not None:
-                active.last, active.evidence = max(active.last, event.ts), evidence
+            if active is not None:  # quiet periods run on the evaluator's clock, never the node's ts
+                active.last, active.evidence = max(active.last, now), evidence
                 out.append(
                     Firing(rule, event.node, gpu, "firing", active.since, now, evidence, event.gpu_uuid)
                 )
                 continue
             if rule.resolve_for_s > 0:
-                self._active[key] = _EventFiring(now, event.ts, evidence, event.gpu_uuid)
+                self._active[key] = _EventFiring(now, now, evidence, event.gpu_uuid)
             out.append(Firing(rule, event.node, gpu, "fired", now, now, evidence, event.gpu_uuid))
         rules = {r.id: r for r in self.rules.event_rules}
         reported = {f.key for f in out}

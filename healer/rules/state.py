@@ -32,7 +32,9 @@ from healer.schemas import telemetry
 log = structlog.get_logger(__name__)
 F64 = npt.NDArray[np.float64]
 _Item = tuple[int, float, float, list[tuple[Any, ...]], int | None]
-"""A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected."""
+"""A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected.
+Frames are ordered by the accounted-at time (the controller's receive time), never by the node's ``ts``:
+one frame with a clock ten years ahead must not make every later frame look old."""
 
 
 class FleetState:
@@ -59,12 +61,15 @@ class FleetState:
         self._index: dict[str, int] = {}
         self._boot: list[str | None] = []
         self._count: list[int] = []
+        self._free: list[int] = []
+        """Rows of forgotten nodes, reused before the fleet grows."""
         self._pending: list[_Item] = []
         self.cap, self.gpus = capacity, gpus_per_node
         self.last_ts = np.full(self.cap, -np.inf)
-        """When each node's newest frame counted (its ``at``), on the evaluator's clock."""
+        """When each node's newest frame counted (its ``at``), on the evaluator's clock; a frame that
+        counts earlier than this is dropped as out of order."""
         self.frame_ts = np.full(self.cap, -np.inf)
-        """The newest frame's own ``ts`` per node (older frames are dropped as out of order)."""
+        """The newest frame's own ``ts`` per node (data only: never used for ordering)."""
         self.present = np.full(self.cap, np.nan)
         self.expected = np.full(self.cap, np.nan)
         self.seen = np.zeros((self.cap, self.gpus), dtype=bool)
@@ -165,7 +170,7 @@ class FleetState:
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
-        pending.sort(key=operator.itemgetter(1))
+        pending.sort(key=operator.itemgetter(2))
         # Batch k holds every node's k-th frame (in time order), so no batch holds a node twice.
         batches: list[list[_Item]] = []
         nth: dict[int, int] = {}
@@ -181,17 +186,17 @@ class FleetState:
     def _apply(self, items: list[_Item]) -> None:
         nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
         frame_ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
-        fresh = frame_ts > self.frame_ts[nodes]
+        ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
+        fresh = ts > self.last_ts[nodes]
         if not fresh.all():
             dropped = int((~fresh).sum())
             self.dropped_frames += dropped
             late = [self.names[it[0]] for it, ok in zip(items, fresh.tolist(), strict=True) if not ok]
             log.warning("frames_out_of_order_dropped", count=dropped, nodes=late[:10])
             items = [it for it, ok in zip(items, fresh.tolist(), strict=True) if ok]
-            nodes, frame_ts = nodes[fresh], frame_ts[fresh]
+            nodes, frame_ts, ts = nodes[fresh], frame_ts[fresh], ts[fresh]
             if not items:
                 return
-        ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
         counts = np.fromiter((len(it[3]) for it in items), dtype=np.intp, count=len(items))
         frame_of = np.repeat(np.arange(len(items)), counts)
         nraw = len(self._raw)
@@ -310,6 +315,12 @@ class FleetState:
     def _node(self, node: str) -> int:
         n = self._index.get(node)
         if n is None:
+            if self._free:
+                n = self._free.pop()
+                self._index[node] = n
+                self.names[n] = node
+                self.version += 1
+                return n
             n = self.n
             if n >= self.cap:
                 self._grow(self.cap * 2, self.gpus)
@@ -320,6 +331,37 @@ class FleetState:
             self._boot.append(None)
             self._count.append(-1)
             self.version += 1
+        return n
+
+    def silent_since(self, before: float) -> list[str]:
+        """Nodes whose newest frame counted before ``before`` (nodes that never sent one are left out)."""
+        self.flush()
+        last = self.last_ts[: self.n]
+        rows = np.nonzero(np.isfinite(last) & (last < before))[0]
+        return [self.names[i] for i in rows.tolist()]
+
+    def forget(self, node: str) -> int | None:
+        """Reclaim a node's row: every reading and window of it is cleared and the row is reused by the
+        next new node (the fleet never grows for nodes that left). Returns the row, None if unknown."""
+        self.flush()
+        n = self._index.pop(node, None)
+        if n is None:
+            return None
+        self.names[n] = ""
+        self.labels[n], self.gpu_info[n] = {}, {}
+        self._boot[n], self._count[n] = None, -1
+        self.last_ts[n] = self.frame_ts[n] = -np.inf
+        self.present[n] = self.expected[n] = np.nan
+        self.seen[n] = False
+        self.anomaly[n] = 0.0
+        self.latest[:, n] = np.nan
+        for hist in self.history.values():
+            hist.last_value[n] = np.nan
+            hist.last_valid_ts[n] = -np.inf
+            for ring in hist.rings.values():
+                ring.data[:, n] = ring.init
+        self._free.append(n)
+        self.version += 1
         return n
 
     def _grow(self, cap: int, gpus: int) -> None:

@@ -12,6 +12,7 @@ from typing import Final, TypeVar, cast
 
 import orjson
 import pydantic
+import pydantic_core
 
 from healer import errors
 from healer.schemas import commands, events, fastwire, incidents, telemetry
@@ -82,7 +83,20 @@ def _rejection(
         return errors.DecodeError(
             kind, "schema_version", f"schema {found!r} is not supported (expected {expected!r})"
         )
-    return errors.DecodeError(kind, "validation", _describe(e))
+    return errors.DecodeError(kind, "validation", _describe(e), _out_of_bounds(first))
+
+
+_BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+
+def _out_of_bounds(errs: list[pydantic_core.ErrorDetails]) -> tuple[str, ...]:
+    """The schema fields (list indexes left out: ``gpus.temp_c``) whose value broke a numeric bound."""
+    out = {
+        ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+        for err in errs
+        if err["type"] in _BOUND_ERRORS
+    }
+    return tuple(sorted(out))
 
 
 def _peek_schema(data: bytes | str) -> object:

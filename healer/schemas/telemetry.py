@@ -23,6 +23,23 @@ NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 """Node names: Kubernetes / Slurm / DNS style. Dots are allowed (escaped in subjects, see bus.subjects)."""
 
 
+TEMP_MIN_C: Final = -50.0
+TEMP_MAX_C: Final = 250.0
+"""Temperatures outside this are not physical for a running GPU (NVML reports whole degrees; dies
+throttle near 90 C and shut down near 100 C): a reading past them is a broken sensor or a forged frame."""
+POWER_MAX_W: Final = 10_000.0
+"""Power draw and limits, W: a whole GB200 superchip board is under 3 kW."""
+MEM_MAX_MIB: Final = 16 * 2**20
+"""GPU memory, MiB (16 TiB; an H200 has 141 GiB)."""
+CLOCK_MAX_MHZ: Final = 10_000.0
+"""SM clocks, MHz (GPUs run below 3 GHz)."""
+LINKS_MAX: Final = 256
+"""NVLink links per GPU (an H100 has 18)."""
+PCIE_GEN_MAX: Final = 32
+PCIE_WIDTH_MAX: Final = 64
+"""PCIe generation and lane width (gen 6, x16 today)."""
+
+
 class GpuSample(pydantic.BaseModel):
     """One GPU's readings at one instant."""
 
@@ -32,23 +49,41 @@ class GpuSample(pydantic.BaseModel):
     uuid: str | None = pydantic.Field(default=None, max_length=96, description="GPU UUID (GPU-...)")
     model: str | None = pydantic.Field(default=None, max_length=96, description="product name")
     pci_bus_id: str | None = pydantic.Field(default=None, max_length=32)
-    temp_c: float | None = pydantic.Field(default=None, description="GPU core temperature")
-    mem_temp_c: float | None = pydantic.Field(default=None, description="HBM temperature")
-    slowdown_temp_c: float | None = pydantic.Field(default=None, description="HW slowdown threshold")
-    shutdown_temp_c: float | None = pydantic.Field(default=None, description="HW shutdown threshold")
-    mem_max_temp_c: float | None = pydantic.Field(default=None, description="HBM max operating temp")
-    power_w: float | None = pydantic.Field(default=None, description="board power draw")
-    power_limit_w: float | None = pydantic.Field(default=None, description="current power limit")
-    power_default_w: float | None = pydantic.Field(default=None, description="default power limit")
-    power_min_w: float | None = pydantic.Field(default=None, description="lowest settable limit")
-    power_max_w: float | None = pydantic.Field(default=None, description="highest settable limit")
-    energy_j: float | None = pydantic.Field(default=None, description="energy since driver load")
+    temp_c: float | None = pydantic.Field(
+        default=None, ge=TEMP_MIN_C, le=TEMP_MAX_C, description="GPU core temperature"
+    )
+    mem_temp_c: float | None = pydantic.Field(
+        default=None, ge=TEMP_MIN_C, le=TEMP_MAX_C, description="HBM temperature"
+    )
+    slowdown_temp_c: float | None = pydantic.Field(
+        default=None, ge=TEMP_MIN_C, le=TEMP_MAX_C, description="HW slowdown threshold"
+    )
+    shutdown_temp_c: float | None = pydantic.Field(
+        default=None, ge=TEMP_MIN_C, le=TEMP_MAX_C, description="HW shutdown threshold"
+    )
+    mem_max_temp_c: float | None = pydantic.Field(
+        default=None, ge=TEMP_MIN_C, le=TEMP_MAX_C, description="HBM max operating temp"
+    )
+    power_w: float | None = pydantic.Field(default=None, ge=0, le=POWER_MAX_W, description="board power draw")
+    power_limit_w: float | None = pydantic.Field(
+        default=None, ge=0, le=POWER_MAX_W, description="current power limit"
+    )
+    power_default_w: float | None = pydantic.Field(
+        default=None, ge=0, le=POWER_MAX_W, description="default power limit"
+    )
+    power_min_w: float | None = pydantic.Field(
+        default=None, ge=0, le=POWER_MAX_W, description="lowest settable limit"
+    )
+    power_max_w: float | None = pydantic.Field(
+        default=None, ge=0, le=POWER_MAX_W, description="highest settable limit"
+    )
+    energy_j: float | None = pydantic.Field(default=None, ge=0, description="energy since driver load")
     util_gpu_pct: float | None = pydantic.Field(default=None, ge=0, le=100)
     util_mem_pct: float | None = pydantic.Field(default=None, ge=0, le=100)
-    mem_used_mib: float | None = pydantic.Field(default=None, ge=0)
-    mem_total_mib: float | None = pydantic.Field(default=None, ge=0)
-    sm_clock_mhz: float | None = pydantic.Field(default=None, ge=0)
-    sm_clock_max_mhz: float | None = pydantic.Field(default=None, ge=0)
+    mem_used_mib: float | None = pydantic.Field(default=None, ge=0, le=MEM_MAX_MIB)
+    mem_total_mib: float | None = pydantic.Field(default=None, ge=0, le=MEM_MAX_MIB)
+    sm_clock_mhz: float | None = pydantic.Field(default=None, ge=0, le=CLOCK_MAX_MHZ)
+    sm_clock_max_mhz: float | None = pydantic.Field(default=None, ge=0, le=CLOCK_MAX_MHZ)
     clocks_event_reasons: int | None = pydantic.Field(
         default=None, ge=0, description="NVML clocks event (throttle) reasons bitmask"
     )
@@ -64,16 +99,16 @@ class GpuSample(pydantic.BaseModel):
     remapped_rows_uncorrectable: int | None = pydantic.Field(default=None, ge=0)
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
-    nvlink_links_total: int | None = pydantic.Field(default=None, ge=0)
-    nvlink_links_up: int | None = pydantic.Field(default=None, ge=0)
+    nvlink_links_total: int | None = pydantic.Field(default=None, ge=0, le=LINKS_MAX)
+    nvlink_links_up: int | None = pydantic.Field(default=None, ge=0, le=LINKS_MAX)
     nvlink_crc_flit_errors: int | None = pydantic.Field(default=None, ge=0)
     nvlink_crc_data_errors: int | None = pydantic.Field(default=None, ge=0)
     nvlink_replay_errors: int | None = pydantic.Field(default=None, ge=0)
     nvlink_recovery_errors: int | None = pydantic.Field(default=None, ge=0)
-    pcie_gen: int | None = pydantic.Field(default=None, ge=0)
-    pcie_gen_max: int | None = pydantic.Field(default=None, ge=0)
-    pcie_width: int | None = pydantic.Field(default=None, ge=0)
-    pcie_width_max: int | None = pydantic.Field(default=None, ge=0)
+    pcie_gen: int | None = pydantic.Field(default=None, ge=0, le=PCIE_GEN_MAX)
+    pcie_gen_max: int | None = pydantic.Field(default=None, ge=0, le=PCIE_GEN_MAX)
+    pcie_width: int | None = pydantic.Field(default=None, ge=0, le=PCIE_WIDTH_MAX)
+    pcie_width_max: int | None = pydantic.Field(default=None, ge=0, le=PCIE_WIDTH_MAX)
     pcie_replay_count: int | None = pydantic.Field(default=None, ge=0)
     recovery_action: int | None = pydantic.Field(
         default=None,

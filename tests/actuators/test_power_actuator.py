@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog.testing
 
 from healer import config
 from healer.actuators import base, power
@@ -170,3 +171,60 @@ async def test_bad_parameters_are_a_permanent_failure(bus: memory.MemoryBus, gpu
     outcome = await actuator(bus, LiveReadings(gpu), FakeTime()).apply(req(params={}))
     assert outcome.status == "failed-permanent"
     assert "exactly one of watts or percent_of_default" in outcome.detail
+
+
+class CountingReadings(LiveReadings):
+    """LiveReadings that also hears about replies the actuator did not believe (as the controller does)."""
+
+    def __init__(self, gpu: commands_mod.PowerControl) -> None:
+        super().__init__(gpu)
+        self.rejected: list[str] = []
+
+    def reply_rejected(self, reason: str) -> None:
+        self.rejected.append(reason)
+
+
+async def serve_forger(bus: memory.MemoryBus, gpu: sim.SimSource, **override: object) -> None:
+    """An agent on n1's command subject that executes the command but answers with ``override`` applied."""
+    executor = commands_mod.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
+
+    async def on_command(msg: bus_base.Msg) -> None:
+        result = executor.execute(codec.decode_command(msg.data)).model_copy(update=override)
+        await msg.respond(codec.encode(result))
+
+    await bus.subscribe(subjects.Subjects().command("n1"), on_command)
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ({"node": "n2"}, "identity_mismatch"),
+        ({"command_id": "inc-9:power_limit:1"}, "command_mismatch"),
+        ({"command_id": ""}, "command_mismatch"),
+    ],
+)
+async def test_a_reply_from_another_node_or_for_another_command_is_not_believed(
+    bus: memory.MemoryBus, gpu: sim.SimSource, override: dict[str, object], reason: str
+) -> None:
+    await serve_forger(bus, gpu, **override)
+    readings = CountingReadings(gpu)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await actuator(bus, readings, FakeTime()).apply(req(params={"watts": 450}))
+    assert outcome.status == "failed-permanent", outcome
+    assert f"reply not believed ({reason})" in outcome.detail
+    assert readings.rejected == [reason]
+    assert [e["reason"] for e in logs if e["event"] == "power.reply_rejected"] == [reason]
+
+
+async def test_a_bare_refusal_without_the_command_id_is_still_heard(
+    bus: memory.MemoryBus, gpu: sim.SimSource
+) -> None:
+    """An agent that cannot decode a command answers a refusal without its id: believed, nothing done."""
+    executor = commands_mod.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
+
+    async def on_command(msg: bus_base.Msg) -> None:
+        await msg.respond(codec.encode(executor.refuse_undecodable("bad command")))
+
+    await bus.subscribe(subjects.Subjects().command("n1"), on_command)
+    outcome = await actuator(bus, CountingReadings(gpu), FakeTime()).apply(req(params={"watts": 450}))
+    assert outcome.status == "refused"

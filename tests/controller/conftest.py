@@ -88,7 +88,7 @@ class Harness:
             nats=config.NatsSettings(url=self.srv.url, lease_ttl_s=LEASE_TTL_S),
             controller=config.ControllerSettings.model_validate(
                 {"rules_dir": str(self.rules), "tick_s": 0.2, "reload_check_s": 0.3, "mode": "enforce",
-                 "uncordon_hold_s": 0, **controller}
+                 "uncordon_hold_s": 0, "admission": "first-seen", **controller}
             ),
         )  # fmt: skip
 

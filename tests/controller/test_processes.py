@@ -22,7 +22,12 @@ HEALER = [sys.executable, "-m", "healer"]
 
 
 def start_controller(url: str, rules: pathlib.Path, log: pathlib.Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HEALER_NATS_LEASE_TTL_S": "2", "HEALER_LOG_FORMAT": "json"}
+    env = {
+        **os.environ,
+        "HEALER_NATS_LEASE_TTL_S": "2",
+        "HEALER_LOG_FORMAT": "json",
+        "HEALER_CONTROLLER_ADMISSION": "first-seen",
+    }
     with log.open("ab") as out:  # the child keeps its own descriptor
         return subprocess.Popen(
             [*HEALER, "controller", "--nats", url, "--rules", str(rules), "--mode", "enforce", "--actuator",

@@ -67,7 +67,7 @@ def _processes(tmp: pathlib.Path) -> Iterator[dict[str, int]]:
         with server.EmbeddedServer(tmp / "nats") as nats:
             url = nats.url
             config = tmp / "healer.yaml"
-            config.write_text("controller:\n  tick_s: 0.5\n")
+            config.write_text("controller:\n  tick_s: 0.5\n  admission: first-seen\n")
             commands = {
                 "controller": [
                     "controller", "--nats", url, "--rules", str(ROOT / "rules"), "--mode", "dry-run",
