@@ -1,11 +1,12 @@
 """Forwarding the incident feed to an HTTP receiver, at-least-once: ``healer forward``.
 
-A durable pull consumer (explicit acks, one event in flight) hands events over in stream order. Each
-is POSTed in CloudEvents structured mode and acknowledged only once the receiver answered 2xx; while the
-receiver is down or answers 5xx/408/429 the event is retried with exponential back-off (forever by
-default) and kept alive with in-progress acks, so nothing is lost and nothing overtakes it. A killed
-forwarder's event is redelivered by JetStream after ``ack_wait_s``; a stopped one hands it back at once.
-Receivers deduplicate on the event ``id``, which a redelivery repeats (the body is the stored bytes).
+A durable pull consumer (explicit acks, one event in flight) hands events over in stream order. Each is
+POSTed in a CloudEvents HTTP content mode (structured by default, or binary) and acknowledged only once
+the receiver answered 2xx; while the receiver is down or answers 5xx/408/429 the event is retried with
+exponential back-off (forever by default) and kept alive with in-progress acks, so nothing is lost and
+nothing overtakes it. A killed forwarder's event is redelivered by JetStream after ``ack_wait_s``; a
+stopped one hands it back at once. Receivers deduplicate on the event ``id``, which a redelivery repeats
+(in structured mode the body is the stored bytes).
 
 An answer that will never change (another 4xx) must not block the feed forever: the event is logged,
 counted, written to the dead-letter file if there is one, and acknowledged. So is anything in the stream
@@ -97,6 +98,7 @@ class Forwarder:
         start: Literal["all", "new"] = "all",
         metrics: ForwardMetrics | None = None,
         post: Post = webhook.post,
+        content_mode: webhook.ContentMode = "structured",
     ) -> None:
         check_url(url)
         self.bus = bus
@@ -108,6 +110,7 @@ class Forwarder:
         self.start = start
         self.metrics = metrics or ForwardMetrics()
         self.post = post
+        self.content_mode = content_mode
         self.log = log.bind(durable=settings.durable)
         self._psub: Any = None
 
@@ -269,7 +272,7 @@ class Forwarder:
                 delay_s=round(state.next_action.sleep, 3) if state.next_action else None,
             )
 
-        headers = webhook.headers_for(item.envelope.id, item.envelope.type, self.extra_headers)
+        out = webhook.message(msg.data, self.content_mode, self.extra_headers)
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(errors.TemporaryError),
             wait=wait,
@@ -279,7 +282,7 @@ class Forwarder:
         )
         async for attempt in retrying:
             with attempt:
-                return await self.post(self.url, msg.data, headers, s.http_timeout_s)
+                return await self.post(self.url, out.body, out.headers, s.http_timeout_s)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _ack(self, msg: NatsMsg, bound: structlog.typing.FilteringBoundLogger) -> None:
