@@ -16,7 +16,8 @@ from typing import Any
 import pydantic
 import yaml
 
-from healer.rules import actions, lexer, parser, ruleset, spec, tree
+from healer import durations
+from healer.rules import actions, parser, ruleset, spec, tree
 
 RULE_SUFFIXES = (".yaml", ".yml")
 MAX_NODES = 100_000
@@ -185,7 +186,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
                 f.at(rnode, "an event rule resolves by time only: resolve: {for: 1h}")
             else:
                 resolve_when = _expr(f, _child(rnode, "when"), s.resolve.when, s.scope)
-        resolve_for_s = lexer.duration_value(s.resolve.for_) if s.resolve.for_ is not None else 0.0
+        resolve_for_s = durations.value(s.resolve.for_) if s.resolve.for_ is not None else 0.0
         if s.on_event is not None and resolve_for_s <= 0:
             f.at(rnode, "an event rule's resolve needs 'for' (quiet time after the last event)")
     if s.on_event is not None:
@@ -208,7 +209,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         on_event=ruleset.EventMatch(s.on_event.kind, frozenset(s.on_event.xid) if s.on_event.xid else None)
         if s.on_event
         else None,
-        for_s=lexer.duration_value(s.for_) if s.for_ is not None else 0.0,
+        for_s=durations.value(s.for_) if s.for_ is not None else 0.0,
         labels=dict(s.labels),
         actions=acts,
         resolve_when=resolve_when,
@@ -216,7 +217,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         resolve_for_s=resolve_for_s,
         has_resolve=s.resolve is not None,
         on_resolve=on_resolve,
-        cooldown_s=lexer.duration_value(s.cooldown) if s.cooldown is not None else 0.0,
+        cooldown_s=durations.value(s.cooldown) if s.cooldown is not None else 0.0,
         path=f.path,
         line=node.start_mark.line + 1,
     )

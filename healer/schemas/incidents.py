@@ -8,6 +8,7 @@ and keeps extension attributes and ``dataschema``; ``data`` itself is strict (a 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Final, Literal
 
@@ -20,6 +21,32 @@ TYPE_PREFIX = "io.healer.incident."
 
 Change = Literal["opened", "updated", "action", "resolved", "escalated"]
 Severity = Literal["info", "warning", "major", "critical"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SeverityLevel:
+    """What a healer severity is, and what it becomes in the systems incidents are sent on to."""
+
+    rank: int
+    """Order, least severe first (``--severity S`` keeps S and worse)."""
+    alertmanager: Literal["info", "warning", "critical"]
+    """The ``severity`` label of the Alertmanager alert (the common info / warning / critical convention)."""
+    pagerduty: Literal["info", "warning", "error", "critical"]
+    """The PagerDuty Events API v2 ``payload.severity``."""
+    meaning: str
+
+
+SEVERITY_LEVELS: Final[dict[Severity, SeverityLevel]] = {
+    "info": SeverityLevel(0, "info", "info", "worth knowing; nothing to do"),
+    "warning": SeverityLevel(1, "warning", "warning", "degraded or at risk; look during working hours"),
+    "major": SeverityLevel(
+        2, "critical", "error", "capacity lost (a GPU or node out of service); act soon, page if you page"
+    ),
+    "critical": SeverityLevel(3, "critical", "critical", "data or jobs at risk now; page"),
+}
+"""The one catalogue of severities. Alertmanager's convention has three levels, so ``major`` and
+``critical`` both become ``critical`` there (the original stays in the ``healer_severity`` label);
+PagerDuty's four levels keep them apart."""
 Mode = Literal["enforce", "dry-run", "observe"]
 IncidentState = Literal["open", "resolved", "escalated"]
 ActionStatus = Literal[
