@@ -36,9 +36,11 @@ class Item:
     envelope: Envelope
     incident: incidents.IncidentEvent | None = None
     rules_rejected: incidents.RulesRejectedEvent | None = None
+    stream_seq: int = 0
+    """The message's JetStream stream sequence (0 when it did not come from the stream)."""
 
 
-def classify(data: bytes) -> Item:
+def classify(data: bytes, stream_seq: int = 0) -> Item:
     """Decode one feed message or raise ``errors.DecodeError`` (reasons as in ``schemas.codec``)."""
     if len(data) > codec.MAX_MESSAGE_BYTES:
         raise errors.DecodeError(KIND, "too_large", f"{len(data)} bytes > {codec.MAX_MESSAGE_BYTES}")
@@ -50,14 +52,14 @@ def classify(data: bytes) -> Item:
             raise errors.DecodeError(KIND, "json", first[0]["msg"]) from None
         raise errors.DecodeError(KIND, "validation", f"not a CloudEvent: {_first(e)}") from None
     if env.type.startswith(incidents.TYPE_PREFIX):
-        return Item(raw=data, envelope=env, incident=codec.decode_incident(data))
+        return Item(raw=data, envelope=env, incident=codec.decode_incident(data), stream_seq=stream_seq)
     if env.type == incidents.RULES_REJECTED_TYPE:
         try:
             rejected = incidents.RulesRejectedEvent.model_validate_json(data)  # extensions kept
         except pydantic.ValidationError as e:
             raise errors.DecodeError("rules_rejected", "validation", _first(e)) from None
-        return Item(raw=data, envelope=env, rules_rejected=rejected)
-    return Item(raw=data, envelope=env)
+        return Item(raw=data, envelope=env, rules_rejected=rejected, stream_seq=stream_seq)
+    return Item(raw=data, envelope=env, stream_seq=stream_seq)
 
 
 def _first(e: pydantic.ValidationError) -> str:

@@ -44,6 +44,8 @@ ACK_TIMEOUT_S = 5.0
 """How long to wait for JetStream to confirm an ack (unconfirmed: maybe a duplicate later, never a loss)."""
 
 Post = Callable[[str, bytes, Mapping[str, str], float], Awaitable[webhook.Delivery]]
+Render = Callable[[envelope.Item], "webhook.Message | None"]
+"""Turns a decoded event into the HTTP message to POST, or ``None`` to acknowledge it without sending."""
 
 
 def check_url(url: str) -> None:
@@ -74,6 +76,9 @@ class ForwardMetrics:
             ["reason"],
             registry=r,
         )
+        self.skipped = prom.Counter(
+            "healer_forward_skipped_total", "events this receiver does not take (acked, not sent)", registry=r
+        )
         self.redelivered = prom.Counter(
             "healer_forward_redelivered_total", "events JetStream delivered more than once", registry=r
         )
@@ -99,6 +104,7 @@ class Forwarder:
         metrics: ForwardMetrics | None = None,
         post: Post = webhook.post,
         content_mode: webhook.ContentMode = "structured",
+        render: Render | None = None,
     ) -> None:
         check_url(url)
         self.bus = bus
@@ -111,6 +117,7 @@ class Forwarder:
         self.metrics = metrics or ForwardMetrics()
         self.post = post
         self.content_mode = content_mode
+        self.render: Render = render or self._render_cloudevent
         self.log = log.bind(durable=settings.durable)
         self._psub: Any = None
 
@@ -206,7 +213,7 @@ class Forwarder:
         keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
             try:
-                item = envelope.classify(msg.data)
+                item = envelope.classify(msg.data, meta.sequence.stream)
             except errors.DecodeError as e:
                 self.metrics.malformed.labels(e.reason).inc()
                 bound.warning("forward.malformed", reason=e.reason, detail=e.detail)
@@ -214,8 +221,14 @@ class Forwarder:
                 await self._ack(msg, bound)
                 return
             bound = bound.bind(event_id=item.envelope.id, type=item.envelope.type)
+            out = self.render(item)
+            if out is None:
+                self.metrics.skipped.inc()
+                bound.debug("forward.skipped")
+                await self._ack(msg, bound)
+                return
             try:
-                delivery = await self._deliver(msg, item, bound)
+                delivery = await self._deliver(out, item, bound)
             except webhook.Refused as e:
                 self.metrics.refused.inc()
                 bound.error("forward.refused", status=e.status, body=e.body[:200])
@@ -249,8 +262,11 @@ class Forwarder:
             with contextlib.suppress(nats.errors.Error, OSError):
                 await msg.in_progress()
 
+    def _render_cloudevent(self, item: envelope.Item) -> webhook.Message:
+        return webhook.message(item.raw, self.content_mode, self.extra_headers)
+
     async def _deliver(
-        self, msg: NatsMsg, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
+        self, out: webhook.Message, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
     ) -> webhook.Delivery:
         s = self.settings
         backoff = tenacity.wait_exponential(multiplier=s.retry_initial_delay_s, max=s.retry_max_delay_s)
@@ -272,7 +288,6 @@ class Forwarder:
                 delay_s=round(state.next_action.sleep, 3) if state.next_action else None,
             )
 
-        out = webhook.message(msg.data, self.content_mode, self.extra_headers)
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(errors.TemporaryError),
             wait=wait,

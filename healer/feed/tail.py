@@ -202,7 +202,7 @@ def _handle(
     stats: codec.DecodeStats,
 ) -> None:
     try:
-        item = envelope.classify(data)
+        item = envelope.classify(data, seq)
     except errors.DecodeError as e:
         stats.bad(e)
         log.warning("tail.rejected", subject=subject, seq=seq, reason=e.reason, detail=e.detail)
