@@ -90,13 +90,16 @@ class _Tracked:
     event: incidents.IncidentEvent
     starts_at: datetime
     labels: dict[str, str]
+    retired: list[Alert] = dataclasses.field(default_factory=list)
+    """Alerts the latest event ended (its labels changed), sent with it until a newer event comes."""
 
 
 class AlertBook:
     """The latest event of every incident seen on the feed, and the alerts that say so.
 
     Pure: no I/O, time passed in. ``apply`` takes events in any order and redeliveries (an event older
-    than the one already applied for its incident changes nothing) and returns the alerts to send now.
+    than the one already applied for its incident changes nothing) and returns the alerts to send now;
+    applying the same event again gives the same alerts (with a fresh ``endsAt``), so a retry can ask again.
     """
 
     def __init__(self, resend_s: float, link_template: str | None = None) -> None:
@@ -110,18 +113,15 @@ class AlertBook:
             return []
         key = ev.data.incident_id
         tracked = self._incidents.get(key)
-        out: list[Alert] = []
         if tracked is None:
             tracked = _Tracked(item.stream_seq, ev, ev.time, labels_for(ev))
             self._incidents[key] = tracked
         elif item.stream_seq == 0 or item.stream_seq > tracked.stream_seq:
             labels = labels_for(ev)
-            if labels != tracked.labels:
-                # A new severity is a new alert identity: end the old one now, or it lingers until endsAt.
-                out.append(self._alert(tracked, now, ends_at=now))
+            # A new severity is a new alert identity: end the old one now, or it lingers until its endsAt.
+            tracked.retired = [self._alert(tracked, now, ends_at=now)] if labels != tracked.labels else []
             tracked.stream_seq, tracked.event, tracked.labels = item.stream_seq, ev, labels
-        out.append(self._alert(tracked, now))
-        return out
+        return [*tracked.retired, self._alert(tracked, now)]
 
     def open_alerts(self, now: datetime) -> list[Alert]:
         """Every incident not resolved, as alerts to send again."""

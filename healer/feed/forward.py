@@ -45,7 +45,9 @@ ACK_TIMEOUT_S = 5.0
 
 Post = Callable[[str, bytes, Mapping[str, str], float], Awaitable[webhook.Delivery]]
 Render = Callable[[envelope.Item], "webhook.Message | None"]
-"""Turns a decoded event into the HTTP message to POST, or ``None`` to acknowledge it without sending."""
+"""Turns a decoded event into the HTTP message to POST, or ``None`` to acknowledge it without sending.
+Called again before every retry (a message may carry times that must be fresh when it is sent), so it
+must give the same answer for the same event."""
 
 
 def check_url(url: str) -> None:
@@ -228,7 +230,7 @@ class Forwarder:
                 await self._ack(msg, bound)
                 return
             try:
-                delivery = await self._deliver(out, item, bound)
+                delivery = await self._deliver(item, bound)
             except webhook.Refused as e:
                 self.metrics.refused.inc()
                 bound.error("forward.refused", status=e.status, body=e.body[:200])
@@ -266,7 +268,7 @@ class Forwarder:
         return webhook.message(item.raw, self.content_mode, self.extra_headers)
 
     async def _deliver(
-        self, out: webhook.Message, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
+        self, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
     ) -> webhook.Delivery:
         s = self.settings
         backoff = tenacity.wait_exponential(multiplier=s.retry_initial_delay_s, max=s.retry_max_delay_s)
@@ -297,6 +299,9 @@ class Forwarder:
         )
         async for attempt in retrying:
             with attempt:
+                out = self.render(item)
+                if out is None:
+                    raise AssertionError("render skipped an event it rendered before")
                 return await self.post(self.url, out.body, out.headers, s.http_timeout_s)
         raise AssertionError("unreachable: tenacity either returns or raises")
 

@@ -168,3 +168,41 @@ def test_cli_refuses_a_bad_url_or_link_template_before_connecting(capsys: pytest
     ]
     assert cli.main(argv) == 2
     assert "bad alertmanager link template" in capsys.readouterr().err
+
+
+def test_the_same_event_again_gives_the_same_alerts_so_a_retry_repeats_the_ended_one() -> None:
+    book = alertmanager.AlertBook(resend_s=60)
+    ev = helpers.event(8, severity="warning")
+    book.apply(item(ev, 1), NOW)
+    updated = item(change(ev, 2, "updated", severity="critical"), 2)
+    first = book.apply(updated, NOW)
+    later = NOW + timedelta(minutes=10)
+    again = book.apply(updated, later)
+    assert [a["labels"]["severity"] for a in again] == ["warning", "critical"]
+    assert again[0] == first[0], "the ended alert keeps its endsAt"
+    assert again[1]["endsAt"] == "2026-12-01T12:14:00Z", "the live one is fresh"
+
+
+async def test_a_retried_alert_is_sent_with_a_fresh_ends_at(nats_bus: natsbus.NatsBus) -> None:
+    clock = {"now": NOW}
+    posts: list[list[dict[str, Any]]] = []
+
+    async def flaky(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> webhook.Delivery:
+        posts.append(orjson.loads(body))
+        if len(posts) == 1:
+            clock["now"] = NOW + timedelta(minutes=10)  # Alertmanager was away for ten minutes
+            raise errors.TemporaryError("down", delay=0.0)
+        return webhook.Delivery(status=200, elapsed_s=0.0)
+
+    settings = FAST.model_copy(update={"durable": "am-retry", "alertmanager_resend_s": 3600.0})
+    sink = alertmanager.AlertmanagerSink(
+        nats_bus, helpers.SUBJ, "http://127.0.0.1:9", settings, post=flaky, clock=lambda: clock["now"]
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(sink.run(stop))
+    await conftest.until(lambda: sink.forwarder._psub is not None)  # rebuilt, resent, now consuming
+    await helpers.publish(nats_bus, helpers.event(9))
+    await conftest.until(lambda: len(posts) >= 2)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert [p[0]["endsAt"] for p in posts[:2]] == ["2026-12-01T16:00:00Z", "2026-12-01T16:10:00Z"]
