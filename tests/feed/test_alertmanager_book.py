@@ -206,3 +206,20 @@ async def test_a_retried_alert_is_sent_with_a_fresh_ends_at(nats_bus: natsbus.Na
     stop.set()
     await asyncio.wait_for(task, 10)
     assert [p[0]["endsAt"] for p in posts[:2]] == ["2026-12-01T16:00:00Z", "2026-12-01T16:10:00Z"]
+
+
+def test_docs_list_every_label_and_annotation_the_alerts_carry() -> None:
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "alertmanager.md").read_text()
+    book = alertmanager.AlertBook(resend_s=60, link_template="https://x/{node}")
+    ev = helpers.event(
+        10, mode="dry-run", actions=[incidents.ActionRecord(kind="cordon", status="planned", at=1)]
+    )
+    [alert] = book.apply(item(ev, 1), NOW)
+    for name in alert["labels"]:
+        assert f"| label `{name}` |" in text, name
+    for name in alert["annotations"]:
+        assert f"annotation `{name}`" in text, name
+    for level, mapped in incidents.SEVERITY_LEVELS.items():
+        assert f"| `{level}` | `{mapped.alertmanager}` | `{mapped.pagerduty}` |" in text, level
