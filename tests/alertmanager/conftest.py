@@ -1,3 +1,3 @@
-"""Makes the ``alertmanager`` fixture (a real Alertmanager process) available to the tests here."""
+"""Makes the ``real_alertmanager`` fixture (a real Alertmanager process) available to the tests here."""
 
-from tests.alertmanager.server import alertmanager  # noqa: F401
+from tests.alertmanager.server import real_alertmanager  # noqa: F401

@@ -1,6 +1,6 @@
 """A real Alertmanager (Debian's ``prometheus-alertmanager``) for tests, and the webhook it notifies.
 
-``alertmanager`` starts the binary on a free loopback port with a temp config and storage directory,
+``real_alertmanager`` starts the binary on a free loopback port with a temp config and storage directory,
 clustering off, every alert routed (grouped by ``cluster``, no group wait) to a webhook receiver served by
 the test. It is stopped by its PID. Without the binary the tests skip, unless ``CI`` is set: there a
 missing Alertmanager is a failure (``.ci/run`` installs it).
@@ -116,7 +116,7 @@ def _binary() -> str | None:
 
 
 @pytest.fixture
-def alertmanager(tmp_path: pathlib.Path) -> Iterator[Alertmanager]:
+def real_alertmanager(tmp_path: pathlib.Path) -> Iterator[Alertmanager]:
     binary = _binary()
     if binary is None:
         message = f"{BINARY} is not installed (apt-get install prometheus-alertmanager; .ci/run does)"

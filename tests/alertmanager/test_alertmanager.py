@@ -8,6 +8,9 @@ delivered while an unsilenced one in the same group is.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 import pytest
 
 from healer.bus import nats as natsbus
+from healer.bus import server
 from healer.feed import alertmanager
 from healer.schemas import incidents
 from tests.alertmanager.server import Alertmanager
@@ -80,13 +84,15 @@ async def sink_for(
 
 
 async def test_an_incident_becomes_an_alert_that_is_routed_and_resolves(
-    nats_bus: natsbus.NatsBus, alertmanager: Alertmanager, sink_for: Callable[[str], Any]
+    nats_bus: natsbus.NatsBus, real_alertmanager: Alertmanager, sink_for: Callable[[str], Any]
 ) -> None:
     opened = incident(1, "ecc-uncorrectable")
     await helpers.publish(nats_bus, opened)
-    sink_for(alertmanager.url)
+    sink_for(real_alertmanager.url)
 
-    alert = await until_async(lambda: find(alertmanager, "ecc-uncorrectable"), "the alert in Alertmanager")
+    alert = await until_async(
+        lambda: find(real_alertmanager, "ecc-uncorrectable"), "the alert in Alertmanager"
+    )
     assert alert["labels"] == {
         "alertname": "ecc-uncorrectable",
         "node": "gpu-node-1",
@@ -107,19 +113,21 @@ async def test_an_incident_becomes_an_alert_that_is_routed_and_resolves(
     assert ends_at > datetime.now(tz=UTC) + timedelta(seconds=60), "endsAt is 4 resend intervals ahead"
 
     firing = ("firing", alert["labels"])
-    await until_async(lambda: firing in alertmanager.webhook.notified(), "the firing notification")
+    await until_async(lambda: firing in real_alertmanager.webhook.notified(), "the firing notification")
 
     await helpers.publish(nats_bus, incident(2, "ecc-uncorrectable", state="resolved"))
     resolved = ("resolved", alert["labels"])
-    await until_async(lambda: resolved in alertmanager.webhook.notified(), "the resolved notification")
-    await until_async(lambda: find(alertmanager, "ecc-uncorrectable") is None, "the alert gone from the list")
+    await until_async(lambda: resolved in real_alertmanager.webhook.notified(), "the resolved notification")
+    await until_async(
+        lambda: find(real_alertmanager, "ecc-uncorrectable") is None, "the alert gone from the list"
+    )
 
 
 async def test_a_silenced_incident_is_not_delivered(
-    nats_bus: natsbus.NatsBus, alertmanager: Alertmanager, sink_for: Callable[[str], Any]
+    nats_bus: natsbus.NatsBus, real_alertmanager: Alertmanager, sink_for: Callable[[str], Any]
 ) -> None:
     now = datetime.now(tz=UTC)
-    created = alertmanager.post(
+    created = real_alertmanager.post(
         "/api/v2/silences",
         {
             "matchers": [
@@ -132,11 +140,11 @@ async def test_a_silenced_incident_is_not_delivered(
         },
     )
     silence_id = created["silenceID"]
-    sink_for(alertmanager.url)
+    sink_for(real_alertmanager.url)
     await helpers.publish(nats_bus, incident(1, "nvlink-link-down"))
 
     def suppressed() -> dict[str, Any] | None:
-        alert = find(alertmanager, "nvlink-link-down")
+        alert = find(real_alertmanager, "nvlink-link-down")
         return alert if alert and alert["status"]["state"] == "suppressed" else None
 
     alert = await until_async(suppressed, "the alert, suppressed")
@@ -145,13 +153,45 @@ async def test_a_silenced_incident_is_not_delivered(
     # An unsilenced incident in the same group (same cluster) is delivered; the silenced one with it is not.
     await helpers.publish(nats_bus, incident(2, "ecc-uncorrectable", severity="critical"))
     await until_async(
-        lambda: any(lb["alertname"] == "ecc-uncorrectable" for _s, lb in alertmanager.webhook.notified()),
+        lambda: any(
+            lb["alertname"] == "ecc-uncorrectable" for _s, lb in real_alertmanager.webhook.notified()
+        ),
         "the unsilenced alert's notification",
     )
-    assert all(lb["alertname"] != "nvlink-link-down" for _s, lb in alertmanager.webhook.notified())
+    assert all(lb["alertname"] != "nvlink-link-down" for _s, lb in real_alertmanager.webhook.notified())
 
 
-def test_the_binary_is_a_known_alertmanager(alertmanager: Alertmanager) -> None:
-    assert alertmanager.version.startswith("alertmanager, version 0."), alertmanager.version
-    status = alertmanager.get("/api/v2/status")
+def test_the_binary_is_a_known_alertmanager(real_alertmanager: Alertmanager) -> None:
+    assert real_alertmanager.version.startswith("alertmanager, version 0."), real_alertmanager.version
+    status = real_alertmanager.get("/api/v2/status")
     assert status["versionInfo"]["version"]
+
+
+async def test_the_command_sends_incidents_and_stops_cleanly_on_sigterm(
+    nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer, real_alertmanager: Alertmanager
+) -> None:
+    await helpers.publish(nats_bus, incident(1, "gpu-thermal-slowdown-sustained"))
+    env = {**os.environ, "HEALER_FEED_FETCH_TIMEOUT_S": "0.5", "HEALER_LOG_FORMAT": "json"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "healer", "alertmanager",
+        "--nats", nats_server.url, "--url", real_alertmanager.url, "--link", "https://grafana.example/d/gpu?var-node={node}",
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        alert = await until_async(
+            lambda: find(real_alertmanager, "gpu-thermal-slowdown-sustained"), "the alert"
+        )
+        assert alert["generatorURL"] == "https://grafana.example/d/gpu?var-node=gpu-node-1"
+        await helpers.publish(nats_bus, incident(2, "gpu-thermal-slowdown-sustained", state="resolved"))
+        await until_async(
+            lambda: find(real_alertmanager, "gpu-thermal-slowdown-sustained") is None, "the alert resolved"
+        )
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    info = await nats_bus.js.consumer_info(helpers.SUBJ.stream_incidents, alertmanager.DEFAULT_DURABLE)
+    assert (info.num_pending, info.num_ack_pending) == (0, 0), "everything delivered was acknowledged"
