@@ -7,10 +7,12 @@ healer's consumers, extension attributes and ``dataschema`` included.
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
+import jsonschema
 import orjson
 import pytest
 from cloudevents.core.bindings import http as ce_http
@@ -27,6 +29,7 @@ from tests import conftest
 from tests.feed import helpers
 from tests.feed.test_forward import FAST, Running
 
+SCHEMA_FILE = "docs/schemas/incident-event.v1.json"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
@@ -221,3 +224,32 @@ async def test_tail_accepts_and_passes_on_extension_attributes(nats_bus: natsbus
     assert incident is not None
     assert incident.extensions["partitionkey"] == "gpu-node-1"
     assert " opened " in tail.render(items[0])
+
+
+def test_the_published_json_schema_takes_valid_cloudevents_and_refuses_invalid_ones() -> None:
+    schema = orjson.loads((pathlib.Path(__file__).resolve().parents[2] / SCHEMA_FILE).read_bytes())
+    validator = jsonschema.Draft202012Validator(schema)
+    doc = _incident_doc(11)
+    sdk = SdkEvent(
+        attributes={
+            **{k: doc[k] for k in ("id", "source", "type", "subject")},
+            "time": datetime.fromisoformat(doc["time"]),
+            "traceparent": TRACEPARENT,
+        },
+        data=doc["data"],
+    )
+    for good in (
+        doc,
+        orjson.loads(_with_extensions(11)),
+        orjson.loads(ce_http.to_structured(sdk, JSONFormat()).body),
+    ):
+        validator.validate(good)
+    without_specversion = {k: v for k, v in doc.items() if k != "specversion"}
+    for bad in (
+        without_specversion,
+        {**doc, "ratio": 0.5},
+        {**doc, "Trace-Parent": "x"},
+        {**doc, "datacontenttype": "text/plain"},
+        {**doc, "data": {**doc["data"], "unknown": 1}},
+    ):
+        assert not validator.is_valid(bad), bad
