@@ -131,6 +131,14 @@ class FeedSettings(_Group):
     """Prometheus /metrics port of ``healer forward``; 0 turns it off."""
     metrics_addr: str = "0.0.0.0"
     """Address the forwarder's /metrics listens on."""
+    alertmanager_resend_s: float = pydantic.Field(default=60.0, gt=0)
+    """``healer alertmanager``: how often every open incident is sent to Alertmanager again. Each alert's
+    ``endsAt`` is four times this ahead (as Prometheus does), so Alertmanager resolves the alerts by
+    itself if healer stops sending."""
+    alertmanager_link: str | None = None
+    """``healer alertmanager``: link put in each alert (``generatorURL`` and the ``link`` annotation), with
+    ``{incident_id}``, ``{rule_id}``, ``{node}``, ``{gpu}``, ``{cluster}`` filled in
+    (``https://grafana.example/d/gpu?var-node={node}``); unset: no link."""
 
 
 class ActuatorSettings(_Group):

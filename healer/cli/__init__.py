@@ -21,6 +21,7 @@ GROUPS = [
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
     "healer.cli.feed_cmd",
+    "healer.cli.alertmanager_cmd",
     "healer.cli.act_cmd",
     "healer.cli.bench_cmd",
     "healer.cli.config_cmd",

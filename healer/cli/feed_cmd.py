@@ -22,7 +22,7 @@ from healer import config, errors, logs
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.cli import common
-from healer.feed import envelope, forward, tail
+from healer.feed import envelope, forward, tail, webhook
 from healer.schemas import codec
 
 log = structlog.get_logger(__name__)
@@ -58,6 +58,13 @@ def register(sub: Any) -> None:
         choices=["all", "new"],
         default="all",
         help="where a new durable consumer starts: the whole stream or new events (default: all)",
+    )
+    f.add_argument(
+        "--content-mode",
+        choices=webhook.CONTENT_MODES,
+        default="structured",
+        help="CloudEvents HTTP content mode: the event as the body, or attributes as ce- headers "
+        "(default: structured)",
     )
     common.add_config_option(f)
     f.set_defaults(func=_forward)
@@ -162,6 +169,7 @@ def _forward(args: argparse.Namespace) -> int:
             headers=headers,
             start=args.start,
             metrics=metrics,
+            content_mode=args.content_mode,
         )
         log.info("forward.starting", durable=feed.durable, dead_letter=str(args.dead_letter or ""))
         try:

@@ -1,37 +1,31 @@
 """What a message on the incident feed is: a healer incident, another CloudEvent, or garbage.
 
-The feed carries CloudEvents 1.0 in structured JSON. Incident events (``io.healer.incident.*``) and
-rule-file rejections (``io.healer.rules.rejected.v1``) are validated in full against their models in
-``schemas.incidents``; other CloudEvents a later controller may add only need a valid envelope, so
-consumers pass them on instead of calling them malformed. Anything else raises ``errors.DecodeError``
-and is counted by callers.
+The feed carries CloudEvents 1.0 in the JSON event format (the structured-mode body). Incident events
+(``io.healer.incident.*``) and rule-file rejections (``io.healer.rules.rejected.v1``) are validated in
+full against their models in ``schemas.incidents``; other CloudEvents a later controller may add only
+need a valid envelope, so consumers pass them on instead of calling them malformed. Anything else raises
+``errors.DecodeError`` and is counted by callers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
-from typing import Literal
+from typing import Any
 
 import pydantic
 
 from healer import errors
-from healer.schemas import codec, incidents
+from healer.schemas import cloudevent, codec, incidents
 
 KIND = "cloudevent"
 
 
-class Envelope(pydantic.BaseModel):
-    """The CloudEvents 1.0 context attributes every feed message must carry; other fields pass through."""
+class Envelope(cloudevent.CloudEvent):
+    """Any CloudEvent on the feed: the context attributes checked, ``data`` whatever the producer sent."""
 
-    model_config = pydantic.ConfigDict(extra="allow", frozen=True)
-
-    specversion: Literal["1.0"]
-    id: str = pydantic.Field(min_length=1, max_length=128)
-    source: str = pydantic.Field(min_length=1, max_length=1024)
-    type: str = pydantic.Field(min_length=1, max_length=256)
-    subject: str | None = None
-    time: datetime | None = None
+    datacontenttype: str | None = None  # type: ignore[assignment]
+    data: Any = None
+    data_base64: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,28 +36,30 @@ class Item:
     envelope: Envelope
     incident: incidents.IncidentEvent | None = None
     rules_rejected: incidents.RulesRejectedEvent | None = None
+    stream_seq: int = 0
+    """The message's JetStream stream sequence (0 when it did not come from the stream)."""
 
 
-def classify(data: bytes) -> Item:
+def classify(data: bytes, stream_seq: int = 0) -> Item:
     """Decode one feed message or raise ``errors.DecodeError`` (reasons as in ``schemas.codec``)."""
     if len(data) > codec.MAX_MESSAGE_BYTES:
         raise errors.DecodeError(KIND, "too_large", f"{len(data)} bytes > {codec.MAX_MESSAGE_BYTES}")
     try:
-        env = Envelope.model_validate_json(data)
+        env = Envelope.model_validate_json(data)  # JSON mode: specversion is required
     except pydantic.ValidationError as e:
         first = e.errors(include_url=False)
         if first and first[0]["type"] == "json_invalid":
             raise errors.DecodeError(KIND, "json", first[0]["msg"]) from None
         raise errors.DecodeError(KIND, "validation", f"not a CloudEvent: {_first(e)}") from None
     if env.type.startswith(incidents.TYPE_PREFIX):
-        return Item(raw=data, envelope=env, incident=codec.decode_incident(data))
+        return Item(raw=data, envelope=env, incident=codec.decode_incident(data), stream_seq=stream_seq)
     if env.type == incidents.RULES_REJECTED_TYPE:
         try:
-            rejected = incidents.RulesRejectedEvent.model_validate_json(data)
+            rejected = incidents.RulesRejectedEvent.model_validate_json(data)  # extensions kept
         except pydantic.ValidationError as e:
             raise errors.DecodeError("rules_rejected", "validation", _first(e)) from None
-        return Item(raw=data, envelope=env, rules_rejected=rejected)
-    return Item(raw=data, envelope=env)
+        return Item(raw=data, envelope=env, rules_rejected=rejected, stream_seq=stream_seq)
+    return Item(raw=data, envelope=env, stream_seq=stream_seq)
 
 
 def _first(e: pydantic.ValidationError) -> str:

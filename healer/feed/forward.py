@@ -1,11 +1,12 @@
 """Forwarding the incident feed to an HTTP receiver, at-least-once: ``healer forward``.
 
-A durable pull consumer (explicit acks, one event in flight) hands events over in stream order. Each
-is POSTed in CloudEvents structured mode and acknowledged only once the receiver answered 2xx; while the
-receiver is down or answers 5xx/408/429 the event is retried with exponential back-off (forever by
-default) and kept alive with in-progress acks, so nothing is lost and nothing overtakes it. A killed
-forwarder's event is redelivered by JetStream after ``ack_wait_s``; a stopped one hands it back at once.
-Receivers deduplicate on the event ``id``, which a redelivery repeats (the body is the stored bytes).
+A durable pull consumer (explicit acks, one event in flight) hands events over in stream order. Each is
+POSTed in a CloudEvents HTTP content mode (structured by default, or binary) and acknowledged only once
+the receiver answered 2xx; while the receiver is down or answers 5xx/408/429 the event is retried with
+exponential back-off (forever by default) and kept alive with in-progress acks, so nothing is lost and
+nothing overtakes it. A killed forwarder's event is redelivered by JetStream after ``ack_wait_s``; a
+stopped one hands it back at once. Receivers deduplicate on the event ``id``, which a redelivery repeats
+(in structured mode the body is the stored bytes).
 
 An answer that will never change (another 4xx) must not block the feed forever: the event is logged,
 counted, written to the dead-letter file if there is one, and acknowledged. So is anything in the stream
@@ -44,6 +45,10 @@ ACK_TIMEOUT_S = 5.0
 """How long to wait for JetStream to confirm an ack (unconfirmed: maybe a duplicate later, never a loss)."""
 
 Post = Callable[[str, bytes, Mapping[str, str], float], Awaitable[webhook.Delivery]]
+Render = Callable[[envelope.Item], "webhook.Message | None"]
+"""Turns a decoded event into the HTTP message to POST, or ``None`` to acknowledge it without sending.
+Called again before every retry (a message may carry times that must be fresh when it is sent), so it
+must give the same answer for the same event."""
 
 
 def check_url(url: str) -> None:
@@ -74,6 +79,9 @@ class ForwardMetrics:
             ["reason"],
             registry=r,
         )
+        self.skipped = prom.Counter(
+            "healer_forward_skipped_total", "events this receiver does not take (acked, not sent)", registry=r
+        )
         self.redelivered = prom.Counter(
             "healer_forward_redelivered_total", "events JetStream delivered more than once", registry=r
         )
@@ -101,6 +109,8 @@ class Forwarder:
         start: Literal["all", "new"] = "all",
         metrics: ForwardMetrics | None = None,
         post: Post = webhook.post,
+        content_mode: webhook.ContentMode = "structured",
+        render: Render | None = None,
     ) -> None:
         check_url(url)
         self.bus = bus
@@ -112,6 +122,8 @@ class Forwarder:
         self.start = start
         self.metrics = metrics or ForwardMetrics()
         self.post = post
+        self.content_mode = content_mode
+        self.render: Render = render or self._render_cloudevent
         self.log = log.bind(durable=settings.durable)
         self._psub: Any = None
 
@@ -207,7 +219,7 @@ class Forwarder:
         keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
             try:
-                item = envelope.classify(msg.data)
+                item = envelope.classify(msg.data, meta.sequence.stream)
             except errors.DecodeError as e:
                 self.metrics.malformed.labels(e.reason).inc()
                 bound.warning("forward.malformed", reason=e.reason, detail=e.detail)
@@ -215,8 +227,14 @@ class Forwarder:
                 await self._ack(msg, bound)
                 return
             bound = bound.bind(event_id=item.envelope.id, type=item.envelope.type)
+            out = self.render(item)
+            if out is None:
+                self.metrics.skipped.inc()
+                bound.debug("forward.skipped")
+                await self._ack(msg, bound)
+                return
             try:
-                delivery = await self._deliver(msg, item, bound)
+                delivery = await self._deliver(item, bound)
             except webhook.Refused as e:
                 self.metrics.refused.inc()
                 bound.error("forward.refused", status=e.status, body=e.body[:200])
@@ -250,8 +268,11 @@ class Forwarder:
             with contextlib.suppress(nats.errors.Error, OSError):
                 await msg.in_progress()
 
+    def _render_cloudevent(self, item: envelope.Item) -> webhook.Message:
+        return webhook.message(item.raw, self.content_mode, self.extra_headers)
+
     async def _deliver(
-        self, msg: NatsMsg, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
+        self, item: envelope.Item, bound: structlog.typing.FilteringBoundLogger
     ) -> webhook.Delivery:
         s = self.settings
         backoff = tenacity.wait_exponential(multiplier=s.retry_initial_delay_s, max=s.retry_max_delay_s)
@@ -273,7 +294,6 @@ class Forwarder:
                 delay_s=round(state.next_action.sleep, 3) if state.next_action else None,
             )
 
-        headers = webhook.headers_for(item.envelope.id, item.envelope.type, self.extra_headers)
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(errors.TemporaryError),
             wait=wait,
@@ -283,7 +303,10 @@ class Forwarder:
         )
         async for attempt in retrying:
             with attempt:
-                return await self.post(self.url, msg.data, headers, s.http_timeout_s)
+                out = self.render(item)
+                if out is None:
+                    raise AssertionError("render skipped an event it rendered before")
+                return await self.post(self.url, out.body, out.headers, s.http_timeout_s)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _ack(self, msg: NatsMsg, bound: structlog.typing.FilteringBoundLogger) -> None:

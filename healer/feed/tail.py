@@ -1,7 +1,7 @@
 """Reading the incident feed for people: ``healer incidents tail``.
 
 An ephemeral ordered consumer (nats-py recreates it after a gap or a reconnect, so nothing is skipped)
-starts at a time (``--since``: RFC3339, unix seconds, or a duration ago such as ``1h``), at the start of
+starts at a time (``--since``: RFC3339, unix seconds, or a duration ago such as ``1h30m``), at the start of
 the stream, or at ``now``. Node and change filters go to the server as the consumer's filter subject; the
 severity filter is applied here. Without ``--follow`` the read stops once everything that was in the
 stream when it started has been read. Malformed messages are counted and reported, never fatal.
@@ -22,7 +22,7 @@ import orjson
 import structlog
 from nats.js import api
 
-from healer import errors
+from healer import durations, errors
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
 from healer.feed import envelope
@@ -32,10 +32,8 @@ log = structlog.get_logger(__name__)
 
 CHANGES: tuple[str, ...] = get_args(incidents.Change)
 SEVERITIES: tuple[str, ...] = get_args(incidents.Severity)
-SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+SEVERITY_RANK: dict[str, int] = {name: level.rank for name, level in incidents.SEVERITY_LEVELS.items()}
 
-_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 Since = datetime | Literal["now"] | None
@@ -43,16 +41,16 @@ Since = datetime | Literal["now"] | None
 
 
 def parse_since(text: str, now: float | None = None) -> datetime | Literal["now"]:
-    """``now``, a duration ago (``90s``, ``15m``, ``1h30m``, ``2d``), unix seconds, or RFC3339."""
+    """``now``, a duration ago (``90s``, ``15m``, ``1h30m``, ``2d``: ``healer.durations``), unix seconds, or
+    RFC3339. Raises ``ValueError`` (a ``DurationError`` for a duration outside the grammar)."""
     text = text.strip()
     now = time.time() if now is None else now
     if text == "now":
         return "now"
     if _NUMBER.fullmatch(text):
         return datetime.fromtimestamp(float(text), tz=UTC)
-    if text and _DURATION.sub("", text) == "":
-        seconds = sum(float(n) * _UNITS_S[u] for n, u in _DURATION.findall(text))
-        return datetime.fromtimestamp(now - seconds, tz=UTC)
+    if durations.looks_like(text):
+        return datetime.fromtimestamp(now - durations.parse(text), tz=UTC)
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
@@ -204,7 +202,7 @@ def _handle(
     stats: codec.DecodeStats,
 ) -> None:
     try:
-        item = envelope.classify(data)
+        item = envelope.classify(data, seq)
     except errors.DecodeError as e:
         stats.bad(e)
         log.warning("tail.rejected", subject=subject, seq=seq, reason=e.reason, detail=e.detail)

@@ -16,7 +16,8 @@ from typing import Any
 import pydantic
 import yaml
 
-from healer.rules import actions, lexer, parser, ruleset, spec, tree
+from healer import durations
+from healer.rules import actions, parser, ruleset, spec, tree
 
 RULE_SUFFIXES = (".yaml", ".yml")
 MAX_NODES = 100_000
@@ -185,7 +186,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
                 f.at(rnode, "an event rule resolves by time only: resolve: {for: 1h}")
             else:
                 resolve_when = _expr(f, _child(rnode, "when"), s.resolve.when, s.scope)
-        resolve_for_s = lexer.duration_value(s.resolve.for_) if s.resolve.for_ is not None else 0.0
+        resolve_for_s = durations.value(s.resolve.for_) if s.resolve.for_ is not None else 0.0
         if s.on_event is not None and resolve_for_s <= 0:
             f.at(rnode, "an event rule's resolve needs 'for' (quiet time after the last event)")
     if s.on_event is not None:
@@ -214,7 +215,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         )
         if s.on_event
         else None,
-        for_s=lexer.duration_value(s.for_) if s.for_ is not None else 0.0,
+        for_s=durations.value(s.for_) if s.for_ is not None else 0.0,
         labels=dict(s.labels),
         actions=acts,
         resolve_when=resolve_when,
@@ -222,7 +223,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         resolve_for_s=resolve_for_s,
         has_resolve=s.resolve is not None,
         on_resolve=on_resolve,
-        cooldown_s=lexer.duration_value(s.cooldown) if s.cooldown is not None else 0.0,
+        cooldown_s=durations.value(s.cooldown) if s.cooldown is not None else 0.0,
         path=f.path,
         line=node.start_mark.line + 1,
     )
@@ -234,7 +235,7 @@ def _repeat(f: _File, node: yaml.Node, s: spec.RuleSpec) -> ruleset.Repeat | Non
     if s.on_event is None or s.on_event.repeat is None:
         return None
     r = s.on_event.repeat
-    within_s = lexer.duration_value(r.within) if r.within is not None else 0.0
+    within_s = durations.value(r.within) if r.within is not None else 0.0
     if within_s <= 0:
         where = _child(_child(_child(node, "on_event") or node, "repeat") or node, "within")
         f.at(where or node, "repeat.within must be longer than 0s (a window such as 10m)")

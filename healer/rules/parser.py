@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from healer import errors
+from healer import durations, errors
 from healer.rules import lexer, metrics, tree
 
 Problem = lexer.SyntaxProblem
@@ -133,7 +133,10 @@ class _Parser:
         if dur.kind != "dur":
             raise Problem(f"expected a duration such as 5m inside [ ], found {dur.text!r}", dur.pos)
         close = self.expect("]")
-        window_s = lexer.parse_duration(dur.text)
+        try:
+            window_s = durations.parse(dur.text)
+        except durations.DurationError as e:
+            raise Problem(str(e), dur.pos) from None
         if window_s <= 0:
             self.problem("a window must be longer than 0s", dur.pos)
         if tok.text == metrics.TELEMETRY:

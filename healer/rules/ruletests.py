@@ -16,7 +16,8 @@ from typing import Any
 import pydantic
 import yaml
 
-from healer.rules import baseline, engine, lexer, loader, metrics, series
+from healer import durations
+from healer.rules import baseline, engine, loader, metrics, series
 from healer.schemas import events, telemetry
 
 T0 = 1_700_000_000.0
@@ -110,15 +111,15 @@ def run_file(path: pathlib.Path) -> list[CaseResult]:
 
 
 def _run_case(rules: Any, case: Case, interval: str | float) -> list[str]:
-    step = lexer.duration_value(interval)
+    step = durations.value(interval)
     if step <= 0:
         raise ValueError("interval must be longer than 0s")
-    expects = sorted(((lexer.duration_value(e.at), e) for e in case.expect), key=lambda p: p[0])
+    expects = sorted(((durations.value(e.at), e) for e in case.expect), key=lambda p: p[0])
     end = expects[-1][0] if expects else 0.0
     eng = engine.Engine(rules)
     plans = {name: _Plan(name, node) for name, node in case.nodes.items()}
     pending = sorted(
-        ((lexer.duration_value(ev.at), name, ev) for name, node in case.nodes.items() for ev in node.events),
+        ((durations.value(ev.at), name, ev) for name, node in case.nodes.items() for ev in node.events),
         key=lambda p: p[0],
     )
     for name, node in case.nodes.items():

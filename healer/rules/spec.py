@@ -11,23 +11,19 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
-from healer import errors
-from healer.rules import actions, lexer
+from healer import durations
+from healer.rules import actions
 from healer.schemas import events, incidents
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
-DURATION_PATTERN = r"^(\d+(ms|s|m|h|d|w))+$"
+DURATION_PATTERN = durations.PATTERN
 
-DURATION_HELP = "a duration such as 30s, 5m, 1h30m (or a number of seconds)"
+DURATION_HELP = durations.HELP + " (or a number of seconds)"
 
 
 def _duration(value: Any) -> Any:
-    if value is None:
-        return value
-    try:
-        lexer.duration_value(value)
-    except errors.RuleError as e:
-        raise ValueError(e.message) from e
+    if value is not None:
+        durations.value(value)  # a DurationError is a ValueError: pydantic reports it at the field
     return value
 
 

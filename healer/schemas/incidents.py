@@ -1,24 +1,52 @@
-"""The incident feed: CloudEvents 1.0 in structured JSON mode.
+"""The incident feed: CloudEvents 1.0 in the JSON event format (``schemas.cloudevent`` is the envelope).
 
 ``type`` is ``io.healer.incident.<opened|updated|action|resolved|escalated>.v1`` (the version lives in
 the type, as CloudEvents recommends); ``data.schema`` repeats it for consumers that only keep the data.
-``id`` is unique and doubles as the ``Nats-Msg-Id``, so receivers can deduplicate.
+``id`` is unique and doubles as the ``Nats-Msg-Id``, so receivers can deduplicate. The envelope accepts
+and keeps extension attributes and ``dataschema``; ``data`` itself is strict (a new field is a new version).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Final, Literal
 
 import pydantic
 
-from healer.schemas import base, telemetry
+from healer.schemas import base, cloudevent, telemetry
 
 SCHEMA: Final = "healer.incident.v1"
 TYPE_PREFIX = "io.healer.incident."
 
 Change = Literal["opened", "updated", "action", "resolved", "escalated"]
 Severity = Literal["info", "warning", "major", "critical"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SeverityLevel:
+    """What a healer severity is, and what it becomes in the systems incidents are sent on to."""
+
+    rank: int
+    """Order, least severe first (``--severity S`` keeps S and worse)."""
+    alertmanager: Literal["info", "warning", "critical"]
+    """The ``severity`` label of the Alertmanager alert (the common info / warning / critical convention)."""
+    pagerduty: Literal["info", "warning", "error", "critical"]
+    """The PagerDuty Events API v2 ``payload.severity``."""
+    meaning: str
+
+
+SEVERITY_LEVELS: Final[dict[Severity, SeverityLevel]] = {
+    "info": SeverityLevel(0, "info", "info", "worth knowing; nothing to do"),
+    "warning": SeverityLevel(1, "warning", "warning", "degraded or at risk; look during working hours"),
+    "major": SeverityLevel(
+        2, "critical", "error", "capacity lost (a GPU or node out of service); act soon, page if you page"
+    ),
+    "critical": SeverityLevel(3, "critical", "critical", "data or jobs at risk now; page"),
+}
+"""The one catalogue of severities. Alertmanager's convention has three levels, so ``major`` and
+``critical`` both become ``critical`` there (the original stays in the ``healer_severity`` label);
+PagerDuty's four levels keep them apart."""
 Mode = Literal["enforce", "dry-run", "observe"]
 IncidentState = Literal["open", "resolved", "escalated"]
 ActionStatus = Literal[
@@ -53,20 +81,15 @@ class IncidentData(pydantic.BaseModel):
     mode: Mode
 
 
-class IncidentEvent(pydantic.BaseModel):
+class IncidentEvent(cloudevent.CloudEvent):
     """A CloudEvents 1.0 envelope around IncidentData."""
 
-    model_config = base.CONFIG
-
-    specversion: Literal["1.0"] = "1.0"
-    id: str = pydantic.Field(min_length=1, max_length=128)
-    source: str = pydantic.Field(min_length=1, description="healer://<cluster>/controller")
+    source: str = pydantic.Field(min_length=1, max_length=1024, description="healer://<cluster>/controller")
     type: str = pydantic.Field(
         pattern=r"^io\.healer\.incident\.(opened|updated|action|resolved|escalated)\.v1$"
     )
     subject: str = pydantic.Field(description="node/<node>[/gpu/<index>]")
     time: datetime
-    datacontenttype: Literal["application/json"] = "application/json"
     data: IncidentData
 
     @property
@@ -115,16 +138,10 @@ class RulesRejectedData(pydantic.BaseModel):
     kept_rules: int = pydantic.Field(description="rules still active (the previous set)")
 
 
-class RulesRejectedEvent(pydantic.BaseModel):
+class RulesRejectedEvent(cloudevent.CloudEvent):
     """Published when a changed rule file fails to load and the previous rules stay active."""
 
-    model_config = base.CONFIG
-
-    specversion: Literal["1.0"] = "1.0"
-    id: str
-    source: str
     type: Literal["io.healer.rules.rejected.v1"] = RULES_REJECTED_TYPE
     subject: str = "rules"
     time: datetime
-    datacontenttype: Literal["application/json"] = "application/json"
     data: RulesRejectedData

@@ -56,13 +56,26 @@ async def publish_raw(bus: natsbus.NatsBus, subject: str, data: bytes) -> None:
 @dataclasses.dataclass
 class Request:
     ce_id: str | None
+    """The event id: the ``ce-id`` header in binary mode, the body's ``id`` in structured mode."""
     content_type: str | None
     body: bytes
     status: int
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def body_id(self) -> str:
         return str(orjson.loads(self.body)["id"])
+
+
+def _event_id(headers: dict[str, str], body: bytes) -> str | None:
+    lower = {k.lower(): v for k, v in headers.items()}
+    if "ce-id" in lower:
+        return lower["ce-id"]
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return str(doc["id"]) if isinstance(doc, dict) and "id" in doc else None
 
 
 class Receiver:
@@ -89,10 +102,13 @@ class Receiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                ce_id = self.headers.get("ce-id")
+                headers = dict(self.headers.items())
+                ce_id = _event_id(headers, body)
                 status = receiver.answer(ce_id)
                 with receiver._lock:
-                    receiver.requests.append(Request(ce_id, self.headers.get("Content-Type"), body, status))
+                    receiver.requests.append(
+                        Request(ce_id, self.headers.get("Content-Type"), body, status, headers)
+                    )
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()

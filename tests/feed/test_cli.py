@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -138,3 +139,30 @@ async def test_killed_forwarder_resumes_from_its_durable_consumer_without_loss_o
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return str(resp.read().decode())
+
+
+async def test_forward_content_mode_binary_sends_attributes_as_ce_headers(
+    nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer, procs: list[asyncio.subprocess.Process]
+) -> None:
+    receiver = helpers.Receiver(server.free_port())
+    receiver.start()
+    env = {**os.environ, "HEALER_FEED_FETCH_TIMEOUT_S": "0.5", "HEALER_LOG_FORMAT": "json"}
+    args = [*HEALER, "forward", "--nats", nats_server.url, "--url", receiver.url, "--content-mode", "binary"]
+    ev = helpers.event(1)
+    await helpers.publish(nats_bus, ev)
+    p = await asyncio.create_subprocess_exec(
+        *args, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    procs.append(p)
+    try:
+        await conftest.until(lambda: len(receiver.snapshot()) == 1, timeout=30)
+        p.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(p.communicate(), 20)
+    finally:
+        receiver.stop()
+    assert p.returncode == 0, err.decode()[-2000:]
+    [req] = receiver.snapshot()
+    headers = {k.lower(): v for k, v in req.headers.items()}
+    assert (headers["ce-id"], headers["ce-type"], headers["ce-specversion"]) == (ev.id, ev.type, "1.0")
+    assert headers["content-type"] == "application/json"
+    assert json.loads(req.body) == json.loads(codec.encode(ev.data)), "the body is data alone"

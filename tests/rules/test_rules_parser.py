@@ -6,6 +6,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
+from healer import errors
 from healer.rules import lexer, parser, tree
 
 
@@ -92,11 +93,19 @@ def test_gpu_scope_may_compare_a_gpu_with_its_peers() -> None:
 
 
 def test_durations_accept_compound_units() -> None:
-    assert lexer.parse_duration("1h30m") == 5400.0
-    assert lexer.parse_duration("500ms") == 0.5
+    assert lexer.duration_value("1h30m") == 5400.0
+    assert lexer.duration_value("500ms") == 0.5
     assert lexer.duration_value(90) == 90.0
-    with pytest.raises(Exception, match="bad duration"):
-        lexer.parse_duration("5 minutes")
+    with pytest.raises(errors.RuleError, match="bad duration"):
+        lexer.duration_value("5 minutes")
+
+
+def test_windows_take_every_prometheus_unit_and_refuse_misordered_ones() -> None:
+    assert problems("max_over_time(temp_c[1y]) > 1") == []
+    assert problems("max_over_time(temp_c[1h30m]) > 1") == []
+    assert [(m, pos) for m, pos in problems("max_over_time(temp_c[30m1h]) > 1") if "largest first" in m] == [
+        ("bad duration '30m1h': units go largest first, each once (such as 1h30m, 1d12h)", 21)
+    ]
 
 
 @hypothesis.given(st.text(max_size=60))
