@@ -13,7 +13,6 @@ from healer import config, errors, logs
 from healer.bus import nats as natsbus
 from healer.cli import common
 
-
 DESCRIPTION = """Serve the read-only status page: the fleet map, open incidents with their timelines, the
 breaker and exclusions, the recent feed, live over server-sent events. Listens on 127.0.0.1:9744 unless
 told otherwise; any other address needs a token. Never writes to NATS. docs/ui.md."""
