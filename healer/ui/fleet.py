@@ -23,6 +23,9 @@ from healer.schemas import telemetry
 RING_FIELDS: tuple[str, ...] = ("temp_c", "power_w", "util_gpu_pct", "sm_clock_mhz")
 """The readings each GPU's ring keeps, in this order."""
 
+LATEST_FIELDS: tuple[str, ...] = (*RING_FIELDS, "power_limit_w", "slowdown_temp_c")
+"""The latest readings kept per GPU (the ring's, then two references for the charts)."""
+
 NO_TEMP = 255
 """``temps_u8``'s value for a GPU with no temperature (missing, never seen, or not reported)."""
 
@@ -44,11 +47,8 @@ def _grown(src: npt.NDArray[Any] | None, n: int, shape: tuple[int, ...], fill: A
 class Fleet:
     """Latest readings and rings, one row per node. ``layout`` changes whenever a node is added."""
 
-    temp: F32
-    slowdown: F32
-    power: F32
-    power_limit: F32
-    util: F32
+    latest: F32
+    """Latest readings (rows x gpus x ``LATEST_FIELDS``); NaN where not reported."""
     present: npt.NDArray[np.bool_]
     expected: npt.NDArray[np.int16]
     seen_at: npt.NDArray[np.float64]
@@ -71,8 +71,7 @@ class Fleet:
     def _resize(self, cap: int, gpus: int) -> None:
         n, r, first = len(self.names), self.ring_len, self.capacity == 0
         old = {} if first else dict(vars(self))
-        for name in ("temp", "slowdown", "power", "power_limit", "util"):
-            setattr(self, name, _grown(old.get(name), n, (cap, gpus), np.nan, np.float32))
+        self.latest = _grown(old.get("latest"), n, (cap, gpus, len(LATEST_FIELDS)), np.nan, np.float32)
         self.present = _grown(old.get("present"), n, (cap, gpus), False, np.bool_)
         self.expected = _grown(old.get("expected"), n, (cap,), 0, np.int16)
         self.seen_at = _grown(old.get("seen_at"), n, (cap,), -math.inf, np.float64)
@@ -99,45 +98,49 @@ class Fleet:
         return row
 
     def ingest(self, node: str, frame: telemetry.FrameView, now: float) -> None:
-        """One frame from ``node`` (the subject's node), received at ``now``."""
-        widest = max((g.index for g in frame.gpus), default=-1) + 1
+        """One frame from ``node`` (the subject's node), received at ``now``. One vectorised write per
+        array, not one per reading: this runs for every frame of the fleet."""
+        gpus = frame.gpus
+        widest = max((g.index for g in gpus), default=-1) + 1
         if self.gpus < widest <= 256:
             self._resize(self.capacity, widest)  # a frame with more GPUs than expected: more columns
         row = self._row(node)
         self.frames += 1
         self.seen_at[row] = now
-        expected = frame.gpus_expected if frame.gpus_expected is not None else len(frame.gpus)
+        expected = frame.gpus_expected if frame.gpus_expected is not None else len(gpus)
         self.expected[row] = min(expected, self.gpus)
-        self.present[row] = False
         pos = int(self.ring_pos[row])
         self.ring_pos[row] = (pos + 1) % self.ring_len
         self.ring_ts[row, pos] = now
-        ring = self.ring[row, pos]
-        ring[:] = np.nan
-        for g in frame.gpus:
-            i = g.index
-            if not 0 <= i < self.gpus:
-                continue
-            self.present[row, i] = True
-            temp, power, util = g.temp_c, g.power_w, g.util_gpu_pct
-            self.temp[row, i] = np.nan if temp is None else temp
-            self.power[row, i] = np.nan if power is None else power
-            self.util[row, i] = np.nan if util is None else util
-            limit = g.power_limit_w
-            self.power_limit[row, i] = np.nan if limit is None else limit
-            slowdown = getattr(g, "slowdown_temp_c", None)
-            self.slowdown[row, i] = np.nan if slowdown is None else slowdown
-            clock = g.sm_clock_mhz
-            ring[i] = (
-                np.nan if temp is None else temp,
-                np.nan if power is None else power,
-                np.nan if util is None else util,
-                np.nan if clock is None else clock,
-            )
-            if g.uuid is not None:
-                self.uuids[row][i] = g.uuid
-        if frame.gpus and frame.gpus[0].model:
-            self.models[row] = frame.gpus[0].model or ""
+        self.latest[row] = np.nan
+        self.present[row] = False
+        self.ring[row, pos] = np.nan
+        kept = [g for g in gpus if 0 <= g.index < self.gpus]
+        if kept:
+            # None (not supported) becomes NaN in a float array
+            values = np.array(
+                [
+                    (g.temp_c, g.power_w, g.util_gpu_pct, g.sm_clock_mhz, g.power_limit_w,
+                     getattr(g, "slowdown_temp_c", None))
+                    for g in kept
+                ],
+                dtype=np.float32,
+            )  # fmt: skip
+            idx = [g.index for g in kept]
+            self.latest[row, idx] = values
+            self.present[row, idx] = True
+            self.ring[row, pos, idx] = values[:, : len(RING_FIELDS)]
+            uuids = self.uuids[row]
+            for g in kept:
+                if g.uuid is not None:
+                    uuids[g.index] = g.uuid
+            if kept[0].model:
+                self.models[row] = kept[0].model or ""
+
+    @property
+    def temp(self) -> F32:
+        """Latest temperature per cell (a view: writing it sets the readings)."""
+        return self.latest[:, :, 0]
 
     def temps_u8(self) -> npt.NDArray[np.uint8]:
         """Latest temperature per cell (rows x gpus), whole degrees 0..254, ``NO_TEMP`` when unknown."""
@@ -166,13 +169,7 @@ class Fleet:
             "seen_at": _num(float(self.seen_at[row])),
             "ts": [round(float(x), 3) for x in ts[keep]],
             "series": {f: _nums(values[:, k]) for k, f in enumerate(RING_FIELDS)},
-            "latest": {
-                "temp_c": _num(float(self.temp[row, gpu])),
-                "slowdown_temp_c": _num(float(self.slowdown[row, gpu])),
-                "power_w": _num(float(self.power[row, gpu])),
-                "power_limit_w": _num(float(self.power_limit[row, gpu])),
-                "util_gpu_pct": _num(float(self.util[row, gpu])),
-            },
+            "latest": {f: _num(float(self.latest[row, gpu, k])) for k, f in enumerate(LATEST_FIELDS)},
         }
 
 

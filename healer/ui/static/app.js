@@ -70,13 +70,21 @@
     const tileW = cols * c + (cols - 1) * (gap > 1 ? 1 : 0) + gap * 2 + 2, tileH = rows * c + (rows - 1) * (gap > 1 ? 1 : 0) + gap * 2 + 2;
     const width = Math.max(300, $("map-wrap").clientWidth);
     const perRow = Math.max(1, Math.floor(width / tileW));
-    const head = 18, blocks = [];
-    let y = 0;
+    // One group: the whole width. Many (racks): near-square blocks packed in shelves, left to right.
+    const head = 18, space = 12, blocks = [];
+    let x = 0, y = 0, shelf = 0;
     for (const [name, members] of S.groups) {
-      const lines = Math.ceil(members.length / perRow);
-      blocks.push({ name, members, y, top: y + head, lines });
-      y += head + lines * tileH + 6;
+      let cols = perRow;
+      if (S.groups.length > 1) {
+        cols = Math.ceil(Math.sqrt((members.length * tileH) / tileW));
+        cols = Math.min(perRow, Math.max(cols, Math.ceil(130 / tileW), 1));
+      }
+      const lines = Math.ceil(members.length / cols), w = cols * tileW, h = head + lines * tileH;
+      if (x > 0 && x + w > width) { x = 0; y += shelf + 6; shelf = 0; }
+      blocks.push({ name, members, x, y, top: y + head, cols, lines });
+      x += w + space; shelf = Math.max(shelf, h);
     }
+    y += shelf + 6;
     S.layout = { c, gap, cols, rows, tileW, tileH, perRow, blocks, width, height: Math.max(y, 40), inner: c >= 8 ? 1 : 0 };
     const dpr = window.devicePixelRatio || 1;
     canvas.width = Math.round(width * dpr); canvas.height = Math.round(S.layout.height * dpr);
@@ -84,7 +92,7 @@
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     S.pos = new Int32Array(n * 2).fill(-1);
     for (const b of blocks) b.members.forEach((row, k) => {
-      S.pos[row * 2] = (k % perRow) * tileW; S.pos[row * 2 + 1] = b.top + Math.floor(k / perRow) * tileH;
+      S.pos[row * 2] = b.x + (k % b.cols) * tileW; S.pos[row * 2 + 1] = b.top + Math.floor(k / b.cols) * tileH;
     });
   }
   function cellRect(i) {
@@ -115,7 +123,7 @@
     ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "top";
     for (const b of L.blocks) {
       ctx.fillStyle = "#8a94a0";
-      ctx.fillText(`${b.name}  (${b.members.length} nodes)`, 0, b.y + 2);
+      ctx.fillText(`${b.name}  (${b.members.length})`, b.x, b.y + 2);
     }
     if (L.c >= 6) for (let row = 0; row < S.nodes.length; row++) drawTileFrame(row);
     // One fillStyle per colour: 80,000 cells in a few passes instead of 80,000 style changes.
@@ -243,9 +251,9 @@
     if (!L) return null;
     const rect = canvas.getBoundingClientRect(), x = ev.clientX - rect.left, y = ev.clientY - rect.top;
     for (const b of L.blocks) {
-      if (y < b.top || y >= b.top + b.lines * L.tileH) continue;
-      const k = Math.floor((y - b.top) / L.tileH) * L.perRow + Math.floor(x / L.tileW);
-      if (x >= L.perRow * L.tileW || k >= b.members.length) return null;
+      if (y < b.top || y >= b.top + b.lines * L.tileH || x < b.x || x >= b.x + b.cols * L.tileW) continue;
+      const k = Math.floor((y - b.top) / L.tileH) * b.cols + Math.floor((x - b.x) / L.tileW);
+      if (k >= b.members.length) return null;
       const row = b.members[k];
       const cx = x - S.pos[row * 2] - 1 - L.gap, cy = y - S.pos[row * 2 + 1] - 1 - L.gap;
       const g = Math.floor(cy / (L.c + L.inner)) * L.cols + Math.floor(cx / (L.c + L.inner));
@@ -284,12 +292,15 @@
     drawAll();
     counts(d.frames);
     S.ready = true;
+    S.readyAt = performance.now();
   }
   function onCells(d) {
+    const t0 = performance.now();
     S.cellsMsgs++;
     for (let k = 0; k < d.i.length; k++) { S.temp[d.i[k]] = d.t[k]; S.health[d.i[k]] = d.h[k]; }
     if (S.layout) for (const i of d.i) drawCell(i);
     counts(d.frames);
+    S.cellsMs = performance.now() - t0;
     if (S.selected) showGpu(S.selected[0], S.selected[1]);
   }
   function onIncident(d) {
