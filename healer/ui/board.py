@@ -21,6 +21,9 @@ from healer.schemas import incidents
 SEVERITY_CODE = {"info": 1, "warning": 2, "major": 3, "critical": 4}
 """Health codes of a GPU with an open incident; the page's legend uses the same numbers."""
 
+SEEN_MAX = 100_000
+"""Event ids remembered for deduplication (a replayed window is far smaller)."""
+
 TIMELINE_MAX = 50
 """Events kept per incident (the first one, opened, is always kept)."""
 
@@ -63,6 +66,8 @@ class Board:
     def __init__(self, recent_max: int = 200) -> None:
         self.open: dict[str, Shown] = {}
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=recent_max)
+        self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Event ids applied (bounded)."""
         self.closed: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Ids of incidents the feed has resolved (bounded), so that a late KV seed cannot revive them."""
         self.breaker: dict[str, Any] = {"open": False, "entries": []}
@@ -72,8 +77,14 @@ class Board:
         self.version = 0
         """Bumped on every change the page must hear about."""
 
-    def apply(self, ev: incidents.IncidentEvent) -> dict[str, Any]:
-        """One incident event from the feed; returns the feed line the page appends."""
+    def apply(self, ev: incidents.IncidentEvent) -> dict[str, Any] | None:
+        """One incident event from the feed; returns the feed line the page appends, or ``None`` for an
+        event already applied (the feed is replayed again after a reconnect; ids are stable)."""
+        if ev.id in self.seen:
+            return None
+        self.seen[ev.id] = None
+        while len(self.seen) > SEEN_MAX:
+            self.seen.popitem(last=False)
         d = ev.data
         at = _ts(ev.time)
         line = {

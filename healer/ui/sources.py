@@ -118,6 +118,8 @@ class Sources:
         if item.incident is not None:
             ev = item.incident
             line = self.live.board.apply(ev)
+            if line is None:
+                return
             shown = self.live.board.open.get(ev.data.incident_id)
             self.live.broadcast("feed", line)
             self.live.broadcast(

@@ -110,6 +110,14 @@ def test_resolved_incidents_leave_the_open_list_and_a_late_kv_seed_cannot_revive
     assert [line["change"] for line in b.recent] == ["opened", "action", "resolved"]
 
 
+def test_a_replayed_event_is_applied_once() -> None:
+    b = board.Board()
+    assert b.apply(event("opened", "n0", 1)) is not None
+    assert b.apply(event("opened", "n0", 1)) is None
+    assert len(b.recent) == 1
+    assert len(b.open["inc-1"].timeline) == 1
+
+
 def test_the_ring_keeps_the_last_readings_oldest_first() -> None:
     f = fleet.Fleet(2, ring_len=3)
     for k in range(5):
