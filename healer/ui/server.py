@@ -129,6 +129,8 @@ def build_app(
             if token is None or not hmac.compare_digest(token.encode(), ui.token.encode()):
                 return web.Response(status=401, text="healer ui: a token is needed (?token=...)\n")
         resp = await handler(request)
+        if resp.prepared:  # the event stream sets its own headers before it starts
+            return resp
         resp.headers["Content-Security-Policy"] = CSP
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Referrer-Policy"] = "no-referrer"
@@ -191,6 +193,7 @@ def build_app(
             }
         )
         resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
         await resp.prepare(request)
         client, first = live.connect()
         try:

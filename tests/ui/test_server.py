@@ -145,6 +145,7 @@ async def test_breaker_and_exclusions_are_pushed_from_kv_and_old_incidents_are_s
     store: kv.Store = page["store"]
     async with aiohttp.ClientSession() as http, http.get(page["ui"].url + "api/events") as r:
         assert r.headers["Content-Type"] == "text/event-stream"
+        assert r.headers["Content-Security-Policy"] == server.CSP
         stream = Stream(r)
         snap = await stream.next("snapshot")
         if not snap["incidents"]:  # the KV watch may still be starting: the seed arrives as an event
