@@ -243,6 +243,9 @@ class UiSettings(_Group):
     """Port of the page (0: any free port, printed at start)."""
     token: str | None = None
     """Bearer token every request must carry (header, or ``?token=`` once: a cookie keeps it)."""
+    max_nodes: int = pydantic.Field(default=100_000, ge=1)
+    """Most nodes the map holds; frames from further new names are dropped and counted (a publisher
+    inventing names cannot grow the page's memory without bound)."""
     ring_len: int = pydantic.Field(default=90, ge=2, le=3600)
     """Recent readings kept per GPU for its chart (one per frame; 90 s at the agents' 1 s)."""
     push_s: float = pydantic.Field(default=1.0, gt=0)

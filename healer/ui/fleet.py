@@ -56,8 +56,13 @@ class Fleet:
     ring_ts: npt.NDArray[np.float64]
     ring_pos: npt.NDArray[np.int32]
 
-    def __init__(self, gpus_per_node: int = 8, ring_len: int = 90, capacity: int = 64) -> None:
+    def __init__(
+        self, gpus_per_node: int = 8, ring_len: int = 90, capacity: int = 64, max_nodes: int = 100_000
+    ) -> None:
         self.gpus = gpus_per_node
+        self.max_nodes = max_nodes
+        self.refused = 0
+        """Frames dropped because they named a new node past ``max_nodes``."""
         self.ring_len = ring_len
         self.names: list[str] = []
         self.index: dict[str, int] = {}
@@ -97,9 +102,13 @@ class Fleet:
         self.layout += 1
         return row
 
-    def ingest(self, node: str, frame: telemetry.FrameView, now: float) -> None:
-        """One frame from ``node`` (the subject's node), received at ``now``. One vectorised write per
-        array, not one per reading: this runs for every frame of the fleet."""
+    def ingest(self, node: str, frame: telemetry.FrameView, now: float) -> bool:
+        """One frame from ``node`` (the subject's node), received at ``now``; ``False`` when refused (a
+        new node past ``max_nodes``). One vectorised write per array, not one per reading: this runs for
+        every frame of the fleet."""
+        if node not in self.index and len(self.names) >= self.max_nodes:
+            self.refused += 1
+            return False
         gpus = frame.gpus
         widest = max((g.index for g in gpus), default=-1) + 1
         if self.gpus < widest <= 256:
@@ -136,6 +145,7 @@ class Fleet:
                     uuids[g.index] = g.uuid
             if kept[0].model:
                 self.models[row] = kept[0].model or ""
+        return True
 
     @property
     def temp(self) -> F32:

@@ -288,7 +288,7 @@ async def start(
     ui = settings.ui
     check(ui)
     live = live_mod.Live(
-        fleet_mod.Fleet(settings.controller.gpus_per_node, ui.ring_len),
+        fleet_mod.Fleet(settings.controller.gpus_per_node, ui.ring_len, max_nodes=ui.max_nodes),
         board_mod.Board(),
         group_by=ui.group_by,
         stale_after_s=ui.stale_after_s,

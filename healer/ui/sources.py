@@ -106,7 +106,10 @@ class Sources:
             self.stats.bad(e)
             return
         self.stats.ok("frame")
-        self.live.fleet.ingest(self.subj.node_of(msg.subject), frame, time.time())
+        fleet = self.live.fleet
+        node = self.subj.node_of(msg.subject)
+        if not fleet.ingest(node, frame, time.time()) and fleet.refused % 1000 == 1:
+            log.warning("ui.node_refused", node=node, max_nodes=fleet.max_nodes, refused=fleet.refused)
 
     async def _feed(self) -> None:
         since = datetime.fromtimestamp(time.time() - self.feed_window_s, tz=UTC)

@@ -148,3 +148,12 @@ def test_a_browser_that_cannot_keep_up_is_disconnected_not_buffered() -> None:
     assert client.dropped
     assert client.queue.qsize() == 1
     assert client.queue.get_nowait() is None
+
+
+def test_new_nodes_past_max_nodes_are_refused_and_counted() -> None:
+    f = fleet.Fleet(2, ring_len=3, max_nodes=2)
+    assert f.ingest("n0", frame("n0", [50.0, 50.0]), NOW)
+    assert f.ingest("n1", frame("n1", [50.0, 50.0]), NOW)
+    assert not f.ingest("intruder", frame("intruder", [50.0, 50.0]), NOW)
+    assert f.ingest("n0", frame("n0", [51.0, 50.0]), NOW)
+    assert (f.names, f.refused) == (["n0", "n1"], 1)

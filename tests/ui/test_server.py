@@ -25,6 +25,8 @@ from healer.ui import board, fleet, live, server
 from tests.controller import conftest as ctl_conftest
 
 STATIC = pathlib.Path(server.__file__).parent / "static"
+FIRST_SEEN = {"admission": "first-seen"} if "admission" in config.ControllerSettings.model_fields else {}
+"""A controller with the log actuator admits nodes only this way once admission exists (issue #12)."""
 
 
 async def serve_static(**ui: Any) -> server.Running:
@@ -211,7 +213,9 @@ async def test_the_controller_serves_the_page_when_ui_is_enabled(
     (tmp_path / "rules" / "dbe.yaml").write_text(ctl_conftest.DBE_RULES)
     s = config.Settings(
         nats=config.NatsSettings(url=nats_server.url),
-        controller=config.ControllerSettings(rules_dir=str(tmp_path / "rules"), metrics_port=0),
+        controller=config.ControllerSettings.model_validate(
+            {"rules_dir": str(tmp_path / "rules"), "metrics_port": 0, **FIRST_SEEN}
+        ),
         ui=config.UiSettings(enabled=True, port=port),
     )
     stop = asyncio.Event()
