@@ -41,6 +41,8 @@ INK_JS = """const c = document.getElementById('chart-temp'), p = document.create
 p.width = c.width; p.height = c.height; const x = p.getContext('2d', {willReadFrequently: true});
 x.drawImage(c, 0, 0); const d = x.getImageData(0, 0, c.width, c.height).data;
 let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n"""
+MODE_JS = """const m = document.getElementById('mode'); m.value = arguments[0];
+m.dispatchEvent(new Event('change'))"""
 ORIGINS_JS = "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)"
 
 
@@ -166,6 +168,13 @@ async def test_fault_appears_on_map_and_in_incidents_then_clears(
         )
         inked = await page.js(INK_JS)
         assert inked > 200, "the temperature chart drew nothing"
+
+        # coloured by temperature instead, the healthy cells leave the health palette
+        await page.js(MODE_JS, "temp")
+        assert await page.pixel("gpu-a01", 0) not in (OK, CRITICAL)
+        assert "°C" in await page.js("return document.getElementById('legend').textContent")
+        await page.js(MODE_JS, "health")
+        assert await page.pixel("gpu-a01", 0) == OK
 
         fleet.overrides[("gpu-b01", 1)] = {"ecc_dbe_volatile": 0}
         await page.until(
