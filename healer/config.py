@@ -277,6 +277,42 @@ class ControllerSettings(_Group):
     actions (healer's cordon on a node that left stays)."""
 
 
+class UiSettings(_Group):
+    """The read-only status page: ``healer ui``, or served by the controller with ``enabled``."""
+
+    enabled: bool = False
+    """Serve the status page from ``healer controller`` too (``healer ui`` always serves it)."""
+    host: str = "127.0.0.1"
+    """Address the page listens on. Anything but loopback needs ``token``."""
+    port: int = pydantic.Field(default=9744, ge=0, le=65535)
+    """Port of the page (0: any free port, printed at start)."""
+    token: str | None = None
+    """Bearer token every request must carry (header, or ``?token=`` once: a cookie keeps it)."""
+    max_nodes: int = pydantic.Field(default=100_000, ge=1)
+    """Most nodes the map holds; frames from further new names are dropped and counted (a publisher
+    inventing names cannot grow the page's memory without bound)."""
+    ring_len: int = pydantic.Field(default=90, ge=2, le=3600)
+    """Recent readings kept per GPU for its chart (one per frame; 90 s at the agents' 1 s)."""
+    push_s: float = pydantic.Field(default=1.0, gt=0)
+    """How often the map's changes go to the browsers."""
+    temp_deadband_c: int = pydantic.Field(default=2, ge=1, le=50)
+    """A cell's temperature is resent once it moved this much since the browser last heard."""
+    stale_after_s: float = pydantic.Field(default=30.0, gt=0)
+    """A node silent this long is drawn as silent."""
+    feed_window_s: float = pydantic.Field(default=3600.0, ge=0)
+    """At start, the incident feed is replayed from this long ago (timelines, recent events)."""
+    group_by: tuple[str, ...] = ("rack", "partition")
+    """Node labels that group the map, first found wins (from incidents' labels and ``labels_file``);
+    comma-separated in the environment."""
+    labels_file: str | None = None
+    """YAML or JSON mapping node -> {label: value} for grouping nodes that have had no incident yet."""
+
+    @pydantic.field_validator("group_by", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else value
+
+
 class LogSettings(_Group):
     level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
@@ -292,6 +328,7 @@ class Settings(_Group):
     controller: ControllerSettings = pydantic.Field(default_factory=ControllerSettings)
     log: LogSettings = pydantic.Field(default_factory=LogSettings)
     actuators: ActuatorSettings = pydantic.Field(default_factory=ActuatorSettings)
+    ui: UiSettings = pydantic.Field(default_factory=UiSettings)
 
 
 def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -29,6 +29,7 @@ GROUPS = [
     "healer.cli.sim_cmd",
     "healer.cli.rules_cmd",
     "healer.cli.model_cmd",
+    "healer.cli.ui_cmd",
 ]
 """Modules that add subcommands, in help order."""
 

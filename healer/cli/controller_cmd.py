@@ -20,6 +20,7 @@ from healer.bus import provision, subjects
 from healer.cli import common
 from healer.controller import kv, policy, service
 from healer.controller import metrics as metrics_mod
+from healer.ui import hook
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +97,10 @@ async def run_controller(
         ctl = service.Controller(s, bus, scheduler=factory.scheduler(s), metrics=metrics)
         ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
         await ctl.start()
+        page = await hook.maybe_start(bus, s)  # the status page, when ui.enabled (docs/ui.md)
         await stop.wait()
+        if page is not None:
+            await page.stop()
         await ctl.stop()
     finally:
         await bus.close()

@@ -53,6 +53,8 @@ class Options:
     warmup_s: float = stage.WARMUP_S
     model: str | None = None
     """Anomaly model; default: models/default of the checkout when present; "" for none."""
+    ui: bool = True
+    """Serve the status page (``ui`` settings; port 9744, or any free port when that one is taken)."""
 
 
 Tick = Callable[[watch.Observer, float], None]
@@ -130,6 +132,7 @@ async def _run_with_server(
     fleet: live.LiveFleet | None = None
     fleet_stop = asyncio.Event()
     fleet_task: asyncio.Task[live.Stats] | None = None
+    page: Any = None
     obs = watch.Observer(time.time())
     started = time.monotonic()
     try:
@@ -145,6 +148,9 @@ async def _run_with_server(
         ctl.power = power.PowerActuator(ctl_bus, ctl, subj, s.actuators)
         await ctl.start()
         say(f"controller: mode {s.controller.mode}, actuator {s.controller.actuator}")
+        if opts.ui:
+            page = await _status_page(await connect("healer-demo-ui"), s)
+            say(f"status page: {page.url}")
 
         watch_bus = await connect("healer-demo-watch")
         await watch_bus.subscribe(subj.all_telemetry, _frames(obs))
@@ -185,6 +191,8 @@ async def _run_with_server(
             await _quietly("fleet", fleet_task)
         if fleet is not None:
             await _quietly("fleet commands", fleet.close())
+        if page is not None:
+            await _quietly("status page", page.stop())
         if ctl is not None:
             await _quietly("controller", ctl.stop())
         for bus in reversed(buses):
@@ -193,6 +201,19 @@ async def _run_with_server(
     return obs.summary(
         duration_s=time.monotonic() - started, nodes=opts.nodes, gpus=opts.gpus, interrupted=stop.is_set()
     )
+
+
+async def _status_page(bus: natsbus.NatsBus, s: config.Settings) -> Any:
+    """The status page on the demo's NATS (healer.ui.server), on ``ui.port`` or, if that is taken, any."""
+    from healer.ui import server
+
+    try:
+        return await server.start(bus, s)
+    except errors.PermanentError:
+        if s.ui.port == 0:
+            raise
+        log.warning("demo.ui_port_taken", port=s.ui.port)
+        return await server.start(bus, s.model_copy(update={"ui": s.ui.model_copy(update={"port": 0})}))
 
 
 async def _quietly(what: str, work: Awaitable[Any]) -> None:

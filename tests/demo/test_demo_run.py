@@ -59,6 +59,7 @@ def test_compressed_story_shows_every_step_in_the_json_summary() -> None:
             proc.wait()
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out)  # nothing but the JSON on stdout
+    assert re.search(r"^status page: http://127\.0\.0\.1:\d+/$", err, re.M), err[-3000:]
     assert summary["story"] == {
         "overheat_capped": True,
         "overheat_resolved_and_restored": True,

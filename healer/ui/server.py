@@ -1,0 +1,304 @@
+"""The status page's HTTP server (aiohttp): the page, its script and style, a snapshot, one GPU's chart
+data, and the live stream (server-sent events). Read-only: every route is GET or HEAD.
+
+Security: it listens on loopback unless told otherwise, and refuses to listen anywhere else without a
+token. With a token, every request must carry it: ``Authorization: Bearer <token>``, or ``?token=`` once
+(the answer sets an HttpOnly, SameSite=Strict cookie and redirects to the same URL without it, so the
+token leaves the address bar and the history). Every response forbids loading anything from anywhere but
+this server (Content-Security-Policy ``default-src 'none'`` plus ``'self'`` for scripts, styles, images
+and the event stream), so the page works on a machine with no outside network and cannot leak to one.
+
+``start`` is what ``healer ui`` and the controller (``ui.enabled``) call: it starts the sources and the
+site and returns a ``Running`` to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import importlib.resources
+import ipaddress
+import pathlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import orjson
+import structlog
+import yaml
+from aiohttp import web
+
+from healer import config, errors
+from healer.bus import nats as natsbus
+from healer.bus import subjects
+from healer.ui import board as board_mod
+from healer.ui import fleet as fleet_mod
+from healer.ui import live as live_mod
+from healer.ui import sources as sources_mod
+
+log = structlog.get_logger(__name__)
+
+COOKIE = "healer_ui_token"
+STATIC = {
+    "app.js": "text/javascript",
+    "chart.js": "text/javascript",
+    "style.css": "text/css",
+    "icon.svg": "image/svg+xml",
+}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+HEARTBEAT_S = 15.0
+NO_ANOMALY = (
+    "anomaly scores and their components are computed inside the controller and are not published on "
+    "NATS; this page shows the anomaly evidence of incidents only (docs/ui.md)"
+)
+
+
+class AnomalySource(Protocol):
+    """Per-GPU anomaly components, for a page served inside the controller that holds the model."""
+
+    def components(self, node: str, gpu: int) -> Mapping[str, float] | None: ...
+
+
+def _asset(name: str) -> bytes:
+    return importlib.resources.files("healer.ui").joinpath("static", name).read_bytes()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check(ui: config.UiSettings) -> None:
+    """Refuse what would expose the page: a non-loopback address without a token."""
+    if not is_loopback(ui.host) and not ui.token:
+        raise errors.PermanentError(
+            f"refusing to serve the status page on {ui.host} without a token (set ui.token or --token, "
+            "or listen on 127.0.0.1)"
+        )
+
+
+def load_labels(path: str | None) -> dict[str, dict[str, str]]:
+    if not path:
+        return {}
+    try:
+        doc = yaml.safe_load(pathlib.Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise errors.PermanentError(f"cannot read labels file {path}: {e}") from e
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise errors.PermanentError(f"labels file {path}: expected a mapping node -> {{label: value}}")
+    return {str(n): {str(k): str(v) for k, v in labels.items()} for n, labels in doc.items()}
+
+
+def build_app(
+    live: live_mod.Live,
+    ui: config.UiSettings,
+    anomaly: AnomalySource | None = None,
+    stopping: asyncio.Event | None = None,
+) -> web.Application:
+    assets = {name: _asset(name) for name in STATIC}
+    index = _asset("index.html")
+    stopping = stopping or asyncio.Event()
+
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"])
+        if ui.token:
+            given = request.query.get("token")
+            if given is not None and hmac.compare_digest(given.encode(), ui.token.encode()):
+                query = {k: v for k, v in request.query.items() if k != "token"}
+                redirect = web.HTTPSeeOther(str(request.rel_url.with_query(query)))
+                redirect.set_cookie(COOKIE, ui.token, httponly=True, samesite="Strict", path="/")
+                raise redirect
+            header = request.headers.get("Authorization", "")
+            token = (
+                header.removeprefix("Bearer ")
+                if header.startswith("Bearer ")
+                else request.cookies.get(COOKIE)
+            )
+            if token is None or not hmac.compare_digest(token.encode(), ui.token.encode()):
+                return web.Response(status=401, text="healer ui: a token is needed (?token=...)\n")
+        resp = await handler(request)
+        if resp.prepared:  # the event stream sets its own headers before it starts
+            return resp
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        resp.headers.setdefault("Cache-Control", "no-store")
+        return resp
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(body=index, content_type="text/html", charset="utf-8")
+
+    async def static(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in assets:
+            raise web.HTTPNotFound()
+        resp = web.Response(body=assets[name], content_type=STATIC[name])
+        resp.headers["Cache-Control"] = "no-cache"
+        return resp
+
+    async def snapshot(request: web.Request) -> web.Response:
+        resp = web.Response(body=orjson.dumps(live.snapshot()), content_type="application/json")
+        resp.enable_compression()
+        return resp
+
+    async def gpu(request: web.Request) -> web.Response:
+        node = request.query.get("node", "")
+        try:
+            index = int(request.query.get("gpu", ""))
+        except ValueError:
+            raise web.HTTPBadRequest(text="gpu must be an integer\n") from None
+        data = live.fleet.series(node, index)
+        if data is None:
+            raise web.HTTPNotFound(text=f"no GPU {index} on node {node!r}\n")
+        related = [
+            s.as_json()
+            for s in live.board.open.values()
+            if s.data.node == node and s.data.gpu_index in (None, index)
+        ]
+        comps = anomaly.components(node, index) if anomaly is not None else None
+        scores = {
+            s["id"]: s["evidence"]["anomaly_score"] for s in related if "anomaly_score" in s["evidence"]
+        }
+        data.update(
+            incidents=related,
+            labels={**live.board.node_labels.get(node, {}), **live.extra_labels.get(node, {})},
+            excluded=node in live.board.exclusions,
+            anomaly={
+                "available": comps is not None,
+                "components": dict(comps) if comps is not None else None,
+                "incident_scores": scores,
+                "note": None if comps is not None else NO_ANOMALY,
+            },
+        )
+        return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        await resp.prepare(request)
+        client, first = live.connect()
+        try:
+            await resp.write(b"retry: 2000\n\n" + first)
+            while not stopping.is_set():
+                try:
+                    msg = await asyncio.wait_for(client.queue.get(), HEARTBEAT_S)
+                except TimeoutError:
+                    msg = b": ping\n\n"
+                if msg is None:
+                    break
+                await resp.write(msg)
+                live.stats["sent_bytes"] += len(msg)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            live.disconnect(client)
+        return resp
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application(middlewares=[guard])
+    app.router.add_get("/", page)
+    app.router.add_get("/static/{name}", static)
+    app.router.add_get("/api/snapshot", snapshot)
+    app.router.add_get("/api/gpu", gpu)
+    app.router.add_get("/api/events", events)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+@dataclasses.dataclass
+class Running:
+    url: str
+    live: live_mod.Live
+    sources: sources_mod.Sources | None
+    runner: web.AppRunner
+    stopping: asyncio.Event
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        for client in list(self.live.clients):
+            with contextlib.suppress(asyncio.QueueFull):
+                client.queue.put_nowait(None)
+        if self.sources is not None:
+            await self.sources.stop()
+        await self.runner.cleanup()
+
+
+async def serve(
+    live: live_mod.Live,
+    ui: config.UiSettings,
+    *,
+    sources: sources_mod.Sources | None = None,
+    anomaly: AnomalySource | None = None,
+) -> Running:
+    """Listen (sources already built, started here); ``PermanentError`` on a busy port or a bad host."""
+    check(ui)
+    stopping = asyncio.Event()
+    runner = web.AppRunner(build_app(live, ui, anomaly, stopping), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, ui.host, ui.port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise errors.PermanentError(f"cannot listen on {ui.host}:{ui.port}: {e.strerror or e}") from e
+    port = runner.addresses[0][1] if runner.addresses else ui.port
+    host = f"[{ui.host}]" if ":" in ui.host else ui.host
+    running = Running(f"http://{host}:{port}/", live, sources, runner, stopping)
+    if sources is not None:
+        try:
+            await sources.start()
+        except BaseException:
+            await running.stop()
+            raise
+    log.info("ui.listening", url=running.url)
+    return running
+
+
+async def start(
+    bus: natsbus.NatsBus,
+    settings: config.Settings,
+    *,
+    labels: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
+    anomaly: AnomalySource | None = None,
+) -> Running:
+    """The status page on ``bus``: what ``healer ui`` runs, and the one call ``healer controller`` makes
+    when ``ui.enabled`` (passing the controller's node labels and, when it has them, anomaly components).
+    Stop it with ``await running.stop()``; the bus stays the caller's."""
+    ui = settings.ui
+    check(ui)
+    live = live_mod.Live(
+        fleet_mod.Fleet(settings.controller.gpus_per_node, ui.ring_len, max_nodes=ui.max_nodes),
+        board_mod.Board(),
+        group_by=ui.group_by,
+        stale_after_s=ui.stale_after_s,
+        temp_deadband_c=ui.temp_deadband_c,
+        title=f"healer · {settings.controller.cluster}",
+    )
+    live.extra_labels = load_labels(ui.labels_file)
+    if labels is not None:
+        live.extra_labels = {**live.extra_labels, **{n: dict(v) for n, v in labels().items()}}
+    src = sources_mod.Sources(
+        bus, subjects.Subjects(settings.nats.prefix), live, feed_window_s=ui.feed_window_s, push_s=ui.push_s
+    )
+    return await serve(live, ui, sources=src, anomaly=anomaly)

@@ -1,0 +1,176 @@
+"""Where the status page's data comes from, all read-only and all pushed by NATS (nothing polls KV):
+
+- telemetry: a core subscription to ``healer.telemetry.*`` (the node is the subject's, as in the
+  controller), decoded with the controller's strict fast path;
+- the incident feed: ``healer.feed.tail``'s ephemeral ordered consumer, from ``feed_window_s`` ago, then
+  following (incidents, their timelines, the recent feed);
+- the controller's KV bucket: ``healer.bus.kvwatch`` (current values, then changes) for the breaker and
+  the exclusions, and, once at start, the open incidents the feed window does not reach.
+
+Nothing here publishes or writes. Each source is a task this object owns; one that fails with a
+temporary error is restarted after ``retry_s`` and logged; ``stop`` cancels and awaits them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import structlog
+
+from healer import errors
+from healer.bus import base, kvwatch, subjects
+from healer.bus import nats as natsbus
+from healer.feed import envelope, tail
+from healer.schemas import codec
+from healer.ui import live as live_mod
+
+log = structlog.get_logger(__name__)
+
+BREAKER_KEY = "breaker"
+EXCLUDE_PREFIX = "exclude."
+INCIDENT_PREFIX = "incident."
+"""The controller's KV keys (healer.controller.policy / incidents); read here, never written."""
+
+
+class Sources:
+    def __init__(
+        self,
+        bus: natsbus.NatsBus,
+        subj: subjects.Subjects,
+        live: live_mod.Live,
+        *,
+        feed_window_s: float = 3600.0,
+        push_s: float = 1.0,
+        retry_s: float = 2.0,
+    ) -> None:
+        self.bus = bus
+        self.subj = subj
+        self.live = live
+        self.feed_window_s = feed_window_s
+        self.push_s = push_s
+        self.retry_s = retry_s
+        self.stats = codec.DecodeStats()
+        self.tasks: list[asyncio.Task[None]] = []
+        self._sub: base.Subscription | None = None
+        self.kv_ready = asyncio.Event()
+        self.feed_started = asyncio.Event()
+
+    async def start(self) -> None:
+        self._sub = await self.bus.subscribe(self.subj.all_telemetry, self._on_frame)
+        self.tasks = [
+            asyncio.create_task(self._supervise("feed", self._feed), name="ui-feed"),
+            asyncio.create_task(self._supervise("kv", self._kv), name="ui-kv"),
+            asyncio.create_task(self._pump(), name="ui-pump"),
+        ]
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.tasks = []
+
+    async def _supervise(self, what: str, run: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await run()
+                return
+            except errors.HealerError as e:
+                log.warning("ui.source_failed", source=what, error=str(e), retry_s=self.retry_s)
+            except Exception:
+                log.exception("ui.source_crashed", source=what, retry_s=self.retry_s)
+            await asyncio.sleep(self.retry_s)
+
+    async def _pump(self) -> None:
+        while True:
+            await asyncio.sleep(self.push_s)
+            try:
+                self.live.tick()
+            except Exception:
+                log.exception("ui.push_failed")
+
+    async def _on_frame(self, msg: base.Msg) -> None:
+        try:
+            frame = codec.decode_frame_view(msg.data)
+        except errors.DecodeError as e:
+            self.stats.bad(e)
+            return
+        self.stats.ok("frame")
+        fleet = self.live.fleet
+        node = self.subj.node_of(msg.subject)
+        if not fleet.ingest(node, frame, time.time()) and fleet.refused % 1000 == 1:
+            log.warning("ui.node_refused", node=node, max_nodes=fleet.max_nodes, refused=fleet.refused)
+
+    async def _feed(self) -> None:
+        since = datetime.fromtimestamp(time.time() - self.feed_window_s, tz=UTC)
+        query = tail.Query(since=since, follow=True)
+        self.feed_started.set()
+        await tail.read(self.bus, self.subj, query, self._on_item, self._on_bad, self.stats)
+
+    def _on_item(self, item: envelope.Item) -> None:
+        if item.incident is not None:
+            ev = item.incident
+            line = self.live.board.apply(ev)
+            if line is None:
+                return
+            shown = self.live.board.open.get(ev.data.incident_id)
+            self.live.broadcast("feed", line)
+            self.live.broadcast(
+                "incident",
+                shown.as_json() if shown is not None else {"id": ev.data.incident_id, "state": ev.data.state},
+            )
+        elif item.rules_rejected is not None:
+            self.live.broadcast("feed", self.live.board.rules_rejected(item.rules_rejected))
+            self.live.broadcast("safety", self.live.board.safety())
+
+    def _on_bad(self, subject: str, seq: int, err: errors.DecodeError) -> None:
+        log.warning("ui.feed_rejected", subject=subject, seq=seq, reason=err.reason)
+
+    async def _kv(self) -> None:
+        ready = False
+
+        def on_ready() -> None:
+            nonlocal ready
+            ready = True
+            self.kv_ready.set()
+            self.live.broadcast("safety", self.live.board.safety())
+
+        def on_change(change: kvwatch.Change) -> None:
+            doc = _json(change.value)
+            board = self.live.board
+            if change.key == BREAKER_KEY:
+                board.set_breaker(doc)
+            elif change.key.startswith(EXCLUDE_PREFIX):
+                board.set_exclusion(change.key.removeprefix(EXCLUDE_PREFIX), doc)
+            elif change.key.startswith(INCIDENT_PREFIX):
+                if not ready and doc is not None and board.seed(doc):
+                    shown = board.open.get(str(doc.get("id")))
+                    if shown is not None:
+                        self.live.broadcast("incident", shown.as_json())
+                return
+            else:
+                return
+            if ready:
+                self.live.broadcast("safety", board.safety())
+
+        await kvwatch.follow(self.bus, self.subj.kv_state, on_change, on_ready)
+
+
+def _json(value: bytes | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None

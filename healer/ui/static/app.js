@@ -1,0 +1,348 @@
+// The status page: a fleet map drawn on one canvas, incidents, safety and the feed, kept live by
+// server-sent events (/api/events: a snapshot first, then changes). Read-only: it only ever GETs.
+"use strict";
+(function () {
+  const HEALTH = [
+    ["ok", "#2e9e5b"], ["info", "#4f8fc9"], ["warning", "#e0b92f"], ["major", "#ef8a2b"],
+    ["critical", "#e03c3c"], ["GPU missing", "#a24fd0"], ["node silent", "#5a6068"], ["no GPU", "#1d2127"],
+  ];
+  const SEV = { info: 1, warning: 2, major: 3, critical: 4 };
+  const NO_TEMP = 255;
+  const S = { nodes: [], groups: [], gpus: 8, temp: new Uint8Array(0), health: new Uint8Array(0),
+    incidents: new Map(), excluded: new Set(), layout: null, cell: 8, mode: "health", anomaly: new Map(),
+    selected: null, renderMs: null, snapshots: 0, cellsMsgs: 0, bytes: 0 };
+  const $ = (id) => document.getElementById(id);
+  const canvas = $("map"), ctx = canvas.getContext("2d");
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function b64(s) {
+    const bin = atob(s), out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  function ago(t) {
+    const s = Math.max(0, Date.now() / 1000 - t);
+    if (s < 90) return `${Math.round(s)}s ago`;
+    if (s < 5400) return `${Math.round(s / 60)}m ago`;
+    return `${(s / 3600).toFixed(1)}h ago`;
+  }
+  function hhmmss(t) { return new Date(t * 1000).toISOString().slice(11, 19); }
+  function where(node, gpu) { return gpu === null || gpu === undefined ? node : `${node}/gpu${gpu}`; }
+
+  // --- colours ---------------------------------------------------------------------------------------
+  function ramp(f) { // 0..1 -> blue .. green .. yellow .. red
+    const stops = [[40, 90, 200], [46, 158, 91], [224, 185, 47], [224, 60, 60]];
+    const p = Math.min(0.999, Math.max(0, f)) * (stops.length - 1), i = Math.floor(p), r = p - i;
+    const c = stops[i].map((a, k) => Math.round(a + (stops[i + 1][k] - a) * r));
+    return `rgb(${c[0]},${c[1]},${c[2]})`;
+  }
+  const TEMP_PALETTE = Array.from({ length: 256 }, (_, t) => (t === NO_TEMP ? "#30353c" : ramp((t - 25) / 70)));
+  function colour(i) {
+    const h = S.health[i];
+    if (h >= 5) return HEALTH[h][1];
+    if (S.mode === "health") return HEALTH[h][1];
+    if (S.mode === "temp") return TEMP_PALETTE[S.temp[i]];
+    const node = S.nodes[Math.floor(i / S.gpus)], score = S.anomaly.get(`${node}/${i % S.gpus}`) ?? S.anomaly.get(node);
+    return score === undefined ? "#30353c" : ramp(score);
+  }
+  function legend() {
+    const box = $("legend");
+    box.replaceChildren();
+    const items = S.mode === "health" ? HEALTH.slice(0, 7)
+      : S.mode === "anomaly" ? [["0", ramp(0)], ["0.5", ramp(0.5)], ["1", ramp(1)], ["no score", "#30353c"]]
+      : [["30 °C", ramp(5 / 70)], ["60 °C", ramp(35 / 70)], ["90 °C", ramp(65 / 70)]];
+    for (const [name, c] of items) { const s = el("span", "", name); s.style.setProperty("--c", c); box.append(s); }
+    if (S.mode === "anomaly") box.append(el("span", "muted", "anomaly scores are not published by the controller: only incidents' evidence is shown"));
+    if (S.excluded.size) { const s = el("span", "", "excluded (outlined)"); s.style.setProperty("--c", "#c8ced6"); box.append(s); }
+  }
+
+  // --- layout and drawing ----------------------------------------------------------------------------
+  function computeLayout() {
+    const n = S.nodes.length, g = S.gpus;
+    S.cell = n <= 64 ? 16 : n <= 400 ? 10 : n <= 2500 ? 6 : 4;
+    const c = S.cell, gap = c >= 8 ? 2 : 1;
+    const cols = Math.min(g, 4), rows = Math.ceil(g / cols);
+    const tileW = cols * c + (cols - 1) * (gap > 1 ? 1 : 0) + gap * 2 + 2, tileH = rows * c + (rows - 1) * (gap > 1 ? 1 : 0) + gap * 2 + 2;
+    const width = Math.max(300, $("map-wrap").clientWidth);
+    const perRow = Math.max(1, Math.floor(width / tileW));
+    // One group: the whole width. Many (racks): near-square blocks packed in shelves, left to right.
+    const head = 18, space = 12, blocks = [];
+    let x = 0, y = 0, shelf = 0;
+    for (const [name, members] of S.groups) {
+      let cols = perRow;
+      if (S.groups.length > 1) {
+        cols = Math.ceil(Math.sqrt((members.length * tileH) / tileW));
+        cols = Math.min(perRow, Math.max(cols, Math.ceil(130 / tileW), 1));
+      }
+      const lines = Math.ceil(members.length / cols), w = cols * tileW, h = head + lines * tileH;
+      if (x > 0 && x + w > width) { x = 0; y += shelf + 6; shelf = 0; }
+      blocks.push({ name, members, x, y, top: y + head, cols, lines });
+      x += w + space; shelf = Math.max(shelf, h);
+    }
+    y += shelf + 6;
+    S.layout = { c, gap, cols, rows, tileW, tileH, perRow, blocks, width, height: Math.max(y, 40), inner: c >= 8 ? 1 : 0 };
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(width * dpr); canvas.height = Math.round(S.layout.height * dpr);
+    canvas.style.width = `${width}px`; canvas.style.height = `${S.layout.height}px`;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    S.pos = new Int32Array(n * 2).fill(-1);
+    for (const b of blocks) b.members.forEach((row, k) => {
+      S.pos[row * 2] = b.x + (k % b.cols) * tileW; S.pos[row * 2 + 1] = b.top + Math.floor(k / b.cols) * tileH;
+    });
+  }
+  function cellRect(i) {
+    const L = S.layout, row = Math.floor(i / S.gpus), g = i % S.gpus;
+    const x0 = S.pos[row * 2], y0 = S.pos[row * 2 + 1];
+    if (x0 < 0) return null;
+    return [x0 + 1 + L.gap + (g % L.cols) * (L.c + L.inner), y0 + 1 + L.gap + Math.floor(g / L.cols) * (L.c + L.inner), L.c, L.c];
+  }
+  function drawCell(i) {
+    const r = cellRect(i);
+    if (!r) return;
+    ctx.fillStyle = colour(i);
+    ctx.fillRect(r[0], r[1], r[2], r[3]);
+  }
+  function drawTileFrame(row) {
+    const L = S.layout, x = S.pos[row * 2], y = S.pos[row * 2 + 1];
+    if (x < 0) return;
+    ctx.fillStyle = S.excluded.has(S.nodes[row]) ? "#c8ced6" : "#20252c";
+    ctx.fillRect(x + 0.5, y + 0.5, L.tileW - 2, L.tileH - 2);
+    ctx.fillStyle = "#111418";
+    ctx.fillRect(x + 1.5, y + 1.5, L.tileW - 4, L.tileH - 4);
+  }
+  function drawAll() {
+    const t0 = performance.now();
+    computeLayout();
+    const L = S.layout;
+    ctx.clearRect(0, 0, L.width, L.height);
+    ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "top";
+    for (const b of L.blocks) {
+      ctx.fillStyle = "#8a94a0";
+      ctx.fillText(`${b.name}  (${b.members.length})`, b.x, b.y + 2);
+    }
+    if (L.c >= 6) for (let row = 0; row < S.nodes.length; row++) drawTileFrame(row);
+    // One fillStyle per colour: 80,000 cells in a few passes instead of 80,000 style changes.
+    const byColour = new Map();
+    for (let i = 0; i < S.health.length; i++) {
+      const c = colour(i);
+      let list = byColour.get(c);
+      if (!list) byColour.set(c, (list = []));
+      list.push(i);
+    }
+    for (const [c, list] of byColour) {
+      ctx.fillStyle = c;
+      for (const i of list) { const r = cellRect(i); if (r) ctx.fillRect(r[0], r[1], r[2], r[3]); }
+    }
+    S.renderMs = performance.now() - t0;
+    legend();
+  }
+
+  // --- side panels -----------------------------------------------------------------------------------
+  function renderSafety(safety) {
+    S.safety = safety;
+    const b = safety.breaker, box = $("breaker");
+    box.replaceChildren();
+    if (b.open) box.append(el("div", "breaker-open", `CIRCUIT BREAKER OPEN since ${b.opened_at ? hhmmss(b.opened_at) : "?"}: ${b.reason || ""} (healer breaker reset)`));
+    else box.append(el("div", "breaker-closed", `breaker closed · ${b.in_window} node(s) in its window${b.reset_by ? ` · last reset by ${b.reset_by}` : ""}`));
+    const ex = $("exclusions");
+    ex.replaceChildren();
+    S.excluded = new Set(safety.exclusions.map((e) => e.node));
+    if (safety.exclusions.length) {
+      ex.append(el("div", "muted", `excluded (maintenance, no actions): ${safety.exclusions.length}`));
+      for (const e of safety.exclusions.slice(0, 50)) ex.append(el("div", "exclusion", `${e.node} — ${e.reason || ""} (${e.by || "?"})`));
+    } else ex.append(el("div", "muted", "no nodes excluded"));
+    const rr = $("rules");
+    rr.replaceChildren();
+    if (safety.rules_rejected) rr.append(el("div", "muted", `rule files rejected ${ago(safety.rules_rejected.time)}: ${safety.rules_rejected.errors} errors (previous rules active)`));
+  }
+  function renderIncidents() {
+    const list = $("incidents"), items = [...S.incidents.values()];
+    items.sort((a, b) => (SEV[b.severity] - SEV[a.severity]) || (b.opened - a.opened));
+    $("inc-count").textContent = `(${items.length})`;
+    const open = new Set([...list.querySelectorAll("li.open")].map((li) => li.dataset.id));
+    list.replaceChildren();
+    S.anomaly = new Map();
+    for (const inc of items) {
+      if ("anomaly_score" in inc.evidence) S.anomaly.set(inc.gpu === null ? inc.node : `${inc.node}/${inc.gpu}`, Number(inc.evidence.anomaly_score));
+    }
+    for (const inc of items.slice(0, 300)) {
+      const li = el("li", `incident sev-${inc.severity}${open.has(inc.id) ? " open" : ""}`);
+      li.dataset.id = inc.id; li.dataset.node = inc.node; li.dataset.gpu = inc.gpu === null ? "" : inc.gpu;
+      const top = el("div", "top");
+      top.append(el("span", "sev", inc.severity), el("span", "where", where(inc.node, inc.gpu)), el("span", "rule", inc.rule),
+        el("span", "muted", `${inc.state === "escalated" ? "ESCALATED · " : ""}${ago(inc.opened)}${inc.mode !== "enforce" ? ` · ${inc.mode}` : ""}`));
+      li.append(top, el("div", "summary", inc.summary));
+      const chips = el("div");
+      for (const a of inc.actions) chips.append(el("span", `chip ${a.status}`, `${a.kind}: ${a.status}`));
+      li.append(chips);
+      if (open.has(inc.id)) li.append(details(inc));
+      li.addEventListener("click", () => {
+        li.classList.toggle("open");
+        if (li.classList.contains("open")) li.append(details(inc)); else li.querySelector(".details")?.remove();
+      });
+      list.append(li);
+    }
+    if (items.length > 300) list.append(el("li", "muted", `… and ${items.length - 300} more`));
+  }
+  function details(inc) {
+    const box = el("div", "details");
+    const ev = el("table");
+    for (const [k, v] of Object.entries(inc.evidence)) { const tr = el("tr"); tr.append(el("td", "muted", k), el("td", "", v)); ev.append(tr); }
+    box.append(el("div", "muted", "evidence"), ev, el("div", "muted", "timeline"));
+    const tl = el("table");
+    const rows = inc.timeline.map((t) => [t.time, t.change, t.summary]);
+    for (const a of inc.actions) rows.push([a.at, `${a.kind}: ${a.status}`, a.detail]);
+    rows.sort((a, b) => a[0] - b[0]);
+    for (const [t, what, text] of rows) { const tr = el("tr"); tr.append(el("td", "muted", hhmmss(t)), el("td", "", what), el("td", "", text)); tl.append(tr); }
+    box.append(tl);
+    return box;
+  }
+  function addFeed(line, front) {
+    const list = $("feed");
+    const li = el("li", `sev-${line.severity}`);
+    li.append(el("span", "muted", `${hhmmss(line.time)} `), el("span", "change", line.change), el("span", "", ` ${line.node ? where(line.node, line.gpu) : ""} ${line.rule} `), el("span", "muted", line.summary));
+    if (front) list.prepend(li); else list.append(li);
+    while (list.children.length > 100) list.lastChild.remove();
+  }
+  function counts(frames) {
+    const n = S.nodes.length;
+    let bad = 0;
+    for (let i = 0; i < S.health.length; i++) if (S.health[i] > 0 && S.health[i] < 7) bad++;
+    $("counts").textContent = `${n} nodes · ${n * S.gpus} GPU slots · ${bad} need attention · ${S.incidents.size} open incidents · ${frames} frames`;
+  }
+
+  // --- GPU panel -------------------------------------------------------------------------------------
+  async function showGpu(node, gpu) {
+    S.selected = [node, gpu];
+    const r = await fetch(`/api/gpu?node=${encodeURIComponent(node)}&gpu=${gpu}`, { credentials: "same-origin" });
+    if (!r.ok) return;
+    const d = await r.json();
+    if (!S.selected || S.selected[0] !== node || S.selected[1] !== gpu) return;
+    $("gpu-panel").hidden = false;
+    $("gpu-title").textContent = `${node} / GPU ${gpu}${d.model ? ` · ${d.model}` : ""}${d.excluded ? " · excluded" : ""}`;
+    const L = d.latest, lat = $("gpu-latest");
+    lat.textContent = `${L.temp_c ?? "–"} °C (slowdown ${L.slowdown_temp_c ?? "–"}) · ${L.power_w ?? "–"} W of ${L.power_limit_w ?? "–"} W · ${L.util_gpu_pct ?? "–"} % · ${d.present ? "present" : "MISSING from its last frame"} · uuid ${d.uuid ?? "–"} · last frame ${d.seen_at ? ago(d.seen_at) : "never"}`;
+    const now = Date.now() / 1000;
+    window.healerChart($("chart-temp"), d.ts, d.series.temp_c, { ref: L.slowdown_temp_c, color: "#ef8a2b", now });
+    window.healerChart($("chart-power"), d.ts, d.series.power_w, { ref: L.power_limit_w, color: "#4f8fc9", now });
+    window.healerChart($("chart-util"), d.ts, d.series.util_gpu_pct, { color: "#2e9e5b", now });
+    window.healerChart($("chart-clock"), d.ts, d.series.sm_clock_mhz, { color: "#a0a8b4", now });
+    const an = $("gpu-anomaly");
+    an.replaceChildren();
+    if (d.anomaly.available) {
+      an.append(el("div", "muted", "anomaly components"));
+      for (const [k, v] of Object.entries(d.anomaly.components)) an.append(el("div", "", `${k}: ${Number(v).toFixed(3)}`));
+    } else {
+      an.append(el("div", "muted", d.anomaly.note));
+      for (const [id, v] of Object.entries(d.anomaly.incident_scores)) an.append(el("div", "", `anomaly_score ${v} (incident ${id})`));
+    }
+    const inc = $("gpu-incidents");
+    inc.replaceChildren();
+    for (const i of d.incidents) inc.append(el("div", `sev-${i.severity}`, `${i.severity} ${i.rule}: ${i.summary}`));
+    if (!d.incidents.length) inc.append(el("div", "muted", "no open incident on this GPU or its node"));
+  }
+  function hit(ev) {
+    const L = S.layout;
+    if (!L) return null;
+    const rect = canvas.getBoundingClientRect(), x = ev.clientX - rect.left, y = ev.clientY - rect.top;
+    for (const b of L.blocks) {
+      if (y < b.top || y >= b.top + b.lines * L.tileH || x < b.x || x >= b.x + b.cols * L.tileW) continue;
+      const k = Math.floor((y - b.top) / L.tileH) * b.cols + Math.floor((x - b.x) / L.tileW);
+      if (k >= b.members.length) return null;
+      const row = b.members[k];
+      const cx = x - S.pos[row * 2] - 1 - L.gap, cy = y - S.pos[row * 2 + 1] - 1 - L.gap;
+      const g = Math.floor(cy / (L.c + L.inner)) * L.cols + Math.floor(cx / (L.c + L.inner));
+      if (cx < 0 || cy < 0 || g < 0 || g >= S.gpus || Math.floor(cx / (L.c + L.inner)) >= L.cols) return null;
+      return [row, g];
+    }
+    return null;
+  }
+  canvas.addEventListener("click", (ev) => { const h = hit(ev); if (h) showGpu(S.nodes[h[0]], h[1]); });
+  canvas.addEventListener("mousemove", (ev) => {
+    const h = hit(ev), tip = $("tip");
+    if (!h) { tip.hidden = true; return; }
+    const i = h[0] * S.gpus + h[1], t = S.temp[i];
+    tip.textContent = `${S.nodes[h[0]]} / GPU ${h[1]}\n${HEALTH[S.health[i]][0]} · ${t === NO_TEMP ? "–" : `${t} °C`}`;
+    const wrap = $("map-section").getBoundingClientRect();
+    tip.style.left = `${ev.clientX - wrap.left + 12}px`; tip.style.top = `${ev.clientY - wrap.top + 12}px`;
+    tip.hidden = false;
+  });
+  canvas.addEventListener("mouseleave", () => { $("tip").hidden = true; });
+  $("gpu-close").addEventListener("click", () => { $("gpu-panel").hidden = true; S.selected = null; });
+  $("mode").addEventListener("change", (ev) => { S.mode = ev.target.value; drawAll(); });
+  let resizeTimer = null;
+  window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(drawAll, 150); });
+
+  // --- the live stream -------------------------------------------------------------------------------
+  function onSnapshot(d) {
+    S.snapshots++;
+    $("title").textContent = d.title; document.title = `${d.title} status`;
+    S.nodes = d.nodes; S.groups = d.groups; S.gpus = d.gpus;
+    S.temp = b64(d.temp); S.health = b64(d.health);
+    S.incidents = new Map(d.incidents.map((i) => [i.id, i]));
+    renderSafety(d.safety);
+    renderIncidents();
+    $("feed").replaceChildren();
+    for (const line of d.recent.slice().reverse()) addFeed(line, false);
+    drawAll();
+    counts(d.frames);
+    S.ready = true;
+    S.readyAt = performance.now();
+  }
+  function onCells(d) {
+    const t0 = performance.now();
+    S.cellsMsgs++;
+    for (let k = 0; k < d.i.length; k++) { S.temp[d.i[k]] = d.t[k]; S.health[d.i[k]] = d.h[k]; }
+    if (S.layout) for (const i of d.i) drawCell(i);
+    counts(d.frames);
+    S.cellsMs = performance.now() - t0;
+    if (S.selected) showGpu(S.selected[0], S.selected[1]);
+  }
+  function onIncident(d) {
+    if (d.state === "resolved" || d.timeline === undefined) S.incidents.delete(d.id); else S.incidents.set(d.id, d);
+    renderIncidents();
+    if (S.mode === "anomaly") drawAll();
+  }
+  function connect() {
+    const es = new EventSource("/api/events");
+    const on = (name, fn) => es.addEventListener(name, (m) => { S.bytes += m.data.length; fn(JSON.parse(m.data)); });
+    es.onopen = () => { $("conn").textContent = "live"; $("conn").className = "conn up"; };
+    es.onerror = () => { $("conn").textContent = "reconnecting"; $("conn").className = "conn down"; };
+    on("snapshot", onSnapshot);
+    on("cells", onCells);
+    on("incident", onIncident);
+    on("feed", (line) => addFeed(line, true));
+    on("safety", (s) => { renderSafety(s); drawAll(); });
+  }
+
+  // For tests and benchmarks: what is drawn, read back from the canvas itself.
+  window.healerUi = {
+    state: S,
+    cellPixel(node, gpu) {
+      const row = S.nodes.indexOf(node);
+      if (row < 0) return null;
+      const r = cellRect(row * S.gpus + gpu);
+      if (!r) return null;
+      const dpr = window.devicePixelRatio || 1;
+      // Read through a 1x1 copy, so the map's own canvas never becomes a read-back canvas.
+      const probe = document.createElement("canvas");
+      probe.width = probe.height = 1;
+      const pctx = probe.getContext("2d", { willReadFrequently: true });
+      pctx.drawImage(canvas, Math.floor((r[0] + r[2] / 2) * dpr), Math.floor((r[1] + r[3] / 2) * dpr), 1, 1, 0, 0, 1, 1);
+      const p = pctx.getImageData(0, 0, 1, 1).data;
+      return `#${[p[0], p[1], p[2]].map((v) => v.toString(16).padStart(2, "0")).join("")}`;
+    },
+    cellCentre(node, gpu) {
+      const row = S.nodes.indexOf(node), r = row < 0 ? null : cellRect(row * S.gpus + gpu);
+      return r ? [r[0] + r[2] / 2, r[1] + r[3] / 2] : null;
+    },
+    healthColours: HEALTH.map((h) => h[1]),
+    redraw() { drawAll(); return S.renderMs; },
+  };
+  connect();
+})();

@@ -1,0 +1,246 @@
+"""The status page's server: security (loopback, token, read-only, nothing from outside) and its live
+sources against a real nats-server (the breaker and exclusions pushed from KV, incidents seeded from KV,
+nothing ever written)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from healer import cli, config, errors
+from healer.bus import nats as natsbus
+from healer.bus import server as server_mod
+from healer.bus import subjects
+from healer.controller import incidents as ctl_incidents
+from healer.controller import kv, policy
+from healer.ui import board, fleet, live, server
+from tests.controller import conftest as ctl_conftest
+
+STATIC = pathlib.Path(server.__file__).parent / "static"
+FIRST_SEEN = {"admission": "first-seen"} if "admission" in config.ControllerSettings.model_fields else {}
+"""A controller with the log actuator admits nodes only this way once admission exists (issue #12)."""
+
+
+async def serve_static(**ui: Any) -> server.Running:
+    lv = live.Live(fleet.Fleet(2), board.Board())
+    return await server.serve(lv, config.UiSettings(port=0, **ui))
+
+
+async def test_with_a_token_every_route_needs_it_and_the_token_leaves_the_address_bar() -> None:
+    running = await serve_static(token="s3cret")
+    try:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:  # IP hosts too
+            for path in ("/", "/static/app.js", "/api/snapshot", "/api/events", "/healthz"):
+                async with http.get(running.url.rstrip("/") + path) as r:
+                    assert r.status == 401, path
+            async with http.get(running.url + "?token=wrong") as r:
+                assert r.status == 401
+            async with http.get(
+                running.url + "api/snapshot", headers={"Authorization": "Bearer s3cret"}
+            ) as r:
+                assert r.status == 200
+            async with http.get(running.url + "?token=s3cret", allow_redirects=False) as r:
+                assert r.status == 303
+                assert r.headers["Location"] == "/"
+                cookie = r.cookies[server.COOKIE]
+                assert cookie["httponly"]
+                assert cookie["samesite"] == "Strict"
+            async with http.get(running.url) as r:  # the session keeps the cookie
+                assert r.status == 200
+    finally:
+        await running.stop()
+
+
+async def test_it_refuses_to_listen_beyond_loopback_without_a_token() -> None:
+    with pytest.raises(errors.PermanentError, match="without a token"):
+        await serve_static(host="0.0.0.0")
+    server.check(config.UiSettings(host="::1"))
+    server.check(config.UiSettings(host="0.0.0.0", token="t"))
+    assert cli.main(["ui", "--host", "0.0.0.0", "--nats", "nats://127.0.0.1:1"]) == 2
+
+
+async def test_only_get_is_answered_and_every_page_forbids_anything_from_elsewhere() -> None:
+    running = await serve_static()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for method in ("POST", "PUT", "DELETE", "PATCH"):
+                async with http.request(method, running.url + "api/snapshot") as r:
+                    assert r.status == 405, method
+            for path in ("", "static/app.js", "static/chart.js", "static/style.css", "static/icon.svg"):
+                async with http.get(running.url + path) as r:
+                    assert r.status == 200, path
+                    assert r.headers["Content-Security-Policy"].startswith("default-src 'none'")
+            async with http.get(running.url + "static/other.js") as r:
+                assert r.status == 404
+    finally:
+        await running.stop()
+
+
+def test_the_page_references_no_outside_url() -> None:
+    for path in STATIC.iterdir():
+        text = path.read_text()
+        text = text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # a namespace name, never fetched
+        assert re.findall(r"(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}", text) == [], path.name
+
+
+def test_the_agent_command_path_does_not_import_the_page() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys; from healer import cli; cli.build_parser(); print('healer.ui.server' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"
+
+
+class Stream:
+    """Reads server-sent events from the page's stream."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+
+    async def next(self, event: str, timeout: float = 5.0) -> Any:
+        async with asyncio.timeout(timeout):
+            name = None
+            while True:
+                line = (await self.resp.content.readline()).decode().rstrip("\n")
+                if line.startswith("event: "):
+                    name = line.removeprefix("event: ")
+                elif line.startswith("data: ") and name == event:
+                    return orjson.loads(line.removeprefix("data: "))
+
+
+@pytest.fixture
+async def page(
+    nats_server: server_mod.EmbeddedServer, nats_bus: natsbus.NatsBus
+) -> AsyncIterator[dict[str, Any]]:
+    store = kv.Store(await nats_bus.js.key_value(subjects.Subjects().kv_state))
+    inc = ctl_incidents.Incident(
+        id="inc-old", rule_id="node-silent", severity="major", node="gpu-9", mode="enforce",
+        opened_at=time.time() - 7200, updated_at=time.time() - 7200, summary="silent for 2m",
+    )  # fmt: skip
+    await store.put(ctl_incidents.PREFIX + inc.id, inc.model_dump())
+    settings = config.Settings(
+        nats=config.NatsSettings(url=nats_server.url),
+        ui=config.UiSettings(port=0, push_s=0.2, feed_window_s=60),
+    )
+    ui_bus = await natsbus.NatsBus.connect(nats_server.url, name="ui")
+    running = await server.start(ui_bus, settings)
+    try:
+        yield {"store": store, "ui": running}
+    finally:
+        await running.stop()
+        await ui_bus.close()
+
+
+@pytest.mark.nats
+async def test_breaker_and_exclusions_are_pushed_from_kv_and_old_incidents_are_seeded(
+    page: dict[str, Any], nats_bus: natsbus.NatsBus
+) -> None:
+    store: kv.Store = page["store"]
+    async with aiohttp.ClientSession() as http, http.get(page["ui"].url + "api/events") as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        assert r.headers["Content-Security-Policy"] == server.CSP
+        stream = Stream(r)
+        snap = await stream.next("snapshot")
+        if not snap["incidents"]:  # the KV watch may still be starting: the seed arrives as an event
+            assert (await stream.next("incident"))["id"] == "inc-old"
+        else:
+            assert [i["id"] for i in snap["incidents"]] == ["inc-old"]
+        await policy.Exclusions(store).add("gpu-3", by="ops", reason="fan swap")
+        safety = await stream.next("safety")
+        while not safety["exclusions"]:
+            safety = await stream.next("safety")
+        assert safety["exclusions"] == [
+            {"node": "gpu-3", "by": "ops", "reason": "fan swap", "at": pytest.approx(time.time(), abs=30)}
+        ]
+        await store.put(
+            policy.BREAKER_KEY, {"open": True, "opened_at": 1.0, "reason": "too many", "entries": []}
+        )
+        safety = await stream.next("safety")
+        assert safety["breaker"]["open"]
+        assert safety["breaker"]["reason"] == "too many"
+
+
+@pytest.mark.nats
+async def test_the_page_never_writes_to_nats(page: dict[str, Any], nats_bus: natsbus.NatsBus) -> None:
+    seen: list[str] = []
+
+    async def spy(msg: Any) -> None:
+        seen.append(msg.subject)
+
+    for subject in ("healer.>", "$KV.>"):
+        await nats_bus.subscribe(subject, spy)
+    before = {
+        s: (await nats_bus.js.stream_info(s)).state.messages for s in ("KV_healer-state", "HEALER_INCIDENTS")
+    }
+    async with aiohttp.ClientSession() as http:
+        async with http.get(page["ui"].url + "api/events") as r:
+            await Stream(r).next("snapshot")
+        async with http.get(page["ui"].url + "api/snapshot") as r:
+            assert r.status == 200
+        await asyncio.sleep(1.0)
+    await nats_bus.flush()
+    assert seen == []
+    after = {s: (await nats_bus.js.stream_info(s)).state.messages for s in before}
+    assert after == before
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.nats
+async def test_the_controller_serves_the_page_when_ui_is_enabled(
+    nats_server: server_mod.EmbeddedServer, tmp_path: pathlib.Path
+) -> None:
+    from healer.cli import controller_cmd
+    from healer.controller import metrics as metrics_mod
+
+    port = _free_port()
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "dbe.yaml").write_text(ctl_conftest.DBE_RULES)
+    s = config.Settings(
+        nats=config.NatsSettings(url=nats_server.url),
+        controller=config.ControllerSettings.model_validate(
+            {"rules_dir": str(tmp_path / "rules"), "metrics_port": 0, **FIRST_SEEN}
+        ),
+        ui=config.UiSettings(enabled=True, port=port),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller_cmd.run_controller(s, stop, metrics_mod.ControllerMetrics()))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with asyncio.timeout(15):
+                while True:
+                    try:
+                        async with http.get(f"http://127.0.0.1:{port}/api/snapshot") as r:
+                            assert r.status == 200
+                            assert (await r.json())["title"] == "healer · default"
+                            break
+                    except aiohttp.ClientConnectionError:
+                        if task.done():
+                            task.result()
+                        await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    assert await asyncio.to_thread(_refused, port)
+
+
+def _refused(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
