@@ -33,7 +33,7 @@ import nats.js.errors
 import structlog
 from nats.js import api as js_api
 
-from healer import config, errors
+from healer import config, errors, health
 from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
@@ -530,6 +530,36 @@ class Controller:
             await self.bus.publish_durable(self.subjects.rules_rejected, codec.encode(event), msg_id=event.id)
         except errors.HealerError as e:
             self.log.warning("rules.rejection_not_published", error=str(e))
+
+    # -- readiness (served by /readyz; read-only, computed on the event loop) ------------------------
+    def ready(self) -> health.Verdict:
+        """Connected, rules loaded, the model loaded or deliberately off, the role known, and the
+        controller's own tasks running. A stuck or disconnected controller is not ready."""
+        check = health.Check
+        engine = self.engine
+        if not self.cs.model:
+            model = check(True, "off (anomaly_score is 0)")
+        elif self.scorer is None:
+            model = check(False, f"not loaded yet: {self.cs.model}")
+        else:
+            from healer.anomaly import scoring  # already imported by start() when a model is set
+
+            loaded = isinstance(self.scorer, scoring.Scorer)
+            model = check(loaded, "loaded" if loaded else f"failed to load {self.cs.model} (see the log)")
+        lease_ = getattr(self, "lease", None)
+        role = (
+            check(False, "starting")
+            if lease_ is None
+            else check(True, "leader" if self.leader else "standby")
+        )
+        dead = [t.get_name() for t in self._bg if t.done()]
+        return health.Verdict.of(
+            nats=check(self.bus.connected, "connected" if self.bus.connected else "disconnected"),
+            rules=check(engine is not None, f"{len(engine.rules.rules)} rules" if engine else "not loaded"),
+            model=model,
+            role=role,
+            tasks=check(not dead and bool(self._bg), f"stopped: {', '.join(dead)}" if dead else "running"),
+        )
 
 
 class _Prefixed(kv.Store):
