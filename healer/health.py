@@ -6,7 +6,8 @@ second (``Health.keep``) and the HTTP thread only reads it, so a loop that is bl
 job (connected, rules loaded, ...): the loop computes a ``Verdict`` with each heartbeat and the HTTP
 thread serves the latest one, so a stuck loop is also not ready. Both bodies are JSON. ``/metrics`` is
 Prometheus's text format; every other path is 404. The same heartbeat tells systemd ``READY=1`` (first
-ready verdict) and ``WATCHDOG=1`` (every beat) through ``sdnotify``.
+beat: started), ``STATUS=`` (the verdict, when it changes) and ``WATCHDOG=1`` (every beat) through
+``sdnotify``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class Verdict:
     def of(cls, **checks: Check) -> Verdict:
         return cls(dict(checks))
 
+    def summary(self) -> str:
+        """One line: ``ready`` or what is not (``not ready: nats: connecting to ...``)."""
+        failing = [f"{name}: {c.detail}" for name, c in self.checks.items() if not c.ok]
+        return "ready" if not failing else "not ready: " + "; ".join(failing)
+
     def as_json(self) -> dict[str, Any]:
         return {
             "ready": self.ready,
@@ -80,6 +86,7 @@ class Health:
         self._verdict = STARTING
         self._server: http.server.ThreadingHTTPServer | None = None
         self._notified_ready = False
+        self._status = ""
 
     def beat(self, verdict: Verdict) -> None:
         with self._lock:
@@ -99,8 +106,15 @@ class Health:
             except Exception as e:  # a readiness bug must not look like a dead loop
                 verdict = Verdict.of(readiness=Check(False, f"readiness check failed: {e!r}"))
             self.beat(verdict)
-            if verdict.ready and not self._notified_ready:
-                self._notified_ready = sdnotify.notify("READY=1")
+            status = verdict.summary()
+            if not self._notified_ready:
+                # systemd's READY=1 means "started" (the loop runs, signals are handled); whether the
+                # process can do its work is /readyz's question and STATUS= says it in systemctl status
+                self._notified_ready = True
+                sdnotify.notify(f"READY=1\nSTATUS={status}")
+            elif status != self._status:
+                sdnotify.notify(f"STATUS={status}")
+            self._status = status
             sdnotify.notify("WATCHDOG=1")
             await asyncio.sleep(interval_s)
 

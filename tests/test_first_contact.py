@@ -331,3 +331,39 @@ async def test_provisioning_raises_but_never_lowers_retention(nats_bus: natsbus.
     await provision.ensure(nats_bus, subj, config.NatsSettings(events_max_age_s=60 * DAY_S))
     info = await nats_bus.js.stream_info(subj.stream_events)
     assert info.config.max_age == 60 * DAY_S
+
+
+def test_agent_without_nats_is_alive_not_ready_tells_systemd_and_stops_on_sigterm_keeping_its_events(
+    tmp_path: pathlib.Path,
+) -> None:
+    from healer.agent import spool
+
+    port = server.free_port()
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(20)
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [*HEALER, "agent", "--source", "sim", "--node", "n1", "--interval", "0.2", "--nats", dead_url(),
+         "--metrics-port", str(port), "--state-dir", str(state)],
+        env={**ENV, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        first = notify.recv(4096).decode()
+        assert first.startswith("READY=1\nSTATUS=not ready: nats: connecting")
+        assert notify.recv(4096) == b"WATCHDOG=1"
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz", proc)
+        assert http_get(f"{base}/healthz")[0] == 200
+        status, body = http_get(f"{base}/readyz")
+        assert status == 503
+        assert json.loads(body)["checks"]["nats"]["ok"] is False
+    finally:
+        notify.close()
+        out = stop_and_wait(proc, signal.SIGTERM)
+    assert proc.returncode == 0, out[-2000:]
+    assert len(spool.EventSpool(state)) == 2, "agent_start and agent_stop wait in the spool for NATS"
+    spooled = (state / "events.spool").read_text()
+    assert '"agent_start"' in spooled
+    assert '"agent_stop"' in spooled

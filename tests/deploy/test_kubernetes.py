@@ -249,3 +249,13 @@ def test_controller_command_lines_parse_with_the_real_cli() -> None:
         "/etc/healer/rules",
         "/etc/healer/controller.yaml",
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [("DaemonSet", "healer-agent"), ("Deployment", "healer-controller")]
+)
+def test_probes_ask_the_health_endpoints_not_the_metrics_page(kind: str, name: str) -> None:
+    (container,) = _pod(m.find(kind, name))["containers"]
+    live, ready = container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]
+    assert (live["path"], live["port"]) == ("/healthz", "metrics")
+    assert (ready["path"], ready["port"]) == ("/readyz", "metrics")
