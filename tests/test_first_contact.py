@@ -106,6 +106,7 @@ def stop_and_wait(proc: subprocess.Popen[bytes], sig: signal.Signals, within_s: 
 # -- 1. fail fast on first contact ------------------------------------------------------------------
 
 ONE_SHOT = [
+    ["sim", "--nodes", "1"],
     ["incidents", "tail"],
     ["incidents", "tail", "--follow"],
     ["telemetry", "watch"],
@@ -235,21 +236,25 @@ def test_controller_stops_on_signal_while_nats_is_unreachable_and_is_alive_but_n
     assert "nats.connect_retry" in out, "each attempt is logged"
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["forward", "--url", "http://127.0.0.1:1/"],
-        ["sim", "--nodes", "1"],
-    ],
-    ids=" ".join,
-)
-def test_services_stop_on_sigterm_while_nats_is_unreachable(command: list[str]) -> None:
+def test_forward_stops_on_sigterm_while_nats_is_unreachable() -> None:
     proc = subprocess.Popen(
-        [*HEALER, *command, "--nats", dead_url()], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    time.sleep(2.0)
+        [*HEALER, "forward", "--url", "http://127.0.0.1:1/", "--nats", dead_url()],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    time.sleep(3.0)
     out = stop_and_wait(proc, signal.SIGTERM)
+    assert proc.returncode == 0, out[-2000:]
+    assert "nats.connect_retry" in out
     assert "Traceback" not in out
+
+
+def test_nats_serve_on_a_busy_port_is_a_settings_error(tmp_path: pathlib.Path) -> None:
+    with busy_port() as port:
+        done = run("nats", "serve", "--port", str(port), "--store-dir", str(tmp_path / "nats"))
+    assert done.returncode == EXIT_USAGE
+    line = last_line(done)
+    assert "--port" in line
+    assert "in use" in line
 
 
 # -- 3. one way to load settings; admin commands never change streams -------------------------------

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import pathlib
 import signal
-import sys
 import threading
 from typing import Any
 
@@ -62,8 +61,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         srv.start()
     except errors.HealerError as e:
-        print(f"healer nats serve: {e}", file=sys.stderr)
-        return 1
+        if "address already in use" in str(e):
+            raise common.SettingsError(
+                f"cannot listen on {args.host}:{args.port}: already in use; choose another --port (0: any)"
+            ) from e
+        raise
     print(
         f"nats-server {srv.url} (JetStream in {srv.store_dir}, monitor http://{srv.host}:{srv.monitor_port})"
     )
