@@ -372,3 +372,40 @@ def test_agent_without_nats_is_alive_not_ready_tells_systemd_and_stops_on_sigter
     spooled = (state / "events.spool").read_text()
     assert '"agent_start"' in spooled
     assert '"agent_stop"' in spooled
+
+
+def test_the_config_files_credentials_and_tls_reach_admin_and_read_commands(tmp_path: pathlib.Path) -> None:
+    """A secured cluster (TLS from a private CA, NKey identities): with the controller's settings file the
+    admin and read commands work; without it, or with the wrong CA, one line names the setting."""
+    import yaml
+
+    from healer.security import natsconf
+    from tests.security import certs
+
+    tls = certs.make(tmp_path / "tls")
+    other = certs.make(tmp_path / "other")
+    result = natsconf.generate(
+        natsconf.Inventory(nodes=["gpu-1"]),
+        tmp_path / "auth",
+        tls=natsconf.Tls(str(tls.cert), str(tls.key), str(tls.ca)),
+    )
+    srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
+    srv.start()
+    try:
+        identity = yaml.safe_load(result.settings_files[("controller", "controller")].read_text())
+        good, wrong_ca = tmp_path / "controller.yaml", tmp_path / "wrong-ca.yaml"
+        identity["nats"].update(url=srv.url, tls_ca_file=str(tls.ca))
+        good.write_text(yaml.safe_dump(identity))
+        identity["nats"]["tls_ca_file"] = str(other.ca)
+        wrong_ca.write_text(yaml.safe_dump(identity))
+
+        done = run("nats", "provision", "--config", str(good))
+        assert done.returncode == 0, done.stderr
+        for command in (["breaker", "status"], ["exclude", "list"], ["incidents", "tail"]):
+            done = run(*command, "--config", str(good))
+            assert done.returncode == 0, (command, done.stderr)
+        done = run("breaker", "status", "--config", str(wrong_ca))
+        assert done.returncode == EXIT_FAILED
+        assert "nats.tls_ca_file" in last_line(done)
+    finally:
+        srv.stop()

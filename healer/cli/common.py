@@ -21,7 +21,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from healer import config, errors
+from healer import config, errors, sdnotify
 from healer.bus import nats as natsbus
 
 T = TypeVar("T")
@@ -134,6 +134,7 @@ def run(
                 task.cancel()  # a second signal: now
                 return
             stop.set()
+            sdnotify.notify("STOPPING=1")
             loop.call_later(grace_s, task.cancel)
 
         for sig in (signal.SIGTERM, signal.SIGINT):

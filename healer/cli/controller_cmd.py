@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 
-from healer import config, errors, health, logs, sdnotify
+from healer import config, errors, health, logs
 from healer.actuators import factory
 from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
@@ -105,7 +105,6 @@ async def run_controller(
             ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
             await ctl.start()
             await stop.wait()
-            sdnotify.notify("STOPPING=1")
             await ctl.stop()
         finally:
             await bus.close()

@@ -60,6 +60,10 @@ def shard_of(node: str, shards: int) -> int:
     return zlib.crc32(node.encode()) % shards if shards > 1 else 0
 
 
+TICK_STALE_MIN_S = 10.0
+"""/readyz: a controller whose tick has not finished for this long (or 5 ticks, if longer) is stuck."""
+
+
 class Controller:
     def __init__(
         self,
@@ -531,11 +535,23 @@ class Controller:
         except errors.HealerError as e:
             self.log.warning("rules.rejection_not_published", error=str(e))
 
-    # -- readiness (served by /readyz; read-only, computed on the event loop) ------------------------
+    # -- readiness (served by /readyz, computed on the event loop once a second) ---------------------
     def ready(self) -> health.Verdict:
-        """Connected, rules loaded, the model loaded or deliberately off, the role known, and the
-        controller's own tasks running. A stuck or disconnected controller is not ready."""
+        """Connected, rules loaded, the model loaded or deliberately off, the role known, the controller's
+        own tasks running and ticking. A stuck or disconnected controller is not ready."""
         check = health.Check
+        ticks = next(
+            (s.value for f in self.metrics.tick.collect() for s in f.samples if s.name.endswith("_count")),
+            0.0,
+        )
+        now = time.monotonic()
+        seen, since = getattr(self, "_ready_ticks", (-1.0, now))
+        if ticks != seen:
+            seen, since = ticks, now
+        self._ready_ticks = (seen, since)
+        stuck_s = now - since
+        fresh = stuck_s <= max(TICK_STALE_MIN_S, 5 * self.cs.tick_s)
+        ticking = check(fresh, f"{ticks:.0f} ticks" if fresh else f"no tick for {stuck_s:.1f} s")
         engine = self.engine
         if not self.cs.model:
             model = check(True, "off (anomaly_score is 0)")
@@ -559,6 +575,7 @@ class Controller:
             model=model,
             role=role,
             tasks=check(not dead and bool(self._bg), f"stopped: {', '.join(dead)}" if dead else "running"),
+            ticks=ticking,
         )
 
 
