@@ -71,7 +71,8 @@ class NatsSettings(_Group):
         if not servers:
             raise ValueError("no NATS URL given")
         for server in servers:
-            parsed = urllib.parse.urlsplit(server)
+            # as nats-py reads it: a bare "host" or "host:port" means nats://
+            parsed = urllib.parse.urlsplit(server if "://" in server else f"nats://{server}")
             try:
                 parsed.port  # noqa: B018 - raises ValueError on a port that is not a number
             except ValueError:

@@ -134,12 +134,15 @@ def test_model_train_from_a_dead_stream_is_one_line_and_exit_1(tmp_path: pathlib
 
 
 @pytest.mark.parametrize("command", [*ONE_SHOT, ["controller"], ["agent", "--source", "sim"]], ids=" ".join)
-def test_a_malformed_nats_url_is_a_settings_error(command: list[str], tmp_path: pathlib.Path) -> None:
-    done = run(*command, "--nats", "localhost:4222", env={**ENV, "HEALER_AGENT_STATE_DIR": str(tmp_path)})
+@pytest.mark.parametrize("url", ["http://127.0.0.1:4222", "nats://127.0.0.1:42x2"])
+def test_a_malformed_nats_url_is_a_settings_error(
+    command: list[str], url: str, tmp_path: pathlib.Path
+) -> None:
+    done = run(*command, "--nats", url, env={**ENV, "HEALER_AGENT_STATE_DIR": str(tmp_path)})
     assert done.returncode == EXIT_USAGE
     line = last_line(done)
     assert "nats.url" in line
-    assert "localhost:4222" in line
+    assert url in line
 
 
 def test_refused_credentials_name_the_credential_settings(tmp_path: pathlib.Path) -> None:
