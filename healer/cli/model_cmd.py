@@ -9,7 +9,7 @@ import shlex
 import sys
 from typing import Any
 
-from healer import errors
+from healer import errors, logs
 from healer.bus import subjects
 from healer.cli import common
 
@@ -117,6 +117,7 @@ def _train(args: argparse.Namespace) -> int:
             ]
         else:
             s = common.settings(args, nats={"url": args.from_stream})
+            logs.configure("error")  # stdout is for the result; a failure is one line on stderr
             frames = common.run(
                 lambda stop: common.until_stopped(
                     dataset.stream_frames(
