@@ -60,6 +60,8 @@ def shard_of(node: str, shards: int) -> int:
     return zlib.crc32(node.encode()) % shards if shards > 1 else 0
 
 
+STANDING_TASKS = frozenset({"controller-lease", "controller-ticks", "controller-housekeeping"})
+"""Background tasks that run for the controller's whole life (readiness checks they still do)."""
 TICK_STALE_MIN_S = 10.0
 """/readyz: a controller whose tick has not finished for this long (or 5 ticks, if longer) is stuck."""
 
@@ -568,13 +570,20 @@ class Controller:
             if lease_ is None
             else check(True, "leader" if self.leader else "standby")
         )
-        dead = [t.get_name() for t in self._bg if t.done()]
+        dead = [  # the events task ends by design when leadership is lost; the others run until stop
+            t.get_name()
+            for t in self._bg
+            if t.done() and (t.get_name() in STANDING_TASKS or t.cancelled() or t.exception() is not None)
+        ]
         return health.Verdict.of(
             nats=check(self.bus.connected, "connected" if self.bus.connected else "disconnected"),
             rules=check(engine is not None, f"{len(engine.rules.rules)} rules" if engine else "not loaded"),
             model=model,
             role=role,
-            tasks=check(not dead and bool(self._bg), f"stopped: {', '.join(dead)}" if dead else "running"),
+            tasks=check(
+                not dead and bool(self._bg),
+                f"stopped: {', '.join(dead)}" if dead else "running" if self._bg else "not started",
+            ),
             ticks=ticking,
         )
 

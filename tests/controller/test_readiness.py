@@ -54,3 +54,12 @@ async def test_a_controller_whose_tick_is_stuck_is_not_ready(
         assert verdict.checks["nats"].ok is True, "connected, and still not ready"
     finally:
         release.set()
+
+
+async def test_a_standby_is_ready_too(harness: Harness) -> None:
+    leader = await harness.controller(testing.RecordingActuator())
+    await conftest.until(lambda: leader.leader)
+    standby = await harness.controller(testing.RecordingActuator())
+    await conftest.until(lambda: standby.ready().ready)
+    assert standby.ready().checks["role"].detail == "standby"
+    assert leader.ready().checks["role"].detail == "leader"
