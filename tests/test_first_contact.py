@@ -412,3 +412,11 @@ def test_the_config_files_credentials_and_tls_reach_admin_and_read_commands(tmp_
         assert "nats.tls_ca_file" in last_line(done)
     finally:
         srv.stop()
+
+
+def test_controller_with_rules_that_do_not_load_says_so_before_trying_nats(tmp_path: pathlib.Path) -> None:
+    done = run("controller", "--rules", str(tmp_path / "absent"), "--nats", dead_url(), "--metrics-port", "0")
+    assert done.returncode == EXIT_USAGE
+    assert "Traceback" not in done.stderr
+    assert "controller.rules_dir" in done.stderr
+    assert "absent" in last_line(done)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import getpass
 import json
+import pathlib
 import sys
 from typing import Any
 
@@ -18,6 +19,7 @@ from healer.bus import provision, subjects
 from healer.cli import common
 from healer.controller import kv, policy, service
 from healer.controller import metrics as metrics_mod
+from healer.rules import loader
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +118,7 @@ async def run_controller(
 def _controller(args: argparse.Namespace) -> int:
     s = _settings(args)
     logs.configure(s.log.level, s.log.format)
+    _check_rules(s.controller.rules_dir)
     metrics = metrics_mod.ControllerMetrics()
     beat = health.Health(metrics.registry)
     if s.controller.metrics_port:
@@ -132,6 +135,16 @@ def _controller(args: argparse.Namespace) -> int:
     finally:
         beat.close()
     return 0
+
+
+def _check_rules(rules_dir: str) -> None:
+    """Rules that do not load are found before NATS is tried (the controller would refuse them later)."""
+    result = loader.load_paths([pathlib.Path(rules_dir)])
+    if result.ruleset is None:
+        raise common.SettingsError(
+            f"the rules in {rules_dir} do not load (set controller.rules_dir / --rules, or fix them; "
+            "`healer rules check` lists every error):\n" + "\n".join(str(d) for d in result.errors if d)
+        )
 
 
 async def _state_store(s: config.Settings) -> tuple[natsbus.NatsBus, kv.Store]:
