@@ -26,6 +26,11 @@ def notify(state: str, env: Mapping[str, str] | None = None) -> bool:
             sock.connect(address)
             sock.sendall(state.encode())
     except OSError as e:
-        log.warning("sdnotify.failed", socket=path, state=state, error=str(e))
+        if path not in _warned:  # once per socket: the heartbeat calls this every second
+            _warned.add(path)
+            log.warning("sdnotify.failed", socket=path, state=state, error=str(e))
         return False
     return True
+
+
+_warned: set[str] = set()
