@@ -420,3 +420,45 @@ def test_controller_with_rules_that_do_not_load_says_so_before_trying_nats(tmp_p
     assert "Traceback" not in done.stderr
     assert "controller.rules_dir" in done.stderr
     assert "absent" in last_line(done)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["telemetry", "watch"],
+        ["incidents", "tail", "--follow"],
+        ["sim", "--nodes", "2", "--interval", "0.2"],
+        ["controller", "--metrics-port", "0"],
+        ["forward", "--url", "http://127.0.0.1:1/"],
+    ],
+    ids=" ".join,
+)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_long_running_commands_stop_on_a_signal_with_exit_0(
+    command: list[str], sig: signal.Signals, nats_server: server.EmbeddedServer
+) -> None:
+    assert run("nats", "provision", "--nats", nats_server.url).returncode == 0
+    proc = subprocess.Popen(
+        [*HEALER, *command, "--nats", nats_server.url],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    time.sleep(2.5)
+    assert proc.poll() is None, "still running before the signal"
+    out = stop_and_wait(proc, sig)
+    assert proc.returncode == 0, out[-2000:]
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_nats_serve_stops_on_a_signal(sig: signal.Signals, tmp_path: pathlib.Path) -> None:
+    proc = subprocess.Popen(
+        [*HEALER, "nats", "serve", "--port", "0", "--store-dir", str(tmp_path / "nats"), "--provision"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    time.sleep(4.0)
+    assert proc.poll() is None, "still running before the signal"
+    out = stop_and_wait(proc, sig)
+    assert "provisioned" in out
+    assert proc.returncode == 0, out[-2000:]
