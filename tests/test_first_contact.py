@@ -462,3 +462,17 @@ def test_nats_serve_stops_on_a_signal(sig: signal.Signals, tmp_path: pathlib.Pat
     out = stop_and_wait(proc, sig)
     assert "provisioned" in out
     assert proc.returncode == 0, out[-2000:]
+
+
+def test_replay_to_a_dead_url_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "r.npz"
+    recorded = run(
+        "sim", "record", "--nodes", "1", "--sim-hours", "0.01", "--interval", "5", "--out", str(out)
+    )
+    assert recorded.returncode == 0, recorded.stderr
+    url = dead_url()
+    done = run("replay", str(out), "--nats", url)
+    assert done.returncode == EXIT_FAILED
+    line = last_line(done)
+    assert url in line
+    assert "nats.url" in line
