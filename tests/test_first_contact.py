@@ -476,3 +476,11 @@ def test_replay_to_a_dead_url_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> 
     line = last_line(done)
     assert url in line
     assert "nats.url" in line
+
+
+def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path: pathlib.Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    done = run("sim", "record", "--nodes", "1", "--sim-hours", "0.01", "--out", str(blocker / "r.npz"))
+    assert done.returncode == EXIT_USAGE
+    assert last_line(done) == f"healer sim record: Not a directory: {blocker / 'r.npz'}"
