@@ -484,3 +484,28 @@ def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path: pathlib.
     done = run("sim", "record", "--nodes", "1", "--sim-hours", "0.01", "--out", str(blocker / "r.npz"))
     assert done.returncode == EXIT_USAGE
     assert last_line(done) == f"healer sim record: Not a directory: {blocker / 'r.npz'}"
+
+
+def test_an_agent_that_gave_up_on_nats_says_why_on_readyz(tmp_path: pathlib.Path) -> None:
+    port = server.free_port()
+    url = dead_url()
+    proc = subprocess.Popen(
+        [*HEALER, "agent", "--source", "sim", "--node", "n1", "--nats", url, "--metrics-port", str(port),
+         "--state-dir", str(tmp_path / "state")],
+        env={**ENV, "HEALER_RETRY_ATTEMPTS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        deadline = time.monotonic() + 20
+        while True:
+            status, body = http_get(f"http://127.0.0.1:{port}/readyz")
+            nats = json.loads(body)["checks"]["nats"]
+            if nats["detail"].startswith("gave up") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == 503
+        assert nats["detail"].startswith("gave up")
+        assert url in nats["detail"]
+    finally:
+        out = stop_and_wait(proc, signal.SIGTERM)
+    assert proc.returncode == 0, out[-2000:]

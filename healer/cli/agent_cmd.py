@@ -116,11 +116,24 @@ async def _main(
 ) -> None:
     subj = subjects.Subjects(s.nats.prefix)
 
+    refused: list[errors.HealerError] = []
+
     async def connect() -> base.Bus:
-        bus = await common.connect(s, f"healer-agent-{node}", service=True)
+        try:
+            bus = await common.connect(s, f"healer-agent-{node}", service=True)
+        except errors.HealerError as e:
+            refused.append(e)  # the agent samples and spools on; /readyz says why NATS is missing
+            raise
         if provision_streams:
             await provision.ensure(bus, subj, s.nats)
         return bus
+
+    def ready() -> health.Verdict:
+        verdict = agent.ready()
+        if agent.bus is None and refused:
+            why = health.Check(False, f"gave up (restart after fixing the settings): {refused[-1]}")
+            return health.Verdict({**verdict.checks, "nats": why})
+        return verdict
 
     agent = runner.Agent(
         node=node,
@@ -135,7 +148,7 @@ async def _main(
         metrics=metrics,
     )
     log.info("agent.starting", node=node, source=src.kind, nats=s.nats.url, interval_s=s.agent.interval_s)
-    heartbeat = asyncio.create_task(beat.keep(agent.ready), name="agent-health")
+    heartbeat = asyncio.create_task(beat.keep(ready), name="agent-health")
     try:
         await agent.run(stop)
     finally:
