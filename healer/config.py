@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -61,6 +62,30 @@ class NatsSettings(_Group):
     """Nats-Msg-Id duplicate window on the events and incidents streams: a resend within it is dropped."""
     lease_ttl_s: float = 10.0
     """TTL of the healer-leases bucket (leader and shard leases)."""
+
+    @pydantic.field_validator("url")
+    @classmethod
+    def _urls_parse(cls, value: str) -> str:
+        """A malformed URL is a setting to fix, found before any connection is tried."""
+        servers = [u.strip() for u in value.split(",") if u.strip()]
+        if not servers:
+            raise ValueError("no NATS URL given")
+        for server in servers:
+            # as nats-py reads it: a bare "host" or "host:port" means nats://
+            parsed = urllib.parse.urlsplit(server if "://" in server else f"nats://{server}")
+            try:
+                parsed.port  # noqa: B018 - raises ValueError on a port that is not a number
+            except ValueError:
+                raise ValueError(f"{server!r} has a bad port") from None
+            if parsed.scheme not in NATS_SCHEMES or not parsed.hostname:
+                raise ValueError(
+                    f"{server!r} is not a NATS URL (expected nats://HOST:PORT or tls://HOST:PORT)"
+                )
+        return value
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+"""URL schemes nats-py connects with."""
 
 
 class RetrySettings(_Group):
@@ -276,6 +301,15 @@ class ControllerSettings(_Group):
     firing (``node-silent`` above all) resolves with the reason, without running ``on_resolve``
     actions (healer's cordon on a node that left stays)."""
 
+    @pydantic.model_validator(mode="after")
+    def _shard_in_range(self) -> ControllerSettings:
+        if self.shard >= self.shards:
+            raise ValueError(
+                f"shard {self.shard} does not exist with shards={self.shards}; "
+                f"shard must be 0 .. {self.shards - 1}"
+            )
+        return self
+
 
 class UiSettings(_Group):
     """The read-only status page: ``healer ui``, or served by the controller with ``enabled``."""
@@ -331,8 +365,14 @@ class Settings(_Group):
     ui: UiSettings = pydantic.Field(default_factory=UiSettings)
 
 
-def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Defaults, then the YAML file, then ``HEALER_<GROUP>_<FIELD>`` variables."""
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """The one merge of every source, lowest first: defaults, the YAML file (``path``, else
+    ``HEALER_CONFIG``), ``HEALER_<GROUP>_<FIELD>`` variables, then ``flags`` (group → field → value; a
+    ``None`` value is a flag not given and changes nothing)."""
     env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     path = path or env.get("HEALER_CONFIG")
@@ -352,10 +392,24 @@ def load(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | No
             var = f"HEALER_{group_name}_{name}".upper()
             if var in env:
                 raw.setdefault(group_name, {})[name] = env[var]
+    for group_name, values in (flags or {}).items():
+        for name, value in values.items():
+            if value is not None:
+                raw.setdefault(group_name, {})[name] = value
     try:
         return Settings.model_validate(raw)
     except pydantic.ValidationError as e:
-        raise errors.PermanentError(f"bad settings: {e}") from e
+        raise errors.PermanentError(f"bad settings: {describe(e)}") from e
+
+
+def describe(e: pydantic.ValidationError) -> str:
+    """A validation error as one line that names each setting (``nats.url: ...; agent.interval_s: ...``)."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" + (f" (got {err['input']!r})" if err["type"] != "value_error" else ""))
+    return "; ".join(parts)
 
 
 def reference_markdown() -> str:

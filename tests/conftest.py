@@ -11,10 +11,22 @@ import pathlib
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
+import structlog
 
 from healer import config
 from healer.bus import base, memory, provision, server, subjects
 from healer.bus import nats as natsbus
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored() -> Iterator[None]:
+    """A command run in-process (``cli.main``) configures logging as the real one does (e.g. errors only);
+    the next test's ``capture_logs`` must not inherit that level filter."""
+    saved = structlog.get_config()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.fixture

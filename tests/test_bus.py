@@ -141,8 +141,10 @@ async def test_provisioning_is_idempotent_and_applies_changes(
     try:
         await provision.ensure(bus, subj, config.NatsSettings())
         await provision.ensure(bus, subj, config.NatsSettings())
+        await provision.ensure(bus, subj, config.NatsSettings(telemetry_max_age_s=7200, lease_ttl_s=20))
+        assert (await bus.js.stream_info("HEALER_TELEMETRY")).config.max_age == 7200
         await provision.ensure(bus, subj, config.NatsSettings(telemetry_max_age_s=600, lease_ttl_s=20))
-        assert (await bus.js.stream_info("HEALER_TELEMETRY")).config.max_age == 600
+        assert (await bus.js.stream_info("HEALER_TELEMETRY")).config.max_age == 7200, "never lowered"
         assert (await bus.js.stream_info("HEALER_EVENTS")).config.subjects == ["healer.events.*"]
         assert (await bus.js.stream_info("HEALER_INCIDENTS")).config.subjects == ["healer.incidents.>"]
         assert (await bus.js.stream_info("KV_healer-leases")).config.max_age == 20

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 import healer
-from healer import errors
+from healer import errors, health
 from healer.agent import commands as commands_mod
 from healer.agent import metrics as metrics_mod
 from healer.agent import spool as spool_mod
@@ -264,3 +264,19 @@ class Agent:
         self.metrics.commands.labels(action, result.status).inc()
         if msg.reply:
             await msg.respond(codec.encode(result))
+
+    # -- readiness (served by /readyz; read-only, computed on the event loop) ------------------------
+    def ready(self) -> health.Verdict:
+        """Connected with the command subscription in place, and sampling (a frame made)."""
+        bus = self.bus
+        if bus is None:
+            nats = health.Check(False, "connecting")
+        elif not bus.connected:
+            nats = health.Check(False, "disconnected (frames buffered, events spooled)")
+        else:
+            nats = health.Check(self._cmd_sub is not None, "connected")
+        return health.Verdict.of(
+            nats=nats,
+            sampling=health.Check(self.seq > 0, f"{self.seq} frames" if self.seq else "no frame yet"),
+            spool=health.Check(True, f"{len(self.spool)} events pending"),
+        )

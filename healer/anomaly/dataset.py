@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +19,9 @@ from healer import errors
 from healer.anomaly import features, window
 from healer.bus import subjects
 from healer.schemas import codec
+
+if TYPE_CHECKING:
+    from healer.bus import nats as natsbus
 
 F64 = npt.NDArray[np.float64]
 
@@ -122,16 +126,20 @@ def from_frames(
 
 
 async def stream_frames(
-    url: str,
+    url: str | Callable[[], Awaitable[natsbus.NatsBus]],
     subj: subjects.Subjects,
     *,
     limit: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[bytes]:
-    """Every frame in the telemetry stream (or the first ``limit``), read with an ordered consumer."""
+    """Every frame in the telemetry stream (or the first ``limit``), read with an ordered consumer.
+    ``url`` is a NATS URL or a function that connects (the CLI's, with credentials and TLS)."""
     from healer.bus import nats as natsbus  # only this path needs a NATS connection
 
-    bus = await natsbus.NatsBus.connect(url, name="healer-model-train")
+    if isinstance(url, str):
+        bus = await natsbus.NatsBus.connect(url, name="healer-model-train")
+    else:
+        bus = await url()
     try:
         js = bus.js
         stream = subj.stream_telemetry

@@ -117,8 +117,12 @@ class NatsBus:
 
         refused: list[BaseException] = []
         refused_event = asyncio.Event()
+        first_contact: list[Exception] = []
+        """What nats-py reported while not yet connected (its NoServersError alone says nothing)."""
 
         async def on_error(e: Exception) -> None:
+            if "bus" not in holder:
+                first_contact.append(e)
             if isinstance(e, ssl.SSLCertVerificationError) and "bus" not in holder:
                 # The server's certificate does not verify against our CA: a setting to fix, not a
                 # network blip (and nats-py can hang after it instead of giving up).
@@ -168,7 +172,10 @@ class NatsBus:
                 name=name,
                 url=url,
                 attempt=state.attempt_number,
-                error=repr(state.outcome.exception()) if state.outcome else None,
+                error=repr(first_contact[-1] if first_contact else state.outcome.exception())
+                if state.outcome
+                else None,
+                delay_s=round(state.next_action.sleep, 3) if state.next_action else None,
             ),
             reraise=True,
         )
@@ -199,7 +206,8 @@ class NatsBus:
                     nc = await attempt_once()
 
         except (TimeoutError, OSError, nats.errors.Error) as e:
-            raise errors.TemporaryError(f"cannot connect to NATS at {url}: {e!r}") from e
+            why = first_contact[-1] if first_contact else e
+            raise errors.TemporaryError(f"cannot connect to NATS at {url}: {why!r}") from e
         nc.options["max_reconnect_attempts"] = -1
         bus = cls(nc)
         holder["bus"] = bus

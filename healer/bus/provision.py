@@ -1,17 +1,22 @@
 """Idempotent creation of healer's JetStream streams and KV buckets.
 
 Every process that needs them calls ``ensure`` at start: a missing stream is created, an existing one
-with the same settings is left alone, and one whose settings changed (retention, replicas, dedup window)
-is updated in place, so an upgrade never needs a manual step and two processes racing at start are fine.
+with the same settings is left alone, and one whose settings changed (replicas, dedup window, a longer
+retention) is updated in place, so an upgrade never needs a manual step and two processes racing at start
+are fine. Retention is never lowered: a stream an operator gave a longer ``max_age`` (or none, 0) keeps
+it, whatever the caller's settings say. Only ``healer nats provision`` and the services' own start call
+``ensure``; admin and read commands open what exists (``existing_bucket``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import nats.errors
 import nats.js.errors
 import structlog
 from nats.js import api
+from nats.js import kv as js_kv
 
 from healer import config, errors
 from healer.bus import nats as natsbus
@@ -118,8 +123,20 @@ async def _ensure_stream(bus: natsbus.NatsBus, stream: api.StreamConfig) -> None
     except nats.js.errors.BadRequestError as e:
         if e.err_code != STREAM_IN_USE:
             raise
-        await bus.js.update_stream(stream)
+        current = (await bus.js.stream_info(stream.name or "")).config
+        await bus.js.update_stream(keep_retention(stream, current))
         log.info("provision.stream_updated", stream=stream.name)
+
+
+def keep_retention(wanted: api.StreamConfig, current: api.StreamConfig) -> api.StreamConfig:
+    """``wanted``, except that an existing longer ``max_age`` (0: for ever) is kept."""
+    have = current.max_age or 0.0
+    want = wanted.max_age or 0.0
+    if have == 0.0 or (want != 0.0 and have > want):
+        if want != have:
+            log.info("provision.retention_kept", stream=wanted.name, max_age_s=have, asked_s=want)
+        return dataclasses.replace(wanted, max_age=have)
+    return wanted
 
 
 async def _ensure_bucket(bus: natsbus.NatsBus, bucket: api.KeyValueConfig) -> None:
@@ -140,3 +157,16 @@ async def _ensure_bucket(bus: natsbus.NatsBus, bucket: api.KeyValueConfig) -> No
         )
         await bus.js.update_stream(updated)
         log.info("provision.bucket_updated", bucket=bucket.bucket)
+
+
+async def existing_bucket(bus: natsbus.NatsBus, bucket: str) -> js_kv.KeyValue:
+    """A KV bucket that must exist already: admin and read commands never create one."""
+    try:
+        return await bus.js.key_value(bucket)
+    except nats.js.errors.BucketNotFoundError as e:
+        raise errors.PermanentError(
+            f"no KV bucket {bucket}: run `healer nats provision` (or start the controller) first, or check "
+            "--prefix / nats.prefix"
+        ) from e
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
+        raise errors.PermanentError(f"JetStream not available (is it enabled on the server?): {e!r}") from e

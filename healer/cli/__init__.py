@@ -1,8 +1,11 @@
 """The ``healer`` command. Each command group lives in its own module with a ``register(subparsers)``.
 
-Every command that talks to NATS takes ``--nats`` (default ``HEALER_NATS_URL`` or
-nats://127.0.0.1:4222). Exit codes: 0 success, 1 the command found a problem (a rule file with errors,
-a failed check), 2 bad usage.
+Every command that talks to NATS takes ``--nats``, ``--prefix`` and ``--config``; settings merge once,
+flag > environment > file > default (``common.settings``). Exit codes: 0 success; 1 the command found a
+problem or could not do its work (a rule file with errors, a failed check, NATS unreachable, credentials
+or TLS refused); 2 bad usage or settings (a malformed URL, impossible flags, a busy port, an unwritable
+path); 130 interrupted. A user's mistake is one line on stderr naming the setting to fix, never a
+traceback. Long-running commands stop on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 from collections.abc import Sequence
 
 import healer
+from healer import errors
+from healer.cli import common
 
 GROUPS = [
     "healer.cli.demo_cmd",
@@ -49,8 +54,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except common.SettingsError as e:
+        print(f"{_name(args)}: {e}", file=sys.stderr)
+        return common.EXIT_USAGE
+    except errors.HealerError as e:
+        print(f"{_name(args)}: {e}", file=sys.stderr)
+        return common.EXIT_FAILED
+    except (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+        # a path the user gave that cannot be read or written: their mistake, not a crash
+        print(f"{_name(args)}: {e.strerror or e}: {e.filename}", file=sys.stderr)
+        return common.EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return common.EXIT_INTERRUPTED
     except BrokenPipeError:
         sys.stderr.close()
         return 0
+
+
+def _name(args: argparse.Namespace) -> str:
+    """``healer incidents tail``: the command words the user typed, for messages."""
+    words = ["healer", args.command]
+    action = getattr(args, f"{args.command}_command", None)
+    if isinstance(action, str):
+        words.append(action)
+    return " ".join(words)

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
+import pathlib
 import socket
+import tempfile
 from typing import Any
 
-import prometheus_client
 import structlog
 
-from healer import config, errors, logs
+from healer import config, errors, health, logs
 from healer.agent import metrics as metrics_mod
 from healer.agent import runner
 from healer.bus import base, provision, subjects
-from healer.bus import nats as natsbus
 from healer.cli import common
 from healer.telemetry import sim, source
 
@@ -34,27 +33,22 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (default: 9741)")
     p.add_argument("--provision", action="store_true", help="create streams and buckets if missing")
     p.add_argument("--no-xid-watch", action="store_true", help="do not watch NVML events in a thread")
-    common.add_config_option(p)
     p.set_defaults(func=run)
 
 
 def settings_from(args: argparse.Namespace) -> config.Settings:
-    s = config.load(args.config)
-    overrides = {
-        "node": args.node,
-        "source": args.source,
-        "interval_s": args.interval,
-        "gpus_expected": args.gpus_expected,
-        "sim_gpus": args.sim_gpus,
-        "state_dir": args.state_dir,
-        "metrics_port": args.metrics_port,
-    }
-    agent = s.agent.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-    if args.no_xid_watch:
-        agent = agent.model_copy(update={"xid_watch": False})
-    nats = s.nats.model_copy(update={"url": args.nats, "prefix": args.prefix})
-    return config.Settings.model_validate(
-        {**s.model_dump(), "agent": agent.model_dump(), "nats": nats.model_dump()}
+    return common.settings(
+        args,
+        agent={
+            "node": args.node,
+            "source": args.source,
+            "interval_s": args.interval,
+            "gpus_expected": args.gpus_expected,
+            "sim_gpus": args.sim_gpus,
+            "state_dir": args.state_dir,
+            "metrics_port": args.metrics_port,
+            "xid_watch": False if args.no_xid_watch else None,
+        },
     )
 
 
@@ -76,25 +70,42 @@ def build_source(
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        s = settings_from(args)
-    except errors.PermanentError as e:
-        print(f"healer agent: {e}")
-        return 2
+    s = settings_from(args)
     logs.configure(s.log.level, s.log.format)
     node = s.agent.node or socket.gethostname()
     metrics = metrics_mod.AgentMetrics(job_map_dir=s.agent.job_map_dir)
+    beat = health.Health(metrics.registry)
     if s.agent.metrics_port:
-        prometheus_client.start_http_server(
-            s.agent.metrics_port, s.agent.metrics_addr, registry=metrics.registry
-        )
-    src, watcher = build_source(s.agent, node)
+        try:
+            beat.serve(
+                s.agent.metrics_addr, s.agent.metrics_port, setting="agent.metrics_port (--metrics-port)"
+            )
+        except errors.PermanentError as e:
+            raise common.SettingsError(str(e)) from e
     try:
-        asyncio.run(_main(s, node, src, watcher, metrics, provision_streams=args.provision))
+        _check_state_dir(s.agent.state_dir)
+        src, watcher = build_source(s.agent, node)
+        common.run(
+            lambda stop: _main(s, node, src, watcher, metrics, beat, stop, provision_streams=args.provision)
+        )
     except errors.PermanentError as e:
         log.error("agent.fatal", error=str(e))
-        return 1
+        raise
+    finally:
+        beat.close()
     return 0
+
+
+def _check_state_dir(path: str) -> None:
+    """An unwritable state directory is a setting to fix, said at start (the spool lives there)."""
+    try:
+        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise common.SettingsError(
+            f"cannot write the state directory {path}: {e.strerror or e}; set agent.state_dir (--state-dir)"
+        ) from e
 
 
 async def _main(
@@ -103,22 +114,31 @@ async def _main(
     src: source.TelemetrySource,
     watcher: source.EventWatcher | None,
     metrics: metrics_mod.AgentMetrics,
+    beat: health.Health,
+    stop: asyncio.Event,
     *,
     provision_streams: bool,
 ) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     subj = subjects.Subjects(s.nats.prefix)
 
+    refused: list[errors.HealerError] = []
+
     async def connect() -> base.Bus:
-        bus = await natsbus.NatsBus.connect(
-            s.nats.url, name=f"healer-agent-{node}", nats_settings=s.nats, retry=s.retry
-        )
+        try:
+            bus = await common.connect(s, f"healer-agent-{node}", service=True)
+        except errors.HealerError as e:
+            refused.append(e)  # the agent samples and spools on; /readyz says why NATS is missing
+            raise
         if provision_streams:
             await provision.ensure(bus, subj, s.nats)
         return bus
+
+    def ready() -> health.Verdict:
+        verdict = agent.ready()
+        if agent.bus is None and refused:
+            why = health.Check(False, f"gave up (restart after fixing the settings): {refused[-1]}")
+            return health.Verdict({**verdict.checks, "nats": why})
+        return verdict
 
     agent = runner.Agent(
         node=node,
@@ -133,8 +153,11 @@ async def _main(
         metrics=metrics,
     )
     log.info("agent.starting", node=node, source=src.kind, nats=s.nats.url, interval_s=s.agent.interval_s)
+    heartbeat = asyncio.create_task(beat.keep(ready), name="agent-health")
     try:
         await agent.run(stop)
     finally:
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
         if agent.bus is not None:
             await agent.bus.close()

@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import pathlib
-import sys
 from typing import Any
 
-import prometheus_client
 import structlog
 
-from healer import config, errors, logs
+from healer import config, errors, health, logs
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.cli import common, feed_cmd
@@ -41,54 +39,69 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--header", action="append", default=[], metavar="'NAME: VALUE'", help="extra HTTP header (repeat)"
     )
-    common.add_config_option(p)
     p.set_defaults(func=_alertmanager)
 
 
 def _alertmanager(args: argparse.Namespace) -> int:
+    group = {"durable": args.durable, "metrics_port": args.metrics_port, "alertmanager_link": args.link}
+    s = common.settings(args, feed=group)
+    feed = s.feed
+    if args.durable is None and feed.durable == config.FeedSettings().durable:
+        feed = feed.model_copy(update={"durable": alertmanager.DEFAULT_DURABLE})
     try:
-        s = config.load(args.config)
-        update = {"durable": args.durable, "metrics_port": args.metrics_port, "alertmanager_link": args.link}
-        if args.durable is None and s.feed.durable == config.FeedSettings().durable:
-            update["durable"] = alertmanager.DEFAULT_DURABLE
-        feed = config.FeedSettings.model_validate(
-            {**s.feed.model_dump(), **{k: v for k, v in update.items() if v is not None}}
-        )
         headers = feed_cmd._headers(args.header)
         alertmanager.alerts_url(args.url)
         alertmanager.check_link_template(feed.alertmanager_link)
     except (errors.PermanentError, ValueError) as e:
-        print(f"healer alertmanager: {e}", file=sys.stderr)
-        return 2
+        raise common.SettingsError(str(e)) from e
     logs.configure(s.log.level, s.log.format)
     metrics = forward.ForwardMetrics()
+    beat = health.Health(metrics.registry)
     if feed.metrics_port:
-        prometheus_client.start_http_server(feed.metrics_port, feed.metrics_addr, registry=metrics.registry)
-    nats_settings = s.nats.model_copy(update={"url": args.nats, "prefix": args.prefix})
-
-    async def run() -> None:
-        bus = await natsbus.NatsBus.connect(
-            args.nats, name=f"healer-alertmanager-{feed.durable}", nats_settings=nats_settings, retry=s.retry
-        )
-        sink = alertmanager.AlertmanagerSink(
-            bus,
-            subjects.Subjects(args.prefix),
-            args.url,
-            feed,
-            dead_letter=args.dead_letter,
-            headers=headers,
-            metrics=metrics,
-        )
-        log.info("alertmanager.starting", url=sink.url, durable=feed.durable)
         try:
-            await sink.run(asyncio.Event())
+            beat.serve(feed.metrics_addr, feed.metrics_port, setting="feed.metrics_port (--metrics-port)")
+        except errors.PermanentError as e:
+            raise common.SettingsError(str(e)) from e
+
+    async def run(stop: asyncio.Event) -> None:
+        bus: natsbus.NatsBus | None = None
+
+        def ready() -> health.Verdict:
+            if bus is None:
+                return health.Verdict.of(nats=health.Check(False, f"connecting to {s.nats.url}"))
+            return health.Verdict.of(
+                nats=health.Check(bus.connected, "connected" if bus.connected else "disconnected")
+            )
+
+        heartbeat = asyncio.create_task(beat.keep(ready), name="alertmanager-health")
+        try:
+            bus = await common.until_stopped(
+                common.connect(s, f"healer-alertmanager-{feed.durable}", service=True), stop
+            )
+            sink = alertmanager.AlertmanagerSink(
+                bus,
+                subjects.Subjects(s.nats.prefix),
+                args.url,
+                feed,
+                dead_letter=args.dead_letter,
+                headers=headers,
+                metrics=metrics,
+            )
+            log.info("alertmanager.starting", url=sink.url, durable=feed.durable)
+            try:
+                await sink.run(stop)
+            finally:
+                await bus.close()
+                log.info("alertmanager.stopped", durable=feed.durable)
         finally:
-            await bus.close()
-            log.info("alertmanager.stopped", durable=feed.durable)
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
 
     try:
-        feed_cmd._run_until_signal(run())
+        common.run(run)
     except errors.HealerError as e:
         log.error("alertmanager.fatal", error=str(e))
-        return 1
+        raise
+    finally:
+        beat.close()
     return 0

@@ -6,20 +6,20 @@ import argparse
 import asyncio
 import getpass
 import json
-import signal
+import pathlib
 import sys
 from typing import Any
 
-import prometheus_client
 import structlog
 
-from healer import config, errors, logs
+from healer import config, errors, health, logs
 from healer.actuators import factory
 from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
 from healer.cli import common
 from healer.controller import kv, policy, service
 from healer.controller import metrics as metrics_mod
+from healer.rules import loader
 from healer.ui import hook
 
 log = structlog.get_logger(__name__)
@@ -37,7 +37,6 @@ def register(sub: Any) -> None:
     p.add_argument("--shards", type=int, help="number of controller shards (default 1)")
     p.add_argument("--shard", type=int, help="this process's shard (default 0)")
     p.add_argument("--cluster", help="cluster name in CloudEvent sources (default: default)")
-    common.add_config_option(p)
     p.set_defaults(func=_controller)
 
     b = sub.add_parser("breaker", help="the circuit breaker")
@@ -66,87 +65,111 @@ def register(sub: Any) -> None:
 
 
 def _settings(args: argparse.Namespace) -> config.Settings:
-    s = config.load(args.config)
-    updates = {
-        "rules_dir": args.rules,
-        "mode": args.mode,
-        "actuator": args.actuator,
-        "tick_s": args.tick,
-        "metrics_port": args.metrics_port,
-        "shards": args.shards,
-        "shard": args.shard,
-        "cluster": args.cluster,
-        "model": args.model,
-    }
-    raw = s.model_dump()
-    raw["controller"].update({k: v for k, v in updates.items() if v is not None})
-    raw["nats"].update({"url": args.nats, "prefix": args.prefix})
-    return config.Settings.model_validate(raw)
+    return common.settings(
+        args,
+        controller={
+            "rules_dir": args.rules,
+            "mode": args.mode,
+            "actuator": args.actuator,
+            "tick_s": args.tick,
+            "metrics_port": args.metrics_port,
+            "shards": args.shards,
+            "shard": args.shard,
+            "cluster": args.cluster,
+            "model": args.model,
+        },
+    )
+
+
+def _connecting(url: str) -> health.Verdict:
+    return health.Verdict.of(nats=health.Check(False, f"connecting to {url}"))
 
 
 async def run_controller(
-    s: config.Settings, stop: asyncio.Event, metrics: metrics_mod.ControllerMetrics
+    s: config.Settings,
+    stop: asyncio.Event,
+    metrics: metrics_mod.ControllerMetrics,
+    beat: health.Health | None = None,
 ) -> None:
+    """Connect (retrying until ``stop``), provision, run the controller until ``stop``, stop it."""
     from healer.actuators import power
 
-    bus = await natsbus.NatsBus.connect(
-        s.nats.url, name="healer-controller", nats_settings=s.nats, retry=s.retry
+    beat = beat or health.Health(metrics.registry)
+    ctl: service.Controller | None = None
+    heartbeat = asyncio.create_task(
+        beat.keep(lambda: ctl.ready() if ctl is not None else _connecting(s.nats.url)),
+        name="controller-health",
     )
     try:
-        await provision.ensure(bus, subjects.Subjects(s.nats.prefix), s.nats)
-        ctl = service.Controller(s, bus, scheduler=factory.scheduler(s), metrics=metrics)
-        ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
-        await ctl.start()
-        page = await hook.maybe_start(bus, s)  # the status page, when ui.enabled (docs/ui.md)
-        await stop.wait()
-        if page is not None:
-            await page.stop()
-        await ctl.stop()
+        bus = await common.until_stopped(common.connect(s, "healer-controller", service=True), stop)
+        try:
+            await provision.ensure(bus, subjects.Subjects(s.nats.prefix), s.nats)
+            ctl = service.Controller(s, bus, scheduler=factory.scheduler(s), metrics=metrics)
+            ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
+            await ctl.start()
+            page = await hook.maybe_start(bus, s)  # the status page, when ui.enabled (docs/ui.md)
+            await stop.wait()
+            if page is not None:
+                await page.stop()
+            await ctl.stop()
+        finally:
+            await bus.close()
     finally:
-        await bus.close()
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
 
 
 def _controller(args: argparse.Namespace) -> int:
-    try:
-        s = _settings(args)
-    except errors.PermanentError as e:
-        print(f"healer controller: {e}", file=sys.stderr)
-        return 2
+    s = _settings(args)
     logs.configure(s.log.level, s.log.format)
+    _check_rules(s.controller.rules_dir)
     metrics = metrics_mod.ControllerMetrics()
+    beat = health.Health(metrics.registry)
     if s.controller.metrics_port:
-        prometheus_client.start_http_server(s.controller.metrics_port, registry=metrics.registry)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run_controller(s, stop, metrics)
-
+        port = s.controller.metrics_port
+        try:
+            beat.serve("0.0.0.0", port, setting="controller.metrics_port (--metrics-port)")
+        except errors.PermanentError as e:
+            raise common.SettingsError(str(e)) from e
     try:
-        asyncio.run(main())
+        common.run(lambda stop: run_controller(s, stop, metrics, beat))
     except errors.HealerError as e:
         log.error("controller.fatal", error=str(e))
-        print(f"healer controller: {e}", file=sys.stderr)
-        return 1
+        raise
+    finally:
+        beat.close()
     return 0
 
 
-async def _state_store(url: str, prefix: str) -> tuple[natsbus.NatsBus, kv.Store]:
-    bus = await natsbus.NatsBus.connect(url, name="healer-cli", retry=config.RetrySettings(attempts=3))
-    subj = subjects.Subjects(prefix)
-    await provision.ensure(bus, subj, config.NatsSettings())
-    return bus, kv.Store(await bus.js.key_value(subj.kv_state))
+def _check_rules(rules_dir: str) -> None:
+    """Rules that do not load are found before NATS is tried (the controller would refuse them later)."""
+    result = loader.load_paths([pathlib.Path(rules_dir)])
+    if result.ruleset is None:
+        raise common.SettingsError(
+            f"the rules in {rules_dir} do not load (set controller.rules_dir / --rules, or fix them; "
+            "`healer rules check` lists every error):\n" + "\n".join(str(d) for d in result.errors if d)
+        )
+
+
+async def _state_store(s: config.Settings) -> tuple[natsbus.NatsBus, kv.Store]:
+    """The controller's state bucket, as it is: an admin command never creates or changes it."""
+    bus = await common.connect(s, "healer-cli")
+    try:
+        bucket = await provision.existing_bucket(bus, subjects.Subjects(s.nats.prefix).kv_state)
+    except BaseException:
+        await bus.close()
+        raise
+    return bus, kv.Store(bucket)
 
 
 def _breaker(args: argparse.Namespace) -> int:
-    logs.configure("warning")
+    s = common.settings(args)
+    logs.configure("error")
 
     async def main() -> dict[str, Any]:
-        bus, store = await _state_store(args.nats, args.prefix)
+        bus, store = await _state_store(s)
         try:
-            b = policy.Breaker(store, config.ControllerSettings())
+            b = policy.Breaker(store, s.controller)
             if args.action == "reset":
                 return await b.reset(by=getpass.getuser())
             return await b.status()
@@ -163,10 +186,11 @@ def _breaker(args: argparse.Namespace) -> int:
 
 
 def _exclude(args: argparse.Namespace) -> int:
-    logs.configure("warning")
+    s = common.settings(args)
+    logs.configure("error")
 
     async def main() -> dict[str, dict[str, Any]]:
-        bus, store = await _state_store(args.nats, args.prefix)
+        bus, store = await _state_store(s)
         try:
             ex = policy.Exclusions(store)
             if args.action == "add":

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import pathlib
-import signal
 import sys
-from collections.abc import Coroutine
 from typing import Any
 
-import prometheus_client
 import structlog
 
-from healer import config, errors, logs
+from healer import errors, health, logs
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.cli import common
@@ -66,7 +62,6 @@ def register(sub: Any) -> None:
         help="CloudEvents HTTP content mode: the event as the body, or attributes as ce- headers "
         "(default: structured)",
     )
-    common.add_config_option(f)
     f.set_defaults(func=_forward)
 
 
@@ -77,22 +72,8 @@ def _since(text: str) -> object:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _run_until_signal(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro``; SIGTERM/SIGINT cancel it (its ``finally`` blocks clean up)."""
-
-    async def main() -> Any:
-        task = asyncio.create_task(coro)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            return await task
-        return None
-
-    return asyncio.run(main())
-
-
 def _tail(args: argparse.Namespace) -> int:
+    s = common.settings(args)
     logs.configure("error")
     query = tail.Query(
         since=args.since, follow=args.follow, node=args.node, change=args.change, min_severity=args.severity
@@ -105,18 +86,14 @@ def _tail(args: argparse.Namespace) -> int:
         print(f"rejected seq={seq} on {subject}: {err}", file=sys.stderr, flush=True)
 
     async def run() -> None:
-        bus = await natsbus.NatsBus.connect(args.nats, name="healer-incidents-tail")
+        bus = await common.connect(s, "healer-incidents-tail")
         try:
-            await tail.read(bus, subjects.Subjects(args.prefix), query, on_item, on_bad, stats)
+            await tail.read(bus, subjects.Subjects(s.nats.prefix), query, on_item, on_bad, stats)
         finally:
             await bus.close()
 
     stats = codec.DecodeStats()
-    try:
-        _run_until_signal(run())
-    except errors.HealerError as e:
-        print(f"healer incidents tail: {e}", file=sys.stderr)
-        return 1
+    common.run(lambda stop: common.until_stopped(run(), stop))
     if stats.total_rejected:
         detail = ", ".join(f"{k}/{r}={n}" for (k, r), n in sorted(stats.rejected.items()))
         print(f"rejected {stats.total_rejected} malformed messages ({detail})", file=sys.stderr)
@@ -134,53 +111,63 @@ def _headers(values: list[str]) -> dict[str, str]:
 
 
 def _forward(args: argparse.Namespace) -> int:
+    s = common.settings(args, feed={"durable": args.durable, "metrics_port": args.metrics_port})
+    feed = s.feed
     try:
-        s = config.load(args.config)
-        feed = s.feed.model_copy(
-            update={
-                k: v
-                for k, v in {"durable": args.durable, "metrics_port": args.metrics_port}.items()
-                if v is not None
-            }
-        )
-        feed = config.FeedSettings.model_validate(feed.model_dump())
         headers = _headers(args.header)
         forward.check_url(args.url)
     except (errors.PermanentError, ValueError) as e:
-        print(f"healer forward: {e}", file=sys.stderr)
-        return 2
+        raise common.SettingsError(str(e)) from e
     logs.configure(s.log.level, s.log.format)
     metrics = forward.ForwardMetrics()
+    beat = health.Health(metrics.registry)
     if feed.metrics_port:
-        prometheus_client.start_http_server(feed.metrics_port, feed.metrics_addr, registry=metrics.registry)
-    nats_settings = s.nats.model_copy(update={"url": args.nats, "prefix": args.prefix})
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        bus = await natsbus.NatsBus.connect(
-            args.nats, name=f"healer-forward-{feed.durable}", nats_settings=nats_settings, retry=s.retry
-        )
-        fwd = forward.Forwarder(
-            bus,
-            subjects.Subjects(args.prefix),
-            args.url,
-            feed,
-            dead_letter=args.dead_letter,
-            headers=headers,
-            start=args.start,
-            metrics=metrics,
-            content_mode=args.content_mode,
-        )
-        log.info("forward.starting", durable=feed.durable, dead_letter=str(args.dead_letter or ""))
         try:
-            await fwd.run(stop)
+            beat.serve(feed.metrics_addr, feed.metrics_port, setting="feed.metrics_port (--metrics-port)")
+        except errors.PermanentError as e:
+            raise common.SettingsError(str(e)) from e
+
+    async def run(stop: asyncio.Event) -> None:
+        bus: natsbus.NatsBus | None = None
+
+        def ready() -> health.Verdict:
+            if bus is None:
+                return health.Verdict.of(nats=health.Check(False, f"connecting to {s.nats.url}"))
+            return health.Verdict.of(
+                nats=health.Check(bus.connected, "connected" if bus.connected else "disconnected")
+            )
+
+        heartbeat = asyncio.create_task(beat.keep(ready), name="forward-health")
+        try:
+            bus = await common.until_stopped(
+                common.connect(s, f"healer-forward-{feed.durable}", service=True), stop
+            )
+            fwd = forward.Forwarder(
+                bus,
+                subjects.Subjects(s.nats.prefix),
+                args.url,
+                feed,
+                dead_letter=args.dead_letter,
+                headers=headers,
+                start=args.start,
+                metrics=metrics,
+                content_mode=args.content_mode,
+            )
+            log.info("forward.starting", durable=feed.durable, dead_letter=str(args.dead_letter or ""))
+            try:
+                await fwd.run(stop)
+            finally:
+                await bus.close()
+                log.info("forward.stopped", durable=feed.durable)
         finally:
-            await bus.close()
-            log.info("forward.stopped", durable=feed.durable)
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
 
     try:
-        _run_until_signal(run())
+        common.run(run)
     except errors.HealerError as e:
         log.error("forward.fatal", error=str(e))
-        return 1
+        raise
+    finally:
+        beat.close()
     return 0

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import pathlib
 import shlex
 import sys
 from typing import Any
 
-from healer import errors
+from healer import errors, logs
 from healer.bus import subjects
+from healer.cli import common
 
 # scikit-learn, skops and the rule engine are imported inside the commands, so that every other
 # ``healer`` command starts without them.
@@ -43,7 +43,8 @@ def register(sub: Any) -> None:
     src = tr.add_mutually_exclusive_group(required=True)
     src.add_argument("--from", dest="from_files", nargs="+", type=pathlib.Path, help="sim recordings (.npz)")
     src.add_argument("--from-stream", metavar="NATS_URL", help="read the HEALER_TELEMETRY stream")
-    tr.add_argument("--prefix", default="healer", help="subject prefix (with --from-stream)")
+    tr.add_argument("--prefix", help="subject prefix (with --from-stream; default: nats.prefix, healer)")
+    common.add_config_option(tr)
     tr.add_argument("--limit", type=int, default=0, help="at most this many frames from the stream")
     tr.add_argument("--out", required=True, type=pathlib.Path, help="model directory (models/NAME)")
     tr.add_argument("--seed", type=int, default=0)
@@ -115,20 +116,27 @@ def _train(args: argparse.Namespace) -> int:
                 for p in args.from_files
             ]
         else:
-            frames = asyncio.run(
-                dataset.stream_frames(
-                    args.from_stream,
-                    subjects.Subjects(args.prefix),
-                    limit=args.limit,
-                    progress=_bar("frames"),
+            s = common.settings(args, nats={"url": args.from_stream})
+            logs.configure("error")  # stdout is for the result; a failure is one line on stderr
+            frames = common.run(
+                lambda stop: common.until_stopped(
+                    dataset.stream_frames(
+                        lambda: common.connect(s, "healer-model-train"),
+                        subjects.Subjects(s.nats.prefix),
+                        limit=args.limit,
+                        progress=_bar("frames"),
+                    ),
+                    stop,
                 )
             )
+            if frames is None:
+                return common.EXIT_INTERRUPTED
             win, bad = dataset.from_frames(
                 frames,
                 gpus_per_node=args.gpus_per_node,
                 window_s=args.window,
                 bucket_s=args.bucket,
-                source=f"stream:{subjects.Subjects(args.prefix).stream_telemetry}",
+                source=f"stream:{subjects.Subjects(s.nats.prefix).stream_telemetry}",
             )
             if bad:
                 print(f"skipped {bad} undecodable frames", file=sys.stderr)
@@ -139,8 +147,10 @@ def _train(args: argparse.Namespace) -> int:
             else "healer model train"
         )
         _, card = training.train(wins, args.out, settings, command)
+    except common.SettingsError:
+        raise
     except errors.HealerError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"healer model train: {e}", file=sys.stderr)
         return 1
     print(
         json.dumps(

@@ -11,7 +11,6 @@ import threading
 from typing import Any
 
 from healer import config, errors, logs
-from healer.bus import nats as natsbus
 from healer.bus import provision, server, subjects
 from healer.cli import common, natsconf_cmd
 
@@ -31,27 +30,24 @@ def register(sub: Any) -> None:
 
     prov = nsub.add_parser("provision", help="create or update healer's streams and KV buckets")
     common.add_nats_option(prov)
-    prov.add_argument("--replicas", type=int, default=1, help="JetStream replicas (3 on a cluster)")
+    prov.add_argument("--replicas", type=int, help="JetStream replicas, 3 on a cluster (default: 1)")
     prov.set_defaults(func=_provision)
 
     natsconf_cmd.add_config_parser(nsub)
 
 
-async def _ensure(url: str, prefix: str, replicas: int) -> provision.Plan:
-    bus = await natsbus.NatsBus.connect(url, name="healer-provision", retry=config.RetrySettings(attempts=5))
+async def _ensure(s: config.Settings) -> provision.Plan:
+    bus = await common.connect(s, "healer-provision")
     try:
-        return await provision.ensure(bus, subjects.Subjects(prefix), config.NatsSettings(replicas=replicas))
+        return await provision.ensure(bus, subjects.Subjects(s.nats.prefix), s.nats)
     finally:
         await bus.close()
 
 
 def _provision(args: argparse.Namespace) -> int:
-    logs.configure("warning")
-    try:
-        plan = asyncio.run(_ensure(args.nats, args.prefix, args.replicas))
-    except errors.HealerError as e:
-        print(f"healer nats provision: {e}")
-        return 1
+    s = common.settings(args, nats={"replicas": args.replicas})
+    logs.configure("error")
+    plan = asyncio.run(_ensure(s))
     for stream in plan.streams:
         print(f"stream {stream.name}: {', '.join(stream.subjects or [])} (max_age {stream.max_age:g}s)")
     for bucket in plan.buckets:
@@ -65,14 +61,18 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         srv.start()
     except errors.HealerError as e:
-        print(f"healer nats serve: {e}")
-        return 1
+        if "address already in use" in str(e):
+            raise common.SettingsError(
+                f"cannot listen on {args.host}:{args.port}: already in use; choose another --port (0: any)"
+            ) from e
+        raise
     print(
         f"nats-server {srv.url} (JetStream in {srv.store_dir}, monitor http://{srv.host}:{srv.monitor_port})"
     )
     try:
         if args.provision:
-            asyncio.run(_ensure(srv.url, "healer", args.replicas))
+            s = config.load(env={}, flags={"nats": {"url": srv.url, "replicas": args.replicas}})
+            asyncio.run(_ensure(s))
             print("provisioned healer streams and buckets")
         done = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

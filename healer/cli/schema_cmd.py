@@ -6,6 +6,7 @@ import argparse
 import pathlib
 from typing import Any
 
+from healer.cli import common
 from healer.schemas import export
 
 
@@ -19,6 +20,10 @@ def register(sub: Any) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    for path in export.write(args.out):
+    try:
+        paths = export.write(args.out)
+    except OSError as e:
+        raise common.SettingsError(f"cannot write to {args.out} (--out): {e.strerror or e}") from e
+    for path in paths:
         print(path)
     return 0

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import pathlib
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +19,6 @@ from typing import Any, TextIO
 import orjson
 
 from healer import config, errors, logs
-from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
 from healer.cli import common
 from healer.sim import engine, live, recording, replay, scenarios, truth
@@ -84,6 +81,9 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
+        except common.ConnectError as e:
+            print(f"healer sim: {e}", file=sys.stderr)
+            return 1
         except errors.PermanentError as e:
             print(f"healer: {e}", file=sys.stderr)
             return 2
@@ -145,22 +145,15 @@ def _record(args: argparse.Namespace) -> int:
 
 @_guard
 def _live(args: argparse.Namespace) -> int:
+    s = common.settings(args)
     logs.configure("info")
-    return asyncio.run(_live_main(args))
+    return common.run(lambda stop: _live_main(args, s, stop)) or 0
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-
-
-async def _live_main(args: argparse.Namespace) -> int:
+async def _live_main(args: argparse.Namespace, s: config.Settings, stop: asyncio.Event) -> int:
     sim = _build(args, start_ts=time.time(), run_id=scenarios.fresh_run_id())
-    subj = subjects.Subjects(args.prefix)
-    settings = config.NatsSettings(url=args.nats, prefix=args.prefix)
-    bus = await natsbus.NatsBus.connect(args.nats, name="healer-sim", nats_settings=settings)
+    subj = subjects.Subjects(s.nats.prefix)
+    bus = await common.until_stopped(common.connect(s, "healer-sim"), stop)
     truth_file: TextIO | None = args.truth.open("a") if args.truth else None
 
     def sink(records: list[dict[str, Any]]) -> None:
@@ -170,11 +163,9 @@ async def _live_main(args: argparse.Namespace) -> int:
 
     try:
         if args.provision:
-            await provision.ensure(bus, subj, settings)
+            await provision.ensure(bus, subj, s.nats)
         runner = live.LiveFleet(sim, bus, subj, interval_s=args.interval, truth_sink=sink)
         await runner.start()
-        stop = asyncio.Event()
-        _stop_on_signals(stop)
         stats = await runner.run(args.duration or None, stop)
         await runner.close()
     finally:
@@ -187,18 +178,16 @@ async def _live_main(args: argparse.Namespace) -> int:
 
 @_guard
 def _replay(args: argparse.Namespace) -> int:
+    s = common.settings(args)
     logs.configure("warning")
-    return asyncio.run(_replay_main(args))
+    return common.run(lambda stop: _replay_main(args, s, stop)) or 0
 
 
-async def _replay_main(args: argparse.Namespace) -> int:
-    subj = subjects.Subjects(args.prefix)
-    settings = config.NatsSettings(url=args.nats, prefix=args.prefix)
+async def _replay_main(args: argparse.Namespace, s: config.Settings, stop: asyncio.Event) -> int:
+    subj = subjects.Subjects(s.nats.prefix)
     with recording.Recording(args.file) as rec:
-        bus = await natsbus.NatsBus.connect(args.nats, name="healer-replay", nats_settings=settings)
+        bus = await common.until_stopped(common.connect(s, "healer-replay"), stop)
         try:
-            stop = asyncio.Event()
-            _stop_on_signals(stop)
             stats = await replay.replay(
                 rec, bus, subj, speed=args.speed, rebase=not args.keep_time, stop=stop
             )

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from typing import Any
 
-from healer import errors, logs
+from healer import config, errors, logs
 from healer.bus import base, subjects
-from healer.bus import nats as natsbus
 from healer.cli import common
 from healer.schemas import codec, telemetry
 
@@ -64,29 +62,30 @@ class Watcher:
             self.done.set()
 
 
-async def watch(url: str, prefix: str, watcher: Watcher) -> codec.DecodeStats:
-    subj = subjects.Subjects(prefix)
-    bus = await natsbus.NatsBus.connect(url, name="healer-telemetry-watch")
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, watcher.done.set)
+async def watch(s: config.Settings, watcher: Watcher, stop: asyncio.Event) -> codec.DecodeStats:
+    subj = subjects.Subjects(s.nats.prefix)
+    bus = await common.until_stopped(common.connect(s, "healer-telemetry-watch"), stop)
     try:
         topic = subj.telemetry(watcher.node) if watcher.node else subj.all_telemetry
         await bus.subscribe(topic, watcher.handle)
-        await watcher.done.wait()
+        done = asyncio.ensure_future(watcher.done.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+            stopped.cancel()
     finally:
         await bus.close()
     return watcher.stats
 
 
 def _watch(args: argparse.Namespace) -> int:
-    logs.configure("warning")
+    s = common.settings(args)
+    logs.configure("error")
     w = Watcher(args.node, args.json, args.count)
-    try:
-        stats = asyncio.run(watch(args.nats, args.prefix, w))
-    except errors.HealerError as e:
-        print(f"healer telemetry watch: {e}", file=sys.stderr)
-        return 1
+    common.run(lambda stop: watch(s, w, stop))
+    stats = w.stats
     if stats.total_rejected:
         detail = ", ".join(f"{k}/{r}={n}" for (k, r), n in sorted(stats.rejected.items()))
         print(f"rejected {stats.total_rejected} messages ({detail})", file=sys.stderr)

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
-import sys
 from typing import Any
 
-from healer import config, errors, logs
-from healer.bus import nats as natsbus
+from healer import errors, logs
 from healer.cli import common
 
 DESCRIPTION = """Serve the read-only status page: the fleet map, open incidents with their timelines, the
@@ -27,38 +24,22 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, help="listen port (default 9744; 0: any free port)")
     p.add_argument("--token", help="bearer token every request must carry (default: $HEALER_UI_TOKEN)")
     p.add_argument("--labels", help="YAML/JSON node -> {label: value} for grouping the map")
-    common.add_config_option(p)
     p.set_defaults(func=_ui)
-
-
-def _settings(args: argparse.Namespace) -> config.Settings:
-    s = config.load(args.config)
-    raw = s.model_dump()
-    raw["nats"].update(url=args.nats, prefix=args.prefix)
-    flags = {"host": args.host, "port": args.port, "token": args.token, "labels_file": args.labels}
-    raw["ui"].update({k: v for k, v in flags.items() if v is not None})
-    return config.Settings.model_validate(raw)
 
 
 def _ui(args: argparse.Namespace) -> int:
     from healer.ui import server
 
+    flags = {"host": args.host, "port": args.port, "token": args.token, "labels_file": args.labels}
+    s = common.settings(args, ui=flags)
     try:
-        s = _settings(args)
         server.check(s.ui)
     except (errors.PermanentError, ValueError) as e:
-        print(f"healer ui: {e}", file=sys.stderr)
-        return 2
+        raise common.SettingsError(str(e)) from e
     logs.configure(s.log.level, s.log.format)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        bus = await natsbus.NatsBus.connect(
-            s.nats.url, name="healer-ui", nats_settings=s.nats, retry=config.RetrySettings(attempts=3)
-        )
+    async def main(stop: asyncio.Event) -> None:
+        bus = await common.until_stopped(common.connect(s, "healer-ui"), stop)
         try:
             running = await server.start(bus, s)
             print(f"healer ui: {running.url}", flush=True)
@@ -70,9 +51,5 @@ def _ui(args: argparse.Namespace) -> int:
             with contextlib.suppress(errors.HealerError):
                 await bus.close()
 
-    try:
-        asyncio.run(main())
-    except errors.HealerError as e:
-        print(f"healer ui: {e}", file=sys.stderr)
-        return 1
+    common.run(main)
     return 0

@@ -33,7 +33,7 @@ import nats.js.errors
 import structlog
 from nats.js import api as js_api
 
-from healer import config, errors
+from healer import config, errors, health
 from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
@@ -59,6 +59,12 @@ EPISODE_S = 120.0
 
 def shard_of(node: str, shards: int) -> int:
     return zlib.crc32(node.encode()) % shards if shards > 1 else 0
+
+
+STANDING_TASKS = frozenset({"controller-lease", "controller-ticks", "controller-housekeeping"})
+"""Background tasks that run for the controller's whole life (readiness checks they still do)."""
+TICK_STALE_MIN_S = 10.0
+"""/readyz: a controller whose tick has not finished for this long (or 5 ticks, if longer) is stuck."""
 
 
 class Controller:
@@ -578,6 +584,56 @@ class Controller:
             await self.bus.publish_durable(self.subjects.rules_rejected, codec.encode(event), msg_id=event.id)
         except errors.HealerError as e:
             self.log.warning("rules.rejection_not_published", error=str(e))
+
+    # -- readiness (served by /readyz, computed on the event loop once a second) ---------------------
+    def ready(self) -> health.Verdict:
+        """Connected, rules loaded, the model loaded or deliberately off, the role known, the controller's
+        own tasks running and ticking. A stuck or disconnected controller is not ready."""
+        check = health.Check
+        ticks = next(
+            (s.value for f in self.metrics.tick.collect() for s in f.samples if s.name.endswith("_count")),
+            0.0,
+        )
+        now = time.monotonic()
+        seen, since = getattr(self, "_ready_ticks", (-1.0, now))
+        if ticks != seen:
+            seen, since = ticks, now
+        self._ready_ticks = (seen, since)
+        stuck_s = now - since
+        fresh = stuck_s <= max(TICK_STALE_MIN_S, 5 * self.cs.tick_s)
+        ticking = check(fresh, f"{ticks:.0f} ticks" if fresh else f"no tick for {stuck_s:.1f} s")
+        engine = self.engine
+        if not self.cs.model:
+            model = check(True, "off (anomaly_score is 0)")
+        elif self.scorer is None:
+            model = check(False, f"not loaded yet: {self.cs.model}")
+        else:
+            from healer.anomaly import scoring  # already imported by start() when a model is set
+
+            loaded = isinstance(self.scorer, scoring.Scorer)
+            model = check(loaded, "loaded" if loaded else f"failed to load {self.cs.model} (see the log)")
+        lease_ = getattr(self, "lease", None)
+        role = (
+            check(False, "starting")
+            if lease_ is None
+            else check(True, "leader" if self.leader else "standby")
+        )
+        dead = [  # the events task ends by design when leadership is lost; the others run until stop
+            t.get_name()
+            for t in self._bg
+            if t.done() and (t.get_name() in STANDING_TASKS or t.cancelled() or t.exception() is not None)
+        ]
+        return health.Verdict.of(
+            nats=check(self.bus.connected, "connected" if self.bus.connected else "disconnected"),
+            rules=check(engine is not None, f"{len(engine.rules.rules)} rules" if engine else "not loaded"),
+            model=model,
+            role=role,
+            tasks=check(
+                not dead and bool(self._bg),
+                f"stopped: {', '.join(dead)}" if dead else "running" if self._bg else "not started",
+            ),
+            ticks=ticking,
+        )
 
 
 class _Prefixed(kv.Store):

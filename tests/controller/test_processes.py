@@ -110,6 +110,7 @@ def test_operator_commands_for_breaker_and_exclusions(nats_server: server.Embedd
         assert done.returncode == 0, done.stderr
         return done.stdout
 
+    healer("nats", "provision")  # admin commands never create the state bucket themselves
     assert '"open": false' in healer("breaker", "status")
     assert "gpu-07" in healer("exclude", "add", "gpu-07", "--reason", "PSU swap")
     listed = healer("exclude", "list")

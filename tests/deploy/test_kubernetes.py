@@ -273,3 +273,13 @@ def test_the_controller_image_ships_the_anomaly_model_its_manifests_pass() -> No
     (agent_pod,) = _pod(m.find("DaemonSet", "healer-agent"))["containers"]
     assert agent_pod["image"].startswith("healer-agent:")
     assert ctl["image"].startswith("healer:")
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [("DaemonSet", "healer-agent"), ("Deployment", "healer-controller")]
+)
+def test_probes_ask_the_health_endpoints_not_the_metrics_page(kind: str, name: str) -> None:
+    (container,) = _pod(m.find(kind, name))["containers"]
+    live, ready = container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]
+    assert (live["path"], live["port"]) == ("/healthz", "metrics")
+    assert (ready["path"], ready["port"]) == ("/readyz", "metrics")

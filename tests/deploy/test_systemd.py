@@ -67,3 +67,11 @@ def test_controller_unit_starts_in_dry_run_as_an_unprivileged_user() -> None:
     assert svc["CapabilityBoundingSet"] == [""]
     assert svc["PrivateDevices"] == ["yes"]
     assert svc["NoNewPrivileges"] == ["yes"]
+
+
+def test_units_tell_systemd_when_started_and_keep_a_watchdog() -> None:
+    for name in ("healer-agent.service", "healer-controller.service"):
+        svc = _unit(name)["Service"]
+        assert svc["Type"] == ["notify"], name
+        assert svc["NotifyAccess"] == ["main"], name
+        assert int(svc["WatchdogSec"][0]) >= 10, name  # the heartbeat sends WATCHDOG=1 every second
