@@ -24,6 +24,7 @@ import structlog
 import tenacity
 from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
+from nats.js import api as js_api
 
 from healer import config, errors
 from healer.bus import base
@@ -46,6 +47,73 @@ _TEMPORARY = (
     asyncio.TimeoutError,
     ConnectionError,
 )
+
+
+def is_temporary(e: BaseException) -> bool:
+    """Whether a nats-py error means "try again": a server away or reconnecting, a timeout, no
+    responders, a stream or consumer without a leader (an election in progress: 503, no stream
+    response), or any other JetStream API error with a 5xx code. One definition for every caller (KV,
+    streams, consumers), so losing one server of three is never a permanent failure anywhere."""
+    if isinstance(e, _TEMPORARY):
+        return True
+    return isinstance(e, nats.js.errors.APIError) and e.code is not None and int(e.code) >= 500
+
+
+class PullConsumer:
+    """A durable JetStream pull consumer that survives reconnects and server loss.
+
+    One subscription (one reply inbox) for the consumer's life, so a pull request sent before a
+    disconnect and answered after it still lands where the next ``fetch`` drains it; nothing is pulled
+    while the connection is down (such pulls would pile up in nats-py's buffer). ``fetch`` returns
+    ``[]`` when nothing came within ``timeout`` and raises ``TemporaryError`` for what is worth a retry.
+    """
+
+    def __init__(
+        self,
+        bus: NatsBus,
+        subject: str,
+        *,
+        durable: str,
+        stream: str,
+        ack_wait_s: float,
+        max_ack_pending: int,
+    ) -> None:
+        self.bus = bus
+        self.subject = subject
+        self.durable = durable
+        self.stream = stream
+        self.ack_wait_s = ack_wait_s
+        self.max_ack_pending = max_ack_pending
+        self._sub: Any = None
+
+    async def fetch(self, batch: int, timeout: float) -> list[NatsMsg]:
+        if not self.bus.connected:
+            raise errors.TemporaryError("not connected to NATS")
+        try:
+            if self._sub is None:
+                self._sub = await self.bus.js.pull_subscribe(
+                    self.subject,
+                    durable=self.durable,
+                    stream=self.stream,
+                    config=js_api.ConsumerConfig(
+                        ack_policy=js_api.AckPolicy.EXPLICIT,
+                        ack_wait=self.ack_wait_s,
+                        max_ack_pending=self.max_ack_pending,
+                    ),
+                )
+            return list(await self._sub.fetch(batch, timeout=timeout))
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        except (nats.errors.Error, OSError) as e:
+            if is_temporary(e):
+                raise errors.TemporaryError(f"pull from {self.durable}: {e!r}") from e
+            raise errors.PermanentError(f"pull from {self.durable}: {e!r}") from e
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
 
 class _Sub:

@@ -1,0 +1,222 @@
+"""High availability: "try again" errors are temporary everywhere, every long-lived task is supervised,
+the leader gauge tells the truth, and a takeover that fails is retried (or handed to a standby)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+import pytest
+import structlog.testing
+
+from healer import errors, testing
+from healer.controller import incidents as incidents_mod
+from healer.controller import kv, lease
+from tests.conftest import until
+from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
+
+JS = nats.js.errors
+
+TRY_AGAIN = [
+    JS.ServiceUnavailableError(code=503, description="JetStream system temporarily unavailable"),
+    JS.NoStreamResponseError(),
+    JS.ServerError(code=500, description="stream leader election in progress"),
+    JS.APIError(code=504, description="gateway timeout"),
+    nats.errors.NoRespondersError(),
+    nats.errors.TimeoutError(),
+    nats.errors.ConnectionReconnectingError(),
+    TimeoutError(),
+]
+
+
+class FailingKV:
+    """A stand-in for nats-py's KeyValue whose every call fails with one error (as JetStream's replies
+    during a stream leader election or with a server away)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def get(self, key: str) -> Any:
+        raise self.error
+
+    async def put(self, key: str, value: bytes) -> int:
+        raise self.error
+
+    async def create(self, key: str, value: bytes) -> int:
+        raise self.error
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        raise self.error
+
+    async def delete(self, key: str) -> None:
+        raise self.error
+
+    async def keys(self) -> list[str]:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", TRY_AGAIN, ids=lambda e: type(e).__name__)
+async def test_every_try_again_error_of_kv_is_temporary(error: Exception) -> None:
+    store = kv.Store(FailingKV(error))  # type: ignore[arg-type]
+    calls = [
+        store.get("k"), store.put("k", {}), store.create("k", {}), store.update("k", {}, 1),
+        store.delete("k"), store.keys(),
+    ]  # fmt: skip
+    for call in calls:
+        with pytest.raises(errors.TemporaryError):
+            await call
+
+
+async def test_a_refusal_of_kv_is_permanent() -> None:
+    store = kv.Store(FailingKV(JS.BadRequestError(code=400, description="invalid key")))  # type: ignore[arg-type]
+    with pytest.raises(errors.PermanentError):
+        await store.get("k")
+
+
+async def test_the_lease_outlives_a_renewal_that_fails_with_no_stream_response() -> None:
+    """The chaos run's killer: a renew failing with NoStreamResponseError (the bucket's stream has no
+    leader for a moment) must not end the lease keeper; the holder keeps its token and renews later."""
+    now = [0.0]
+
+    class FlakyStore(kv.Store):
+        def __init__(self) -> None:
+            self.fail = False
+            self.rev = 0
+
+        async def create(self, key: str, value: dict[str, Any]) -> int:
+            self.rev += 1
+            return self.rev
+
+        async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
+            if self.fail:
+                raise kv._translate("KV update", JS.NoStreamResponseError())
+            self.rev += 1
+            return self.rev
+
+    store = FlakyStore()
+    held = lease.Lease(store, "leader.shard-0", "me", ttl_s=10.0, clock=lambda: now[0])
+    assert await held.try_acquire()
+    store.fail = True
+    now[0] = 4.0
+    assert not await held.renew()
+    assert held.held
+    assert held.valid(), "a failed renew within half the TTL keeps the lease valid"
+    now[0] = 6.0
+    assert held.held
+    assert not held.valid(), "overdue by half the TTL: no longer acts"
+    store.fail = False
+    assert await held.renew()
+    assert held.valid()
+    assert held.token == 1
+
+
+async def test_a_crashed_lease_keeper_is_restarted_and_leadership_stays_true(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any failure of a long-lived task is logged, counted and the task restarted; the leader gauge is
+    1 exactly while ``Controller.leader`` holds."""
+    ctl = await harness.controller(testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader)
+    real_renew = lease.Lease.renew
+    crashes = [1]
+
+    async def renew_once_broken(self: lease.Lease) -> bool:
+        if crashes[0]:
+            crashes[0] -= 1
+            raise RuntimeError("bug in the lease keeper")
+        return await real_renew(self)
+
+    monkeypatch.setattr(lease.Lease, "renew", renew_once_broken)
+    with structlog.testing.capture_logs() as logs:
+        await run_until(fleet, lambda: ctl.metrics.task_failures.labels("lease")._value.get() == 1)
+        renewed = ctl.lease._renewed_at
+        await run_until(fleet, lambda: ctl.lease._renewed_at > renewed)  # the restarted keeper renews
+    assert ctl.leader
+    assert ctl.metrics.leader._value.get() == 1
+    failed = [e for e in logs if e["event"] == "controller.task_failed"]
+    assert [(e["task"], "bug in the lease keeper" in e["error"]) for e in failed] == [("lease", True)]
+
+
+async def test_the_leader_gauge_falls_when_renewals_fail(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl = await harness.controller(testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader and ctl.metrics.leader._value.get() == 1)
+
+    async def unreachable(self: kv.Store, key: str, value: dict[str, Any], revision: int) -> int:
+        raise kv._translate("KV update", JS.ServiceUnavailableError(code=503))
+
+    monkeypatch.setattr(kv.Store, "update", unreachable)
+    await run_until(fleet, lambda: not ctl.leader, timeout=LEASE_TTL_S * 2)
+    await until(lambda: ctl.metrics.leader._value.get() == 0, timeout=LEASE_TTL_S)
+    monkeypatch.undo()
+    await run_until(
+        fleet, lambda: ctl.leader and ctl.metrics.leader._value.get() == 1, timeout=LEASE_TTL_S * 4
+    )
+
+
+async def test_a_takeover_that_fails_is_retried_until_the_controller_acts(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TemporaryError while loading incidents during a takeover used to leave the controller renewing
+    its lease for ever without acting (and no standby could take over)."""
+    real_load = incidents_mod.Book.load
+    failures = [2]
+
+    async def load_twice_broken(self: incidents_mod.Book) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise errors.TemporaryError("KV get incident.x: ServiceUnavailableError()")
+        await real_load(self)
+
+    monkeypatch.setattr(incidents_mod.Book, "load", load_twice_broken)
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader)
+    assert ctl.metrics.takeover_failures._value.get() == 2
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: len(actuator.executed()) == 2)
+
+
+async def test_a_takeover_that_keeps_failing_hands_the_lease_to_a_standby(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actuator = testing.RecordingActuator()
+    broken = await harness.controller(actuator)
+    real_load = incidents_mod.Book.load
+
+    async def load(self: incidents_mod.Book) -> None:
+        if self is broken.book:
+            raise errors.TemporaryError("KV unreachable from this controller")
+        await real_load(self)
+
+    monkeypatch.setattr(incidents_mod.Book, "load", load)
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: broken.lease.held)
+    standby = await harness.controller(actuator)
+    await run_until(fleet, lambda: standby.leader, timeout=30)
+    assert not broken.leader
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: len(actuator.executed()) == 2)
+    assert {r.fencing_token for r in actuator.executed()} == {standby.lease.token}
+
+
+async def test_no_long_lived_task_is_left_after_stop(harness: Harness) -> None:
+    ctl = await harness.controller(testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader)
+    tasks = list(ctl._bg)
+    assert {t.get_name() for t in tasks} >= {
+        "controller-lease", "controller-leadership", "controller-events", "controller-ticks",
+        "controller-housekeeping",
+    }  # fmt: skip
+    await ctl.stop()
+    assert all(t.done() for t in tasks)
+    assert ctl.metrics.leader._value.get() == 0
+    await asyncio.sleep(0)
