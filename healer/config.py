@@ -61,6 +61,10 @@ class NatsSettings(_Group):
     """Nats-Msg-Id duplicate window on the events and incidents streams: a resend within it is dropped."""
     lease_ttl_s: float = 10.0
     """TTL of the healer-leases bucket (leader and shard leases)."""
+    request_timeout_s: float = pydantic.Field(default=2.0, gt=0)
+    """Longest one JetStream API or KV request waits for its answer. A request sent while a stream
+    elects a new leader (a server lost) goes unanswered; it fails after this long and is retried, so
+    keep it well under ``lease_ttl_s``."""
 
 
 class RetrySettings(_Group):

@@ -270,6 +270,7 @@ class NatsBus:
             raise errors.TemporaryError(f"cannot connect to NATS at {url}: {e!r}") from e
         nc.options["max_reconnect_attempts"] = -1
         bus = cls(nc)
+        bus.js = nc.jetstream(timeout=ns.request_timeout_s)
         holder["bus"] = bus
         log.info("nats.connected", name=name, url=url)
         return bus
@@ -355,6 +356,21 @@ class NatsBus:
             await self.nc.flush(timeout=max(1, round(timeout)))
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"flush failed: {e!r}") from e
+
+    async def stream_leader(self, stream: str, timeout: float = 2.0) -> tuple[str | None, bool]:
+        """(name of the server leading ``stream``, whether every replica is current), from
+        ``$JS.API.STREAM.INFO``; (None, False) while it has no leader (an election)."""
+        try:
+            info = await asyncio.wait_for(self.js.stream_info(stream), timeout)
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            if is_temporary(e):
+                return None, False
+            raise errors.PermanentError(f"stream info {stream}: {e!r}") from e
+        cluster = info.cluster
+        if cluster is None:
+            return None, False
+        replicas = cluster.replicas or []
+        return cluster.leader, all(r.current and not r.offline for r in replicas)
 
     async def close(self) -> None:
         if self.nc.is_closed:
