@@ -357,21 +357,6 @@ class NatsBus:
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"flush failed: {e!r}") from e
 
-    async def stream_leader(self, stream: str, timeout: float = 2.0) -> tuple[str | None, bool]:
-        """(name of the server leading ``stream``, whether every replica is current), from
-        ``$JS.API.STREAM.INFO``; (None, False) while it has no leader (an election)."""
-        try:
-            info = await asyncio.wait_for(self.js.stream_info(stream), timeout)
-        except (nats.errors.Error, OSError, TimeoutError) as e:
-            if is_temporary(e):
-                return None, False
-            raise errors.PermanentError(f"stream info {stream}: {e!r}") from e
-        cluster = info.cluster
-        if cluster is None:
-            return None, False
-        replicas = cluster.replicas or []
-        return cluster.leader, all(r.current and not r.offline for r in replicas)
-
     async def close(self) -> None:
         if self.nc.is_closed:
             return

@@ -213,13 +213,6 @@ class EmbeddedCluster:
     def url(self) -> str:
         return ",".join(self.urls)
 
-    def server(self, name: str) -> EmbeddedServer:
-        """The server of this name (JetStream reports stream leaders by server name)."""
-        for s in self.servers:
-            if s.name == name:
-                return s
-        raise KeyError(name)
-
     def start(self, timeout: float = 30.0) -> None:
         for s in self.servers:
             s.start(wait=False)

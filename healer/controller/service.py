@@ -106,6 +106,9 @@ class Controller:
         )  # fmt: skip
         self._leader = False
         self._lease_changed = asyncio.Event()
+        self._turn = asyncio.Lock()
+        """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
+        tick that started before a lost lease was won again (that tick's objects would act twice)."""
         self._takeover_failures = 0
         self._events: natsbus.PullConsumer | None = None
         self._frames_sub: bus_base.Subscription
@@ -217,7 +220,8 @@ class Controller:
         while not self._stop.is_set():
             self._lease_changed.clear()
             if self.lease.held and not self._leader:
-                await self._become_leader()
+                async with self._turn:
+                    await self._become_leader()
             elif not self.lease.held and self._leader:
                 self._leader = False
             if not self.lease.held:
@@ -360,7 +364,8 @@ class Controller:
         while not self._stop.is_set():
             started = time.perf_counter()
             try:
-                await self.tick()
+                async with self._turn:
+                    await self.tick()
             except errors.HealerError as e:
                 self.log.error("controller.tick_failed", error=str(e))
             except Exception:  # a bug in one incident's handling must not stop the controller
@@ -527,7 +532,8 @@ class Controller:
                 return
             await self._maybe_refresh_labels()
             try:
-                await self._maybe_reload()
+                async with self._turn:
+                    await self._maybe_reload()
                 if self.leader:
                     await self.exclusions.refresh()
                     status = await self.breaker.status()

@@ -9,6 +9,7 @@ import collections
 import pathlib
 from collections.abc import AsyncIterator
 
+import nats.errors
 import pytest
 
 from healer import config, errors, testing
@@ -65,13 +66,18 @@ async def publish_event(bus: natsbus.NatsBus, event: events.NodeEvent) -> None:
 
 
 async def leader_of(bus: natsbus.NatsBus, stream: str, *, other_than: str | None = None) -> str:
-    """The server leading ``stream`` once it has one (other than ``other_than``) with every replica
-    current."""
+    """The name of the server leading ``stream`` (``$JS.API.STREAM.INFO``) once it has one other than
+    ``other_than``; without ``other_than``, once every replica is current too."""
     async with asyncio.timeout(30):
         while True:
-            leader, current = await bus.stream_leader(stream)
-            if leader is not None and leader != other_than and (current or other_than is not None):
-                return leader
+            try:
+                cluster = (await bus.js.stream_info(stream)).cluster
+            except (nats.errors.Error, TimeoutError):
+                cluster = None  # no leader yet: the request goes unanswered or is refused
+            if cluster is not None and cluster.leader is not None and cluster.leader != other_than:
+                replicas = cluster.replicas or []
+                if other_than is not None or all(r.current and not r.offline for r in replicas):
+                    return cluster.leader
             await asyncio.sleep(0.1)
 
 
@@ -95,7 +101,8 @@ async def test_killing_the_leader_of_each_stream_and_bucket_loses_nothing_and_re
     loop = asyncio.get_running_loop()
     late: list[float] = []
     for i, stream in enumerate(streams):
-        victim = nats_cluster.server(await leader_of(h.bus, stream))
+        name = await leader_of(h.bus, stream)
+        victim = next(s for s in nats_cluster.servers if s.name == name)
         await asyncio.to_thread(victim.kill)  # blocking calls off the loop: the controllers share it
         # Faults while the stream has no leader: a DBE in the frames, an XID on the event stream.
         fleet.overrides[(f"r{i}", 0)] = {"ecc_dbe_volatile": 1}
