@@ -12,8 +12,10 @@ import pytest
 import structlog.testing
 
 from healer import errors, testing
+from healer.bus import subjects
 from healer.controller import incidents as incidents_mod
 from healer.controller import kv, lease
+from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
 
@@ -220,3 +222,49 @@ async def test_no_long_lived_task_is_left_after_stop(harness: Harness) -> None:
     assert all(t.done() for t in tasks)
     assert ctl.metrics.leader._value.get() == 0
     await asyncio.sleep(0)
+
+
+XID_RULE = """
+rules:
+  - id: xid-fatal
+    description: fatal XID
+    on_event: {kind: xid, xid: [79]}
+    severity: critical
+    actions: [notify]
+    resolve: {for: 1h}
+"""
+
+
+@pytest.mark.slow
+async def test_events_from_an_outage_are_acted_on_within_seconds_of_reconnecting(harness: Harness) -> None:
+    """A NATS outage longer than the lease: pulls issued around it must not strand the events sent once
+    the server is back (before: they waited for the consumer's 60 s ack wait)."""
+    (harness.rules / "xid.yaml").write_text(XID_RULE)
+    ctl = await harness.controller(testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1", "n2", "n3"])
+    await run_until(fleet, lambda: ctl.leader)
+    first = events.new("n1", "xid", gpu_index=0, xid=79)
+    await harness.bus.publish_durable(subjects.Subjects().events("n1"), codec.encode(first), msg_id=first.id)
+    await run_until(fleet, lambda: "n1" in opened(harness))
+    await asyncio.to_thread(harness.srv.stop)
+    await asyncio.sleep(LEASE_TTL_S * 1.5)  # the outage: longer than the lease
+    await asyncio.to_thread(harness.srv.start)
+    loop = asyncio.get_running_loop()
+    back = loop.time()
+    for node in ("n2", "n3"):  # what agents' spools send once the server is back
+        event = events.new(node, "xid", gpu_index=0, xid=79)
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    await harness.bus.publish_durable(
+                        subjects.Subjects().events(node), codec.encode(event), msg_id=event.id
+                    )
+                    break
+                except errors.TemporaryError:
+                    await asyncio.sleep(0.1)
+    await run_until(fleet, lambda: {"n2", "n3"} <= opened(harness), timeout=30)
+    assert loop.time() - back < 5 * LEASE_TTL_S, "acted on within seconds, not after the 60 s ack wait"
+
+
+def opened(harness: Harness) -> set[str]:
+    return {e.data.node for e in harness.feed.events if e.change == "opened"}
