@@ -7,10 +7,13 @@
   reset``. A mass fault (or a telemetry glitch that looks like one) can cost at most that much capacity.
 - **Exclusions**: nodes under maintenance (``healer exclude add NODE``) get incidents, never actions.
 - **Cooldown**: a power cap on a GPU for another incident within ``action_cooldown_s`` of the last one
-  waits (no cap/restore flapping). Cordon, drain and migrate have no cooldown: they are idempotent
-  (a second cordon is ``already-done``) and must never wait behind another incident's.
+  waits (no cap/restore flapping). The last cap per node lives in KV (``cooldown.<kind>.<node>``), so a
+  restarted controller or a standby that takes over honours it. Cordon, drain and migrate have no
+  cooldown: they are idempotent (a second cordon is ``already-done``) and must never wait behind another
+  incident's.
 - **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute from this process;
-  beyond it the action waits for the next tick.
+  beyond it the action waits for the next tick. (Per process and in memory: after a restart it starts
+  empty, which costs at most one more minute's worth of actions; the breaker bounds what matters.)
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ EXCLUDE_PREFIX = "exclude."
 FLEET_PREFIX = "fleet.shard."
 TAKES_OUT_OF_SERVICE = frozenset({"cordon", "drain", "migrate", "inspect"})
 COOLDOWN_KINDS = frozenset({"power_limit"})
+COOLDOWN_PREFIX = "cooldown."
 
 
 class Breaker:
@@ -118,16 +122,29 @@ class Exclusions:
 
 
 class Limits:
-    """Per-process cooldowns and rate limits (cheap, in memory)."""
+    """Cooldowns (durable, in KV) and per-process rate limits (in memory)."""
 
-    def __init__(self, settings: config.ControllerSettings) -> None:
+    def __init__(self, settings: config.ControllerSettings, store: kv.Store | None = None) -> None:
         self.settings = settings
+        self.store = store
         self.last: dict[tuple[str, str], tuple[float, str]] = {}
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
 
-    def check(self, kind: str, node: str, incident_id: str, now: float) -> str:
+    async def _last(self, kind: str, node: str) -> tuple[float, str] | None:
+        """The newest (time, incident) of ``kind`` on ``node``: this process's, or KV's when newer
+        (another controller's, or this one's before a restart)."""
+        mine = self.last.get((kind, node))
+        if self.store is None:
+            return mine
+        doc = await self.store.get(f"{COOLDOWN_PREFIX}{kind}.{node}")
+        if doc is None:
+            return mine
+        stored = (float(doc.value.get("at", 0.0)), str(doc.value.get("incident_id", "")))
+        return stored if mine is None or stored[0] > mine[0] else mine
+
+    async def check(self, kind: str, node: str, incident_id: str, now: float) -> str:
         """Empty string when allowed; else why not (and the action waits)."""
-        prev = self.last.get((kind, node)) if kind in COOLDOWN_KINDS else None
+        prev = await self._last(kind, node) if kind in COOLDOWN_KINDS else None
         if prev and prev[1] != incident_id and now - prev[0] < self.settings.action_cooldown_s:
             return f"cooldown: {kind} on {node} {now - prev[0]:.0f}s ago for {prev[1]}"
         window = self.recent[kind]
@@ -137,6 +154,9 @@ class Limits:
             return f"rate limit: {len(window)} {kind} actions in the last minute"
         return ""
 
-    def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
+    async def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
+        """Written before the action runs: a crash after it still leaves the cooldown in force."""
+        if kind in COOLDOWN_KINDS and self.store is not None:
+            await self.store.put(f"{COOLDOWN_PREFIX}{kind}.{node}", {"at": now, "incident_id": incident_id})
         self.last[(kind, node)] = (now, incident_id)
         self.recent[kind].append(now)

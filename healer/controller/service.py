@@ -146,7 +146,9 @@ class Controller:
         self.breaker = policy.Breaker(state_kv, self.cs)
         self.dry_breaker = policy.Breaker(_Prefixed(state_kv, "dry-run."), self.cs)
         self.exclusions = policy.Exclusions(state_kv)
-        self.limits = policy.Limits(self.cs)
+        self.limits = policy.Limits(
+            self.cs, state_kv if self.cs.mode == "enforce" else _Prefixed(state_kv, f"{self.cs.mode}.")
+        )
         self.lease = lease.Lease(
             lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
         )

@@ -11,10 +11,11 @@ import nats.js.errors
 import pytest
 import structlog.testing
 
-from healer import errors, testing
+from healer import config, errors, testing
+from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.controller import incidents as incidents_mod
-from healer.controller import kv, lease
+from healer.controller import kv, lease, policy
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
@@ -268,3 +269,19 @@ async def test_events_from_an_outage_are_acted_on_within_seconds_of_reconnecting
 
 def opened(harness: Harness) -> set[str]:
     return {e.data.node for e in harness.feed.events if e.change == "opened"}
+
+
+async def test_cooldowns_survive_a_restart_and_a_failover(nats_bus: natsbus.NatsBus) -> None:
+    """The chaos run capped one GPU again 113 s after the first cap, despite a 600 s cooldown, because
+    the cooldown lived in the old process's memory. It lives in KV now: a new process (a restart, or a
+    standby taking over) reads it."""
+    store = kv.Store(await nats_bus.js.key_value(subjects.Subjects().kv_state))
+    settings = config.ControllerSettings(action_cooldown_s=600)
+    before = policy.Limits(settings, store)
+    assert await before.check("power_limit", "n1", "inc-1", now=1000.0) == ""
+    await before.record("power_limit", "n1", "inc-1", now=1000.0)
+    after = policy.Limits(settings, store)  # a new process: nothing in memory
+    assert "cooldown" in await after.check("power_limit", "n1", "inc-2", now=1113.0)
+    assert await after.check("power_limit", "n1", "inc-1", now=1113.0) == "", "the same incident may go on"
+    assert await after.check("power_limit", "n2", "inc-3", now=1113.0) == "", "per node"
+    assert await after.check("power_limit", "n1", "inc-2", now=1601.0) == ""
