@@ -357,6 +357,21 @@ class NatsBus:
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"flush failed: {e!r}") from e
 
+    async def last_message(self, stream: str, subject: str) -> tuple[int, bytes] | None:
+        """(sequence, data) of the newest message on ``subject`` in ``stream``, read from the stream
+        leader (``$JS.API.STREAM.MSG.GET``); None when there is none or it is a KV delete marker."""
+        try:
+            raw = await self.js.get_msg(stream, subject=subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            if is_temporary(e):
+                raise errors.TemporaryError(f"read {subject} from {stream}: {e!r}") from e
+            raise errors.PermanentError(f"read {subject} from {stream}: {e!r}") from e
+        if raw.headers and raw.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return None
+        return int(raw.seq or 0), bytes(raw.data or b"")
+
     async def close(self) -> None:
         if self.nc.is_closed:
             return
