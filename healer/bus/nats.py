@@ -158,6 +158,10 @@ class NatsBus:
         self.dropped: collections.Counter[int] = collections.Counter()
         """Messages nats-py dropped per subscription id because its backlog was full."""
         self._drop_logged = -math.inf
+        self.disconnects = 0
+        """Times the connection was lost (a server gone, or one that cut this client off as a slow
+        consumer: nats-server closes a client whose backlog outgrows its write deadline)."""
+        self._connected_with: tuple[str, str, config.NatsSettings, config.RetrySettings] | None = None
 
     @classmethod
     async def connect(
@@ -175,6 +179,9 @@ class NatsBus:
 
         async def on_disconnect() -> None:
             log.warning("nats.disconnected", name=name)
+            bus = holder.get("bus")
+            if bus is not None:
+                bus.disconnects += 1
 
         async def on_reconnect() -> None:
             log.info("nats.reconnected", name=name, server=str(getattr(holder.get("bus"), "server", "")))
@@ -271,9 +278,19 @@ class NatsBus:
         nc.options["max_reconnect_attempts"] = -1
         bus = cls(nc)
         bus.js = nc.jetstream(timeout=ns.request_timeout_s)
+        bus._connected_with = (url, name, ns, rs)
         holder["bus"] = bus
         log.info("nats.connected", name=name, url=url)
         return bus
+
+    async def sibling(self, suffix: str) -> NatsBus:
+        """A second connection with this one's servers, identity and TLS (named ``<name>-<suffix>``),
+        for traffic that must not queue with this one's (telemetry floods vs. lease and KV). A bus not
+        built by ``connect`` has none to copy: itself."""
+        if self._connected_with is None:
+            return self
+        url, name, ns, rs = self._connected_with
+        return await NatsBus.connect(url, name=f"{name}-{suffix}", nats_settings=ns, retry=rs)
 
     @property
     def connected(self) -> bool:

@@ -73,6 +73,12 @@ class ControllerMetrics:
             "1 while this process acts as leader (holds a lease renewed within half its TTL)",
             registry=r,
         )
+        self.nats_disconnects = prom.Counter(
+            "healer_controller_nats_disconnects_total",
+            "NATS connections lost (server gone, or this client cut off as a slow consumer), by connection",
+            ["connection"],
+            registry=r,
+        )
         self.task_failures = prom.Counter(
             "healer_controller_task_failures_total",
             "long-lived tasks (lease, leadership, events, ticks, housekeeping) that failed (restarted)",

@@ -43,7 +43,7 @@ from healer.bus import subjects as subjects_mod
 from healer.controller import actions as actions_mod
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
-from healer.controller import kv, lease, policy, supervisor
+from healer.controller import kv, lease, policy, supervisor, throttle
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
@@ -106,12 +106,16 @@ class Controller:
         )  # fmt: skip
         self._leader = False
         self._lease_changed = asyncio.Event()
+        self._bad_frames = throttle.Throttled(self.log, "controller.bad_frame")
+        """Bad frames are counted each (``_decode_errors_total``) and logged at most once per 10 s."""
+        self._bad_events = throttle.Throttled(self.log, "controller.bad_event")
         self._turn = asyncio.Lock()
         """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
         tick that started before a lost lease was won again (that tick's objects would act twice)."""
         self._takeover_failures = 0
         self._events: natsbus.PullConsumer | None = None
         self._frames_sub: bus_base.Subscription
+        self.telemetry_bus: natsbus.NatsBus = bus
         self._frames_dropped = 0
         self._labels_at = -math.inf
         self.actions: actions_mod.ActionRunner  # built in start(), with the policy it applies
@@ -158,7 +162,9 @@ class Controller:
             metrics=self.metrics, publish=self._save_publish, leader=lambda: self.leader,
             fleet_size=self._fleet_size, clock=self.clock, stop=self._stop, log=self.log,
         )  # fmt: skip
-        self._frames_sub = await self.bus.subscribe(
+        self.telemetry_bus = await self.bus.sibling("telemetry") if self.cs.telemetry_connection else self.bus
+        self._disconnects = {"main": 0, "telemetry": 0}
+        self._frames_sub = await self.telemetry_bus.subscribe(
             self.subjects.all_telemetry,
             self._on_frame,
             pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
@@ -185,6 +191,8 @@ class Controller:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         if self._events is not None:
             await self._events.close()
+        if self.telemetry_bus is not self.bus:
+            await self.telemetry_bus.close()
         self.metrics.leader.set(0)
         self.log.info("controller.stopped")
 
@@ -299,7 +307,7 @@ class Controller:
             frame = codec.decode_frame_view(msg.data)
         except errors.DecodeError as e:
             self.metrics.decode_errors.labels(e.kind, e.reason).inc()
-            self.log.warning("controller.bad_frame", subject=msg.subject, reason=e.reason, detail=e.detail)
+            self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
             return
         now = self.clock()
         assert self.engine is not None
@@ -345,7 +353,7 @@ class Controller:
                     event = codec.decode_event(m.data)
                 except errors.DecodeError as e:
                     self.metrics.decode_errors.labels(e.kind, e.reason).inc()
-                    self.log.warning("controller.bad_event", reason=e.reason, detail=e.detail)
+                    self._bad_events.note(e.reason, subject=m.subject, detail=e.detail)
                     with contextlib.suppress(nats.errors.Error):
                         await m.ack()
                     continue
@@ -395,6 +403,11 @@ class Controller:
         self.metrics.frames_pending.set(self._frames_sub.pending)
         self.metrics.frames_dropped.inc(self._frames_sub.dropped - self._frames_dropped)
         self._frames_dropped = self._frames_sub.dropped
+        for name, bus in (("main", self.bus), ("telemetry", self.telemetry_bus)):
+            if bus is self.bus and name == "telemetry":
+                continue
+            self.metrics.nats_disconnects.labels(name).inc(bus.disconnects - self._disconnects[name])
+            self._disconnects[name] = bus.disconnects
         self.metrics.evaluations.inc(len(self.engine.rules.rules))
         self.metrics.fleet_nodes.set(len(self.nodes))
         if not self.leader:
