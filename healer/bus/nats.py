@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 SLOW_CONSUMER_LOG_S = 10.0
 DEFAULT_PENDING_BYTES = 128 * 2**20
 """nats-py's own default backlog per subscription."""
+YIELD_EVERY = 64
+"""A subscription handler lets other tasks run after this many messages in a row."""
 
 _TEMPORARY = (
     nats.errors.TimeoutError,
@@ -330,8 +332,15 @@ class NatsBus:
         """``pending_bytes``: the backlog past which nats-py drops messages (default nats-py's, 128 MiB);
         drops are counted in ``dropped`` and on the subscription."""
         limit = DEFAULT_PENDING_BYTES if pending_bytes is None else pending_bytes
+        delivered = 0
 
         async def deliver(m: NatsMsg) -> None:
+            nonlocal delivered
+            delivered += 1
+            if delivered % YIELD_EVERY == 0:
+                # nats-py's per-subscription task takes queued messages without yielding while any are
+                # queued: under a flood it would keep the loop from lease renewals and KV for seconds.
+                await asyncio.sleep(0)
             msg = base.Msg(
                 subject=m.subject,
                 data=m.data,
