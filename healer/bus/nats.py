@@ -64,9 +64,10 @@ def is_temporary(e: BaseException) -> bool:
 class PullConsumer:
     """A durable JetStream pull consumer that survives reconnects and server loss.
 
-    One subscription (one reply inbox) for the consumer's life, so a pull request sent before a
-    disconnect and answered after it still lands where the next ``fetch`` drains it; nothing is pulled
-    while the connection is down (such pulls would pile up in nats-py's buffer). ``fetch`` returns
+    One subscription (one reply inbox) while pulls succeed, so a pull request sent before a disconnect
+    and answered after it still lands where the next ``fetch`` drains it; nothing is pulled while the
+    connection is down (such pulls would pile up in nats-py's buffer); after a failed pull the
+    subscription is made again (which creates the consumer if it is gone). ``fetch`` returns
     ``[]`` when nothing came within ``timeout`` and raises ``TemporaryError`` for what is worth a retry.
     """
 
@@ -107,6 +108,9 @@ class PullConsumer:
         except (TimeoutError, nats.errors.TimeoutError):
             return []
         except (nats.errors.Error, OSError) as e:
+            # The consumer may be gone (deleted, or lost with its stream's state; a pull then reads as
+            # 503 for ever): the next fetch looks it up and creates it again.
+            await self.close()
             if is_temporary(e):
                 raise errors.TemporaryError(f"pull from {self.durable}: {e!r}") from e
             raise errors.PermanentError(f"pull from {self.durable}: {e!r}") from e

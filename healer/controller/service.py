@@ -182,9 +182,9 @@ class Controller:
 
     async def stop(self) -> None:
         self._stop.set()
-        for t in list(self.tasks.values()):
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(t), 5.0)
+        running = list(self.tasks.values())
+        if running:  # actions in flight get 5 s together to finish their current call, not 5 s each
+            await asyncio.wait(running, timeout=5.0)
         await self.supervisor.wait()
         for t in self.tasks.values():
             t.cancel()

@@ -337,3 +337,17 @@ def decode_errors(ctl: Any) -> float:
     return sum(
         s.value for s in next(iter(ctl.metrics.decode_errors.collect())).samples if s.name.endswith("_total")
     )
+
+
+async def test_a_deleted_events_consumer_is_created_again(harness: Harness) -> None:
+    (harness.rules / "xid.yaml").write_text(XID_RULE)
+    ctl = await harness.controller(testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await run_until(fleet, lambda: ctl.leader)
+    subj = subjects.Subjects()
+    for node in ("n1", "n2"):
+        if node == "n2":
+            await harness.bus.js.delete_consumer(subj.stream_events, "healer-controller-s0")
+        event = events.new(node, "xid", gpu_index=0, xid=79)
+        await harness.bus.publish_durable(subj.events(node), codec.encode(event), msg_id=event.id)
+        await run_until(fleet, lambda node=node: node in opened(harness))
