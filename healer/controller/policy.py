@@ -11,9 +11,9 @@
   restarted controller or a standby that takes over honours it. Cordon, drain and migrate have no
   cooldown: they are idempotent (a second cordon is ``already-done``) and must never wait behind another
   incident's.
-- **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute from this process;
-  beyond it the action waits for the next tick. (Per process and in memory: after a restart it starts
-  empty, which costs at most one more minute's worth of actions; the breaker bounds what matters.)
+- **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute; beyond it the action
+  waits for the next tick. The window lives in KV (``ratelimit.<kind>``, compare-and-set), so it holds
+  across restarts and failovers and is shared by every shard.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ FLEET_PREFIX = "fleet.shard."
 TAKES_OUT_OF_SERVICE = frozenset({"cordon", "drain", "migrate", "inspect"})
 COOLDOWN_KINDS = frozenset({"power_limit"})
 COOLDOWN_PREFIX = "cooldown."
+RATE_PREFIX = "ratelimit."
+RATE_WINDOW_S = 60.0
 
 
 class Breaker:
@@ -122,7 +124,8 @@ class Exclusions:
 
 
 class Limits:
-    """Cooldowns (durable, in KV) and per-process rate limits (in memory)."""
+    """Cooldowns and rate limits, both durable in KV (so a restart or a failover keeps them); without a
+    store (unit use) they live in this process's memory."""
 
     def __init__(self, settings: config.ControllerSettings, store: kv.Store | None = None) -> None:
         self.settings = settings
@@ -142,21 +145,47 @@ class Limits:
         stored = (float(doc.value.get("at", 0.0)), str(doc.value.get("incident_id", "")))
         return stored if mine is None or stored[0] > mine[0] else mine
 
+    async def _window(self, kind: str, now: float) -> tuple[list[float], kv.Doc | None]:
+        """Times of ``kind`` actions in the last minute (from KV when there is a store)."""
+        if self.store is None:
+            window = self.recent[kind]
+            while window and now - window[0] > RATE_WINDOW_S:
+                window.popleft()
+            return list(window), None
+        doc = await self.store.get(f"{RATE_PREFIX}{kind}")
+        times = [
+            float(t) for t in (doc.value.get("at", []) if doc else []) if now - float(t) <= RATE_WINDOW_S
+        ]
+        return times, doc
+
     async def check(self, kind: str, node: str, incident_id: str, now: float) -> str:
         """Empty string when allowed; else why not (and the action waits)."""
         prev = await self._last(kind, node) if kind in COOLDOWN_KINDS else None
         if prev and prev[1] != incident_id and now - prev[0] < self.settings.action_cooldown_s:
             return f"cooldown: {kind} on {node} {now - prev[0]:.0f}s ago for {prev[1]}"
-        window = self.recent[kind]
-        while window and now - window[0] > 60.0:
-            window.popleft()
-        if len(window) >= self.settings.actions_per_minute:
-            return f"rate limit: {len(window)} {kind} actions in the last minute"
+        times, _ = await self._window(kind, now)
+        if len(times) >= self.settings.actions_per_minute:
+            return f"rate limit: {len(times)} {kind} actions in the last minute"
         return ""
 
     async def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
-        """Written before the action runs: a crash after it still leaves the cooldown in force."""
+        """Written before the action runs: a crash after it still leaves the cooldown and the rate
+        window in force. The window is updated with compare-and-set (several shards share it)."""
         if kind in COOLDOWN_KINDS and self.store is not None:
             await self.store.put(f"{COOLDOWN_PREFIX}{kind}.{node}", {"at": now, "incident_id": incident_id})
         self.last[(kind, node)] = (now, incident_id)
         self.recent[kind].append(now)
+        if self.store is None:
+            return
+        for _ in range(20):
+            times, doc = await self._window(kind, now)
+            value = {"at": [*times, now]}
+            try:
+                if doc is None:
+                    await self.store.create(f"{RATE_PREFIX}{kind}", value)
+                else:
+                    await self.store.update(f"{RATE_PREFIX}{kind}", value, doc.revision)
+            except kv.Conflict:
+                continue
+            return
+        raise errors.TemporaryError(f"rate limit: too much contention on {RATE_PREFIX}{kind}")

@@ -351,3 +351,15 @@ async def test_a_deleted_events_consumer_is_created_again(harness: Harness) -> N
         event = events.new(node, "xid", gpu_index=0, xid=79)
         await harness.bus.publish_durable(subj.events(node), codec.encode(event), msg_id=event.id)
         await run_until(fleet, lambda node=node: node in opened(harness))
+
+
+async def test_the_rate_limit_window_survives_a_restart(nats_bus: natsbus.NatsBus) -> None:
+    store = kv.Store(await nats_bus.js.key_value(subjects.Subjects().kv_state))
+    settings = config.ControllerSettings(actions_per_minute=2)
+    before = policy.Limits(settings, store)
+    for i in range(2):
+        await before.record("cordon", f"n{i}", f"inc-{i}", now=1000.0 + i)
+    after = policy.Limits(settings, store)
+    assert "rate limit" in await after.check("cordon", "n9", "inc-9", now=1010.0)
+    assert await after.check("drain", "n9", "inc-9", now=1010.0) == "", "per kind"
+    assert await after.check("cordon", "n9", "inc-9", now=1062.0) == "", "a minute later"
