@@ -162,7 +162,8 @@ def test_a_new_token_is_refused_while_the_lease_cannot_be_read(power: sim.SimSou
     ex = executor(power, None)
     unreadable = commands_mod.LiveTokens(frozenset(), error="KV unreachable")
     res = ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), unreadable)
-    assert res.status == "refused"
+    assert res.status == "failed"
+    assert res.detail.startswith("temporary: ")
     assert "cannot be read" in res.detail
     assert ex.fencing_token == 0
     assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), LIVE_3).status == "applied"

@@ -124,6 +124,8 @@ class CommandExecutor:
             if refusal:
                 bound.error("commands.fencing_refused", reason=refusal, seen=self.fencing_token)
                 self.fencing_refused += 1
+            if refusal and live.error:  # not a verdict on the token: the controller tries again
+                return self._result(cmd, "failed", f"temporary: {refusal}", [], remember=False)
         if refusal:
             bound.warning("commands.refused", reason=refusal)
             return self._result(cmd, "refused", refusal, [], remember=False)
