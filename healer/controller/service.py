@@ -328,9 +328,10 @@ class Controller:
         return None if limit is None else (ts, limit)
 
     async def _pull_events(self) -> None:
-        """Pull events while leader. One consumer subscription for the process's life (a pull answered
-        across a reconnect still lands where the next fetch finds it); nothing is pulled while not
-        leader or disconnected; failures are counted and logged at most every ``FETCH_LOG_S``."""
+        """Pull events while leader, through ``natsbus.PullConsumer`` (its subscription outlives
+        reconnects, so a pull answered across one lands where the next fetch finds it; it is made again
+        after a failed pull). Nothing is pulled while not leader or disconnected; failures are counted
+        and logged at most every ``FETCH_LOG_S``."""
         assert self._events is not None
         logged_at = -math.inf
         while not self._stop.is_set():
