@@ -62,6 +62,10 @@ class NatsSettings(_Group):
     """Nats-Msg-Id duplicate window on the events and incidents streams: a resend within it is dropped."""
     lease_ttl_s: float = 10.0
     """TTL of the healer-leases bucket (leader and shard leases)."""
+    request_timeout_s: float = pydantic.Field(default=2.0, gt=0)
+    """Longest one JetStream API or KV request waits for its answer. A request sent while a stream
+    elects a new leader (a server lost) goes unanswered; it fails after this long and is retried, so
+    keep it well under ``lease_ttl_s``."""
 
     @pydantic.field_validator("url")
     @classmethod
@@ -241,6 +245,9 @@ class ControllerSettings(_Group):
     (Kubernetes node labels; Slurm ``partition`` and ``features``); 0: never. The log actuator has none."""
     labels_timeout_s: float = pydantic.Field(default=30.0, gt=0)
     """Longest a label refresh may take; past it the previous labels stay and the failure is counted."""
+    telemetry_connection: bool = True
+    """Receive telemetry on a NATS connection of its own: a flood of frames (and the server cutting a
+    slow consumer off) then never delays lease renewals, KV and events, which use the main one."""
     frames_buffer_mib: float = pydantic.Field(default=128.0, gt=0)
     """Frames received and not yet ingested, at most (nats-py's pending limit for the telemetry
     subscription, 15,000 8-GPU frames at the default): past it frames are dropped and counted

@@ -151,6 +151,12 @@ def command(node: str, action: str, token: int = 5, ttl: float = 30.0, **kw: obj
     )
 
 
+async def hold_lease(bus: natsbus.NatsBus, subj: subjects.Subjects) -> int:
+    """Write a controller's lease in KV healer-leases; its revision is the fencing token agents accept."""
+    leases = await bus.js.key_value(subj.kv_leases)
+    return int(await leases.put("leader.shard-0", b'{"holder": "test"}'))
+
+
 @pytest.mark.parametrize("kind", ["sim", "nvml-fake"])
 async def test_power_command_round_trip_over_real_nats(
     kind: str, nats_bus: natsbus.NatsBus, subj: subjects.Subjects, tmp_path: pathlib.Path
@@ -174,7 +180,8 @@ async def test_power_command_round_trip_over_real_nats(
             reply = await nats_bus.request(subj.command("n1"), codec.encode(cmd), timeout=5)
             return codec.decode_command_result(reply.data)
 
-        res = await send(command("n1", "set_power_limit", gpu_index=2, percent_of_default=80))
+        t1 = await hold_lease(nats_bus, subj)  # a controller leads: its lease's revision is the token
+        res = await send(command("n1", "set_power_limit", gpu_index=2, percent_of_default=80, token=t1))
         assert res.status == "applied"
         assert res.gpus[0].previous_w == 700.0
         assert res.gpus[0].applied_w == 560.0
@@ -183,19 +190,25 @@ async def test_power_command_round_trip_over_real_nats(
         assert frames[-1].gpus[2].power_limit_w == 560.0
         assert frames[-1].gpus[1].power_limit_w == 700.0
 
-        res = await send(command("n1", "set_power_limit", gpu_index=2, watts=50.0, token=6))
+        t2 = await hold_lease(nats_bus, subj)  # a new leader
+        res = await send(command("n1", "set_power_limit", gpu_index=2, watts=50.0, token=t2))
         assert res.status == "applied"
         assert res.gpus[0].clamped
         assert res.gpus[0].applied_w == 200.0
 
-        expired = await send(command("n1", "restore_power_limit", gpu_index=2, token=7, ttl=-0.5))
+        expired = await send(command("n1", "restore_power_limit", gpu_index=2, token=t2, ttl=-0.5))
         assert expired.status == "refused"
         assert "expired" in expired.detail
-        stale = await send(command("n1", "restore_power_limit", gpu_index=2, token=4))
+        stale = await send(command("n1", "restore_power_limit", gpu_index=2, token=t1))
         assert stale.status == "refused"
         assert "stale fencing token" in stale.detail
 
-        res = await send(command("n1", "restore_power_limit", gpu_index=2, token=7))
+        forged = await send(command("n1", "restore_power_limit", gpu_index=2, token=10**15))
+        assert forged.status == "refused"
+        assert "no lease's" in forged.detail
+        assert agent.metrics.fencing_refused._value.get() == 1
+        t3 = await hold_lease(nats_bus, subj)
+        res = await send(command("n1", "restore_power_limit", gpu_index=2, token=t3))
         assert res.status == "applied"
         assert res.gpus[0].applied_w == 700.0, "restores the limit healer found, not the last one it set"
         n = len(got.frames)

@@ -138,3 +138,44 @@ def test_command_model_rejects_ambiguous_targets() -> None:
         cmd("set_power_limit", watts=500, percent_of_default=80)
     with pytest.raises(ValueError, match="takes no watts"):
         cmd("restore_power_limit", watts=500)
+
+
+def test_a_new_token_beyond_every_live_lease_is_refused_and_not_persisted(
+    power: sim.SimSource, tmp_path: pathlib.Path
+) -> None:
+    """A controller credential used from elsewhere sent fencing_token=1e15, which the agent persisted,
+    locking the real leader out of the node's power control (restore included)."""
+    ex = executor(power, tmp_path / "power.json")
+    assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=7), LIVE_7).status == "applied"
+    forged = ex.execute(cmd("set_power_limit", gpu_index=0, watts=300, token=10**15), LIVE_7)
+    assert forged.status == "refused"
+    assert "no lease's" in forged.detail
+    assert ex.fencing_token == 7
+    assert ex.fencing_refused == 1
+    reloaded = executor(power, tmp_path / "power.json")
+    assert reloaded.fencing_token == 7, "the forged token never reached the disk"
+    restore = reloaded.execute(cmd("restore_power_limit", gpu_index=0, token=7), LIVE_7)
+    assert restore.status == "applied", "the real leader keeps control"
+
+
+def test_a_new_token_is_refused_while_the_lease_cannot_be_read(power: sim.SimSource) -> None:
+    ex = executor(power, None)
+    unreadable = commands_mod.LiveTokens(frozenset(), error="KV unreachable")
+    res = ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), unreadable)
+    assert res.status == "failed"
+    assert res.detail.startswith("temporary: ")
+    assert "cannot be read" in res.detail
+    assert ex.fencing_token == 0
+    assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), LIVE_3).status == "applied"
+
+
+def test_a_token_already_seen_needs_no_lease(power: sim.SimSource) -> None:
+    ex = executor(power, None)
+    assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), LIVE_3).status == "applied"
+    again = cmd("restore_power_limit", gpu_index=0, token=3)
+    assert not ex.needs_lease(again)
+    assert ex.execute(again).status == "applied"
+
+
+LIVE_3 = commands_mod.LiveTokens(frozenset({3}))
+LIVE_7 = commands_mod.LiveTokens(frozenset({7}))

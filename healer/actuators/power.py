@@ -168,6 +168,9 @@ class PowerActuator:
     ) -> base.ActionOutcome:
         if result.status == "refused" and not result.gpus:
             return base.ActionOutcome(status="refused", detail=f"agent refused: {result.detail}", plan=plan)
+        if result.status == "failed" and not result.gpus and result.detail.startswith("temporary:"):
+            # e.g. the agent could not read the lease to check a new fencing token: try again later
+            return base.ActionOutcome(status="failed-temporary", detail=f"agent: {result.detail}", plan=plan)
         items = [
             base.ItemResult(item=f"gpu {c.index}", status=_ITEM_STATUS[c.status], detail=_describe(c))
             for c in result.gpus

@@ -4,6 +4,9 @@ Safety rules, in the order they are checked:
 1. a command id seen before gets the same answer again (the controller may retry; nothing runs twice);
 2. a command for another node, past its expiry, or with a fencing token older than the newest this
    node has seen is refused with a reason (a deposed leader's late command cannot undo its successor);
+   a token *newer* than any seen is persisted only if it is a live lease's token in KV
+   ``healer-leases`` (``LiveTokens``, read by the runner): a controller credential used from
+   elsewhere cannot send ``fencing_token=1e15`` and lock the real leader out;
 3. ``set_power_limit`` clamps to the GPU's [min, max] and remembers the limit it found, once, on disk,
    so ``restore_power_limit`` returns exactly that limit even after an agent restart;
 4. ``restore_power_limit`` never touches a limit someone else changed after healer set it.
@@ -14,6 +17,7 @@ answers exactly as a real one would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -32,6 +36,14 @@ log = structlog.get_logger(__name__)
 TOLERANCE_W = 0.5
 """Two limits closer than this are the same limit (NVML works in milliwatts; drivers round)."""
 RECENT_MAX = 256
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LiveTokens:
+    """The fencing tokens of the leases held now (KV ``healer-leases``), or why they could not be read."""
+
+    tokens: frozenset[int]
+    error: str = ""
 
 
 class PowerControl(Protocol):
@@ -58,6 +70,8 @@ class CommandExecutor:
         self.clock = clock
         self.gpu_indices = gpu_indices
         self.fencing_token = 0
+        self.fencing_refused = 0
+        """Commands refused because their new token is no live lease's (or the lease was unreadable)."""
         self.originals: dict[int, dict[str, Any]] = {}
         self.recent: dict[str, dict[str, Any]] = {}
         self._load()
@@ -92,13 +106,26 @@ class CommandExecutor:
         os.replace(tmp, self.state_path)
 
     # -- the entry point ---------------------------------------------------------------------------
-    def execute(self, cmd: commands.Command) -> commands.CommandResult:
+    def needs_lease(self, cmd: commands.Command) -> bool:
+        """Whether ``cmd`` carries a token newer than any seen (to be checked against the lease)."""
+        return cmd.fencing_token > self.fencing_token and cmd.id not in self.recent
+
+    def execute(self, cmd: commands.Command, live: LiveTokens | None = None) -> commands.CommandResult:
+        """``live``: the leases' tokens now, for a command whose token is newer than any seen; None
+        where there is no lease to check against (an in-memory bus, the simulated fleet)."""
         bound = log.bind(node=self.node, command_id=cmd.id, action=cmd.action, token=cmd.fencing_token)
         seen = self.recent.get(cmd.id)
         if seen is not None:
             bound.info("commands.repeat")
             return commands.CommandResult.model_validate(seen)
         refusal = self._refusal(cmd)
+        if not refusal and live is not None and cmd.fencing_token > self.fencing_token:
+            refusal = self._beyond_lease(cmd, live)
+            if refusal:
+                bound.error("commands.fencing_refused", reason=refusal, seen=self.fencing_token)
+                self.fencing_refused += 1
+            if refusal and live.error:  # not a verdict on the token: the controller tries again
+                return self._result(cmd, "failed", f"temporary: {refusal}", [], remember=False)
         if refusal:
             bound.warning("commands.refused", reason=refusal)
             return self._result(cmd, "refused", refusal, [], remember=False)
@@ -132,6 +159,18 @@ class CommandExecutor:
         if cmd.fencing_token < self.fencing_token:
             return (
                 f"stale fencing token {cmd.fencing_token} < {self.fencing_token} (a newer leader has spoken)"
+            )
+        return ""
+
+    @staticmethod
+    def _beyond_lease(cmd: commands.Command, live: LiveTokens) -> str:
+        if live.error:
+            return f"fencing token {cmd.fencing_token} is new and the lease cannot be read: {live.error}"
+        if cmd.fencing_token not in live.tokens:
+            held = ", ".join(str(t) for t in sorted(live.tokens)) or "none"
+            return (
+                f"fencing token {cmd.fencing_token} is no lease's in KV healer-leases (held: {held}); "
+                "not persisted"
             )
         return ""
 

@@ -62,6 +62,11 @@ class AgentMetrics:
         self.commands = prom.Counter(
             "healer_agent_commands_total", "commands handled", ["action", "status"], registry=r
         )
+        self.fencing_refused = prom.Counter(
+            "healer_agent_fencing_refused_total",
+            "commands refused: their new fencing token is no live lease's (or the lease was unreadable)",
+            registry=r,
+        )
         self.decode_errors = prom.Counter(
             "healer_agent_decode_errors_total", "undecodable messages received", ["reason"], registry=r
         )

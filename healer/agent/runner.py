@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+import orjson
 import structlog
 
 import healer
@@ -30,6 +31,8 @@ from healer.schemas import codec, events, telemetry
 from healer.telemetry import source
 
 log = structlog.get_logger(__name__)
+LEASE_SHARDS_MAX = 64
+"""Lease keys read at most (``leader.shard-0`` .. ``-63``) when checking a new fencing token."""
 
 Connector = Callable[[], Awaitable[base.Bus]]
 
@@ -251,6 +254,31 @@ class Agent:
             return list(self._last_indices)
         return list(range(self.gpus_expected or 0))
 
+    async def _live_tokens(self) -> commands_mod.LiveTokens | None:
+        """The fencing tokens of the leases held now: ``leader.shard-0``, ``-1``, ... up to the first
+        shard without one. A lease document carries its token once renewed (before that its revision is
+        the token); a document claiming a token above its own revision is forged and counts for nothing,
+        so no token beyond the lease's real revision is ever accepted. None on a bus without JetStream
+        (nothing to check against)."""
+        reader = getattr(self.bus, "last_message", None)
+        if reader is None:
+            return None
+        tokens: set[int] = set()
+        try:
+            for shard in range(LEASE_SHARDS_MAX):
+                found = await reader(
+                    self.subjects.stream_leases, self.subjects.lease_subject(f"leader.shard-{shard}")
+                )
+                if found is None:
+                    break
+                revision, data = found
+                claimed = int(orjson.loads(data).get("token") or revision)
+                if claimed <= revision:  # a token is the revision at acquisition: never above the current
+                    tokens.add(claimed)
+        except (errors.HealerError, ValueError, TypeError, AttributeError) as e:
+            return commands_mod.LiveTokens(frozenset(), error=str(e) or repr(e))
+        return commands_mod.LiveTokens(frozenset(tokens))
+
     async def _on_command(self, msg: base.Msg) -> None:
         try:
             cmd = codec.decode_command(msg.data)
@@ -259,7 +287,10 @@ class Agent:
             result = self.executor.refuse_undecodable(str(e))
             action = "unknown"
         else:
-            result = await asyncio.to_thread(self.executor.execute, cmd)
+            live = await self._live_tokens() if self.executor.needs_lease(cmd) else None
+            refused_before = self.executor.fencing_refused
+            result = await asyncio.to_thread(self.executor.execute, cmd, live)
+            self.metrics.fencing_refused.inc(self.executor.fencing_refused - refused_before)
             action = cmd.action
         self.metrics.commands.labels(action, result.status).inc()
         if msg.reply:

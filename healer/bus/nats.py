@@ -24,6 +24,7 @@ import structlog
 import tenacity
 from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
+from nats.js import api as js_api
 
 from healer import config, errors
 from healer.bus import base
@@ -32,6 +33,8 @@ log = structlog.get_logger(__name__)
 SLOW_CONSUMER_LOG_S = 10.0
 DEFAULT_PENDING_BYTES = 128 * 2**20
 """nats-py's own default backlog per subscription."""
+YIELD_EVERY = 64
+"""A subscription handler lets other tasks run after this many messages in a row."""
 
 _TEMPORARY = (
     nats.errors.TimeoutError,
@@ -46,6 +49,77 @@ _TEMPORARY = (
     asyncio.TimeoutError,
     ConnectionError,
 )
+
+
+def is_temporary(e: BaseException) -> bool:
+    """Whether a nats-py error means "try again": a server away or reconnecting, a timeout, no
+    responders, a stream or consumer without a leader (an election in progress: 503, no stream
+    response), or any other JetStream API error with a 5xx code. One definition for every caller (KV,
+    streams, consumers), so losing one server of three is never a permanent failure anywhere."""
+    if isinstance(e, _TEMPORARY):
+        return True
+    return isinstance(e, nats.js.errors.APIError) and e.code is not None and int(e.code) >= 500
+
+
+class PullConsumer:
+    """A durable JetStream pull consumer that survives reconnects and server loss.
+
+    One subscription (one reply inbox) while pulls succeed, so a pull request sent before a disconnect
+    and answered after it still lands where the next ``fetch`` drains it; nothing is pulled while the
+    connection is down (such pulls would pile up in nats-py's buffer); after a failed pull the
+    subscription is made again (which creates the consumer if it is gone). ``fetch`` returns
+    ``[]`` when nothing came within ``timeout`` and raises ``TemporaryError`` for what is worth a retry.
+    """
+
+    def __init__(
+        self,
+        bus: NatsBus,
+        subject: str,
+        *,
+        durable: str,
+        stream: str,
+        ack_wait_s: float,
+        max_ack_pending: int,
+    ) -> None:
+        self.bus = bus
+        self.subject = subject
+        self.durable = durable
+        self.stream = stream
+        self.ack_wait_s = ack_wait_s
+        self.max_ack_pending = max_ack_pending
+        self._sub: Any = None
+
+    async def fetch(self, batch: int, timeout: float) -> list[NatsMsg]:
+        if not self.bus.connected:
+            raise errors.TemporaryError("not connected to NATS")
+        try:
+            if self._sub is None:
+                self._sub = await self.bus.js.pull_subscribe(
+                    self.subject,
+                    durable=self.durable,
+                    stream=self.stream,
+                    config=js_api.ConsumerConfig(
+                        ack_policy=js_api.AckPolicy.EXPLICIT,
+                        ack_wait=self.ack_wait_s,
+                        max_ack_pending=self.max_ack_pending,
+                    ),
+                )
+            return list(await self._sub.fetch(batch, timeout=timeout))
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        except (nats.errors.Error, OSError) as e:
+            # The consumer may be gone (deleted, or lost with its stream's state; a pull then reads as
+            # 503 for ever): the next fetch looks it up and creates it again.
+            await self.close()
+            if is_temporary(e):
+                raise errors.TemporaryError(f"pull from {self.durable}: {e!r}") from e
+            raise errors.PermanentError(f"pull from {self.durable}: {e!r}") from e
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
 
 class _Sub:
@@ -90,6 +164,10 @@ class NatsBus:
         self.dropped: collections.Counter[int] = collections.Counter()
         """Messages nats-py dropped per subscription id because its backlog was full."""
         self._drop_logged = -math.inf
+        self.disconnects = 0
+        """Times the connection was lost (a server gone, or one that cut this client off as a slow
+        consumer: nats-server closes a client whose backlog outgrows its write deadline)."""
+        self._connected_with: tuple[str, str, config.NatsSettings, config.RetrySettings] | None = None
 
     @classmethod
     async def connect(
@@ -107,6 +185,9 @@ class NatsBus:
 
         async def on_disconnect() -> None:
             log.warning("nats.disconnected", name=name)
+            bus = holder.get("bus")
+            if bus is not None:
+                bus.disconnects += 1
 
         async def on_reconnect() -> None:
             log.info("nats.reconnected", name=name, server=str(getattr(holder.get("bus"), "server", "")))
@@ -210,9 +291,20 @@ class NatsBus:
             raise errors.TemporaryError(f"cannot connect to NATS at {url}: {why!r}") from e
         nc.options["max_reconnect_attempts"] = -1
         bus = cls(nc)
+        bus.js = nc.jetstream(timeout=ns.request_timeout_s)
+        bus._connected_with = (url, name, ns, rs)
         holder["bus"] = bus
         log.info("nats.connected", name=name, url=url)
         return bus
+
+    async def sibling(self, suffix: str) -> NatsBus:
+        """A second connection with this one's servers, identity and TLS (named ``<name>-<suffix>``),
+        for traffic that must not queue with this one's (telemetry floods vs. lease and KV). A bus not
+        built by ``connect`` has none to copy: itself."""
+        if self._connected_with is None:
+            return self
+        url, name, ns, rs = self._connected_with
+        return await NatsBus.connect(url, name=f"{name}-{suffix}", nats_settings=ns, retry=rs)
 
     @property
     def connected(self) -> bool:
@@ -252,8 +344,15 @@ class NatsBus:
         """``pending_bytes``: the backlog past which nats-py drops messages (default nats-py's, 128 MiB);
         drops are counted in ``dropped`` and on the subscription."""
         limit = DEFAULT_PENDING_BYTES if pending_bytes is None else pending_bytes
+        delivered = 0
 
         async def deliver(m: NatsMsg) -> None:
+            nonlocal delivered
+            delivered += 1
+            if delivered % YIELD_EVERY == 0:
+                # nats-py's per-subscription task takes queued messages without yielding while any are
+                # queued: under a flood it would keep the loop from lease renewals and KV for seconds.
+                await asyncio.sleep(0)
             msg = base.Msg(
                 subject=m.subject,
                 data=m.data,
@@ -295,6 +394,21 @@ class NatsBus:
             await self.nc.flush(timeout=max(1, round(timeout)))
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"flush failed: {e!r}") from e
+
+    async def last_message(self, stream: str, subject: str) -> tuple[int, bytes] | None:
+        """(sequence, data) of the newest message on ``subject`` in ``stream``, read from the stream
+        leader (``$JS.API.STREAM.MSG.GET``); None when there is none or it is a KV delete marker."""
+        try:
+            raw = await self.js.get_msg(stream, subject=subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            if is_temporary(e):
+                raise errors.TemporaryError(f"read {subject} from {stream}: {e!r}") from e
+            raise errors.PermanentError(f"read {subject} from {stream}: {e!r}") from e
+        if raw.headers and raw.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return None
+        return int(raw.seq or 0), bytes(raw.data or b"")
 
     async def close(self) -> None:
         if self.nc.is_closed:

@@ -94,6 +94,21 @@ class Subjects:
     def kv_leases(self) -> str:
         return f"{self.prefix.replace('.', '-')}-leases"
 
+    @property
+    def stream_leases(self) -> str:
+        """The stream behind the leases bucket (its sequence numbers are the fencing tokens)."""
+        return f"KV_{self.kv_leases}"
+
+    def lease_subject(self, key: str) -> str:
+        """The stream subject of one lease key (``leader.shard-0``)."""
+        return f"$KV.{self.kv_leases}.{key}"
+
+    @property
+    def lease_read_api(self) -> str:
+        """The JetStream API subject that reads one message of the leases stream (nodes may use it to
+        check a fencing token against the lease; nothing else of JetStream)."""
+        return f"$JS.API.STREAM.MSG.GET.{self.stream_leases}"
+
     def inbox(self, role: str, name: str) -> str:
         """Reply-inbox prefix of one identity (``NatsSettings.inbox_prefix``): ``_INBOX.<prefix>.<role>.
         <name>``. Each identity may subscribe only below its own, so nobody reads another's replies."""

@@ -150,7 +150,7 @@ class ActionRunner:
                 "skipped",
                 f"node excluded for maintenance by {excluded.get('by')}: {excluded.get('reason')}",
             )
-        wait = self.limits.check(action.kind, inc.node, inc.id, now)
+        wait = await self.limits.check(action.kind, inc.node, inc.id, now)
         if wait:
             return None, wait
         if action.kind in policy.TAKES_OUT_OF_SERVICE:
@@ -179,7 +179,7 @@ class ActionRunner:
         actuator = self.power if action.kind in POWER_KINDS else self.scheduler
         if actuator is None:
             return "failed-permanent", f"no actuator for {action.kind}"
-        self.limits.record(action.kind, inc.node, inc.id, now)
+        await self.limits.record(action.kind, inc.node, inc.id, now)
         outcome = await actuator.apply(request)
         if outcome.status == "failed-temporary":
             action.attempts += 1

@@ -15,8 +15,17 @@ import orjson
 from nats.js.kv import KeyValue
 
 from healer import errors
+from healer.bus import nats as natsbus
 
-_TEMPORARY = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError)
+_NATS_FAILURES = (nats.errors.Error, OSError, TimeoutError)
+
+
+def _translate(what: str, e: BaseException) -> errors.HealerError:
+    """What "try again" means is decided once, in ``natsbus.is_temporary`` (503s, no stream response,
+    leader elections, timeouts, a reconnecting client); anything else is permanent."""
+    if natsbus.is_temporary(e):
+        return errors.TemporaryError(f"{what}: {e!r}")
+    return errors.PermanentError(f"{what}: {e!r}")
 
 
 class Conflict(errors.HealerError):
@@ -39,8 +48,8 @@ class Store:
             entry = await self.kv.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
-        except _TEMPORARY as e:
-            raise errors.TemporaryError(f"KV get {key}: {e!r}") from e
+        except _NATS_FAILURES as e:
+            raise _translate(f"KV get {key}", e) from e
         if entry.value is None:
             return None
         try:
@@ -52,8 +61,8 @@ class Store:
     async def put(self, key: str, value: dict[str, Any]) -> int:
         try:
             return int(await self.kv.put(key, orjson.dumps(value)))
-        except _TEMPORARY as e:
-            raise errors.TemporaryError(f"KV put {key}: {e!r}") from e
+        except _NATS_FAILURES as e:
+            raise _translate(f"KV put {key}", e) from e
 
     async def create(self, key: str, value: dict[str, Any]) -> int:
         """Write only if the key does not exist; ``Conflict`` otherwise."""
@@ -61,8 +70,8 @@ class Store:
             return int(await self.kv.create(key, orjson.dumps(value)))
         except nats.js.errors.KeyWrongLastSequenceError as e:
             raise Conflict(f"{key} exists") from e
-        except _TEMPORARY as e:
-            raise errors.TemporaryError(f"KV create {key}: {e!r}") from e
+        except _NATS_FAILURES as e:
+            raise _translate(f"KV create {key}", e) from e
 
     async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
         """Write only if the key is still at ``revision``; ``Conflict`` otherwise."""
@@ -70,20 +79,20 @@ class Store:
             return int(await self.kv.update(key, orjson.dumps(value), last=revision))
         except nats.js.errors.KeyWrongLastSequenceError as e:
             raise Conflict(f"{key} changed since revision {revision}") from e
-        except _TEMPORARY as e:
-            raise errors.TemporaryError(f"KV update {key}: {e!r}") from e
+        except _NATS_FAILURES as e:
+            raise _translate(f"KV update {key}", e) from e
 
     async def delete(self, key: str) -> None:
         try:
             await self.kv.delete(key)
-        except _TEMPORARY as e:
-            raise errors.TemporaryError(f"KV delete {key}: {e!r}") from e
+        except _NATS_FAILURES as e:
+            raise _translate(f"KV delete {key}", e) from e
 
     async def keys(self, prefix: str = "") -> list[str]:
         try:
             found = await self.kv.keys()
         except nats.js.errors.NoKeysError:
             return []
-        except _TEMPORARY as e:
-            raise errors.TemporaryError(f"KV keys: {e!r}") from e
+        except _NATS_FAILURES as e:
+            raise _translate("KV keys", e) from e
         return sorted(k for k in found if k.startswith(prefix))

@@ -3,10 +3,14 @@ lapse by itself. NATS does the consensus; this is only the protocol on top:
 
 - acquire: ``create`` the key (succeeds only if nobody holds it); the revision it returns is this
   leader's **fencing token**, higher than any earlier leader's because stream sequences only grow;
-- renew: ``update`` with the last revision, every ``ttl/3``; a failed renew means someone else holds it
-  now (or the bucket is unreachable): leadership is dropped at once;
+- renew: ``update`` with the last revision, every ``ttl/3``. A conflict means someone else holds it now
+  (unless the key still names this holder and token: a renew whose reply was lost, adopted): the lease
+  is dropped at once. A temporary failure (a server away, a bucket electing a leader) keeps the token
+  and retries sooner; the lease is dropped once the last renew is a whole TTL old (the key has lapsed);
 - ``valid`` is false once a renew is overdue by more than ``ttl/2`` even if no error was seen, so a
-  partitioned leader stops acting before a standby can take over.
+  partitioned leader stops acting before a standby can take over (``Controller.leader`` and the
+  ``healer_controller_leader`` gauge follow it);
+- ``release(hold_off_s)`` deletes the key and stays away that long, so a standby can take the lease.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Lease:
         self.token: int | None = None
         self._revision = 0
         self._renewed_at = 0.0
+        self._hold_off_until = -float("inf")
         self.log = log.bind(lease=key, holder=holder)
 
     @property
@@ -51,12 +56,16 @@ class Lease:
         return self.token is not None and self.clock() - self._renewed_at < self.ttl_s / 2
 
     async def try_acquire(self) -> bool:
+        if self.clock() < self._hold_off_until:
+            return False
         try:
-            rev = await self.store.create(self.key, {"holder": self.holder, "at": time.time()})
+            rev = await asyncio.wait_for(
+                self.store.create(self.key, {"holder": self.holder, "at": time.time()}), self.ttl_s / 3
+            )
         except kv.Conflict:
             return False
-        except errors.TemporaryError as e:
-            self.log.warning("lease.acquire_failed", error=str(e))
+        except (errors.HealerError, TimeoutError) as e:
+            self.log.warning("lease.acquire_failed", error=repr(e))
             return False
         self.token = self._revision = rev
         self._renewed_at = self.clock()
@@ -67,24 +76,52 @@ class Lease:
         if self.token is None:
             return False
         try:
-            self._revision = await self.store.update(
-                self.key, {"holder": self.holder, "at": time.time(), "token": self.token}, self._revision
+            self._revision = await asyncio.wait_for(
+                self.store.update(
+                    self.key, {"holder": self.holder, "at": time.time(), "token": self.token}, self._revision
+                ),
+                self.ttl_s / 3,  # a reply that takes longer is as good as lost: try again
             )
-        except (kv.Conflict, errors.TemporaryError) as e:
-            self.log.warning("lease.lost", token=self.token, error=str(e))
-            self.token = None
+        except kv.Conflict as e:
+            if not await self._adopt():
+                self.log.warning("lease.lost", token=self.token, error=str(e))
+                self.token = None
+                return False
+        except (errors.HealerError, TimeoutError) as e:
+            overdue = self.clock() - self._renewed_at
+            if overdue >= self.ttl_s:
+                self.log.warning("lease.lost", token=self.token, error=repr(e), overdue_s=round(overdue, 1))
+                self.token = None
+            else:
+                self.log.warning(
+                    "lease.renew_failed", token=self.token, error=repr(e), overdue_s=round(overdue, 1)
+                )
             return False
         self._renewed_at = self.clock()
         return True
 
-    async def release(self) -> None:
+    async def _adopt(self) -> bool:
+        """After a conflict: is the key still ours (a renew that landed but whose reply was lost)?"""
+        try:
+            doc = await self.store.get(self.key)
+        except errors.HealerError:
+            return False
+        if doc is None or doc.value.get("holder") != self.holder or doc.value.get("token") != self.token:
+            return False
+        self._revision = doc.revision
+        self._renewed_at = self.clock()
+        return True
+
+    async def release(self, hold_off_s: float = 0.0) -> None:
+        """Give the lease up; do not take it again for ``hold_off_s`` (so a standby can)."""
+        self._hold_off_until = self.clock() + hold_off_s
         if self.token is None:
             return
         self.token = None
         try:
             await self.store.delete(self.key)
             self.log.info("lease.released")
-        except errors.TemporaryError as e:
+        except errors.HealerError as e:
             self.log.warning("lease.release_failed", error=str(e))
 
     async def holder_now(self) -> str | None:
@@ -95,16 +132,15 @@ class Lease:
         """Acquire when free, renew while held, until ``stop``; calls ``on_change(leader)`` on flips."""
         was = False
         while not stop.is_set():
-            if self.token is None:
-                await self.try_acquire()
-            else:
-                await self.renew()
+            ok = await self.try_acquire() if self.token is None else await self.renew()
             now = self.held
             if now != was and on_change is not None:
                 on_change(now)
             was = now
+            # A failed renew is tried again soon: the key lapses one TTL after the last good one.
+            pause = (self.ttl_s / 3 if ok else self.ttl_s / 10) if now else self.ttl_s / 5
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.ttl_s / 3 if now else self.ttl_s / 5)
+                await asyncio.wait_for(stop.wait(), timeout=pause)
         await self.release()
         if was and on_change is not None:
             on_change(False)

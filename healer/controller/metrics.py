@@ -74,7 +74,31 @@ class ControllerMetrics:
             "healer_controller_events_unacked", "events received and not yet acknowledged", registry=r
         )
         self.leader = prom.Gauge(
-            "healer_controller_leader", "1 while this process holds the lease", registry=r
+            "healer_controller_leader",
+            "1 while this process acts as leader (holds a lease renewed within half its TTL)",
+            registry=r,
+        )
+        self.nats_disconnects = prom.Counter(
+            "healer_controller_nats_disconnects_total",
+            "NATS connections lost (server gone, or this client cut off as a slow consumer), by connection",
+            ["connection"],
+            registry=r,
+        )
+        self.task_failures = prom.Counter(
+            "healer_controller_task_failures_total",
+            "long-lived tasks (lease, leadership, events, ticks, housekeeping) that failed (restarted)",
+            ["task"],
+            registry=r,
+        )
+        self.takeover_failures = prom.Counter(
+            "healer_controller_takeover_failures_total",
+            "takeovers (loading incidents and exclusions after winning the lease) that failed (retried)",
+            registry=r,
+        )
+        self.events_fetch_failures = prom.Counter(
+            "healer_controller_events_fetch_failures_total",
+            "pulls from the events consumer that failed (no leader, server away, reconnecting)",
+            registry=r,
         )
         self.rules_loaded = prom.Gauge("healer_controller_rules_loaded", "rules active", registry=r)
         self.label_refresh_failures = prom.Counter(
@@ -148,6 +172,10 @@ class ControllerMetrics:
                 self.messages_rejected.labels(kind, reason)
         for kind in ("frame", "event"):
             self.clock_skewed.labels(kind)
+        for task in ("lease", "leadership", "events", "ticks", "housekeeping"):
+            self.task_failures.labels(task)
+        for connection in ("main", "telemetry"):
+            self.nats_disconnects.labels(connection)
 
 
 class BatchedHistogram(prom.registry.Collector):

@@ -7,10 +7,13 @@
   reset``. A mass fault (or a telemetry glitch that looks like one) can cost at most that much capacity.
 - **Exclusions**: nodes under maintenance (``healer exclude add NODE``) get incidents, never actions.
 - **Cooldown**: a power cap on a GPU for another incident within ``action_cooldown_s`` of the last one
-  waits (no cap/restore flapping). Cordon, drain and migrate have no cooldown: they are idempotent
-  (a second cordon is ``already-done``) and must never wait behind another incident's.
-- **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute from this process;
-  beyond it the action waits for the next tick.
+  waits (no cap/restore flapping). The last cap per node lives in KV (``cooldown.<kind>.<node>``), so a
+  restarted controller or a standby that takes over honours it. Cordon, drain and migrate have no
+  cooldown: they are idempotent (a second cordon is ``already-done``) and must never wait behind another
+  incident's.
+- **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute; beyond it the action
+  waits for the next tick. The window lives in KV (``ratelimit.<kind>``, compare-and-set), so it holds
+  across restarts and failovers and is shared by every shard.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ EXCLUDE_PREFIX = "exclude."
 FLEET_PREFIX = "fleet.shard."
 TAKES_OUT_OF_SERVICE = frozenset({"cordon", "drain", "migrate", "inspect"})
 COOLDOWN_KINDS = frozenset({"power_limit"})
+COOLDOWN_PREFIX = "cooldown."
+RATE_PREFIX = "ratelimit."
+RATE_WINDOW_S = 60.0
 
 
 class Breaker:
@@ -118,25 +124,68 @@ class Exclusions:
 
 
 class Limits:
-    """Per-process cooldowns and rate limits (cheap, in memory)."""
+    """Cooldowns and rate limits, both durable in KV (so a restart or a failover keeps them); without a
+    store (unit use) they live in this process's memory."""
 
-    def __init__(self, settings: config.ControllerSettings) -> None:
+    def __init__(self, settings: config.ControllerSettings, store: kv.Store | None = None) -> None:
         self.settings = settings
+        self.store = store
         self.last: dict[tuple[str, str], tuple[float, str]] = {}
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
 
-    def check(self, kind: str, node: str, incident_id: str, now: float) -> str:
+    async def _last(self, kind: str, node: str) -> tuple[float, str] | None:
+        """The newest (time, incident) of ``kind`` on ``node``: this process's, or KV's when newer
+        (another controller's, or this one's before a restart)."""
+        mine = self.last.get((kind, node))
+        if self.store is None:
+            return mine
+        doc = await self.store.get(f"{COOLDOWN_PREFIX}{kind}.{node}")
+        if doc is None:
+            return mine
+        stored = (float(doc.value.get("at", 0.0)), str(doc.value.get("incident_id", "")))
+        return stored if mine is None or stored[0] > mine[0] else mine
+
+    async def _window(self, kind: str, now: float) -> tuple[list[float], kv.Doc | None]:
+        """Times of ``kind`` actions in the last minute (from KV when there is a store)."""
+        if self.store is None:
+            window = self.recent[kind]
+            while window and now - window[0] > RATE_WINDOW_S:
+                window.popleft()
+            return list(window), None
+        doc = await self.store.get(f"{RATE_PREFIX}{kind}")
+        times = [
+            float(t) for t in (doc.value.get("at", []) if doc else []) if now - float(t) <= RATE_WINDOW_S
+        ]
+        return times, doc
+
+    async def check(self, kind: str, node: str, incident_id: str, now: float) -> str:
         """Empty string when allowed; else why not (and the action waits)."""
-        prev = self.last.get((kind, node)) if kind in COOLDOWN_KINDS else None
+        prev = await self._last(kind, node) if kind in COOLDOWN_KINDS else None
         if prev and prev[1] != incident_id and now - prev[0] < self.settings.action_cooldown_s:
             return f"cooldown: {kind} on {node} {now - prev[0]:.0f}s ago for {prev[1]}"
-        window = self.recent[kind]
-        while window and now - window[0] > 60.0:
-            window.popleft()
-        if len(window) >= self.settings.actions_per_minute:
-            return f"rate limit: {len(window)} {kind} actions in the last minute"
+        times, _ = await self._window(kind, now)
+        if len(times) >= self.settings.actions_per_minute:
+            return f"rate limit: {len(times)} {kind} actions in the last minute"
         return ""
 
-    def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
+    async def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
+        """Written before the action runs: a crash after it still leaves the cooldown and the rate
+        window in force. The window is updated with compare-and-set (several shards share it)."""
+        if kind in COOLDOWN_KINDS and self.store is not None:
+            await self.store.put(f"{COOLDOWN_PREFIX}{kind}.{node}", {"at": now, "incident_id": incident_id})
         self.last[(kind, node)] = (now, incident_id)
         self.recent[kind].append(now)
+        if self.store is None:
+            return
+        for _ in range(20):
+            times, doc = await self._window(kind, now)
+            value = {"at": [*times, now]}
+            try:
+                if doc is None:
+                    await self.store.create(f"{RATE_PREFIX}{kind}", value)
+                else:
+                    await self.store.update(f"{RATE_PREFIX}{kind}", value, doc.revision)
+            except kv.Conflict:
+                continue
+            return
+        raise errors.TemporaryError(f"rate limit: too much contention on {RATE_PREFIX}{kind}")

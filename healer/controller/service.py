@@ -10,6 +10,10 @@ delays detection elsewhere.
 Only the lease holder acts and publishes. A standby ingests the same telemetry (warm state) and, when it
 wins the lease, reloads the incidents from KV and picks up where the old leader stopped: actions
 recorded as done are never repeated, and every action carries the new lease's fencing token.
+
+Every long-lived task (lease keeper, leadership, event puller, tick, housekeeping) runs under a
+``Supervisor``: a failure is logged, counted and the task restarted with back-off, so losing one NATS
+server of three (503s, leader elections, reconnects) is weathered, never a silently dead controller.
 """
 
 from __future__ import annotations
@@ -29,9 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import nats.errors
-import nats.js.errors
 import structlog
-from nats.js import api as js_api
 
 from healer import config, errors, health
 from healer.actuators import base as actuators
@@ -42,7 +44,7 @@ from healer.controller import actions as actions_mod
 from healer.controller import admission as admission_mod
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
-from healer.controller import kv, lease, policy
+from healer.controller import kv, lease, policy, supervisor, throttle
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
@@ -55,6 +57,14 @@ log = structlog.get_logger(__name__)
 
 EPISODE_S = 120.0
 """Incidents on one GPU opened within this long of each other count as one fault episode."""
+TAKEOVER_ATTEMPTS = 3
+"""A takeover that fails this many times in a row releases the lease (for one TTL) to a standby."""
+EVENTS_PULL_S = 0.5
+"""Longest one pull for events waits on the server (short: a pull never outlives a reconnect by much)."""
+EVENTS_ACK_WAIT_S = 60.0
+"""The events consumer's ack wait: an event delivered and not acknowledged is redelivered after it."""
+FETCH_LOG_S = 10.0
+"""At most one ``controller.events_fetch_failed`` line per this many seconds (all are counted)."""
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -100,11 +110,23 @@ class Controller:
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
         self.unacked: list[Any] = []
-        self._bg: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+        self.supervisor = supervisor.Supervisor(
+            self._stop, self.metrics.task_failures, self.log,
+            initial_delay_s=settings.retry.initial_delay_s, max_delay_s=settings.retry.max_delay_s,
+        )  # fmt: skip
         self._leader = False
-        self._events_sub: Any = None
+        self._lease_changed = asyncio.Event()
+        self._bad_frames = throttle.Throttled(self.log, "controller.bad_frame")
+        """Bad frames are counted each (``_decode_errors_total``) and logged at most once per 10 s."""
+        self._bad_events = throttle.Throttled(self.log, "controller.bad_event")
+        self._turn = asyncio.Lock()
+        """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
+        tick that started before a lost lease was won again (that tick's objects would act twice)."""
+        self._takeover_failures = 0
+        self._events: natsbus.PullConsumer | None = None
         self._frames_sub: bus_base.Subscription
+        self.telemetry_bus: natsbus.NatsBus = bus
         self._frames_dropped = 0
         self._labels_at = -math.inf
         self.actions: actions_mod.ActionRunner  # built in start(), with the policy it applies
@@ -139,7 +161,9 @@ class Controller:
         self.breaker = policy.Breaker(state_kv, self.cs)
         self.dry_breaker = policy.Breaker(_Prefixed(state_kv, "dry-run."), self.cs)
         self.exclusions = policy.Exclusions(state_kv)
-        self.limits = policy.Limits(self.cs)
+        self.limits = policy.Limits(
+            self.cs, state_kv if self.cs.mode == "enforce" else _Prefixed(state_kv, f"{self.cs.mode}.")
+        )
         self.lease = lease.Lease(
             lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
         )
@@ -149,31 +173,44 @@ class Controller:
             metrics=self.metrics, publish=self._save_publish, leader=lambda: self.leader,
             fleet_size=self._fleet_size, clock=self.clock, stop=self._stop, log=self.log,
         )  # fmt: skip
-        self._frames_sub = await self.bus.subscribe(
+        self.telemetry_bus = await self.bus.sibling("telemetry") if self.cs.telemetry_connection else self.bus
+        self._disconnects = {"main": 0, "telemetry": 0}
+        self._frames_sub = await self.telemetry_bus.subscribe(
             self.subjects.all_telemetry,
             self._on_frame,
             pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
         )
-        self._bg = [
-            asyncio.create_task(self.lease.keep(self._stop, self._on_leadership), name="controller-lease"),
-            asyncio.create_task(self._tick_loop(), name="controller-ticks"),
-            asyncio.create_task(self._housekeeping(), name="controller-housekeeping"),
-        ]
+        self._events = natsbus.PullConsumer(
+            self.bus, self.subjects.all_events, durable=f"healer-controller-s{self.cs.shard}",
+            stream=self.subjects.stream_events, ack_wait_s=EVENTS_ACK_WAIT_S, max_ack_pending=20000,
+        )  # fmt: skip
+        self.supervisor.start("lease", lambda: self.lease.keep(self._stop, self._on_leadership))
+        self.supervisor.start("leadership", self._leadership)
+        self.supervisor.start("events", self._pull_events)
+        self.supervisor.start("ticks", self._tick_loop)
+        self.supervisor.start("housekeeping", self._housekeeping)
         self.log.info("controller.started", rules=len(result.ruleset.rules), mode=self.cs.mode)
 
     async def stop(self) -> None:
         self._stop.set()
-        for t in list(self.tasks.values()):
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(t), 5.0)
-        await asyncio.gather(*self._bg, return_exceptions=True)
+        running = list(self.tasks.values())
+        if running:  # actions in flight get 5 s together to finish their current call, not 5 s each
+            await asyncio.wait(running, timeout=5.0)
+        await self.supervisor.wait()
         for t in self.tasks.values():
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        if self._events_sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._events_sub.unsubscribe()
+        if self._events is not None:
+            await self._events.close()
+        if self.telemetry_bus is not self.bus:
+            await self.telemetry_bus.close()
+        self.metrics.leader.set(0)
         self.log.info("controller.stopped")
+
+    @property
+    def _bg(self) -> list[asyncio.Task[None]]:
+        """The supervised long-lived tasks."""
+        return self.supervisor.tasks
 
     @property
     def tasks(self) -> dict[str, asyncio.Task[None]]:
@@ -183,30 +220,70 @@ class Controller:
 
     @property
     def leader(self) -> bool:
+        """Acting as leader: took over, and holds a lease renewed within half its TTL."""
         return self._leader and self.lease.valid()
 
-    def _on_leadership(self, leader: bool) -> None:
-        self.metrics.leader.set(1 if leader else 0)
-        self.log.warning("controller.leadership", leader=leader, token=self.lease.token)
-        if leader:
-            asyncio.get_running_loop().create_task(self._become_leader())
-        else:
+    def _show_leader(self) -> None:
+        """``healer_controller_leader`` follows ``leader`` (set on every flip and every tick)."""
+        self.metrics.leader.set(1 if self.leader else 0)
+
+    def _on_leadership(self, held: bool) -> None:
+        self.log.warning("controller.leadership", leader=held, token=self.lease.token)
+        if not held:
             self._leader = False
+        self._show_leader()
+        self._lease_changed.set()
+
+    async def _leadership(self) -> None:
+        """Take over when the lease is won, step down when it is lost. A takeover that fails raises: the
+        supervisor logs it and runs this again after a back-off (a retry); after
+        ``TAKEOVER_ATTEMPTS`` failures in a row the lease is released for a TTL so a standby can try."""
+        while not self._stop.is_set():
+            self._lease_changed.clear()
+            if self.lease.held and not self._leader:
+                async with self._turn:
+                    await self._become_leader()
+            elif not self.lease.held and self._leader:
+                self._leader = False
+            if not self.lease.held:
+                await self._step_down()
+            self._show_leader()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lease_changed.wait(), timeout=0.5)
+
+    async def _step_down(self) -> None:
+        """Not the leader: what this process pulled and did not acknowledge goes back to the stream at
+        once (nak) for the next leader, instead of after the ack wait."""
+        acks, self.unacked = self.unacked, []
+        for m in acks:
+            with contextlib.suppress(nats.errors.Error):
+                await m.nak()
+        self.metrics.events_pending.set(0)
 
     async def _become_leader(self) -> None:
-        await self.book.load()
-        self._restore_firings()
-        await self.exclusions.refresh()
-        self._events_sub = await self.bus.js.pull_subscribe(
-            self.subjects.all_events,
-            durable=f"healer-controller-s{self.cs.shard}",
-            stream=self.subjects.stream_events,
-            config=js_api.ConsumerConfig(
-                ack_policy=js_api.AckPolicy.EXPLICIT, ack_wait=60, max_ack_pending=20000
-            ),
-        )
-        self._bg.append(asyncio.create_task(self._pull_events(), name="controller-events"))
+        token = self.lease.token
+        try:
+            await self.book.load()
+            self._restore_firings()
+            await self.exclusions.refresh()
+        except Exception as e:
+            self._takeover_failures += 1
+            self.metrics.takeover_failures.inc()
+            if self._takeover_failures >= TAKEOVER_ATTEMPTS:
+                self._takeover_failures = 0
+                self.log.error(
+                    "controller.takeover_abandoned", token=token, error=repr(e),
+                    detail="lease released for one TTL so a standby can take over",
+                )  # fmt: skip
+                await self.lease.release(hold_off_s=self.lease.ttl_s)
+                self._lease_changed.set()
+            raise
+        if self.lease.token != token:  # lost (or lost and won again) meanwhile: start over
+            return
+        self._takeover_failures = 0
         self._leader = True
+        self._show_leader()
+        self.log.info("controller.took_over", token=token, incidents=len(self.book.open))
         for inc in self.book.all():
             if any(a.status is None for a in inc.actions):
                 self.actions.spawn(inc)
@@ -242,7 +319,7 @@ class Controller:
             frame = codec.decode_frame_view(msg.data)
         except errors.DecodeError as e:
             self._count_bad(e)
-            self.log.warning("controller.bad_frame", subject=msg.subject, reason=e.reason, detail=e.detail)
+            self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
             return
         # Receive time, strictly increasing: frames are ordered by it, never by the node's own ts.
         now = self._received_at = max(self.clock(), math.nextafter(self._received_at, math.inf))
@@ -287,22 +364,35 @@ class Controller:
         return None if limit is None else (ts, limit)
 
     async def _pull_events(self) -> None:
-        while not self._stop.is_set() and self._leader:
-            try:
-                msgs = await self._events_sub.fetch(256, timeout=0.5)
-            except (TimeoutError, nats.errors.TimeoutError):
+        """Pull events while leader, through ``natsbus.PullConsumer`` (its subscription outlives
+        reconnects, so a pull answered across one lands where the next fetch finds it; it is made again
+        after a failed pull). Nothing is pulled while not leader or disconnected; failures are counted
+        and logged at most every ``FETCH_LOG_S``."""
+        assert self._events is not None
+        logged_at = -math.inf
+        while not self._stop.is_set():
+            if not self._leader or not self.bus.connected:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=0.1)
                 continue
-            except (nats.errors.Error, nats.js.errors.Error) as e:
-                self.log.warning("controller.events_fetch_failed", error=repr(e))
-                await asyncio.sleep(0.5)
+            try:
+                msgs = await self._events.fetch(256, timeout=EVENTS_PULL_S)
+            except errors.TemporaryError as e:
+                self.metrics.events_fetch_failures.inc()
+                if time.monotonic() - logged_at >= FETCH_LOG_S:
+                    logged_at = time.monotonic()
+                    self.log.warning("controller.events_fetch_failed", error=str(e))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=EVENTS_PULL_S)
                 continue
             for m in msgs:
                 try:
                     event = codec.decode_event(m.data)
                 except errors.DecodeError as e:
                     self._count_bad(e)
-                    self.log.warning("controller.bad_event", reason=e.reason, detail=e.detail)
-                    await m.ack()
+                    self._bad_events.note(e.reason, subject=m.subject, detail=e.detail)
+                    with contextlib.suppress(nats.errors.Error):
+                        await m.ack()
                     continue
                 if not await self._admit_event(m, event):
                     continue
@@ -319,12 +409,14 @@ class Controller:
         while not self._stop.is_set():
             started = time.perf_counter()
             try:
-                await self.tick()
+                async with self._turn:
+                    await self.tick()
             except errors.HealerError as e:
                 self.log.error("controller.tick_failed", error=str(e))
             except Exception:  # a bug in one incident's handling must not stop the controller
                 self.log.exception("controller.tick_crashed")
             self.metrics.tick.observe(time.perf_counter() - started)
+            self._show_leader()
             next_t += self.cs.tick_s
             now = loop.time()
             if next_t < now:
@@ -346,6 +438,11 @@ class Controller:
         self.metrics.frames_pending.set(self._frames_sub.pending)
         self.metrics.frames_dropped.inc(self._frames_sub.dropped - self._frames_dropped)
         self._frames_dropped = self._frames_sub.dropped
+        for name, bus in (("main", self.bus), ("telemetry", self.telemetry_bus)):
+            if bus is self.bus and name == "telemetry":
+                continue
+            self.metrics.nats_disconnects.labels(name).inc(bus.disconnects - self._disconnects[name])
+            self._disconnects[name] = bus.disconnects
         self.metrics.evaluations.inc(len(self.engine.rules.rules))
         self.metrics.fleet_nodes.set(len(self.nodes))
         if not self.leader:
@@ -504,7 +601,8 @@ class Controller:
             await self._maybe_refresh_labels()
             await self.admission.refresh()
             try:
-                await self._maybe_reload()
+                async with self._turn:
+                    await self._maybe_reload()
                 if self.leader:
                     await self.exclusions.refresh()
                     status = await self.breaker.status()

@@ -122,9 +122,10 @@ def _js_api(*tokens: str) -> str:
 
 def node_permissions(subj: subjects_mod.Subjects, node: str) -> Permissions:
     """Publish its own frames (core) and events (JetStream publish: a request whose ack comes back on
-    the node's inbox), receive its own commands, answer them."""
+    the node's inbox), receive its own commands, answer them, and read the leases bucket's messages (to
+    check a higher fencing token against the real lease before persisting it)."""
     return Permissions(
-        publish=(subj.telemetry(node), subj.events(node)),
+        publish=(subj.telemetry(node), subj.events(node), subj.lease_read_api),
         subscribe=(subj.command(node), subj.inbox("node", node) + ".>"),
         allow_responses=True,
     )

@@ -146,6 +146,26 @@ async def test_a_stale_fencing_token_is_refused_by_the_agent(
     assert gpu.power_limits(1).current_w == 700
 
 
+async def test_an_agent_that_cannot_check_a_new_token_is_a_temporary_failure(
+    bus: memory.MemoryBus, gpu: sim.SimSource
+) -> None:
+    """The agent checks a new fencing token against the lease in KV; while it cannot read it, the cap
+    is not refused for good but tried again (a refusal would escalate the incident and stop there)."""
+    executor = commands_mod.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
+    unreadable = commands_mod.LiveTokens(frozenset(), error="KV unreachable")
+
+    async def on_command(msg: bus_base.Msg) -> None:
+        await msg.respond(codec.encode(executor.execute(codec.decode_command(msg.data), unreadable)))
+
+    await bus.subscribe(subjects.Subjects().command("n1"), on_command)
+    outcome = await actuator(bus, LiveReadings(gpu), FakeTime()).apply(
+        req(params={"watts": 450}, fencing_token=5)
+    )
+    assert outcome.status == "failed-temporary"
+    assert "cannot be read" in outcome.detail
+    assert gpu.power_limits(1).current_w == 700
+
+
 async def test_a_cap_below_the_minimum_is_clamped_and_said_so(
     bus: memory.MemoryBus, gpu: sim.SimSource
 ) -> None:

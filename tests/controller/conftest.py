@@ -122,6 +122,8 @@ class Harness:
         for c, bus in self.controllers:
             if c is ctl:
                 await asyncio.wait_for(bus.nc.close(), 10)
+                if c.telemetry_bus is not bus:
+                    await asyncio.wait_for(c.telemetry_bus.nc.close(), 10)
 
     async def close(self) -> None:
         for ctl, bus in self.controllers:

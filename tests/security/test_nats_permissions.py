@@ -254,6 +254,22 @@ async def test_controller_holds_leases_and_state_in_kv_and_a_node_cannot_touch_t
     assert (await leases.get("leader")).value == b"controller-0"
 
 
+async def test_a_node_reads_the_leases_and_nothing_else_of_jetstream(
+    controller: natsbus.NatsBus, node_a: natsbus.NatsBus
+) -> None:
+    """The one JetStream right a node has beyond publishing its events: reading a lease (to check a new
+    fencing token against it). The state bucket and the other streams stay closed to it."""
+    leases = await controller.js.key_value(SUBJ.kv_leases)
+    revision = await leases.put("leader.shard-0", b'{"holder": "controller-0"}')
+    found = await node_a.last_message(SUBJ.stream_leases, SUBJ.lease_subject("leader.shard-0"))
+    assert found == (revision, b'{"holder": "controller-0"}')
+    state = await controller.js.key_value(SUBJ.kv_state)
+    await state.put("breaker", b"closed")
+    with capture_logs() as logs, pytest.raises(errors.HealerError):
+        await node_a.last_message(f"KV_{SUBJ.kv_state}", f"$KV.{SUBJ.kv_state}.breaker")
+    assert any(f"kv_{SUBJ.kv_state}" in d for d in denials(logs))
+
+
 async def test_feed_cannot_read_telemetry(feed: natsbus.NatsBus) -> None:
     with capture_logs() as logs:
         await feed.subscribe(SUBJ.all_telemetry, _ignore)
@@ -319,9 +335,17 @@ async def test_the_real_agent_works_under_its_node_identity(
         run = agent_tests.Running(agent)
         try:
             await got.wait(lambda fs: len(fs) >= 1)
-            cmd = agent_tests.command(NODE_A, "set_power_limit", gpu_index=1, percent_of_default=80)
+            token = await agent_tests.hold_lease(controller, SUBJ)
+            cmd = agent_tests.command(
+                NODE_A, "set_power_limit", gpu_index=1, percent_of_default=80, token=token
+            )
             reply = await controller.request(SUBJ.command(NODE_A), codec.encode(cmd), timeout=5.0)
             assert codec.decode_command_result(reply.data).status == "applied"
+            forged = agent_tests.command(NODE_A, "restore_power_limit", gpu_index=1, token=10**15)
+            reply = await controller.request(SUBJ.command(NODE_A), codec.encode(forged), timeout=5.0)
+            refused = codec.decode_command_result(reply.data)
+            assert refused.status == "refused", "checked against the lease with node rights alone"
+            assert "no lease's" in refused.detail
             (first,) = await stored.fetch(1, timeout=10.0)
             assert codec.decode_event(first.data).kind == "agent_start"
         finally:

@@ -59,7 +59,11 @@ def test_a_bad_nodes_file_is_a_permanent_error(tmp_path: pathlib.Path, text: str
 
 def test_node_permissions_name_only_its_own_subjects() -> None:
     p = natsconf.node_permissions(SUBJ, "gpu-7.dc1")
-    assert p.publish == (SUBJ.telemetry("gpu-7.dc1"), SUBJ.events("gpu-7.dc1"))
+    assert p.publish == (
+        SUBJ.telemetry("gpu-7.dc1"),
+        SUBJ.events("gpu-7.dc1"),
+        "$JS.API.STREAM.MSG.GET.KV_healer-leases",  # reads a lease, to check a new fencing token
+    )
     assert p.subscribe == (SUBJ.command("gpu-7.dc1"), SUBJ.inbox("node", "gpu-7.dc1") + ".>")
     assert p.allow_responses is True
     assert not any("*" in s or ">" in s for s in p.publish)

@@ -1,0 +1,38 @@
+"""Log lines for things that come in floods (malformed frames, fetch failures), at a bounded rate.
+
+A flood of bad messages once produced 227 MB of log in 10 s, one line each, which deepened the overload
+that caused it. ``Throttled.note`` counts every occurrence (the caller counts them in metrics too) and
+logs at most one line per ``every_s``: the first at once, then each later line carries how many of each
+reason came since the previous one (``since_last``), so nothing is hidden and the log stays small.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Throttled:
+    def __init__(
+        self, log: Any, event: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.log = log
+        self.event = event
+        self.every_s = every_s
+        self.clock = clock
+        self._since: collections.Counter[str] = collections.Counter()
+        self._at = -float("inf")
+
+    def note(self, reason: str, **fields: Any) -> bool:
+        """Count one; log it (with the counts since the last line) if none was logged within
+        ``every_s``. Returns whether a line was written."""
+        self._since[reason] += 1
+        now = self.clock()
+        if now - self._at < self.every_s:
+            return False
+        self._at = now
+        since, self._since = dict(self._since), collections.Counter()
+        self.log.warning(self.event, reason=reason, since_last=since, **fields)
+        return True
