@@ -7,7 +7,7 @@ import asyncio
 import pathlib
 import socket
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -15,8 +15,13 @@ from healer import config, errors, health, logs
 from healer.agent import metrics as metrics_mod
 from healer.agent import runner
 from healer.bus import base, provision, subjects
-from healer.cli import common
-from healer.telemetry import sim, source
+from healer.cli import common, lazy
+from healer.telemetry import source
+
+if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
+    from healer.telemetry import sim
+else:
+    sim = lazy.module("healer.telemetry.sim")
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +61,12 @@ def build_source(
     s: config.AgentSettings, node: str
 ) -> tuple[source.TelemetrySource, source.EventWatcher | None]:
     if s.source == "sim":
-        return sim.SimSource(node, gpus=s.sim_gpus), None
+        try:
+            return sim.SimSource(node, gpus=s.sim_gpus), None
+        except ModuleNotFoundError as e:  # an agent-only install: the simulator is the `sim` extra
+            raise common.SettingsError(
+                f"agent.source sim needs {e.name}: pip install 'healer[sim]' (GPU nodes use source nvml)"
+            ) from e
     from healer.telemetry import kernel_log, nvml, watchers, xid  # only a real node needs NVML
 
     src = nvml.NvmlSource(node, gpus_expected=s.gpus_expected)

@@ -8,25 +8,40 @@ import getpass
 import json
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from healer import config, errors, health, logs
-from healer.actuators import factory
 from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
-from healer.cli import common
-from healer.controller import kv, policy, service
-from healer.controller import metrics as metrics_mod
-from healer.rules import loader
-from healer.ui import hook
+from healer.cli import common, lazy
+
+if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
+    from healer.actuators import factory
+    from healer.controller import kv, policy, service
+    from healer.controller import metrics as metrics_mod
+    from healer.rules import loader
+    from healer.ui import hook
+else:
+    factory = lazy.module("healer.actuators.factory")
+    kv = lazy.module("healer.controller.kv")
+    policy = lazy.module("healer.controller.policy")
+    service = lazy.module("healer.controller.service")
+    metrics_mod = lazy.module("healer.controller.metrics")
+    loader = lazy.module("healer.rules.loader")
+    hook = lazy.module("healer.ui.hook")
 
 log = structlog.get_logger(__name__)
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("controller", help="run the controller", description=service.__doc__)
+    p = sub.add_parser(
+        "controller",
+        help="run the controller",
+        description="Ingest telemetry and events, evaluate the rules once per tick, open incidents, act "
+        "through the safety policy and publish every change on the incident feed (docs/controller.md).",
+    )
     common.add_nats_option(p)
     p.add_argument("--rules", help="rules directory (default: rules)")
     p.add_argument("--mode", choices=["enforce", "dry-run", "observe"], help="default: dry-run")

@@ -8,11 +8,17 @@ import io
 import json
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from healer import errors, logs
-from healer.cli import common
-from healer.demo import runner, view, watch
+from healer.cli import common, lazy
+
+if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
+    from healer.demo import runner, view, watch
+else:
+    runner = lazy.module("healer.demo.runner")
+    view = lazy.module("healer.demo.view")
+    watch = lazy.module("healer.demo.watch")
 
 DESCRIPTION = """\
 Starts an embedded nats-server, the controller (enforce mode, default rule pack, log actuator unless

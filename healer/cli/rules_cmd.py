@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from healer.rules import coverage, loader, ruletests, schema
+from healer.cli import lazy
+
+if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
+    from healer.rules import coverage, loader, ruletests, schema
+else:
+    coverage = lazy.module("healer.rules.coverage")
+    loader = lazy.module("healer.rules.loader")
+    ruletests = lazy.module("healer.rules.ruletests")
+    schema = lazy.module("healer.rules.schema")
 
 
 def register(sub: Any) -> None:

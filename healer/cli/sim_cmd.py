@@ -14,14 +14,23 @@ import pathlib
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
 from healer import config, errors, logs
 from healer.bus import provision, subjects
-from healer.cli import common
-from healer.sim import engine, live, recording, replay, scenarios, truth
+from healer.cli import common, lazy
+
+if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
+    from healer.sim import engine, live, recording, replay, scenarios, truth
+else:
+    engine = lazy.module("healer.sim.engine")
+    live = lazy.module("healer.sim.live")
+    recording = lazy.module("healer.sim.recording")
+    replay = lazy.module("healer.sim.replay")
+    scenarios = lazy.module("healer.sim.scenarios")
+    truth = lazy.module("healer.sim.truth")
 
 
 def _fleet_options(p: argparse.ArgumentParser, *, nodes: int) -> None:

