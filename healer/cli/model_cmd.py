@@ -21,6 +21,28 @@ DEFAULT_HOLD_S = 300.0
 """The hold when the rule pack has no anomaly rule (the default pack's is 5 minutes)."""
 
 
+def anomaly_episodes(rules_paths: list[str], hold_s: float | None) -> Any:
+    """``evaluation.Episodes`` from the pack's anomaly rule: its ``for`` (unless ``hold_s`` is given),
+    the threshold and ``for`` of its ``resolve`` and its ``cooldown``, so ``model eval`` counts
+    incidents as the controller would open them."""
+    import re
+
+    from healer.anomaly import evaluation
+    from healer.rules import loader
+
+    result = loader.load_paths([pathlib.Path(p) for p in rules_paths])
+    rule = result.ruleset.by_id(ANOMALY_RULE) if result.ruleset is not None else None
+    if rule is None:
+        return evaluation.Episodes(hold_s=DEFAULT_HOLD_S if hold_s is None else hold_s)
+    below = re.fullmatch(r"\s*anomaly_score\s*<\s*([0-9.]+)\s*", rule.resolve_text or "")
+    return evaluation.Episodes(
+        hold_s=rule.for_s if hold_s is None else hold_s,
+        resolve_below=float(below.group(1)) if below else evaluation.Episodes().resolve_below,
+        resolve_s=rule.resolve_for_s,
+        cooldown_s=rule.cooldown_s,
+    )
+
+
 def anomaly_hold_s(rules_paths: list[str]) -> float:
     """What the rule pack makes of the score: the ``for`` of its anomaly rule, so ``model eval``
     counts incidents as the controller would raise them."""
@@ -157,8 +179,13 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from healer.anomaly import evaluation, persist
 
-    hold_s = args.hold if args.hold is not None else anomaly_hold_s(args.rules)
-    print(f"incident after {hold_s:g} s at >= 0.9", file=sys.stderr)
+    episodes = anomaly_episodes(args.rules, args.hold)
+    hold_s = episodes.hold_s
+    print(
+        f"incident after {hold_s:g} s at >= 0.9, resolved after {episodes.resolve_s:g} s below "
+        f"{episodes.resolve_below:g}, cooldown {episodes.cooldown_s:g} s",
+        file=sys.stderr,
+    )
     try:
         m, card = persist.load(args.model)
         names = [n for n in args.scenarios.split(",") if n]
@@ -171,6 +198,7 @@ def _eval(args: argparse.Namespace) -> int:
             interval_s=args.interval,
             rules_paths=args.rules,
             hold_s=hold_s,
+            episodes=episodes,
             with_rules=not args.no_rules,
             progress=lambda n: print(f"scenario {n} ...", file=sys.stderr),
         )

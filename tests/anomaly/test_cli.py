@@ -101,6 +101,28 @@ def test_eval_holds_a_score_as_long_as_the_rule_pack_does(tmp_path: pathlib.Path
     assert model_cmd.anomaly_hold_s([str(tmp_path)]) == model_cmd.DEFAULT_HOLD_S
 
 
+def test_eval_counts_episodes_as_the_rule_pack_resolves_and_cools_them_down() -> None:
+    import numpy as np
+
+    from healer.anomaly import dataset, evaluation
+    from healer.cli import model_cmd
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    ep = model_cmd.anomaly_episodes([str(repo / "rules")], None)
+    assert (ep.hold_s, ep.resolve_below, ep.resolve_s, ep.cooldown_s) == (300.0, 0.6, 900.0, 3600.0)
+    # 20 minutes high, 5 dipping to 0.7, 20 high, 20 quiet, 20 high (inside the cooldown), 80 quiet,
+    # 20 high: two episodes
+    pattern = [0.95] * 40 + [0.7] * 10 + [0.95] * 40 + [0.3] * 40 + [0.95] * 40 + [0.3] * 160 + [0.95] * 40
+    scores = np.array(pattern)[:, None, None]
+    ts = 30.0 * np.arange(len(pattern))
+    w = dataset.Windows(ts, np.zeros((len(ts), 1, 1, 1)), np.ones(scores.shape, bool), ["n"], [["m"]], "t")
+    incidents, flags = evaluation.incidents_from_scores(scores, w, ep.hold_s, ep)
+    assert [t for _, _, t, _ in incidents] == [300.0, 30 * 330 + 300.0]  # the last run, after its hold
+    assert len(flags) == 4  # each run at >= 0.9 still flags
+    plain, _ = evaluation.incidents_from_scores(scores, w, 300.0)  # no resolve or cooldown: every run
+    assert len(plain) == 4
+
+
 def test_the_text_summary_says_what_drove_false_incidents_and_how_close_healthy_gpus_came() -> None:
     from healer.cli import model_cmd
 
