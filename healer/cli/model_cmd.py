@@ -99,6 +99,20 @@ def register(sub: Any) -> None:
     ev.add_argument("--write-card", action="store_true", help="store the summary in the model card")
     ev.set_defaults(func=_eval)
 
+    cal = msub.add_parser(
+        "calibrate", help="learn this fleet's thermal baselines from recorded telemetry (state file)"
+    )
+    cal.add_argument("--model", required=True, type=pathlib.Path)
+    csrc = cal.add_mutually_exclusive_group(required=True)
+    csrc.add_argument("--from", dest="from_files", nargs="+", type=pathlib.Path, help="sim recordings (.npz)")
+    csrc.add_argument("--from-stream", metavar="NATS_URL", help="read the HEALER_TELEMETRY stream")
+    cal.add_argument("--prefix", default="healer", help="subject prefix (with --from-stream)")
+    cal.add_argument("--limit", type=int, default=0, help="at most this many frames from the stream")
+    cal.add_argument("--gpus-per-node", type=int, default=8)
+    cal.add_argument("--state", type=pathlib.Path, help="continue from this state file")
+    cal.add_argument("--out", required=True, type=pathlib.Path, help="state file to write (JSON)")
+    cal.set_defaults(func=_calibrate)
+
     info = msub.add_parser("info", help="print the model card")
     info.add_argument("path", type=pathlib.Path)
     info.add_argument("--check", action="store_true", help="also load the model; exit 1 if it does not fit")
@@ -120,8 +134,8 @@ def _bar(what: str) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from healer.anomaly import dataset, training
     from healer.anomaly import model as anomaly_model
+    from healer.anomaly import training
 
     settings = anomaly_model.TrainSettings(
         window_s=args.window,
@@ -131,30 +145,7 @@ def _train(args: argparse.Namespace) -> int:
         max_rows=args.max_rows,
     )
     try:
-        if args.from_files:
-            wins = [
-                dataset.from_recording(p, window_s=args.window, bucket_s=args.bucket, progress=_bar(str(p)))
-                for p in args.from_files
-            ]
-        else:
-            frames = asyncio.run(
-                dataset.stream_frames(
-                    args.from_stream,
-                    subjects.Subjects(args.prefix),
-                    limit=args.limit,
-                    progress=_bar("frames"),
-                )
-            )
-            win, bad = dataset.from_frames(
-                frames,
-                gpus_per_node=args.gpus_per_node,
-                window_s=args.window,
-                bucket_s=args.bucket,
-                source=f"stream:{subjects.Subjects(args.prefix).stream_telemetry}",
-            )
-            if bad:
-                print(f"skipped {bad} undecodable frames", file=sys.stderr)
-            wins = [win]
+        wins = _windows(args, args.window, args.bucket)
         command = (
             "healer model " + " ".join(shlex.quote(a) for a in sys.argv[2:])
             if sys.argv[1:2] == ["model"]
@@ -173,6 +164,48 @@ def _train(args: argparse.Namespace) -> int:
             }
         )
     )
+    return 0
+
+
+def _windows(args: argparse.Namespace, window_s: float, bucket_s: float) -> list[Any]:
+    """Window features from ``--from`` recordings or ``--from-stream`` (train and calibrate)."""
+    from healer.anomaly import dataset
+
+    if args.from_files:
+        return [
+            dataset.from_recording(p, window_s=window_s, bucket_s=bucket_s, progress=_bar(str(p)))
+            for p in args.from_files
+        ]
+    frames = asyncio.run(
+        dataset.stream_frames(
+            args.from_stream, subjects.Subjects(args.prefix), limit=args.limit, progress=_bar("frames")
+        )
+    )
+    win, bad = dataset.from_frames(
+        frames,
+        gpus_per_node=args.gpus_per_node,
+        window_s=window_s,
+        bucket_s=bucket_s,
+        source=f"stream:{subjects.Subjects(args.prefix).stream_telemetry}",
+    )
+    if bad:
+        print(f"skipped {bad} undecodable frames", file=sys.stderr)
+    return [win]
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from healer.anomaly import calibration, persist
+
+    try:
+        m, _ = persist.load(args.model)
+        initial = json.loads(args.state.read_text()) if args.state else None
+        wins = _windows(args, m.settings.window_s, m.settings.bucket_s)
+        state, summary = calibration.calibrate(m, wins, initial)
+        args.out.write_text(json.dumps(state))
+    except (errors.HealerError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"out": str(args.out), **summary}))
     return 0
 
 

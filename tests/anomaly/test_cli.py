@@ -140,3 +140,38 @@ def test_the_text_summary_says_what_drove_false_incidents_and_how_close_healthy_
     assert "false incidents by component: thermal_gpu 2" in text
     assert "0.71 of the level" in text
     assert "(thermal_gpu; forest 0.67, thermal_gpu 0.71)" in text
+
+
+def test_calibrate_writes_a_state_that_a_scorer_imports_with_its_gpus_ready(
+    trained: pathlib.Path,
+    healthy_recording: pathlib.Path,
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from healer.anomaly import scoring
+
+    out = tmp_path / "state.json"
+    args = [
+        "model",
+        "calibrate",
+        "--model",
+        str(trained),
+        "--from",
+        str(healthy_recording),
+        "--out",
+        str(out),
+    ]
+    assert cli.main(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["nodes"] == 8
+    assert 0 < summary["gpus_ready"] <= summary["gpus"] == 64
+    scorer = scoring.load(trained)
+    assert scorer.import_state(json.loads(out.read_text())) == 8
+    scorer.thermal.ensure([f"sim-{i:05d}" for i in range(8)])
+    assert int(scorer.thermal.ready.sum()) == summary["gpus_ready"]
+    # continuing from a state carries it on; a state for another model layout is refused with exit 1
+    assert cli.main([*args[:-2], "--state", str(out), "--out", str(tmp_path / "s2.json")]) == 0
+    capsys.readouterr()
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "healer-anomaly-state/1", "gpus": 4}))
+    assert cli.main([*args[:-2], "--state", str(tmp_path / "bad.json"), "--out", str(tmp_path / "s3")]) == 1
+    assert "GPUs per node" in capsys.readouterr().err
