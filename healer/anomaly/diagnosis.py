@@ -48,7 +48,8 @@ def replay(state: thermal.ThermalState, w: dataset.Windows, cls: npt.NDArray[np.
     temp = w.feats[..., anomaly_model.TEMP_COLUMN]
     power = w.feats[..., anomaly_model.POWER_COLUMN]
     for k in range(len(w.ts)):
-        st = state.step(temp[k], power[k], w.valid[k], cls, float(w.ts[k]), step if k else 0.0)
+        hot = np.nan_to_num(w.feats[k, ..., anomaly_model.THROTTLE_COLUMN]) > 0
+        st = state.step(temp[k], power[k], w.valid[k], cls, float(w.ts[k]), step if k else 0.0, hot)
         for key in THERMAL_KEYS:
             out[key][k] = getattr(st, key)
         out["ready"][k] = st.ready

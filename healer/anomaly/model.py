@@ -51,6 +51,7 @@ COMPONENTS: Final = ("forest", "thermal_gpu", "thermal_rise", "thermal_node", "c
 _BASE = {name: i for i, name in enumerate(features.BASE_FEATURES)}
 _COLS: Final = [_BASE[n] for n in FEATURES]
 TEMP_COLUMN: Final = _BASE["temp_c"]
+THROTTLE_COLUMN: Final = _BASE["thermal_throttle_frac"]
 POWER_COLUMN: Final = _BASE["power_frac"]
 EDGE_FLOORS: Final = {"edge_rise_c": 3.0, "edge_rel": 0.6, "edge_node_c": 3.0}
 """Smallest edges: a GPU 3 °C over its own model, cooling 60 % worse than its model's median before it

@@ -72,8 +72,15 @@ class Scorer:
         self.thermal.ensure(self.window.node_names)
         dt = 0.0 if self._last_now is None else max(0.0, now - self._last_now)
         cls = self.model.class_index(self.window.models)
+        hot = np.nan_to_num(base[..., anomaly_model.THROTTLE_COLUMN]) > 0
         th = self.thermal.step(
-            base[..., anomaly_model.TEMP_COLUMN], base[..., anomaly_model.POWER_COLUMN], valid, cls, now, dt
+            base[..., anomaly_model.TEMP_COLUMN],
+            base[..., anomaly_model.POWER_COLUMN],
+            valid,
+            cls,
+            now,
+            dt,
+            hot,
         )
         self.last_thermal = th
         comps_full = {k: np.zeros(valid.shape) for k in anomaly_model.COMPONENTS}

@@ -52,6 +52,12 @@ BUSY_POWER_FRAC: Final = 0.4
 READY_POWER_FRAC: Final = 0.5
 """Only steady windows at this share of the default limit or more count towards a GPU being ready: a
 GPU watched only while idle has not shown how hot it runs under load."""
+PRIOR_SPREAD: Final = 0.2
+"""The prior counts as ``prior_s`` seconds of data this far (in power fraction) from the GPU's mean:
+as strong as a few minutes of a job's checkpoint dips, so a GPU that has shown two loads learns its own
+slope within a quarter of an hour."""
+POWER_BANDS: Final = (0.3, 0.5, 0.7, 0.85)
+"""Edges of the power-fraction bands in which GPUs and nodes keep track of what they have shown."""
 _STATS: Final = ("w", "sp", "sy", "spp", "spy")
 
 
@@ -70,13 +76,17 @@ class ThermalSettings:
     steady_windows: int = 10
     """Windows (one per ``score`` call) over which a GPU's mean power must stay within ``steady_frac``."""
     steady_frac: float = 0.12
+    step_frac: float = 0.03
+    """... and change by at most this much from one window to the next (a 30 s bucket that differs by
+    ten times this from the one it replaced: the start of a dip or a ramp)."""
     carry_s: float = 600.0
     """A GPU or node that is not steady keeps its last value this long, then reads 0."""
     freeze_at: float = 0.5
     """Share of the edge past which a GPU learns ten times slower (a fault is not absorbed)."""
-    range_frac: float = 0.15
-    """A GPU whose window power is further than this (or two standard deviations, if more) from the
-    power its fit has seen is extrapolating: left out of the node's inlet reference."""
+    seen_s: float = 300.0
+    """Steady seconds a GPU (node) must have spent in a power band (``POWER_BANDS``) for its fit (its
+    level) to be trusted there; elsewhere the GPU only extrapolates and is left out of the node's
+    inlet reference."""
     node_rate_c_per_h: float = 2.5
     """Fastest a node's inlet level follows its reference, °C per hour."""
 
@@ -119,9 +129,17 @@ class ThermalState:
         self.busy_s = np.zeros((0, gpus))
         self.hist = np.full((0, gpus, self.s.steady_windows), np.nan)
         self.last = np.zeros((3, 0, gpus))
+        self.prev = np.zeros((3, 0, gpus))
         self.last_at = np.full((3, 0, gpus), -math.inf)
+        self.seen = np.zeros((len(POWER_BANDS) + 1, 0, gpus))
+        """Steady seconds (forgotten with ``tau_s``) each GPU has spent in each power band."""
         self.level = np.full(0, np.nan)
+        """Each node's inlet level, °C (its inlet reference less the offset of the power band)."""
         self.level_s = np.zeros(0)
+        self.band_off = np.zeros((len(POWER_BANDS) + 1, 0))
+        """Per power band and node, how far the inlet reference sits from the level at that load: what
+        the GPUs' fits cannot tell apart from the inlet (a shared error in their slopes, the fans)."""
+        self.band_s = np.zeros((len(POWER_BANDS) + 1, 0))
         self.node_names: list[str] = []
         self._pending: dict[str, Any] = {}
         """Imported node states whose nodes have not reported yet (applied when they appear)."""
@@ -138,9 +156,14 @@ class ThermalState:
         self.busy_s = np.concatenate([self.busy_s, np.zeros((extra, g))])
         self.hist = np.concatenate([self.hist, np.full((extra, g, self.s.steady_windows), np.nan)])
         self.last = np.concatenate([self.last, np.zeros((3, extra, g))], axis=1)
+        self.prev = np.concatenate([self.prev, np.zeros((3, extra, g))], axis=1)
         self.last_at = np.concatenate([self.last_at, np.full((3, extra, g), -math.inf)], axis=1)
+        nb = len(POWER_BANDS) + 1
+        self.seen = np.concatenate([self.seen, np.zeros((nb, extra, g))], axis=1)
         self.level = np.concatenate([self.level, np.full(extra, np.nan)])
         self.level_s = np.concatenate([self.level_s, np.zeros(extra)])
+        self.band_off = np.concatenate([self.band_off, np.zeros((nb, extra))], axis=1)
+        self.band_s = np.concatenate([self.band_s, np.zeros((nb, extra))], axis=1)
         start = len(self.node_names)
         self.node_names = list(names)
         for i in range(start, len(names)):
@@ -154,7 +177,7 @@ class ThermalState:
         """Each GPU's (a, r): its own least-squares fit, pulled towards its class's fleet median r."""
         w, sp, sy, spp, spy = self.stats
         r0 = self.fleet_r[cls]
-        lam = self.s.prior_s
+        lam = self.s.prior_s * PRIOR_SPREAD**2
         eps = 1.0
         # minimise sum w (y - a - r p)^2 + lam (r - r0)^2 + eps a^2
         a11, a12, a22 = w + eps, sp, spp + lam
@@ -170,28 +193,37 @@ class ThermalState:
         return out
 
     def step(
-        self, temp: F64, power: F64, valid: BOOL, cls: npt.NDArray[np.intp], now: float, dt: float
+        self,
+        temp: F64,
+        power: F64,
+        valid: BOOL,
+        cls: npt.NDArray[np.intp],
+        now: float,
+        dt: float,
+        throttled: BOOL | None = None,
     ) -> Step:
-        """Score one window (arrays (nodes, gpus) in ``node_names`` order) and learn from it."""
+        """Score one window (arrays (nodes, gpus) in ``node_names`` order) and learn from it.
+        ``throttled``: GPUs under thermal slowdown in the window; their power moves because they are
+        too hot, so they are scored even when not steady (the lag then errs towards hot), never
+        learned from."""
         n = len(temp)
         s = self.s
         p = np.where(valid, power, np.nan)
         self.hist[:n] = np.roll(self.hist[:n], 1, axis=2)
         self.hist[:n, :, 0] = p
-        with np.errstate(invalid="ignore"):
-            swing = np.nanmax(self.hist[:n], axis=2) - np.nanmin(self.hist[:n], axis=2)
-            steady = valid & ~np.isnan(self.hist[:n]).any(axis=2) & (swing <= s.steady_frac)
+        with np.errstate(invalid="ignore"):  # a nan anywhere in the history: not steady
+            h = self.hist[:n]
+            swing = h.max(axis=2) - h.min(axis=2)
+            jump = np.abs(np.diff(h, axis=2)).max(axis=2)
+            steady = valid & (swing <= s.steady_frac) & (jump <= s.step_frac)
         a, r = self.fit(cls)
         a, r = a[:n], r[:n]
         pz = np.nan_to_num(p)
         implied = np.where(valid, temp - a - r * pz, np.nan)
         ready = self.ready[:n]
-        # a GPU outside the power range its own fit has seen only extrapolates its inlet
-        w, sp, _, spp, _ = self.stats[:, :n]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            pbar = np.where(w > 0, sp / w, np.nan)
-            sd = np.sqrt(np.maximum(np.where(w > 0, spp / w, 0.0) - pbar * pbar, 0.0))
-            inside = (w >= 60.0) & (np.abs(pz - pbar) <= np.maximum(s.range_frac, 2 * sd))
+        # a GPU in a power band its own fit has not seen only extrapolates its inlet
+        band = np.searchsorted(np.array(POWER_BANDS), pz)
+        inside = np.take_along_axis(self.seen[:, :n], band[None], axis=0)[0] >= s.seen_s
         # the node's inlet reference: the median of its steady GPUs' implied inlets, preferring ready
         # GPUs inside their range (3 or more), then any inside their range (2 or more), then any steady
         # GPU (then the node is not scored: its reference is an extrapolation)
@@ -207,28 +239,43 @@ class ThermalState:
         ref[pick.sum(axis=1) < 2] = np.nan
         resid = implied - ref[:, None]
         busy = pz >= BUSY_POWER_FRAC
-        scored = steady & busy & ~np.isnan(resid)
-        # outside its range a GPU's own slope is uncertain: allow a tenth of the model's resistance
-        slack = np.where(inside, 0.0, 0.1 * self.fleet_r[cls[:n]] * np.abs(pz - np.nan_to_num(pbar)))
+        hot = np.zeros_like(valid) if throttled is None else throttled[:n] & valid
+        scored = (steady | hot) & busy & ~np.isnan(resid)
+        # outside the bands it has shown a GPU's own slope is uncertain: allow a tenth of its model's
+        w, sp = self.stats[0, :n], self.stats[1, :n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pbar = np.where(w > 0, sp / w, pz)
+        slack = np.where(inside, 0.0, 0.1 * self.fleet_r[cls[:n]] * np.abs(pz - pbar))
         rise = np.where(scored & ready, resid - slack, np.nan)
         # before its own fit is ready a GPU is compared with the median GPU of its model on this fleet
         r_model = self.fleet_r[cls[:n]]
         rel_resid = temp - r_model * pz - ref[:, None]
         rel = np.where(scored & ~ready, rel_resid / (r_model * np.maximum(pz, 0.05)), np.nan)
-        # the node against its own inlet level
-        lvl_ready = self.level_s[:n] >= s.init_s
-        node = np.where(lvl_ready & trusted, ref - self.level[:n], np.nan)
+        # the node against its own inlet level, at the offset of its current power band
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            node_p = np.nan_to_num(np.nanmedian(np.where(pick, p, np.nan), axis=1))
+        nband = np.searchsorted(np.array(POWER_BANDS), node_p)
+        rows = np.arange(n)
+        off = self.band_off[nband, rows]
+        known = (self.level_s[:n] >= s.init_s) & (self.band_s[nband, rows] >= s.init_s)
+        node = np.where(known & trusted, ref - self.level[:n] - off, np.nan)
         node_g = np.broadcast_to(node[:, None], temp.shape).copy()
         values = [rise, rel, node_g]
         out = []
         for k, v in enumerate(values):
             fresh = ~np.isnan(v)
+            self.prev[k, :n][fresh] = self.last[k, :n][fresh]
             self.last[k, :n][fresh] = v[fresh]
             self.last_at[k, :n][fresh] = now
-            carried = np.where(now - self.last_at[k, :n] <= s.carry_s, self.last[k, :n], np.nan)
+            # carried: the lower of the last two steady values, so one odd window is not held for long
+            kept = np.minimum(self.last[k, :n], self.prev[k, :n])
+            carried = np.where(now - self.last_at[k, :n] <= s.carry_s, kept, np.nan)
             out.append(np.where(fresh, v, np.where(valid, carried, np.nan)))
-        self._learn(n, p, resid, steady, ref, rise, rel, cls, dt)
-        self._learn_node(n, np.where(trusted, ref, np.nan), dt)
+        calm = steady & ~hot
+        self._learn(n, p, resid, calm, ref, rise, rel, cls, dt)
+        self._learn_bands(n, band, calm & ~np.isnan(ref)[:, None], dt)
+        self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, dt)
         return Step(out[0], out[1], out[2], resid, np.broadcast_to(ref[:, None], temp.shape).copy(), ready)
 
     def _learn(
@@ -269,23 +316,43 @@ class ThermalState:
             if sel.sum() >= 8:
                 self.fleet_r[c] = float(np.median(r[:n][sel]))
 
-    def _learn_node(self, n: int, ref: F64, dt: float) -> None:
+    def _learn_bands(self, n: int, band: npt.NDArray[np.intp], learn: BOOL, dt: float) -> None:
+        if dt <= 0:
+            return
+        seen = self.seen[:, :n]
+        seen *= np.where(learn, math.exp(-dt / self.s.tau_s), 1.0)[None]
+        hit = np.arange(len(seen))[:, None, None] == band[None]
+        seen += np.where(hit & learn[None], dt, 0.0)
+
+    def _learn_node(self, n: int, ref: F64, nband: npt.NDArray[np.intp], node: F64, dt: float) -> None:
         s = self.s
         if dt <= 0:
             return
+        rows = np.arange(n)
         ok = ~np.isnan(ref)
         lvl = self.level[:n]
         first = ok & np.isnan(lvl)
         lvl[first] = ref[first]
         seen = self.level_s[:n]
+        band_s = self.band_s[nband, rows]
+        off = self.band_off[nband, rows]
+        # the level learns from bands whose offset is known (the first band seen defines it)
+        from_band = ok & ~first & ((band_s >= s.init_s) | (seen < s.init_s))
         alpha = np.where(seen < s.init_s, dt / np.maximum(seen + dt, dt), 1.0 - math.exp(-dt / s.node_tau_s))
-        upd = ok & ~first
-        move = alpha * (ref - lvl)
+        move = alpha * (ref - off - lvl)
         # once ready, the level moves at most node_rate_c_per_h: a daily swing and drift (about
         # 1 °C/h) are followed, a cooling loss (6 °C in 20 min) is not
         limit = np.where(seen < s.init_s, np.inf, s.node_rate_c_per_h * dt / 3600.0)
-        lvl[upd] += np.clip(move, -limit, limit)[upd]
-        seen[ok] += dt
+        lvl[from_band] += np.clip(move, -limit, limit)[from_band]
+        seen[from_band] += dt
+        # each band's offset: a plain mean while new, then slow; not while the node looks faulty
+        with np.errstate(invalid="ignore"):
+            calm = ok & (seen >= s.init_s) & ~(node > s.freeze_at * self.edges[2])
+        b_alpha = np.where(band_s < s.init_s, dt / (band_s + dt), 1.0 - math.exp(-dt / s.tau_s))
+        learn_off = calm
+        upd = np.where(learn_off, b_alpha * (ref - lvl - off), 0.0)
+        self.band_off[nband, rows] = off + upd
+        self.band_s[nband, rows] = band_s + np.where(learn_off | (ok & (seen < s.init_s)), dt, 0.0)
 
     def _fit_pred(self, n: int, p: F64, cls: npt.NDArray[np.intp]) -> F64:
         a, r = self.fit(cls)
@@ -306,8 +373,11 @@ class ThermalState:
             nodes[name] = {
                 "stats": [rnd(self.stats[k, i]) for k in range(len(_STATS))],
                 "busy_s": rnd(self.busy_s[i]),
+                "seen_s": [rnd(self.seen[k, i]) for k in range(len(self.seen))],
                 "level_c": None if np.isnan(self.level[i]) else float(self.level[i]),
                 "level_s": float(self.level_s[i]),
+                "band_off_c": rnd(self.band_off[:, i]),
+                "band_s": rnd(self.band_s[:, i]),
             }
         for name, doc in self._pending.items():
             nodes.setdefault(name, doc)
@@ -346,3 +416,6 @@ class ThermalState:
         self.busy_s[i] = np.array(doc["busy_s"], dtype=np.float64)
         self.level[i] = np.nan if doc.get("level_c") is None else float(doc["level_c"])
         self.level_s[i] = float(doc.get("level_s", 0.0))
+        self.seen[:, i] = np.array(doc["seen_s"], dtype=np.float64)
+        self.band_off[:, i] = np.array(doc["band_off_c"], dtype=np.float64)
+        self.band_s[:, i] = np.array(doc["band_s"], dtype=np.float64)
