@@ -89,6 +89,8 @@ class ThermalSettings:
     inlet reference."""
     node_rate_c_per_h: float = 2.5
     """Fastest a node's inlet level follows its reference, °C per hour."""
+    stale_s: float = 1_800.0
+    """A node whose level has not learned for this long (no steady window) is not scored until it has."""
 
 
 @dataclasses.dataclass
@@ -136,6 +138,8 @@ class ThermalState:
         self.level = np.full(0, np.nan)
         """Each node's inlet level, °C (its inlet reference less the offset of the power band)."""
         self.level_s = np.zeros(0)
+        self.level_at = np.full(0, -math.inf)
+        """When each node's level last learned (unix seconds)."""
         self.band_off = np.zeros((len(POWER_BANDS) + 1, 0))
         """Per power band and node, how far the inlet reference sits from the level at that load: what
         the GPUs' fits cannot tell apart from the inlet (a shared error in their slopes, the fans)."""
@@ -162,6 +166,7 @@ class ThermalState:
         self.seen = np.concatenate([self.seen, np.zeros((nb, extra, g))], axis=1)
         self.level = np.concatenate([self.level, np.full(extra, np.nan)])
         self.level_s = np.concatenate([self.level_s, np.zeros(extra)])
+        self.level_at = np.concatenate([self.level_at, np.full(extra, -math.inf)])
         self.band_off = np.concatenate([self.band_off, np.zeros((nb, extra))], axis=1)
         self.band_s = np.concatenate([self.band_s, np.zeros((nb, extra))], axis=1)
         start = len(self.node_names)
@@ -259,6 +264,7 @@ class ThermalState:
         rows = np.arange(n)
         off = self.band_off[nband, rows]
         known = (self.level_s[:n] >= s.init_s) & (self.band_s[nband, rows] >= s.init_s)
+        known &= now - self.level_at[:n] <= s.stale_s  # a level not updated for long is re-learned first
         node = np.where(known & trusted, ref - self.level[:n] - off, np.nan)
         node_g = np.broadcast_to(node[:, None], temp.shape).copy()
         values = [rise, rel, node_g]
@@ -275,7 +281,7 @@ class ThermalState:
         calm = steady & ~hot
         self._learn(n, p, resid, calm, ref, rise, rel, cls, dt)
         self._learn_bands(n, band, calm & ~np.isnan(ref)[:, None], dt)
-        self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, dt)
+        self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, now, dt)
         return Step(out[0], out[1], out[2], resid, np.broadcast_to(ref[:, None], temp.shape).copy(), ready)
 
     def _learn(
@@ -324,7 +330,9 @@ class ThermalState:
         hit = np.arange(len(seen))[:, None, None] == band[None]
         seen += np.where(hit & learn[None], dt, 0.0)
 
-    def _learn_node(self, n: int, ref: F64, nband: npt.NDArray[np.intp], node: F64, dt: float) -> None:
+    def _learn_node(
+        self, n: int, ref: F64, nband: npt.NDArray[np.intp], node: F64, now: float, dt: float
+    ) -> None:
         s = self.s
         if dt <= 0:
             return
@@ -338,12 +346,15 @@ class ThermalState:
         off = self.band_off[nband, rows]
         # the level learns from bands whose offset is known (the first band seen defines it)
         from_band = ok & ~first & ((band_s >= s.init_s) | (seen < s.init_s))
-        alpha = np.where(seen < s.init_s, dt / np.maximum(seen + dt, dt), 1.0 - math.exp(-dt / s.node_tau_s))
+        # time since the level last learned: a node unsteady for hours catches up on its inlet's drift
+        gap = np.clip(now - self.level_at[:n], dt, None)
+        alpha = np.where(seen < s.init_s, dt / np.maximum(seen + dt, dt), 1.0 - np.exp(-gap / s.node_tau_s))
         move = alpha * (ref - off - lvl)
         # once ready, the level moves at most node_rate_c_per_h: a daily swing and drift (about
         # 1 °C/h) are followed, a cooling loss (6 °C in 20 min) is not
-        limit = np.where(seen < s.init_s, np.inf, s.node_rate_c_per_h * dt / 3600.0)
+        limit = np.where(seen < s.init_s, np.inf, s.node_rate_c_per_h * gap / 3600.0)
         lvl[from_band] += np.clip(move, -limit, limit)[from_band]
+        self.level_at[:n][from_band] = now
         seen[from_band] += dt
         # each band's offset: a plain mean while new, then slow; not while the node looks faulty
         with np.errstate(invalid="ignore"):
@@ -376,6 +387,7 @@ class ThermalState:
                 "seen_s": [rnd(self.seen[k, i]) for k in range(len(self.seen))],
                 "level_c": None if np.isnan(self.level[i]) else float(self.level[i]),
                 "level_s": float(self.level_s[i]),
+                "level_at": float(self.level_at[i]) if np.isfinite(self.level_at[i]) else None,
                 "band_off_c": rnd(self.band_off[:, i]),
                 "band_s": rnd(self.band_s[:, i]),
             }
@@ -416,6 +428,7 @@ class ThermalState:
         self.busy_s[i] = np.array(doc["busy_s"], dtype=np.float64)
         self.level[i] = np.nan if doc.get("level_c") is None else float(doc["level_c"])
         self.level_s[i] = float(doc.get("level_s", 0.0))
+        self.level_at[i] = -math.inf if doc.get("level_at") is None else float(doc["level_at"])
         self.seen[:, i] = np.array(doc["seen_s"], dtype=np.float64)
         self.band_off[:, i] = np.array(doc["band_off_c"], dtype=np.float64)
         self.band_s[:, i] = np.array(doc["band_s"], dtype=np.float64)

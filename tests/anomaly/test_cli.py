@@ -64,6 +64,8 @@ def test_eval_reports_recall_lead_and_false_incidents_per_kind(
             "5",
             "--hours",
             "0.75",
+            "--hold",
+            "300",  # the small test model is noisier than the default one
             "--json",
             "--write-card",
         ]
@@ -91,7 +93,7 @@ def test_eval_holds_a_score_as_long_as_the_rule_pack_does(tmp_path: pathlib.Path
     from healer.cli import model_cmd
 
     repo = pathlib.Path(__file__).resolve().parents[2]
-    assert model_cmd.anomaly_hold_s([str(repo / "rules")]) == 300.0  # rules/anomaly.yaml: for 5m
+    assert model_cmd.anomaly_hold_s([str(repo / "rules")]) == 120.0  # rules/anomaly.yaml: for 2m
     (tmp_path / "a.yaml").write_text(
         "rules:\n  - id: anomaly-score-high\n    description: d\n    scope: gpu\n"
         "    when: anomaly_score >= 0.9\n    for: 2m\n    severity: warning\n    actions: [notify]\n"
@@ -109,7 +111,7 @@ def test_eval_counts_episodes_as_the_rule_pack_resolves_and_cools_them_down() ->
 
     repo = pathlib.Path(__file__).resolve().parents[2]
     ep = model_cmd.anomaly_episodes([str(repo / "rules")], None)
-    assert (ep.hold_s, ep.resolve_below, ep.resolve_s, ep.cooldown_s) == (300.0, 0.6, 900.0, 3600.0)
+    assert (ep.hold_s, ep.resolve_below, ep.resolve_s, ep.cooldown_s) == (120.0, 0.6, 900.0, 3600.0)
     # 20 minutes high, 5 dipping to 0.7, 20 high, 20 quiet, 20 high (inside the cooldown), 80 quiet,
     # 20 high: two episodes
     pattern = [0.95] * 40 + [0.7] * 10 + [0.95] * 40 + [0.3] * 40 + [0.95] * 40 + [0.3] * 160 + [0.95] * 40
@@ -117,7 +119,7 @@ def test_eval_counts_episodes_as_the_rule_pack_resolves_and_cools_them_down() ->
     ts = 30.0 * np.arange(len(pattern))
     w = dataset.Windows(ts, np.zeros((len(ts), 1, 1, 1)), np.ones(scores.shape, bool), ["n"], [["m"]], "t")
     incidents, flags = evaluation.incidents_from_scores(scores, w, ep.hold_s, ep)
-    assert [t for _, _, t, _ in incidents] == [300.0, 30 * 330 + 300.0]  # the last run, after its hold
+    assert [t for _, _, t, _ in incidents] == [120.0, 30 * 330 + 120.0]  # the last run, after its hold
     assert len(flags) == 4  # each run at >= 0.9 still flags
     plain, _ = evaluation.incidents_from_scores(scores, w, 300.0)  # no resolve or cooldown: every run
     assert len(plain) == 4

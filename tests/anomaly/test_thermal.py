@@ -48,6 +48,12 @@ def _run(st: thermal.ThermalState, node: Node, seconds: float, t0: float, change
     return out
 
 
+def _peak(steps: list[thermal.Step], name: str) -> float:
+    values = np.array([getattr(st, name) for st in steps])
+    assert np.isfinite(values).mean() > 0.5  # mostly scored
+    return float(np.nanmax(values))
+
+
 def _warm(seed: int = 0, hours: float = 2.0) -> tuple[thermal.ThermalState, Node]:
     """A node learned over two hours with its load moving between two levels (a job and checkpoints)."""
     st, node = _state(), Node(seed)
@@ -85,8 +91,8 @@ def test_an_inlet_swing_moves_the_reference_not_the_residuals() -> None:
         n.inlet = 25.0 + 3.0 * np.sin(2 * np.pi * t / 86400.0 * 4)  # a quarter-day ± 3 °C swing
 
     steps = _run(st, node, 6 * 3600, 10_000.0, swing)
-    assert max(np.nanmax(s.rise_c) for s in steps) < 1.0
-    assert max(np.nanmax(s.node_c) for s in steps) < 2.0  # the level follows at up to 2.5 °C/h
+    assert _peak(steps, "rise_c") < 1.0
+    assert _peak(steps, "node_c") < 2.0  # the level follows at up to 2.5 °C/h
 
 
 def test_the_other_half_of_a_split_node_changing_load_moves_nothing() -> None:
@@ -98,7 +104,7 @@ def test_the_other_half_of_a_split_node_changing_load_moves_nothing() -> None:
     steps = _run(st, node, 2 * 3600, 10_000.0, other_half)
     first_half = np.array([s.rise_c[0, :4] for s in steps])
     assert np.nanmax(np.abs(first_half)) < 1.0
-    assert max(np.nanmax(s.node_c) for s in steps) < 2.0
+    assert _peak(steps, "node_c") < 2.0
 
 
 def test_a_gpu_getting_hotter_stands_out_against_itself() -> None:
