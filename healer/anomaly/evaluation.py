@@ -174,8 +174,8 @@ def _healthy_node_s(truth: list[dict[str, Any]], nodes: list[str], start: float,
 
 
 SCENARIO_DIR = pathlib.Path(__file__).parent / "scenarios"
-EVAL_SCENARIOS = ("train-healthy", "cooling-slow", "nvlink-slow", "pcie-storm")
-"""The default evaluation set: a healthy fleet (the training mix, other seeds) and slow-fault scenarios."""
+EVAL_SCENARIOS = ("random-healthy", "random-cooling", "random-inlet", "random-nvlink")
+"""The default evaluation set: the randomised family (a varied healthy fleet and three fault kinds on it)."""
 
 
 def resolve_scenario(name: str) -> str:

@@ -15,7 +15,7 @@ from healer.bus import subjects
 
 # scikit-learn, skops and the rule engine are imported inside the commands, so that every other
 # ``healer`` command starts without them.
-DEFAULT_SCENARIOS = "train-healthy,cooling-slow,nvlink-slow,pcie-storm"
+DEFAULT_SCENARIOS = "random-healthy,random-cooling,random-inlet,random-nvlink"
 ANOMALY_RULE = "anomaly-score-high"
 DEFAULT_HOLD_S = 300.0
 """The hold when the rule pack has no anomaly rule (the default pack's is 5 minutes)."""
