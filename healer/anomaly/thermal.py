@@ -89,6 +89,16 @@ class ThermalSettings:
     inlet reference."""
     node_rate_c_per_h: float = 2.5
     """Fastest a node's inlet level follows its reference, °C per hour."""
+    band_tau_s: float = 216_000.0
+    """Once learned (its first ``init_s``), a power band's offset follows this slowly (60 h): the
+    offsets tell loads apart, the level follows the inlet; an offset that followed faster would soak
+    up the inlet's drift while the node stays at one load, and jump when the load changed."""
+    band_slack_c: float = 1.5
+    """At a power band without a learned offset, °C allowed per band between it and the nearest learned
+    one."""
+    offset_fresh_s: float = 900.0
+    """A band's offset learns only while the level learned this recently (the inlet moves at most a
+    few tenths of a degree in that time)."""
     stale_s: float = 1_800.0
     """A node whose level has not learned for this long (no steady window) is not scored until it has."""
 
@@ -262,10 +272,17 @@ class ThermalState:
             node_p = np.nan_to_num(np.nanmedian(np.where(pick, p, np.nan), axis=1))
         nband = np.searchsorted(np.array(POWER_BANDS), node_p)
         rows = np.arange(n)
-        off = self.band_off[nband, rows]
-        known = (self.level_s[:n] >= s.init_s) & (self.band_s[nband, rows] >= s.init_s)
+        # at a load band not learned yet, the nearest learned band's offset stands in, less
+        # band_slack_c per band of distance (far loads differ more), so a cooling loss that starts as
+        # the node changes load is still seen
+        learned = self.band_s[:, :n] >= s.init_s
+        dist = np.where(learned, np.abs(np.arange(len(learned))[:, None] - nband[None]), 99)
+        nearest = np.argmin(dist, axis=0)
+        off = self.band_off[nearest, rows]
+        slack = s.band_slack_c * dist[nearest, rows]
+        known = (self.level_s[:n] >= s.init_s) & learned.any(axis=0)
         known &= now - self.level_at[:n] <= s.stale_s  # a level not updated for long is re-learned first
-        node = np.where(known & trusted, ref - self.level[:n] - off, np.nan)
+        node = np.where(known & trusted, ref - self.level[:n] - off - slack, np.nan)
         node_g = np.broadcast_to(node[:, None], temp.shape).copy()
         values = [rise, rel, node_g]
         out = []
@@ -342,6 +359,17 @@ class ThermalState:
         first = ok & np.isnan(lvl)
         lvl[first] = ref[first]
         seen = self.level_s[:n]
+        # a node steady at a load it has no offset for, with a level too stale to learn one against,
+        # starts over at this load: the level is the reference here, the other loads are learned again
+        lost = ok & (seen >= s.init_s) & (self.band_s[nband, rows] < s.init_s)
+        lost &= now - self.level_at[:n] > s.stale_s
+        if lost.any():
+            idx = np.flatnonzero(lost)
+            self.band_off[:, idx] = 0.0
+            self.band_s[:, idx] = 0.0
+            self.band_s[nband[idx], idx] = s.init_s
+            lvl[idx] = ref[idx]
+            self.level_at[idx] = now
         band_s = self.band_s[nband, rows]
         off = self.band_off[nband, rows]
         # the level learns from bands whose offset is known (the first band seen defines it)
@@ -356,11 +384,15 @@ class ThermalState:
         lvl[from_band] += np.clip(move, -limit, limit)[from_band]
         self.level_at[:n][from_band] = now
         seen[from_band] += dt
-        # each band's offset: a plain mean while new, then slow; not while the node looks faulty
+        # each band's offset: a plain mean while new, then very slow; not while the node looks faulty
         with np.errstate(invalid="ignore"):
             calm = ok & (seen >= s.init_s) & ~(node > s.freeze_at * self.edges[2])
-        b_alpha = np.where(band_s < s.init_s, dt / (band_s + dt), 1.0 - math.exp(-dt / s.tau_s))
-        learn_off = calm
+        b_alpha = np.where(band_s < s.init_s, dt / (band_s + dt), 1.0 - math.exp(-dt / s.band_tau_s))
+        # a band's offset is what the reference does at that load *at the same inlet*: it is learned
+        # only while the level is fresh (learned within offset_fresh_s from a known band), never against
+        # a level hours stale, which would soak the inlet's drift into the offset
+        fresh = now - self.level_at[:n] <= s.offset_fresh_s
+        learn_off = calm & fresh
         upd = np.where(learn_off, b_alpha * (ref - lvl - off), 0.0)
         self.band_off[nband, rows] = off + upd
         self.band_s[nband, rows] = band_s + np.where(learn_off | (ok & (seen < s.init_s)), dt, 0.0)

@@ -164,3 +164,22 @@ def test_a_state_for_another_gpu_count_or_format_is_refused() -> None:
         other.import_(doc)
     with pytest.raises(ValueError, match="format"):
         _state().import_(doc | {"format": "healer-anomaly-state/0"})
+
+
+def test_a_load_first_seen_after_hours_of_drift_does_not_shift_the_loads_seen_before() -> None:
+    st, node = _state(), Node()
+    _run(st, node, 3600, 0.0)  # an hour at 0.9
+
+    def drift_then_new_load(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 5.0 * min(1.0, t / (6 * 3600))  # +5 °C over 6 hours ...
+        if t < 6 * 3600:  # ... while the job never holds its power steady
+            n.power[:] = 0.9 if (t // 60) % 2 == 0 else 0.75
+        elif t < 8 * 3600:
+            n.power[:] = 0.7  # then two hours at a load never seen before
+        else:
+            n.power[:] = 0.9  # and back to the first one
+
+    steps = _run(st, node, 9 * 3600, 3600.0, drift_then_new_load)
+    node_c = np.array([s.node_c[0, 0] for s in steps])
+    assert np.isfinite(node_c[-40:]).all()  # back at the known load the node is scored again ...
+    assert np.nanmax(node_c) < 2.0  # ... and nothing in the nine hours looked like a cooling loss
