@@ -2,8 +2,10 @@
 
 ```python
 scorer = scoring.load("models/default")        # ModelMismatchError (a PermanentError) if unusable
+scorer.import_state(saved)                     # what an earlier scorer learned (export_state())
 scorer.observe(frame)                          # hot path: copies numbers into a list, no numpy
-scores = scorer.score(now)                     # every N s: {node: {gpu_index: anomaly_score}}
+scores = scorer.score(now)                     # every 30 s: {node: {gpu_index: anomaly_score}}
+scorer.explain(node, gpu)                      # why, for an incident's evidence
 ```
 
 ``NullScorer`` is what the controller keeps when loading failed: it accepts frames and scores every
