@@ -2,8 +2,8 @@
 
 Prints, from one run: ingest cost per frame (``Scorer.observe``), the per-batch fold of one bucket of
 frames into the rings (``flush``, N nodes x one frame per second for ``--bucket`` seconds), the scoring
-call (window features + both regressions + the forest + each GPU's own baseline + calibration for
-every GPU, timed on the scorer's second call, the first one that updates the baselines), and a bare numpy
+call (window features + the thermal state's step and learning + the forest + calibration for every
+GPU, timed on the scorer's second call, the first one that learns), and a bare numpy
 pass over the same ring (one reduction of the window and one comparison per feature) so the model's
 overhead shows as a ratio. The controller scores once per bucket (30 s by default), so the share of
 one core is (flush + score) / bucket seconds, plus ingest x frames per second.
@@ -64,7 +64,7 @@ def main() -> None:
             scorer.observe(f, at=at)
     ingest_s = time.process_time() - started
     flush_s, _ = cpu(scorer.window.flush)
-    scorer.score_array(t1 + bucket_s - 2)  # untimed: from the second call on, the baselines update too
+    scorer.score_array(t1 + bucket_s - 2)  # untimed: from the second call on, the thermal state learns too
     score_s, scores = cpu(scorer.score_array, t1 + bucket_s - 1)
     _, valid = scores
     # bare numpy: the window reduction and one comparison per feature over the same shapes

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from healer.anomaly import baseline, dataset
+from healer.anomaly import dataset, thermal
 from healer.anomaly import model as anomaly_model
 
+F64 = npt.NDArray[np.float64]
 Hit = tuple[str, int | None, float, str]
 """(node, gpu or None, time, detector / rule id)."""
 
@@ -28,32 +29,48 @@ class Scored:
     components: dict[str, npt.NDArray[np.float64]]
     """Each component's value over the raw threshold (1.0: this component alone reaches 0.9)."""
     residual_c: npt.NDArray[np.float64]
-    own_offset_c: npt.NDArray[np.float64]
-    """The GPU's own expected thermal excess before the window (``nan``: baseline not ready)."""
+    """Temperature minus the GPU's own model at its node's inlet reference."""
+    inlet_ref_c: npt.NDArray[np.float64]
+    """The inlet reference of the GPU's node (°C; ``nan`` where none)."""
     power_frac: npt.NDArray[np.float64]
+    ready: npt.NDArray[np.bool_]
+
+
+THERMAL_KEYS = ("rise_c", "gpu_rel", "node_c", "residual_c", "inlet_ref_c")
+
+
+def replay(state: thermal.ThermalState, w: dataset.Windows, cls: npt.NDArray[np.intp]) -> dict[str, F64]:
+    """Feed recorded windows in time order through a thermal state, as a scorer called once per window
+    would: each key of ``THERMAL_KEYS`` (windows, nodes, gpus), plus ``ready`` (1.0 / 0.0)."""
+    state.ensure(w.node_names)
+    out = {k: np.full(w.valid.shape, np.nan) for k in (*THERMAL_KEYS, "ready")}
+    step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else 30.0
+    temp = w.feats[..., anomaly_model.TEMP_COLUMN]
+    power = w.feats[..., anomaly_model.POWER_COLUMN]
+    for k in range(len(w.ts)):
+        hot = np.nan_to_num(w.feats[k, ..., anomaly_model.THROTTLE_COLUMN]) > 0
+        st = state.step(temp[k], power[k], w.valid[k], cls, float(w.ts[k]), step if k else 0.0, hot)
+        for key in THERMAL_KEYS:
+            out[key][k] = getattr(st, key)
+        out["ready"][k] = st.ready
+    return out
 
 
 def score_windows(m: anomaly_model.Model, w: dataset.Windows) -> Scored:
-    """Score recorded windows in time order, with each GPU's own baseline replayed as a scorer would."""
-    cls = np.broadcast_to(m.class_index(w.models)[None], w.valid.shape)
+    """Score recorded windows in time order, with the thermal baselines learned as a scorer would."""
+    g = w.valid.shape[2]
+    cls = m.class_index(w.models)
+    th = replay(m.new_state(g), w, cls)
     scores = np.zeros(w.valid.shape)
     comps = {k: np.zeros(w.valid.shape) for k in anomaly_model.COMPONENTS}
-    residual = np.full(w.valid.shape, np.nan)
-    power = np.zeros(w.valid.shape)
-    offsets = np.full(w.valid.shape, np.nan)
     if w.valid.any():
-        x = m.complete(w.feats[w.valid], cls[w.valid])
-        residual[w.valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
-        power[w.valid] = x[:, anomaly_model.POWER_COLUMN]
-        step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else m.settings.bucket_s
-        s = m.settings
-        offsets = baseline.replay(residual, power, step, s.baseline_tau_s, s.baseline_init_s)
-        per = m.components(x, offsets[w.valid])
+        v = w.valid
+        per = m.components(w.feats[v], {k: th[k][v] for k in ("rise_c", "gpu_rel", "node_c")})
         for k in anomaly_model.COMPONENTS:
-            comps[k][w.valid] = per[k] / m.calib["threshold"]
-        raw = np.max(np.stack([per[k] for k in anomaly_model.COMPONENTS]), axis=0)
-        scores[w.valid] = anomaly_model.to_score(raw, m.calib["threshold"])
-    return Scored(scores, comps, residual, offsets, power)
+            comps[k][v] = per[k] / m.calib["threshold"]
+        scores[v] = anomaly_model.to_score(anomaly_model.combine(per), m.calib["threshold"])
+    power = np.nan_to_num(w.feats[..., anomaly_model.POWER_COLUMN])
+    return Scored(scores, comps, th["residual_c"], th["inlet_ref_c"], power, th["ready"] > 0)
 
 
 def explain(hit: Hit, w: dataset.Windows, scored: Scored, start: float) -> dict[str, Any]:
@@ -63,7 +80,7 @@ def explain(hit: Hit, w: dataset.Windows, scored: Scored, start: float) -> dict[
     n = w.node_names.index(node)
     g = 0 if gpu is None else gpu
     comps = {name: round(float(v[k, n, g]), 3) for name, v in scored.components.items()}
-    own = float(scored.own_offset_c[k, n, g])
+    own = float(scored.inlet_ref_c[k, n, g])
     return {
         "node": node,
         "gpu": gpu,
@@ -73,7 +90,8 @@ def explain(hit: Hit, w: dataset.Windows, scored: Scored, start: float) -> dict[
         "component": max(comps, key=lambda name: comps[name]),
         "components": comps,
         "residual_c": round(float(scored.residual_c[k, n, g]), 2),
-        "own_offset_c": None if np.isnan(own) else round(own, 2),
+        "inlet_ref_c": None if np.isnan(own) else round(own, 2),
+        "own_baseline": bool(scored.ready[k, n, g]),
         "power_frac": round(float(scored.power_frac[k, n, g]), 3),
     }
 

@@ -28,8 +28,9 @@ from healer.anomaly import model as anomaly_model
 
 log = structlog.get_logger(__name__)
 
-FORMAT: Final = "healer-anomaly-model/2"
-"""/2: the own-baseline component (``thermal_rise``) and its calibration; /1 models are refused."""
+FORMAT: Final = "healer-anomaly-model/3"
+"""/3: thermal checks against baselines learned on the deployment (``thermal``), a forest without
+temperatures, no regressions; /1 and /2 models are refused."""
 MODEL_FILE: Final = "model.skops"
 CARD_FILE: Final = "card.json"
 TRUSTED: Final = frozenset(
@@ -37,7 +38,6 @@ TRUSTED: Final = frozenset(
         "sklearn.ensemble._iforest.IsolationForest",
         "sklearn.tree._classes.ExtraTreeRegressor",
         "sklearn.tree._tree.Tree",
-        "sklearn.linear_model._huber.HuberRegressor",
         "numpy.dtype",
         "numpy.random.mtrand.RandomState",
         "builtins.slice",
@@ -62,13 +62,14 @@ def save(path: str | pathlib.Path, m: anomaly_model.Model, card: dict[str, Any])
     """Write ``path/model.skops`` and ``path/card.json``; returns the directory."""
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    blob = {"forest": m.forest, "thermal_gpu": m.thermal_gpu, "thermal_node": m.thermal_node}
+    blob = {"forest": m.forest}
     skops.io.dump(blob, out / MODEL_FILE, compression=zipfile.ZIP_DEFLATED, compresslevel=9)
     full = {
         "format": FORMAT,
         "features": list(anomaly_model.FEATURES),
         "versions": versions(),
         "classes": m.classes,
+        "prior_resistance": m.prior_r,
         "calibration": m.calib,
         "settings": dataclasses.asdict(m.settings),
         "score_threshold": anomaly_model.SCORE_THRESHOLD,
@@ -136,9 +137,8 @@ def load(path: str | pathlib.Path) -> tuple[anomaly_model.Model, dict[str, Any]]
         settings = anomaly_model.TrainSettings(**card["settings"])
         m = anomaly_model.Model(
             forest=blob["forest"],
-            thermal_gpu=blob["thermal_gpu"],
-            thermal_node=blob["thermal_node"],
             classes=list(card["classes"]),
+            prior_r=[float(v) for v in card["prior_resistance"]],
             calib={k: float(v) for k, v in card["calibration"].items()},
             settings=settings,
         )

@@ -2,8 +2,10 @@
 
 ```python
 scorer = scoring.load("models/default")        # ModelMismatchError (a PermanentError) if unusable
+scorer.import_state(saved)                     # what an earlier scorer learned (export_state())
 scorer.observe(frame)                          # hot path: copies numbers into a list, no numpy
-scores = scorer.score(now)                     # every N s: {node: {gpu_index: anomaly_score}}
+scores = scorer.score(now)                     # every 30 s: {node: {gpu_index: anomaly_score}}
+scorer.explain(node, gpu)                      # why, for an incident's evidence
 ```
 
 ``NullScorer`` is what the controller keeps when loading failed: it accepts frames and scores every
@@ -12,6 +14,7 @@ GPU 0.
 
 from __future__ import annotations
 
+import math
 import pathlib
 import time
 from typing import Any
@@ -20,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from healer.anomaly import baseline, persist, window
 from healer.anomaly import model as anomaly_model
+from healer.anomaly import persist, thermal, window
 from healer.schemas import telemetry
 
 log = structlog.get_logger(__name__)
@@ -31,7 +34,7 @@ MIN_INTERVAL_S = 5.0
 
 
 class Scorer:
-    """A loaded model with its FleetWindow."""
+    """A loaded model with its FleetWindow and the fleet's learned thermal state."""
 
     def __init__(
         self,
@@ -52,10 +55,12 @@ class Scorer:
         self.last_cost_s = 0.0
         """CPU seconds of the last ``score`` call (flush + features + model), for /metrics."""
         self.last_components: dict[str, npt.NDArray[np.float64]] = {}
-        self.baseline = baseline.GpuBaseline(
-            gpus_per_node, m.settings.baseline_tau_s, m.settings.baseline_init_s
-        )
-        """Each GPU's own thermal baseline, updated once per ``score`` (not persisted)."""
+        """Each component's value (nodes, gpus) over the raw threshold at the last ``score`` (1.0: this
+        component alone scores 0.9); 0 where not scored."""
+        self.thermal = m.new_state(gpus_per_node)
+        """What this fleet has shown (``thermal.ThermalState``): export it with ``export_state``."""
+        self.last_thermal: thermal.Step | None = None
+        self.last_scores: npt.NDArray[np.float64] = np.zeros((0, gpus_per_node))
         self._last_now: float | None = None
 
     def observe(self, frame: telemetry.FrameView, at: float | None = None) -> None:
@@ -66,19 +71,30 @@ class Scorer:
         started = time.process_time()
         base, valid = self.window.features(now)
         out = np.zeros(valid.shape)
+        self.thermal.ensure(self.window.node_names)
+        dt = 0.0 if self._last_now is None else max(0.0, now - self._last_now)
+        cls = self.model.class_index(self.window.models)
+        hot = np.nan_to_num(base[..., anomaly_model.THROTTLE_COLUMN]) > 0
+        th = self.thermal.step(
+            base[..., anomaly_model.TEMP_COLUMN],
+            base[..., anomaly_model.POWER_COLUMN],
+            valid,
+            cls,
+            now,
+            dt,
+            hot,
+        )
+        self.last_thermal = th
+        comps_full = {k: np.zeros(valid.shape) for k in anomaly_model.COMPONENTS}
         if valid.any():
-            cls = np.broadcast_to(self.model.class_index(self.window.models), valid.shape)[valid]
-            x = self.model.complete(base[valid], cls)
-            residual = np.full(valid.shape, np.nan)
-            residual[valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
-            power = np.zeros(valid.shape)
-            power[valid] = x[:, anomaly_model.POWER_COLUMN]
-            comps = self.model.components(x, self.baseline.offset(power)[valid])
-            if self._last_now is not None:
-                self.baseline.update(residual, power, now - self._last_now)
-            self.last_components = comps
-            raw = np.max(np.stack([comps[k] for k in anomaly_model.COMPONENTS]), axis=0)
-            out[valid] = anomaly_model.to_score(raw, self.model.calib["threshold"])
+            rows = {"rise_c": th.rise_c[valid], "gpu_rel": th.gpu_rel[valid], "node_c": th.node_c[valid]}
+            comps = self.model.components(base[valid], rows)
+            threshold = self.model.calib["threshold"]
+            for k in anomaly_model.COMPONENTS:
+                comps_full[k][valid] = comps[k] / threshold
+            out[valid] = anomaly_model.to_score(anomaly_model.combine(comps), threshold)
+        self.last_components = comps_full
+        self.last_scores = out
         self._last_now = now if self._last_now is None else max(now, self._last_now)
         self.last_cost_s = time.process_time() - started
         return out, valid
@@ -92,6 +108,57 @@ class Scorer:
             name: {g: s for g, s in enumerate(rows[i]) if ok[i][g]}
             for i, name in enumerate(self.window.node_names)
         }
+
+    def export_state(self) -> dict[str, Any]:
+        """Everything learned about this fleet, JSON-able (``thermal.ThermalState.export``): save it
+        (``healer.anomaly.state.save``) and ``import_state`` it after a restart or failover."""
+        return self.thermal.export()
+
+    def import_state(self, state: dict[str, Any]) -> int:
+        """Restore an exported state (nodes not seen yet are restored when they first report); returns
+        the number of nodes it holds. ValueError if it was made for another GPU count or format."""
+        return self.thermal.import_(state)
+
+    def explain(self, node: str, gpu: int) -> dict[str, float | str]:
+        """Why ``node``/``gpu`` scored what it did at the last ``score``: the driving component and by
+        how much, against what (its own baseline, its node's own level, its GPU model on this fleet,
+        the training fleet), each component's value (1.0 = scores 0.9), and the thermal figures.
+        Empty when the GPU was not scored."""
+        i = self.window.node_names.index(node) if node in self.window.node_names else -1
+        th = self.last_thermal
+        if i < 0 or th is None or i >= len(self.last_scores) or not 0 <= gpu < self.last_scores.shape[1]:
+            return {}
+        comps = {k: float(v[i, gpu]) for k, v in self.last_components.items()}
+        top = max(comps, key=lambda k: comps[k])
+        out: dict[str, float | str] = {
+            "anomaly_score": round(float(self.last_scores[i, gpu]), 4),
+            "component": top,
+            "against": AGAINST[top],
+        }
+        for k, v in comps.items():
+            out[f"component_{k}"] = round(v, 3)
+        extra = {
+            "thermal_excess_c": th.rise_c[i, gpu] if th.ready[i, gpu] else math.nan,
+            "residual_c": th.residual_c[i, gpu],
+            "inlet_ref_c": th.inlet_ref_c[i, gpu],
+            "node_excess_c": th.node_c[i, gpu],
+            "cooling_worse_than_model_median": th.gpu_rel[i, gpu],
+        }
+        for k, v in extra.items():
+            if not math.isnan(float(v)):
+                out[k] = round(float(v), 2)
+        out["own_baseline"] = "ready" if th.ready[i, gpu] else "learning"
+        return out
+
+
+AGAINST = {
+    "forest": "the training fleet (dimensionless features)",
+    "thermal_gpu": "the median GPU of its model on this fleet",
+    "thermal_rise": "its own baseline at its node's inlet",
+    "thermal_node": "its node's own inlet level",
+    "counters": "the largest error rates of the training fleet",
+}
+"""What each component compares with, for ``explain``."""
 
 
 class NullScorer:

@@ -15,7 +15,7 @@ import numpy as np
 import structlog
 
 from healer import errors
-from healer.anomaly import baseline, dataset, features, persist
+from healer.anomaly import dataset, diagnosis, features, persist, thermal
 from healer.anomaly import model as anomaly_model
 
 log = structlog.get_logger(__name__)
@@ -40,22 +40,23 @@ def rows(windows: list[dataset.Windows]) -> tuple[Any, list[str], Any, Any]:
     return base, names, np.concatenate(classes), np.concatenate(holds)
 
 
-def own_offsets(m: anomaly_model.Model, windows: list[dataset.Windows]) -> Any:
-    """Each valid GPU-window's own-baseline offset (°C, ``nan`` before the GPU is ready), in ``rows``'
-    order, as a scorer fed the windows in time order would have had it."""
-    out = []
+def thermal_rows(
+    windows: list[dataset.Windows],
+    names: list[str],
+    prior_r: list[float],
+    settings: anomaly_model.TrainSettings,
+) -> dict[str, Any]:
+    """Each valid GPU-window's thermal values in ``rows``' order, as a scorer fed the windows in time
+    order would have had them (learning freely: no edges yet)."""
+    index = {m: i for i, m in enumerate(names)}
+    parts: dict[str, list[Any]] = {k: [] for k in ("rise_c", "gpu_rel", "node_c")}
     for w in windows:
-        cls = np.broadcast_to(m.class_index(w.models)[None], w.valid.shape)
-        residual = np.full(w.valid.shape, np.nan)
-        power = np.zeros(w.valid.shape)
-        if w.valid.any():
-            x = m.complete(w.feats[w.valid], cls[w.valid])
-            residual[w.valid] = x[:, anomaly_model.RESIDUAL_COLUMN]
-            power[w.valid] = x[:, anomaly_model.POWER_COLUMN]
-        step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else m.settings.bucket_s
-        s = m.settings
-        out.append(baseline.replay(residual, power, step, s.baseline_tau_s, s.baseline_init_s)[w.valid])
-    return np.concatenate(out)
+        cls = np.array([[index.get(m or "", len(names)) for m in row] for row in w.models], dtype=np.intp)
+        state = thermal.ThermalState(w.valid.shape[2], names, prior_r, settings.thermal())
+        th = diagnosis.replay(state, w, cls)
+        for k in parts:
+            parts[k].append(th[k][w.valid])
+    return {k: np.concatenate(v) for k, v in parts.items()}
 
 
 def train(
@@ -70,9 +71,9 @@ def train(
         raise errors.PermanentError(
             "training needs at least 4 nodes (one in four is held out for calibration)"
         )
-    m, summary = anomaly_model.train(
-        base, names, cls, hold, settings, own_offsets=lambda fitted: own_offsets(fitted, windows)
-    )
+    prior_r = anomaly_model.prior_resistance(base, cls, len(names))
+    th = thermal_rows(windows, names, prior_r, settings)
+    m, summary = anomaly_model.train(base, names, cls, hold, settings, prior_r, th)
     node_count = sum(len(w.node_names) for w in windows)
     span = [w.span_s for w in windows]
     card: dict[str, Any] = {
@@ -105,21 +106,15 @@ def train(
 
 
 _UNITS = (
-    "°C",
     "fraction of default power limit",
     "fraction (util / 100)",
-    "W per utilisation %",
     "fraction of max SM clock",
     "fraction of samples",
     "fraction of samples",
-    "°C",
     "fraction of default power limit",
-    "°C",
     "fraction of default power limit",
     "errors per minute",
     "errors per minute",
     "errors per minute",
     "errors per minute",
-    "°C",
-    "°C",
 )

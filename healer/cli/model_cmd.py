@@ -15,10 +15,32 @@ from healer.cli import common
 
 # scikit-learn, skops and the rule engine are imported inside the commands, so that every other
 # ``healer`` command starts without them.
-DEFAULT_SCENARIOS = "train-healthy,cooling-slow,nvlink-slow,pcie-storm"
+DEFAULT_SCENARIOS = "random-healthy,random-cooling,random-inlet,random-nvlink"
 ANOMALY_RULE = "anomaly-score-high"
 DEFAULT_HOLD_S = 300.0
 """The hold when the rule pack has no anomaly rule (the default pack's is 5 minutes)."""
+
+
+def anomaly_episodes(rules_paths: list[str], hold_s: float | None) -> Any:
+    """``evaluation.Episodes`` from the pack's anomaly rule: its ``for`` (unless ``hold_s`` is given),
+    the threshold and ``for`` of its ``resolve`` and its ``cooldown``, so ``model eval`` counts
+    incidents as the controller would open them."""
+    import re
+
+    from healer.anomaly import evaluation
+    from healer.rules import loader
+
+    result = loader.load_paths([pathlib.Path(p) for p in rules_paths])
+    rule = result.ruleset.by_id(ANOMALY_RULE) if result.ruleset is not None else None
+    if rule is None:
+        return evaluation.Episodes(hold_s=DEFAULT_HOLD_S if hold_s is None else hold_s)
+    below = re.fullmatch(r"\s*anomaly_score\s*<\s*([0-9.]+)\s*", rule.resolve_text or "")
+    return evaluation.Episodes(
+        hold_s=rule.for_s if hold_s is None else hold_s,
+        resolve_below=float(below.group(1)) if below else evaluation.Episodes().resolve_below,
+        resolve_s=rule.resolve_for_s,
+        cooldown_s=rule.cooldown_s,
+    )
 
 
 def anomaly_hold_s(rules_paths: list[str]) -> float:
@@ -78,6 +100,21 @@ def register(sub: Any) -> None:
     ev.add_argument("--write-card", action="store_true", help="store the summary in the model card")
     ev.set_defaults(func=_eval)
 
+    cal = msub.add_parser(
+        "calibrate", help="learn this fleet's thermal baselines from recorded telemetry (state file)"
+    )
+    cal.add_argument("--model", required=True, type=pathlib.Path)
+    csrc = cal.add_mutually_exclusive_group(required=True)
+    csrc.add_argument("--from", dest="from_files", nargs="+", type=pathlib.Path, help="sim recordings (.npz)")
+    csrc.add_argument("--from-stream", metavar="NATS_URL", help="read the HEALER_TELEMETRY stream")
+    cal.add_argument("--prefix", help="subject prefix (with --from-stream; default: nats.prefix, healer)")
+    common.add_config_option(cal)
+    cal.add_argument("--limit", type=int, default=0, help="at most this many frames from the stream")
+    cal.add_argument("--gpus-per-node", type=int, default=8)
+    cal.add_argument("--state", type=pathlib.Path, help="continue from this state file")
+    cal.add_argument("--out", required=True, type=pathlib.Path, help="state file to write (JSON)")
+    cal.set_defaults(func=_calibrate)
+
     info = msub.add_parser("info", help="print the model card")
     info.add_argument("path", type=pathlib.Path)
     info.add_argument("--check", action="store_true", help="also load the model; exit 1 if it does not fit")
@@ -99,8 +136,8 @@ def _bar(what: str) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from healer.anomaly import dataset, training
     from healer.anomaly import model as anomaly_model
+    from healer.anomaly import training
 
     settings = anomaly_model.TrainSettings(
         window_s=args.window,
@@ -110,37 +147,9 @@ def _train(args: argparse.Namespace) -> int:
         max_rows=args.max_rows,
     )
     try:
-        if args.from_files:
-            wins = [
-                dataset.from_recording(p, window_s=args.window, bucket_s=args.bucket, progress=_bar(str(p)))
-                for p in args.from_files
-            ]
-        else:
-            s = common.settings(args, nats={"url": args.from_stream})
-            logs.configure("error")  # stdout is for the result; a failure is one line on stderr
-            frames = common.run(
-                lambda stop: common.until_stopped(
-                    dataset.stream_frames(
-                        lambda: common.connect(s, "healer-model-train"),
-                        subjects.Subjects(s.nats.prefix),
-                        limit=args.limit,
-                        progress=_bar("frames"),
-                    ),
-                    stop,
-                )
-            )
-            if frames is None:
-                return common.EXIT_INTERRUPTED
-            win, bad = dataset.from_frames(
-                frames,
-                gpus_per_node=args.gpus_per_node,
-                window_s=args.window,
-                bucket_s=args.bucket,
-                source=f"stream:{subjects.Subjects(s.nats.prefix).stream_telemetry}",
-            )
-            if bad:
-                print(f"skipped {bad} undecodable frames", file=sys.stderr)
-            wins = [win]
+        wins = _windows(args, args.window, args.bucket)
+        if wins is None:
+            return common.EXIT_INTERRUPTED
         command = (
             "healer model " + " ".join(shlex.quote(a) for a in sys.argv[2:])
             if sys.argv[1:2] == ["model"]
@@ -164,11 +173,71 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _windows(args: argparse.Namespace, window_s: float, bucket_s: float) -> list[Any] | None:
+    """Window features from ``--from`` recordings or ``--from-stream`` (train and calibrate); None when
+    a signal stopped the stream read."""
+    from healer.anomaly import dataset
+
+    if args.from_files:
+        return [
+            dataset.from_recording(p, window_s=window_s, bucket_s=bucket_s, progress=_bar(str(p)))
+            for p in args.from_files
+        ]
+    s = common.settings(args, nats={"url": args.from_stream})
+    logs.configure("error")  # stdout is for the result; a failure is one line on stderr
+    frames = common.run(
+        lambda stop: common.until_stopped(
+            dataset.stream_frames(
+                lambda: common.connect(s, "healer-model"),
+                subjects.Subjects(s.nats.prefix),
+                limit=args.limit,
+                progress=_bar("frames"),
+            ),
+            stop,
+        )
+    )
+    if frames is None:
+        return None
+    win, bad = dataset.from_frames(
+        frames,
+        gpus_per_node=args.gpus_per_node,
+        window_s=window_s,
+        bucket_s=bucket_s,
+        source=f"stream:{subjects.Subjects(s.nats.prefix).stream_telemetry}",
+    )
+    if bad:
+        print(f"skipped {bad} undecodable frames", file=sys.stderr)
+    return [win]
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from healer.anomaly import calibration, persist
+
+    try:
+        m, _ = persist.load(args.model)
+        initial = json.loads(args.state.read_text()) if args.state else None
+        wins = _windows(args, m.settings.window_s, m.settings.bucket_s)
+        if wins is None:
+            return common.EXIT_INTERRUPTED
+        state, summary = calibration.calibrate(m, wins, initial)
+        args.out.write_text(json.dumps(state))
+    except (errors.HealerError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"out": str(args.out), **summary}))
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from healer.anomaly import evaluation, persist
 
-    hold_s = args.hold if args.hold is not None else anomaly_hold_s(args.rules)
-    print(f"incident after {hold_s:g} s at >= 0.9", file=sys.stderr)
+    episodes = anomaly_episodes(args.rules, args.hold)
+    hold_s = episodes.hold_s
+    print(
+        f"incident after {hold_s:g} s at >= 0.9, resolved after {episodes.resolve_s:g} s below "
+        f"{episodes.resolve_below:g}, cooldown {episodes.cooldown_s:g} s",
+        file=sys.stderr,
+    )
     try:
         m, card = persist.load(args.model)
         names = [n for n in args.scenarios.split(",") if n]
@@ -181,6 +250,7 @@ def _eval(args: argparse.Namespace) -> int:
             interval_s=args.interval,
             rules_paths=args.rules,
             hold_s=hold_s,
+            episodes=episodes,
             with_rules=not args.no_rules,
             progress=lambda n: print(f"scenario {n} ...", file=sys.stderr),
         )

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from healer import errors
 from healer.schemas import events as events_schema
-from healer.sim import profiles, workloads
+from healer.sim import profiles, variation, workloads
 from healer.telemetry import source
 
 F64 = npt.NDArray[np.float64]
@@ -71,6 +71,7 @@ class Fleet:
         workload_mix: Mapping[str, float],
         inlet_c: float = 25.0,
         inlet_spread_c: float = 2.0,
+        vary: variation.Drawn | None = None,
     ) -> None:
         n = len(node_names)
         self.node_names = list(node_names)
@@ -81,7 +82,16 @@ class Fleet:
         ss = np.random.SeedSequence(seed)
         phys_ss, work_ss = ss.spawn(2)
         self._rng = np.random.default_rng(phys_ss)
-        self.work = workloads.Workloads(n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts)
+        self.vary = vary or variation.Drawn()
+        # variation draws come from their own generator, so a scenario without variation is unchanged
+        self._vrng = np.random.default_rng(np.random.SeedSequence([seed, 0x7A41]))
+        self.work: workloads.Workloads | workloads.VariedWorkloads
+        if self.vary.varied_jobs:
+            self.work = workloads.VariedWorkloads(
+                n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts, self.vary
+            )
+        else:
+            self.work = workloads.Workloads(n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts)
 
         def per_gpu(attr: str) -> F64:
             vals = np.array([getattr(p, attr) for p in self.profiles], dtype=np.float64)
@@ -113,6 +123,7 @@ class Fleet:
         self.inlet_base = inlet_c + self._rng.uniform(-inlet_spread_c, inlet_spread_c, n)
         self.inlet_delta = np.zeros(n)
         self.cool_base = np.clip(self._rng.normal(1.0, 0.04, shape), 0.85, 1.15)
+        self._init_variation(inlet_c)
         self.cool_factor = np.ones(shape)
         self.power_limit = self.p_default.copy()
         self.util = self.work.util.copy()
@@ -147,13 +158,58 @@ class Fleet:
 
     # ----------------------------------------------------------------- physics
 
+    def _init_variation(self, inlet_c: float) -> None:
+        v, rng, (n, g) = self.vary, self._vrng, self.cool_base.shape
+        if v.resistance_sigma > 0:
+            self.cool_base = np.exp(-rng.normal(0.0, v.resistance_sigma, (n, g)))
+        self.rear = np.zeros((n, g))
+        self.rear[:, g // 2 :] = 1.0
+        self.preheat_c = v.rear_preheat_c * rng.uniform(0.5, 1.0, n)
+        racks = max(1, -(-n // v.rack_nodes)) if v.rack_nodes else n
+        self.rack = np.arange(n) // v.rack_nodes if v.rack_nodes else np.arange(n)
+        if v.rack_nodes:
+            rack_base = inlet_c + rng.uniform(-v.rack_inlet_spread_c, v.rack_inlet_spread_c, racks)
+            self.inlet_base = rack_base[self.rack] + rng.uniform(-0.5, 0.5, n)
+        self.swing_phase = rng.uniform(0.0, 2 * np.pi, racks)
+        self.drift = rng.normal(0.0, v.drift_c, racks)
+        self.fan_gain = v.fan_gain * rng.uniform(0.5, 1.0, n)
+        self.fan = np.zeros(n)
+
+    def _inlet_var(self) -> F64:
+        """Node inlet's time-varying part: the rack's daily swing and drift."""
+        v = self.vary
+        if not (v.daily_swing_c or v.drift_c):
+            return np.zeros(self.nodes)
+        swing: F64 = v.daily_swing_c * np.sin(2 * np.pi * self.t / 86400.0 + self.swing_phase)
+        total: F64 = np.asarray(swing + self.drift)
+        out: F64 = total[self.rack]
+        return out
+
     def _resistance(self) -> F64:
         out: F64 = self.c_per_w / (self.cool_base * np.maximum(self.cool_factor, 0.05))
+        if self.vary.fan_gain:
+            out = out * (1.0 - (self.fan_gain * self.fan)[:, None])
         return out
 
     def _inlet(self) -> F64:
-        out: F64 = (self.inlet_base + self.inlet_delta)[:, None]
+        node = self.inlet_base + self.inlet_delta + self._inlet_var()
+        out: F64 = np.broadcast_to(node[:, None], self.cool_base.shape)
+        if self.vary.rear_preheat_c:
+            g = self.gpus // 2
+            front: F64 = np.zeros(self.nodes)
+            if hasattr(self, "power"):
+                front = np.mean(self.power[:, :g] / self.p_default[:, :g], axis=1)
+            out = out + self.rear * (self.preheat_c * front)[:, None]
         return out
+
+    def _vary_step(self, dt: float) -> None:
+        v, rng = self.vary, self._vrng
+        if v.drift_c:
+            k = dt / (6 * 3600.0)
+            self.drift += -self.drift * k + rng.normal(0.0, v.drift_c * np.sqrt(2 * k), self.drift.shape)
+        if v.fan_gain:
+            want = np.clip((self.temp.max(axis=1) - 50.0) / 40.0, 0.0, 1.0)
+            self.fan += (want - self.fan) * (1.0 - np.exp(-dt / 60.0))
 
     def _steady(self, power_w: F64) -> F64:
         out: F64 = self._inlet() + power_w * self._resistance()
@@ -167,6 +223,7 @@ class Fleet:
     def physics(self, dt: float) -> None:
         """Advance every GPU by ``dt`` seconds at the current clock (faults already applied)."""
         rng = self._rng
+        self._vary_step(dt)
         util = self.work.step(self.t, dt)
         self.util = util
         wanted = self.p_idle + (self.p_full - self.p_idle) * util / 100.0
@@ -202,8 +259,11 @@ class Fleet:
         reasons |= np.where(hw_thermal, profiles.HW_THERMAL_SLOWDOWN | profiles.HW_SLOWDOWN, 0)
         reasons |= np.where(self.brake, profiles.HW_POWER_BRAKE_SLOWDOWN | profiles.HW_SLOWDOWN, 0)
         self.reasons = reasons.astype(np.int64)
-        self.util_mem = util * self.work.mem_util_factor()[:, None]
-        self.mem_used = np.maximum(500.0, self.mem_total * self.work.mem_fraction()[:, None])
+        mem_util, mem_frac = self.work.mem_util_factor(), self.work.mem_fraction()
+        self.util_mem = util * (mem_util if mem_util.ndim == 2 else mem_util[:, None])
+        self.mem_used = np.maximum(
+            500.0, self.mem_total * (mem_frac if mem_frac.ndim == 2 else mem_frac[:, None])
+        )
         self._advance_counters(dt)
 
     def _advance_counters(self, dt: float) -> None:

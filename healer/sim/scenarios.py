@@ -21,7 +21,7 @@ import yaml
 
 from healer import errors
 from healer.schemas import telemetry
-from healer.sim import engine, faults, fleet, frames, injector, profiles
+from healer.sim import engine, faults, fleet, frames, injector, profiles, variation
 
 WorkloadKind = Literal["training", "inference", "idle"]
 
@@ -43,12 +43,15 @@ class FaultEntry(_Model):
     remain), or an explicit list of node indices."""
     gpu: int | Literal["random", "all"] = "random"
     """Which GPU of each node (ignored by node-scope kinds): an index, one at random, or every GPU."""
-    params: dict[str, float] = pydantic.Field(default_factory=dict)
-    """Kind parameters; unknown names are errors (defaults in docs/simulator.md)."""
+    params: dict[str, float | tuple[float, float]] = pydantic.Field(default_factory=dict)
+    """Kind parameters; unknown names are errors (defaults in docs/simulator.md). A ``[min, max]``
+    range is drawn per target."""
 
     @pydantic.model_validator(mode="after")
     def _known(self) -> FaultEntry:
-        faults.validate_params(self.kind, self.params)
+        faults.validate_params(
+            self.kind, {k: v if isinstance(v, int | float) else v[0] for k, v in self.params.items()}
+        )
         return self
 
 
@@ -62,6 +65,10 @@ class RandomEntry(_Model):
     def _known(self) -> RandomEntry:
         faults.validate_params(self.kind, self.params)
         return self
+
+
+VariationBlock = variation.Variation
+"""(An alias: inside ``Scenario`` the field ``variation`` hides the module.)"""
 
 
 def _default_mix() -> dict[WorkloadKind, float]:
@@ -82,6 +89,8 @@ class Scenario(_Model):
     faults: list[FaultEntry] = pydantic.Field(default_factory=list)
     random_faults: list[RandomEntry] = pydantic.Field(default_factory=list)
     fault_rate_multiplier: float = pydantic.Field(default=1.0, ge=0)
+    variation: VariationBlock = pydantic.Field(default_factory=VariationBlock)
+    """How unlike a tidy fleet this one is (healer/sim/variation.py; all off by default)."""
 
     @pydantic.field_validator("models")
     @classmethod
@@ -156,10 +165,14 @@ def _schedule(
             for _ in range(min(entry.nodes, nodes)):
                 targets.append(int(order[cursor % nodes]))
                 cursor += 1
-        params = faults.validate_params(entry.kind, entry.params)
         node_scope = faults.KINDS[entry.kind].scope == "node"
         for node in targets:
             at = entry.at_s if isinstance(entry.at_s, float | int) else float(rng.uniform(*entry.at_s))
+            drawn = {
+                k: float(v) if isinstance(v, int | float) else float(rng.uniform(*v))
+                for k, v in entry.params.items()
+            }
+            params = faults.validate_params(entry.kind, drawn)
             gpu_list: list[int | None]
             if node_scope:
                 gpu_list = [None]
@@ -200,6 +213,11 @@ def build(
     keys = list(sc.models)
     weights = np.array([sc.models[k] for k in keys], dtype=np.float64)
     picks = setup_rng.choice(len(keys), size=nodes, p=weights / weights.sum())
+    vary = variation.draw(sc.variation, np.random.default_rng([seed, 0x7A42]))
+    if vary.model_pools:
+        pool_rng = np.random.default_rng([seed, 0x7A43])
+        pool_pick = pool_rng.choice(len(keys), size=vary.model_pools, p=weights / weights.sum())
+        picks = pool_pick[np.arange(nodes) * vary.model_pools // nodes]
     node_profiles = [profiles.PROFILES[keys[i]] for i in picks]
     names = names or node_names(nodes)
     fl = fleet.Fleet(
@@ -212,6 +230,7 @@ def build(
         workload_mix={str(k): v for k, v in sc.workload.items()},
         inlet_c=sc.inlet_c,
         inlet_spread_c=sc.inlet_spread_c,
+        vary=vary,
     )
     scheduled = _schedule(sc, nodes, gpus, start, setup_rng)
     specs = [

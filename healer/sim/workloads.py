@@ -10,10 +10,12 @@ until the scheduler gives it new work. Everything is vectorised over the whole f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
+from healer.sim import variation
 
 IDLE: Final = 0
 TRAINING: Final = 1
@@ -99,4 +101,143 @@ class Workloads:
     def mem_util_factor(self) -> F64:
         """Memory-bandwidth utilisation relative to SM utilisation, per node."""
         out: F64 = np.array([0.0, 0.45, 0.7])[self.kind]
+        return out
+
+
+class VariedWorkloads:
+    """Workloads with a fleet's variety (``variation.Drawn``): nodes split between two independent jobs
+    (GPUs 0..G/2-1 and G/2..G-1), training power oscillating at the iteration period, checkpoint
+    period and length drawn per job, and short stops (restarts, data stalls). A job runs on a *half*;
+    an unsplit node's second half mirrors its first."""
+
+    def __init__(
+        self,
+        nodes: int,
+        gpus: int,
+        mix: Mapping[str, float],
+        rng: np.random.Generator,
+        now: float,
+        v: variation.Drawn,
+    ) -> None:
+        self.nodes, self.gpus = nodes, gpus
+        self._rng = rng
+        self._v = v
+        kinds = [KINDS[k] for k in mix]
+        weights = np.array([mix[k] for k in mix], dtype=np.float64)
+        if weights.sum() <= 0:
+            kinds, weights = [IDLE], np.ones(1)
+        self._kinds = np.array(kinds, dtype=np.int8)
+        self._weights = weights / weights.sum()
+        self.split = rng.random(nodes) < v.split_share
+        half = (np.arange(gpus)[None, :] >= gpus // 2) & self.split[:, None]
+        self.half = half.astype(np.intp)
+        shape = (nodes, 2)
+        self.kind = self._draw_kinds(shape)
+        self.end_t = now + self._draw_durations(self.kind) * rng.random(shape)
+        self.ckpt_period = np.zeros(shape)
+        self.ckpt_len = np.zeros(shape)
+        self.ckpt_phase = np.zeros(shape)
+        self.iter_period = np.zeros(shape)
+        self.iter_low = np.ones(shape)
+        self.iter_phase = np.zeros(shape)
+        self.pause_until = np.full(shape, -np.inf)
+        self._new_jobs(np.ones(shape, dtype=np.bool_))
+        self._mirror()
+        self.busy = rng.random((nodes, gpus)) < 0.5
+        self.gpu_offset = rng.normal(0.0, 1.5, (nodes, gpus))
+        self.util = self.target(now)
+
+    def _draw_kinds(self, shape: tuple[int, ...]) -> npt.NDArray[np.int8]:
+        return self._kinds[self._rng.choice(len(self._kinds), size=shape, p=self._weights)]
+
+    def _draw_durations(self, kind: npt.NDArray[np.int8]) -> F64:
+        means = np.array([MEAN_DURATION_S[IDLE], MEAN_DURATION_S[TRAINING], MEAN_DURATION_S[INFERENCE]])
+        out: F64 = np.maximum(MIN_DURATION_S, self._rng.exponential(1.0, kind.shape) * means[kind])
+        return out
+
+    def _new_jobs(self, mask: npt.NDArray[np.bool_]) -> None:
+        k = int(mask.sum())
+        if not k:
+            return
+        rng, v = self._rng, self._v
+        self.ckpt_period[mask] = rng.uniform(*v.checkpoint_period_s, k)
+        self.ckpt_len[mask] = rng.uniform(*v.checkpoint_s, k)
+        self.ckpt_phase[mask] = rng.random(k) * self.ckpt_period[mask]
+        self.iter_period[mask] = rng.uniform(*v.iteration_period_s, k)
+        self.iter_low[mask] = rng.uniform(*v.iteration_low_frac, k)
+        self.iter_phase[mask] = rng.random(k)
+
+    def _mirror(self) -> None:
+        """An unsplit node runs one job: its second half copies the first."""
+        one = ~self.split
+        for arr in (
+            self.kind,
+            self.end_t,
+            self.ckpt_period,
+            self.ckpt_len,
+            self.ckpt_phase,
+            self.iter_period,
+            self.iter_low,
+            self.iter_phase,
+            self.pause_until,
+        ):
+            arr[one, 1] = arr[one, 0]
+
+    def crash(self, node: int, now: float) -> None:
+        self.kind[node] = IDLE
+        self.end_t[node] = now + MIN_DURATION_S
+
+    def _per_gpu(self, arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.take_along_axis(arr, self.half, axis=1)
+
+    def target(self, now: float) -> F64:
+        kind = self._per_gpu(self.kind)
+        period = np.maximum(self.ckpt_period, 1.0)
+        in_ckpt = ((now + self.ckpt_phase) % period) < self.ckpt_len
+        paused = now < self.pause_until
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cycle = np.where(
+                self.iter_period > 0, (now / np.maximum(self.iter_period, 1e-9) + self.iter_phase) % 1.0, 0.0
+            )
+        level = np.where((self.iter_period > 0) & (cycle >= 0.5), self.iter_low, 1.0)
+        level = self._per_gpu(level)
+        hold = self._per_gpu(in_ckpt | paused)
+        training = np.where(
+            hold, np.where(self._per_gpu(paused), 0.0, 15.0), (95.0 + self.gpu_offset) * level
+        )
+        inference = np.where(self.busy, 85.0, 20.0) + 2 * self.gpu_offset
+        out: F64 = np.where(kind == TRAINING, training, np.where(kind == INFERENCE, inference, 0.0))
+        return out
+
+    def step(self, now: float, dt: float) -> F64:
+        rng = self._rng
+        done = self.end_t <= now
+        if done.any():
+            new = self._draw_kinds((int(done.sum()),))
+            self.kind[done] = new
+            self.end_t[done] = now + self._draw_durations(new)
+            self._new_jobs(done)
+        if self._v.restarts_per_hour > 0:
+            stop = (self.kind == TRAINING) & (
+                rng.random(self.kind.shape) < self._v.restarts_per_hour * dt / 3600
+            )
+            self.pause_until[stop] = now + rng.uniform(60.0, 300.0, int(stop.sum()))
+        self._mirror()
+        flip = rng.random(self.busy.shape) < min(1.0, BURST_SWITCH_PER_S * dt)
+        self.busy ^= flip
+        target = self.target(now)
+        kind = self._per_gpu(self.kind)
+        oscillating = self._per_gpu(self.iter_period > 0) & (kind == TRAINING)
+        alpha = 1.0 - np.exp(-dt / UTIL_TAU_S)
+        self.util = np.where(oscillating, target, self.util + (target - self.util) * alpha)
+        sigma = np.array([0.0, 1.2, 6.0])[kind]
+        noisy: F64 = np.clip(self.util + rng.normal(0.0, 1.0, self.util.shape) * sigma, 0.0, 100.0)
+        return noisy
+
+    def mem_fraction(self) -> F64:
+        out: F64 = np.array([0.006, 0.92, 0.62])[self._per_gpu(self.kind)]
+        return out
+
+    def mem_util_factor(self) -> F64:
+        out: F64 = np.array([0.0, 0.45, 0.7])[self._per_gpu(self.kind)]
         return out

@@ -20,9 +20,11 @@ def _windows() -> dataset.Windows:
 def _scored() -> diagnosis.Scored:
     shape = (STEPS, NODES, GPUS)
     comps = {k: np.full(shape, 0.1) for k in anomaly_model.COMPONENTS}
-    offsets = np.full(shape, 2.0)
-    offsets[:5] = np.nan  # baselines not ready in the first windows
-    return diagnosis.Scored(np.zeros(shape), comps, np.full(shape, 3.0), offsets, np.full(shape, 0.9))
+    inlet = np.full(shape, 27.0)
+    inlet[:5] = np.nan  # no inlet reference in the first windows
+    ready = np.ones(shape, dtype=np.bool_)
+    ready[:5] = False  # own baselines not ready in the first windows
+    return diagnosis.Scored(np.zeros(shape), comps, np.full(shape, 3.0), inlet, np.full(shape, 0.9), ready)
 
 
 def test_explain_names_the_component_that_drove_the_incident() -> None:
@@ -32,9 +34,11 @@ def test_explain_names_the_component_that_drove_the_incident() -> None:
     early = diagnosis.explain(("n1", 0, float(w.ts[3]), "anomaly-score-high"), w, scored, float(w.ts[0]))
     assert early["component"] == "thermal_gpu"
     assert early["at_s"] == 90.0
-    assert early["own_offset_c"] is None  # not ready yet: only the fleet check watched it
+    assert early["own_baseline"] is False  # not ready yet: only the fleet check watched it
+    assert early["inlet_ref_c"] is None
     later = diagnosis.explain(("n1", 0, float(w.ts[20]), "anomaly-score-high"), w, scored, float(w.ts[0]))
-    assert later["own_offset_c"] == 2.0
+    assert later["own_baseline"] is True
+    assert later["inlet_ref_c"] == 27.0
 
 
 def test_healthy_margin_is_what_a_component_held_for_the_whole_hold() -> None:

@@ -52,9 +52,10 @@ def test_degrading_cooling_scores_high_and_its_healthy_neighbours_do_not(
     assert truth
     for t in truth:
         node = w.node_names.index(t["node"])
-        assert scores[-1, node, t["gpu"]] >= anomaly_model.SCORE_THRESHOLD
+        last = scores[-10:]  # the last five minutes: the GPU is past 87 °C and throttling
+        assert last[:, node, t["gpu"]].max() >= anomaly_model.SCORE_THRESHOLD
         others = [g for g in range(8) if g != t["gpu"]]
-        assert scores[-1, node, others].max() < scores[-1, node, t["gpu"]]
+        assert last[:, node, others].max() < last[:, node, t["gpu"]].max()
 
 
 def test_components_are_scaled_so_one_is_the_edge_of_healthy(trained: pathlib.Path) -> None:

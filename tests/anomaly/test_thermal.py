@@ -1,0 +1,185 @@
+"""Thermal baselines learned on the watched fleet: a GPU is compared with its own model at its node's
+inlet reference, so a GPU that always ran hot, an inlet that swings, and a node whose other half
+changes load raise nothing, while a GPU getting hotter and a node losing its cooling stand out; the
+state survives a JSON round trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from healer.anomaly import thermal
+
+STEP_S = 30.0
+GPUS = 8
+R = 45.0  # °C per fraction of the default power limit
+
+
+class Node:
+    """Steady-state physics of one node: temp = inlet + slot offset + resistance x power."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.r = R * np.exp(rng.normal(0.0, 0.08, GPUS))
+        self.offset = np.r_[np.zeros(4), np.full(4, 1.5)]  # a pre-heated rear row
+        self.inlet = 25.0
+        self.power = np.full(GPUS, 0.9)
+        self.extra = np.zeros(GPUS)
+
+    def temp(self) -> np.ndarray:
+        return self.inlet + self.offset + self.r * self.power + self.extra
+
+
+def _state() -> thermal.ThermalState:
+    return thermal.ThermalState(GPUS, ["H100"], [R], thermal.ThermalSettings(), edges=(4.0, 0.8, 4.0))
+
+
+def _run(st: thermal.ThermalState, node: Node, seconds: float, t0: float, change=None) -> list[thermal.Step]:
+    st.ensure(["n0"])
+    out = []
+    cls = np.zeros((1, GPUS), dtype=np.intp)
+    valid = np.ones((1, GPUS), dtype=bool)
+    for k in range(round(seconds / STEP_S)):
+        t = t0 + k * STEP_S
+        if change is not None:
+            change(node, t - t0)
+        out.append(st.step(node.temp()[None], node.power[None].copy(), valid, cls, t, STEP_S))
+    return out
+
+
+def _peak(steps: list[thermal.Step], name: str) -> float:
+    values = np.array([getattr(st, name) for st in steps])
+    assert np.isfinite(values).mean() > 0.5  # mostly scored
+    return float(np.nanmax(values))
+
+
+def _warm(seed: int = 0, hours: float = 2.0) -> tuple[thermal.ThermalState, Node]:
+    """A node learned over two hours with its load moving between two levels (a job and checkpoints)."""
+    st, node = _state(), Node(seed)
+
+    def load(n: Node, t: float) -> None:
+        n.power[:] = 0.9 if (t // 1800) % 2 == 0 else 0.6
+
+    _run(st, node, hours * 3600, 0.0, load)
+    node.power[:] = 0.9
+    _run(st, node, 900, hours * 3600)
+    return st, node
+
+
+def test_a_gpu_is_not_ready_until_it_has_been_watched_busy_and_steady() -> None:
+    st, node = _state(), Node()
+    node.power[:4] = 0.1  # idle half
+    steps = _run(st, node, 900, 0.0)
+    assert not steps[-2].ready.any()
+    steps = _run(st, node, 1200, 900.0)
+    assert steps[-1].ready[0].tolist() == [False] * 4 + [True] * 4
+
+
+def test_gpus_that_always_ran_hot_or_breathe_preheated_air_raise_nothing_once_learned() -> None:
+    st, node = _warm()
+    last = _run(st, node, 600, 10_000.0)[-1]
+    assert last.ready.all()
+    assert np.nanmax(np.abs(last.rise_c)) < 1.0  # although their resistances differ by ± 20 %
+    assert np.nanmax(np.abs(last.node_c)) < 1.0
+
+
+def test_an_inlet_swing_moves_the_reference_not_the_residuals() -> None:
+    st, node = _warm()
+
+    def swing(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 3.0 * np.sin(2 * np.pi * t / 86400.0 * 4)  # a quarter-day ± 3 °C swing
+
+    steps = _run(st, node, 6 * 3600, 10_000.0, swing)
+    assert _peak(steps, "rise_c") < 1.0
+    assert _peak(steps, "node_c") < 2.0  # the level follows at up to 2.5 °C/h
+
+
+def test_the_other_half_of_a_split_node_changing_load_moves_nothing() -> None:
+    st, node = _warm()
+
+    def other_half(n: Node, t: float) -> None:
+        n.power[4:] = 0.3 if t < 3600 else 0.95
+
+    steps = _run(st, node, 2 * 3600, 10_000.0, other_half)
+    first_half = np.array([s.rise_c[0, :4] for s in steps])
+    assert np.nanmax(np.abs(first_half)) < 1.0
+    assert _peak(steps, "node_c") < 2.0
+
+
+def test_a_gpu_getting_hotter_stands_out_against_itself() -> None:
+    st, node = _warm()
+
+    def degrade(n: Node, t: float) -> None:
+        n.extra[2] = 10.0 * min(1.0, t / 3600)
+
+    steps = _run(st, node, 3600, 10_000.0, degrade)
+    assert steps[-1].rise_c[0, 2] > 8.0
+    others = [g for g in range(GPUS) if g != 2]
+    assert np.nanmax(np.abs(steps[-1].rise_c[0, others])) < 1.0
+
+
+def test_a_node_losing_its_cooling_stands_out_against_its_own_level() -> None:
+    st, node = _warm()
+
+    def cooling_loss(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 8.0 * min(1.0, t / 600)
+
+    steps = _run(st, node, 1200, 10_000.0, cooling_loss)
+    assert steps[-1].node_c[0, 0] > 6.0
+    assert np.nanmax(np.abs(steps[-1].rise_c)) < 1.0
+
+
+def test_a_load_change_is_not_compared_until_the_power_is_steady_again() -> None:
+    st, node = _warm()
+
+    def step_load(n: Node, t: float) -> None:
+        n.power[:] = 0.5 if t >= 60 else 0.9
+
+    steps = _run(st, node, 600, 10_000.0, step_load)
+    # the last steady values are carried while the windows settle
+    assert all(np.isfinite(s.rise_c).all() for s in steps)
+
+
+def test_the_state_survives_a_json_round_trip_even_before_its_nodes_report() -> None:
+    st, node = _warm()
+    doc = orjson.loads(orjson.dumps(st.export()))
+    fresh = _state()
+    assert fresh.import_(doc) == 1  # held until n0 reports
+    fresh.ensure(["n0"])
+    cls = np.zeros((1, GPUS), dtype=np.intp)
+    for x, y in zip(st.fit(cls), fresh.fit(cls), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5)
+    a = _run(st, node, 300, 20_000.0)[-1]
+    b = _run(fresh, Node(0), 300, 20_000.0)[-1]
+    assert b.ready.all()  # no second warm-up
+    np.testing.assert_allclose(a.rise_c, b.rise_c, atol=0.05)  # only the last minutes' learning differs
+
+
+def test_a_state_for_another_gpu_count_or_format_is_refused() -> None:
+    st, _ = _warm(hours=0.5)
+    doc = st.export()
+    other = thermal.ThermalState(4, ["H100"], [R])
+    with pytest.raises(ValueError, match="GPUs per node"):
+        other.import_(doc)
+    with pytest.raises(ValueError, match="format"):
+        _state().import_(doc | {"format": "healer-anomaly-state/0"})
+
+
+def test_a_load_first_seen_after_hours_of_drift_does_not_shift_the_loads_seen_before() -> None:
+    st, node = _state(), Node()
+    _run(st, node, 3600, 0.0)  # an hour at 0.9
+
+    def drift_then_new_load(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 5.0 * min(1.0, t / (6 * 3600))  # +5 °C over 6 hours ...
+        if t < 6 * 3600:  # ... while the job never holds its power steady
+            n.power[:] = 0.9 if (t // 60) % 2 == 0 else 0.75
+        elif t < 8 * 3600:
+            n.power[:] = 0.7  # then two hours at a load never seen before
+        else:
+            n.power[:] = 0.9  # and back to the first one
+
+    steps = _run(st, node, 9 * 3600, 3600.0, drift_then_new_load)
+    node_c = np.array([s.node_c[0, 0] for s in steps])
+    assert np.isfinite(node_c[-40:]).all()  # back at the known load the node is scored again ...
+    assert np.nanmax(node_c) < 2.0  # ... and nothing in the nine hours looked like a cooling loss
