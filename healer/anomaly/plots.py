@@ -26,7 +26,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import matplotlib.pyplot as plt
 
 LEAD_TARGET_MIN = 10.0
 NEVER_MIN = 120.0

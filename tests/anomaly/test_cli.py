@@ -68,10 +68,21 @@ def test_eval_reports_recall_lead_and_false_incidents_per_kind(
             "300",  # the small test model is noisier than the default one
             "--json",
             "--write-card",
+            "--plots",
+            str(tmp_path / "plots"),
         ]
     )
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "healthy_margin.png",
+        "lead_time.png",
+        "score_traces.png",
+    ]
+    (traced,) = [r["traces"] for r in result["raw"] if r["traces"]]
+    assert len(traced) == 4
+    assert {t["kind"] for t in traced} == {"pcie_replay_storm"}
+    assert len(traced[0]["ts"]) == len(traced[0]["score"]) > 10
     pcie = result["per_kind"]["pcie_replay_storm"]
     assert pcie["faults"] == 4
     assert pcie["model_recall"] == 1.0
