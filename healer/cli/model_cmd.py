@@ -128,15 +128,23 @@ def register(sub: Any) -> None:
 
 
 def _bar(what: str) -> Any:
+    """A progress callback ``(done, total)``: rich's bar on a terminal, one line at the end otherwise."""
+    from rich import console, progress
+
+    bar: dict[str, Any] = {}
+
     def show(done: int, total: int) -> None:
-        if not sys.stderr.isatty() and done != total:
+        if not sys.stderr.isatty():
+            if done == total:
+                print(f"{what}: {done}/{total}", file=sys.stderr)
             return
-        width = 30
-        filled = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r{what} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        if "p" not in bar:
+            bar["p"] = progress.Progress(transient=False, console=console.Console(stderr=True))
+            bar["p"].start()
+            bar["task"] = bar["p"].add_task(what, total=total)
+        bar["p"].update(bar["task"], completed=done, total=total)
+        if done >= total:
+            bar["p"].stop()
 
     return show
 

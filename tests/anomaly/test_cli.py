@@ -188,3 +188,12 @@ def test_calibrate_writes_a_state_that_a_scorer_imports_with_its_gpus_ready(
     (tmp_path / "bad.json").write_text(json.dumps({"format": "healer-anomaly-state/1", "gpus": 4}))
     assert cli.main([*args[:-2], "--state", str(tmp_path / "bad.json"), "--out", str(tmp_path / "s3")]) == 1
     assert "GPUs per node" in capsys.readouterr().err
+
+
+def test_progress_off_a_terminal_is_one_line_at_the_end(capsys: pytest.CaptureFixture[str]) -> None:
+    from healer.cli import model_cmd
+
+    show = model_cmd._bar("frames")
+    for done in range(1, 6):
+        show(done, 5)
+    assert capsys.readouterr().err == "frames: 5/5\n"
