@@ -69,7 +69,7 @@ def lead_time(result: dict[str, Any], path: pathlib.Path) -> pathlib.Path | None
         f"(left edge: model missed; {NEVER_MIN:g}: rule never fired)"
     )
     ax.set_title("Lead time over the static rule, per fault")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
