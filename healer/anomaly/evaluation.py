@@ -198,6 +198,7 @@ def evaluate_scenario(
     episodes: Episodes | None = None,
     with_rules: bool = True,
     workdir: str | pathlib.Path | None = None,
+    traces: int = 0,
 ) -> dict[str, Any]:
     """Simulate, record and score one scenario; per-fault outcomes for both detectors."""
     from healer.sim import recording, scenarios
@@ -250,7 +251,36 @@ def evaluate_scenario(
         "rule_incidents": len(rule_hits),
         "rule_false": sum(_is_false(h, truth) for h in rule_hits),
         "faults": faults,
+        "traces": _traces(faults, w, scored, traces),
     }
+
+
+TRACE_KEYS = ("kind", "node", "gpu", "visible_at", "model_incident_s", "static_rule_s")
+
+
+def _traces(
+    faults: list[dict[str, Any]], w: dataset.Windows, scored: diagnosis.Scored, limit: int
+) -> list[dict[str, Any]]:
+    """The score over time of the first ``limit`` faulted GPUs, for ``healer model eval --plots``."""
+    out: list[dict[str, Any]] = []
+    for f in faults:
+        if len(out) >= limit:
+            break
+        if f["gpu"] is None or f["node"] not in w.node_names:
+            continue
+        n = w.node_names.index(f["node"])
+        out.append(
+            {
+                **{
+                    k: f[k]
+                    for k in ("kind", "node", "gpu", "visible_at", "model_incident_s", "static_rule_s")
+                },
+                "ts": [float(t) for t in w.ts],
+                "score": [float(x) for x in scored.scores[:, n, int(f["gpu"])]],
+                "threshold": anomaly_model.SCORE_THRESHOLD,
+            }
+        )
+    return out
 
 
 def _share_ahead(fs: list[dict[str, Any]], model_key: str, margin_s: float) -> float:

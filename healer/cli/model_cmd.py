@@ -98,6 +98,12 @@ def register(sub: Any) -> None:
     ev.add_argument("--no-rules", action="store_true", help="model only (long healthy runs)")
     ev.add_argument("--json", action="store_true", help="print the full result as JSON")
     ev.add_argument("--write-card", action="store_true", help="store the summary in the model card")
+    ev.add_argument(
+        "--plots",
+        type=pathlib.Path,
+        metavar="DIR",
+        help="write PNGs here: lead time per fault kind, healthy margin per component, score traces",
+    )
     ev.set_defaults(func=_eval)
 
     cal = msub.add_parser(
@@ -122,15 +128,23 @@ def register(sub: Any) -> None:
 
 
 def _bar(what: str) -> Any:
+    """A progress callback ``(done, total)``: rich's bar on a terminal, one line at the end otherwise."""
+    from rich import console, progress
+
+    bar: dict[str, Any] = {}
+
     def show(done: int, total: int) -> None:
-        if not sys.stderr.isatty() and done != total:
+        if not sys.stderr.isatty():
+            if done == total:
+                print(f"{what}: {done}/{total}", file=sys.stderr)
             return
-        width = 30
-        filled = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r{what} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        if "p" not in bar:
+            bar["p"] = progress.Progress(transient=False, console=console.Console(stderr=True))
+            bar["p"].start()
+            bar["task"] = bar["p"].add_task(what, total=total)
+        bar["p"].update(bar["task"], completed=done, total=total)
+        if done >= total:
+            bar["p"].stop()
 
     return show
 
@@ -231,6 +245,12 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from healer.anomaly import evaluation, persist
 
+    if args.plots is not None:
+        try:
+            from healer.anomaly import plots
+        except ModuleNotFoundError as e:
+            raise common.SettingsError(f"--plots needs {e.name}: pip install 'healer[plots]'") from e
+
     episodes = anomaly_episodes(args.rules, args.hold)
     hold_s = episodes.hold_s
     print(
@@ -252,6 +272,7 @@ def _eval(args: argparse.Namespace) -> int:
             hold_s=hold_s,
             episodes=episodes,
             with_rules=not args.no_rules,
+            traces=4 if args.plots is not None else 0,
             progress=lambda n: print(f"scenario {n} ...", file=sys.stderr),
         )
     except errors.HealerError as e:
@@ -263,6 +284,9 @@ def _eval(args: argparse.Namespace) -> int:
             **{k: v for k, v in result.items() if k != "raw"},
         }
         persist.write_card(args.model, card)
+    if args.plots is not None:
+        for path in plots.write(result, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2, default=float))
     else:

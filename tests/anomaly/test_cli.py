@@ -68,10 +68,21 @@ def test_eval_reports_recall_lead_and_false_incidents_per_kind(
             "300",  # the small test model is noisier than the default one
             "--json",
             "--write-card",
+            "--plots",
+            str(tmp_path / "plots"),
         ]
     )
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "healthy_margin.png",
+        "lead_time.png",
+        "score_traces.png",
+    ]
+    (traced,) = [r["traces"] for r in result["raw"] if r["traces"]]
+    assert len(traced) == 4
+    assert {t["kind"] for t in traced} == {"pcie_replay_storm"}
+    assert len(traced[0]["ts"]) == len(traced[0]["score"]) > 10
     pcie = result["per_kind"]["pcie_replay_storm"]
     assert pcie["faults"] == 4
     assert pcie["model_recall"] == 1.0
@@ -177,3 +188,12 @@ def test_calibrate_writes_a_state_that_a_scorer_imports_with_its_gpus_ready(
     (tmp_path / "bad.json").write_text(json.dumps({"format": "healer-anomaly-state/1", "gpus": 4}))
     assert cli.main([*args[:-2], "--state", str(tmp_path / "bad.json"), "--out", str(tmp_path / "s3")]) == 1
     assert "GPUs per node" in capsys.readouterr().err
+
+
+def test_progress_off_a_terminal_is_one_line_at_the_end(capsys: pytest.CaptureFixture[str]) -> None:
+    from healer.cli import model_cmd
+
+    show = model_cmd._bar("frames")
+    for done in range(1, 6):
+        show(done, 5)
+    assert capsys.readouterr().err == "frames: 5/5\n"
