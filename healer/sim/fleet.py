@@ -274,6 +274,12 @@ class Fleet:
         self.nvlink_up[node, gpu] = self.nvlink_total[node, gpu]
         self.power_limit[node, gpu] = self.p_default[node, gpu]
 
+    def reset_gpu_checked(self, node: int, gpu: int) -> None:
+        """A reset asked for through the agent: refused (PermanentError) for a GPU that fell off the bus,
+        which only a reboot brings back, as ``nvidia-smi --gpu-reset`` fails for one."""
+        self._check(node, gpu)
+        self.reset_gpu(node, gpu)
+
     def restart_agent(self, node: int) -> None:
         """The agent process starts again: new boot id, sequence from zero, an ``agent_start`` event."""
         self.boot_no[node] += 1
