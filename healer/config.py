@@ -221,6 +221,12 @@ class ActuatorSettings(_Group):
     """How often the latest frames are looked at while confirming a power limit."""
     power_tolerance_w: float = pydantic.Field(default=1.0, ge=0)
     """A reported power limit within this many watts of the requested one counts as applied."""
+    gpu_reset_timeout_s: float = pydantic.Field(default=120.0, gt=0, le=600)
+    """The most a GPU reset may take on the node (``reset_gpu``'s ``timeout_s``); the reply is awaited
+    this long plus ``power_reply_timeout_s``."""
+    validate_timeout_s: float = pydantic.Field(default=300.0, gt=0, le=600)
+    """The most the node's validation may take (``dcgmi diag -r 1`` takes about a minute); the reply is
+    awaited this long plus ``power_reply_timeout_s``."""
 
 
 class ControllerSettings(_Group):

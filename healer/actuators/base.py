@@ -32,7 +32,19 @@ from healer.schemas import base, incidents, telemetry
 
 log = structlog.get_logger(__name__)
 
-ActionKind = Literal["power_limit", "restore_power_limit", "cordon", "uncordon", "migrate", "notify"]
+ActionKind = Literal[
+    "power_limit",
+    "restore_power_limit",
+    "cordon",
+    "uncordon",
+    "migrate",
+    "notify",
+    "reset_gpu",
+    "validate",
+    "reboot_node",
+]
+"""``reset_gpu`` and ``validate`` go to the node agent (actuators/gpu_reset.py), ``reboot_node`` to the
+scheduler (Slurm ``scontrol reboot``; Kubernetes through the agent): the recovery ladder's rungs."""
 Status = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
 ItemStatus = Literal[
     "done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned", "skipped"
