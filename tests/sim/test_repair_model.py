@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from healer.rules import loader
-from healer.sim import faults, recovery, scenarios
+from healer.sim import faults, repair, scenarios
 
 
 def test_every_fault_kind_has_a_recovery_row_with_its_reasoning() -> None:
-    assert set(recovery.MODEL) == set(faults.KINDS)
-    for kind, row in recovery.MODEL.items():
+    assert set(repair.MODEL) == set(faults.KINDS)
+    for kind, row in repair.MODEL.items():
         assert 0.0 <= row.reset <= 1.0, kind
         assert 0.0 <= row.reboot <= 1.0, kind
         assert row.why, kind
@@ -21,16 +21,16 @@ def test_the_ladders_named_exist_in_the_default_pack() -> None:
     result = loader.load_paths(["rules"])
     assert result.ruleset is not None
     declared = {lad.id for lad in result.ruleset.ladders}
-    named = {row.ladder for row in recovery.MODEL.values() if row.ladder is not None}
+    named = {row.ladder for row in repair.MODEL.values() if row.ladder is not None}
     assert named <= declared
 
 
 def test_replacement_only_kinds_are_never_fixed_and_a_lost_gpu_is_never_reset() -> None:
     rng = np.random.default_rng(1)
-    assert recovery.MODEL["row_remap_failure"].replacement_only
-    assert not any(recovery.fixed_by("row_remap_failure", r, rng) for r in ("reset_gpu", "reboot_node") * 50)
-    assert not any(recovery.fixed_by("fell_off_bus", "reset_gpu", rng) for _ in range(50))
-    fixed = sum(recovery.fixed_by("row_remap_pending", "reset_gpu", rng) for _ in range(1000))
+    assert repair.MODEL["row_remap_failure"].replacement_only
+    assert not any(repair.fixed_by("row_remap_failure", r, rng) for r in ("reset_gpu", "reboot_node") * 50)
+    assert not any(repair.fixed_by("fell_off_bus", "reset_gpu", rng) for _ in range(50))
+    fixed = sum(repair.fixed_by("row_remap_pending", "reset_gpu", rng) for _ in range(1000))
     assert fixed > 950
 
 
