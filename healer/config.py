@@ -134,6 +134,10 @@ class AgentSettings(_Group):
     xid_dedupe_window_s: float = pydantic.Field(default=5.0, ge=0)
     """An XID for the same GPU and code seen again within this time (by NVML and the kernel log, or
     as several log lines of one fault) becomes one event."""
+    reboot_command: list[str] | None = None
+    """The command that reboots this host when the controller's recovery ladder asks (``reboot_node``),
+    e.g. ``["systemctl", "reboot"]``; in the Kubernetes DaemonSet (hostPID, privileged)
+    ``["nsenter", "-t", "1", "-m", "--", "systemctl", "reboot"]``. Unset: ``reboot_node`` is refused."""
     xid_log_wait_s: float = pydantic.Field(default=1.0, ge=0, le=30)
     """How long an XID from NVML waits for the kernel log's line of the same fault, which is passed
     instead because it names the process and the registers (``kmsg_watch`` only; 0: never wait)."""

@@ -15,7 +15,7 @@ import pytest
 
 from healer import errors
 from healer.agent import commands as commands_mod
-from healer.agent import validation
+from healer.agent import host, validation
 from healer.schemas import commands, events
 from healer.telemetry import nvml, sim
 from tests.fakes import fake_pynvml
@@ -318,3 +318,51 @@ def test_dcgmi_output_that_is_no_report_fails() -> None:
         "dcgmi printed no JSON report"
     )
     assert not validation.parse_dcgmi('{"tests": []}').passed
+
+
+# -- reboot_node -------------------------------------------------------------------------------------------
+def test_an_agent_without_a_reboot_command_refuses_to_reboot(source: nvml.NvmlSource) -> None:
+    res = executor(source).execute(cmd("reboot_node"))
+    assert res.status == "refused"
+    assert "agent.reboot_command is unset" in res.detail
+
+
+def test_a_reboot_is_refused_while_work_runs_and_answered_from_disk_after_it(
+    fake: fake_pynvml.FakeNvml, source: nvml.NvmlSource, tmp_path: pathlib.Path
+) -> None:
+    state = tmp_path / "power.json"
+    seen_on_disk: list[bool] = []
+
+    def reboot() -> str:
+        seen_on_disk.append("boot-1" in state.read_text())  # the answer is saved before the host goes down
+        return "queued"
+
+    def make() -> commands_mod.CommandExecutor:
+        return commands_mod.CommandExecutor(
+            "n1", source, state, gpu_indices=lambda: [0, 1], gpu=source, reboot=reboot
+        )
+
+    fake.gpus[1].processes = [5]
+    busy = make().execute(cmd("reboot_node", cid="boot-1"))
+    assert busy.status == "refused"
+    assert busy.detail == "compute processes still run: GPU 1: pids 5"
+    fake.gpus[1].processes = []
+    done = make().execute(cmd("reboot_node", cid="boot-1"))
+    assert done.status == "applied"
+    assert seen_on_disk == [True]
+    after_boot = make().execute(cmd("reboot_node", cid="boot-1"))  # a new agent process, the same id
+    assert after_boot == done
+    assert seen_on_disk == [True]
+
+
+def test_a_reboot_command_that_fails_is_reported_and_forgotten(source: nvml.NvmlSource) -> None:
+    ex = commands_mod.CommandExecutor("n1", source, None, gpu=source, reboot=host.rebooter(["false"]))
+    res = ex.execute(cmd("reboot_node", cid="b"))
+    assert res.status == "failed"
+    assert res.detail == "permanent: false exit 1: "
+    assert "b" not in ex.recent
+
+
+def test_reboot_node_takes_no_gpu() -> None:
+    with pytest.raises(ValueError, match="no gpu_index"):
+        cmd("reboot_node", gpu_index=0)

@@ -1,4 +1,4 @@
-"""GPU recovery actuator: ``reset_gpu`` and ``validate``, done by the node's own agent over the bus.
+"""GPU recovery actuator: ``reset_gpu``, ``validate`` and ``reboot_node``, done by the node's own agent.
 
 Like the power actuator, each request becomes a fenced ``Command`` on ``healer.cmd.<node>`` (the
 leader's fencing token, an expiry of ``power_command_ttl_s``, the same id on every retry so the agent
@@ -10,6 +10,10 @@ Outcomes, as the recovery ladder (healer.controller.ladder) reads them:
 - ``reset_gpu``: ``done`` (reset), ``refused`` (work still on the GPU, or a stale token: ask later),
   ``failed-permanent`` (the reset failed: next rung), ``failed-temporary`` (no reply, or the agent
   could not check the lease);
+- ``reboot_node`` (for Kubernetes, after healer's cordon and eviction; Slurm reboots through
+  ``scontrol reboot``): ``done`` once the agent has started the reboot, ``refused`` where the agent has
+  no ``agent.reboot_command`` or work still runs; no reply may mean the host went down first: the retry
+  (same id) is answered from the agent's saved state after the boot;
 - ``validate``: ``done`` when every check passed, ``failed-permanent`` with one item per failed check
   otherwise; the reply is awaited ``validate_timeout_s`` plus ``power_reply_timeout_s``.
 
@@ -94,8 +98,12 @@ class GpuRecoveryActuator:
             if request.gpu_index is None:
                 raise errors.PermanentError("reset_gpu needs a GPU (the incident's gpu_index)")
             action: commands.CommandAction = "reset_gpu"
-            timeout_s = float(params.get("timeout_s") or self.settings.gpu_reset_timeout_s)
+            timeout_s: float | None = float(params.get("timeout_s") or self.settings.gpu_reset_timeout_s)
             suffix = f":{request.gpu_index}"
+        elif request.kind == "reboot_node":
+            action = "reboot_node"
+            timeout_s = None
+            suffix = ""
         elif request.kind == "validate":
             action = "validate"
             timeout_s = float(params.get("timeout_s") or self.settings.validate_timeout_s)

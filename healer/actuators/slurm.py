@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import json
 import os
 import shlex
@@ -76,26 +75,6 @@ class NodeState:
     @property
     def down(self) -> bool:
         return self.state.lower() == "down"
-
-
-class RebootPhase(enum.StrEnum):
-    NONE = "none"
-    """No reboot of healer's is pending or finished on this node."""
-    REQUESTED = "requested"
-    """``REBOOT_REQUESTED``: waiting for the node's jobs to end (ASAP drains it meanwhile)."""
-    ISSUED = "issued"
-    """``REBOOT_ISSUED``: the RebootProgram ran; waiting for slurmd to register after boot."""
-    COMPLETE = "complete"
-    """Back DOWN with ``reboot complete`` in healer's reason: ready for validation, then resume."""
-    TIMED_OUT = "timed_out"
-    """The node did not come back within ``ResumeTimeout`` (Slurm marks it DOWN, "reboot timed out")."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RebootStatus:
-    phase: RebootPhase
-    reason: str = ""
-    boot_time: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -183,7 +162,7 @@ class SlurmActuator:
                 )
         return None
 
-    async def reboot_status(self, node: str) -> RebootStatus:
+    async def reboot_status(self, node: str) -> base.RebootStatus:
         """How far a reboot healer asked for has got (by healer's node name); ``NONE`` when the node
         shows none of healer's. Raises HealerError when Slurm cannot be read."""
         name = self.names(node)
@@ -196,18 +175,18 @@ class SlurmActuator:
         boot = entry.get("boot_time")
         boot_time = int(boot) if isinstance(boot, int | float) else None
         if not reason.startswith(base.REASON_PREFIX):
-            return RebootStatus(RebootPhase.NONE, reason, boot_time)
+            return base.RebootStatus(base.RebootPhase.NONE, reason, boot_time)
         if "REBOOT_ISSUED" in flags:
-            phase = RebootPhase.ISSUED
+            phase = base.RebootPhase.ISSUED
         elif "REBOOT_REQUESTED" in flags:
-            phase = RebootPhase.REQUESTED
+            phase = base.RebootPhase.REQUESTED
         elif "reboot timed out" in reason.lower():
-            phase = RebootPhase.TIMED_OUT
+            phase = base.RebootPhase.TIMED_OUT
         elif str(entry.get("state", "")).lower() == "down" and reason.endswith("reboot complete"):
-            phase = RebootPhase.COMPLETE
+            phase = base.RebootPhase.COMPLETE
         else:
-            phase = RebootPhase.NONE
-        return RebootStatus(phase, reason, boot_time)
+            phase = base.RebootPhase.NONE
+        return base.RebootStatus(phase, reason, boot_time)
 
     async def node_labels(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
         """Labels of ``nodes`` from one ``sinfo --json``, by healer node name: ``partition`` (the

@@ -15,6 +15,9 @@ Safety rules, in the order they are checked:
    command's ``timeout_s`` (default ``RESET_TIMEOUT_S``); a reset, once done, is remembered like every
    command, so a retry never resets twice; healer's record of a power limit on that GPU is dropped (a
    reset returns the default limit);
+7. ``reboot_node`` is refused unless the agent has a reboot command (``agent.reboot_command``) and while
+   compute processes run on any GPU; its answer is remembered and saved to disk *before* the host goes
+   down, so the controller's retry after the reboot gets ``applied`` and no second reboot;
 6. ``validate`` reads the newest frame's GPUs and the events since ``soak_since`` (``Health``, given by
    the runner) and, with ``dcgm_level`` > 0, runs ``dcgmi diag``; its verdict is ``result.validation``.
 
@@ -95,6 +98,7 @@ class CommandExecutor:
         gpu: GpuControl | None = None,
         health: Callable[[float | None], Health] | None = None,
         dcgm: DcgmRunner = validation.run_dcgmi,
+        reboot: Callable[[], str] | None = None,
     ) -> None:
         self.node = node
         self.power = power
@@ -103,6 +107,8 @@ class CommandExecutor:
         self.health = health
         """The runner's view for validation; None: validate is refused."""
         self.dcgm = dcgm
+        self.reboot = reboot
+        """Reboots this host (returns at once; the host goes down soon after); None: reboots are off."""
         self.state_path = state_path
         self.clock = clock
         self.gpu_indices = gpu_indices
@@ -172,6 +178,8 @@ class CommandExecutor:
             return self._reset(cmd, bound)
         if cmd.action == "validate":
             return self._validate(cmd, bound)
+        if cmd.action == "reboot_node":
+            return self._reboot(cmd, bound)
         targets = self._targets(cmd)
         if not targets:
             return self._result(cmd, "refused", "no GPU to act on", [], remember=False)
@@ -236,6 +244,34 @@ class CommandExecutor:
         detail = "passed" if report.passed else "failed: " + ", ".join(failed)
         bound.info("commands.validated", passed=report.passed, failed=failed)
         return self._result(cmd, "applied", detail[:4096], [], remember=True, validation=report)
+
+    def _reboot(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
+        if self.reboot is None:
+            detail = "this agent does not reboot its host (agent.reboot_command is unset)"
+            return self._result(cmd, "refused", detail, [], remember=False)
+        busy: list[str] = []
+        if self.gpu is not None:
+            for index in self._targets(cmd):
+                try:
+                    pids = self.gpu.compute_processes(index)
+                except errors.HealerError:
+                    continue  # a lost GPU lists nothing: that is what the reboot is for
+                if pids:
+                    busy.append(f"GPU {index}: pids {', '.join(map(str, pids))}")
+        if busy:
+            detail = "compute processes still run: " + "; ".join(busy)
+            return self._result(cmd, "refused", detail, [], remember=False)
+        result = self._result(
+            cmd, "applied", "reboot started", [], remember=True
+        )  # saved before it goes down
+        try:
+            message = self.reboot()
+        except errors.HealerError as e:
+            self.recent.pop(cmd.id, None)
+            bound.error("commands.reboot_failed", error=str(e))
+            return self._result(cmd, "failed", f"permanent: {e}", [], remember=False)
+        bound.warning("commands.rebooting", message=message)
+        return result
 
     def refuse_undecodable(self, reason: str) -> commands.CommandResult:
         log.warning("commands.undecodable", node=self.node, reason=reason)

@@ -15,7 +15,7 @@ import contextlib
 import pathlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 import structlog
@@ -23,6 +23,7 @@ import structlog
 import healer
 from healer import errors, health
 from healer.agent import commands as commands_mod
+from healer.agent import host
 from healer.agent import metrics as metrics_mod
 from healer.agent import spool as spool_mod
 from healer.bus import base
@@ -54,6 +55,7 @@ class Agent:
         buffer_frames: int = 300,
         watcher: source.EventWatcher | None = None,
         metrics: metrics_mod.AgentMetrics | None = None,
+        reboot_command: Sequence[str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if bus is None and connect is None:
@@ -81,6 +83,7 @@ class Agent:
             gpu_indices=self._gpu_indices,
             gpu=source if callable(getattr(source, "reset_gpu", None)) else None,  # type: ignore[arg-type]
             health=self._health,
+            reboot=host.rebooter(reboot_command) if reboot_command else None,
         )
         self._last_indices: list[int] = []
         self._last_gpus: list[telemetry.GpuSample] = []

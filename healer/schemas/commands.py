@@ -16,7 +16,7 @@ from healer.schemas import base, telemetry
 SCHEMA: Final = "healer.command.v1"
 RESULT_SCHEMA: Final = "healer.command_result.v1"
 
-CommandAction = Literal["set_power_limit", "restore_power_limit", "reset_gpu", "validate"]
+CommandAction = Literal["set_power_limit", "restore_power_limit", "reset_gpu", "validate", "reboot_node"]
 RESET_TIMEOUT_MAX_S: Final = 600.0
 ResultStatus = Literal["applied", "already", "refused", "failed"]
 
@@ -46,11 +46,13 @@ class Command(base.WireModel):
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> Self:
-        if self.action in ("reset_gpu", "validate"):
+        if self.action in ("reset_gpu", "validate", "reboot_node"):
             if self.watts is not None or self.percent_of_default is not None:
                 raise ValueError(f"{self.action} takes no watts or percent_of_default")
             if self.action == "reset_gpu" and self.gpu_index is None:
                 raise ValueError("reset_gpu needs gpu_index (one GPU at a time)")
+            if self.action == "reboot_node" and self.gpu_index is not None:
+                raise ValueError("reboot_node reboots the whole node: no gpu_index")
         elif self.action == "set_power_limit":
             if (self.watts is None) == (self.percent_of_default is None):
                 raise ValueError("set_power_limit needs exactly one of watts or percent_of_default")

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from healer.actuators import slurm
+from healer.actuators import base, slurm
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.test_slurm_actuator import actuator, cluster, job_state, node_line, request, submit, wait_for
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slurm
 __all__ = ["actuator", "cluster"]  # fixtures
 
 
-async def _wait_phase(act: slurm.SlurmActuator, node: str, phase: slurm.RebootPhase) -> slurm.RebootStatus:
+async def _wait_phase(act: slurm.SlurmActuator, node: str, phase: base.RebootPhase) -> base.RebootStatus:
     status = await act.reboot_status(node)
     for _ in range(600):  # up to ~60 s: ResumeTimeout
         if status.phase is phase:
@@ -42,13 +42,13 @@ async def test_a_reboot_waits_for_the_job_completes_and_the_node_returns_after_v
         "scontrol reboot ASAP nextstate=DOWN 'reason=healer: inc-42 xid 79 on gpu 3' gpu04"
     )
     status = await actuator.reboot_status("gpu04")
-    assert status.phase is slurm.RebootPhase.REQUESTED  # the job still runs: ASAP waits for it
+    assert status.phase is base.RebootPhase.REQUESTED  # the job still runs: ASAP waits for it
     again = await actuator.apply(request("reboot_node", "gpu04"))
     assert again.status == "already-done"
 
     moved = await actuator.apply(request("migrate", "gpu04"))
     assert moved.status == "done", moved.detail
-    done = await _wait_phase(actuator, "gpu04", slurm.RebootPhase.COMPLETE)
+    done = await _wait_phase(actuator, "gpu04", base.RebootPhase.COMPLETE)
     assert done.reason == "healer: inc-42 xid 79 on gpu 3 : reboot issued : reboot complete"
     assert done.boot_time != boot_time_before
     assert boots_before.read_text().count("gpu04") == before + 1
@@ -58,14 +58,14 @@ async def test_a_reboot_waits_for_the_job_completes_and_the_node_returns_after_v
     back = await actuator.apply(request("uncordon", "gpu04"))  # return to service, after validation
     assert back.status == "done", back.detail
     wait_for("gpu04 idle", lambda: node_line(cluster, "gpu04")[0] in ("idle", "mixed", "allocated"))
-    assert (await actuator.reboot_status("gpu04")).phase is slurm.RebootPhase.NONE
+    assert (await actuator.reboot_status("gpu04")).phase is base.RebootPhase.NONE
 
 
 async def test_another_incident_cannot_return_a_rebooted_node(
     cluster: SlurmCluster, actuator: slurm.SlurmActuator
 ) -> None:
     assert (await actuator.apply(request("reboot_node", "gpu03"))).status == "done"
-    await _wait_phase(actuator, "gpu03", slurm.RebootPhase.COMPLETE)
+    await _wait_phase(actuator, "gpu03", base.RebootPhase.COMPLETE)
     other = await actuator.apply(request("uncordon", "gpu03", incident_id="inc-other"))
     assert other.status == "refused"
     assert node_line(cluster, "gpu03")[0] == "down"
@@ -78,7 +78,7 @@ async def test_an_operators_drained_node_is_never_rebooted(
     out = await actuator.apply(request("reboot_node", "gpu02"))
     assert out.status == "refused"
     assert "drained by an operator" in out.detail
-    assert (await actuator.reboot_status("gpu02")).phase is slurm.RebootPhase.NONE
+    assert (await actuator.reboot_status("gpu02")).phase is base.RebootPhase.NONE
 
 
 async def test_dry_run_plans_the_reboot_and_changes_nothing(
