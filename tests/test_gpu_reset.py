@@ -201,6 +201,21 @@ def test_a_healthy_node_validates(source: nvml.NvmlSource) -> None:
                      "readings_sane", "quiet_soak"}  # fmt: skip
 
 
+def test_validation_reports_each_gpus_identity_for_a_replacement(
+    fake: fake_pynvml.FakeNvml, source: nvml.NvmlSource
+) -> None:
+    fake.gpus[1].unsupported.add("nvmlDeviceGetBoardPartNumber")
+    res = executor(source, _health(source)).execute(cmd("validate"))
+    assert res.validation is not None
+    devices = [d.model_dump() for d in res.validation.devices]
+    same = {"vbios_version": "96.00.99.00.01", "driver_version": "570.133.20"}
+    part = "692-2G520-0200-000"
+    assert devices == [
+        {"index": 0, "uuid": fake.gpus[0].uuid, "serial": "1652300000000", "board_part_number": part, **same},
+        {"index": 1, "uuid": fake.gpus[1].uuid, "serial": "1652300000001", "board_part_number": None, **same},
+    ]
+
+
 def test_validation_fails_on_each_thing_it_checks(
     fake: fake_pynvml.FakeNvml, source: nvml.NvmlSource
 ) -> None:

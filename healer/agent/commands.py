@@ -72,6 +72,8 @@ class GpuControl(Protocol):
 
     def reset_gpu(self, index: int, timeout_s: float) -> str: ...
 
+    def device_info(self, index: int) -> dict[str, str | None]: ...
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Health:
@@ -236,6 +238,7 @@ class CommandExecutor:
         health = self.health(cmd.soak_since)
         dcgm = self.dcgm(cmd.dcgm_level, cmd.timeout_s) if cmd.dcgm_level else None
         report = validation.check(health.gpus, health.expected, health.events, dcgm, cmd.dcgm_level)
+        report = report.model_copy(update={"devices": self._devices(health.gpus)})
         failed = [
             f"{c.name}{'' if c.gpu_index is None else f' gpu{c.gpu_index}'}"
             for c in report.checks
@@ -272,6 +275,17 @@ class CommandExecutor:
             return self._result(cmd, "failed", f"permanent: {e}", [], remember=False)
         bound.warning("commands.rebooting", message=message)
         return result
+
+    def _devices(self, gpus: list[telemetry.GpuSample]) -> list[commands.Device]:
+        """Each answering GPU's identity, for a hardware replacement's evidence."""
+        out = []
+        for g in sorted(gpus, key=lambda g: g.index):
+            try:
+                info = self.gpu.device_info(g.index) if self.gpu is not None else {}
+            except errors.HealerError:
+                info = {}
+            out.append(commands.Device(index=g.index, **{**info, "uuid": info.get("uuid") or g.uuid}))
+        return out
 
     def refuse_undecodable(self, reason: str) -> commands.CommandResult:
         log.warning("commands.undecodable", node=self.node, reason=reason)

@@ -100,6 +100,19 @@ class Check(pydantic.BaseModel):
     detail: str = pydantic.Field(default="", max_length=2048)
 
 
+class Device(pydantic.BaseModel):
+    """What identifies a GPU to the vendor (the evidence a hardware replacement needs)."""
+
+    model_config = base.CONFIG
+
+    index: int = pydantic.Field(ge=0, le=255)
+    uuid: str | None = pydantic.Field(default=None, max_length=128)
+    serial: str | None = pydantic.Field(default=None, max_length=64)
+    board_part_number: str | None = pydantic.Field(default=None, max_length=64)
+    vbios_version: str | None = pydantic.Field(default=None, max_length=64)
+    driver_version: str | None = pydantic.Field(default=None, max_length=64)
+
+
 class Validation(pydantic.BaseModel):
     """The agent's verdict on whether the node may return to service (``validate``)."""
 
@@ -109,6 +122,8 @@ class Validation(pydantic.BaseModel):
     checks: list[Check] = pydantic.Field(default_factory=list, max_length=4096)
     dcgm_level: int = 0
     dcgm_ran: bool = False
+    devices: list[Device] = pydantic.Field(default_factory=list, max_length=256)
+    """Serial, board part number, VBIOS and driver of every GPU that answered (null: not readable)."""
 
 
 class CommandResult(base.WireModel):

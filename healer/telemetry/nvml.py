@@ -509,6 +509,27 @@ class NvmlSource:
                 "nvml_power_limit_set", gpu_index=index, gpu_uuid=gpu.static.get("uuid"), watts=watts
             )
 
+    # -- identity (for a replacement's evidence) ----------------------------------------------------------
+    def device_info(self, index: int) -> dict[str, str | None]:
+        """UUID, serial, board part number, VBIOS and driver version; an unreadable one is None."""
+        with self._lock:
+            nv, gpu = self._device(index)
+
+            def read(fn: str, *args: Any) -> str | None:
+                try:
+                    value = getattr(nv, fn)(*args)
+                except (nv.NVMLError, AttributeError):
+                    return None
+                return value.decode() if isinstance(value, bytes) else str(value)
+
+            return {
+                "uuid": read("nvmlDeviceGetUUID", gpu.handle),
+                "serial": read("nvmlDeviceGetSerial", gpu.handle),
+                "board_part_number": read("nvmlDeviceGetBoardPartNumber", gpu.handle),
+                "vbios_version": read("nvmlDeviceGetVbiosVersion", gpu.handle),
+                "driver_version": read("nvmlSystemGetDriverVersion"),
+            }
+
     # -- reset -----------------------------------------------------------------------------------------
     def compute_processes(self, index: int) -> list[int]:
         """The pids of the compute processes on one GPU (nvmlDeviceGetComputeRunningProcesses)."""

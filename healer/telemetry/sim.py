@@ -76,6 +76,16 @@ class SimSource:
         self._sim.fleet.power_limits(0, index)  # the same checks: no such GPU, a lost GPU
         return sorted(self.processes.get(index, []))
 
+    def device_info(self, index: int) -> dict[str, str | None]:
+        self._sim.fleet.power_limits(0, index)
+        return {
+            "uuid": None,
+            "serial": f"SIM{zlib.crc32(self.node.encode()):08x}{index:02d}",
+            "board_part_number": "sim",
+            "vbios_version": "sim",
+            "driver_version": "sim",
+        }
+
     def reset_gpu(self, index: int, timeout_s: float) -> str:
         """The fleet's reset model: volatile counters clear, a pending remap is applied, throttles clear."""
         self._sim.fleet.reset_gpu_checked(0, index)

@@ -340,12 +340,16 @@ class FakeGpu:
     """NVML_GPU_FABRIC_STATE_*; an H100 SXM in an NVSwitch system, registered with the fabric manager"""
     fabric_status: int = NVML_SUCCESS
     """nvmlReturn_t of the fabric registration"""
+    serial: str = ""
+    board_part_number: str = "692-2G520-0200-000"
+    vbios_version: str = "96.00.99.00.01"
     processes: list[int] = dataclasses.field(default_factory=list)
     """pids of the compute processes on this GPU (nvmlDeviceGetComputeRunningProcesses)"""
     resets: int = 0
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.index:08x}-fake-4a1b-9c2d-{self.index:012x}"
+        self.serial = self.serial or f"16523{self.index:08d}"
         self.bus_id = self.bus_id or f"00000000:{0x18 + self.index * 0x10:02X}:00.0"
 
 
@@ -356,6 +360,7 @@ class FakeNvml:
         self.gpus = [FakeGpu(i) for i in range(gpus)]
         self.calls: collections.Counter[str] = collections.Counter()
         self.init_count = 0
+        self.driver_version = "570.133.20"
         self.init_error: int | None = None
         self.wait_error: int | None = None
         """An NVML_ERROR_* code the next nvmlEventSetWait raises (once), e.g. GPU_IS_LOST."""
@@ -461,6 +466,21 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: c_nvmlDevice_t) -> str:
         return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetSerial(self, handle: c_nvmlDevice_t) -> str:
+        return self._gpu(handle, "nvmlDeviceGetSerial").serial
+
+    def nvmlDeviceGetBoardPartNumber(self, handle: c_nvmlDevice_t) -> str:
+        return self._gpu(handle, "nvmlDeviceGetBoardPartNumber").board_part_number
+
+    def nvmlDeviceGetVbiosVersion(self, handle: c_nvmlDevice_t) -> str:
+        return self._gpu(handle, "nvmlDeviceGetVbiosVersion").vbios_version
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self.calls["nvmlSystemGetDriverVersion"] += 1
+        if self.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return self.driver_version
 
     def nvmlDeviceGetUUID(self, handle: c_nvmlDevice_t) -> str:
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid
