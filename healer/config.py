@@ -134,6 +134,10 @@ class AgentSettings(_Group):
     xid_dedupe_window_s: float = pydantic.Field(default=5.0, ge=0)
     """An XID for the same GPU and code seen again within this time (by NVML and the kernel log, or
     as several log lines of one fault) becomes one event."""
+    reboot_command: list[str] | None = None
+    """The command that reboots this host when the controller's recovery ladder asks (``reboot_node``),
+    e.g. ``["systemctl", "reboot"]``; in the Kubernetes DaemonSet (hostPID, privileged)
+    ``["nsenter", "-t", "1", "-m", "--", "systemctl", "reboot"]``. Unset: ``reboot_node`` is refused."""
     xid_log_wait_s: float = pydantic.Field(default=1.0, ge=0, le=30)
     """How long an XID from NVML waits for the kernel log's line of the same fault, which is passed
     instead because it names the process and the registers (``kmsg_watch`` only; 0: never wait)."""
@@ -221,6 +225,12 @@ class ActuatorSettings(_Group):
     """How often the latest frames are looked at while confirming a power limit."""
     power_tolerance_w: float = pydantic.Field(default=1.0, ge=0)
     """A reported power limit within this many watts of the requested one counts as applied."""
+    gpu_reset_timeout_s: float = pydantic.Field(default=120.0, gt=0, le=600)
+    """The most a GPU reset may take on the node (``reset_gpu``'s ``timeout_s``); the reply is awaited
+    this long plus ``power_reply_timeout_s``."""
+    validate_timeout_s: float = pydantic.Field(default=300.0, gt=0, le=600)
+    """The most the node's validation may take (``dcgmi diag -r 1`` takes about a minute); the reply is
+    awaited this long plus ``power_reply_timeout_s``."""
 
 
 class ControllerSettings(_Group):

@@ -17,6 +17,8 @@ and logs the result with the request's context bound.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import pathlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -32,7 +34,19 @@ from healer.schemas import base, incidents, telemetry
 
 log = structlog.get_logger(__name__)
 
-ActionKind = Literal["power_limit", "restore_power_limit", "cordon", "uncordon", "migrate", "notify"]
+ActionKind = Literal[
+    "power_limit",
+    "restore_power_limit",
+    "cordon",
+    "uncordon",
+    "migrate",
+    "notify",
+    "reset_gpu",
+    "validate",
+    "reboot_node",
+]
+"""``reset_gpu`` and ``validate`` go to the node agent (actuators/gpu_reset.py), ``reboot_node`` to the
+scheduler (Slurm ``scontrol reboot``; Kubernetes through the agent): the recovery ladder's rungs."""
 Status = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
 ItemStatus = Literal[
     "done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned", "skipped"
@@ -41,6 +55,27 @@ ItemStatus = Literal[
 
 REASON_PREFIX = "healer:"
 """Every mark healer leaves on a node (Slurm reason, Kubernetes annotation value) starts with this."""
+
+
+class RebootPhase(enum.StrEnum):
+    NONE = "none"
+    """No reboot of healer's is pending or finished on this node."""
+    REQUESTED = "requested"
+    """Slurm ``REBOOT_REQUESTED``: waiting for the node's jobs to end (ASAP drains it meanwhile)."""
+    ISSUED = "issued"
+    """The reboot is under way (Slurm ``REBOOT_ISSUED``; Kubernetes: the bootID has not changed yet)."""
+    COMPLETE = "complete"
+    """Back from the reboot and still out of service (Slurm: DOWN with ``reboot complete`` in healer's
+    reason; Kubernetes: a new ``bootID``, Ready, still cordoned): ready for validation, then return."""
+    TIMED_OUT = "timed_out"
+    """Slurm: the node did not come back within ``ResumeTimeout`` (DOWN, "reboot timed out")."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RebootStatus:
+    phase: RebootPhase
+    reason: str = ""
+    boot_time: int | None = None
 
 
 class ActionRequest(pydantic.BaseModel):

@@ -11,6 +11,13 @@
   says not now) is retried with back-off until ``kube_evict_timeout_s``; 404 means the pod is gone
   already. Pods not moved are reported one by one.
 
+- ``reboot_node``: Kubernetes has no reboot API; the node's own healer agent reboots it (``agent``, the
+  GPU recovery actuator; the agent needs ``agent.reboot_command``). Only a node healer cordoned for this
+  incident with no movable pod left (``migrate`` first) is rebooted; the annotation
+  ``healer.io/reboot: <incident> <bootID>`` records the boot it left. ``reboot_status`` reads the
+  completion from the kubelet: a new ``status.nodeInfo.bootID`` and ``Ready``. ``uncordon`` (return to
+  service after validation) removes the annotation.
+
 Taints are a plain list in a strategic merge patch (the Node type declares no merge key for them), so
 the node patch carries the whole new list and the ``resourceVersion`` it was computed from: a concurrent
 change makes the API answer 409 and the action is retried on fresh state.
@@ -39,6 +46,7 @@ from healer.actuators import base
 log = structlog.get_logger(__name__)
 
 ANNOTATION = "healer.io/incident"
+REBOOT_ANNOTATION = "healer.io/reboot"
 TAINT_KEY = "healer.io/gpu-fault"
 CONDITION = "GpuHealthy"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -92,7 +100,10 @@ class KubernetesActuator:
         api_client: k8s_client.ApiClient | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        agent: base.Actuator | None = None,
     ) -> None:
+        self.agent = agent
+        """Who reboots a node (``reboot_node``): the node's agent, through the GPU recovery actuator."""
         self.settings = settings or config.ActuatorSettings()
         self.names = names or base.NodeNames(self.settings.node_name_template)
         self._api_client = api_client
@@ -105,7 +116,12 @@ class KubernetesActuator:
             self._api_client = None
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
-        handlers = {"cordon": self._cordon, "uncordon": self._uncordon, "migrate": self._migrate}
+        handlers = {
+            "cordon": self._cordon,
+            "uncordon": self._uncordon,
+            "migrate": self._migrate,
+            "reboot_node": self._reboot,
+        }
         return await base.dispatch(self.name, self.settings, request, self.names(request.node), handlers)
 
     async def node_labels(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -237,7 +253,7 @@ class KubernetesActuator:
             "lastTransitionTime": now,
         }
         patch: dict[str, Any] = {
-            "metadata": {"annotations": {ANNOTATION: None}},
+            "metadata": {"annotations": {ANNOTATION: None, REBOOT_ANNOTATION: None}},
             "spec": {"unschedulable": None},
         }
         taints = list(spec.get("taints") or [])
@@ -249,6 +265,81 @@ class KubernetesActuator:
             (f"PATCH /api/v1/nodes/{node}", patch),
         ]
         return await self._run_steps(node, steps, request, f"uncordoned {node}")
+
+    async def _reboot(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        obj = await self._api("read_node", node)
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        annotations = meta.get("annotations") or {}
+        owner = annotations.get(ANNOTATION)
+        if not spec.get("unschedulable") or owner != request.incident_id:
+            who = (
+                "nobody"
+                if not spec.get("unschedulable")
+                else (f"incident {owner}" if owner else "an operator")
+            )
+            return base.ActionOutcome(
+                status="refused",
+                detail=f"{node} is cordoned by {who}, not by healer for {request.incident_id}: no reboot",
+                dry_run=request.dry_run,
+            )
+        boot_id = str(((obj.get("status") or {}).get("nodeInfo") or {}).get("bootID") or "")
+        pending = str(annotations.get(REBOOT_ANNOTATION) or "").split()
+        if pending[:1] == [request.incident_id]:
+            return base.ActionOutcome(
+                status="already-done",
+                detail=f"{node}: reboot already requested for {request.incident_id}",
+                dry_run=request.dry_run,
+            )
+        pods = await self._api("list_pod_for_all_namespaces", field_selector=f"spec.nodeName={node}")
+        left = [
+            f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}"
+            for p in pods.get("items") or []
+            if not _skip_reason(p)
+        ]
+        if left:
+            return base.ActionOutcome(
+                status="refused",
+                detail=f"{node} still runs {len(left)} pod(s) ({', '.join(left[:5])}): migrate first",
+                dry_run=request.dry_run,
+            )
+        patch = {"metadata": {"annotations": {REBOOT_ANNOTATION: f"{request.incident_id} {boot_id}"}}}
+        plan = [
+            f"PATCH /api/v1/nodes/{node} {SMP} {json.dumps(patch, sort_keys=True)}",
+            f"reboot_node through the agent of {request.node}",
+        ]
+        if request.dry_run:
+            return base.ActionOutcome(
+                status="planned", detail=f"would reboot {node} through its agent", plan=plan, dry_run=True
+            )
+        if self.agent is None:
+            raise errors.PermanentError(
+                "no way to reboot a Kubernetes node: the agent path is not configured"
+            )
+        await self._patch_node(node, patch)
+        out = await self.agent.apply(request)
+        if out.status not in ("done", "already-done"):
+            await self._patch_node(node, {"metadata": {"annotations": {REBOOT_ANNOTATION: None}}})
+            return out.model_copy(
+                update={"plan": plan, "detail": f"the agent did not reboot {node}: {out.detail}"}
+            )
+        return base.ActionOutcome(status="done", detail=f"reboot of {node} started by its agent", plan=plan)
+
+    async def reboot_status(self, node: str) -> base.RebootStatus:
+        """How far healer's reboot of ``node`` (healer's name) got: ``issued`` until the kubelet reports a
+        new bootID and Ready, then ``complete``; ``none`` without healer's reboot annotation."""
+        obj = await self._api("read_node", self.names(node))
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        pending = str(annotations.get(REBOOT_ANNOTATION) or "").split()
+        if not pending:
+            return base.RebootStatus(base.RebootPhase.NONE)
+        before = pending[1] if len(pending) > 1 else ""
+        status = obj.get("status") or {}
+        boot_id = str((status.get("nodeInfo") or {}).get("bootID") or "")
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        phase = base.RebootPhase.COMPLETE if boot_id != before and ready else base.RebootPhase.ISSUED
+        return base.RebootStatus(phase, reason=" ".join(pending))
 
     async def _run_steps(
         self, node: str, steps: list[tuple[str, dict[str, Any]]], request: base.ActionRequest, done: str

@@ -3,7 +3,12 @@
 - ``cordon``: ``scontrol update NodeName=X State=DRAIN Reason="healer: <incident> <summary>"``. A node
   an operator already drained keeps the operator's reason (healer would otherwise later lift it).
 - ``uncordon``: ``State=RESUME``, only when the current reason starts with ``healer:`` and names this
-  incident; an operator's drain is never lifted.
+  incident; an operator's drain is never lifted. A node that came back DOWN from healer's reboot
+  (``nextstate=DOWN``) is resumed the same way: this is "return to service" after validation.
+- ``reboot_node``: ``scontrol reboot ASAP nextstate=DOWN reason="healer: <incident> <summary>" X``:
+  Slurm reboots the node once its jobs are gone (``RebootProgram``) and brings it back DOWN, so nothing
+  runs on it before healer's validation; ``reboot_status`` says how far it got (requested, issued,
+  complete, timed out). A node an operator drained is never rebooted.
 - ``migrate``: drain, optionally signal the node's jobs to checkpoint and wait a grace period, then
   ``scontrol requeue`` each job listed by ``squeue -w X -h -o %i`` and lift the requeue hold with
   ``scontrol update JobId=ID StartTime=now``. Jobs that cannot be requeued are reported one by one.
@@ -66,6 +71,10 @@ class NodeState:
         """The incident id in healer's reason (``healer: <id> <summary>``), or ``""``."""
         parts = self.reason.removeprefix(base.REASON_PREFIX).split(None, 1)
         return parts[0] if self.healer_owned and parts else ""
+
+    @property
+    def down(self) -> bool:
+        return self.state.lower() == "down"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,7 +139,12 @@ class SlurmActuator:
             self._env["SLURM_CONF"] = self.settings.slurm_conf
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
-        handlers = {"cordon": self._cordon, "uncordon": self._uncordon, "migrate": self._migrate}
+        handlers = {
+            "cordon": self._cordon,
+            "uncordon": self._uncordon,
+            "migrate": self._migrate,
+            "reboot_node": self._reboot,
+        }
         return await base.dispatch(self.name, self.settings, request, self.names(request.node), handlers)
 
     # -- reading state ------------------------------------------------------------------------------
@@ -147,6 +161,32 @@ class SlurmActuator:
                     reason=str(entry.get("reason") or ""),
                 )
         return None
+
+    async def reboot_status(self, node: str) -> base.RebootStatus:
+        """How far a reboot healer asked for has got (by healer's node name); ``NONE`` when the node
+        shows none of healer's. Raises HealerError when Slurm cannot be read."""
+        name = self.names(node)
+        data = await self._json("sinfo", "--json")
+        entry = next((e for e in data.get("nodes", []) if e.get("name") == name), None)
+        if entry is None:
+            raise errors.PermanentError(f"Invalid node name specified: Slurm does not know {name!r}")
+        flags = {str(f) for f in entry.get("state_flags") or ()}
+        reason = str(entry.get("reason") or "")
+        boot = entry.get("boot_time")
+        boot_time = int(boot) if isinstance(boot, int | float) else None
+        if not reason.startswith(base.REASON_PREFIX):
+            return base.RebootStatus(base.RebootPhase.NONE, reason, boot_time)
+        if "REBOOT_ISSUED" in flags:
+            phase = base.RebootPhase.ISSUED
+        elif "REBOOT_REQUESTED" in flags:
+            phase = base.RebootPhase.REQUESTED
+        elif "reboot timed out" in reason.lower():
+            phase = base.RebootPhase.TIMED_OUT
+        elif str(entry.get("state", "")).lower() == "down" and reason.endswith("reboot complete"):
+            phase = base.RebootPhase.COMPLETE
+        else:
+            phase = base.RebootPhase.NONE
+        return base.RebootStatus(phase, reason, boot_time)
 
     async def node_labels(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
         """Labels of ``nodes`` from one ``sinfo --json``, by healer node name: ``partition`` (the
@@ -198,7 +238,7 @@ class SlurmActuator:
         state = await self.node_state(node)
         if state is None:
             raise errors.PermanentError(f"Invalid node name specified: Slurm does not know {node!r}")
-        if not state.drained:
+        if not state.drained and not (state.down and state.healer_owned):
             return base.ActionOutcome(
                 status="already-done",
                 detail=f"{node} is not drained ({state.state})",
@@ -225,6 +265,34 @@ class SlurmActuator:
                 return base.ActionOutcome(status="already-done", detail=f"{node} is not drained")
             raise classify(result.error)(result.error)
         return base.ActionOutcome(status="done", detail=f"resumed {node}", plan=[shlex.join(argv)])
+
+    async def _reboot(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
+        argv = self._argv(
+            "scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={reason_for(request)}", node
+        )
+        state = await self.node_state(node)
+        if state is None:
+            raise errors.PermanentError(f"Invalid node name specified: Slurm does not know {node!r}")
+        if state.drained and not state.healer_owned:
+            return base.ActionOutcome(
+                status="refused",
+                detail=f"{node} was drained by an operator ({state.reason!r}); healer does not reboot it",
+                dry_run=request.dry_run,
+            )
+        if {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(state.flags):
+            return base.ActionOutcome(
+                status="already-done",
+                detail=f"{node} already has a reboot pending ({state.reason!r})",
+                dry_run=request.dry_run,
+            )
+        if request.dry_run:
+            return self._planned(f"would reboot {node} (ASAP, back DOWN for validation)", [argv])
+        await self._checked(argv)
+        return base.ActionOutcome(
+            status="done",
+            detail=f"reboot of {node} requested (ASAP, nextstate=DOWN)",
+            plan=[shlex.join(argv)],
+        )
 
     async def _migrate(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         drain = await self._cordon(node, request)

@@ -9,7 +9,17 @@ Safety rules, in the order they are checked:
    elsewhere cannot send ``fencing_token=1e15`` and lock the real leader out;
 3. ``set_power_limit`` clamps to the GPU's [min, max] and remembers the limit it found, once, on disk,
    so ``restore_power_limit`` returns exactly that limit even after an agent restart;
-4. ``restore_power_limit`` never touches a limit someone else changed after healer set it.
+4. ``restore_power_limit`` never touches a limit someone else changed after healer set it;
+5. ``reset_gpu`` resets one GPU only while no compute process runs on it (else ``refused``, not
+   remembered, so the controller may ask again with the same id once the work is gone), within the
+   command's ``timeout_s`` (default ``RESET_TIMEOUT_S``); a reset, once done, is remembered like every
+   command, so a retry never resets twice; healer's record of a power limit on that GPU is dropped (a
+   reset returns the default limit);
+7. ``reboot_node`` is refused unless the agent has a reboot command (``agent.reboot_command``) and while
+   compute processes run on any GPU; its answer is remembered and saved to disk *before* the host goes
+   down, so the controller's retry after the reboot gets ``applied`` and no second reboot;
+6. ``validate`` reads the newest frame's GPUs and the events since ``soak_since`` (``Health``, given by
+   the runner) and, with ``dcgm_level`` > 0, runs ``dcgmi diag``; its verdict is ``result.validation``.
 
 The executor is synchronous and shared by the real agent and the simulated fleet, so a simulated node
 answers exactly as a real one would.
@@ -28,7 +38,8 @@ from typing import Any, Protocol
 import structlog
 
 from healer import errors
-from healer.schemas import commands
+from healer.agent import validation
+from healer.schemas import commands, events, telemetry
 from healer.telemetry import source
 
 log = structlog.get_logger(__name__)
@@ -36,6 +47,8 @@ log = structlog.get_logger(__name__)
 TOLERANCE_W = 0.5
 """Two limits closer than this are the same limit (NVML works in milliwatts; drivers round)."""
 RECENT_MAX = 256
+RESET_TIMEOUT_S = 120.0
+"""A reset's time limit when the command names none (nvidia-smi --gpu-reset takes ~10-60 s)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +65,27 @@ class PowerControl(Protocol):
     def set_power_limit(self, index: int, watts: float) -> None: ...
 
 
+class GpuControl(Protocol):
+    """What a reset needs from the source (NvmlSource, SimSource)."""
+
+    def compute_processes(self, index: int) -> list[int]: ...
+
+    def reset_gpu(self, index: int, timeout_s: float) -> str: ...
+
+    def device_info(self, index: int) -> dict[str, str | None]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Health:
+    """What validation reads: the newest frame's GPUs, how many there should be, the events since."""
+
+    gpus: list[telemetry.GpuSample]
+    expected: int | None
+    events: list[events.NodeEvent]
+
+
+DcgmRunner = Callable[[int, float | None], validation.DcgmResult | None]
+
 _RANK = {"failed": 3, "refused": 2, "applied": 1, "already": 0}
 
 
@@ -63,9 +97,20 @@ class CommandExecutor:
         state_path: pathlib.Path | None,
         clock: Callable[[], float] = time.time,
         gpu_indices: Callable[[], list[int]] | None = None,
+        gpu: GpuControl | None = None,
+        health: Callable[[float | None], Health] | None = None,
+        dcgm: DcgmRunner = validation.run_dcgmi,
+        reboot: Callable[[], str] | None = None,
     ) -> None:
         self.node = node
         self.power = power
+        self.gpu = gpu
+        """Reset control; None where the source has none (reset_gpu is refused)."""
+        self.health = health
+        """The runner's view for validation; None: validate is refused."""
+        self.dcgm = dcgm
+        self.reboot = reboot
+        """Reboots this host (returns at once; the host goes down soon after); None: reboots are off."""
         self.state_path = state_path
         self.clock = clock
         self.gpu_indices = gpu_indices
@@ -131,6 +176,12 @@ class CommandExecutor:
             return self._result(cmd, "refused", refusal, [], remember=False)
         if cmd.fencing_token > self.fencing_token:
             self.fencing_token = cmd.fencing_token
+        if cmd.action == "reset_gpu":
+            return self._reset(cmd, bound)
+        if cmd.action == "validate":
+            return self._validate(cmd, bound)
+        if cmd.action == "reboot_node":
+            return self._reboot(cmd, bound)
         targets = self._targets(cmd)
         if not targets:
             return self._result(cmd, "refused", "no GPU to act on", [], remember=False)
@@ -143,6 +194,98 @@ class CommandExecutor:
         result = self._result(cmd, status, detail, changes, remember=True)
         bound.info("commands.executed", status=status, detail=detail)
         return result
+
+    def _reset(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
+        assert cmd.gpu_index is not None  # the schema requires it
+        index = cmd.gpu_index
+        if self.gpu is None:
+            return self._result(cmd, "refused", "this agent's source cannot reset a GPU", [], remember=False)
+        try:
+            pids = self.gpu.compute_processes(index)
+        except errors.HealerError as e:
+            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
+            report = commands.GpuReset(index=index, status="failed", detail=f"{kind}: {e}")
+            return self._result(cmd, "failed", report.detail, [], remember=False, reset=report)
+        if pids:
+            detail = f"compute processes still run on GPU {index}: pids {', '.join(map(str, pids))}"
+            report = commands.GpuReset(index=index, status="refused", pids=pids, detail=detail)
+            bound.warning("commands.reset_refused", gpu=index, pids=pids)
+            return self._result(cmd, "refused", detail, [], remember=False, reset=report)
+        timeout_s = cmd.timeout_s or RESET_TIMEOUT_S
+        started = self.clock()
+        try:
+            message = self.gpu.reset_gpu(index, timeout_s)
+        except errors.HealerError as e:
+            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
+            report = commands.GpuReset(
+                index=index, status="failed", duration_s=self.clock() - started, detail=f"{kind}: {e}"
+            )
+            bound.error("commands.reset_failed", gpu=index, error=str(e))
+            return self._result(cmd, "failed", report.detail, [], remember=True, reset=report)
+        if self.originals.pop(index, None) is not None:
+            message += "; the reset returned the default power limit (healer's cap is gone)"
+        report = commands.GpuReset(
+            index=index, status="applied", duration_s=self.clock() - started, detail=message[:1024]
+        )
+        bound.warning("commands.gpu_reset", gpu=index, duration_s=report.duration_s)
+        return self._result(cmd, "applied", report.detail, [], remember=True, reset=report)
+
+    def _validate(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
+        if self.health is None:
+            return self._result(
+                cmd, "refused", "this agent cannot validate (no health view)", [], remember=False
+            )
+        health = self.health(cmd.soak_since)
+        dcgm = self.dcgm(cmd.dcgm_level, cmd.timeout_s) if cmd.dcgm_level else None
+        report = validation.check(health.gpus, health.expected, health.events, dcgm, cmd.dcgm_level)
+        report = report.model_copy(update={"devices": self._devices(health.gpus)})
+        failed = [
+            f"{c.name}{'' if c.gpu_index is None else f' gpu{c.gpu_index}'}"
+            for c in report.checks
+            if not c.ok
+        ]
+        detail = "passed" if report.passed else "failed: " + ", ".join(failed)
+        bound.info("commands.validated", passed=report.passed, failed=failed)
+        return self._result(cmd, "applied", detail[:4096], [], remember=True, validation=report)
+
+    def _reboot(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
+        if self.reboot is None:
+            detail = "this agent does not reboot its host (agent.reboot_command is unset)"
+            return self._result(cmd, "refused", detail, [], remember=False)
+        busy: list[str] = []
+        if self.gpu is not None:
+            for index in self._targets(cmd):
+                try:
+                    pids = self.gpu.compute_processes(index)
+                except errors.HealerError:
+                    continue  # a lost GPU lists nothing: that is what the reboot is for
+                if pids:
+                    busy.append(f"GPU {index}: pids {', '.join(map(str, pids))}")
+        if busy:
+            detail = "compute processes still run: " + "; ".join(busy)
+            return self._result(cmd, "refused", detail, [], remember=False)
+        result = self._result(
+            cmd, "applied", "reboot started", [], remember=True
+        )  # saved before it goes down
+        try:
+            message = self.reboot()
+        except errors.HealerError as e:
+            self.recent.pop(cmd.id, None)
+            bound.error("commands.reboot_failed", error=str(e))
+            return self._result(cmd, "failed", f"permanent: {e}", [], remember=False)
+        bound.warning("commands.rebooting", message=message)
+        return result
+
+    def _devices(self, gpus: list[telemetry.GpuSample]) -> list[commands.Device]:
+        """Each answering GPU's identity, for a hardware replacement's evidence."""
+        out = []
+        for g in sorted(gpus, key=lambda g: g.index):
+            try:
+                info = self.gpu.device_info(g.index) if self.gpu is not None else {}
+            except errors.HealerError:
+                info = {}
+            out.append(commands.Device(index=g.index, **{**info, "uuid": info.get("uuid") or g.uuid}))
+        return out
 
     def refuse_undecodable(self, reason: str) -> commands.CommandResult:
         log.warning("commands.undecodable", node=self.node, reason=reason)
@@ -187,9 +330,18 @@ class CommandExecutor:
         changes: list[commands.PowerChange],
         *,
         remember: bool,
+        reset: commands.GpuReset | None = None,
+        validation: commands.Validation | None = None,
     ) -> commands.CommandResult:
         result = commands.CommandResult(
-            command_id=cmd.id, node=self.node, status=status, detail=detail, gpus=changes, ts=self.clock()
+            command_id=cmd.id,
+            node=self.node,
+            status=status,
+            detail=detail,
+            gpus=changes,
+            reset=reset,
+            validation=validation,
+            ts=self.clock(),
         )
         if remember:
             self.recent[cmd.id] = result.model_dump(mode="json", by_alias=True)

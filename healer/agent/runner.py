@@ -15,7 +15,7 @@ import contextlib
 import pathlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 import structlog
@@ -23,6 +23,7 @@ import structlog
 import healer
 from healer import errors, health
 from healer.agent import commands as commands_mod
+from healer.agent import host
 from healer.agent import metrics as metrics_mod
 from healer.agent import spool as spool_mod
 from healer.bus import base
@@ -31,6 +32,8 @@ from healer.schemas import codec, events, telemetry
 from healer.telemetry import source
 
 log = structlog.get_logger(__name__)
+RECENT_EVENTS = 1024
+"""XID / GPU-lost events kept (with their receive time) for validation's quiet soak."""
 LEASE_SHARDS_MAX = 64
 """Lease keys read at most (``leader.shard-0`` .. ``-63``) when checking a new fencing token."""
 
@@ -52,6 +55,7 @@ class Agent:
         buffer_frames: int = 300,
         watcher: source.EventWatcher | None = None,
         metrics: metrics_mod.AgentMetrics | None = None,
+        reboot_command: Sequence[str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if bus is None and connect is None:
@@ -72,9 +76,20 @@ class Agent:
         self.spool = spool_mod.EventSpool(self.state_dir)
         self.frames: collections.deque[bytes] = collections.deque(maxlen=buffer_frames)
         self.executor = commands_mod.CommandExecutor(
-            node, source, self.state_dir / "power.json", clock=clock, gpu_indices=self._gpu_indices
+            node,
+            source,
+            self.state_dir / "power.json",
+            clock=clock,
+            gpu_indices=self._gpu_indices,
+            gpu=source if callable(getattr(source, "reset_gpu", None)) else None,  # type: ignore[arg-type]
+            health=self._health,
+            reboot=host.rebooter(reboot_command) if reboot_command else None,
         )
         self._last_indices: list[int] = []
+        self._last_gpus: list[telemetry.GpuSample] = []
+        self._recent_events: collections.deque[tuple[float, events.NodeEvent]] = collections.deque(
+            maxlen=RECENT_EVENTS
+        )
         self._wake = asyncio.Event()
         self._stopping = False
         self._cmd_sub: base.Subscription | None = None
@@ -123,6 +138,8 @@ class Agent:
         except errors.PermanentError as e:
             self.log.error("agent.event_lost", kind=event.kind, error=str(e))
             return
+        if event.kind in ("xid", "gpu_lost"):
+            self._recent_events.append((self.clock(), event))
         self.metrics.events.labels(event.kind).inc()
         self.metrics.gpu.observe_event(event)
         self.metrics.events_pending.set(len(self.spool))
@@ -179,6 +196,7 @@ class Agent:
         for ev in sample.events:
             self.emit(ev)
         self._last_indices = [g.index for g in sample.gpus]
+        self._last_gpus = list(sample.gpus)
         frame = telemetry.NodeFrame(
             node=self.node,
             ts=ts,
@@ -253,6 +271,11 @@ class Agent:
         if self._last_indices:
             return list(self._last_indices)
         return list(range(self.gpus_expected or 0))
+
+    def _health(self, since: float | None) -> commands_mod.Health:
+        """For ``validate``: the newest frame's GPUs and the XID / GPU-lost events received since then."""
+        recent = [ev for ts, ev in list(self._recent_events) if since is not None and ts >= since]
+        return commands_mod.Health(list(self._last_gpus), self.gpus_expected, recent)
 
     async def _live_tokens(self) -> commands_mod.LiveTokens | None:
         """The fencing tokens of the leases held now: ``leader.shard-0``, ``-1``, ... up to the first

@@ -161,6 +161,7 @@ async def _main(
         buffer_frames=s.agent.buffer_frames,
         watcher=watcher,
         metrics=metrics,
+        reboot_command=s.agent.reboot_command,
     )
     log.info("agent.starting", node=node, source=src.kind, nats=s.nats.url, interval_s=s.agent.interval_s)
     heartbeat = asyncio.create_task(beat.keep(ready), name="agent-health")

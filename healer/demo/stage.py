@@ -67,15 +67,19 @@ def find_rule_pack(explicit: str | None = None) -> pathlib.Path:
     )
 
 
-def _rules_of(path: pathlib.Path) -> list[dict[str, object]]:
+def _doc_of(path: pathlib.Path) -> dict[str, object]:
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise errors.PermanentError(f"cannot read rule file {path}: {e}") from e
-    rules = doc.get("rules") if isinstance(doc, dict) else None
-    if not isinstance(rules, list):
-        raise errors.PermanentError(f"{path}: expected a mapping with `rules:`")
-    return [r for r in rules if isinstance(r, dict)]
+    if not isinstance(doc, dict) or not isinstance(doc.get("rules", doc.get("ladders")), list):
+        raise errors.PermanentError(f"{path}: expected a mapping with `rules:` (or `ladders:`)")
+    return doc
+
+
+def _rules_of(path: pathlib.Path) -> list[dict[str, object]]:
+    rules = _doc_of(path).get("rules", [])
+    return [r for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
 
 
 def merge_rules(pack: pathlib.Path, overrides: pathlib.Path | None, out: pathlib.Path) -> list[str]:
@@ -92,7 +96,8 @@ def merge_rules(pack: pathlib.Path, overrides: pathlib.Path | None, out: pathlib
         rules = _rules_of(f)
         if any(str(r.get("id")) in replaced for r in rules):
             kept = [r for r in rules if str(r.get("id")) not in replaced]
-            (out / f.name).write_text(yaml.safe_dump({"rules": kept}, sort_keys=False))
+            doc = {**_doc_of(f), "rules": kept}  # a file's ladders stay with it
+            (out / f.name).write_text(yaml.safe_dump(doc, sort_keys=False))
         else:
             shutil.copyfile(f, out / f.name)
     for f in override_files:

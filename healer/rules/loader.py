@@ -17,7 +17,7 @@ import pydantic
 import yaml
 
 from healer import durations
-from healer.rules import actions, parser, ruleset, spec, tree
+from healer.rules import actions, parser, recovery, ruleset, spec, tree
 
 RULE_SUFFIXES = (".yaml", ".yml")
 MAX_NODES = 100_000
@@ -41,6 +41,7 @@ def load_paths(paths: Iterable[str | pathlib.Path]) -> ruleset.LoadResult:
     files = expand(paths)
     diags: list[ruleset.Diagnostic] = []
     rules: list[ruleset.Rule] = []
+    ladder_list: list[recovery.Ladder] = []
     ids: list[tuple[str, str, int]] = []
     for path in files:
         try:
@@ -50,16 +51,18 @@ def load_paths(paths: Iterable[str | pathlib.Path]) -> ruleset.LoadResult:
             continue
         f = _load_text(text, str(path))
         rules += f.rules
+        ladder_list += f.ladders
         diags += f.diags
         ids += [(rule_id, f.path, line) for rule_id, line in f.ids]
     if not files:
         diags.append(ruleset.Diagnostic("<paths>", 0, 0, "no rule files found"))
-    return _finish(rules, diags, tuple(str(p) for p in files), ids)
+    return _finish(rules, diags, tuple(str(p) for p in files), ids, ladder_list)
 
 
 def load_text(text: str, path: str = "<string>") -> ruleset.LoadResult:
     f = _load_text(text, path)
-    return _finish(f.rules, f.diags, (path,), [(rule_id, path, line) for rule_id, line in f.ids])
+    ids = [(rule_id, path, line) for rule_id, line in f.ids]
+    return _finish(f.rules, f.diags, (path,), ids, f.ladders)
 
 
 def _finish(
@@ -67,7 +70,10 @@ def _finish(
     diags: list[ruleset.Diagnostic],
     files: tuple[str, ...],
     ids: list[tuple[str, str, int]],
+    ladder_list: list[recovery.Ladder] | None = None,
 ) -> ruleset.LoadResult:
+    ladder_list = ladder_list or []
+    _check_ladders(ladder_list, {rule_id for rule_id, _, _ in ids}, diags)
     first: dict[str, tuple[str, int]] = {}
     for rule_id, path, line in ids:
         if rule_id in first:
@@ -78,7 +84,31 @@ def _finish(
             first[rule_id] = (path, line)
     diags.sort(key=lambda d: (d.path, d.line, d.col))
     ok = not any(d.severity == "error" for d in diags)
-    return ruleset.LoadResult(ruleset.RuleSet(tuple(rules), files) if ok else None, tuple(diags))
+    result = ruleset.RuleSet(tuple(rules), files, tuple(ladder_list)) if ok else None
+    return ruleset.LoadResult(result, tuple(diags))
+
+
+def _check_ladders(
+    ladder_list: list[recovery.Ladder], rule_ids: set[str], diags: list[ruleset.Diagnostic]
+) -> None:
+    """Every ladder id once; every rule a ladder names exists and belongs to one ladder only."""
+    seen: dict[str, recovery.Ladder] = {}
+    owner: dict[str, recovery.Ladder] = {}
+    for lad in ladder_list:
+        if lad.id in seen:
+            first = seen[lad.id]
+            message = f"duplicate ladder id {lad.id!r} (first at {first.path}:{first.line})"
+            diags.append(ruleset.Diagnostic(lad.path, lad.line, 5, message))
+        seen.setdefault(lad.id, lad)
+        for rule_id in lad.rules:
+            if rule_id not in rule_ids:
+                message = f"ladder {lad.id!r} names rule {rule_id!r}, which no rule file defines"
+                diags.append(ruleset.Diagnostic(lad.path, lad.line, 5, message))
+            elif rule_id in owner:
+                message = f"rule {rule_id!r} is in ladder {owner[rule_id].id!r} already (one ladder per rule)"
+                diags.append(ruleset.Diagnostic(lad.path, lad.line, 5, message))
+            else:
+                owner[rule_id] = lad
 
 
 class _File:
@@ -88,6 +118,7 @@ class _File:
         self.diags: list[ruleset.Diagnostic] = []
         self.ids: list[tuple[str, int]] = []
         self.rules: list[ruleset.Rule] = []
+        self.ladders: list[recovery.Ladder] = []
 
     def at(self, node: yaml.Node, message: str, severity: str = "error") -> None:
         mark = node.start_mark
@@ -132,9 +163,15 @@ def _load_text(text: str, path: str) -> _File:
         f.at(root, "the top level must be a mapping with 'rules:'")
         return f
     for key_node, _ in root.value:
-        if key_node.value != "rules":
-            f.at(key_node, f"unknown top-level key {key_node.value!r} (only 'rules' is allowed)")
+        if key_node.value not in ("rules", "ladders"):
+            message = f"unknown top-level key {key_node.value!r} (only 'rules' and 'ladders' are allowed)"
+            f.at(key_node, message)
+    ladders_node = _child(root, "ladders")
+    if ladders_node is not None:
+        _load_ladders(f, ladders_node, data["ladders"])
     rules_node = _child(root, "rules")
+    if rules_node is None and ladders_node is not None:
+        return f  # a file of ladders only
     if rules_node is None or not isinstance(rules_node, yaml.SequenceNode):
         f.at(rules_node or root, "'rules' must be a list of rules")
         return f
@@ -143,6 +180,22 @@ def _load_text(text: str, path: str) -> _File:
         if rule is not None:
             f.rules.append(rule)
     return f
+
+
+def _load_ladders(f: _File, node: yaml.Node, raw: Any) -> None:
+    if not isinstance(node, yaml.SequenceNode) or not isinstance(raw, list):
+        f.at(node, "'ladders' must be a list of ladders")
+        return
+    for item_node, item in zip(node.value, raw, strict=True):
+        if not isinstance(item_node, yaml.MappingNode):
+            f.at(item_node, "a ladder must be a mapping (id, rules, steps ...)")
+            continue
+        try:
+            s = recovery.LadderSpec.model_validate(item)
+        except pydantic.ValidationError as e:
+            _structure_errors(f, item_node, e)
+            continue
+        f.ladders.append(recovery.build(s, f.path, item_node.start_mark.line + 1))
 
 
 def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from healer import errors
 from healer.rules import actions as catalog
-from healer.rules import tree
+from healer.rules import recovery, tree
 from healer.schemas import events, incidents
 
 
@@ -110,6 +110,12 @@ class Rule:
 class RuleSet:
     rules: tuple[Rule, ...] = ()
     files: tuple[str, ...] = ()
+    ladders: tuple[recovery.Ladder, ...] = ()
+    """Recovery ladders (top-level ``ladders:`` in rule files); see healer.rules.recovery."""
+
+    def ladder_for(self, rule_id: str) -> recovery.Ladder | None:
+        """The ladder that takes over ``rule_id``'s incidents, if one does."""
+        return next((lad for lad in self.ladders if rule_id in lad.rules), None)
 
     def by_id(self, rule_id: str) -> Rule | None:
         return next((r for r in self.rules if r.id == rule_id), None)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 
 from healer import durations
-from healer.rules import actions
+from healer.rules import actions, recovery
 from healer.schemas import events, incidents
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -114,6 +114,7 @@ class RuleSpec(_Spec):
 
 
 class RuleFile(_Spec):
-    """A rule file: ``rules:`` and nothing else."""
+    """A rule file: ``rules:``, and recovery ``ladders:`` (healer.rules.recovery), either or both."""
 
-    rules: list[RuleSpec]
+    rules: list[RuleSpec] = pydantic.Field(default_factory=list)
+    ladders: list[recovery.LadderSpec] = pydantic.Field(default_factory=list)

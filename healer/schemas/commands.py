@@ -16,7 +16,8 @@ from healer.schemas import base, telemetry
 SCHEMA: Final = "healer.command.v1"
 RESULT_SCHEMA: Final = "healer.command_result.v1"
 
-CommandAction = Literal["set_power_limit", "restore_power_limit"]
+CommandAction = Literal["set_power_limit", "restore_power_limit", "reset_gpu", "validate", "reboot_node"]
+RESET_TIMEOUT_MAX_S: Final = 600.0
 ResultStatus = Literal["applied", "already", "refused", "failed"]
 
 
@@ -33,10 +34,26 @@ class Command(base.WireModel):
     expires_at: float = pydantic.Field(gt=0)
     issuer: str = pydantic.Field(default="controller", max_length=128)
     reason: str = pydantic.Field(default="", max_length=1024, description="incident id / why")
+    timeout_s: float | None = pydantic.Field(
+        default=None, gt=0, le=RESET_TIMEOUT_MAX_S, description="reset_gpu / validate: the most it may take"
+    )
+    soak_since: float | None = pydantic.Field(
+        default=None, gt=0, description="validate: no XID may have arrived since this time (unix seconds)"
+    )
+    dcgm_level: int = pydantic.Field(
+        default=0, ge=0, le=4, description="validate: dcgmi diag -r level where DCGM is installed; 0: none"
+    )
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> Self:
-        if self.action == "set_power_limit":
+        if self.action in ("reset_gpu", "validate", "reboot_node"):
+            if self.watts is not None or self.percent_of_default is not None:
+                raise ValueError(f"{self.action} takes no watts or percent_of_default")
+            if self.action == "reset_gpu" and self.gpu_index is None:
+                raise ValueError("reset_gpu needs gpu_index (one GPU at a time)")
+            if self.action == "reboot_node" and self.gpu_index is not None:
+                raise ValueError("reboot_node reboots the whole node: no gpu_index")
+        elif self.action == "set_power_limit":
             if (self.watts is None) == (self.percent_of_default is None):
                 raise ValueError("set_power_limit needs exactly one of watts or percent_of_default")
         elif self.watts is not None or self.percent_of_default is not None:
@@ -60,6 +77,55 @@ class PowerChange(pydantic.BaseModel):
     detail: str = ""
 
 
+class GpuReset(pydantic.BaseModel):
+    """What came of one GPU reset."""
+
+    model_config = base.CONFIG
+
+    index: int = pydantic.Field(ge=0, le=255)
+    status: ResultStatus
+    pids: list[int] = pydantic.Field(default_factory=list, max_length=1024, description="compute processes")
+    duration_s: float | None = None
+    detail: str = ""
+
+
+class Check(pydantic.BaseModel):
+    """One validation check: what was checked, whether it passed, and why not."""
+
+    model_config = base.CONFIG
+
+    name: str = pydantic.Field(max_length=64)
+    ok: bool
+    gpu_index: int | None = pydantic.Field(default=None, ge=0, le=255)
+    detail: str = pydantic.Field(default="", max_length=2048)
+
+
+class Device(pydantic.BaseModel):
+    """What identifies a GPU to the vendor (the evidence a hardware replacement needs)."""
+
+    model_config = base.CONFIG
+
+    index: int = pydantic.Field(ge=0, le=255)
+    uuid: str | None = pydantic.Field(default=None, max_length=128)
+    serial: str | None = pydantic.Field(default=None, max_length=64)
+    board_part_number: str | None = pydantic.Field(default=None, max_length=64)
+    vbios_version: str | None = pydantic.Field(default=None, max_length=64)
+    driver_version: str | None = pydantic.Field(default=None, max_length=64)
+
+
+class Validation(pydantic.BaseModel):
+    """The agent's verdict on whether the node may return to service (``validate``)."""
+
+    model_config = base.CONFIG
+
+    passed: bool
+    checks: list[Check] = pydantic.Field(default_factory=list, max_length=4096)
+    dcgm_level: int = 0
+    dcgm_ran: bool = False
+    devices: list[Device] = pydantic.Field(default_factory=list, max_length=256)
+    """Serial, board part number, VBIOS and driver of every GPU that answered (null: not readable)."""
+
+
 class CommandResult(base.WireModel):
     schema_: Literal["healer.command_result.v1"] = pydantic.Field(default=RESULT_SCHEMA, alias="schema")
     command_id: str = pydantic.Field(max_length=128)
@@ -67,4 +133,6 @@ class CommandResult(base.WireModel):
     status: ResultStatus
     detail: str = pydantic.Field(default="", max_length=4096)
     gpus: list[PowerChange] = pydantic.Field(default_factory=list, max_length=256)
+    reset: GpuReset | None = None
+    validation: Validation | None = None
     ts: float

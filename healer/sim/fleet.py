@@ -92,6 +92,9 @@ class Fleet:
             )
         else:
             self.work = workloads.Workloads(n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts)
+        self.fault_history: dict[tuple[int, int | None], list[tuple[float, str]]] = {}
+        """Per GPU (node, gpu; gpu None for a node-scope fault): (start time, kind) of every fault it had,
+        so the recovery ladder's "N recoveries in a window" rule can be exercised on a simulated fleet."""
 
         def per_gpu(attr: str) -> F64:
             vals = np.array([getattr(p, attr) for p in self.profiles], dtype=np.float64)
@@ -333,6 +336,15 @@ class Fleet:
         self.brake[node, gpu] = False
         self.nvlink_up[node, gpu] = self.nvlink_total[node, gpu]
         self.power_limit[node, gpu] = self.p_default[node, gpu]
+
+    def record_fault(self, node: int, gpu: int | None, ts: float, kind: str) -> None:
+        self.fault_history.setdefault((node, gpu), []).append((ts, kind))
+
+    def reset_gpu_checked(self, node: int, gpu: int) -> None:
+        """A reset asked for through the agent: refused (PermanentError) for a GPU that fell off the bus,
+        which only a reboot brings back, as ``nvidia-smi --gpu-reset`` fails for one."""
+        self._check(node, gpu)
+        self.reset_gpu(node, gpu)
 
     def restart_agent(self, node: int) -> None:
         """The agent process starts again: new boot id, sequence from zero, an ``agent_start`` event."""

@@ -80,6 +80,7 @@ class Injector:
             kind = faults.KINDS[f.kind]
             f.started = True
             kind.start(fl, f)
+            fl.record_fault(f.node, f.gpu, f.start, f.kind)
             self.truth.append(f.truth(fl.node_names))
             self.active.append(f)
         still = []

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import shutil
+import subprocess
 import threading
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
@@ -144,15 +147,43 @@ def init_failed(nv: ModuleType, e: BaseException) -> errors.HealerError:
     return errors.TemporaryError(f"NVML init failed: {e}", delay=5.0)
 
 
+ResetCommand = Callable[[int, str, float], str]
+"""How a GPU is reset: ``(index, uuid, timeout_s) -> message``; raises errors.HealerError if it failed."""
+
+
+def nvidia_smi_reset(index: int, uuid: str, timeout_s: float) -> str:
+    """``nvidia-smi --gpu-reset -i <uuid>`` (NVML has no public reset call; the UUID, not the index,
+    because nvidia-smi's numbering need not be NVML's)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise errors.PermanentError("nvidia-smi is not installed: cannot reset a GPU")
+    try:
+        done = subprocess.run(  # a fixed argv, no shell
+            [exe, "--gpu-reset", "-i", uuid], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise errors.TemporaryError(f"nvidia-smi --gpu-reset ran past {timeout_s:g}s", delay=30.0) from e
+    text = (done.stdout + done.stderr).strip()
+    if done.returncode != 0:
+        raise errors.PermanentError(f"nvidia-smi --gpu-reset exit {done.returncode}: {text[-500:]}")
+    return text[-500:]
+
+
 class NvmlSource:
     """The real GPUs of this node. ``nvml`` is the pynvml module; tests pass a fake."""
 
     kind: telemetry.Source = "nvml"
 
     def __init__(
-        self, node: str, *, gpus_expected: int | None = None, nvml: ModuleType | None = None
+        self,
+        node: str,
+        *,
+        gpus_expected: int | None = None,
+        nvml: ModuleType | None = None,
+        reset_command: ResetCommand = nvidia_smi_reset,
     ) -> None:
         self.node = node
+        self._reset_command = reset_command
         self.gpus_expected = gpus_expected
         """As configured; after ``open()`` the count NVML found if it was not configured."""
         self._module = nvml
@@ -477,6 +508,77 @@ class NvmlSource:
             self._log.info(
                 "nvml_power_limit_set", gpu_index=index, gpu_uuid=gpu.static.get("uuid"), watts=watts
             )
+
+    # -- identity (for a replacement's evidence) ----------------------------------------------------------
+    def device_info(self, index: int) -> dict[str, str | None]:
+        """UUID, serial, board part number, VBIOS and driver version; an unreadable one is None."""
+        with self._lock:
+            nv, gpu = self._device(index)
+
+            def read(fn: str, *args: Any) -> str | None:
+                try:
+                    value = getattr(nv, fn)(*args)
+                except (nv.NVMLError, AttributeError):
+                    return None
+                return value.decode() if isinstance(value, bytes) else str(value)
+
+            return {
+                "uuid": read("nvmlDeviceGetUUID", gpu.handle),
+                "serial": read("nvmlDeviceGetSerial", gpu.handle),
+                "board_part_number": read("nvmlDeviceGetBoardPartNumber", gpu.handle),
+                "vbios_version": read("nvmlDeviceGetVbiosVersion", gpu.handle),
+                "driver_version": read("nvmlSystemGetDriverVersion"),
+            }
+
+    # -- reset -----------------------------------------------------------------------------------------
+    def compute_processes(self, index: int) -> list[int]:
+        """The pids of the compute processes on one GPU (nvmlDeviceGetComputeRunningProcesses)."""
+        with self._lock:
+            nv, gpu = self._device(index)
+            try:
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(gpu.handle)
+            except nv.NVMLError as e:
+                raise self._power_error(nv, e, f"GPU {index}: listing compute processes failed") from e
+            return sorted(int(p.pid) for p in procs)
+
+    def reset_gpu(self, index: int, timeout_s: float) -> str:
+        """Reset one GPU. NVML is shut down for the reset (nvidia-smi refuses a GPU that a monitoring
+        session holds) and opened again after it, whatever came of it; sampling waits meanwhile."""
+        with self._lock:
+            nv, gpu = self._device(index)
+            uuid = gpu.static.get("uuid")
+            if uuid is None:
+                try:
+                    uuid = str(nv.nvmlDeviceGetUUID(gpu.handle))
+                except nv.NVMLError as e:
+                    raise self._power_error(nv, e, f"GPU {index}: reading its UUID failed") from e
+            started = time.monotonic()
+            nv.nvmlShutdown()
+            try:
+                message = self._reset_command(index, uuid, timeout_s)
+            finally:
+                self._reinit(nv, deadline=started + timeout_s + 30.0)
+            self._log.warning("nvml_gpu_reset", gpu_index=index, gpu_uuid=uuid, message=message)
+            return message
+
+    def _reinit(self, nv: ModuleType, deadline: float) -> None:
+        """NVML again after a reset; the handles are new, the cached static readings still hold."""
+        while True:
+            try:
+                nv.nvmlInit()
+                break
+            except nv.NVMLError as e:
+                if time.monotonic() > deadline:
+                    self._nv = None
+                    raise errors.TemporaryError(f"NVML did not come back after a GPU reset: {e}") from e
+                time.sleep(1.0)
+        for g in self._gpus:
+            try:
+                g.handle = nv.nvmlDeviceGetHandleByIndex(g.index)
+                g.lost = False
+            except nv.NVMLError as e:
+                g.handle = None
+                self._log.warning("nvml_handle_failed", gpu_index=g.index, error=str(e))
 
     @staticmethod
     def _power_error(nv: ModuleType, e: BaseException, what: str) -> errors.HealerError:

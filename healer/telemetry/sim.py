@@ -52,6 +52,8 @@ class SimSource:
         self._sim.fleet.take_events()  # the agent announces its own start
         self._last: float | None = None
         self._opened = False
+        self.processes: dict[int, list[int]] = {}
+        """Compute processes per GPU index, as a test or demo sets them (a reset is refused while any run)."""
 
     @property
     def simulation(self) -> engine.Simulation:
@@ -69,6 +71,25 @@ class SimSource:
 
     def set_power_limit(self, index: int, watts: float) -> None:
         self._sim.fleet.set_power_limit(0, index, watts)
+
+    def compute_processes(self, index: int) -> list[int]:
+        self._sim.fleet.power_limits(0, index)  # the same checks: no such GPU, a lost GPU
+        return sorted(self.processes.get(index, []))
+
+    def device_info(self, index: int) -> dict[str, str | None]:
+        self._sim.fleet.power_limits(0, index)
+        return {
+            "uuid": None,
+            "serial": f"SIM{zlib.crc32(self.node.encode()):08x}{index:02d}",
+            "board_part_number": "sim",
+            "vbios_version": "sim",
+            "driver_version": "sim",
+        }
+
+    def reset_gpu(self, index: int, timeout_s: float) -> str:
+        """The fleet's reset model: volatile counters clear, a pending remap is applied, throttles clear."""
+        self._sim.fleet.reset_gpu_checked(0, index)
+        return f"simulated GPU {index} reset"
 
     def sample(self) -> source.Sample:
         now = self._clock()

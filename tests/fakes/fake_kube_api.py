@@ -185,8 +185,24 @@ class FakeKubeAPI:
                 "annotations": dict(annotations or {}),
             },
             "spec": spec,
-            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                "nodeInfo": {"bootID": f"{name}-boot-0", "kubeletVersion": "v1.30.0"},
+            },
         }
+
+    def boot(self, name: str, *, ready: bool = True) -> None:
+        """What the kubelet reports after its host rebooted: a new ``status.nodeInfo.bootID`` (and
+        ``Ready``, once it is)."""
+        with self.lock:
+            node = self.nodes[name]
+            info = node["status"]["nodeInfo"]
+            n = int(info["bootID"].rsplit("-", 1)[1]) + 1
+            info["bootID"] = f"{name}-boot-{n}"
+            for cond in node["status"]["conditions"]:
+                if cond["type"] == "Ready":
+                    cond["status"] = "True" if ready else "Unknown"
+            node["metadata"]["resourceVersion"] = self._next_version()
 
     def add_pod(
         self,

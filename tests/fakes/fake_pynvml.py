@@ -162,6 +162,18 @@ globals().update(ERROR_CLASSES)
 
 
 # --- return types (the real ones are ctypes structures with these field names) -------------------------
+NO_INSTANCE = 0xFFFFFFFF
+"""gpuInstanceId / computeInstanceId of a process on a GPU without MIG."""
+
+
+class nvmlFriendlyObject:
+    """pynvml's own wrapper for what some calls return (a struct turned into attributes)."""
+
+    def __init__(self, dictionary: dict[str, Any]) -> None:
+        for x in dictionary:
+            setattr(self, x, dictionary[x])
+
+
 class c_nvmlDevice_t:
     """A device handle. Real handles are ctypes pointers: compare them by index, not identity."""
 
@@ -328,9 +340,16 @@ class FakeGpu:
     """NVML_GPU_FABRIC_STATE_*; an H100 SXM in an NVSwitch system, registered with the fabric manager"""
     fabric_status: int = NVML_SUCCESS
     """nvmlReturn_t of the fabric registration"""
+    serial: str = ""
+    board_part_number: str = "692-2G520-0200-000"
+    vbios_version: str = "96.00.99.00.01"
+    processes: list[int] = dataclasses.field(default_factory=list)
+    """pids of the compute processes on this GPU (nvmlDeviceGetComputeRunningProcesses)"""
+    resets: int = 0
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.index:08x}-fake-4a1b-9c2d-{self.index:012x}"
+        self.serial = self.serial or f"16523{self.index:08d}"
         self.bus_id = self.bus_id or f"00000000:{0x18 + self.index * 0x10:02X}:00.0"
 
 
@@ -341,6 +360,7 @@ class FakeNvml:
         self.gpus = [FakeGpu(i) for i in range(gpus)]
         self.calls: collections.Counter[str] = collections.Counter()
         self.init_count = 0
+        self.driver_version = "570.133.20"
         self.init_error: int | None = None
         self.wait_error: int | None = None
         """An NVML_ERROR_* code the next nvmlEventSetWait raises (once), e.g. GPU_IS_LOST."""
@@ -373,6 +393,28 @@ class FakeNvml:
     def inject_dbe(self, index: int) -> None:
         """A double-bit ECC error event on one GPU."""
         self._inject(index, nvmlEventTypeDoubleBitEccError, 0)
+
+    def gpu_reset(self, index: int) -> str:
+        """What ``nvidia-smi --gpu-reset`` does to this GPU: refused while a process uses it or NVML is
+        initialised in this process (the agent must shut NVML down first); otherwise volatile ECC counts
+        clear, a pending row remap is applied, the power limit returns to its default, a lost GPU
+        stays lost. Returns nvidia-smi's message; raises RuntimeError where it would exit non-zero."""
+        gpu = self.gpus[index]
+        refused = f"Unable to reset GPU {gpu.bus_id}"
+        if gpu.lost:
+            raise RuntimeError(f"{refused}: GPU is lost")
+        if gpu.processes:
+            raise RuntimeError(f"{refused}: in use by another client (pids {gpu.processes})")
+        if self.init_count > 0:
+            raise RuntimeError(f"{refused}: in use by another client (an NVML session)")
+        for key in list(gpu.ecc):
+            if key[1] == NVML_VOLATILE_ECC:
+                gpu.ecc[key] = 0
+        corr, unc, _pending, failure = gpu.remapped_rows
+        gpu.remapped_rows = (corr, unc, 0, failure)
+        gpu.limit_mw = gpu.default_limit_mw
+        gpu.resets += 1
+        return f"GPU {gpu.bus_id} was successfully reset."
 
     def _inject(self, index: int, event_type: int, data: int) -> None:
         for es in self.event_sets:
@@ -424,6 +466,21 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: c_nvmlDevice_t) -> str:
         return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetSerial(self, handle: c_nvmlDevice_t) -> str:
+        return self._gpu(handle, "nvmlDeviceGetSerial").serial
+
+    def nvmlDeviceGetBoardPartNumber(self, handle: c_nvmlDevice_t) -> str:
+        return self._gpu(handle, "nvmlDeviceGetBoardPartNumber").board_part_number
+
+    def nvmlDeviceGetVbiosVersion(self, handle: c_nvmlDevice_t) -> str:
+        return self._gpu(handle, "nvmlDeviceGetVbiosVersion").vbios_version
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self.calls["nvmlSystemGetDriverVersion"] += 1
+        if self.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return self.driver_version
 
     def nvmlDeviceGetUUID(self, handle: c_nvmlDevice_t) -> str:
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid
@@ -514,6 +571,11 @@ class FakeNvml:
 
     def nvmlDeviceGetRemappedRows(self, device: c_nvmlDevice_t) -> tuple[int, int, int, int]:
         return self._gpu(device, "nvmlDeviceGetRemappedRows").remapped_rows
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: c_nvmlDevice_t) -> list[nvmlFriendlyObject]:
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        ids = {"gpuInstanceId": NO_INSTANCE, "computeInstanceId": NO_INSTANCE}
+        return [nvmlFriendlyObject({"pid": pid, "usedGpuMemory": 1 << 30, **ids}) for pid in gpu.processes]
 
     def nvmlDeviceGetRetiredPages(self, device: c_nvmlDevice_t, sourceFilter: int) -> list[int]:
         return list(self._gpu(device, "nvmlDeviceGetRetiredPages").retired_pages[sourceFilter])

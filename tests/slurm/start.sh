@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start a throw-away multi-node Slurm on this host for tests: munged, slurmctld and one slurmd per node
-# (gpu01..gpu04, 8 fake GPUs each), all on loopback ports, all state under STATE_DIR.
+# (gpu01..gpu04, 8 fake GPUs each), all on loopback ports, all state under STATE_DIR. `scontrol reboot`
+# completes for real: RebootProgram=reboot.sh restarts the node's slurmd with -b ("node rebooted").
 #
 #   tests/slurm/start.sh STATE_DIR [CTLD_PORT [SLURMD_BASE_PORT]]
 #
@@ -28,6 +29,7 @@ chmod 0600 "$dir/munge/munge.key"
 "$munged" --socket="$dir/munge/munge.socket.2" --key-file="$dir/munge/munge.key" \
   --log-file="$dir/log/munged.log" --pid-file="$dir/run/munged.pid" --seed-file="$dir/munge/munge.seed"
 
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 conf="$dir/etc/slurm.conf"
 cat >"$conf" <<CONF
 ClusterName=healertest
@@ -59,6 +61,8 @@ MpiDefault=none
 KillWait=2
 MinJobAge=300
 SlurmdTimeout=30
+RebootProgram=$here/reboot.sh
+ResumeTimeout=60
 InactiveLimit=0
 GresTypes=gpu
 NodeName=gpu[01-04] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$slurmd_base-$((slurmd_base + 3)) CPUs=1 RealMemory=100 Gres=gpu:8 Feature=h100,nvlink State=UNKNOWN

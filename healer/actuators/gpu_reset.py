@@ -1,0 +1,156 @@
+"""GPU recovery actuator: ``reset_gpu``, ``validate`` and ``reboot_node``, done by the node's own agent.
+
+Like the power actuator, each request becomes a fenced ``Command`` on ``healer.cmd.<node>`` (the
+leader's fencing token, an expiry of ``power_command_ttl_s``, the same id on every retry so the agent
+never resets twice). The agent keeps the safety rules (docs/agent.md): a reset is refused while compute
+processes run on the GPU and limited to ``gpu_reset_timeout_s``; validation returns a typed report.
+
+Outcomes, as the recovery ladder (healer.controller.ladder) reads them:
+
+- ``reset_gpu``: ``done`` (reset), ``refused`` (work still on the GPU, or a stale token: ask later),
+  ``failed-permanent`` (the reset failed: next rung), ``failed-temporary`` (no reply, or the agent
+  could not check the lease);
+- ``reboot_node`` (for Kubernetes, after healer's cordon and eviction; Slurm reboots through
+  ``scontrol reboot``): ``done`` once the agent has started the reboot, ``refused`` where the agent has
+  no ``agent.reboot_command`` or work still runs; no reply may mean the host went down first: the retry
+  (same id) is answered from the agent's saved state after the boot;
+- ``validate``: ``done`` when every check passed, ``failed-permanent`` with one item per failed check
+  otherwise; the reply is awaited ``validate_timeout_s`` plus ``power_reply_timeout_s``.
+
+A reset's success is not confirmed from telemetry here: the ladder's next step, ``validate``, is that
+confirmation (GPUs present, DBE 0, no pending remap, a quiet soak).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+
+from healer import config, errors
+from healer.actuators import base
+from healer.bus import base as bus_base
+from healer.bus import subjects as subjects_mod
+from healer.schemas import codec, commands
+
+log = structlog.get_logger(__name__)
+
+
+class GpuRecoveryActuator:
+    name = "gpu"
+
+    def __init__(
+        self,
+        bus: bus_base.Bus,
+        subjects: subjects_mod.Subjects | None = None,
+        settings: config.ActuatorSettings | None = None,
+        *,
+        issuer: str = "controller",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.subjects = subjects or subjects_mod.Subjects()
+        self.settings = settings or config.ActuatorSettings()
+        self.issuer = issuer
+        self._clock = clock
+
+    async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
+        try:
+            command = self.command(request)
+        except (ValueError, errors.HealerError) as e:
+            return base.ActionOutcome(status="failed-permanent", detail=f"bad {request.kind} request: {e}")
+        subject = self.subjects.command(request.node)
+        plan = [f"request {subject} {codec.encode(command).decode()}"]
+
+        async def work() -> base.ActionOutcome:
+            if request.dry_run:
+                what = f"GPU {request.gpu_index}" if request.kind == "reset_gpu" else "the node"
+                return base.ActionOutcome(
+                    status="planned",
+                    detail=f"would {request.kind} {what} on {request.node}",
+                    plan=plan,
+                    dry_run=True,
+                )
+            now = self._clock()
+            fresh = command.model_copy(
+                update={"issued_at": now, "expires_at": now + self.settings.power_command_ttl_s}
+            )
+            wait_s = (command.timeout_s or 0.0) + self.settings.power_reply_timeout_s
+            reply = await self.bus.request(subject, codec.encode(fresh), timeout=wait_s)
+            try:
+                result = codec.decode_command_result(reply.data)
+            except errors.DecodeError as e:
+                raise errors.PermanentError(f"the agent's reply is not a command result: {e}") from e
+            if result.node != command.node or (result.command_id and result.command_id != command.id):
+                raise errors.PermanentError(
+                    f"reply not believed: node {result.node!r} command {result.command_id!r} "
+                    f"for {command.node!r} {command.id!r}"
+                )
+            return _outcome(request, result, plan)
+
+        return await base.guarded(self.name, self.settings, request, work)
+
+    def command(self, request: base.ActionRequest) -> commands.Command:
+        now = self._clock()
+        params = request.params
+        if request.kind == "reset_gpu":
+            if request.gpu_index is None:
+                raise errors.PermanentError("reset_gpu needs a GPU (the incident's gpu_index)")
+            action: commands.CommandAction = "reset_gpu"
+            timeout_s: float | None = float(params.get("timeout_s") or self.settings.gpu_reset_timeout_s)
+            suffix = f":{request.gpu_index}"
+        elif request.kind == "reboot_node":
+            action = "reboot_node"
+            timeout_s = None
+            suffix = ""
+        elif request.kind == "validate":
+            action = "validate"
+            timeout_s = float(params.get("timeout_s") or self.settings.validate_timeout_s)
+            suffix = ""
+        else:
+            raise errors.PermanentError(f"the gpu actuator does not do {request.kind}")
+        return commands.Command(
+            id=str(params.get("action_id") or f"{request.incident_id}:{request.kind}{suffix}")[:128],
+            node=request.node,
+            action=action,
+            gpu_index=request.gpu_index if action == "reset_gpu" else None,
+            fencing_token=request.fencing_token,
+            issued_at=now,
+            expires_at=now + self.settings.power_command_ttl_s,
+            issuer=self.issuer,
+            reason=f"{base.REASON_PREFIX} {request.incident_id} {request.summary}".strip()[:1024],
+            timeout_s=timeout_s,
+            soak_since=params.get("soak_since"),
+            dcgm_level=int(params.get("dcgm_level") or 0),
+        )
+
+
+def _outcome(
+    request: base.ActionRequest, result: commands.CommandResult, plan: list[str]
+) -> base.ActionOutcome:
+    detail = f"{result.status}: {result.detail}" if result.detail else result.status
+    if result.status == "refused":
+        return base.ActionOutcome(status="refused", detail=f"agent refused: {result.detail}", plan=plan)
+    if result.status == "failed":
+        status: base.Status = (
+            "failed-temporary" if result.detail.startswith("temporary:") else "failed-permanent"
+        )
+        return base.ActionOutcome(status=status, detail=f"agent: {result.detail}", plan=plan)
+    if request.kind == "validate":
+        report = result.validation
+        if report is None:
+            return base.ActionOutcome(status="failed-permanent", detail="the agent sent no report", plan=plan)
+        items = [
+            base.ItemResult(
+                item=c.name if c.gpu_index is None else f"gpu {c.gpu_index} {c.name}",
+                status="failed-permanent",
+                detail=c.detail,
+            )
+            for c in report.checks
+            if not c.ok
+        ]
+        status = "done" if report.passed else "failed-permanent"
+        return base.ActionOutcome(status=status, detail=detail, items=items, plan=plan)
+    item = base.ItemResult(item=f"gpu {request.gpu_index}", status="done", detail=result.detail)
+    return base.ActionOutcome(status="done", detail=detail, items=[item], plan=plan)

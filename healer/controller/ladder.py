@@ -1,0 +1,373 @@
+"""The recovery ladder as a pure state machine: where a fault's recovery stands and what to do next.
+
+contain → reset the GPU → validate → return to service; the reset or its validation fails → reboot
+the node → validate → return; that fails too, or the GPU needed recovery ``repeat_count`` times within
+``repeat_within_s`` (this one included), or the ladder is NVIDIA's "contact support" class → hardware
+replacement: the node stays out. The rungs and limits come from the rule pack (healer.rules.recovery)
+and are copied into the state when a ladder starts, so a rule reload never changes a ladder in flight.
+
+No I/O here. The shell (the controller) calls ``start`` when an incident whose rule has a ladder opens,
+does what the returned ``Step`` says (the actuators), and calls ``next_step`` with what came of it; it
+stores ``LadderState.to_json()`` in KV after every step (a restarted controller carries on from there)
+and enforces ``Step.deadline`` (past it: ``Outcome.FAILED``). ``History`` is the GPU's earlier recoveries,
+also kept in KV, so the "N in a window" rule survives a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from healer.rules import recovery
+
+RESET_BUDGET_S = 180.0
+"""How long a GPU reset may take, from the command to the agent's answer (nvidia-smi needs ~10-60 s)."""
+REBOOT_BUDGET_S = 1800.0
+"""How long a node reboot may take, from the scheduler's reboot to the node answering again."""
+VALIDATE_MARGIN_S = 600.0
+"""Validation's budget beyond its soak (dcgmi diag -r 1 takes about a minute, -r 3 up to ~30)."""
+RETURN_BUDGET_S = 300.0
+CONTAIN_BUDGET_S = 3600.0
+"""Draining may wait for jobs to be requeued; past an hour the ladder moves on to the reboot
+(the scheduler's ``reboot ASAP`` drains by itself)."""
+REFUSAL_RETRY_S = 60.0
+"""A rung refused because work still runs on the GPU is asked again this much later ..."""
+MAX_REFUSALS = 5
+"""... at most this many times; then it counts as failed and the next rung (or replacement) follows."""
+
+
+class Phase(enum.IntEnum):
+    CONTAINING = 1
+    RESETTING = 2
+    REBOOTING = 3
+    VALIDATING = 4
+    RETURNING = 5
+    RETURNED = 6
+    """Terminal: back in service."""
+    REPLACEMENT = 7
+    """Terminal: the node stays out; a hardware_replacement incident is open."""
+    STOPPED = 8
+    """Terminal: an operator stopped the ladder; the node stays as it is."""
+
+
+TERMINAL = frozenset({Phase.RETURNED, Phase.REPLACEMENT, Phase.STOPPED})
+
+
+class Outcome(enum.StrEnum):
+    """What came of the step the shell was told to do."""
+
+    CONTAINED = "contained"
+    DONE = "done"
+    """The reset or the reboot completed."""
+    REFUSED = "refused"
+    """The agent refused the reset (compute processes or jobs still on the GPU): asked again later."""
+    FAILED = "failed"
+    """The step failed, or ran past its deadline."""
+    PASSED = "passed"
+    VALIDATION_FAILED = "validation_failed"
+    RETURNED = "returned"
+    STOPPED = "stopped"
+    """An operator stopped the ladder (``detail`` says who)."""
+
+
+class StepKind(enum.StrEnum):
+    CONTAIN = "contain"
+    RESET_GPU = "reset_gpu"
+    REBOOT_NODE = "reboot_node"
+    VALIDATE = "validate"
+    RETURN_TO_SERVICE = "return_to_service"
+    REPLACE = "hardware_replacement"
+    """Open the hardware_replacement incident with its evidence bundle; keep the node out."""
+    NONE = "none"
+    """Nothing to do: the ladder is finished."""
+
+
+_RUNG_PHASE = {"reset_gpu": Phase.RESETTING, "reboot_node": Phase.REBOOTING}
+_PHASE_STEP = {
+    Phase.CONTAINING: StepKind.CONTAIN,
+    Phase.RESETTING: StepKind.RESET_GPU,
+    Phase.REBOOTING: StepKind.REBOOT_NODE,
+    Phase.VALIDATING: StepKind.VALIDATE,
+    Phase.RETURNING: StepKind.RETURN_TO_SERVICE,
+}
+_EXPECTED: dict[Phase, frozenset[Outcome]] = {
+    Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED}),
+    Phase.RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED}),
+    Phase.REBOOTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED}),
+    Phase.VALIDATING: frozenset({Outcome.PASSED, Outcome.VALIDATION_FAILED, Outcome.FAILED}),
+    Phase.RETURNING: frozenset({Outcome.RETURNED, Outcome.FAILED}),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transition:
+    at: float
+    phase: Phase
+    outcome: Outcome
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LadderState:
+    """One ladder in flight (or finished), JSON-able for KV ``healer-state``."""
+
+    incident_id: str
+    ladder_id: str
+    node: str
+    gpu_uuid: str | None
+    gpu_index: int | None
+    steps: tuple[recovery.Rung, ...]
+    contact_support: bool
+    soak_s: float
+    dcgm_level: int
+    repeat_count: int
+    repeat_within_s: float
+    started_at: float
+    phase: Phase = Phase.CONTAINING
+    rung: int = -1
+    """Index into ``steps`` of the rung tried last; -1 before the first."""
+    refusals: int = 0
+    updated_at: float = 0.0
+    transitions: tuple[Transition, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in TERMINAL
+
+    @property
+    def attempted_recovery(self) -> bool:
+        """Whether a rung was tried: a ladder that did counts toward the GPU's recovery history."""
+        return self.rung >= 0
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["steps"] = list(self.steps)
+        doc["phase"] = self.phase.name
+        doc["transitions"] = [
+            {"at": t.at, "phase": t.phase.name, "outcome": t.outcome.value, "detail": t.detail}
+            for t in self.transitions
+        ]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> LadderState:
+        fields = dict(doc)
+        fields["steps"] = tuple(fields["steps"])
+        fields["phase"] = Phase[fields["phase"]]
+        fields["transitions"] = tuple(
+            Transition(float(t["at"]), Phase[t["phase"]], Outcome(t["outcome"]), str(t.get("detail", "")))
+            for t in fields.get("transitions", ())
+        )
+        return cls(**fields)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class History:
+    """When this GPU (or node, for a node-scope fault) needed recovery before: ladders that tried a rung."""
+
+    recoveries: tuple[float, ...] = ()
+
+    def within(self, now: float, window_s: float) -> int:
+        return sum(1 for ts in self.recoveries if now - window_s <= ts <= now)
+
+    def record(self, state: LadderState, keep_s: float = 90 * 86400.0) -> History:
+        """The history once ``state``'s ladder is counted (if it tried a rung); older than keep_s dropped."""
+        if not state.attempted_recovery:
+            return self
+        now = state.updated_at or state.started_at
+        kept = tuple(ts for ts in self.recoveries if now - ts <= keep_s)
+        return History((*kept, state.started_at))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recoveries": list(self.recoveries)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> History:
+        return cls(tuple(float(ts) for ts in doc.get("recoveries", ())))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """What the shell does next, and the state to store before doing it."""
+
+    kind: StepKind
+    state: LadderState
+    reason: str
+    not_before: float = 0.0
+    """Do it no earlier than this (a refused reset is asked again later)."""
+    deadline: float | None = None
+    """Past this without an outcome, the shell reports ``Outcome.FAILED``."""
+    dcgm_level: int = 0
+    soak_s: float = 0.0
+
+
+def start(
+    ladder: recovery.Ladder,
+    *,
+    incident_id: str,
+    node: str,
+    gpu_uuid: str | None,
+    gpu_index: int | None,
+    now: float,
+) -> Step:
+    """A new ladder for an incident just opened: first, contain (the rule's own actions)."""
+    state = LadderState(
+        incident_id=incident_id,
+        ladder_id=ladder.id,
+        node=node,
+        gpu_uuid=gpu_uuid,
+        gpu_index=gpu_index,
+        steps=ladder.steps,
+        contact_support=ladder.contact_support,
+        soak_s=ladder.soak_s,
+        dcgm_level=ladder.dcgm_level,
+        repeat_count=ladder.repeat_count,
+        repeat_within_s=ladder.repeat_within_s,
+        started_at=now,
+        updated_at=now,
+    )
+    return Step(
+        StepKind.CONTAIN, state, "contain first (drain / cordon and migrate)", deadline=now + CONTAIN_BUDGET_S
+    )
+
+
+def next_step(state: LadderState, outcome: Outcome, now: float, history: History, detail: str = "") -> Step:
+    """The step after ``outcome`` of the current phase. Raises ValueError for an outcome the phase
+    cannot have (a bug in the shell, never data)."""
+    if state.finished:
+        return Step(StepKind.NONE, state, f"ladder already finished ({state.phase.name.lower()})")
+    if outcome is Outcome.STOPPED:
+        stopped = _moved(state, Phase.STOPPED, outcome, now, detail)
+        return Step(StepKind.NONE, stopped, f"stopped by an operator: {detail}" if detail else "stopped")
+    if outcome not in _EXPECTED[state.phase]:
+        raise ValueError(f"outcome {outcome.value!r} cannot follow phase {state.phase.name}")
+    if state.phase is Phase.CONTAINING:
+        if outcome is Outcome.FAILED and "reboot_node" in state.steps:
+            nxt = _moved(state, Phase.REBOOTING, outcome, now, detail, rung=state.steps.index("reboot_node"))
+            why = "containment did not finish; a scheduler reboot drains by itself"
+            return _rung_step(nxt, now, why)
+        if outcome is Outcome.FAILED:
+            return _replace(state, outcome, now, detail, "containment failed and no reboot rung is declared")
+        if state.contact_support:
+            return _replace(
+                state, outcome, now, detail, "NVIDIA: contact support (no reset or reboot fixes this)"
+            )
+        before = history.within(now, state.repeat_within_s)
+        if before + 1 >= state.repeat_count:
+            days = state.repeat_within_s / 86400.0
+            why = (
+                f"recovery number {before + 1} of this GPU within {days:g} days (limit {state.repeat_count})"
+            )
+            return _replace(state, outcome, now, detail, why)
+        return _rung_step(_moved(state, _RUNG_PHASE[state.steps[0]], outcome, now, detail, rung=0), now, "")
+    if state.phase in (Phase.RESETTING, Phase.REBOOTING):
+        if outcome is Outcome.DONE:
+            nxt = _moved(state, Phase.VALIDATING, outcome, now, detail)
+            return Step(
+                StepKind.VALIDATE,
+                nxt,
+                f"validate after {state.steps[state.rung]}",
+                deadline=now + state.soak_s + VALIDATE_MARGIN_S,
+                dcgm_level=state.dcgm_level,
+                soak_s=state.soak_s,
+            )
+        if outcome is Outcome.REFUSED and state.refusals + 1 < MAX_REFUSALS:
+            nxt = dataclasses.replace(
+                _moved(state, state.phase, outcome, now, detail, rung=state.rung), refusals=state.refusals + 1
+            )
+            return _rung_step(nxt, now + REFUSAL_RETRY_S, f"refused ({detail}); asking again")
+        return _next_rung(state, outcome, now, detail)
+    if state.phase is Phase.VALIDATING:
+        if outcome is Outcome.PASSED:
+            nxt = _moved(state, Phase.RETURNING, outcome, now, detail)
+            return Step(StepKind.RETURN_TO_SERVICE, nxt, "validation passed", deadline=now + RETURN_BUDGET_S)
+        return _next_rung(state, outcome, now, detail)
+    # RETURNING
+    if outcome is Outcome.RETURNED:
+        return Step(StepKind.NONE, _moved(state, Phase.RETURNED, outcome, now, detail), "back in service")
+    return _replace(state, outcome, now, detail, "the node could not be returned to service")
+
+
+def plan(ladder: recovery.Ladder) -> tuple[str, ...]:
+    """The whole ladder as dry-run shows it, one line per step."""
+    lines = ["contain (the rule's actions)"]
+    if ladder.contact_support:
+        return (*lines, "hardware_replacement (NVIDIA: contact support)")
+    for i, rung in enumerate(ladder.steps):
+        on_fail = ladder.steps[i + 1] if i + 1 < len(ladder.steps) else "hardware_replacement"
+        lines.append(f"{rung} (refused or failed: {on_fail})")
+        soak = f"{ladder.soak_s:g}s soak"
+        dcgm = f", dcgmi diag -r {ladder.dcgm_level}" if ladder.dcgm_level else ""
+        lines.append(f"validate ({soak}{dcgm}; pass: return_to_service, fail: {on_fail})")
+    lines.append(
+        f"hardware_replacement at once when this is the GPU's recovery number {ladder.repeat_count} "
+        f"within {ladder.repeat_within_s / 86400.0:g} days"
+    )
+    return tuple(lines)
+
+
+def evidence(
+    state: LadderState,
+    history: History,
+    device: Mapping[str, str | None],
+    triggering_events: Sequence[Mapping[str, Any]],
+    telemetry_summary: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The hardware_replacement incident's evidence bundle. ``device``: serial, uuid, board part number,
+    VBIOS and driver versions as the agent read them; the rest as the controller holds it."""
+    return {
+        "node": state.node,
+        "gpu_index": state.gpu_index,
+        "gpu_uuid": state.gpu_uuid,
+        "device": dict(device),
+        "ladder": state.ladder_id,
+        "steps_taken": [
+            {"at": t.at, "phase": t.phase.name.lower(), "outcome": t.outcome.value, "detail": t.detail}
+            for t in state.transitions
+        ],
+        "previous_recoveries": list(history.recoveries),
+        "triggering_events": [dict(e) for e in triggering_events],
+        "telemetry": dict(telemetry_summary),
+    }
+
+
+def _moved(
+    state: LadderState, phase: Phase, outcome: Outcome, now: float, detail: str, rung: int | None = None
+) -> LadderState:
+    return dataclasses.replace(
+        state,
+        phase=phase,
+        rung=state.rung if rung is None else rung,
+        refusals=state.refusals if phase is state.phase else 0,
+        updated_at=now,
+        transitions=(*state.transitions, Transition(now, state.phase, outcome, detail)),
+    )
+
+
+def _rung_step(state: LadderState, when: float, reason: str) -> Step:
+    rung = state.steps[state.rung]
+    budget = RESET_BUDGET_S if rung == "reset_gpu" else REBOOT_BUDGET_S
+    kind = StepKind.RESET_GPU if rung == "reset_gpu" else StepKind.REBOOT_NODE
+    return Step(
+        kind,
+        state,
+        reason or f"rung {state.rung + 1} of {len(state.steps)}: {rung}",
+        not_before=when,
+        deadline=when + budget,
+    )
+
+
+def _next_rung(state: LadderState, outcome: Outcome, now: float, detail: str) -> Step:
+    nxt_rung = state.rung + 1
+    if nxt_rung >= len(state.steps):
+        what = state.steps[state.rung]
+        return _replace(state, outcome, now, detail, f"{what} did not bring the GPU back ({outcome.value})")
+    nxt = _moved(state, _RUNG_PHASE[state.steps[nxt_rung]], outcome, now, detail, rung=nxt_rung)
+    why = f"{state.steps[state.rung]} {outcome.value}; next rung: {state.steps[nxt_rung]}"
+    return _rung_step(nxt, now, why)
+
+
+def _replace(state: LadderState, outcome: Outcome, now: float, detail: str, why: str) -> Step:
+    return Step(StepKind.REPLACE, _moved(state, Phase.REPLACEMENT, outcome, now, detail), why)

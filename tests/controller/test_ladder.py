@@ -1,0 +1,184 @@
+"""The recovery ladder's pure state machine: every path from contain to back-in-service or replacement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from healer.controller import ladder
+from healer.rules import recovery
+
+Out = ladder.Outcome
+K = ladder.StepKind
+P = ladder.Phase
+DAY = 86400.0
+FULL = recovery.Ladder(id="fatal", rules=("xid-fatal",), steps=("reset_gpu", "reboot_node"))
+EMPTY = ladder.History()
+
+
+def _start(lad: recovery.Ladder = FULL, now: float = 1000.0) -> ladder.Step:
+    return ladder.start(lad, incident_id="inc-1", node="gpu01", gpu_uuid="GPU-1", gpu_index=3, now=now)
+
+
+def _walk(step: ladder.Step, *outcomes: Out, history: ladder.History = EMPTY) -> list[ladder.Step]:
+    steps = [step]
+    now = step.state.updated_at
+    for outcome in outcomes:
+        now += 10.0
+        steps.append(ladder.next_step(steps[-1].state, outcome, now, history))
+    return steps
+
+
+def test_a_ladder_starts_by_containing() -> None:
+    step = _start()
+    assert step.kind is K.CONTAIN
+    assert step.state.phase is P.CONTAINING
+    assert step.deadline == 1000.0 + ladder.CONTAIN_BUDGET_S
+
+
+def test_a_reset_that_validates_returns_the_node_to_service() -> None:
+    steps = _walk(_start(), Out.CONTAINED, Out.DONE, Out.PASSED, Out.RETURNED)
+    assert [s.kind for s in steps] == [K.CONTAIN, K.RESET_GPU, K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
+    assert steps[-1].state.phase is P.RETURNED
+    assert steps[-1].state.finished
+    assert steps[2].soak_s == 600.0
+    assert steps[2].dcgm_level == 1
+    assert steps[2].deadline == steps[2].state.updated_at + 600.0 + ladder.VALIDATE_MARGIN_S
+    assert [t.outcome for t in steps[-1].state.transitions] == [
+        Out.CONTAINED,
+        Out.DONE,
+        Out.PASSED,
+        Out.RETURNED,
+    ]
+
+
+@pytest.mark.parametrize("failure", [[Out.FAILED], [Out.DONE, Out.VALIDATION_FAILED], [Out.DONE, Out.FAILED]])
+def test_a_failed_reset_or_validation_leads_to_a_reboot(failure: list[Out]) -> None:
+    steps = _walk(_start(), Out.CONTAINED, *failure)
+    assert steps[-1].kind is K.REBOOT_NODE
+    assert steps[-1].state.phase is P.REBOOTING
+    assert steps[-1].deadline == steps[-1].state.updated_at + ladder.REBOOT_BUDGET_S
+    back = _walk(steps[-1], Out.DONE, Out.PASSED, Out.RETURNED)
+    assert [s.kind for s in back[1:]] == [K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
+
+
+def test_a_failed_reboot_or_its_validation_ends_in_replacement() -> None:
+    steps = _walk(_start(), Out.CONTAINED, Out.FAILED, Out.DONE, Out.VALIDATION_FAILED)
+    assert steps[-1].kind is K.REPLACE
+    assert steps[-1].state.phase is P.REPLACEMENT
+    assert "reboot_node did not bring the GPU back" in steps[-1].reason
+    steps = _walk(_start(), Out.CONTAINED, Out.FAILED, Out.FAILED)
+    assert steps[-1].kind is K.REPLACE
+
+
+def test_a_refused_reset_is_asked_again_later_then_counts_as_failed() -> None:
+    steps = _walk(_start(), Out.CONTAINED, *[Out.REFUSED] * (ladder.MAX_REFUSALS - 1))
+    for s in steps[2:]:
+        assert s.kind is K.RESET_GPU
+        assert s.not_before == s.state.updated_at + ladder.REFUSAL_RETRY_S
+    assert steps[-1].state.refusals == ladder.MAX_REFUSALS - 1
+    last = ladder.next_step(steps[-1].state, Out.REFUSED, 9999.0, EMPTY, detail="pid 42 runs")
+    assert last.kind is K.REBOOT_NODE
+    assert last.state.refusals == 0
+
+
+def test_the_second_recovery_of_a_gpu_within_30_days_goes_to_replacement() -> None:
+    history = ladder.History((1000.0 - 29 * DAY,))
+    steps = _walk(_start(), Out.CONTAINED, history=history)
+    assert steps[-1].kind is K.REPLACE
+    assert "recovery number 2 of this GPU within 30 days (limit 2)" in steps[-1].reason
+    old = ladder.History((1000.0 - 31 * DAY,))
+    assert _walk(_start(), Out.CONTAINED, history=old)[-1].kind is K.RESET_GPU
+
+
+def test_a_contact_support_ladder_goes_straight_to_replacement() -> None:
+    cs = recovery.Ladder(id="cs", rules=("row-remap-failure",), steps=(), contact_support=True)
+    steps = _walk(_start(cs), Out.CONTAINED)
+    assert steps[-1].kind is K.REPLACE
+    assert "contact support" in steps[-1].reason
+    assert not steps[-1].state.attempted_recovery
+
+
+def test_a_reboot_only_ladder_starts_with_the_reboot() -> None:
+    rb = recovery.Ladder(id="rb", rules=("gpu-lost-event",), steps=("reboot_node",))
+    steps = _walk(_start(rb), Out.CONTAINED, Out.DONE, Out.VALIDATION_FAILED)
+    assert [s.kind for s in steps] == [K.CONTAIN, K.REBOOT_NODE, K.VALIDATE, K.REPLACE]
+
+
+def test_containment_that_never_finishes_moves_to_the_reboot_which_drains_by_itself() -> None:
+    assert _walk(_start(), Out.FAILED)[-1].kind is K.REBOOT_NODE
+    reset_only = recovery.Ladder(id="r", rules=("x",), steps=("reset_gpu",))
+    assert _walk(_start(reset_only), Out.FAILED)[-1].kind is K.REPLACE
+
+
+def test_a_node_that_cannot_be_returned_stays_out_for_replacement() -> None:
+    steps = _walk(_start(), Out.CONTAINED, Out.DONE, Out.PASSED, Out.FAILED)
+    assert steps[-1].kind is K.REPLACE
+
+
+def test_an_operator_can_stop_a_ladder_at_any_phase_and_it_says_who() -> None:
+    for n in range(4):
+        steps = _walk(_start(), *[Out.CONTAINED, Out.DONE, Out.PASSED][:n])
+        stopped = ladder.next_step(steps[-1].state, Out.STOPPED, 5000.0, EMPTY, detail="alice")
+        assert stopped.kind is K.NONE
+        assert stopped.state.phase is P.STOPPED
+        assert stopped.state.transitions[-1] == ladder.Transition(
+            5000.0, steps[-1].state.phase, Out.STOPPED, "alice"
+        )
+
+
+def test_a_finished_ladder_does_nothing_more() -> None:
+    done = _walk(_start(), Out.CONTAINED, Out.DONE, Out.PASSED, Out.RETURNED)[-1].state
+    again = ladder.next_step(done, Out.FAILED, 9000.0, EMPTY)
+    assert again.kind is K.NONE
+    assert again.state == done
+
+
+def test_an_outcome_the_phase_cannot_have_is_a_bug_not_data() -> None:
+    with pytest.raises(ValueError, match="cannot follow phase CONTAINING"):
+        ladder.next_step(_start().state, Out.PASSED, 2000.0, EMPTY)
+
+
+def test_state_survives_a_json_round_trip_through_kv() -> None:
+    for step in _walk(_start(), Out.CONTAINED, Out.REFUSED, Out.FAILED, Out.DONE):
+        doc = json.loads(json.dumps(step.state.to_json()))
+        assert ladder.LadderState.from_json(doc) == step.state
+
+
+def test_history_counts_ladders_that_tried_a_rung() -> None:
+    tried = _walk(_start(), Out.CONTAINED, Out.DONE, Out.PASSED, Out.RETURNED)[-1].state
+    cs = recovery.Ladder(id="cs", rules=("r",), steps=(), contact_support=True)
+    not_tried = _walk(_start(cs), Out.CONTAINED)[-1].state
+    h = ladder.History((1000.0 - 100 * DAY, 1000.0 - DAY)).record(tried)
+    assert h.recoveries == (1000.0 - DAY, 1000.0)
+    assert h.record(not_tried) == h
+    assert ladder.History.from_json(json.loads(json.dumps(h.to_json()))) == h
+    assert h.within(1000.0, 2 * DAY) == 2
+
+
+def test_dry_run_plan_lists_every_rung_and_the_replacement() -> None:
+    assert ladder.plan(FULL) == (
+        "contain (the rule's actions)",
+        "reset_gpu (refused or failed: reboot_node)",
+        "validate (600s soak, dcgmi diag -r 1; pass: return_to_service, fail: reboot_node)",
+        "reboot_node (refused or failed: hardware_replacement)",
+        "validate (600s soak, dcgmi diag -r 1; pass: return_to_service, fail: hardware_replacement)",
+        "hardware_replacement at once when this is the GPU's recovery number 2 within 30 days",
+    )
+
+
+def test_the_evidence_bundle_carries_the_device_and_the_steps_taken() -> None:
+    state = _walk(_start(), Out.CONTAINED, Out.FAILED, Out.FAILED)[-1].state
+    device = {
+        "serial": "1650",
+        "uuid": "GPU-1",
+        "board_part_number": "699-2G",
+        "vbios": "96.00",
+        "driver": "550",
+    }
+    bundle = ladder.evidence(state, EMPTY, device, [{"kind": "xid", "xid": 48}], {"temp_c_max": 71.0})
+    assert bundle["device"] == device
+    assert [s["phase"] for s in bundle["steps_taken"]] == ["containing", "resetting", "rebooting"]
+    assert bundle["triggering_events"] == [{"kind": "xid", "xid": 48}]
+    assert json.loads(json.dumps(bundle)) == bundle
