@@ -8,13 +8,12 @@ from the ``feed`` group (``--config``) like the forwarder's, with the durable co
 from __future__ import annotations
 
 import argparse
-import asyncio
 import pathlib
 from typing import Any
 
 import structlog
 
-from healer import config, errors, health, logs
+from healer import config, errors
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.cli import common, feed_cmd
@@ -54,54 +53,18 @@ def _alertmanager(args: argparse.Namespace) -> int:
         alertmanager.check_link_template(feed.alertmanager_link)
     except (errors.PermanentError, ValueError) as e:
         raise common.SettingsError(str(e)) from e
-    logs.configure(s.log.level, s.log.format)
-    metrics = forward.ForwardMetrics()
-    beat = health.Health(metrics.registry)
-    if feed.metrics_port:
-        try:
-            beat.serve(feed.metrics_addr, feed.metrics_port, setting="feed.metrics_port (--metrics-port)")
-        except errors.PermanentError as e:
-            raise common.SettingsError(str(e)) from e
 
-    async def run(stop: asyncio.Event) -> None:
-        bus: natsbus.NatsBus | None = None
+    def build(bus: natsbus.NatsBus, metrics: forward.ForwardMetrics) -> alertmanager.AlertmanagerSink:
+        sink = alertmanager.AlertmanagerSink(
+            bus,
+            subjects.Subjects(s.nats.prefix),
+            args.url,
+            feed,
+            dead_letter=args.dead_letter,
+            headers=headers,
+            metrics=metrics,
+        )
+        log.info("alertmanager.starting", url=sink.url, durable=feed.durable)
+        return sink
 
-        def ready() -> health.Verdict:
-            if bus is None:
-                return health.Verdict.of(nats=health.Check(False, f"connecting to {s.nats.url}"))
-            return health.Verdict.of(
-                nats=health.Check(bus.connected, "connected" if bus.connected else "disconnected")
-            )
-
-        heartbeat = asyncio.create_task(beat.keep(ready), name="alertmanager-health")
-        try:
-            bus = await common.until_stopped(
-                common.connect(s, f"healer-alertmanager-{feed.durable}", service=True), stop
-            )
-            sink = alertmanager.AlertmanagerSink(
-                bus,
-                subjects.Subjects(s.nats.prefix),
-                args.url,
-                feed,
-                dead_letter=args.dead_letter,
-                headers=headers,
-                metrics=metrics,
-            )
-            log.info("alertmanager.starting", url=sink.url, durable=feed.durable)
-            try:
-                await sink.run(stop)
-            finally:
-                await bus.close()
-                log.info("alertmanager.stopped", durable=feed.durable)
-        finally:
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
-
-    try:
-        common.run(run)
-    except errors.HealerError as e:
-        log.error("alertmanager.fatal", error=str(e))
-        raise
-    finally:
-        beat.close()
-    return 0
+    return feed_cmd.run_sink(s, feed, "alertmanager", build)

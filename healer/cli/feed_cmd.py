@@ -10,11 +10,12 @@ import argparse
 import asyncio
 import pathlib
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import structlog
 
-from healer import errors, health, logs
+from healer import config, errors, health, logs
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.cli import common
@@ -112,12 +113,42 @@ def _headers(values: list[str]) -> dict[str, str]:
 
 def _forward(args: argparse.Namespace) -> int:
     s = common.settings(args, feed={"durable": args.durable, "metrics_port": args.metrics_port})
-    feed = s.feed
     try:
         headers = _headers(args.header)
         forward.check_url(args.url)
     except (errors.PermanentError, ValueError) as e:
         raise common.SettingsError(str(e)) from e
+
+    def build(bus: natsbus.NatsBus, metrics: forward.ForwardMetrics) -> forward.Forwarder:
+        log.info("forward.starting", durable=s.feed.durable, dead_letter=str(args.dead_letter or ""))
+        return forward.Forwarder(
+            bus,
+            subjects.Subjects(s.nats.prefix),
+            args.url,
+            s.feed,
+            dead_letter=args.dead_letter,
+            headers=headers,
+            start=args.start,
+            metrics=metrics,
+            content_mode=args.content_mode,
+        )
+
+    return run_sink(s, s.feed, "forward", build)
+
+
+class Sink(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+def run_sink(
+    s: config.Settings,
+    feed: config.FeedSettings,
+    name: str,
+    build: Callable[[natsbus.NatsBus, forward.ForwardMetrics], Sink],
+) -> int:
+    """Run a feed consumer (``healer forward``, ``healer alertmanager``) as a service: metrics and health
+    on ``feed.metrics_port``, an interruptible connect, then ``build(bus, metrics).run(stop)`` until a
+    signal."""
     logs.configure(s.log.level, s.log.format)
     metrics = forward.ForwardMetrics()
     beat = health.Health(metrics.registry)
@@ -137,28 +168,16 @@ def _forward(args: argparse.Namespace) -> int:
                 nats=health.Check(bus.connected, "connected" if bus.connected else "disconnected")
             )
 
-        heartbeat = asyncio.create_task(beat.keep(ready), name="forward-health")
+        heartbeat = asyncio.create_task(beat.keep(ready), name=f"{name}-health")
         try:
             bus = await common.until_stopped(
-                common.connect(s, f"healer-forward-{feed.durable}", service=True), stop
+                common.connect(s, f"healer-{name}-{feed.durable}", service=True), stop
             )
-            fwd = forward.Forwarder(
-                bus,
-                subjects.Subjects(s.nats.prefix),
-                args.url,
-                feed,
-                dead_letter=args.dead_letter,
-                headers=headers,
-                start=args.start,
-                metrics=metrics,
-                content_mode=args.content_mode,
-            )
-            log.info("forward.starting", durable=feed.durable, dead_letter=str(args.dead_letter or ""))
             try:
-                await fwd.run(stop)
+                await build(bus, metrics).run(stop)
             finally:
                 await bus.close()
-                log.info("forward.stopped", durable=feed.durable)
+                log.info(f"{name}.stopped", durable=feed.durable)
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
@@ -166,7 +185,7 @@ def _forward(args: argparse.Namespace) -> int:
     try:
         common.run(run)
     except errors.HealerError as e:
-        log.error("forward.fatal", error=str(e))
+        log.error(f"{name}.fatal", error=str(e))
         raise
     finally:
         beat.close()
