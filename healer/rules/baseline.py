@@ -2,12 +2,15 @@
 
 A test names only the metrics its scenario is about; every other field of every GPU reads as a healthy
 board of that model under load (counters at 0, links up, PCIe at full gen and width). Figures are from
-the product datasheets; an unknown model gets the H100 figures under its own name.
+the product datasheets (``healer.schemas.datasheets``); an unknown model gets the H100 figures under its
+own name.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
+
+from healer.schemas import datasheets
 
 _COMMON: Final[dict[str, Any]] = {
     "clocks_event_reasons": 0,
@@ -32,53 +35,41 @@ _COMMON: Final[dict[str, Any]] = {
     "energy_j": 0.0,
 }
 
-MODELS: Final[dict[str, dict[str, Any]]] = {
-    "NVIDIA H100 80GB HBM3": {
-        "temp_c": 65.0,
-        "mem_temp_c": 71.0,
-        "slowdown_temp_c": 90.0,
-        "shutdown_temp_c": 92.0,
-        "mem_max_temp_c": 95.0,
-        "power_w": 620.0,
-        "power_limit_w": 700.0,
-        "power_default_w": 700.0,
-        "power_min_w": 200.0,
-        "power_max_w": 700.0,
-        "mem_used_mib": 61440.0,
-        "mem_total_mib": 81559.0,
-        "sm_clock_mhz": 1980.0,
-        "sm_clock_max_mhz": 1980.0,
-        "nvlink_links_total": 18,
-        "nvlink_links_up": 18,
-        "pcie_gen": 5,
-        "pcie_gen_max": 5,
-        "pcie_width": 16,
-        "pcie_width_max": 16,
-    },
-    "NVIDIA A100-SXM4-80GB": {
-        "temp_c": 62.0,
-        "mem_temp_c": 68.0,
-        "slowdown_temp_c": 89.0,
-        "shutdown_temp_c": 92.0,
-        "mem_max_temp_c": 95.0,
-        "power_w": 350.0,
-        "power_limit_w": 400.0,
-        "power_default_w": 400.0,
-        "power_min_w": 100.0,
-        "power_max_w": 400.0,
-        "mem_used_mib": 61440.0,
-        "mem_total_mib": 81920.0,
-        "sm_clock_mhz": 1410.0,
-        "sm_clock_max_mhz": 1410.0,
-        "nvlink_links_total": 12,
-        "nvlink_links_up": 12,
-        "pcie_gen": 4,
-        "pcie_gen_max": 4,
-        "pcie_width": 16,
-        "pcie_width_max": 16,
-    },
+_LOAD: Final[dict[str, dict[str, float]]] = {
+    datasheets.H100.model: {"temp_c": 65.0, "mem_temp_c": 71.0, "power_w": 620.0, "mem_used_mib": 61440.0},
+    datasheets.A100.model: {"temp_c": 62.0, "mem_temp_c": 68.0, "power_w": 350.0, "mem_used_mib": 61440.0},
 }
-DEFAULT_MODEL: Final = "NVIDIA H100 80GB HBM3"
+"""A healthy board of the model under training load (the readings a datasheet does not give)."""
+
+
+def _healthy_of(sheet: datasheets.Datasheet) -> dict[str, Any]:
+    return {
+        **_LOAD.get(sheet.model, _LOAD[datasheets.DEFAULT.model]),
+        "slowdown_temp_c": sheet.slowdown_temp_c,
+        "shutdown_temp_c": sheet.shutdown_temp_c,
+        "mem_max_temp_c": sheet.mem_max_temp_c,
+        "power_limit_w": sheet.power_default_w,
+        "power_default_w": sheet.power_default_w,
+        "power_min_w": sheet.power_min_w,
+        "power_max_w": sheet.power_max_w,
+        "mem_total_mib": sheet.mem_total_mib,
+        "sm_clock_mhz": sheet.sm_clock_max_mhz,
+        "sm_clock_max_mhz": sheet.sm_clock_max_mhz,
+        "nvlink_links_total": sheet.nvlink_links,
+        "nvlink_links_up": sheet.nvlink_links,
+        "pcie_gen": sheet.pcie_gen_max,
+        "pcie_gen_max": sheet.pcie_gen_max,
+        "pcie_width": sheet.pcie_width_max,
+        "pcie_width_max": sheet.pcie_width_max,
+    }
+
+
+MODELS: Final[dict[str, dict[str, Any]]] = {
+    model: _healthy_of(sheet) for model, sheet in datasheets.BY_MODEL.items()
+}
+"""Healthy readings by model: the datasheet figures (``healer.schemas.datasheets``) at full clocks and
+links, under the load figures above."""
+DEFAULT_MODEL: Final = datasheets.DEFAULT.model
 
 
 def healthy(model: str | None) -> dict[str, Any]:

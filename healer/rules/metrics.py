@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Final, Literal
 
-from healer.schemas import dcgm, telemetry
+from healer.schemas import dcgm, fields, telemetry
 
 Level = Literal["gpu", "node"]
 Kind = Literal["gauge", "counter", "bool"]
@@ -28,23 +28,8 @@ CLOCK_BITS: Final[dict[str, tuple[int, str]]] = {
     "clocks_hw_power_brake": (0x80, "hardware power brake (external power brake assertion) is active"),
 }
 
-COUNTERS: Final = frozenset(
-    {
-        "energy_j",
-        "ecc_sbe_volatile",
-        "ecc_dbe_volatile",
-        "ecc_sbe_aggregate",
-        "ecc_dbe_aggregate",
-        "retired_pages",
-        "remapped_rows_correctable",
-        "remapped_rows_uncorrectable",
-        "nvlink_crc_flit_errors",
-        "nvlink_crc_data_errors",
-        "nvlink_replay_errors",
-        "nvlink_recovery_errors",
-        "pcie_replay_count",
-    }
-)
+COUNTERS: Final = frozenset(fields.COUNTERS)
+"""Cumulative fields (from the telemetry field catalogue, ``healer.schemas.fields``)."""
 
 DCGM_ALIASES: Final = dcgm.ALIASES
 """dcgm-exporter field names → healer metric names (the catalogue lives beside the schema)."""

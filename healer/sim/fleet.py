@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from healer import errors
 from healer.schemas import events as events_schema
+from healer.schemas import fields
 from healer.sim import profiles, variation, workloads
 from healer.telemetry import source
 
@@ -26,28 +27,9 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
 
-COUNTERS = (
-    "ecc_sbe_volatile",
-    "ecc_dbe_volatile",
-    "ecc_sbe_aggregate",
-    "ecc_dbe_aggregate",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "nvlink_crc_flit_errors",
-    "nvlink_crc_data_errors",
-    "nvlink_replay_errors",
-    "nvlink_recovery_errors",
-    "pcie_replay_count",
-)
-VOLATILE = (
-    "ecc_sbe_volatile",
-    "ecc_dbe_volatile",
-    "nvlink_crc_flit_errors",
-    "nvlink_crc_data_errors",
-    "nvlink_replay_errors",
-    "nvlink_recovery_errors",
-    "pcie_replay_count",
-)
+COUNTERS = tuple(n for n in fields.ERROR_COUNTERS if n != "retired_pages")
+"""The error counters simulated (pre-Ampere page retirement is not), from ``healer.schemas.fields``."""
+VOLATILE = tuple(n for n in COUNTERS if n in fields.CLEARED_BY_RESET)
 """Counters a GPU reset or driver reload clears (aggregate ECC and remapped rows persist)."""
 
 

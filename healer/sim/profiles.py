@@ -1,14 +1,16 @@
 """GPU model profiles: the constants that make a simulated board look like an H100, H200 or A100.
 
-Thresholds are what ``nvidia-smi -q`` reports for the SXM boards; the thermal resistance is chosen so a
-GPU at its default power limit with nominal cooling settles about 45 °C above the inlet (a well-cooled
-HGX node runs its GPUs at 65-75 °C under training load).
+Thresholds and limits are the datasheet figures (``healer.schemas.datasheets``); the thermal resistance
+is chosen so a GPU at its default power limit with nominal cooling settles about 45 °C above the inlet
+(a well-cooled HGX node runs its GPUs at 65-75 °C under training load).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Final
+
+from healer.schemas import datasheets
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,22 +48,10 @@ class Profile:
 
 H100: Final = Profile(
     key="H100",
-    model="NVIDIA H100 80GB HBM3",
-    power_default_w=700.0,
-    power_min_w=200.0,
-    power_max_w=700.0,
+    **datasheets.H100.figures(),  # type: ignore[arg-type]
     power_idle_w=70.0,
     power_full_w=720.0,
-    slowdown_temp_c=90.0,
-    shutdown_temp_c=92.0,
-    max_operating_temp_c=87.0,
-    mem_max_temp_c=95.0,
-    mem_total_mib=81559.0,
-    sm_clock_max_mhz=1980.0,
     sm_clock_idle_mhz=345.0,
-    nvlink_links=18,
-    pcie_gen_max=5,
-    pcie_width_max=16,
     thermal_c_per_w=0.064,
     thermal_tau_s=30.0,
     hbm_offset_c=5.0,
@@ -70,8 +60,8 @@ H100: Final = Profile(
 H200: Final = dataclasses.replace(
     H100,
     key="H200",
-    model="NVIDIA H200",
-    mem_total_mib=143771.0,
+    model=datasheets.H200.model,
+    mem_total_mib=datasheets.H200.mem_total_mib,
     power_idle_w=75.0,
     thermal_tau_s=35.0,
     hbm_offset_c=6.0,
@@ -79,22 +69,10 @@ H200: Final = dataclasses.replace(
 
 A100: Final = Profile(
     key="A100",
-    model="NVIDIA A100-SXM4-80GB",
-    power_default_w=400.0,
-    power_min_w=100.0,
-    power_max_w=400.0,
+    **datasheets.A100.figures(),  # type: ignore[arg-type]
     power_idle_w=55.0,
     power_full_w=415.0,
-    slowdown_temp_c=89.0,
-    shutdown_temp_c=92.0,
-    max_operating_temp_c=85.0,
-    mem_max_temp_c=95.0,
-    mem_total_mib=81920.0,
-    sm_clock_max_mhz=1410.0,
     sm_clock_idle_mhz=210.0,
-    nvlink_links=12,
-    pcie_gen_max=4,
-    pcie_width_max=16,
     thermal_c_per_w=0.11,
     thermal_tau_s=30.0,
     hbm_offset_c=4.0,

@@ -1,0 +1,60 @@
+"""Facts about telemetry fields that the schema's types do not carry: which are counters, and what
+clears them. One catalogue beside ``telemetry.GpuSample``, read by the rules (``rate()`` and friends only
+make sense on a counter; the metric catalogue marks them) and by the simulator (which advances and
+resets them).
+
+A counter is cumulative exactly as NVML reports it: it only grows, except when the event in
+``cleared_by`` happens. Every other numeric field is a gauge. Units are in the field names (``energy_j``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final, Literal
+
+ClearedBy = Literal["gpu-reset", "driver-load", "never"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Counter:
+    name: str
+    """The GpuSample field."""
+    cleared_by: ClearedBy
+    """``gpu-reset``: volatile, a GPU reset or driver reload clears it; ``driver-load``: only a driver
+    (re)load or reboot does; ``never``: persists on the board (aggregate ECC, remapped rows, retired
+    pages)."""
+    error: bool = True
+    """An error count (a rise is a fault signal), as opposed to an accumulating reading (energy)."""
+
+
+COUNTERS: Final[dict[str, Counter]] = {
+    c.name: c
+    for c in (
+        Counter("energy_j", "driver-load", error=False),
+        Counter("ecc_sbe_volatile", "gpu-reset"),
+        Counter("ecc_dbe_volatile", "gpu-reset"),
+        Counter("ecc_sbe_aggregate", "never"),
+        Counter("ecc_dbe_aggregate", "never"),
+        Counter("retired_pages", "never"),
+        Counter("remapped_rows_correctable", "never"),
+        Counter("remapped_rows_uncorrectable", "never"),
+        Counter("nvlink_crc_flit_errors", "gpu-reset"),
+        Counter("nvlink_crc_data_errors", "gpu-reset"),
+        Counter("nvlink_replay_errors", "gpu-reset"),
+        Counter("nvlink_recovery_errors", "gpu-reset"),
+        Counter("pcie_replay_count", "gpu-reset"),
+    )
+}
+"""Every cumulative GpuSample field, in a stable order (the simulator's column order follows it)."""
+
+
+def is_counter(name: str) -> bool:
+    return name in COUNTERS
+
+
+ERROR_COUNTERS: Final[tuple[str, ...]] = tuple(c.name for c in COUNTERS.values() if c.error)
+"""The error counts, in catalogue order."""
+CLEARED_BY_RESET: Final[tuple[str, ...]] = tuple(
+    c.name for c in COUNTERS.values() if c.cleared_by == "gpu-reset"
+)
+"""Counters a GPU reset or driver reload clears (aggregate ECC, retired pages and remapped rows persist)."""
