@@ -1,14 +1,16 @@
 """FeedPublisher: every incident change becomes a CloudEvent on HEALER_INCIDENTS, never silently lost.
 
-Events are published with ``Nats-Msg-Id`` = event id = ``<incident id>.<seq>``. A publish that fails stays
-in an outbox, retried in order on the next ticks; the incident itself is already in KV, so even a crash
-with a full outbox loses no incident (the next change republishes the current state).
+Events are published with ``Nats-Msg-Id`` = event id = ``<incident id>.<seq>``, by one background task
+(``run``), so a leaderless incidents stream (a publish waits up to its 5 s timeout) never delays acting on
+an incident. A publish that fails stays in an outbox, retried in order; the incident itself is already in
+KV, so even a crash with a full outbox loses no incident (the next change republishes the current state).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 
 import structlog
@@ -30,6 +32,7 @@ class FeedPublisher:
         self.outbox: collections.deque[tuple[str, bytes, str]] = collections.deque(maxlen=100_000)
         self.published = 0
         self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
 
     def build(self, inc: incidents_mod.Incident, change: incidents.Change) -> incidents.IncidentEvent:
         return incidents.build(
@@ -45,6 +48,19 @@ class FeedPublisher:
         self.outbox.append(
             (self.subjects.incident(event.change, event.data.node), codec.encode(event), event.id)
         )
+
+    def kick(self) -> None:
+        """Have ``run`` publish the outbox now (returns at once)."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
+        """Publish the outbox whenever kicked, and retry what was deferred every ``retry_s``, until
+        ``stop``."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=retry_s)
+            self._wake.clear()
+            await self.flush()
 
     async def flush(self) -> None:
         """Publish the outbox in order; one flusher at a time (ticks and action tasks both call it)."""

@@ -86,7 +86,8 @@ class ControllerMetrics:
         )
         self.task_failures = prom.Counter(
             "healer_controller_task_failures_total",
-            "long-lived tasks (lease, leadership, events, ticks, housekeeping) that failed (restarted)",
+            "long-lived tasks (lease, leadership, events, ticks, housekeeping, feed) that failed (restarted);"
+            " repeat-count: a repeat-fault history that could not be read (the incident opened unescalated)",
             ["task"],
             registry=r,
         )
@@ -172,7 +173,7 @@ class ControllerMetrics:
                 self.messages_rejected.labels(kind, reason)
         for kind in ("frame", "event"):
             self.clock_skewed.labels(kind)
-        for task in ("lease", "leadership", "events", "ticks", "housekeeping"):
+        for task in ("lease", "leadership", "events", "ticks", "housekeeping", "feed", "repeat-count"):
             self.task_failures.labels(task)
         for connection in ("main", "telemetry"):
             self.nats_disconnects.labels(connection)

@@ -71,7 +71,9 @@ def shard_of(node: str, shards: int) -> int:
     return zlib.crc32(node.encode()) % shards if shards > 1 else 0
 
 
-STANDING_TASKS = frozenset({"controller-lease", "controller-ticks", "controller-housekeeping"})
+STANDING_TASKS = frozenset(
+    {"controller-lease", "controller-ticks", "controller-housekeeping", "controller-feed"}
+)
 """Background tasks that run for the controller's whole life (readiness checks they still do)."""
 TICK_STALE_MIN_S = 10.0
 """/readyz: a controller whose tick has not finished for this long (or 5 ticks, if longer) is stuck."""
@@ -189,6 +191,7 @@ class Controller:
         self.supervisor.start("events", self._pull_events)
         self.supervisor.start("ticks", self._tick_loop)
         self.supervisor.start("housekeeping", self._housekeeping)
+        self.supervisor.start("feed", lambda: self.feed.run(self._stop))
         self.log.info("controller.started", rules=len(result.ruleset.rules), mode=self.cs.mode)
 
     async def stop(self) -> None:
@@ -200,6 +203,9 @@ class Controller:
         for t in self.tasks.values():
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.feed.outbox:  # the last changes, once (a failed publish is retried by the next leader's)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.feed.flush(), timeout=6.0)
         if self._events is not None:
             await self._events.close()
         if self.telemetry_bus is not self.bus:
@@ -448,10 +454,16 @@ class Controller:
         if not self.leader:
             self.unacked = acks + self.unacked  # not ours to acknowledge yet
             return
-        for f in firings:
-            await self._handle(f, now)
-        await self._retry_and_escalate(now)
-        await self.feed.flush()
+        try:
+            for f in firings:
+                await self._handle(f, now)
+            await self._retry_and_escalate(now)
+            self.feed.kick()
+        except BaseException:
+            # Not recorded: these events are acknowledged by a later tick, or handed back (nak) to the
+            # next leader at step-down, never left unacknowledged until the ack wait runs out.
+            self.unacked = acks + self.unacked
+            raise
         for m in acks:
             with contextlib.suppress(nats.errors.Error):
                 await m.ack()
@@ -526,10 +538,18 @@ class Controller:
         if inc.gpu_index is None:
             return 0
         key = f"history.{inc.node}.{inc.gpu_index}"
-        doc = await self.state.get(key)
-        times = [t for t in (doc.value.get("opened", []) if doc else []) if now - t < self.cs.repeat_window_s]
-        times.append(now)
-        await self.state.put(key, {"opened": times[-50:]})
+        try:
+            doc = await self.state.get(key)
+            times = [
+                t for t in (doc.value.get("opened", []) if doc else []) if now - t < self.cs.repeat_window_s
+            ]
+            times.append(now)
+            await self.state.put(key, {"opened": times[-50:]})
+        except errors.TemporaryError as e:
+            # The count only escalates a repeat offender: it never holds up the quarantine of a fault.
+            self.metrics.task_failures.labels("repeat-count").inc()
+            self.log.warning("controller.repeat_count_failed", incident_id=inc.id, error=str(e))
+            return 1
         episodes = 1
         for earlier, later in itertools.pairwise(times):
             if later - earlier >= EPISODE_S:
@@ -541,7 +561,7 @@ class Controller:
         inc.updated_at = self.clock()
         self.feed.enqueue(self.feed.build(inc, change))  # built before any await: ids never collide
         await self.book.save(inc)
-        await self.feed.flush()
+        self.feed.kick()  # published by the feed task: a slow incidents stream never delays an action
         self.metrics.incident_changes.labels(change).inc()
         self.log.info(
             "incident." + change, incident_id=inc.id, rule_id=inc.rule_id, node=inc.node, gpu=inc.gpu_index,

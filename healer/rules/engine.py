@@ -96,7 +96,8 @@ class Engine:
         self._tracks: dict[str, _Track] = {}
         self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
         self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
-        self._restores: dict[tuple[str, str, int | None], float] = {}
+        self._restores: dict[tuple[str, str, int | None], tuple[float, float]] = {}
+        """Restored condition firings waiting for a frame: key → (since, the node's newest frame then)."""
         self._repeats = repeats.Counter()
         self.rule_errors = 0
         """Rule evaluations that raised (logged with the rule id; the other rules still ran)."""
@@ -183,8 +184,10 @@ class Engine:
         """Take back a firing a previous process reported (a controller restart or a new leader), so it
         resolves by the rule's own terms instead of staying open forever. An event rule's firing is
         active again at once, quiet since ``last``. A condition rule's comes back as firing once the
-        target reports again (a GPU that has not reported neither fires nor resolves), then follows the
-        resolve condition like any other. False if no loaded rule has that id."""
+        target reports again, with a frame received after this call (what this process knew of it
+        before may predate the incident: a standby that lost the node's telemetry for a while must not
+        resolve a fault it never saw on its old readings), then follows the resolve condition like any
+        other. False if no loaded rule has that id."""
         rule = self.rules.by_id(rule_id)
         if rule is None:
             return False
@@ -193,20 +196,25 @@ class Engine:
             if rule.resolve_for_s > 0:
                 self._active.setdefault(key, _EventFiring(since, last, dict(evidence), gpu_uuid))
         else:
-            self._restores[key] = since
+            self.state.flush()
+            n = self.state.node_index(node)
+            known = -math.inf if n is None else float(self.state.last_ts[n])
+            self._restores[key] = (since, known)
         return True
 
     def _apply_restores(self) -> None:
         st = self.state
-        for key, since in list(self._restores.items()):
+        for key, (since, known) in list(self._restores.items()):
             rule_id, node, gpu = key
             rule = self.rules.by_id(rule_id)
             n = st.node_index(node)
             if rule is None or rule.on_event is not None:
                 del self._restores[key]
                 continue
-            if n is None or (gpu is not None and (gpu >= st.gpus or not st.seen[n, gpu])):
-                continue  # not reported since: wait
+            if n is None or st.last_ts[n] <= known:
+                continue  # not reported since the restore: wait
+            if gpu is not None and (gpu >= st.gpus or not st.seen[n, gpu]):
+                continue
             del self._restores[key]
             track = self._track(rule, st.gpus if rule.scope == "gpu" else 1)
             j = gpu if gpu is not None else 0

@@ -82,13 +82,6 @@ async def leader_of(bus: natsbus.NatsBus, stream: str, *, other_than: str | None
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="KNOWN BUG, open: in about half of the full-suite runs (never in 6 runs alone) a DBE incident "
-    "resolves while its GPU still reports the error and healer uncordons the node (extra ('uncordon', "
-    "'r0'/'r1')), or acting again takes a little over 2 lease TTLs; see the closing note of this session "
-    "and docs/operations.md. Kept running so an XPASS shows when it holds.",
-)
 async def test_killing_the_leader_of_each_stream_and_bucket_loses_nothing_and_repeats_nothing(
     cluster_harness: ClusterHarness, nats_cluster: server.EmbeddedCluster
 ) -> None:

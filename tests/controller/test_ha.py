@@ -4,6 +4,7 @@ the leader gauge tells the truth, and a takeover that fails is retried (or hande
 from __future__ import annotations
 
 import asyncio
+import types
 from typing import Any
 
 import nats.errors
@@ -15,7 +16,7 @@ from healer import config, errors, testing
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.controller import incidents as incidents_mod
-from healer.controller import kv, lease, policy
+from healer.controller import kv, lease, policy, service
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
@@ -265,6 +266,79 @@ async def test_events_from_an_outage_are_acted_on_within_seconds_of_reconnecting
                     await asyncio.sleep(0.1)
     await run_until(fleet, lambda: {"n2", "n3"} <= opened(harness), timeout=30)
     assert loop.time() - back < 5 * LEASE_TTL_S, "acted on within seconds, not after the 60 s ack wait"
+
+
+async def test_events_of_a_tick_that_failed_go_to_the_next_leader_at_once(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos run lost an XID for a minute: the leader pulled it, its tick failed (KV timed out while
+    opening the incident), it lost the lease, and the event was neither acknowledged nor handed back, so
+    the new leader saw it only after the 60 s ack wait. A failed tick keeps its events for step-down."""
+    (harness.rules / "xid.yaml").write_text(XID_RULE)
+    first = await harness.controller(testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: first.leader)
+    real_open = service.Controller._open
+    failed: list[str] = []
+
+    async def open_broken(self: service.Controller, f: Any, now: float) -> None:
+        if self is first:
+            failed.append(f.node)
+            raise errors.TemporaryError("KV get history.n1.0: TimeoutError()")
+        await real_open(self, f, now)
+
+    monkeypatch.setattr(service.Controller, "_open", open_broken)
+    event = events.new("n1", "xid", gpu_index=0, xid=79)
+    await harness.bus.publish_durable(subjects.Subjects().events("n1"), codec.encode(event), msg_id=event.id)
+    await run_until(fleet, lambda: bool(failed))
+    second = await harness.controller(testing.RecordingActuator())
+    await first.lease.release(hold_off_s=60)  # the lease is lost while the process lives on
+    await run_until(fleet, lambda: second.leader, timeout=4 * LEASE_TTL_S)
+    await run_until(fleet, lambda: "n1" in opened(harness), timeout=4 * LEASE_TTL_S)
+    assert not first.leader
+
+
+async def test_a_stuck_incident_feed_never_holds_up_the_quarantine(harness: Harness) -> None:
+    """Acting waited on publishing the incident to the feed: with the incidents stream leaderless, each
+    publish ran into its 5 s timeout before the cordon. The incident is in KV first; the feed follows."""
+    ctl = await harness.controller(actuator := testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader)
+    await warm(fleet)
+    gate = asyncio.Event()
+    real = ctl.feed.bus.publish_durable
+
+    async def stuck(subject: str, data: bytes, msg_id: str, timeout: float = 5.0) -> bool:
+        await gate.wait()  # as a publish to a stream with no leader: no answer yet
+        return await real(subject, data, msg_id, timeout)
+
+    ctl.feed.bus = types.SimpleNamespace(publish_durable=stuck)  # type: ignore[assignment]
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: {r.kind for r in actuator.executed()} == {"cordon", "migrate"})
+    assert "n1" not in opened(harness), "acted while the feed was still stuck"
+    assert ctl.feed.outbox, "the changes wait in the outbox"
+    gate.set()
+    await run_until(fleet, lambda: "n1" in opened(harness))
+
+
+async def test_an_unreadable_repeat_history_never_holds_up_the_quarantine(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl = await harness.controller(actuator := testing.RecordingActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader)
+    await warm(fleet)
+    real_get = kv.Store.get
+
+    async def get(self: kv.Store, key: str) -> Any:
+        if key.startswith("history."):
+            raise errors.TemporaryError(f"KV get {key}: TimeoutError()")
+        return await real_get(self, key)
+
+    monkeypatch.setattr(kv.Store, "get", get)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: {r.kind for r in actuator.executed()} == {"cordon", "migrate"})
+    assert ctl.metrics.task_failures.labels("repeat-count")._value.get() == 1
 
 
 def opened(harness: Harness) -> set[str]:

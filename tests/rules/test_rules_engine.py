@@ -395,6 +395,23 @@ def test_restored_condition_firing_waits_for_data_then_follows_the_resolve_condi
     assert seen == [["firing"], ["firing"], ["resolved"]]  # 20 s below 75
 
 
+def test_a_restored_firing_never_resolves_on_readings_from_before_the_restore() -> None:
+    """The chaos run uncordoned a node with a live DBE: the standby that took over had lost the node's
+    telemetry 20 s before the fault, still held its last healthy reading (fresh enough), and resolved
+    the incident the old leader opened on it. Only a frame received after the restore may resolve it."""
+    text = rule("ecc_dbe_volatile > 0", extra="    resolve: {when: ecc_dbe_volatile == 0, for: 0s}\n")
+    eng = make_engine(text, stale_after_s=30.0)
+    eng.ingest(frame("n", 0.0, gpus=1, ecc_dbe_volatile=0), at=T0)
+    assert eng.evaluate(T0) == []
+    assert eng.restore("r", "n", 0, since=T0 + 5, last=T0 + 9, evidence={"ecc_dbe_volatile": 1})
+    assert eng.evaluate(T0 + 10) == [], "the healthy reading predates the incident: wait for a frame"
+    eng.ingest(frame("n", 11.0, gpus=1, ecc_dbe_volatile=1), at=T0 + 11)
+    (still,) = eng.evaluate(T0 + 11)
+    assert (still.status, still.since) == ("firing", T0 + 5), "the same firing, neither resolved nor new"
+    eng.ingest(frame("n", 12.0, gpus=1, ecc_dbe_volatile=0), at=T0 + 12)
+    assert statuses(eng.evaluate(T0 + 12)) == {("r", "n", 0, "resolved")}, "a fresh healthy frame resolves"
+
+
 def test_restored_condition_firing_that_cleared_while_down_resolves() -> None:
     eng = make_engine(rule("temp_c > 85"))
     eng.restore("r", "n", 0, since=T0 - 500, last=T0 - 100, evidence={})
