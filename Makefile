@@ -34,6 +34,7 @@ schemas: $(STAMP)
 	$(BIN)/healer rules schema --out docs/schemas/rules.v1.json
 	$(BIN)/healer config docs > docs/configuration.md
 	$(BIN)/python -m healer.rules.packdoc rules docs/rules.md
+	$(BIN)/python -m healer.rules.configmap rules deploy/kubernetes/rules-configmap.yaml
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/agent_cost.py

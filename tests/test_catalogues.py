@@ -32,3 +32,18 @@ def test_rules_and_simulator_read_the_same_datasheet(sheet: datasheets.Datasheet
     profile = next(p for p in profiles.PROFILES.values() if p.model == sheet.model)
     as_profile = dataclasses.asdict(profile)
     assert {k: as_profile[k] for k in sheet.figures()} == sheet.figures()
+
+
+def test_the_clock_reason_bits_are_nvmls_own() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    for reason in fields.ClocksEventReason:
+        camel = "".join(part.capitalize() for part in str(reason.name).split("_"))
+        assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == reason, reason.name
+
+
+def test_rules_and_simulator_read_the_same_clock_reason_bits() -> None:
+    """The rules' 0/1 clock metrics are the catalogue's; the simulator keeps no bits of its own."""
+    assert {n for n, m in metrics.DERIVED.items() if m.kind == "bool"} == set(fields.CLOCK_BITS)
+    bit, _ = fields.CLOCK_BITS["clocks_sw_power_cap"]
+    assert bit == fields.ClocksEventReason.SW_POWER_CAP
+    assert "sw_power_cap" not in {n.lower() for n in vars(profiles)}, "one definition, in fields.py"

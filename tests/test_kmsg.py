@@ -164,7 +164,7 @@ def test_watcher_turns_a_kmsg_line_into_an_xid_event_with_the_gpu(node: Node) ->
     assert (
         event.message == "XID 79 on GPU 1 (PCI 0000:28:00): GPU fell off the bus: GPU has fallen off the bus."
     )
-    assert w.records == 5  # continuation lines are part of their record
+    assert w.counts.records == 5  # continuation lines are part of their record
 
 
 def test_watcher_emits_sxid_events_without_a_gpu(node: Node) -> None:
@@ -207,7 +207,7 @@ def test_restart_in_the_same_boot_never_replays(node: Node) -> None:
         assert node.xids(2) == [(2, 95), (3, 64)]
     finally:
         w.stop()
-    assert w.skipped >= 2
+    assert w.counts.skipped >= 2
     assert node.got.empty()
 
 
@@ -240,14 +240,14 @@ def test_an_overrun_is_counted_and_reading_goes_on(node: Node, monkeypatch: pyte
         assert node.xids(1) == [(4, 13)]
     finally:
         w.stop()
-    assert w.overruns == 1
+    assert w.counts.overruns == 1
 
 
 def test_an_unreadable_kmsg_leaves_the_agent_running_without_it(tmp_path: pathlib.Path) -> None:
     w = kernel_log.KmsgWatcher("n1", state_dir=tmp_path, path=tmp_path / "missing")
     w.start(lambda e: None)
     w.stop()
-    assert w.records == 0
+    assert w.counts.records == 0
 
 
 class Stub:

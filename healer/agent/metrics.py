@@ -8,7 +8,7 @@ import typing
 import prometheus_client as prom
 
 from healer import buildinfo
-from healer.agent import gpu_metrics
+from healer.agent import gpu_metrics, watcher_metrics
 from healer.schemas import codec, commands, events
 
 
@@ -25,6 +25,9 @@ class AgentMetrics:
         self.gpu = gpu_metrics.GpuCollector(job_map_dir)
         """The GPUs' readings under dcgm-exporter's names (docs/agent.md)."""
         r.register(self.gpu)
+        self.watchers = watcher_metrics.WatcherCollector()
+        """The event watchers' counts (docs/agent.md); the Agent attaches its watcher."""
+        r.register(self.watchers)
         self.frames_published = prom.Counter(
             "healer_agent_frames_published_total", "NodeFrames published", registry=r
         )

@@ -69,6 +69,8 @@ class Agent:
         self.gpus_expected = gpus_expected
         self.watcher = watcher
         self.metrics = metrics or metrics_mod.AgentMetrics()
+        if watcher is not None:
+            self.metrics.watchers.attach(watcher)
         self.clock = clock
         self.boot_id = uuid.uuid4().hex
         self.seq = 0

@@ -23,6 +23,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from healer.schemas import fields
+
 F64 = npt.NDArray[np.float64]
 
 RAW: Final = (
@@ -57,10 +59,14 @@ COUNTERS: Final = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "pcie_replay")
 """Counter increases per bucket; ``nvlink_crc`` is CRC flit + CRC data errors."""
 CHANNELS: Final = (*SUMS, *COUNTERS)
 
-THERMAL_REASONS: Final = 0x20 | 0x40
-"""NVML clocks event reasons SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN."""
-POWER_REASONS: Final = 0x04 | 0x80
-"""NVML clocks event reasons SW_POWER_CAP | HW_POWER_BRAKE_SLOWDOWN."""
+THERMAL_REASONS: Final = int(
+    fields.ClocksEventReason.SW_THERMAL_SLOWDOWN | fields.ClocksEventReason.HW_THERMAL_SLOWDOWN
+)
+"""The clocks event reasons that mean heat: driver or hardware thermal slowdown."""
+POWER_REASONS: Final = int(
+    fields.ClocksEventReason.SW_POWER_CAP | fields.ClocksEventReason.HW_POWER_BRAKE_SLOWDOWN
+)
+"""The clocks event reasons that mean power: the software power cap or the hardware power brake."""
 
 BASE_FEATURES: Final = (
     "temp_c",  # mean core temperature, °C

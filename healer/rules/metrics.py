@@ -19,15 +19,6 @@ from healer.schemas import dcgm, fields, telemetry
 Level = Literal["gpu", "node"]
 Kind = Literal["gauge", "counter", "bool"]
 
-# NVML clocksEventReasons bits (nvml.h: nvmlClocksEventReason*).
-CLOCK_BITS: Final[dict[str, tuple[int, str]]] = {
-    "clocks_sw_power_cap": (0x4, "software power cap (the power limit) is lowering clocks"),
-    "clocks_hw_slowdown": (0x8, "hardware slowdown (thermal, power brake or supply) is active"),
-    "clocks_sw_thermal_slowdown": (0x20, "driver thermal slowdown is active"),
-    "clocks_hw_thermal_slowdown": (0x40, "hardware thermal slowdown is active"),
-    "clocks_hw_power_brake": (0x80, "hardware power brake (external power brake assertion) is active"),
-}
-
 COUNTERS: Final = frozenset(fields.COUNTERS)
 """Cumulative fields (from the telemetry field catalogue, ``healer.schemas.fields``)."""
 
@@ -66,8 +57,8 @@ SAMPLE: Final = _sample_metrics()
 """GpuSample fields readable by rules, in field order (the ingest column order)."""
 
 DERIVED: Final = {
-    name: Metric(name, "gpu", "bool", f"{desc} (clocks_event_reasons & {bit:#x})", "derived")
-    for name, (bit, desc) in CLOCK_BITS.items()
+    name: Metric(name, "gpu", "bool", f"{desc} (clocks_event_reasons & {int(bit):#x})", "derived")
+    for name, (bit, desc) in fields.CLOCK_BITS.items()
 }
 
 NODE: Final = {

@@ -27,7 +27,7 @@ import numpy.typing as npt
 import structlog
 
 from healer.rules import metrics, ruleset, windows
-from healer.schemas import telemetry
+from healer.schemas import fields, telemetry
 
 log = structlog.get_logger(__name__)
 F64 = npt.NDArray[np.float64]
@@ -209,9 +209,9 @@ class FleetState:
         grid[frame_of, gidx, :nraw] = values[:, 1:]
         with np.errstate(invalid="ignore"):
             for name, i in self.col.items():
-                if name in metrics.CLOCK_BITS:
+                if name in fields.CLOCK_BITS:
                     bits = grid[:, :, self.col["clocks_event_reasons"]]
-                    flag = (np.nan_to_num(bits).astype(np.int64) & metrics.CLOCK_BITS[name][0]) != 0
+                    flag = (np.nan_to_num(bits).astype(np.int64) & int(fields.CLOCK_BITS[name][0])) != 0
                     grid[:, :, i] = np.where(np.isnan(bits), np.nan, flag)
             self.latest[:, nodes] = grid.transpose(2, 0, 1)
             self.last_ts[nodes] = ts

@@ -1,7 +1,8 @@
-"""Facts about telemetry fields that the schema's types do not carry: which are counters, and what
-clears them. One catalogue beside ``telemetry.GpuSample``, read by the rules (``rate()`` and friends only
-make sense on a counter; the metric catalogue marks them) and by the simulator (which advances and
-resets them).
+"""Facts about telemetry fields that the schema's types do not carry: which are counters, what clears
+them, and what the bits of ``clocks_event_reasons`` mean. One catalogue beside ``telemetry.GpuSample``,
+read by the rules (``rate()`` and friends only make sense on a counter; the metric catalogue marks them;
+each clock reason is a 0/1 metric of its own), the simulator (which advances and resets the counters and
+sets the reason bits) and the anomaly model's features.
 
 A counter is cumulative exactly as NVML reports it: it only grows, except when the event in
 ``cleared_by`` happens. Every other numeric field is a gauge. Units are in the field names (``energy_j``).
@@ -10,6 +11,7 @@ A counter is cumulative exactly as NVML reports it: it only grows, except when t
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Final, Literal
 
 ClearedBy = Literal["gpu-reset", "driver-load", "never"]
@@ -58,3 +60,40 @@ CLEARED_BY_RESET: Final[tuple[str, ...]] = tuple(
     c.name for c in COUNTERS.values() if c.cleared_by == "gpu-reset"
 )
 """Counters a GPU reset or driver reload clears (aggregate ECC, retired pages and remapped rows persist)."""
+
+
+class ClocksEventReason(enum.IntFlag):
+    """The bits of ``clocks_event_reasons``, NVML's clocks event (throttle) reasons bitmask
+    (nvml.h: ``nvmlClocksEventReason*``)."""
+
+    GPU_IDLE = 0x1
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+
+
+CLOCK_BITS: Final[dict[str, tuple[ClocksEventReason, str]]] = {
+    "clocks_sw_power_cap": (
+        ClocksEventReason.SW_POWER_CAP,
+        "software power cap (the power limit) is lowering clocks",
+    ),
+    "clocks_hw_slowdown": (
+        ClocksEventReason.HW_SLOWDOWN,
+        "hardware slowdown (thermal, power brake or supply) is active",
+    ),
+    "clocks_sw_thermal_slowdown": (
+        ClocksEventReason.SW_THERMAL_SLOWDOWN,
+        "driver thermal slowdown is active",
+    ),
+    "clocks_hw_thermal_slowdown": (
+        ClocksEventReason.HW_THERMAL_SLOWDOWN,
+        "hardware thermal slowdown is active",
+    ),
+    "clocks_hw_power_brake": (
+        ClocksEventReason.HW_POWER_BRAKE_SLOWDOWN,
+        "hardware power brake (external power brake assertion) is active",
+    ),
+}
+"""The reasons a rule reads as 0/1 metrics of their own: metric name -> (bit, what it means)."""

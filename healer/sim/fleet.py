@@ -238,11 +238,12 @@ class Fleet:
         clock = np.where(busy, self.sm_max, self.sm_idle)
         clock = np.where(limited, np.maximum(self.sm_idle, self.sm_max * np.sqrt(ratio)), clock)
         self.sm_clock = clock
-        reasons = np.where(busy, 0, profiles.GPU_IDLE)
-        reasons |= np.where(power_capped & ~sw_thermal & ~hw_thermal, profiles.SW_POWER_CAP, 0)
-        reasons |= np.where(sw_thermal, profiles.SW_THERMAL_SLOWDOWN, 0)
-        reasons |= np.where(hw_thermal, profiles.HW_THERMAL_SLOWDOWN | profiles.HW_SLOWDOWN, 0)
-        reasons |= np.where(self.brake, profiles.HW_POWER_BRAKE_SLOWDOWN | profiles.HW_SLOWDOWN, 0)
+        why = fields.ClocksEventReason
+        reasons = np.where(busy, 0, int(why.GPU_IDLE))
+        reasons |= np.where(power_capped & ~sw_thermal & ~hw_thermal, int(why.SW_POWER_CAP), 0)
+        reasons |= np.where(sw_thermal, int(why.SW_THERMAL_SLOWDOWN), 0)
+        reasons |= np.where(hw_thermal, int(why.HW_THERMAL_SLOWDOWN | why.HW_SLOWDOWN), 0)
+        reasons |= np.where(self.brake, int(why.HW_POWER_BRAKE_SLOWDOWN | why.HW_SLOWDOWN), 0)
         self.reasons = reasons.astype(np.int64)
         mem_util, mem_frac = self.work.mem_util_factor(), self.work.mem_fraction()
         self.util_mem = util * (mem_util if mem_util.ndim == 2 else mem_util[:, None])

@@ -81,14 +81,6 @@ A100: Final = Profile(
 PROFILES: Final = {p.key: p for p in (H100, H200, A100)}
 """Profiles by scenario key."""
 
-# NVML clocks event (throttle) reason bits.
-GPU_IDLE: Final = 0x1
-SW_POWER_CAP: Final = 0x4
-HW_SLOWDOWN: Final = 0x8
-SW_THERMAL_SLOWDOWN: Final = 0x20
-HW_THERMAL_SLOWDOWN: Final = 0x40
-HW_POWER_BRAKE_SLOWDOWN: Final = 0x80
-
 # NVML recovery actions.
 RECOVERY_NONE: Final = 0
 RECOVERY_GPU_RESET: Final = 1

@@ -11,9 +11,12 @@ It never replays: the kernel's boot id and the sequence number of the last recor
 skipped; after a reboot (a new boot id) the ring holds only this boot's records and all are read; on
 the very first start (no state) the watcher begins at the end, so days-old lines never become new
 incidents. A read that fails with EPIPE means the kernel overwrote records before they were read
-(the ring buffer wrapped): counted in ``overruns``, logged, and reading goes on from the oldest record
-still there. Reading needs CAP_SYSLOG (or root) on /dev/kmsg unless ``kernel.dmesg_restrict=0``;
-docs/agent.md says how to grant it.
+(the ring buffer wrapped): counted in ``counts.overruns``, logged, and reading goes on from the oldest
+record still there. Any other read error closes and reopens the log (``counts.reopens``), skipping by
+sequence number what was handled already. A line that names an Xid or SXid in a format the parser does
+not know is counted in ``counts.parse_failures`` and logged (``kmsg_unparsed``). Reading needs
+CAP_SYSLOG (or root) on /dev/kmsg unless ``kernel.dmesg_restrict=0``; docs/agent.md says how to grant
+it.
 """
 
 from __future__ import annotations
@@ -57,12 +60,7 @@ class KmsgWatcher:
         self.resolve = resolve
         self.boot_id_path = pathlib.Path(boot_id_path)
         self.poll_s = poll_s
-        self.records = 0
-        """Records read (every subsystem's)."""
-        self.overruns = 0
-        """Reads that failed with EPIPE: records the kernel overwrote before they were read."""
-        self.skipped = 0
-        """Records skipped because an earlier run of the agent handled them already."""
+        self.counts = source.WatcherCounts("kmsg")
         self._fd: int | None = None
         self._boot_id: str | None = None
         self._skip_to: int | None = None
@@ -77,6 +75,7 @@ class KmsgWatcher:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:  # no CAP_SYSLOG, no such file: the agent runs on without the kernel log
+            self.counts.failures += 1
             self._log.error("kmsg_unavailable", error=str(e), errno=e.errno)
             return
         self._fd = fd
@@ -103,13 +102,20 @@ class KmsgWatcher:
         if fd is not None:
             os.close(fd)
             self._save_state()
-            self._log.info("kmsg_watch_stopped", records=self.records, overruns=self.overruns)
+            self._log.info("kmsg_watch_stopped", records=self.counts.records, overruns=self.counts.overruns)
+
+    def counters(self) -> list[source.WatcherCounts]:
+        return [self.counts]
 
     # -- reading -------------------------------------------------------------------------------------
     def _run(self, sink: source.EventSink) -> None:
-        assert self._fd is not None
-        fd, pending = self._fd, b""
+        pending = b""
         while not self._stop.is_set():
+            fd = self._fd
+            if fd is None:  # the last reopen failed: try again
+                self._stop.wait(max(1.0, self.poll_s))
+                self._reopen()
+                continue
             try:
                 ready, _, _ = select.select([fd], [], [], self.poll_s)
                 if not ready:
@@ -119,11 +125,14 @@ class KmsgWatcher:
                 continue
             except OSError as e:
                 if e.errno == errno.EPIPE:  # the ring wrapped under us: some records are gone
-                    self.overruns += 1
-                    self._log.warning("kmsg_overrun", overruns=self.overruns)
+                    self.counts.overruns += 1
+                    self._log.warning("kmsg_overrun", overruns=self.counts.overruns)
                     continue
+                self.counts.failures += 1
                 self._log.error("kmsg_read_failed", error=str(e), errno=e.errno)
                 self._stop.wait(max(1.0, self.poll_s))
+                pending = b""  # a part record is read again whole from the new descriptor
+                self._reopen()
                 continue
             if not chunk:  # end of a file or a FIFO without a writer: wait for more
                 self._stop.wait(self.poll_s)
@@ -132,20 +141,50 @@ class KmsgWatcher:
             for line in lines:
                 self._handle(line.decode("utf-8", errors="replace"), sink)
 
+    def _reopen(self) -> None:
+        """Open the log again after a failed read. A new reader of /dev/kmsg starts at the oldest
+        record, so what was handled already is skipped by sequence number; with no number seen yet
+        (a plain log) it starts at the end instead, as on a first start."""
+        old, self._fd = self._fd, None
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.close(old)
+        if self._stop.is_set():
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as e:
+            self.counts.failures += 1
+            self._log.error("kmsg_reopen_failed", error=str(e), errno=e.errno)
+            return
+        seen = [s for s in (self._last_seq, self._skip_to) if s is not None]
+        if seen:
+            self._skip_to = max(seen)
+        else:
+            with contextlib.suppress(OSError):
+                os.lseek(fd, 0, os.SEEK_END)
+        self._fd = fd
+        self.counts.reopens += 1
+        self._log.info("kmsg_reopened", reopens=self.counts.reopens, resume_after_seq=self._skip_to)
+
     def _handle(self, line: str, sink: source.EventSink) -> None:
         record = kmsg.parse_record(line)
         if record is None:
             return
-        self.records += 1
+        self.counts.records += 1
         if record.seq is not None:
             if self._skip_to is not None and record.seq <= self._skip_to:
-                self.skipped += 1
+                self.counts.skipped += 1
                 return
             self._last_seq = record.seq
         found = kmsg.parse_nvidia(record.message)
         if found is None:
+            if kmsg.names_nvidia(record.message):
+                self.counts.parse_failures += 1
+                self._log.warning("kmsg_unparsed", message=record.message[:512])
             return
         event = self._event(found)
+        self.counts.events += 1
         try:
             sink(event)
         except Exception:

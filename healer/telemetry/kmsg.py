@@ -34,6 +34,7 @@ _XID74: Final = re.compile(r"link\s+(?P<link>\d+)\s*\((?P<regs>0x[0-9a-fA-F]+(?:
 _NVLINK5: Final = re.compile(r"^(?P<unit>[A-Z][A-Z0-9_]*),\s*(?P<fatal>nonfatal|fatal)\b", re.IGNORECASE)
 _LINK: Final = re.compile(r"\blink\s+(?P<link>\d+)", re.IGNORECASE)
 _WORDS: Final = re.compile(r"\((?P<words>\s*0x[0-9a-fA-F]+(?:[\s,]+0x[0-9a-fA-F]+)*\s*)\)\s*$")
+_MARK: Final = re.compile(r"NVRM: Xid\b|\bSXid\b")
 NVLINK5_XIDS: Final = frozenset(range(144, 151))
 
 
@@ -110,6 +111,12 @@ def parse_nvidia(message: str) -> NvidiaLine | None:
             details["link"] = int(link["link"])
         return NvidiaLine("sxid", pci, int(m["code"]), rest, details=details)
     return None
+
+
+def names_nvidia(message: str) -> bool:
+    """Whether a message says it is an XID or SXID line: one of these that ``parse_nvidia`` cannot
+    read is a format healer does not know (counted, so a driver's new wording does not go unseen)."""
+    return _MARK.search(message) is not None
 
 
 def _pid_and_name(rest: str) -> tuple[str, int | None, str | None]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from healer.schemas import events, telemetry
 
@@ -64,3 +64,36 @@ class EventWatcher(Protocol):
     def start(self, sink: EventSink) -> None: ...
 
     def stop(self) -> None: ...
+
+
+@dataclasses.dataclass(slots=True)
+class WatcherCounts:
+    """What one watcher has done since it was built: the numbers an SRE needs to trust it (served on
+    the agent's /metrics). Each field is written by one thread and read by the scrape."""
+
+    source: events.EventSource
+    events: int = 0
+    """Events handed on (XIDs, SXIDs, double-bit ECC; for NVML also a failed wait's GPU-lost event)."""
+    duplicates: int = 0
+    """XIDs of this source dropped because another report of the same fault was passed (watchers.py)."""
+    parse_failures: int = 0
+    """What the watcher could not read: a kernel-log line naming an Xid or SXid in no known format, an
+    NVML event of a type it does not know."""
+    failures: int = 0
+    """Reads or waits that failed (an unreadable /dev/kmsg, an NVML wait error), not counting timeouts
+    and kmsg overruns."""
+    records: int = 0
+    """Kernel-log records read, every subsystem's (kmsg only)."""
+    overruns: int = 0
+    """kmsg reads that failed with EPIPE: records the kernel overwrote before they were read."""
+    skipped: int = 0
+    """kmsg records skipped because the agent had handled them already (no replay after a restart)."""
+    reopens: int = 0
+    """Times the kernel log was opened again after a read failed."""
+
+
+@runtime_checkable
+class CountingWatcher(EventWatcher, Protocol):
+    """A watcher that keeps WatcherCounts; a combined one hands on those of every watcher in it."""
+
+    def counters(self) -> list[WatcherCounts]: ...

@@ -6,13 +6,16 @@ per ``window_s``. The kernel log's version says more (the process, decoded regis
 count distinct processes by), so with ``hold_s`` > 0 an XID from NVML waits that long for the log's
 line of the same fault and is replaced by it when it comes; otherwise NVML's is passed when the hold
 ends (or at ``stop()``, never lost). Other events pass untouched and at once. Watcher threads call the
-sink concurrently: the dedupe state is locked, and the sink is called outside the lock.
+sink concurrently: the dedupe state is locked, and the sink is called outside the lock. What was
+dropped is counted per source of the dropped copy (an NVML XID replaced by the log's line counts as
+an NVML duplicate) in ``counters()``, beside the counts of every watcher inside.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import typing
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -41,6 +44,7 @@ class Combined:
         """XIDs dropped because one for the same GPU and code was passed (or held) within the window."""
         self.replaced = 0
         """NVML XIDs replaced by the kernel log's line of the same fault during the hold."""
+        self._dropped = {s: source.WatcherCounts(s) for s in typing.get_args(events.EventSource)}
         self._seen: dict[Key, float] = {}
         self._held: dict[Key, tuple[events.NodeEvent, threading.Timer]] = {}
         self._sink: source.EventSink | None = None
@@ -60,6 +64,11 @@ class Combined:
             timer.cancel()
             self._pass(event)
 
+    def counters(self) -> list[source.WatcherCounts]:
+        """The counts of every watcher inside that keeps them, then the duplicates dropped here."""
+        inner = [c for w in self.watchers if isinstance(w, source.CountingWatcher) for c in w.counters()]
+        return inner + list(self._dropped.values())
+
     def offer(self, event: events.NodeEvent) -> None:
         """What the watchers call: pass, hold, replace or drop the event."""
         if event.kind != "xid" or event.gpu_index is None or event.xid is None:
@@ -73,8 +82,11 @@ class Combined:
                 del self._held[key]
                 held[1].cancel()
                 self.replaced += 1
+                self._dropped["nvml"].duplicates += 1
             elif held is not None or now - self._seen.get(key, -float("inf")) < self.window_s:
                 self.duplicates += 1
+                if event.source is not None:
+                    self._dropped[event.source].duplicates += 1
                 log.info("xid_duplicate_dropped", gpu_index=key[0], xid=key[1], source=event.source)
                 return
             self._seen = {k: t for k, t in self._seen.items() if now - t < self.window_s}

@@ -41,6 +41,10 @@ class XidWatcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._log = log.bind(node=node, source="nvml_events")
+        self.counts = source.WatcherCounts("nvml")
+
+    def counters(self) -> list[source.WatcherCounts]:
+        return [self.counts]
 
     @property
     def watching(self) -> list[int]:
@@ -130,6 +134,7 @@ class XidWatcher:
             except Exception as e:
                 code = getattr(e, "value", None)
                 tag: int | str = code if isinstance(code, int) else type(e).__name__
+                self.counts.failures += 1
                 if tag not in reported:
                     reported.add(tag)
                     lost = isinstance(e, lost_cls)
@@ -160,6 +165,7 @@ class XidWatcher:
             xid = DBE_XID
             message = f"double-bit ECC error event on {where} (NVML event, reported as XID {DBE_XID})"
         else:
+            self.counts.parse_failures += 1
             self._log.debug("xid_watch_event_ignored", event_type=int(data.eventType), gpu_index=index)
             return None
         self._log.warning("nvml_xid", gpu_index=index, gpu_uuid=uuid, xid=xid)
@@ -168,6 +174,7 @@ class XidWatcher:
         )
 
     def _emit(self, sink: source.EventSink, event: events.NodeEvent) -> None:
+        self.counts.events += 1
         try:
             sink(event)
         except Exception:

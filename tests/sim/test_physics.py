@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from healer import errors
+from healer.schemas import fields
 from healer.sim import faults, fleet, profiles, scenarios, workloads
 
 
@@ -53,7 +54,7 @@ def test_power_cap_lowers_power_and_clocks_and_cools_the_gpu() -> None:
     _run(fl, 300)
     assert fl.power[0, 0] < 320
     assert fl.temp[0, 0] < before_c - 15
-    assert fl.reasons[0, 0] & profiles.SW_POWER_CAP
+    assert fl.reasons[0, 0] & fields.ClocksEventReason.SW_POWER_CAP
     assert fl.sm_clock[0, 0] < 0.8 * profiles.H100.sm_clock_max_mhz
     assert abs(fl.temp[0, 1] - other_c) < 4, "the other GPUs are untouched"
 
@@ -63,9 +64,9 @@ def test_short_cooling_holds_the_core_at_max_operating_temperature_with_sw_therm
     fl.cool_factor[0, 2] = 0.5
     _run(fl, 400)
     assert abs(fl.temp[0, 2] - profiles.H100.max_operating_temp_c) <= 2
-    assert fl.reasons[0, 2] & profiles.SW_THERMAL_SLOWDOWN
+    assert fl.reasons[0, 2] & fields.ClocksEventReason.SW_THERMAL_SLOWDOWN
     assert fl.sm_clock[0, 2] < profiles.H100.sm_clock_max_mhz
-    assert not fl.reasons[0, 3] & profiles.SW_THERMAL_SLOWDOWN
+    assert not fl.reasons[0, 3] & fields.ClocksEventReason.SW_THERMAL_SLOWDOWN
 
 
 def test_hw_thermal_slowdown_bits_when_even_idle_power_overheats() -> None:
@@ -73,7 +74,7 @@ def test_hw_thermal_slowdown_bits_when_even_idle_power_overheats() -> None:
     fl.cool_factor[0, 0] = 0.05
     _run(fl, 400)
     assert fl.temp[0, 0] >= profiles.H100.slowdown_temp_c
-    bits = profiles.HW_THERMAL_SLOWDOWN | profiles.HW_SLOWDOWN
+    bits = fields.ClocksEventReason.HW_THERMAL_SLOWDOWN | fields.ClocksEventReason.HW_SLOWDOWN
     assert fl.reasons[0, 0] & bits == bits
     assert fl.mem_temp[0, 0] > fl.temp[0, 0], "HBM tracks the core, a little warmer"
 
@@ -81,7 +82,7 @@ def test_hw_thermal_slowdown_bits_when_even_idle_power_overheats() -> None:
 def test_idle_gpus_report_the_idle_reason_and_idle_clocks() -> None:
     fl = _fleet(kind=workloads.IDLE)
     _run(fl, 30)
-    assert (fl.reasons & profiles.GPU_IDLE).all()
+    assert (fl.reasons & fields.ClocksEventReason.GPU_IDLE).all()
     assert (fl.sm_clock == profiles.H100.sm_clock_idle_mhz).all()
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from healer import errors
+from healer.schemas import fields
 from healer.sim import faults, profiles, recording, scenarios
 
 DT_S = 5.0
@@ -111,7 +112,7 @@ SIGNATURES: dict[str, Check] = {
     ),
     "node_silent": lambda r, rec, w, n, g: bool(not r.cols["report"][w, n].any()),
     "power_brake": lambda r, rec, w, n, g: bool(
-        (r.cols["clocks_event_reasons"][w[-1], n] & profiles.HW_POWER_BRAKE_SLOWDOWN).all()
+        (r.cols["clocks_event_reasons"][w[-1], n] & fields.ClocksEventReason.HW_POWER_BRAKE_SLOWDOWN).all()
     ),
 }
 
