@@ -134,6 +134,8 @@ async def test_pending_counts_what_the_consumer_has_not_delivered_yet(
     try:
         (first,) = await c.fetch(1, timeout=ARRIVES_S)
         assert (first.data, first.pending) == (b"n1", 2)
+        rest = await c.fetch(2, timeout=ARRIVES_S)
+        assert [(m.data, m.pending) for m in rest] == [(b"n2", 1), (b"n3", 0)]
     finally:
         await c.close()
 

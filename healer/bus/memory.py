@@ -283,24 +283,27 @@ class MemoryPullConsumer:
         return state
 
     def _take(self, state: ConsumerState, batch: int, now: float) -> list[base.StreamMsg]:
+        """Due redeliveries first (in stream order), then new messages while fewer than
+        ``max_ack_pending`` are out; each with what is still undelivered after it (``pending``)."""
         stream = self.stream
-        taken: list[tuple[StoredMsg, InFlight]] = []
-        for seq in sorted(s for s, p in state.in_flight.items() if p.due <= now)[:batch]:
-            pending = state.in_flight[seq]
-            pending.delivered += 1
-            pending.due = now + state.ack_wait_s
-            taken.append((stream.messages[seq - 1], pending))
+        taken: list[base.StreamMsg] = []
         fresh = stream.matching(state.subject, state.delivered_up_to)
+
+        def deliver(m: StoredMsg, delivered: int) -> None:
+            acker = _MemAcker(self, state, m.seq)
+            taken.append(base.StreamMsg(m.subject, m.data, m.seq, delivered, len(fresh), acker))
+
+        for seq in sorted(s for s, p in state.in_flight.items() if p.due <= now)[:batch]:
+            again = state.in_flight[seq]
+            again.delivered += 1
+            again.due = now + state.ack_wait_s
+            deliver(stream.messages[seq - 1], again.delivered)
         while fresh and len(taken) < batch and len(state.in_flight) < state.max_ack_pending:
             m = fresh.pop(0)
             state.delivered_up_to = m.seq
-            state.in_flight[m.seq] = pending = InFlight(now + state.ack_wait_s, 1)
-            taken.append((m, pending))
-        left = len(stream.matching(state.subject, state.delivered_up_to))
-        return [
-            base.StreamMsg(m.subject, m.data, m.seq, p.delivered, left, _MemAcker(self, state, m.seq))
-            for m, p in taken
-        ]
+            state.in_flight[m.seq] = InFlight(now + state.ack_wait_s, 1)
+            deliver(m, 1)
+        return taken
 
     async def ensure(self) -> None:
         self._ensure()
