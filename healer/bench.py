@@ -133,29 +133,23 @@ class Rate:
 
 
 async def bare_ceiling(url: str, nodes: int, seconds: float) -> Rate:
-    import nats
-
-    nc = await nats.connect(url, name="bench-bare", pending_size=1 << 27)
     count = 0
     first = last = (0.0, 0.0)
 
-    async def handle(msg: Any) -> None:
+    def handle(data: bytes) -> None:
         nonlocal count, first, last
-        orjson.loads(msg.data)
+        orjson.loads(data)
         now = (time.perf_counter(), time.process_time())
         if not count:
             first = now
         count += 1
         last = now
 
-    await nc.subscribe(
-        "healer.telemetry.*", cb=handle, pending_msgs_limit=2_000_000, pending_bytes_limit=1 << 31
-    )
-    await nc.flush()
+    close = await natsbus.bare_subscriber(url, "healer.telemetry.*", handle)
     proc, queue = _start_publisher(url, nodes, seconds, 0, 0)
     await asyncio.to_thread(proc.join, seconds + 60)
     await asyncio.sleep(1.0)
-    await nc.close()
+    await close()
     queue.get(timeout=5)
     return Rate(count - 1, last[0] - first[0], last[1] - first[1])
 

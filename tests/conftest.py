@@ -102,11 +102,13 @@ class Collector:
 
 
 def make_memory_bus(subj: subjects.Subjects) -> memory.MemoryBus:
-    """A MemoryBus with the same streams as a provisioned server."""
+    """A MemoryBus with the same streams and key-value buckets as a provisioned server."""
     bus = memory.MemoryBus()
     bus.add_stream(subj.stream_telemetry, [subj.all_telemetry])
     bus.add_stream(subj.stream_events, [subj.all_events])
     bus.add_stream(subj.stream_incidents, [subj.all_incidents])
+    bus.add_bucket(subj.kv_state)
+    bus.add_bucket(subj.kv_leases)
     return bus
 
 

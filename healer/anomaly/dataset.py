@@ -141,30 +141,27 @@ async def stream_frames(
     else:
         bus = await url()
     try:
-        js = bus.js
         stream = subj.stream_telemetry
         try:
-            info = await js.stream_info(stream)
-        except Exception as e:
+            replay = await bus.replay(stream, subj.all_telemetry)
+        except errors.HealerError as e:
             raise errors.PermanentError(f"cannot read stream {stream}: {e}") from e
-        total = int(info.state.messages)
-        if limit:
-            total = min(total, limit)
-        out: list[bytes] = []
-        if not total:
-            return out
-        last_seq = int(info.state.last_seq)
-        sub = await js.subscribe(subj.all_telemetry, stream=stream, ordered_consumer=True)
         try:
+            total = min(replay.backlog, limit) if limit else replay.backlog
+            out: list[bytes] = []
             while len(out) < total:
-                msg = await sub.next_msg(timeout=5.0)
+                msg = await replay.next(5.0)
+                if msg is None:
+                    raise errors.TemporaryError(
+                        f"stream {stream}: nothing came for 5 s ({len(out)} of {total} read)"
+                    )
                 out.append(msg.data)
                 if progress:
                     progress(len(out), total)
-                if msg.metadata.sequence.stream >= last_seq:
+                if msg.pending == 0:
                     break
         finally:
-            await sub.unsubscribe()
+            await replay.close()
         return out
     finally:
         await bus.close()

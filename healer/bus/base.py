@@ -6,14 +6,28 @@ in unit tests and on a real nats-server everywhere else.
   stream has stored it (``True``) or recognised it as a duplicate (``False``); raises
   ``errors.TemporaryError`` when it could not be stored;
 - ``subscribe`` (optionally in a queue group) with an async handler; ``request`` / ``Msg.respond`` for
-  commands.
+  commands;
+- ``key_value``: a key-value bucket (JetStream KV on NATS) with one revision sequence per bucket and
+  compare-and-set (``create`` only if absent, ``update`` only at a given revision; ``KeyConflict``
+  otherwise);
+- ``pull_consumer``: a durable consumer of a stream with explicit acks. A fetched ``StreamMsg`` is
+  acknowledged (``ack``), handed back (``nak``, optionally after a delay), kept (``in_progress``) or
+  dropped for good (``term``); one neither acknowledged nor kept is delivered again after the ack wait;
+- ``replay``: a stream read in order from a start (everything, only what is new, or a time), for readers
+  that acknowledge nothing and leave nothing behind.
+
+Failures are ``errors.TemporaryError`` (try again) or ``errors.PermanentError`` (``NotFound`` for a stream,
+consumer or bucket that is not there), never a client library's own: only ``healer/bus/`` imports nats-py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Literal, Protocol
+
+from healer import errors
 
 
 @dataclasses.dataclass(slots=True)
@@ -46,6 +60,134 @@ class Subscription(Protocol):
         """Messages the client dropped because the backlog was full (a slow consumer)."""
 
 
+class NotFound(errors.PermanentError):
+    """A stream, consumer or key-value bucket that does not exist (provisioning makes them)."""
+
+
+class KeyConflict(errors.HealerError):
+    """Compare-and-set lost: the key exists (``create``) or moved past the revision (``update``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    key: str
+    value: bytes
+    revision: int
+    """The bucket's sequence number of the write (grows with every write to the bucket)."""
+
+
+class KeyValue(Protocol):
+    """One key-value bucket. Every write returns the new revision."""
+
+    async def get(self, key: str) -> Entry | None:
+        """The key's newest value; None when it does not exist or was deleted."""
+
+    async def put(self, key: str, value: bytes) -> int: ...
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Write only if the key does not exist (or was deleted); ``KeyConflict`` otherwise."""
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        """Write only if the key is still at revision ``last``; ``KeyConflict`` otherwise."""
+
+    async def delete(self, key: str) -> None: ...
+
+    async def keys(self) -> list[str]:
+        """Every key that exists (deleted keys are not listed)."""
+
+
+class Acker(Protocol):
+    """How a bus settles one delivery of a stream message (``StreamMsg`` calls it)."""
+
+    async def ack(self, timeout: float | None) -> None:
+        """``timeout``: wait that long for the server to confirm; ``None``: do not wait."""
+
+    async def nak(self, delay: float | None) -> None: ...
+
+    async def in_progress(self) -> None: ...
+
+    async def term(self) -> None: ...
+
+
+@dataclasses.dataclass(slots=True)
+class StreamMsg:
+    """One delivery of a message stored in a stream.
+
+    ``ack``, ``nak`` and ``term`` settle it, once: a second raises ``PermanentError``; ``in_progress`` may
+    repeat. A message from a ``replay`` acknowledges nothing (``PermanentError``). Failures to reach the
+    server are ``TemporaryError``: JetStream then delivers the message again after the ack wait."""
+
+    subject: str
+    data: bytes
+    seq: int
+    """The stream sequence number."""
+    delivered: int = 1
+    """How many times it has been delivered (1 the first time)."""
+    pending: int = 0
+    """Messages after it that the consumer has not delivered yet."""
+    _acker: Acker | None = dataclasses.field(default=None, repr=False)
+    _settled: bool = dataclasses.field(default=False, repr=False)
+
+    def _settle(self) -> Acker:
+        acker = self._ready()
+        if self._settled:
+            raise errors.PermanentError(f"message {self.seq} on {self.subject} was already acknowledged")
+        self._settled = True
+        return acker
+
+    def _ready(self) -> Acker:
+        if self._acker is None:
+            raise errors.PermanentError(f"message {self.seq} on {self.subject} takes no acknowledgement")
+        return self._acker
+
+    async def ack(self, timeout: float | None = None) -> None:
+        """Acknowledge; with ``timeout``, wait that long for the server to confirm it."""
+        await self._settle().ack(timeout)
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Hand it back: delivered again at once, or after ``delay`` seconds."""
+        await self._settle().nak(delay)
+
+    async def in_progress(self) -> None:
+        """Still being worked on: the ack wait starts again."""
+        await self._ready().in_progress()
+
+    async def term(self) -> None:
+        """Never deliver it again."""
+        await self._settle().term()
+
+
+class PullConsumer(Protocol):
+    """A durable consumer: made (or its ack settings brought up to date) by ``ensure`` or the first
+    ``fetch``, and again after a fetch that failed (it may have been deleted)."""
+
+    async def ensure(self) -> None:
+        """Make the consumer now (``NotFound`` when the stream does not exist); ``fetch`` does it too."""
+
+    async def fetch(self, batch: int, timeout: float) -> list[StreamMsg]:
+        """Up to ``batch`` messages; ``[]`` when none came within ``timeout``."""
+
+    async def close(self) -> None:
+        """Stop pulling; the consumer and what it has not acknowledged stay on the server."""
+
+
+Start = Literal["all", "new"] | datetime.datetime
+"""Where a consumer or a replay starts: the whole stream, only what is stored from now, or a time."""
+
+
+class Replay(Protocol):
+    """A stream read in order (an ephemeral consumer, gone when closed)."""
+
+    @property
+    def backlog(self) -> int:
+        """Messages matching the replay that the stream held when it began."""
+
+    async def next(self, timeout: float) -> StreamMsg | None:
+        """The next message; None when none came within ``timeout``."""
+
+    async def close(self) -> None: ...
+
+
 class Bus(Protocol):
     @property
     def connected(self) -> bool:
@@ -62,5 +204,25 @@ class Bus(Protocol):
     async def request(self, subject: str, data: bytes, timeout: float = 2.0) -> Msg: ...
 
     async def flush(self, timeout: float = 2.0) -> None: ...
+
+    async def key_value(self, bucket: str) -> KeyValue:
+        """The bucket; it must exist (provisioning makes buckets): ``NotFound`` otherwise."""
+
+    def pull_consumer(
+        self,
+        stream: str,
+        subject: str,
+        *,
+        durable: str,
+        ack_wait_s: float,
+        max_ack_pending: int,
+        start: Literal["all", "new"] = "all",
+        description: str = "",
+    ) -> PullConsumer:
+        """The durable consumer ``durable`` of ``stream``, filtered on ``subject``; ``start`` applies when
+        it is made. Nothing is asked of the server until the first ``fetch``."""
+
+    async def replay(self, stream: str, subject: str, start: Start = "all") -> Replay:
+        """Read ``stream`` (only ``subject``) from ``start``; ``NotFound`` if there is no such stream."""
 
     async def close(self) -> None: ...

@@ -15,7 +15,7 @@ import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import nats
 import nats.errors
@@ -25,6 +25,7 @@ import tenacity
 from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import api as js_api
+from nats.js import kv as js_kv
 
 from healer import config, errors
 from healer.bus import base
@@ -61,25 +62,139 @@ def is_temporary(e: BaseException) -> bool:
     return isinstance(e, nats.js.errors.APIError) and e.code is not None and int(e.code) >= 500
 
 
+_FAILURES = (nats.errors.Error, OSError, TimeoutError)
+
+
+def translate(what: str, e: BaseException) -> errors.HealerError:
+    """A nats-py failure as healer's: what "try again" means is decided once, in ``is_temporary``;
+    anything else is permanent."""
+    if is_temporary(e):
+        return errors.TemporaryError(f"{what}: {e!r}")
+    return errors.PermanentError(f"{what}: {e!r}")
+
+
+class NatsKeyValue:
+    """A JetStream KV bucket as a ``base.KeyValue``: nats-py's errors become healer's."""
+
+    def __init__(self, kv: js_kv.KeyValue) -> None:
+        self.kv = kv
+
+    async def get(self, key: str) -> base.Entry | None:
+        try:
+            entry = await self.kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        except _FAILURES as e:
+            raise translate(f"KV get {key}", e) from e
+        if entry.value is None:
+            return None
+        return base.Entry(key, bytes(entry.value), int(entry.revision or 0))
+
+    async def put(self, key: str, value: bytes) -> int:
+        try:
+            return int(await self.kv.put(key, value))
+        except _FAILURES as e:
+            raise translate(f"KV put {key}", e) from e
+
+    async def create(self, key: str, value: bytes) -> int:
+        try:
+            return int(await self.kv.create(key, value))
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise base.KeyConflict(f"{key} exists") from e
+        except _FAILURES as e:
+            raise translate(f"KV create {key}", e) from e
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        try:
+            return int(await self.kv.update(key, value, last=last))
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise base.KeyConflict(f"{key} changed since revision {last}") from e
+        except _FAILURES as e:
+            raise translate(f"KV update {key}", e) from e
+
+    async def delete(self, key: str) -> None:
+        try:
+            await self.kv.delete(key)
+        except _FAILURES as e:
+            raise translate(f"KV delete {key}", e) from e
+
+    async def keys(self) -> list[str]:
+        try:
+            return list(await self.kv.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+        except _FAILURES as e:
+            raise translate("KV keys", e) from e
+
+
+class _Acker:
+    """Settles one nats-py JetStream message (``base.StreamMsg`` keeps it from settling twice)."""
+
+    def __init__(self, msg: NatsMsg) -> None:
+        self.msg = msg
+
+    async def ack(self, timeout: float | None) -> None:
+        try:
+            if timeout is None:
+                await self.msg.ack()
+            else:
+                await self.msg.ack_sync(timeout=timeout)
+        except _FAILURES as e:
+            raise translate(f"ack {self.msg.subject}", e) from e
+
+    async def nak(self, delay: float | None) -> None:
+        try:
+            await self.msg.nak(delay=delay)
+        except _FAILURES as e:
+            raise translate(f"nak {self.msg.subject}", e) from e
+
+    async def in_progress(self) -> None:
+        try:
+            await self.msg.in_progress()
+        except _FAILURES as e:
+            raise translate(f"in-progress ack {self.msg.subject}", e) from e
+
+    async def term(self) -> None:
+        try:
+            await self.msg.term()
+        except _FAILURES as e:
+            raise translate(f"term {self.msg.subject}", e) from e
+
+
+def _stream_msg(m: NatsMsg, *, acks: bool) -> base.StreamMsg:
+    meta = m.metadata
+    return base.StreamMsg(
+        subject=m.subject,
+        data=m.data,
+        seq=int(meta.sequence.stream),
+        delivered=int(meta.num_delivered or 1),
+        pending=int(meta.num_pending or 0),
+        _acker=_Acker(m) if acks else None,
+    )
+
+
 class PullConsumer:
     """A durable JetStream pull consumer that survives reconnects and server loss.
 
     One subscription (one reply inbox) while pulls succeed, so a pull request sent before a disconnect
     and answered after it still lands where the next ``fetch`` drains it; nothing is pulled while the
     connection is down (such pulls would pile up in nats-py's buffer); after a failed pull the
-    subscription is made again (which creates the consumer if it is gone). ``fetch`` returns
-    ``[]`` when nothing came within ``timeout`` and raises ``TemporaryError`` for what is worth a retry.
+    consumer is looked up again (made if it is gone, its ack settings brought up to date) and bound
+    anew. ``fetch`` returns ``[]`` when nothing came within ``timeout`` and raises ``TemporaryError`` for
+    what is worth a retry (``NotFound`` when the stream does not exist).
     """
 
     def __init__(
         self,
         bus: NatsBus,
+        stream: str,
         subject: str,
         *,
         durable: str,
-        stream: str,
         ack_wait_s: float,
         max_ack_pending: int,
+        start: Literal["all", "new"] = "all",
+        description: str = "",
     ) -> None:
         self.bus = bus
         self.subject = subject
@@ -87,39 +202,101 @@ class PullConsumer:
         self.stream = stream
         self.ack_wait_s = ack_wait_s
         self.max_ack_pending = max_ack_pending
+        self.start = start
+        self.description = description
         self._sub: Any = None
 
-    async def fetch(self, batch: int, timeout: float) -> list[NatsMsg]:
+    async def _bind(self) -> Any:
+        js = self.bus.js
+        try:
+            info = await js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            policy = js_api.DeliverPolicy.NEW if self.start == "new" else js_api.DeliverPolicy.ALL
+            await js.add_consumer(
+                self.stream,
+                js_api.ConsumerConfig(
+                    name=self.durable,
+                    durable_name=self.durable,
+                    description=self.description or None,
+                    deliver_policy=policy,
+                    ack_policy=js_api.AckPolicy.EXPLICIT,
+                    ack_wait=self.ack_wait_s,
+                    max_ack_pending=self.max_ack_pending,
+                    max_deliver=-1,
+                    filter_subject=self.subject,
+                ),
+            )
+            log.info("bus.consumer_created", stream=self.stream, durable=self.durable, start=self.start)
+        else:
+            current = info.config
+            if current.ack_wait != self.ack_wait_s or current.max_ack_pending != self.max_ack_pending:
+                current.ack_wait = self.ack_wait_s
+                current.max_ack_pending = self.max_ack_pending
+                await js.add_consumer(self.stream, current)
+                log.info("bus.consumer_updated", durable=self.durable, ack_wait_s=self.ack_wait_s)
+        return await js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+
+    async def ensure(self) -> None:
         if not self.bus.connected:
             raise errors.TemporaryError("not connected to NATS")
+        if self._sub is not None:
+            return
         try:
-            if self._sub is None:
-                self._sub = await self.bus.js.pull_subscribe(
-                    self.subject,
-                    durable=self.durable,
-                    stream=self.stream,
-                    config=js_api.ConsumerConfig(
-                        ack_policy=js_api.AckPolicy.EXPLICIT,
-                        ack_wait=self.ack_wait_s,
-                        max_ack_pending=self.max_ack_pending,
-                    ),
-                )
-            return list(await self._sub.fetch(batch, timeout=timeout))
+            self._sub = await self._bind()
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            raise self._failed(e) from e
+
+    async def fetch(self, batch: int, timeout: float) -> list[base.StreamMsg]:
+        await self.ensure()
+        try:
+            msgs = await self._sub.fetch(batch, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError):
             return []
         except (nats.errors.Error, OSError) as e:
             # The consumer may be gone (deleted, or lost with its stream's state; a pull then reads as
             # 503 for ever): the next fetch looks it up and creates it again.
             await self.close()
-            if is_temporary(e):
-                raise errors.TemporaryError(f"pull from {self.durable}: {e!r}") from e
-            raise errors.PermanentError(f"pull from {self.durable}: {e!r}") from e
+            raise self._failed(e) from e
+        return [_stream_msg(m, acks=True) for m in msgs]
+
+    def _failed(self, e: BaseException) -> errors.HealerError:
+        if isinstance(e, nats.js.errors.NotFoundError):
+            return base.NotFound(f"pull from {self.durable} on {self.stream}: {e!r}")
+        return translate(f"pull from {self.durable}", e)
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
-            with contextlib.suppress(nats.errors.Error):
+            with contextlib.suppress(nats.errors.Error, OSError, ValueError):
                 await sub.unsubscribe()
+
+
+class Replay:
+    """A stream read in order by an ordered consumer (nats-py recreates it after a gap or a reconnect, so
+    nothing is skipped)."""
+
+    def __init__(self, sub: Any, backlog: int) -> None:
+        self._sub = sub
+        self._backlog = backlog
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    async def next(self, timeout: float) -> base.StreamMsg | None:
+        try:
+            m = await self._sub.next_msg(timeout=timeout)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return None
+        except (nats.errors.Error, OSError) as e:
+            raise translate("replay", e) from e
+        return _stream_msg(m, acks=False)
+
+    async def close(self) -> None:
+        try:
+            await self._sub.unsubscribe()
+        except (nats.errors.Error, OSError) as e:
+            log.debug("bus.replay_unsubscribe_failed", error=repr(e))
 
 
 class _Sub:
@@ -410,6 +587,64 @@ class NatsBus:
             return None
         return int(raw.seq or 0), bytes(raw.data or b"")
 
+    async def key_value(self, bucket: str) -> base.KeyValue:
+        try:
+            return NatsKeyValue(await self.js.key_value(bucket))
+        except nats.js.errors.BucketNotFoundError as e:
+            raise base.NotFound(
+                f"no KV bucket {bucket}: run `healer nats provision` (or start the controller) first, or "
+                "check --prefix / nats.prefix"
+            ) from e
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
+            raise errors.PermanentError(
+                f"JetStream not available (is it enabled on the server?): {e!r}"
+            ) from e
+        except _FAILURES as e:
+            raise translate(f"KV bucket {bucket}", e) from e
+
+    def pull_consumer(
+        self,
+        stream: str,
+        subject: str,
+        *,
+        durable: str,
+        ack_wait_s: float,
+        max_ack_pending: int,
+        start: Literal["all", "new"] = "all",
+        description: str = "",
+    ) -> base.PullConsumer:
+        return PullConsumer(
+            self, stream, subject, durable=durable, ack_wait_s=ack_wait_s, max_ack_pending=max_ack_pending,
+            start=start, description=description,
+        )  # fmt: skip
+
+    async def replay(self, stream: str, subject: str, start: base.Start = "all") -> base.Replay:
+        if start == "new":
+            cfg = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.NEW)
+        elif start == "all":
+            cfg = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.ALL)
+        else:
+            cfg = js_api.ConsumerConfig(
+                deliver_policy=js_api.DeliverPolicy.BY_START_TIME, opt_start_time=start
+            )
+        try:
+            await self.js.stream_info(stream)
+            sub = await self.js.subscribe(subject, stream=stream, ordered_consumer=True, config=cfg)
+        except nats.js.errors.NotFoundError as e:
+            raise base.NotFound(f"stream {stream} does not exist") from e
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
+            raise errors.TemporaryError(f"JetStream not available: {e!r}") from e
+        except _FAILURES as e:
+            raise translate(f"replay {stream}", e) from e
+        try:
+            info = await sub.consumer_info()
+        except _FAILURES as e:
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await sub.unsubscribe()
+            raise translate(f"replay {stream}", e) from e
+        delivered = info.delivered.consumer_seq if info.delivered else 0
+        return Replay(sub, int(delivered or 0) + int(info.num_pending or 0))
+
     async def close(self) -> None:
         if self.nc.is_closed:
             return
@@ -417,3 +652,19 @@ class NatsBus:
             await self.nc.drain()
         except (TimeoutError, nats.errors.Error, OSError):
             await self.nc.close()
+
+
+async def bare_subscriber(
+    url: str, subject: str, handle: Callable[[bytes], None]
+) -> Callable[[], Awaitable[None]]:
+    """A plain nats-py client that hands every message's payload on ``subject`` to ``handle``, with the
+    largest buffers and none of ``NatsBus``'s bookkeeping: the ceiling ``healer bench`` measures the
+    controller's ingest against. Returns the coroutine function that closes it."""
+    nc = await nats.connect(url, name="bench-bare", pending_size=1 << 27)
+
+    async def deliver(msg: NatsMsg) -> None:
+        handle(msg.data)
+
+    await nc.subscribe(subject, cb=deliver, pending_msgs_limit=2_000_000, pending_bytes_limit=1 << 31)
+    await nc.flush()
+    return nc.close

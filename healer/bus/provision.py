@@ -5,7 +5,7 @@ with the same settings is left alone, and one whose settings changed (replicas, 
 retention) is updated in place, so an upgrade never needs a manual step and two processes racing at start
 are fine. Retention is never lowered: a stream an operator gave a longer ``max_age`` (or none, 0) keeps
 it, whatever the caller's settings say. Only ``healer nats provision`` and the services' own start call
-``ensure``; admin and read commands open what exists (``existing_bucket``).
+``ensure``; admin and read commands open what exists (``Bus.key_value``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.js import api
-from nats.js import kv as js_kv
 
 from healer import config, errors
 from healer.bus import nats as natsbus
@@ -157,16 +156,3 @@ async def _ensure_bucket(bus: natsbus.NatsBus, bucket: api.KeyValueConfig) -> No
         )
         await bus.js.update_stream(updated)
         log.info("provision.bucket_updated", bucket=bucket.bucket)
-
-
-async def existing_bucket(bus: natsbus.NatsBus, bucket: str) -> js_kv.KeyValue:
-    """A KV bucket that must exist already: admin and read commands never create one."""
-    try:
-        return await bus.js.key_value(bucket)
-    except nats.js.errors.BucketNotFoundError as e:
-        raise errors.PermanentError(
-            f"no KV bucket {bucket}: run `healer nats provision` (or start the controller) first, or check "
-            "--prefix / nats.prefix"
-        ) from e
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
-        raise errors.PermanentError(f"JetStream not available (is it enabled on the server?): {e!r}") from e

@@ -170,7 +170,7 @@ async def _state_store(s: config.Settings) -> tuple[natsbus.NatsBus, kv.Store]:
     """The controller's state bucket, as it is: an admin command never creates or changes it."""
     bus = await common.connect(s, "healer-cli")
     try:
-        bucket = await provision.existing_bucket(bus, subjects.Subjects(s.nats.prefix).kv_state)
+        bucket = await bus.key_value(subjects.Subjects(s.nats.prefix).kv_state)
     except BaseException:
         await bus.close()
         raise

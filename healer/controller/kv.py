@@ -1,7 +1,9 @@
-"""JSON documents in a JetStream KV bucket, with compare-and-set, and nats-py errors translated.
+"""JSON documents in a key-value bucket of the bus (``base.KeyValue``), with compare-and-set.
 
 The controller keeps everything that must survive a restart here (open incidents, the breaker, the
 exclusions) rather than on local disk, so a standby that takes over sees exactly what the old leader saw.
+The bucket is the bus's: JetStream KV on NATS, its in-memory twin in tests; either way failures arrive as
+``errors.TemporaryError`` / ``errors.PermanentError`` and a lost compare-and-set as ``Conflict``.
 """
 
 from __future__ import annotations
@@ -9,27 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import nats.errors
-import nats.js.errors
 import orjson
-from nats.js.kv import KeyValue
 
 from healer import errors
-from healer.bus import nats as natsbus
+from healer.bus import base
 
-_NATS_FAILURES = (nats.errors.Error, OSError, TimeoutError)
-
-
-def _translate(what: str, e: BaseException) -> errors.HealerError:
-    """What "try again" means is decided once, in ``natsbus.is_temporary`` (503s, no stream response,
-    leader elections, timeouts, a reconnecting client); anything else is permanent."""
-    if natsbus.is_temporary(e):
-        return errors.TemporaryError(f"{what}: {e!r}")
-    return errors.PermanentError(f"{what}: {e!r}")
-
-
-class Conflict(errors.HealerError):
-    """Compare-and-set lost: someone else wrote the key first."""
+Conflict = base.KeyConflict
+"""Compare-and-set lost: someone else wrote the key first."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,59 +28,32 @@ class Doc:
 
 
 class Store:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: base.KeyValue) -> None:
         self.kv = kv
 
     async def get(self, key: str) -> Doc | None:
-        try:
-            entry = await self.kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None
-        except _NATS_FAILURES as e:
-            raise _translate(f"KV get {key}", e) from e
-        if entry.value is None:
+        entry = await self.kv.get(key)
+        if entry is None:
             return None
         try:
             value = orjson.loads(entry.value)
         except orjson.JSONDecodeError as e:
             raise errors.PermanentError(f"KV {key} holds invalid JSON: {e}") from e
-        return Doc(key, value, int(entry.revision or 0))
+        return Doc(key, value, entry.revision)
 
     async def put(self, key: str, value: dict[str, Any]) -> int:
-        try:
-            return int(await self.kv.put(key, orjson.dumps(value)))
-        except _NATS_FAILURES as e:
-            raise _translate(f"KV put {key}", e) from e
+        return await self.kv.put(key, orjson.dumps(value))
 
     async def create(self, key: str, value: dict[str, Any]) -> int:
         """Write only if the key does not exist; ``Conflict`` otherwise."""
-        try:
-            return int(await self.kv.create(key, orjson.dumps(value)))
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise Conflict(f"{key} exists") from e
-        except _NATS_FAILURES as e:
-            raise _translate(f"KV create {key}", e) from e
+        return await self.kv.create(key, orjson.dumps(value))
 
     async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
         """Write only if the key is still at ``revision``; ``Conflict`` otherwise."""
-        try:
-            return int(await self.kv.update(key, orjson.dumps(value), last=revision))
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise Conflict(f"{key} changed since revision {revision}") from e
-        except _NATS_FAILURES as e:
-            raise _translate(f"KV update {key}", e) from e
+        return await self.kv.update(key, orjson.dumps(value), revision)
 
     async def delete(self, key: str) -> None:
-        try:
-            await self.kv.delete(key)
-        except _NATS_FAILURES as e:
-            raise _translate(f"KV delete {key}", e) from e
+        await self.kv.delete(key)
 
     async def keys(self, prefix: str = "") -> list[str]:
-        try:
-            found = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        except _NATS_FAILURES as e:
-            raise _translate("KV keys", e) from e
-        return sorted(k for k in found if k.startswith(prefix))
+        return sorted(k for k in await self.kv.keys() if k.startswith(prefix))

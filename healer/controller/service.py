@@ -32,7 +32,6 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-import nats.errors
 import structlog
 
 from healer import config, errors, health
@@ -126,7 +125,7 @@ class Controller:
         """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
         tick that started before a lost lease was won again (that tick's objects would act twice)."""
         self._takeover_failures = 0
-        self._events: natsbus.PullConsumer | None = None
+        self._events: bus_base.PullConsumer | None = None
         self._frames_sub: bus_base.Subscription
         self.telemetry_bus: natsbus.NatsBus = bus
         self._frames_dropped = 0
@@ -155,8 +154,8 @@ class Controller:
             self.metrics.anomaly_model_loaded.set(1 if loaded else 0)
             if not loaded:
                 self.log.error("controller.anomaly_disabled", model=self.cs.model, anomaly_score=0)
-        state_kv = kv.Store(await self.bus.js.key_value(self.subjects.kv_state))
-        lease_kv = kv.Store(await self.bus.js.key_value(self.subjects.kv_leases))
+        state_kv = kv.Store(await self.bus.key_value(self.subjects.kv_state))
+        lease_kv = kv.Store(await self.bus.key_value(self.subjects.kv_leases))
         self.state = state_kv
         self.book = incidents_mod.Book(state_kv)
         self.feed = feed_mod.FeedPublisher(self.bus, self.subjects, self.cs.cluster)
@@ -182,9 +181,10 @@ class Controller:
             self._on_frame,
             pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
         )
-        self._events = natsbus.PullConsumer(
-            self.bus, self.subjects.all_events, durable=f"healer-controller-s{self.cs.shard}",
-            stream=self.subjects.stream_events, ack_wait_s=EVENTS_ACK_WAIT_S, max_ack_pending=20000,
+        self._events = self.bus.pull_consumer(
+            self.subjects.stream_events, self.subjects.all_events,
+            durable=f"healer-controller-s{self.cs.shard}",
+            ack_wait_s=EVENTS_ACK_WAIT_S, max_ack_pending=20000,
         )  # fmt: skip
         self.supervisor.start("lease", lambda: self.lease.keep(self._stop, self._on_leadership))
         self.supervisor.start("leadership", self._leadership)
@@ -262,7 +262,7 @@ class Controller:
         once (nak) for the next leader, instead of after the ack wait."""
         acks, self.unacked = self.unacked, []
         for m in acks:
-            with contextlib.suppress(nats.errors.Error):
+            with contextlib.suppress(errors.HealerError):
                 await m.nak()
         self.metrics.events_pending.set(0)
 
@@ -356,7 +356,7 @@ class Controller:
         ok = self._mine(node) and self.admission.event_ok(node, event, self.clock())
         if ok:
             return True
-        with contextlib.suppress(nats.errors.Error):
+        with contextlib.suppress(errors.HealerError):
             if self.admission.waiting(node) and event.node == node:
                 await m.nak(delay=self.cs.admission_refresh_s + self.cs.reload_check_s)
             else:
@@ -370,7 +370,7 @@ class Controller:
         return None if limit is None else (ts, limit)
 
     async def _pull_events(self) -> None:
-        """Pull events while leader, through ``natsbus.PullConsumer`` (its subscription outlives
+        """Pull events while leader, through the bus's ``PullConsumer`` (its subscription outlives
         reconnects, so a pull answered across one lands where the next fetch finds it; it is made again
         after a failed pull). Nothing is pulled while not leader or disconnected; failures are counted
         and logged at most every ``FETCH_LOG_S``."""
@@ -397,7 +397,7 @@ class Controller:
                 except errors.DecodeError as e:
                     self._count_bad(e)
                     self._bad_events.note(e.reason, subject=m.subject, detail=e.detail)
-                    with contextlib.suppress(nats.errors.Error):
+                    with contextlib.suppress(errors.HealerError):
                         await m.ack()
                     continue
                 if not await self._admit_event(m, event):
@@ -465,7 +465,7 @@ class Controller:
             self.unacked = acks + self.unacked
             raise
         for m in acks:
-            with contextlib.suppress(nats.errors.Error):
+            with contextlib.suppress(errors.HealerError):
                 await m.ack()
         self.metrics.events_pending.set(len(self.unacked))
         for sev, n in self.book.by_severity().items():

@@ -30,13 +30,12 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
-import nats.js.errors
 import orjson
 import structlog
 
 import healer
 from healer import config, errors
-from healer.bus import nats as natsbus
+from healer.bus import base
 from healer.bus import subjects as subjects_mod
 from healer.feed import envelope, forward, tail, webhook
 from healer.schemas import incidents
@@ -193,7 +192,7 @@ class AlertmanagerSink:
 
     def __init__(
         self,
-        bus: natsbus.NatsBus,
+        bus: base.Bus,
         subj: subjects_mod.Subjects,
         url: str,
         settings: config.FeedSettings,
@@ -273,7 +272,7 @@ class AlertmanagerSink:
         on. The durable consumer is made before the rebuild, so no event falls between the two."""
         try:
             await self.forwarder.ensure_consumer()
-        except nats.js.errors.NotFoundError as e:
+        except base.NotFound as e:
             raise errors.PermanentError(
                 f"stream {self.subj.stream_incidents} does not exist: is the controller running? "
                 "(healer nats provision makes it)"

@@ -22,19 +22,15 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
-import nats.errors
-import nats.js.errors
 import orjson
 import prometheus_client as prom
 import structlog
 import tenacity
-from nats.aio.msg import Msg as NatsMsg
-from nats.js import api
 
 from healer import buildinfo, config, errors
-from healer.bus import nats as natsbus
+from healer.bus import base
 from healer.bus import subjects as subjects_mod
 from healer.feed import envelope, webhook
 from healer.schemas import codec
@@ -99,7 +95,7 @@ class ForwardMetrics:
 class Forwarder:
     def __init__(
         self,
-        bus: natsbus.NatsBus,
+        bus: base.Bus,
         subj: subjects_mod.Subjects,
         url: str,
         settings: config.FeedSettings,
@@ -125,43 +121,24 @@ class Forwarder:
         self.content_mode = content_mode
         self.render: Render = render or self._render_cloudevent
         self.log = log.bind(durable=settings.durable)
-        self._psub: Any = None
+        self.consumer: base.PullConsumer | None = None
+        """The durable consumer, once ``ensure_consumer`` has made it."""
 
     @property
     def stream(self) -> str:
         return self.subj.stream_incidents
 
     async def ensure_consumer(self) -> None:
-        """Create the durable consumer, or bring an existing one's ack settings up to date."""
+        """Create the durable consumer, or bring an existing one's ack settings up to date (``NotFound``
+        when the stream does not exist)."""
         s = self.settings
-        js = self.bus.js
-        try:
-            info = await js.consumer_info(self.stream, s.durable)
-        except nats.js.errors.NotFoundError:
-            policy = api.DeliverPolicy.NEW if self.start == "new" else api.DeliverPolicy.ALL
-            await js.add_consumer(
-                self.stream,
-                api.ConsumerConfig(
-                    name=s.durable,
-                    durable_name=s.durable,
-                    description="healer forward: incident feed to an HTTP receiver",
-                    deliver_policy=policy,
-                    ack_policy=api.AckPolicy.EXPLICIT,
-                    ack_wait=s.ack_wait_s,
-                    max_ack_pending=1,
-                    max_deliver=-1,
-                    filter_subject=self.subj.all_incidents,
-                ),
-            )
-            self.log.info("forward.consumer_created", stream=self.stream, start=self.start)
-        else:
-            current = info.config
-            if current.ack_wait != s.ack_wait_s or current.max_ack_pending != 1:
-                current.ack_wait = s.ack_wait_s
-                current.max_ack_pending = 1
-                await js.add_consumer(self.stream, current)
-                self.log.info("forward.consumer_updated", ack_wait_s=s.ack_wait_s)
-        self._psub = await js.pull_subscribe_bind(durable=s.durable, stream=self.stream)
+        consumer = self.bus.pull_consumer(
+            self.stream, self.subj.all_incidents, durable=s.durable, ack_wait_s=s.ack_wait_s,
+            max_ack_pending=1, start=self.start,
+            description="healer forward: incident feed to an HTTP receiver",
+        )  # fmt: skip
+        await consumer.ensure()
+        self.consumer = consumer
 
     async def run(self, stop: asyncio.Event) -> None:
         """Forward until ``stop`` is set; raises ``PermanentError`` if it cannot go on."""
@@ -187,39 +164,38 @@ class Forwarder:
                     await self._unbind()
                     await self.ensure_consumer()
                     ready = True
-                msgs = await self._psub.fetch(1, timeout=self.settings.fetch_timeout_s)
-            except nats.errors.TimeoutError:
-                continue
-            except (nats.errors.Error, nats.js.errors.Error, OSError) as e:
+                assert self.consumer is not None
+                msgs = await self.consumer.fetch(1, timeout=self.settings.fetch_timeout_s)
+            except errors.HealerError as e:
                 # NATS away, the stream not provisioned yet, the consumer deleted: wait, then set up again.
                 failures += 1
                 self.log.warning("forward.fetch_failed", error=repr(e), ready=ready, failures=failures)
-                ready = ready and not isinstance(e, nats.js.errors.NotFoundError)
+                ready = ready and not isinstance(e, base.NotFound)
                 s = self.settings
                 await asyncio.sleep(
                     min(s.retry_initial_delay_s * 2 ** min(failures, 16), s.retry_max_delay_s)
                 )
+                continue
+            if not msgs:
                 continue
             failures = 0
             for msg in msgs:
                 await self._handle(msg)
 
     async def _unbind(self) -> None:
-        psub, self._psub = self._psub, None
-        if psub is not None:
-            with contextlib.suppress(nats.errors.Error, OSError, ValueError):
-                await psub.unsubscribe()
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            await consumer.close()
 
-    async def _handle(self, msg: NatsMsg) -> None:
-        meta = msg.metadata
-        bound = self.log.bind(seq=meta.sequence.stream, subject=msg.subject)
-        if meta.num_delivered > 1:
+    async def _handle(self, msg: base.StreamMsg) -> None:
+        bound = self.log.bind(seq=msg.seq, subject=msg.subject)
+        if msg.delivered > 1:
             self.metrics.redelivered.inc()
-        self.metrics.backlog.set(meta.num_pending)
+        self.metrics.backlog.set(msg.pending)
         keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
             try:
-                item = envelope.classify(msg.data, meta.sequence.stream)
+                item = envelope.classify(msg.data, msg.seq)
             except errors.DecodeError as e:
                 self.metrics.malformed.labels(e.reason).inc()
                 bound.warning("forward.malformed", reason=e.reason, detail=e.detail)
@@ -252,7 +228,7 @@ class Forwarder:
             await self._ack(msg, bound)
         except asyncio.CancelledError:
             # Stopping: hand the event back now rather than after ack_wait (a redelivery repeats its id).
-            with contextlib.suppress(nats.errors.Error, OSError):
+            with contextlib.suppress(errors.HealerError):
                 await msg.nak()
             raise
         finally:
@@ -260,12 +236,12 @@ class Forwarder:
             with contextlib.suppress(asyncio.CancelledError):
                 await keepalive
 
-    async def _keep_alive(self, msg: NatsMsg) -> None:
+    async def _keep_alive(self, msg: base.StreamMsg) -> None:
         """While an event is being delivered (and retried), keep JetStream from handing it out again."""
         interval_s = self.settings.ack_wait_s / 3
         while True:
             await asyncio.sleep(interval_s)
-            with contextlib.suppress(nats.errors.Error, OSError):
+            with contextlib.suppress(errors.HealerError):
                 await msg.in_progress()
 
     def _render_cloudevent(self, item: envelope.Item) -> webhook.Message:
@@ -309,14 +285,16 @@ class Forwarder:
                 return await self.post(self.url, out.body, out.headers, s.http_timeout_s)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
-    async def _ack(self, msg: NatsMsg, bound: structlog.typing.FilteringBoundLogger) -> None:
+    async def _ack(self, msg: base.StreamMsg, bound: structlog.typing.FilteringBoundLogger) -> None:
         try:
-            await msg.ack_sync(timeout=ACK_TIMEOUT_S)
-        except (nats.errors.Error, OSError) as e:
+            await msg.ack(timeout=ACK_TIMEOUT_S)
+        except errors.HealerError as e:
             # The receiver has it; JetStream will send it again and the receiver dedups on the id.
             bound.warning("forward.ack_failed", error=repr(e))
 
-    def _write_dead_letter(self, msg: NatsMsg, event_id: str | None, status: int | None, reason: str) -> None:
+    def _write_dead_letter(
+        self, msg: base.StreamMsg, event_id: str | None, status: int | None, reason: str
+    ) -> None:
         if self.dead_letter is None:
             return
         try:
@@ -325,7 +303,7 @@ class Forwarder:
             event = msg.data.decode("utf-8", "replace")
         record = {
             "at": datetime.now(tz=UTC).isoformat(),
-            "stream_seq": msg.metadata.sequence.stream,
+            "stream_seq": msg.seq,
             "subject": msg.subject,
             "id": event_id,
             "status": status,

@@ -1,10 +1,11 @@
 """Reading the incident feed for people: ``healer incidents tail``.
 
-An ephemeral ordered consumer (nats-py recreates it after a gap or a reconnect, so nothing is skipped)
-starts at a time (``--since``: RFC3339, unix seconds, or a duration ago such as ``1h30m``), at the start of
-the stream, or at ``now``. Node and change filters go to the server as the consumer's filter subject; the
-severity filter is applied here. Without ``--follow`` the read stops once everything that was in the
-stream when it started has been read. Malformed messages are counted and reported, never fatal.
+A replay of the stream (``Bus.replay``: an ephemeral ordered consumer on NATS, recreated after a gap or a
+reconnect, so nothing is skipped) starts at a time (``--since``: RFC3339, unix seconds, or a duration ago
+such as ``1h30m``), at the start of the stream, or at ``now``. Node and change filters go to the server as
+the consumer's filter subject; the severity filter is applied here. Without ``--follow`` the read stops
+once everything that was in the stream when it started has been read. Malformed messages are counted and
+reported, never fatal.
 """
 
 from __future__ import annotations
@@ -16,14 +17,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
-import nats.errors
-import nats.js.errors
 import orjson
 import structlog
-from nats.js import api
 
 from healer import durations, errors
-from healer.bus import nats as natsbus
+from healer.bus import base
 from healer.bus import subjects as subjects_mod
 from healer.feed import envelope
 from healer.schemas import codec, incidents
@@ -77,12 +75,14 @@ class Query:
         node = subjects_mod.escape_node(self.node) if self.node is not None else "*"
         return f"{subj.prefix}.incidents.{self.change or '*'}.{node}"
 
-    def consumer_config(self) -> api.ConsumerConfig:
+    @property
+    def start(self) -> base.Start:
+        """Where the replay starts: ``since`` as the bus takes it."""
         if self.since == "now":
-            return api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+            return "new"
         if self.since is None:
-            return api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
-        return api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=self.since)
+            return "all"
+        return self.since
 
     def wants(self, item: envelope.Item) -> bool:
         """The filters the server cannot apply: severity (an event without one never passes it)."""
@@ -138,7 +138,7 @@ OnBad = Callable[[str, int, errors.DecodeError], None]
 
 
 async def read(
-    bus: natsbus.NatsBus,
+    bus: base.Bus,
     subj: subjects_mod.Subjects,
     query: Query,
     on_item: OnItem,
@@ -154,42 +154,31 @@ async def read(
     stats = stats or codec.DecodeStats()
     stream = subj.stream_incidents
     try:
-        await bus.js.stream_info(stream)
-        sub = await bus.js.subscribe(
-            query.filter_subject(subj), stream=stream, ordered_consumer=True, config=query.consumer_config()
-        )
-    except nats.js.errors.NotFoundError as e:
+        replay = await bus.replay(stream, query.filter_subject(subj), query.start)
+    except base.NotFound as e:
         raise errors.PermanentError(
             f"stream {stream} does not exist: is the controller running? (healer nats provision makes it)"
         ) from e
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
-        raise errors.TemporaryError(f"JetStream not available: {e!r}") from e
     try:
         target = 0
         if not query.follow:
-            info = await sub.consumer_info()
-            delivered = info.delivered.consumer_seq if info.delivered else 0
-            target = delivered + (info.num_pending or 0)
+            target = replay.backlog
             if target == 0:
                 return stats
         seen = 0
         while True:
-            try:
-                msg = await sub.next_msg(timeout=idle_timeout_s)
-            except nats.errors.TimeoutError:
+            msg = await replay.next(idle_timeout_s)
+            if msg is None:
                 if query.follow:
                     continue
                 log.warning("tail.stopped_early", read=seen, expected=target)
                 return stats
             seen += 1
-            _handle(msg.subject, msg.metadata.sequence.stream, msg.data, query, on_item, on_bad, stats)
-            if not query.follow and (seen >= target or msg.metadata.num_pending == 0):
+            _handle(msg.subject, msg.seq, msg.data, query, on_item, on_bad, stats)
+            if not query.follow and (seen >= target or msg.pending == 0):
                 return stats
     finally:
-        try:
-            await sub.unsubscribe()
-        except (nats.errors.Error, OSError) as e:
-            log.debug("tail.unsubscribe_failed", error=repr(e))
+        await replay.close()
 
 
 def _handle(

@@ -63,7 +63,7 @@ class FailingKV:
 
 @pytest.mark.parametrize("error", TRY_AGAIN, ids=lambda e: type(e).__name__)
 async def test_every_try_again_error_of_kv_is_temporary(error: Exception) -> None:
-    store = kv.Store(FailingKV(error))  # type: ignore[arg-type]
+    store = kv.Store(natsbus.NatsKeyValue(FailingKV(error)))  # type: ignore[arg-type]
     calls = [
         store.get("k"), store.put("k", {}), store.create("k", {}), store.update("k", {}, 1),
         store.delete("k"), store.keys(),
@@ -74,7 +74,8 @@ async def test_every_try_again_error_of_kv_is_temporary(error: Exception) -> Non
 
 
 async def test_a_refusal_of_kv_is_permanent() -> None:
-    store = kv.Store(FailingKV(JS.BadRequestError(code=400, description="invalid key")))  # type: ignore[arg-type]
+    refusal = JS.BadRequestError(code=400, description="invalid key")
+    store = kv.Store(natsbus.NatsKeyValue(FailingKV(refusal)))  # type: ignore[arg-type]
     with pytest.raises(errors.PermanentError):
         await store.get("k")
 
@@ -95,7 +96,7 @@ async def test_the_lease_outlives_a_renewal_that_fails_with_no_stream_response()
 
         async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
             if self.fail:
-                raise kv._translate("KV update", JS.NoStreamResponseError())
+                raise natsbus.translate("KV update", JS.NoStreamResponseError())
             self.rev += 1
             return self.rev
 
@@ -152,7 +153,7 @@ async def test_the_leader_gauge_falls_when_renewals_fail(
     await run_until(fleet, lambda: ctl.leader and ctl.metrics.leader._value.get() == 1)
 
     async def unreachable(self: kv.Store, key: str, value: dict[str, Any], revision: int) -> int:
-        raise kv._translate("KV update", JS.ServiceUnavailableError(code=503))
+        raise natsbus.translate("KV update", JS.ServiceUnavailableError(code=503))
 
     monkeypatch.setattr(kv.Store, "update", unreachable)
     await run_until(fleet, lambda: not ctl.leader, timeout=LEASE_TTL_S * 2)
@@ -349,7 +350,7 @@ async def test_cooldowns_survive_a_restart_and_a_failover(nats_bus: natsbus.Nats
     """The chaos run capped one GPU again 113 s after the first cap, despite a 600 s cooldown, because
     the cooldown lived in the old process's memory. It lives in KV now: a new process (a restart, or a
     standby taking over) reads it."""
-    store = kv.Store(await nats_bus.js.key_value(subjects.Subjects().kv_state))
+    store = kv.Store(await nats_bus.key_value(subjects.Subjects().kv_state))
     settings = config.ControllerSettings(action_cooldown_s=600)
     before = policy.Limits(settings, store)
     assert await before.check("power_limit", "n1", "inc-1", now=1000.0) == ""
@@ -428,7 +429,7 @@ async def test_a_deleted_events_consumer_is_created_again(harness: Harness) -> N
 
 
 async def test_the_rate_limit_window_survives_a_restart(nats_bus: natsbus.NatsBus) -> None:
-    store = kv.Store(await nats_bus.js.key_value(subjects.Subjects().kv_state))
+    store = kv.Store(await nats_bus.key_value(subjects.Subjects().kv_state))
     settings = config.ControllerSettings(actions_per_minute=2)
     before = policy.Limits(settings, store)
     for i in range(2):

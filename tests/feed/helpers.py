@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import orjson
 
+from healer.bus import base, subjects
 from healer.bus import nats as natsbus
-from healer.bus import subjects
 from healer.schemas import codec, incidents
 
 SUBJ = subjects.Subjects()
@@ -44,7 +44,7 @@ def event(
     return incidents.build(event_id=f"ev-{n}", cluster="test", change=change, data=data, ts=time.time())
 
 
-async def publish(bus: natsbus.NatsBus, ev: incidents.IncidentEvent) -> None:
+async def publish(bus: base.Bus, ev: incidents.IncidentEvent) -> None:
     stored = await bus.publish_durable(SUBJ.incident(ev.change, ev.data.node), codec.encode(ev), msg_id=ev.id)
     assert stored
 

@@ -200,7 +200,7 @@ async def test_a_retried_alert_is_sent_with_a_fresh_ends_at(nats_bus: natsbus.Na
     )
     stop = asyncio.Event()
     task = asyncio.create_task(sink.run(stop))
-    await conftest.until(lambda: sink.forwarder._psub is not None)  # rebuilt, resent, now consuming
+    await conftest.until(lambda: sink.forwarder.consumer is not None)  # rebuilt, resent, now consuming
     await helpers.publish(nats_bus, helpers.event(9))
     await conftest.until(lambda: len(posts) >= 2)
     stop.set()

@@ -100,7 +100,7 @@ async def test_forward_delivers_the_feed_as_a_feed_identity(
         # the forwarder's own steps, without its endless loop: set up the durable consumer, pull, deliver, ack
         await fwd.ensure_consumer()
         for _ in range(2):  # one in flight at a time (max_ack_pending 1)
-            (msg,) = await fwd._psub.fetch(1, timeout=5.0)
+            (msg,) = await fwd.consumer.fetch(1, timeout=5.0)
             await fwd._handle(msg)
         await fwd._unbind()
     assert len(posted) == 2

@@ -121,7 +121,7 @@ class Stream:
 async def page(
     nats_server: server_mod.EmbeddedServer, nats_bus: natsbus.NatsBus
 ) -> AsyncIterator[dict[str, Any]]:
-    store = kv.Store(await nats_bus.js.key_value(subjects.Subjects().kv_state))
+    store = kv.Store(await nats_bus.key_value(subjects.Subjects().kv_state))
     inc = ctl_incidents.Incident(
         id="inc-old", rule_id="node-silent", severity="major", node="gpu-9", mode="enforce",
         opened_at=time.time() - 7200, updated_at=time.time() - 7200, summary="silent for 2m",
