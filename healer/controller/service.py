@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import itertools
 import math
 import os
 import pathlib
@@ -41,9 +40,9 @@ from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
 from healer.controller import actions as actions_mod
 from healer.controller import admission as admission_mod
+from healer.controller import decide, kv, lease, policy, supervisor, throttle
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
-from healer.controller import kv, lease, policy, supervisor, throttle
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
@@ -54,8 +53,6 @@ if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller wit
 
 log = structlog.get_logger(__name__)
 
-EPISODE_S = 120.0
-"""Incidents on one GPU opened within this long of each other count as one fault episode."""
 TAKEOVER_ATTEMPTS = 3
 """A takeover that fails this many times in a row releases the lease (for one TTL) to a standby."""
 EVENTS_PULL_S = 0.5
@@ -160,10 +157,10 @@ class Controller:
         self.book = incidents_mod.Book(state_kv)
         self.feed = feed_mod.FeedPublisher(self.bus, self.subjects, self.cs.cluster)
         self.breaker = policy.Breaker(state_kv, self.cs)
-        self.dry_breaker = policy.Breaker(_Prefixed(state_kv, "dry-run."), self.cs)
+        self.dry_breaker = policy.Breaker(kv.Prefixed(state_kv, "dry-run."), self.cs)
         self.exclusions = policy.Exclusions(state_kv)
         self.limits = policy.Limits(
-            self.cs, state_kv if self.cs.mode == "enforce" else _Prefixed(state_kv, f"{self.cs.mode}.")
+            self.cs, state_kv if self.cs.mode == "enforce" else kv.Prefixed(state_kv, f"{self.cs.mode}.")
         )
         self.lease = lease.Lease(
             lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
@@ -472,89 +469,52 @@ class Controller:
             self.metrics.incidents_open.labels(sev).set(n)
 
     async def _handle(self, f: engine_mod.Firing, now: float) -> None:
+        """Carry out what ``decide.on_firing`` says a firing does to its incident."""
         inc = self.book.get(f.key)
-        if f.status == "resolved":
-            if inc is not None and inc.state != "resolved":
-                await self._resolve(inc, f)
+        change = decide.on_firing(f, inc)
+        if change.change is decide.Change.NONE:
             return
-        if inc is None:
+        if change.change is decide.Change.OPEN:
             await self._open(f, now)
             return
+        assert inc is not None
+        if change.change is decide.Change.RESOLVE:
+            inc.state = "resolved"
+            inc.resolved_at = self.clock()
+            inc.evidence = {**inc.evidence, **change.evidence}
+            inc.actions += change.on_resolve
+            await self._save_publish(inc, "resolved")
+            if any(a.on_resolve and a.status is None for a in inc.actions):
+                self.actions.spawn(inc)
+            return
         inc.last_seen_firing = now
-        if f.status == "fired":  # fired again: a new event, or a condition after a restart
-            inc.evidence = dict(f.evidence)
+        if change.change is decide.Change.REFRESH:
+            inc.evidence = change.evidence
             await self._save_publish(inc, "updated")
 
     async def _open(self, f: engine_mod.Firing, now: float) -> None:
-        rule = f.rule
-        where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
-        inc = incidents_mod.Incident(
-            id=incidents_mod.new_id(),
-            rule_id=rule.id,
-            severity=rule.severity,
-            node=f.node,
-            gpu_index=f.gpu,
-            gpu_uuid=f.gpu_uuid,
-            summary=f"{rule.id} on {where}: {rule.description}".strip().rstrip(":"),
-            evidence=dict(f.evidence),
-            labels=dict(rule.labels),
-            mode=self.cs.mode,
-            opened_at=now,
-            updated_at=now,
-            last_seen_firing=now,
-            actions=[incidents_mod.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions],
-        )
-        repeats = await self._count_repeat(inc, now)
-        if repeats >= self.cs.repeat_faults and f.gpu is not None:
-            inc.escalated = True
-            inc.summary += (
-                f" (fault #{repeats} on this GPU within {self.cs.repeat_window_s:g}s: inspect hardware)"
-            )
-            if not any(a.kind == "inspect" for a in inc.actions):
-                inc.actions.append(
-                    incidents_mod.PlannedAction(kind="inspect", params={"reason": "repeat faults"})
-                )
+        repeats = await self._count_repeat(f.node, f.gpu, now)
+        inc = decide.new_incident(f, incidents_mod.new_id(), now, self.cs.mode, repeats, self.cs)
         await self._save_publish(inc, "opened")
         if inc.escalated:
             await self._save_publish(inc, "escalated")
         self.actions.spawn(inc)
 
-    async def _resolve(self, inc: incidents_mod.Incident, f: engine_mod.Firing) -> None:
-        inc.state = "resolved"
-        inc.resolved_at = self.clock()
-        inc.evidence = {**inc.evidence, **{f"resolve.{k}": v for k, v in f.evidence.items()}}
-        forgotten = f.evidence.get("reason") == engine_mod.FORGOTTEN  # the node left: undo nothing on it
-        inc.actions += [
-            incidents_mod.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=True)
-            for a in ([] if forgotten else f.rule.on_resolve)
-        ]
-        await self._save_publish(inc, "resolved")
-        if any(a.on_resolve and a.status is None for a in inc.actions):
-            self.actions.spawn(inc)
-
-    async def _count_repeat(self, inc: incidents_mod.Incident, now: float) -> int:
-        """Fault episodes on this GPU within ``repeat_window_s``, this one included. Incidents opened
-        within ``EPISODE_S`` of each other are one episode (one DBE fires several rules at once)."""
-        if inc.gpu_index is None:
+    async def _count_repeat(self, node: str, gpu: int | None, now: float) -> int:
+        """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""
+        if gpu is None:
             return 0
-        key = f"history.{inc.node}.{inc.gpu_index}"
+        key = f"history.{node}.{gpu}"
         try:
             doc = await self.state.get(key)
-            times = [
-                t for t in (doc.value.get("opened", []) if doc else []) if now - t < self.cs.repeat_window_s
-            ]
-            times.append(now)
-            await self.state.put(key, {"opened": times[-50:]})
+            seen = decide.episodes(doc.value.get("opened", []) if doc else [], now, self.cs.repeat_window_s)
+            await self.state.put(key, {"opened": list(seen.times)})
         except errors.TemporaryError as e:
             # The count only escalates a repeat offender: it never holds up the quarantine of a fault.
             self.metrics.task_failures.labels("repeat-count").inc()
-            self.log.warning("controller.repeat_count_failed", incident_id=inc.id, error=str(e))
+            self.log.warning("controller.repeat_count_failed", node=node, gpu=gpu, error=str(e))
             return 1
-        episodes = 1
-        for earlier, later in itertools.pairwise(times):
-            if later - earlier >= EPISODE_S:
-                episodes += 1
-        return episodes
+        return seen.count
 
     async def _save_publish(self, inc: incidents_mod.Incident, change: incidents.Change) -> None:
         inc.seq += 1
@@ -574,20 +534,11 @@ class Controller:
                 continue
             if any(a.status is None for a in inc.actions):
                 self.actions.spawn(inc)
-            capped = any(
-                a.kind == "power_limit" and a.status in ("done", "already-done") for a in inc.actions
-            )
-            if (
-                capped
-                and inc.state == "open"
-                and not any(a.kind == "cordon" for a in inc.actions)
-                and now - inc.opened_at > self.cs.power_cap_escalate_s
-            ):
+            step = decide.ladder_step(inc, now, self.cs)
+            if step is not None:
                 inc.escalated = True
-                inc.summary += "; still firing after the power cap: cordoned (escalation ladder)"
-                inc.actions.append(
-                    incidents_mod.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
-                )
+                inc.summary += decide.LADDER_NOTE
+                inc.actions.append(step)
                 await self._save_publish(inc, "escalated")
                 self.actions.spawn(inc)
 
@@ -752,23 +703,3 @@ class Controller:
             ),
             ticks=ticking,
         )
-
-
-class _Prefixed(kv.Store):
-    """The same bucket under a key prefix (the dry-run breaker keeps its own state)."""
-
-    def __init__(self, store: kv.Store, prefix: str) -> None:
-        super().__init__(store.kv)
-        self.prefix = prefix
-
-    async def get(self, key: str) -> kv.Doc | None:
-        return await super().get(self.prefix + key)
-
-    async def put(self, key: str, value: dict[str, Any]) -> int:
-        return await super().put(self.prefix + key, value)
-
-    async def create(self, key: str, value: dict[str, Any]) -> int:
-        return await super().create(self.prefix + key, value)
-
-    async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
-        return await super().update(self.prefix + key, value, revision)
