@@ -38,9 +38,8 @@ from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
-from healer.controller import actions as actions_mod
 from healer.controller import admission as admission_mod
-from healer.controller import decide, kv, lease, policy, supervisor, throttle
+from healer.controller import decide, kv, lease, policy, runner, supervisor, throttle
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
 from healer.controller import metrics as metrics_mod
@@ -101,9 +100,17 @@ class Controller:
             self.cs, self.metrics, scheduler=scheduler, log=self.log, clock=clock
         )
         self._received_at = -math.inf
-        self.engine: engine_mod.Engine | None = None
         self.rules_path = pathlib.Path(self.cs.rules_dir)
-        self._rules_sig: tuple[tuple[str, float, int], ...] = ()
+        self._rules_sig = self._signature()
+        result = loader.load_paths([self.rules_path])
+        if result.ruleset is None:
+            raise errors.PermanentError(
+                "rules do not load; fix them first:\n" + "\n".join(str(d) for d in result.errors)
+            )
+        self.engine = engine_mod.Engine(
+            result.ruleset, gpus_per_node=self.cs.gpus_per_node, stale_after_s=self.cs.stale_after_s
+        )
+        """Built with the rules at construction: a controller whose rules do not load is never made."""
         self.nodes: set[str] = set()
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
@@ -127,22 +134,14 @@ class Controller:
         self.telemetry_bus: natsbus.NatsBus = bus
         self._frames_dropped = 0
         self._labels_at = -math.inf
-        self.actions: actions_mod.ActionRunner  # built in start(), with the policy it applies
+        self.actions: runner.ActionRunner  # built in start(), with the policy it applies
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         self._scored_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        result = loader.load_paths([self.rules_path])
-        if result.ruleset is None:
-            raise errors.PermanentError(
-                "rules do not load; fix them first:\n" + "\n".join(str(d) for d in result.errors)
-            )
-        self.engine = engine_mod.Engine(
-            result.ruleset, gpus_per_node=self.cs.gpus_per_node, stale_after_s=self.cs.stale_after_s
-        )
-        self._rules_sig = self._signature()
-        self.metrics.rules_loaded.set(len(result.ruleset.rules))
+        rules = self.engine.rules.rules
+        self.metrics.rules_loaded.set(len(rules))
         if self.cs.model:
             from healer.anomaly import scoring
 
@@ -165,7 +164,7 @@ class Controller:
         self.lease = lease.Lease(
             lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
         )
-        self.actions = actions_mod.ActionRunner(
+        self.actions = runner.ActionRunner(
             self.cs, scheduler=self.scheduler, power=self.power, lease=self.lease, breaker=self.breaker,
             dry_breaker=self.dry_breaker, exclusions=self.exclusions, limits=self.limits, book=self.book,
             metrics=self.metrics, publish=self._save_publish, leader=lambda: self.leader,
@@ -189,7 +188,7 @@ class Controller:
         self.supervisor.start("ticks", self._tick_loop)
         self.supervisor.start("housekeeping", self._housekeeping)
         self.supervisor.start("feed", lambda: self.feed.run(self._stop))
-        self.log.info("controller.started", rules=len(result.ruleset.rules), mode=self.cs.mode)
+        self.log.info("controller.started", rules=len(rules), mode=self.cs.mode)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -218,8 +217,8 @@ class Controller:
     @property
     def tasks(self) -> dict[str, asyncio.Task[None]]:
         """The running per-incident action tasks."""
-        runner: actions_mod.ActionRunner | None = getattr(self, "actions", None)
-        return runner.tasks if runner is not None else {}
+        started: runner.ActionRunner | None = getattr(self, "actions", None)
+        return started.tasks if started is not None else {}
 
     @property
     def leader(self) -> bool:
@@ -295,7 +294,6 @@ class Controller:
         """Hand the engine what the incidents from KV say was firing, so each resolves by its rule's
         own terms (an event rule after its quiet period, a condition rule when its resolve condition
         holds on fresh data) instead of staying open for ever after a restart or a failover."""
-        assert self.engine is not None
         for inc in self.book.open.values():
             if inc.node == "fleet":
                 continue  # the breaker's incident: `healer breaker reset` closes it
@@ -328,7 +326,6 @@ class Controller:
         now = self._received_at = max(self.clock(), math.nextafter(self._received_at, math.inf))
         if not self.admission.frame_ok(node, frame):
             return
-        assert self.engine is not None
         self.engine.ingest(frame, at=now)
         if self.scorer is not None:
             self.scorer.observe(frame, at=now)
@@ -399,7 +396,6 @@ class Controller:
                     continue
                 if not await self._admit_event(m, event):
                     continue
-                assert self.engine is not None
                 self.engine.ingest_event(event)
                 self.metrics.events.inc()
                 self.unacked.append(m)
@@ -428,7 +424,6 @@ class Controller:
                 await asyncio.wait_for(self._stop.wait(), timeout=next_t - now)
 
     async def tick(self) -> None:
-        assert self.engine is not None
         now = self.clock()
         acks, self.unacked = self.unacked, []
         if self.scorer is not None and now - self._scored_at >= self.cs.anomaly_interval_s:
@@ -544,7 +539,6 @@ class Controller:
 
     def _forget_silent(self, now: float) -> list[engine_mod.Firing]:
         """Reclaim the state of nodes silent longer than ``node_retention_s``; their firings resolve."""
-        assert self.engine is not None
         forgotten = self.engine.forget_silent(now, self.cs.node_retention_s)
         for node in forgotten.nodes:
             self.nodes.discard(node)
@@ -591,7 +585,6 @@ class Controller:
             return
         self._labels_at = now
         source = cast(actuators.LabelSource, self.scheduler)
-        assert self.engine is not None
         try:
             labels = await asyncio.wait_for(source.node_labels(sorted(self.nodes)), self.cs.labels_timeout_s)
         except (errors.HealerError, TimeoutError) as e:
@@ -617,7 +610,6 @@ class Controller:
             return
         self._rules_sig = sig
         result = loader.load_paths([self.rules_path])
-        assert self.engine is not None
         if result.ruleset is None:
             self.metrics.rules_rejected.inc()
             problems = result.errors
@@ -635,7 +627,6 @@ class Controller:
                 await self._handle(f, self.clock())
 
     async def _publish_rejection(self, problems: list[Any]) -> None:
-        assert self.engine is not None
         event = incidents.RulesRejectedEvent(
             id=f"rules-{uuid.uuid4().hex}",
             source=f"healer://{self.cs.cluster}/controller",
@@ -694,7 +685,7 @@ class Controller:
         ]
         return health.Verdict.of(
             nats=check(self.bus.connected, "connected" if self.bus.connected else "disconnected"),
-            rules=check(engine is not None, f"{len(engine.rules.rules)} rules" if engine else "not loaded"),
+            rules=check(True, f"{len(engine.rules.rules)} rules"),
             model=model,
             role=role,
             tasks=check(

@@ -26,7 +26,7 @@ from healer.controller import decide, policy
 from healer.controller import incidents as incidents_mod
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
-from healer.rules import actions as rule_actions
+from healer.rules import actions
 from healer.schemas import incidents
 
 Publish = Callable[[incidents_mod.Incident, incidents.Change], Awaitable[None]]
@@ -150,7 +150,7 @@ class ActionRunner:
         or from the actuator's outcome)."""
         now = self.clock()
         mode = self.cs.mode
-        spec = rule_actions.kind(action.kind)
+        spec = actions.kind(action.kind)
         attempt = self._attempt(inc, action, now)
         verdict = decide.gate(attempt, decide.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
@@ -181,7 +181,7 @@ class ActionRunner:
             dry_run=mode == "dry-run",
             deadline=now + 600.0,
         )
-        actuator = self.power if spec.actuator is rule_actions.Actuator.POWER else self.scheduler
+        actuator = self.power if spec.actuator is actions.Actuator.POWER else self.scheduler
         if actuator is None:
             return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
         await self.limits.record(action.kind, inc.node, inc.id, now)
