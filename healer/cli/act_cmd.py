@@ -16,9 +16,11 @@ from typing import Any
 from healer import config, errors, logs
 from healer.actuators import base
 from healer.cli import common
+from healer.rules import actions
 
 SYSTEMS = ("slurm", "kubernetes", "log")
-KINDS = ("cordon", "uncordon", "migrate", "notify")
+KINDS = (*actions.SCHEDULER_VERBS, "notify")
+"""What a scheduler actuator can be asked to do, from the action catalogue, and notify."""
 
 
 def register(sub: Any) -> None:

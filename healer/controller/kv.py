@@ -57,3 +57,24 @@ class Store:
 
     async def keys(self, prefix: str = "") -> list[str]:
         return sorted(k for k in await self.kv.keys() if k.startswith(prefix))
+
+
+class Prefixed(Store):
+    """The same bucket under a key prefix (the dry-run breaker, and the dry-run and observe limits, keep
+    their own state)."""
+
+    def __init__(self, store: Store, prefix: str) -> None:
+        super().__init__(store.kv)
+        self.prefix = prefix
+
+    async def get(self, key: str) -> Doc | None:
+        return await super().get(self.prefix + key)
+
+    async def put(self, key: str, value: dict[str, Any]) -> int:
+        return await super().put(self.prefix + key, value)
+
+    async def create(self, key: str, value: dict[str, Any]) -> int:
+        return await super().create(self.prefix + key, value)
+
+    async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
+        return await super().update(self.prefix + key, value, revision)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import itertools
 import math
 import os
 import pathlib
@@ -39,11 +38,10 @@ from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
-from healer.controller import actions as actions_mod
 from healer.controller import admission as admission_mod
+from healer.controller import decide, kv, lease, policy, runner, supervisor, throttle
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
-from healer.controller import kv, lease, policy, supervisor, throttle
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
@@ -54,8 +52,6 @@ if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller wit
 
 log = structlog.get_logger(__name__)
 
-EPISODE_S = 120.0
-"""Incidents on one GPU opened within this long of each other count as one fault episode."""
 TAKEOVER_ATTEMPTS = 3
 """A takeover that fails this many times in a row releases the lease (for one TTL) to a standby."""
 EVENTS_PULL_S = 0.5
@@ -104,9 +100,17 @@ class Controller:
             self.cs, self.metrics, scheduler=scheduler, log=self.log, clock=clock
         )
         self._received_at = -math.inf
-        self.engine: engine_mod.Engine | None = None
         self.rules_path = pathlib.Path(self.cs.rules_dir)
-        self._rules_sig: tuple[tuple[str, float, int], ...] = ()
+        self._rules_sig = self._signature()
+        result = loader.load_paths([self.rules_path])
+        if result.ruleset is None:
+            raise errors.PermanentError(
+                "rules do not load; fix them first:\n" + "\n".join(str(d) for d in result.errors)
+            )
+        self.engine = engine_mod.Engine(
+            result.ruleset, gpus_per_node=self.cs.gpus_per_node, stale_after_s=self.cs.stale_after_s
+        )
+        """Built with the rules at construction: a controller whose rules do not load is never made."""
         self.nodes: set[str] = set()
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
@@ -130,22 +134,14 @@ class Controller:
         self.telemetry_bus: natsbus.NatsBus = bus
         self._frames_dropped = 0
         self._labels_at = -math.inf
-        self.actions: actions_mod.ActionRunner  # built in start(), with the policy it applies
+        self.actions: runner.ActionRunner  # built in start(), with the policy it applies
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         self._scored_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        result = loader.load_paths([self.rules_path])
-        if result.ruleset is None:
-            raise errors.PermanentError(
-                "rules do not load; fix them first:\n" + "\n".join(str(d) for d in result.errors)
-            )
-        self.engine = engine_mod.Engine(
-            result.ruleset, gpus_per_node=self.cs.gpus_per_node, stale_after_s=self.cs.stale_after_s
-        )
-        self._rules_sig = self._signature()
-        self.metrics.rules_loaded.set(len(result.ruleset.rules))
+        rules = self.engine.rules.rules
+        self.metrics.rules_loaded.set(len(rules))
         if self.cs.model:
             from healer.anomaly import scoring
 
@@ -160,15 +156,15 @@ class Controller:
         self.book = incidents_mod.Book(state_kv)
         self.feed = feed_mod.FeedPublisher(self.bus, self.subjects, self.cs.cluster)
         self.breaker = policy.Breaker(state_kv, self.cs)
-        self.dry_breaker = policy.Breaker(_Prefixed(state_kv, "dry-run."), self.cs)
+        self.dry_breaker = policy.Breaker(kv.Prefixed(state_kv, "dry-run."), self.cs)
         self.exclusions = policy.Exclusions(state_kv)
         self.limits = policy.Limits(
-            self.cs, state_kv if self.cs.mode == "enforce" else _Prefixed(state_kv, f"{self.cs.mode}.")
+            self.cs, state_kv if self.cs.mode == "enforce" else kv.Prefixed(state_kv, f"{self.cs.mode}.")
         )
         self.lease = lease.Lease(
             lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
         )
-        self.actions = actions_mod.ActionRunner(
+        self.actions = runner.ActionRunner(
             self.cs, scheduler=self.scheduler, power=self.power, lease=self.lease, breaker=self.breaker,
             dry_breaker=self.dry_breaker, exclusions=self.exclusions, limits=self.limits, book=self.book,
             metrics=self.metrics, publish=self._save_publish, leader=lambda: self.leader,
@@ -192,7 +188,7 @@ class Controller:
         self.supervisor.start("ticks", self._tick_loop)
         self.supervisor.start("housekeeping", self._housekeeping)
         self.supervisor.start("feed", lambda: self.feed.run(self._stop))
-        self.log.info("controller.started", rules=len(result.ruleset.rules), mode=self.cs.mode)
+        self.log.info("controller.started", rules=len(rules), mode=self.cs.mode)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -221,8 +217,8 @@ class Controller:
     @property
     def tasks(self) -> dict[str, asyncio.Task[None]]:
         """The running per-incident action tasks."""
-        runner: actions_mod.ActionRunner | None = getattr(self, "actions", None)
-        return runner.tasks if runner is not None else {}
+        started: runner.ActionRunner | None = getattr(self, "actions", None)
+        return started.tasks if started is not None else {}
 
     @property
     def leader(self) -> bool:
@@ -298,7 +294,6 @@ class Controller:
         """Hand the engine what the incidents from KV say was firing, so each resolves by its rule's
         own terms (an event rule after its quiet period, a condition rule when its resolve condition
         holds on fresh data) instead of staying open for ever after a restart or a failover."""
-        assert self.engine is not None
         for inc in self.book.open.values():
             if inc.node == "fleet":
                 continue  # the breaker's incident: `healer breaker reset` closes it
@@ -331,7 +326,6 @@ class Controller:
         now = self._received_at = max(self.clock(), math.nextafter(self._received_at, math.inf))
         if not self.admission.frame_ok(node, frame):
             return
-        assert self.engine is not None
         self.engine.ingest(frame, at=now)
         if self.scorer is not None:
             self.scorer.observe(frame, at=now)
@@ -402,7 +396,6 @@ class Controller:
                     continue
                 if not await self._admit_event(m, event):
                     continue
-                assert self.engine is not None
                 self.engine.ingest_event(event)
                 self.metrics.events.inc()
                 self.unacked.append(m)
@@ -431,7 +424,6 @@ class Controller:
                 await asyncio.wait_for(self._stop.wait(), timeout=next_t - now)
 
     async def tick(self) -> None:
-        assert self.engine is not None
         now = self.clock()
         acks, self.unacked = self.unacked, []
         if self.scorer is not None and now - self._scored_at >= self.cs.anomaly_interval_s:
@@ -472,89 +464,52 @@ class Controller:
             self.metrics.incidents_open.labels(sev).set(n)
 
     async def _handle(self, f: engine_mod.Firing, now: float) -> None:
+        """Carry out what ``decide.on_firing`` says a firing does to its incident."""
         inc = self.book.get(f.key)
-        if f.status == "resolved":
-            if inc is not None and inc.state != "resolved":
-                await self._resolve(inc, f)
+        change = decide.on_firing(f, inc)
+        if change.change is decide.Change.NONE:
             return
-        if inc is None:
+        if change.change is decide.Change.OPEN:
             await self._open(f, now)
             return
+        assert inc is not None
+        if change.change is decide.Change.RESOLVE:
+            inc.state = "resolved"
+            inc.resolved_at = self.clock()
+            inc.evidence = {**inc.evidence, **change.evidence}
+            inc.actions += change.on_resolve
+            await self._save_publish(inc, "resolved")
+            if any(a.on_resolve and a.status is None for a in inc.actions):
+                self.actions.spawn(inc)
+            return
         inc.last_seen_firing = now
-        if f.status == "fired":  # fired again: a new event, or a condition after a restart
-            inc.evidence = dict(f.evidence)
+        if change.change is decide.Change.REFRESH:
+            inc.evidence = change.evidence
             await self._save_publish(inc, "updated")
 
     async def _open(self, f: engine_mod.Firing, now: float) -> None:
-        rule = f.rule
-        where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
-        inc = incidents_mod.Incident(
-            id=incidents_mod.new_id(),
-            rule_id=rule.id,
-            severity=rule.severity,
-            node=f.node,
-            gpu_index=f.gpu,
-            gpu_uuid=f.gpu_uuid,
-            summary=f"{rule.id} on {where}: {rule.description}".strip().rstrip(":"),
-            evidence=dict(f.evidence),
-            labels=dict(rule.labels),
-            mode=self.cs.mode,
-            opened_at=now,
-            updated_at=now,
-            last_seen_firing=now,
-            actions=[incidents_mod.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions],
-        )
-        repeats = await self._count_repeat(inc, now)
-        if repeats >= self.cs.repeat_faults and f.gpu is not None:
-            inc.escalated = True
-            inc.summary += (
-                f" (fault #{repeats} on this GPU within {self.cs.repeat_window_s:g}s: inspect hardware)"
-            )
-            if not any(a.kind == "inspect" for a in inc.actions):
-                inc.actions.append(
-                    incidents_mod.PlannedAction(kind="inspect", params={"reason": "repeat faults"})
-                )
+        repeats = await self._count_repeat(f.node, f.gpu, now)
+        inc = decide.new_incident(f, incidents_mod.new_id(), now, self.cs.mode, repeats, self.cs)
         await self._save_publish(inc, "opened")
         if inc.escalated:
             await self._save_publish(inc, "escalated")
         self.actions.spawn(inc)
 
-    async def _resolve(self, inc: incidents_mod.Incident, f: engine_mod.Firing) -> None:
-        inc.state = "resolved"
-        inc.resolved_at = self.clock()
-        inc.evidence = {**inc.evidence, **{f"resolve.{k}": v for k, v in f.evidence.items()}}
-        forgotten = f.evidence.get("reason") == engine_mod.FORGOTTEN  # the node left: undo nothing on it
-        inc.actions += [
-            incidents_mod.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=True)
-            for a in ([] if forgotten else f.rule.on_resolve)
-        ]
-        await self._save_publish(inc, "resolved")
-        if any(a.on_resolve and a.status is None for a in inc.actions):
-            self.actions.spawn(inc)
-
-    async def _count_repeat(self, inc: incidents_mod.Incident, now: float) -> int:
-        """Fault episodes on this GPU within ``repeat_window_s``, this one included. Incidents opened
-        within ``EPISODE_S`` of each other are one episode (one DBE fires several rules at once)."""
-        if inc.gpu_index is None:
+    async def _count_repeat(self, node: str, gpu: int | None, now: float) -> int:
+        """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""
+        if gpu is None:
             return 0
-        key = f"history.{inc.node}.{inc.gpu_index}"
+        key = f"history.{node}.{gpu}"
         try:
             doc = await self.state.get(key)
-            times = [
-                t for t in (doc.value.get("opened", []) if doc else []) if now - t < self.cs.repeat_window_s
-            ]
-            times.append(now)
-            await self.state.put(key, {"opened": times[-50:]})
+            seen = decide.episodes(doc.value.get("opened", []) if doc else [], now, self.cs.repeat_window_s)
+            await self.state.put(key, {"opened": list(seen.times)})
         except errors.TemporaryError as e:
             # The count only escalates a repeat offender: it never holds up the quarantine of a fault.
             self.metrics.task_failures.labels("repeat-count").inc()
-            self.log.warning("controller.repeat_count_failed", incident_id=inc.id, error=str(e))
+            self.log.warning("controller.repeat_count_failed", node=node, gpu=gpu, error=str(e))
             return 1
-        episodes = 1
-        for earlier, later in itertools.pairwise(times):
-            if later - earlier >= EPISODE_S:
-                episodes += 1
-        return episodes
+        return seen.count
 
     async def _save_publish(self, inc: incidents_mod.Incident, change: incidents.Change) -> None:
         inc.seq += 1
@@ -574,26 +529,16 @@ class Controller:
                 continue
             if any(a.status is None for a in inc.actions):
                 self.actions.spawn(inc)
-            capped = any(
-                a.kind == "power_limit" and a.status in ("done", "already-done") for a in inc.actions
-            )
-            if (
-                capped
-                and inc.state == "open"
-                and not any(a.kind == "cordon" for a in inc.actions)
-                and now - inc.opened_at > self.cs.power_cap_escalate_s
-            ):
+            step = decide.ladder_step(inc, now, self.cs)
+            if step is not None:
                 inc.escalated = True
-                inc.summary += "; still firing after the power cap: cordoned (escalation ladder)"
-                inc.actions.append(
-                    incidents_mod.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
-                )
+                inc.summary += decide.LADDER_NOTE
+                inc.actions.append(step)
                 await self._save_publish(inc, "escalated")
                 self.actions.spawn(inc)
 
     def _forget_silent(self, now: float) -> list[engine_mod.Firing]:
         """Reclaim the state of nodes silent longer than ``node_retention_s``; their firings resolve."""
-        assert self.engine is not None
         forgotten = self.engine.forget_silent(now, self.cs.node_retention_s)
         for node in forgotten.nodes:
             self.nodes.discard(node)
@@ -640,7 +585,6 @@ class Controller:
             return
         self._labels_at = now
         source = cast(actuators.LabelSource, self.scheduler)
-        assert self.engine is not None
         try:
             labels = await asyncio.wait_for(source.node_labels(sorted(self.nodes)), self.cs.labels_timeout_s)
         except (errors.HealerError, TimeoutError) as e:
@@ -666,7 +610,6 @@ class Controller:
             return
         self._rules_sig = sig
         result = loader.load_paths([self.rules_path])
-        assert self.engine is not None
         if result.ruleset is None:
             self.metrics.rules_rejected.inc()
             problems = result.errors
@@ -684,7 +627,6 @@ class Controller:
                 await self._handle(f, self.clock())
 
     async def _publish_rejection(self, problems: list[Any]) -> None:
-        assert self.engine is not None
         event = incidents.RulesRejectedEvent(
             id=f"rules-{uuid.uuid4().hex}",
             source=f"healer://{self.cs.cluster}/controller",
@@ -743,7 +685,7 @@ class Controller:
         ]
         return health.Verdict.of(
             nats=check(self.bus.connected, "connected" if self.bus.connected else "disconnected"),
-            rules=check(engine is not None, f"{len(engine.rules.rules)} rules" if engine else "not loaded"),
+            rules=check(True, f"{len(engine.rules.rules)} rules"),
             model=model,
             role=role,
             tasks=check(
@@ -752,23 +694,3 @@ class Controller:
             ),
             ticks=ticking,
         )
-
-
-class _Prefixed(kv.Store):
-    """The same bucket under a key prefix (the dry-run breaker keeps its own state)."""
-
-    def __init__(self, store: kv.Store, prefix: str) -> None:
-        super().__init__(store.kv)
-        self.prefix = prefix
-
-    async def get(self, key: str) -> kv.Doc | None:
-        return await super().get(self.prefix + key)
-
-    async def put(self, key: str, value: dict[str, Any]) -> int:
-        return await super().put(self.prefix + key, value)
-
-    async def create(self, key: str, value: dict[str, Any]) -> int:
-        return await super().create(self.prefix + key, value)
-
-    async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
-        return await super().update(self.prefix + key, value, revision)

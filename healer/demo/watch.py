@@ -13,6 +13,7 @@ import collections
 import dataclasses
 from typing import Any
 
+from healer.rules import actions
 from healer.schemas import incidents, telemetry
 
 BREAKER_RULE = "circuit-breaker"
@@ -152,11 +153,7 @@ class Observer:
         )
 
     def cordoned(self) -> list[str]:
-        nodes = {
-            a.node
-            for a in self.actions
-            if a.kind in ("cordon", "drain", "inspect", "migrate") and a.status in OK
-        }
+        nodes = {a.node for a in self.actions if a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in OK}
         nodes -= {a.node for a in self.actions if a.kind == "uncordon" and a.status in OK}
         return sorted(nodes)
 

@@ -1,13 +1,17 @@
 """The action catalog: every action a rule may ask for, with its parameters, validated at load time.
 
-This is the one list the controller maps onto actuators (power through the node agent, cordon / drain /
-migrate through Kubernetes or Slurm, notify into the incident feed). A rule names actions either bare
-(``cordon``) or with parameters (``power_limit: {percent_of_default: 80}``).
+This is the one list of what each action is: its parameters, which actuator runs it (power through the
+node agent, cordon / drain / migrate / inspect through Kubernetes or Slurm, notify into the incident
+feed), the scheduler verb it becomes, whether it takes capacity out of service (the circuit breaker
+counts those) and whether it has a per-node cooldown. The controller, ``healer act`` and the demo read
+these facts from here. A rule names actions either bare (``cordon``) or with parameters
+(``power_limit: {percent_of_default: 80}``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any, Final
 
 import pydantic
@@ -48,6 +52,17 @@ class ResetParams(_Params):
     when_idle: bool = pydantic.Field(default=True, description="wait until no job uses the GPU")
 
 
+class Actuator(enum.Enum):
+    """Who carries an action out."""
+
+    SCHEDULER = "scheduler"
+    """Kubernetes or Slurm (``scheduler_verb`` says what it is asked to do)."""
+    POWER = "power"
+    """The node agent, over the bus."""
+    NONE = "none"
+    """Nobody: the controller records it (notify) or leaves it to a person (GPU reset)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ActionKind:
     name: str
@@ -55,24 +70,70 @@ class ActionKind:
     description: str
     reversible_by: str | None = None
     """The action that undoes it (for the 'no way to resolve' lint)."""
+    actuator: Actuator = Actuator.NONE
+    scheduler_verb: str | None = None
+    """The scheduler actuator's action: ``drain`` is a cordon that lets running work finish (Slurm DRAIN
+    semantics); ``inspect`` is a cordon whose reason asks for hardware inspection."""
+    takes_out_of_service: bool = False
+    """Takes the node's capacity away: counted by the circuit breaker, and holds the node cordoned (an
+    uncordon of another incident waits for it)."""
+    per_node_cooldown: bool = False
+    """Another incident's action of this kind on the same node waits ``action_cooldown_s`` (no cap /
+    restore flapping). Cordon-like actions have none: they are idempotent and must never wait."""
 
 
+_SCHEDULER = Actuator.SCHEDULER
 CATALOG: Final[dict[str, ActionKind]] = {
     a.name: a
     for a in (
-        ActionKind("power_limit", PowerLimitParams, "lower the GPU's power limit", "restore_power_limit"),
-        ActionKind("restore_power_limit", NoParams, "put back the power limit healer changed"),
-        ActionKind("cordon", ReasonParams, "stop new work landing on the node", "uncordon"),
-        ActionKind("uncordon", NoParams, "lift a cordon healer itself set (never an operator's)"),
-        ActionKind("drain", ReasonParams, "cordon, and let running work finish or be requeued", "uncordon"),
-        ActionKind("migrate", NoParams, "evict pods (honouring PDBs) / requeue Slurm jobs elsewhere"),
+        ActionKind(
+            "power_limit", PowerLimitParams, "lower the GPU's power limit", "restore_power_limit",
+            actuator=Actuator.POWER, per_node_cooldown=True,
+        ),
+        ActionKind(
+            "restore_power_limit", NoParams, "put back the power limit healer changed",
+            actuator=Actuator.POWER,
+        ),
+        ActionKind(
+            "cordon", ReasonParams, "stop new work landing on the node", "uncordon",
+            actuator=_SCHEDULER, scheduler_verb="cordon", takes_out_of_service=True,
+        ),
+        ActionKind(
+            "uncordon", NoParams, "lift a cordon healer itself set (never an operator's)",
+            actuator=_SCHEDULER, scheduler_verb="uncordon",
+        ),
+        ActionKind(
+            "drain", ReasonParams, "cordon, and let running work finish or be requeued", "uncordon",
+            actuator=_SCHEDULER, scheduler_verb="cordon", takes_out_of_service=True,
+        ),
+        ActionKind(
+            "migrate", NoParams, "evict pods (honouring PDBs) / requeue Slurm jobs elsewhere",
+            actuator=_SCHEDULER, scheduler_verb="migrate", takes_out_of_service=True,
+        ),
         ActionKind("notify", NotifyParams, "incident only: record and publish, act on nothing"),
         ActionKind(
             "reset_gpu", ResetParams, "reset the GPU once idle (row remap pending, XID 48/79 recovery)"
         ),
-        ActionKind("inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)"),
+        ActionKind(
+            "inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)",
+            actuator=_SCHEDULER, scheduler_verb="cordon", takes_out_of_service=True,
+        ),
     )
-}
+}  # fmt: skip
+
+SCHEDULER_VERBS: Final[tuple[str, ...]] = tuple(
+    dict.fromkeys(k.scheduler_verb for k in CATALOG.values() if k.scheduler_verb is not None)
+)
+"""What the scheduler actuators are asked to do (cordon, uncordon, migrate), in catalogue order."""
+TAKES_OUT_OF_SERVICE: Final[frozenset[str]] = frozenset(
+    k.name for k in CATALOG.values() if k.takes_out_of_service
+)
+"""Action kinds that take capacity out of service."""
+
+
+def kind(name: str) -> ActionKind | None:
+    """The catalogue entry of ``name``; None for a kind no rule may ask for."""
+    return CATALOG.get(name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

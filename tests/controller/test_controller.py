@@ -203,25 +203,14 @@ async def test_two_shards_split_the_fleet_each_with_its_own_lease(harness: Harne
 
 
 async def test_repeat_faults_count_episodes_not_rules(harness: Harness) -> None:
-    from healer.controller import incidents as incidents_mod
-
     ctl = await harness.controller(testing.RecordingActuator())
-    inc = incidents_mod.Incident(
-        id="i",
-        rule_id="r",
-        severity="major",
-        node="n1",
-        gpu_index=2,
-        mode="enforce",
-        opened_at=0,
-        updated_at=0,
-    )
     t = 1_000_000.0
     # one DBE fires three rules within seconds: one episode
-    assert [await ctl._count_repeat(inc, t + dt) for dt in (0, 2, 5)] == [1, 1, 1]
-    assert await ctl._count_repeat(inc, t + 300) == 2
-    assert await ctl._count_repeat(inc, t + 900) == 3
-    assert await ctl._count_repeat(inc, t + 900 + ctl.cs.repeat_window_s) == 1, "old episodes age out"
+    assert [await ctl._count_repeat("n1", 2, t + dt) for dt in (0, 2, 5)] == [1, 1, 1]
+    assert await ctl._count_repeat("n1", 2, t + 300) == 2
+    assert await ctl._count_repeat("n1", 2, t + 900) == 3
+    assert await ctl._count_repeat("n1", 2, t + 900 + ctl.cs.repeat_window_s) == 1, "old episodes age out"
+    assert await ctl._count_repeat("n1", None, t) == 0, "node-level incidents are not GPU faults"
 
 
 async def test_anomaly_scores_reach_the_rules_in_batches(harness: Harness) -> None:

@@ -15,8 +15,8 @@ import structlog.testing
 from healer import config, errors, testing
 from healer.bus import nats as natsbus
 from healer.bus import subjects
+from healer.controller import decide, kv, lease, policy, service
 from healer.controller import incidents as incidents_mod
-from healer.controller import kv, lease, policy, service
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
@@ -353,13 +353,17 @@ async def test_cooldowns_survive_a_restart_and_a_failover(nats_bus: natsbus.Nats
     store = kv.Store(await nats_bus.key_value(subjects.Subjects().kv_state))
     settings = config.ControllerSettings(action_cooldown_s=600)
     before = policy.Limits(settings, store)
-    assert await before.check("power_limit", "n1", "inc-1", now=1000.0) == ""
+    assert (await before.check("power_limit", "n1", "inc-1", now=1000.0)).allowed
     await before.record("power_limit", "n1", "inc-1", now=1000.0)
     after = policy.Limits(settings, store)  # a new process: nothing in memory
-    assert "cooldown" in await after.check("power_limit", "n1", "inc-2", now=1113.0)
-    assert await after.check("power_limit", "n1", "inc-1", now=1113.0) == "", "the same incident may go on"
-    assert await after.check("power_limit", "n2", "inc-3", now=1113.0) == "", "per node"
-    assert await after.check("power_limit", "n1", "inc-2", now=1601.0) == ""
+    waits = await after.check("power_limit", "n1", "inc-2", now=1113.0)
+    assert waits.gate is decide.Gate.WAIT
+    assert "cooldown" in waits.reason
+    assert (await after.check("power_limit", "n1", "inc-1", now=1113.0)).allowed, (
+        "the same incident may go on"
+    )
+    assert (await after.check("power_limit", "n2", "inc-3", now=1113.0)).allowed, "per node"
+    assert (await after.check("power_limit", "n1", "inc-2", now=1601.0)).allowed
 
 
 @pytest.mark.slow
@@ -435,6 +439,8 @@ async def test_the_rate_limit_window_survives_a_restart(nats_bus: natsbus.NatsBu
     for i in range(2):
         await before.record("cordon", f"n{i}", f"inc-{i}", now=1000.0 + i)
     after = policy.Limits(settings, store)
-    assert "rate limit" in await after.check("cordon", "n9", "inc-9", now=1010.0)
-    assert await after.check("drain", "n9", "inc-9", now=1010.0) == "", "per kind"
-    assert await after.check("cordon", "n9", "inc-9", now=1062.0) == "", "a minute later"
+    waits = await after.check("cordon", "n9", "inc-9", now=1010.0)
+    assert waits.gate is decide.Gate.WAIT
+    assert "rate limit" in waits.reason
+    assert (await after.check("drain", "n9", "inc-9", now=1010.0)).allowed, "per kind"
+    assert (await after.check("cordon", "n9", "inc-9", now=1062.0)).allowed, "a minute later"

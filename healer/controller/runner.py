@@ -1,41 +1,33 @@
 """Running an incident's actions: every gate between a decision and an actuator, one task per incident.
 
-The gates, in order: the mode (observe acts on nothing; dry-run asks actuators for a plan), what needs
-no actuator (notify) or is not automated (GPU reset), maintenance exclusions, per-action rate limits and
-cooldowns, the circuit breaker for anything that takes a node out of service (a separate one for
-dry-run), ownership (an uncordon only undoes healer's own cordon, and only when no other open incident
-still holds the node), and leadership: every request carries the lease's fencing token, and a process
-that is no longer the leader stops. Each step's outcome is recorded on the incident and published before
-the next one runs; a failed step stops the chain (no migrate without a cordon) and escalates.
+The gates are pure checks in ``decide.GATES``, in order: the mode (observe acts on nothing; dry-run asks
+actuators for a plan), what needs no actuator (notify) or is not automated (GPU reset), maintenance
+exclusions, per-action rate limits and cooldowns, ownership (an uncordon only undoes healer's own cordon,
+and only when no other open incident still holds the node) and leadership; then the circuit breaker for
+anything that takes a node out of service (a separate one for dry-run), decided in a compare-and-set
+loop over KV. Every request carries the lease's fencing token, and a process that is no longer the
+leader stops. This module gathers what the gates look at and carries out their verdicts. Each step's
+outcome is recorded on the incident and published before the next one runs; a failed step stops the
+chain (no migrate without a cordon) and escalates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
+from healer.controller import decide, policy
 from healer.controller import incidents as incidents_mod
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
-from healer.controller import policy
+from healer.rules import actions
 from healer.schemas import incidents
-
-SCHEDULER_KIND = {
-    "cordon": "cordon",
-    "drain": "cordon",
-    "inspect": "cordon",
-    "uncordon": "uncordon",
-    "migrate": "migrate",
-}
-"""Rule actions → scheduler actuator actions. ``drain`` is a cordon that lets running work finish
-(Slurm DRAIN semantics); ``inspect`` is a cordon whose reason asks for hardware inspection."""
-POWER_KINDS = ("power_limit", "restore_power_limit")
-OK = ("done", "already-done", "planned", "skipped")
 
 Publish = Callable[[incidents_mod.Incident, incidents.Change], Awaitable[None]]
 
@@ -103,7 +95,7 @@ class ActionRunner:
     async def run(self, inc: incidents_mod.Incident) -> None:
         for action in inc.actions:
             if action.status is not None:
-                if action.status not in OK:
+                if action.status not in decide.OK:
                     return  # a failed step stops the chain (no migrate without a cordon)
                 continue
             if not self.leader():
@@ -115,59 +107,72 @@ class ActionRunner:
                         await asyncio.wait_for(self.stop.wait(), timeout=wait)
                     if self.stop.is_set():
                         return
-            status, detail = await self._act(inc, action)
-            if status is None:
-                action.detail = detail
+            verdict = await self._act(inc, action)
+            if verdict.status is None:
+                action.detail = verdict.reason
                 return  # waits (rate limit, cooldown, temporary failure): retried next tick
-            action.status, action.detail, action.at = status, detail[:4096], self.clock()
+            status = verdict.status
+            action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
             self.metrics.actions.labels(action.kind, status).inc()
             await self.publish(inc, "action")
             if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
                 inc.escalated = True
                 await self.publish(inc, "escalated")
-            if status not in OK:
+            if status not in decide.OK:
                 return
         if inc.state == "resolved":
             await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
 
-    async def _act(
-        self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction
-    ) -> tuple[incidents.ActionStatus | None, str]:
+    def _attempt(
+        self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction, now: float
+    ) -> decide.Attempt:
+        """The snapshot the gates decide on, without the cooldown and rate window (read from KV only
+        once the local gates allow)."""
+        uncordon = action.on_resolve and action.kind == "uncordon"
+        return decide.Attempt(
+            kind=action.kind,
+            params=action.params,
+            on_resolve=action.on_resolve,
+            node=inc.node,
+            incident_id=inc.id,
+            now=now,
+            mode=self.cs.mode,
+            settings=self.cs,
+            excluded=self.exclusions.nodes.get(inc.node),
+            limits=decide.LimitsView(),
+            lease_valid=self.lease.token is not None and self.lease.valid(),
+            cordon_ours=uncordon and decide.cordon_ours(inc),
+            held_elsewhere=uncordon and decide.held_elsewhere(inc, self.book.open.values()),
+        )
+
+    async def _act(self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction) -> decide.Verdict:
+        """The action's verdict: WAIT (retried next tick) or SETTLE with the status to record (from a gate,
+        or from the actuator's outcome)."""
         now = self.clock()
         mode = self.cs.mode
-        if mode == "observe":
-            return "skipped", "observe mode: incidents only"
-        if action.kind == "notify":
-            return "done", str(action.params.get("message") or "incident published")
-        if action.kind == "reset_gpu":
-            return (
-                "skipped",
-                "GPU reset is not automated: drain the node and reset it by hand (nvidia-smi -r)",
-            )
-        excluded = self.exclusions.nodes.get(inc.node)
-        if excluded is not None:
-            return (
-                "skipped",
-                f"node excluded for maintenance by {excluded.get('by')}: {excluded.get('reason')}",
-            )
-        wait = await self.limits.check(action.kind, inc.node, inc.id, now)
-        if wait:
-            return None, wait
-        if action.kind in policy.TAKES_OUT_OF_SERVICE:
+        spec = actions.kind(action.kind)
+        attempt = self._attempt(inc, action, now)
+        verdict = decide.gate(attempt, decide.LOCAL_GATES)
+        if verdict.allowed:  # only now read the cooldown and rate window from KV
+            limits = await self.limits.view(action.kind, inc.node, now)
+            verdict = decide.gate(dataclasses.replace(attempt, limits=limits), decide.STORED_GATES)
+        if not verdict.allowed:
+            return verdict
+        if spec is None:
+            return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
+        if spec.takes_out_of_service:
             breaker = self.breaker if mode == "enforce" else self.dry_breaker
-            allowed, reason, tripped = await breaker.admit(inc.node, self.fleet_size(), inc.id)
-            if tripped:
-                await self._breaker_tripped(reason)
-            if not allowed:
-                return "refused", reason
-        if action.on_resolve and action.kind == "uncordon" and not self._may_uncordon(inc):
-            return "skipped", "another open incident still holds this node cordoned"
+            admission = await breaker.admit(inc.node, self.fleet_size(), inc.id)
+            if admission.tripped:
+                await self._breaker_tripped(admission.reason)
+            if not admission.allowed:
+                return decide.Verdict.settle("refused", admission.reason)
         token = self.lease.token
         if token is None or not self.lease.valid():
-            return None, "not the leader any more"
+            return decide.Verdict.wait("not the leader any more")
         request = actuators.ActionRequest(
             incident_id=inc.id,
-            kind=SCHEDULER_KIND.get(action.kind, action.kind),
+            kind=spec.scheduler_verb or action.kind,
             node=inc.node,
             gpu_index=inc.gpu_index,
             params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
@@ -176,33 +181,20 @@ class ActionRunner:
             dry_run=mode == "dry-run",
             deadline=now + 600.0,
         )
-        actuator = self.power if action.kind in POWER_KINDS else self.scheduler
+        actuator = self.power if spec.actuator is actions.Actuator.POWER else self.scheduler
         if actuator is None:
-            return "failed-permanent", f"no actuator for {action.kind}"
+            return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
         await self.limits.record(action.kind, inc.node, inc.id, now)
         outcome = await actuator.apply(request)
         if outcome.status == "failed-temporary":
             action.attempts += 1
             if action.attempts <= self.cs.action_retries:
-                return None, f"attempt {action.attempts} failed: {outcome.detail}"
+                return decide.Verdict.wait(f"attempt {action.attempts} failed: {outcome.detail}")
         record = outcome.record(action.kind, now)
         detail = record.detail
         if outcome.dry_run and outcome.plan:
             detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
-        return outcome.status, detail
-
-    def _may_uncordon(self, inc: incidents_mod.Incident) -> bool:
-        if not any(
-            a.kind in SCHEDULER_KIND and a.kind != "uncordon" and a.status == "done" for a in inc.actions
-        ):
-            return False
-        holding = ("cordon", "drain", "inspect", "migrate")
-        return not any(
-            other.id != inc.id
-            and other.node == inc.node
-            and any(a.kind in holding and a.status in OK for a in other.actions)
-            for other in self.book.open.values()
-        )
+        return decide.Verdict.settle(outcome.status, detail)
 
     async def _breaker_tripped(self, reason: str) -> None:
         now = self.clock()

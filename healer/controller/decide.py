@@ -1,0 +1,389 @@
+"""What the controller decides, as pure functions: state and time in, typed decisions out, no I/O.
+
+Two kinds of decision live here. **Incident changes**: what a rule firing does to the incident book
+(open one, refresh its evidence, resolve it and queue its on_resolve actions, or nothing), the repeat-fault
+escalation of a new incident, and the escalation ladder (a power cap that did not help becomes a cordon).
+**Gates**: whether one planned action may reach its actuator now. Each gate is a small check over an
+``Attempt`` (a snapshot the shell gathers: mode, exclusions, the cooldown and rate window, the lease, the
+other incidents on the node) returning a ``Verdict``: ``ALLOW`` (on to the next gate), ``WAIT`` (retry
+next tick) or ``SETTLE`` (record ``status`` and go no further). The circuit breaker is shared through KV
+with compare-and-set, so its decision (``breaker_admission``) is made inside the shell's CAS loop.
+
+The shell (``service.Controller`` and ``actions.ActionRunner``) reads KV and the clock, calls these,
+then persists, publishes and calls actuators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from healer import config
+from healer.controller import incidents as book
+from healer.rules import actions, engine
+from healer.schemas import incidents
+
+EPISODE_S = 120.0
+"""Incidents on one GPU opened within this long of each other count as one fault episode."""
+OK: tuple[incidents.ActionStatus, ...] = ("done", "already-done", "planned", "skipped")
+"""Statuses after which the next action of the incident runs."""
+
+
+# -- verdicts --------------------------------------------------------------------------------------
+class Gate(enum.Enum):
+    ALLOW = "allow"
+    """This gate lets the action through (to the next gate, then the actuator)."""
+    WAIT = "wait"
+    """Not now: the action stays pending and is tried again next tick."""
+    SETTLE = "settle"
+    """The action is settled here with ``status`` (skipped, refused, done), no actuator is called."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    gate: Gate
+    reason: str = ""
+    status: incidents.ActionStatus | None = None
+    """Set for SETTLE (and for an actuator's outcome)."""
+
+    @classmethod
+    def allow(cls, reason: str = "") -> Verdict:
+        return cls(Gate.ALLOW, reason)
+
+    @classmethod
+    def wait(cls, reason: str) -> Verdict:
+        return cls(Gate.WAIT, reason)
+
+    @classmethod
+    def settle(cls, status: incidents.ActionStatus, reason: str) -> Verdict:
+        return cls(Gate.SETTLE, reason, status)
+
+    @property
+    def allowed(self) -> bool:
+        return self.gate is Gate.ALLOW
+
+
+ALLOW = Verdict.allow()
+
+
+# -- cooldowns and rate limits ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class LastAction:
+    """The newest action of one kind on one node (for the per-node cooldown)."""
+
+    at: float
+    incident_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LimitsView:
+    """What the cooldown and rate-limit gate needs: the last action of this kind on this node (None when
+    the kind has no cooldown or none ran) and the times of this kind's actions in the last minute."""
+
+    last: LastAction | None = None
+    window: tuple[float, ...] = ()
+
+
+def limits_verdict(
+    kind: str,
+    node: str,
+    incident_id: str,
+    now: float,
+    view: LimitsView,
+    settings: config.ControllerSettings,
+) -> Verdict:
+    last = view.last
+    if last is not None and last.incident_id != incident_id and now - last.at < settings.action_cooldown_s:
+        return Verdict.wait(f"cooldown: {kind} on {node} {now - last.at:.0f}s ago for {last.incident_id}")
+    if len(view.window) >= settings.actions_per_minute:
+        return Verdict.wait(f"rate limit: {len(view.window)} {kind} actions in the last minute")
+    return ALLOW
+
+
+# -- the circuit breaker ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class BreakerEntry:
+    """One node healer took out of service, in the breaker's window. Stored in KV as ``[node, at,
+    incident_id]`` (the format ``healer breaker status`` shows)."""
+
+    node: str
+    at: float
+    incident_id: str = ""
+
+    @classmethod
+    def of(cls, raw: Sequence[Any]) -> BreakerEntry:
+        return cls(str(raw[0]), float(raw[1]), str(raw[2]) if len(raw) > 2 else "")
+
+    def dump(self) -> list[Any]:
+        return [self.node, self.at, self.incident_id]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BreakerAdmission:
+    allowed: bool
+    reason: str
+    tripped: bool = False
+    """This very request opened the breaker (the controller raises a fleet incident)."""
+    state: dict[str, Any] | None = None
+    """The breaker document to write (compare-and-set); None when nothing changes."""
+
+
+def limit_of(fleet_size: int, settings: config.ControllerSettings) -> int:
+    by_percent = math.floor(fleet_size * settings.breaker_max_percent / 100.0)
+    return max(1, min(settings.breaker_max_nodes, by_percent))
+
+
+def breaker_admission(
+    state: Mapping[str, Any],
+    node: str,
+    fleet_size: int,
+    incident_id: str,
+    now: float,
+    settings: config.ControllerSettings,
+) -> BreakerAdmission:
+    """May healer take ``node`` out of service, given the breaker document ``state``?"""
+    entries = [
+        e for e in map(BreakerEntry.of, state.get("entries", [])) if now - e.at < settings.breaker_window_s
+    ]
+    if any(e.node == node for e in entries):
+        return BreakerAdmission(True, "node already counted in the breaker window")
+    if state.get("open"):
+        return BreakerAdmission(
+            False, f"circuit breaker open since {state.get('opened_at')}: {state.get('reason')}"
+        )
+    limit = limit_of(fleet_size, settings)
+    counted = [e.dump() for e in entries]
+    if len(entries) + 1 > limit:
+        reason = (
+            f"{len(entries) + 1} nodes in {settings.breaker_window_s:g}s would exceed "
+            f"the limit of {limit} (fleet of {fleet_size})"
+        )
+        doc = {
+            "open": True,
+            "opened_at": now,
+            "reason": reason,
+            "entries": counted,
+            "refused": [node, incident_id],
+        }
+        return BreakerAdmission(False, reason, tripped=True, state=doc)
+    doc = {"open": False, "entries": [*counted, BreakerEntry(node, now, incident_id).dump()]}
+    return BreakerAdmission(True, f"{len(entries) + 1} of {limit} in the window", state=doc)
+
+
+# -- the gates -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    """Everything the gates look at for one planned action, gathered by the shell."""
+
+    kind: str
+    params: Mapping[str, Any]
+    on_resolve: bool
+    node: str
+    incident_id: str
+    now: float
+    mode: incidents.Mode
+    settings: config.ControllerSettings
+    excluded: Mapping[str, Any] | None
+    """The node's maintenance exclusion (who, why), or None."""
+    limits: LimitsView
+    lease_valid: bool
+    """This process holds a lease token renewed within half its TTL."""
+    cordon_ours: bool = False
+    """(uncordon) This incident's own cordon-like action is done."""
+    held_elsewhere: bool = False
+    """(uncordon) Another open incident still holds the node out of service."""
+
+
+Check = Callable[[Attempt], Verdict]
+
+
+def mode_gate(a: Attempt) -> Verdict:
+    return Verdict.settle("skipped", "observe mode: incidents only") if a.mode == "observe" else ALLOW
+
+
+def actuator_gate(a: Attempt) -> Verdict:
+    """Actions that need no actuator (notify) or are not automated (GPU reset)."""
+    if a.kind == "notify":
+        return Verdict.settle("done", str(a.params.get("message") or "incident published"))
+    if a.kind == "reset_gpu":
+        return Verdict.settle(
+            "skipped", "GPU reset is not automated: drain the node and reset it by hand (nvidia-smi -r)"
+        )
+    return ALLOW
+
+
+def exclusion_gate(a: Attempt) -> Verdict:
+    if a.excluded is None:
+        return ALLOW
+    return Verdict.settle(
+        "skipped", f"node excluded for maintenance by {a.excluded.get('by')}: {a.excluded.get('reason')}"
+    )
+
+
+def limits_gate(a: Attempt) -> Verdict:
+    return limits_verdict(a.kind, a.node, a.incident_id, a.now, a.limits, a.settings)
+
+
+def ownership_gate(a: Attempt) -> Verdict:
+    """An uncordon only undoes healer's own cordon, and only when no other open incident holds the node."""
+    if not (a.on_resolve and a.kind == "uncordon"):
+        return ALLOW
+    if not a.cordon_ours or a.held_elsewhere:
+        return Verdict.settle("skipped", "another open incident still holds this node cordoned")
+    return ALLOW
+
+
+def lease_gate(a: Attempt) -> Verdict:
+    return ALLOW if a.lease_valid else Verdict.wait("not the leader any more")
+
+
+LOCAL_GATES: tuple[Check, ...] = (mode_gate, actuator_gate, exclusion_gate)
+"""The gates that need nothing from KV (the shell reads the cooldown and rate window only after them)."""
+STORED_GATES: tuple[Check, ...] = (limits_gate, ownership_gate, lease_gate)
+GATES: tuple[Check, ...] = LOCAL_GATES + STORED_GATES
+"""In order; the first that does not allow decides. The circuit breaker comes after them (in the shell's
+compare-and-set loop) for the kinds that take capacity out of service."""
+
+
+def gate(attempt: Attempt, checks: Iterable[Check] = GATES) -> Verdict:
+    for check in checks:
+        verdict = check(attempt)
+        if not verdict.allowed:
+            return verdict
+    return ALLOW
+
+
+def cordon_ours(inc: book.Incident) -> bool:
+    """Healer's own scheduler action (other than an uncordon) on this incident is done."""
+    return any(
+        (spec := actions.kind(a.kind)) is not None
+        and spec.scheduler_verb is not None
+        and a.kind != "uncordon"
+        and a.status == "done"
+        for a in inc.actions
+    )
+
+
+def held_elsewhere(inc: book.Incident, others: Iterable[book.Incident]) -> bool:
+    """Another open incident on the node has taken it out of service."""
+    return any(
+        other.id != inc.id
+        and other.node == inc.node
+        and any(a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in OK for a in other.actions)
+        for other in others
+    )
+
+
+# -- incident changes ------------------------------------------------------------------------------
+class Change(enum.Enum):
+    NONE = "none"
+    OPEN = "open"
+    REFRESH = "refresh"
+    """Fired again (a new event, or a condition after a restart): new evidence, an ``updated`` change."""
+    SEEN = "seen"
+    """Still firing: only ``last_seen_firing`` moves (nothing is published)."""
+    RESOLVE = "resolve"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FiringChange:
+    change: Change
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """OPEN / REFRESH: the evidence; RESOLVE: the evidence to merge (``resolve.`` prefixed)."""
+    on_resolve: tuple[book.PlannedAction, ...] = ()
+
+
+def on_firing(f: engine.Firing, inc: book.Incident | None) -> FiringChange:
+    """What one firing does to its incident (``inc``: the open incident of its key, or None)."""
+    if f.status == "resolved":
+        if inc is None or inc.state == "resolved":
+            return FiringChange(Change.NONE)
+        forgotten = f.evidence.get("reason") == engine.FORGOTTEN  # the node left: undo nothing on it
+        return FiringChange(
+            Change.RESOLVE,
+            evidence={f"resolve.{k}": v for k, v in f.evidence.items()},
+            on_resolve=tuple(
+                book.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=True)
+                for a in ([] if forgotten else f.rule.on_resolve)
+            ),
+        )
+    if inc is None:
+        return FiringChange(Change.OPEN, evidence=dict(f.evidence))
+    if f.status == "fired":
+        return FiringChange(Change.REFRESH, evidence=dict(f.evidence))
+    return FiringChange(Change.SEEN)
+
+
+def new_incident(
+    f: engine.Firing, incident_id: str, now: float, mode: incidents.Mode, repeats: int,
+    settings: config.ControllerSettings,
+) -> book.Incident:  # fmt: skip
+    """The incident a firing opens; the ``repeats``-th fault episode on a GPU is escalated for inspection."""
+    rule = f.rule
+    where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
+    inc = book.Incident(
+        id=incident_id,
+        rule_id=rule.id,
+        severity=rule.severity,
+        node=f.node,
+        gpu_index=f.gpu,
+        gpu_uuid=f.gpu_uuid,
+        summary=f"{rule.id} on {where}: {rule.description}".strip().rstrip(":"),
+        evidence=dict(f.evidence),
+        labels=dict(rule.labels),
+        mode=mode,
+        opened_at=now,
+        updated_at=now,
+        last_seen_firing=now,
+        actions=[book.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions],
+    )
+    if repeats >= settings.repeat_faults and f.gpu is not None:
+        inc.escalated = True
+        inc.summary += (
+            f" (fault #{repeats} on this GPU within {settings.repeat_window_s:g}s: inspect hardware)"
+        )
+        if not any(a.kind == "inspect" for a in inc.actions):
+            inc.actions.append(book.PlannedAction(kind="inspect", params={"reason": "repeat faults"}))
+    return inc
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Episodes:
+    times: tuple[float, ...]
+    """The openings to keep (this one included, at most 50)."""
+    count: int
+
+
+def episodes(opened: Iterable[float], now: float, window_s: float) -> Episodes:
+    """Fault episodes on one GPU within ``window_s``, this one (at ``now``) included. Incidents opened
+    within ``EPISODE_S`` of each other are one episode (one DBE fires several rules at once)."""
+    times = [t for t in opened if now - t < window_s]
+    times.append(now)
+    count = 1
+    for earlier, later in itertools.pairwise(times):
+        if later - earlier >= EPISODE_S:
+            count += 1
+    return Episodes(tuple(times[-50:]), count)
+
+
+def ladder_step(
+    inc: book.Incident, now: float, settings: config.ControllerSettings
+) -> book.PlannedAction | None:
+    """The escalation ladder: an incident still open ``power_cap_escalate_s`` after its power cap took
+    effect, and not cordoned yet, gets a cordon."""
+    capped = any(a.kind == "power_limit" and a.status in ("done", "already-done") for a in inc.actions)
+    if (
+        capped
+        and inc.state == "open"
+        and not any(a.kind == "cordon" for a in inc.actions)
+        and now - inc.opened_at > settings.power_cap_escalate_s
+    ):
+        return book.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
+    return None
+
+
+LADDER_NOTE = "; still firing after the power cap: cordoned (escalation ladder)"

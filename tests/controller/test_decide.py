@@ -1,0 +1,218 @@
+"""The controller's decisions without NATS, KV or a clock: firings to incident changes, and the gates."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from healer import config
+from healer.controller import decide
+from healer.controller import incidents as book
+from healer.rules import actions, engine, ruleset
+
+SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)
+
+HOT = ruleset.Rule(
+    id="hot",
+    severity="major",
+    scope="gpu",
+    description="too hot",
+    labels={"team": "gpu"},
+    actions=(actions.build("power_limit", {"percent_of_default": 80}),),
+    on_resolve=(actions.build("restore_power_limit", None),),
+)
+
+
+def firing(status: Any = "fired", **evidence: Any) -> engine.Firing:
+    return engine.Firing(HOT, "n1", 2, status, since=10.0, at=10.0, evidence=evidence or {"t": 90})
+
+
+def incident(**overrides: Any) -> book.Incident:
+    return decide.new_incident(firing(), "inc-1", 10.0, "enforce", 1, SETTINGS).model_copy(update=overrides)
+
+
+def attempt(**overrides: Any) -> decide.Attempt:
+    base = decide.Attempt(
+        kind="cordon", params={}, on_resolve=False, node="n1", incident_id="inc-1", now=1000.0,
+        mode="enforce", settings=SETTINGS, excluded=None, limits=decide.LimitsView(), lease_valid=True,
+    )  # fmt: skip
+    return dataclasses.replace(base, **overrides)
+
+
+# -- incident changes ------------------------------------------------------------------------------
+def test_a_firing_without_an_incident_opens_one_with_the_rules_actions() -> None:
+    assert decide.on_firing(firing(), None).change is decide.Change.OPEN
+    inc = incident()
+    assert inc.summary == "hot on node n1 GPU 2: too hot"
+    assert [a.kind for a in inc.actions] == ["power_limit"]
+    assert inc.labels == {"team": "gpu"}
+    assert inc.evidence == {"t": 90}
+    assert not inc.escalated
+
+
+def test_firing_again_refreshes_the_evidence_and_ongoing_only_marks_it_seen() -> None:
+    again = decide.on_firing(firing(t=95), incident())
+    assert again.change is decide.Change.REFRESH
+    assert again.evidence == {"t": 95}
+    assert decide.on_firing(firing("firing"), incident()).change is decide.Change.SEEN
+
+
+def test_resolving_queues_the_on_resolve_actions_unless_the_node_was_forgotten() -> None:
+    done = decide.on_firing(firing("resolved", t=60), incident())
+    assert done.change is decide.Change.RESOLVE
+    assert done.evidence == {"resolve.t": 60}
+    assert [(a.kind, a.on_resolve) for a in done.on_resolve] == [("restore_power_limit", True)]
+    gone = decide.on_firing(firing("resolved", reason=engine.FORGOTTEN), incident())
+    assert gone.change is decide.Change.RESOLVE
+    assert gone.on_resolve == ()
+    assert decide.on_firing(firing("resolved"), None).change is decide.Change.NONE
+    assert decide.on_firing(firing("resolved"), incident(state="resolved")).change is decide.Change.NONE
+
+
+def test_the_third_fault_episode_on_a_gpu_asks_for_inspection() -> None:
+    inc = decide.new_incident(firing(), "inc-2", 10.0, "enforce", 3, SETTINGS)
+    assert inc.escalated
+    assert "fault #3" in inc.summary
+    assert [a.kind for a in inc.actions] == ["power_limit", "inspect"]
+
+
+def test_episodes_fold_openings_within_two_minutes_and_age_out() -> None:
+    t = 1_000_000.0
+    assert decide.episodes([t, t + 2], t + 5, 3600).count == 1, "one DBE fires several rules at once"
+    assert decide.episodes([t], t + decide.EPISODE_S, 3600).count == 2
+    assert decide.episodes([t], t + 3600, 3600) == decide.Episodes((t + 3600,), 1), "old openings age out"
+    assert len(decide.episodes([t + i for i in range(60)], t + 61, 3600).times) == 50
+
+
+def test_the_ladder_cordons_an_incident_the_power_cap_did_not_help() -> None:
+    inc = incident()
+    later = inc.opened_at + SETTINGS.power_cap_escalate_s + 1
+    assert decide.ladder_step(inc, later, SETTINGS) is None, "no cap yet"
+    inc.actions[0].status = "done"
+    assert decide.ladder_step(inc, inc.opened_at + 1, SETTINGS) is None, "too soon"
+    step = decide.ladder_step(inc, later, SETTINGS)
+    assert step is not None
+    assert step.kind == "cordon"
+    inc.actions.append(step)
+    assert decide.ladder_step(inc, later, SETTINGS) is None, "cordoned once"
+
+
+# -- gates -----------------------------------------------------------------------------------------
+def test_a_plain_cordon_passes_every_gate() -> None:
+    assert decide.gate(attempt()) == decide.ALLOW
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"mode": "observe"}, decide.Verdict.settle("skipped", "observe mode: incidents only")),
+        ({"kind": "notify", "params": {"message": "hi"}}, decide.Verdict.settle("done", "hi")),
+        ({"kind": "notify"}, decide.Verdict.settle("done", "incident published")),
+        ({"lease_valid": False}, decide.Verdict.wait("not the leader any more")),
+    ],
+)
+def test_each_gate_gives_its_verdict(change: dict[str, Any], expected: decide.Verdict) -> None:
+    assert decide.gate(attempt(**change)) == expected
+
+
+def test_gpu_resets_and_excluded_nodes_are_skipped() -> None:
+    reset = decide.gate(attempt(kind="reset_gpu"))
+    assert reset.gate is decide.Gate.SETTLE
+    assert reset.status == "skipped"
+    assert "by hand" in reset.reason
+    excluded = decide.gate(attempt(excluded={"by": "ops", "reason": "bios"}))
+    assert excluded == decide.Verdict.settle("skipped", "node excluded for maintenance by ops: bios")
+
+
+def test_observe_mode_is_decided_before_anything_else() -> None:
+    v = decide.gate(attempt(mode="observe", lease_valid=False, excluded={"by": "x"}))
+    assert v.reason == "observe mode: incidents only"
+
+
+def test_cooldown_waits_for_another_incident_but_not_for_the_same_one() -> None:
+    view = decide.LimitsView(last=decide.LastAction(900.0, "inc-0"))
+    waits = decide.gate(attempt(kind="power_limit", limits=view))
+    assert waits == decide.Verdict.wait("cooldown: power_limit on n1 100s ago for inc-0")
+    assert decide.gate(attempt(kind="power_limit", limits=view, incident_id="inc-0")).allowed
+    assert decide.gate(attempt(kind="power_limit", limits=view, now=1501.0)).allowed
+
+
+def test_rate_limit_waits_when_the_minute_is_full() -> None:
+    full = decide.gate(attempt(limits=decide.LimitsView(window=(990.0, 995.0))))
+    assert full == decide.Verdict.wait("rate limit: 2 cordon actions in the last minute")
+    assert decide.gate(attempt(limits=decide.LimitsView(window=(995.0,)))).allowed
+
+
+def test_an_uncordon_only_undoes_our_own_cordon_on_a_node_nobody_else_holds() -> None:
+    uncordon = {"kind": "uncordon", "on_resolve": True}
+    assert decide.gate(attempt(**uncordon, cordon_ours=True)).allowed
+    for other in ({"cordon_ours": False}, {"cordon_ours": True, "held_elsewhere": True}):
+        v = decide.gate(attempt(**uncordon, **other))
+        assert v == decide.Verdict.settle("skipped", "another open incident still holds this node cordoned")
+
+
+def test_ownership_reads_the_incidents() -> None:
+    mine = incident(actions=[book.PlannedAction(kind="drain", status="done")])
+    assert decide.cordon_ours(mine)
+    assert not decide.cordon_ours(incident(actions=[book.PlannedAction(kind="power_limit", status="done")]))
+    other = incident(id="inc-9", actions=[book.PlannedAction(kind="inspect", status="planned")])
+    assert decide.held_elsewhere(mine, [mine, other])
+    assert not decide.held_elsewhere(mine, [mine, other.model_copy(update={"node": "n2"})])
+    assert not decide.held_elsewhere(mine, [mine])
+
+
+# -- the circuit breaker ---------------------------------------------------------------------------
+BREAKER = config.ControllerSettings(breaker_max_nodes=2, breaker_max_percent=100.0, breaker_window_s=600)
+
+
+def test_the_breaker_counts_nodes_and_trips_on_the_one_too_many() -> None:
+    empty: dict[str, Any] = {"open": False, "entries": []}
+    first = decide.breaker_admission(empty, "n1", 100, "inc-1", 1000.0, BREAKER)
+    assert first.allowed
+    assert not first.tripped
+    assert first.reason == "1 of 2 in the window"
+    assert first.state == {"open": False, "entries": [["n1", 1000.0, "inc-1"]]}
+    assert first.state is not None
+    again = decide.breaker_admission(first.state, "n1", 100, "inc-7", 1001.0, BREAKER)
+    assert again.allowed, "a node is counted once"
+    assert again.state is None, "a node is counted once: nothing to write"
+    second = decide.breaker_admission(first.state, "n2", 100, "inc-2", 1002.0, BREAKER)
+    assert second.allowed
+    assert second.state is not None
+    third = decide.breaker_admission(second.state, "n3", 100, "inc-3", 1003.0, BREAKER)
+    assert not third.allowed
+    assert third.tripped
+    assert third.reason == "3 nodes in 600s would exceed the limit of 2 (fleet of 100)"
+    assert third.state is not None
+    assert third.state["open"]
+    assert third.state["refused"] == ["n3", "inc-3"]
+    refused = decide.breaker_admission(third.state, "n4", 100, "inc-4", 1004.0, BREAKER)
+    assert not refused.allowed
+    assert not refused.tripped
+    assert refused.state is None
+    assert refused.reason.startswith("circuit breaker open since 1003.0")
+
+
+def test_breaker_entries_age_out_of_the_window() -> None:
+    old = {"open": False, "entries": [["n1", 0.0, "inc-1"], ["n2", 0.0, "inc-2"]]}
+    later = decide.breaker_admission(old, "n3", 100, "inc-3", 601.0, BREAKER)
+    assert later.allowed
+    assert later.state == {"open": False, "entries": [["n3", 601.0, "inc-3"]]}
+    assert decide.BreakerEntry.of(["n1", "5", "inc"]) == decide.BreakerEntry("n1", 5.0, "inc")
+
+
+def test_the_breaker_limit_is_the_smaller_of_nodes_and_percent_but_at_least_one() -> None:
+    s = config.ControllerSettings(breaker_max_nodes=5, breaker_max_percent=10.0)
+    assert [decide.limit_of(n, s) for n in (1, 30, 100)] == [1, 3, 5]
+
+
+def test_the_catalogue_says_who_runs_each_action() -> None:
+    assert actions.SCHEDULER_VERBS == ("cordon", "uncordon", "migrate")
+    assert {"cordon", "drain", "migrate", "inspect"} == actions.TAKES_OUT_OF_SERVICE
+    assert {k for k, a in actions.CATALOG.items() if a.per_node_cooldown} == {"power_limit"}
+    assert {k for k, a in actions.CATALOG.items() if a.actuator is actions.Actuator.POWER} == {
+        "power_limit",
+        "restore_power_limit",
+    }
