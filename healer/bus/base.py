@@ -193,6 +193,14 @@ class Bus(Protocol):
     def connected(self) -> bool:
         """True while the connection is up (the in-memory bus can be switched off in tests)."""
 
+    @property
+    def disconnects(self) -> int:
+        """Times the connection was lost since it was made."""
+
+    async def sibling(self, suffix: str) -> Bus:
+        """A second connection to the same servers with the same identity, for traffic that must not
+        queue behind this one's (the controller's telemetry); a bus that has none to make: itself."""
+
     async def publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> None: ...
 
     async def publish_durable(self, subject: str, data: bytes, msg_id: str, timeout: float = 5.0) -> bool: ...

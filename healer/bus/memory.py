@@ -390,6 +390,7 @@ class MemoryBus:
         self._connected = True
         self.published = 0
         self.buckets: dict[str, MemoryKeyValue] = {}
+        self.disconnects = 0
 
     # -- test controls ---------------------------------------------------------------------------
     def add_stream(self, name: str, subjects: list[str]) -> MemoryStream:
@@ -412,6 +413,8 @@ class MemoryBus:
         return found
 
     def set_connected(self, up: bool) -> None:
+        if self._connected and not up:
+            self.disconnects += 1
         self._connected = up
 
     async def idle(self) -> None:
@@ -426,6 +429,10 @@ class MemoryBus:
     @property
     def connected(self) -> bool:
         return self._connected
+
+    async def sibling(self, suffix: str) -> MemoryBus:
+        """One process, one in-memory world: itself."""
+        return self
 
     def _check(self, subject: str, *, wildcards: bool = False) -> None:
         if not self._connected:

@@ -36,7 +36,6 @@ import structlog
 from healer import config, errors, health
 from healer.actuators import base as actuators
 from healer.bus import base as bus_base
-from healer.bus import nats as natsbus
 from healer.bus import subjects as subjects_mod
 from healer.controller import admission as admission_mod
 from healer.controller import decide, kv, lease, policy, runner, supervisor, throttle
@@ -78,7 +77,7 @@ class Controller:
     def __init__(
         self,
         settings: config.Settings,
-        bus: natsbus.NatsBus,
+        bus: bus_base.Bus,
         *,
         scheduler: actuators.Actuator,
         power: actuators.Actuator | None = None,
@@ -131,7 +130,7 @@ class Controller:
         self._takeover_failures = 0
         self._events: bus_base.PullConsumer | None = None
         self._frames_sub: bus_base.Subscription
-        self.telemetry_bus: natsbus.NatsBus = bus
+        self.telemetry_bus: bus_base.Bus = bus
         self._frames_dropped = 0
         self._labels_at = -math.inf
         self.actions: runner.ActionRunner  # built in start(), with the policy it applies
