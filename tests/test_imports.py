@@ -59,3 +59,77 @@ def test_the_check_sees_every_form_of_import(tmp_path: pathlib.Path) -> None:
     (tmp_path / "ok.py").write_text("from healer.bus import nats as natsbus\nimport natsort\n")
     assert imported_modules(tmp_path / "ok.py") == {"healer.bus", "natsort"}
     assert "healer/bus/nats.py" in nats_importers(), "the adapter itself is found"
+
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    "bottom": (
+        "healer.schemas", "healer.errors", "healer.config", "healer.logs", "healer.durations",
+        "healer.buildinfo", "healer.sdnotify", "healer.health",
+    ),
+    "middle": (
+        "healer.telemetry", "healer.bus", "healer.rules", "healer.anomaly", "healer.sim", "healer.actuators",
+        "healer.feed", "healer.security", "healer.testing",
+    ),
+    "top": (
+        "healer.agent", "healer.controller", "healer.sim.live", "healer.demo", "healer.bench", "healer.ui",
+        "healer.cli", "healer.__main__",
+    ),
+}  # fmt: skip
+"""docs/architecture.md's layer table (the longest matching prefix decides: ``healer.sim.live`` is top)."""
+RANK = {"bottom": 0, "middle": 1, "top": 2}
+
+
+def layer_of(module: str) -> str | None:
+    matches = [
+        (len(prefix), name)
+        for name, prefixes in LAYERS.items()
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    return max(matches)[1] if matches else None
+
+
+def healer_imports(path: pathlib.Path) -> set[str]:
+    """The healer modules (or names in them) a file imports: ``from healer.bus import nats`` counts as
+    ``healer.bus.nats``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("healer"))
+        elif (
+            isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("healer")
+        ):
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def module_name(path: pathlib.Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [module_name(p) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"]
+    assert [m for m in unplaced if layer_of(m) is None] == []
+
+
+def test_lower_layers_never_import_higher_ones() -> None:
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        me = module_name(path)
+        mine = layer_of(me)
+        if mine is None:
+            continue
+        for imported in healer_imports(path):
+            theirs = layer_of(imported)
+            if theirs is not None and RANK[theirs] > RANK[mine]:
+                upward.append(f"{me} ({mine}) imports {imported} ({theirs})")
+    assert sorted(upward) == []
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "m.py").write_text("def f():\n    from healer.controller import service\n")
+    assert healer_imports(tmp_path / "m.py") == {"healer.controller.service"}
+    assert layer_of("healer.controller.service") == "top"
+    assert layer_of("healer.sim.live") == "top"
+    assert layer_of("healer.sim.fleet") == "middle"
+    assert layer_of("healer.schemas.codec") == "bottom"
