@@ -248,6 +248,9 @@ class ControllerSettings(_Group):
     """Anomaly model directory (``models/default``); unset: ``anomaly_score`` is 0 everywhere."""
     anomaly_interval_s: float = pydantic.Field(default=30.0, gt=0)
     """How often the anomaly model scores the fleet (one batch; the model's window bucket is 30 s)."""
+    anomaly_save_s: float = pydantic.Field(default=300.0, gt=0)
+    """How often the leader saves what the anomaly model learned about this fleet (per-GPU and per-node
+    baselines) to KV ``anomaly.state``; also at shutdown. A restarted controller starts from it."""
     reload_check_s: float = pydantic.Field(default=2.0, gt=0)
     """How often the rules directory is checked for changes."""
     labels_refresh_s: float = pydantic.Field(default=300.0, ge=0)

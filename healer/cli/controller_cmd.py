@@ -122,7 +122,8 @@ async def run_controller(
             ctl = service.Controller(s, bus, scheduler=factory.scheduler(s), metrics=metrics)
             ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
             await ctl.start()
-            page = await hook.maybe_start(bus, s)  # the status page, when ui.enabled (docs/ui.md)
+            # the status page, when ui.enabled (docs/ui.md), with the anomaly model's components
+            page = await hook.maybe_start(bus, s, anomaly=ctl if s.controller.model else None)
             await stop.wait()
             if page is not None:
                 await page.stop()

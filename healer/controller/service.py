@@ -136,6 +136,7 @@ class Controller:
         self.actions: runner.ActionRunner  # built in start(), with the policy it applies
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         self._scored_at = 0.0
+        self._anomaly_saved_at = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -152,6 +153,7 @@ class Controller:
         state_kv = kv.Store(await self.bus.key_value(self.subjects.kv_state))
         lease_kv = kv.Store(await self.bus.key_value(self.subjects.kv_leases))
         self.state = state_kv
+        await self._restore_anomaly_state()
         self.book = incidents_mod.Book(state_kv)
         self.feed = feed_mod.FeedPublisher(self.bus, self.subjects, self.cs.cluster)
         self.breaker = policy.Breaker(state_kv, self.cs)
@@ -190,6 +192,7 @@ class Controller:
         self.log.info("controller.started", rules=len(rules), mode=self.cs.mode)
 
     async def stop(self) -> None:
+        was_leader = self.leader
         self._stop.set()
         running = list(self.tasks.values())
         if running:  # actions in flight get 5 s together to finish their current call, not 5 s each
@@ -198,6 +201,9 @@ class Controller:
         for t in self.tasks.values():
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if was_leader and self.scorer is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._save_anomaly_state(), timeout=10.0)
         if self.feed.outbox:  # the last changes, once (a failed publish is retried by the next leader's)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.feed.flush(), timeout=6.0)
@@ -489,6 +495,10 @@ class Controller:
     async def _open(self, f: engine_mod.Firing, now: float) -> None:
         repeats = await self._count_repeat(f.node, f.gpu, now)
         inc = decide.new_incident(f, incidents_mod.new_id(), now, self.cs.mode, repeats, self.cs)
+        if f.gpu is not None and self.scorer is not None and "anomaly_score" in (f.rule.when_text or ""):
+            scorer = self._learning_scorer()
+            why = scorer.explain(f.node, f.gpu) if scorer is not None else {}
+            inc.evidence.update({f"anomaly.{k}": v for k, v in why.items()})  # which component, against what
         await self._save_publish(inc, "opened")
         if inc.escalated:
             await self._save_publish(inc, "escalated")
@@ -571,8 +581,57 @@ class Controller:
                     await self.exclusions.refresh()
                     status = await self.breaker.status()
                     self.metrics.breaker_open.set(1 if status.get("open") else 0)
+                    if time.monotonic() - self._anomaly_saved_at >= self.cs.anomaly_save_s:
+                        await self._save_anomaly_state()
             except errors.HealerError as e:
                 self.log.warning("controller.housekeeping_failed", error=str(e))
+
+    # -- what the anomaly model learned, kept in KV --------------------------------------------------
+    def _learning_scorer(self) -> scoring.Scorer | None:
+        from healer.anomaly import scoring  # imported by start() already when a model is set
+
+        return self.scorer if isinstance(self.scorer, scoring.Scorer) else None
+
+    async def _restore_anomaly_state(self) -> None:
+        """Start from what this fleet's model learned before (per-GPU and per-node baselines), so a
+        restart or a new controller does not warm up again. A state of another format or GPU count is
+        ignored (logged): the model learns again."""
+        scorer = self._learning_scorer() if self.scorer is not None else None
+        if scorer is None:
+            return
+        from healer.anomaly import state as anomaly_state
+
+        try:
+            saved = await anomaly_state.load(self.state)
+            nodes = scorer.import_state(saved) if saved is not None else 0
+        except (errors.HealerError, ValueError) as e:
+            self.log.warning("controller.anomaly_state_not_restored", error=str(e), detail="learning again")
+            return
+        self.log.info("controller.anomaly_state_restored", nodes=nodes)
+
+    async def _save_anomaly_state(self) -> None:
+        scorer = self._learning_scorer() if self.scorer is not None else None
+        self._anomaly_saved_at = time.monotonic()
+        if scorer is None:
+            return
+        from healer.anomaly import state as anomaly_state
+
+        try:
+            shards = await anomaly_state.save(self.state, scorer.export_state())
+        except errors.HealerError as e:
+            self.log.warning("controller.anomaly_state_not_saved", error=str(e))
+            return
+        self.log.debug("controller.anomaly_state_saved", shards=shards)
+
+    def components(self, node: str, gpu: int) -> dict[str, float] | None:
+        """The anomaly model's components for one GPU at its last scoring (so the controller is the status
+        page's ``AnomalySource``); None without a loaded model or before the GPU was scored."""
+        scorer = self._learning_scorer() if self.scorer is not None else None
+        found = scorer.explain(node, gpu) if scorer is not None else {}
+        comps = {k.removeprefix("component_"): v for k, v in found.items() if k.startswith("component_")}
+        if not comps:
+            return None
+        return {"anomaly_score": float(found["anomaly_score"]), **{k: float(v) for k, v in comps.items()}}
 
     async def _maybe_refresh_labels(self) -> None:
         """Node labels for rules' ``match.labels``, from the scheduler (Kubernetes labels, Slurm

@@ -268,6 +268,71 @@ async def test_the_default_model_loads_and_scores(harness: Harness) -> None:
     await run_until(fleet, lambda: ctl.metrics.anomaly_seconds._sum.get() > 0)
 
 
+async def test_what_the_model_learned_survives_a_restart_and_each_gpu_explains_itself(
+    harness: Harness,
+) -> None:
+    """The leader saves the model's learned state to KV (every ``anomaly_save_s`` and at shutdown); the
+    next controller starts from it instead of warming up again. Each scored GPU's components are there
+    for the status page."""
+    model = str(ROOT / "models" / "default")
+    first = await harness.controller(testing.RecordingActuator(), model=model, anomaly_interval_s=0.5)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await run_until(fleet, lambda: first.leader and first.components("n1", 0) is not None, timeout=30)
+    comps = first.components("n1", 0)
+    assert comps is not None
+    assert 0.0 <= comps["anomaly_score"] <= 1.0
+    assert {"forest", "counters"} <= set(comps), comps
+    assert first.components("n9", 0) is None, "a node never scored has no components"
+    learned = first.scorer.export_state()  # type: ignore[union-attr]
+    assert {"n1", "n2"} <= set(learned["nodes"])
+    await first.stop()
+    saved = await first.state.get("anomaly.state")
+    assert saved is not None
+    assert saved.value["nodes"] == len(learned["nodes"])
+    with structlog.testing.capture_logs() as logs:
+        second = await harness.controller(testing.RecordingActuator(), model=model, anomaly_interval_s=0.5)
+    restored = [e for e in logs if e["event"] == "controller.anomaly_state_restored"]
+    assert [e["nodes"] for e in restored] == [len(learned["nodes"])]
+    assert set(second.scorer.export_state()["nodes"]) >= {"n1", "n2"}  # type: ignore[union-attr]
+
+
+async def test_an_anomaly_incident_says_which_component_and_against_what(harness: Harness) -> None:
+    from healer.anomaly import scoring
+
+    class Explaining(scoring.Scorer):
+        """The real Scorer's explain contract with fixed scores (GPU 1 of n1 anomalous)."""
+
+        def __init__(self) -> None:
+            self.last_cost_s = 0.0
+
+        def observe(self, frame: object, at: float | None = None) -> None:
+            pass
+
+        def score(self, now: float) -> dict[str, dict[int, float]]:
+            return {"n1": {0: 0.1, 1: 0.97}}
+
+        def export_state(self) -> dict[str, object]:
+            return {"format": "test", "nodes": {}}
+
+        def explain(self, node: str, gpu: int) -> dict[str, float | str]:
+            against = scoring.AGAINST["thermal_rise"]
+            return {"anomaly_score": 0.97, "component": "thermal_rise", "against": against,
+                    "component_thermal_rise": 1.4, "residual_c": 6.5}  # fmt: skip
+
+    (harness.rules / "anomaly.yaml").write_text(
+        "rules:\n  - id: anomalous\n    description: model says so\n    scope: gpu\n"
+        "    when: anomaly_score >= 0.9\n    severity: warning\n    actions: [notify]\n"
+    )
+    ctl = await harness.controller(testing.RecordingActuator(), anomaly_interval_s=0.5)
+    ctl.scorer = Explaining()
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: "opened" in harness.feed.changes("n1"))
+    opened = next(e for e in harness.feed.events if e.change == "opened")
+    assert opened.data.evidence["anomaly.component"] == "thermal_rise"
+    assert opened.data.evidence["anomaly.against"] == "its own baseline at its node's inlet"
+    assert opened.data.evidence["anomaly.residual_c"] == 6.5
+
+
 async def test_bad_frames_are_counted_and_lax_frames_still_act(harness: Harness) -> None:
     """Malformed frames are counted by reason and change nothing; a frame that is valid only after
     pydantic's coercion (the strict fast decoder refuses it) is still ingested, and counted as lax."""
