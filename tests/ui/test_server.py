@@ -84,6 +84,38 @@ async def test_only_get_is_answered_and_every_page_forbids_anything_from_elsewhe
         await running.stop()
 
 
+async def test_a_gpu_panel_shows_the_models_components_when_the_page_has_them() -> None:
+    """Served by the controller with a model, the page asks it (``AnomalySource``) for a GPU's components;
+    without one the panel says the components are not reachable."""
+    from tests.controller.conftest import Fleet as FrameMaker
+
+    class Components:
+        def components(self, node: str, gpu: int) -> dict[str, float] | None:
+            return {"anomaly_score": 0.42, "thermal_rise": 0.8, "forest": 0.3} if gpu == 1 else None
+
+    frame = FrameMaker(None, ["n1"]).frame("n1")  # type: ignore[arg-type]  # only builds frames
+    for anomaly in (Components(), None):
+        lv = live.Live(fleet.Fleet(2), board.Board())
+        lv.fleet.ingest("n1", frame, time.time())
+        running = await server.serve(lv, config.UiSettings(port=0), anomaly=anomaly)
+        try:
+            async with aiohttp.ClientSession() as http:
+                shown = {}
+                for gpu in (0, 1):
+                    async with http.get(f"{running.url}api/gpu", params={"node": "n1", "gpu": str(gpu)}) as r:
+                        assert r.status == 200
+                        shown[gpu] = (await r.json())["anomaly"]
+        finally:
+            await running.stop()
+        if anomaly is None:
+            assert [shown[g]["available"] for g in (0, 1)] == [False, False]
+            assert shown[1]["note"] == server.NO_ANOMALY
+        else:
+            assert shown[1]["available"] is True
+            assert shown[1]["components"] == {"anomaly_score": 0.42, "thermal_rise": 0.8, "forest": 0.3}
+            assert shown[0]["available"] is False, "a GPU the model has not scored yet"
+
+
 def test_the_page_references_no_outside_url() -> None:
     for path in STATIC.iterdir():
         text = path.read_text()
