@@ -7,7 +7,7 @@ subscribers still see the duplicate publish, exactly as with a real server). Str
 durable pull consumers (explicit acks, ``nak`` with a delay, redelivery after the ack wait, at most
 ``max_ack_pending`` unacknowledged) and ordered replays; key-value buckets have JetStream KV's revisions
 and compare-and-set. ``connected`` can be switched off to rehearse an outage: then every call raises
-``TemporaryError``. tests/test_bus_contract.py holds both buses to the same semantics; the scenarios run
+``TemporaryError``. tests/bus/test_bus_contract.py holds both buses to the same semantics; the scenarios run
 against a real nats-server in the integration tests too; this is a stand-in, not a replacement.
 """
 

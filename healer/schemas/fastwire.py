@@ -12,7 +12,7 @@ are (no ``"3"`` or ``3.0`` for an int, no ``1`` for a bool), rejects numbers out
 are bounded (``INT_RANGE``), and the node-name pattern's ``$`` becomes ``\\Z`` (Python's ``$`` would
 also accept a trailing newline; pydantic's Rust regex does not). Whatever it rejects goes to the
 pydantic path (``codec.decode_frame``), which either accepts it (lax coercion) or raises the precise
-``DecodeError``; tests/test_fastwire.py checks, with generated good and bad documents, that both paths
+``DecodeError``; tests/schemas/test_fastwire.py checks, with generated good and bad documents, that both paths
 give the same verdict and the same values.
 """
 

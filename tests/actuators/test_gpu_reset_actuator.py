@@ -15,7 +15,7 @@ from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.schemas import telemetry
 from healer.telemetry import nvml
-from tests import test_agent
+from tests.agent import test_runner as test_agent
 from tests.fakes import fake_pynvml
 
 

@@ -8,7 +8,7 @@ real functions' names and parameter names, whose return values have the real sha
 ``.value.ullVal``, event data with ``.device``/``.eventType``/``.eventData``), and whose ``NVMLError``
 hierarchy is built from the ``NVML_ERROR_*`` codes the same way pynvml builds it, so that
 ``NVMLError(NVML_ERROR_GPU_IS_LOST)`` is an ``NVMLError_GpuIsLost``. Constants carry the values of
-nvidia-ml-py 13.615; ``tests/test_fake_pynvml.py`` checks names, signatures and values against the
+nvidia-ml-py 13.615; ``tests/telemetry/test_fake_pynvml.py`` checks names, signatures and values against the
 installed real module so the fake cannot drift silently.
 
 State lives on a ``FakeNvml`` object (one per test): per-GPU readings in NVML's own units (mW, mJ,

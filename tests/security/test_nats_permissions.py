@@ -30,7 +30,7 @@ from healer.bus import nats as natsbus
 from healer.schemas import codec
 from healer.security import natsconf
 from healer.telemetry import sim
-from tests import test_agent as agent_tests
+from tests.agent import test_runner as agent_tests
 
 NODE_A = "gpu-a.dc1.example.com"
 NODE_B = "gpu-b"

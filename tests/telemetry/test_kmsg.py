@@ -17,7 +17,7 @@ from healer.schemas import events
 from healer.telemetry import kernel_log, kmsg, nvml, watchers, xid
 from tests.fakes import fake_pynvml as fp
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "kmsg"
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "kmsg"
 GET_S = 10.0  # an upper bound for a queue get, never a duration being measured
 
 

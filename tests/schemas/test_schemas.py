@@ -14,7 +14,7 @@ from healer import errors
 from healer.schemas import codec, commands, events, export, incidents, telemetry
 from healer.telemetry import sim
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def good_frame() -> telemetry.NodeFrame:

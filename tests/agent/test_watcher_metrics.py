@@ -18,8 +18,8 @@ from healer.agent import metrics as metrics_mod
 from healer.agent import runner, watcher_metrics
 from healer.schemas import events
 from healer.telemetry import kernel_log, sim, watchers, xid
-from tests import test_kmsg as tk
 from tests.fakes import fake_pynvml as fp
+from tests.telemetry import test_kmsg as tk
 
 GET_S = 10.0  # an upper bound for a queue get, never a duration being measured
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from healer import errors
 from healer.schemas import codec, fastwire, telemetry
-from tests.test_schemas import good_frame, json_values
+from tests.schemas.test_schemas import good_frame, json_values
 
 STRICT = fastwire.decoder(telemetry.NodeFrame)
 
