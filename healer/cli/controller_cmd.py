@@ -124,7 +124,7 @@ async def run_controller(
     beat: health.Health | None = None,
 ) -> None:
     """Connect (retrying until ``stop``), provision, run the controller until ``stop``, stop it."""
-    from healer.actuators import power
+    from healer.actuators import gpu_reset, power
 
     beat = beat or health.Health(metrics.registry)
     ctl: service.Controller | None = None
@@ -136,8 +136,13 @@ async def run_controller(
         bus = await common.until_stopped(common.connect(s, "healer-controller", service=True), stop)
         try:
             await provision.ensure(bus, subjects.Subjects(s.nats.prefix), s.nats)
-            ctl = service.Controller(s, bus, scheduler=factory.scheduler(s), metrics=metrics)
-            ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
+            subj = subjects.Subjects(s.nats.prefix)
+            gpu = gpu_reset.GpuRecoveryActuator(bus, subj, s.actuators)  # recovery ladders' reset, validate
+            scheduler = factory.scheduler(s)
+            if hasattr(scheduler, "agent"):  # Kubernetes reboots a node through its agent
+                scheduler.agent = gpu
+            ctl = service.Controller(s, bus, scheduler=scheduler, gpu=gpu, metrics=metrics)
+            ctl.power = power.PowerActuator(bus, ctl, subj, s.actuators)
             await ctl.start()
             page = await hook.maybe_start(bus, s)  # the status page, when ui.enabled (docs/ui.md)
             await stop.wait()

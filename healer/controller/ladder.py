@@ -181,6 +181,11 @@ class History:
         kept = tuple(ts for ts in self.recoveries if now - ts <= keep_s)
         return History((*kept, state.started_at))
 
+    def apart_from(self, started_at: float, episode_s: float) -> History:
+        """Without the recoveries of the same fault episode (ladders started within ``episode_s`` of
+        ``started_at``: one fault that fired several rules is one recovery, not a repeat)."""
+        return History(tuple(ts for ts in self.recoveries if abs(ts - started_at) >= episode_s))
+
     def to_json(self) -> dict[str, Any]:
         return {"recoveries": list(self.recoveries)}
 

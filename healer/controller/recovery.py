@@ -210,7 +210,8 @@ class Recovery:
             await self._add_action(rec, inc, now)
             return
         history = await self._history(rec.state)
-        step = ladder.next_step(rec.state, outcome, now, history, detail)
+        repeats = history.apart_from(rec.state.started_at, decide.EPISODE_S)
+        step = ladder.next_step(rec.state, outcome, now, repeats, detail)
         await self._take(rec, inc, step, history, now)
         if stop is not None:
             await self.store.delete(STOP_PREFIX + rec.state.incident_id)
