@@ -295,6 +295,14 @@ class ControllerSettings(_Group):
     """Temporary action failures retried this many times (one per tick) before the incident escalates."""
     uncordon_hold_s: float = pydantic.Field(default=300.0, ge=0)
     """After an incident resolves, wait this long before undoing healer's cordon."""
+    recovery: bool = True
+    """Walk the recovery ladders the rule pack declares (``ladders:``; docs/remediation.md): reset the
+    GPU, reboot the node, validate, return it to service, or ask for a hardware replacement. Off: every
+    fault ends at containment (the node stays out until a person acts)."""
+    max_concurrent_reboots: int = pydantic.Field(default=1, ge=1)
+    """Recovery ladders: at most this many nodes rebooting at once (all shards together); a further
+    reboot waits. One by default: a reboot is the biggest hammer healer has, and a fleet that needs
+    several at once is more likely to have a shared cause (a bad driver roll-out) than bad GPUs."""
     admission: Literal["scheduler", "file", "first-seen"] = "scheduler"
     """Which node names the controller believes in. ``scheduler``: nodes the scheduler actuator lists
     (Slurm ``sinfo``, Kubernetes nodes; asked when an unknown name first reports, at most every

@@ -5,6 +5,7 @@ schedulers or GPUs. Each says plainly what it stands in for.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from healer.actuators import base
 
@@ -30,6 +31,49 @@ class RecordingActuator:
             )
         status = self.fail.get(request.kind, "done")
         return base.ActionOutcome(status=status, detail=f"{request.kind} {request.node}: {status}")
+
+    def executed(self, kind: str | None = None) -> list[base.ActionRequest]:
+        return [r for r in self.requests if not r.dry_run and (kind is None or r.kind == kind)]
+
+    async def reboot_status(self, node: str) -> base.RebootStatus:
+        """A reboot this actuator was asked for completes at once (``reboot_phase`` says otherwise)."""
+        if not any(r.node == node for r in self.executed("reboot_node")):
+            return base.RebootStatus(base.RebootPhase.NONE)
+        return base.RebootStatus(self.reboot_phase, "healer: reboot complete")
+
+    reboot_phase = base.RebootPhase.COMPLETE
+
+
+class RecordingGpuActuator:
+    """Stands in for the GPU recovery actuator (``reset_gpu``, ``validate`` through the node agent):
+    records every request and answers from ``script`` (per kind, the statuses of successive calls;
+    ``done`` once it runs out). ``on_done`` is called with each request that succeeded (a test's fleet
+    clears the fault a reset fixed). A validation reports the device facts in ``device``."""
+
+    name = "gpu"
+
+    def __init__(
+        self,
+        script: dict[str, list[base.Status]] | None = None,
+        on_done: Callable[[base.ActionRequest], None] | None = None,
+    ) -> None:
+        self.requests: list[base.ActionRequest] = []
+        self.script = {k: list(v) for k, v in (script or {}).items()}
+        self.on_done = on_done
+        self.device: dict[str, str | None] = {"serial": "1650923000001", "board_part_number": "692-2G520"}
+
+    async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
+        self.requests.append(request)
+        if request.dry_run:
+            return base.ActionOutcome(status="planned", dry_run=True, detail="dry run")
+        queue = self.script.get(request.kind) or []
+        status: base.Status = queue.pop(0) if queue else "done"
+        if status == "done" and self.on_done is not None:
+            self.on_done(request)
+        facts = dict(self.device) if request.kind == "validate" else {}
+        return base.ActionOutcome(
+            status=status, detail=f"{request.kind} {request.node}: {status}", facts=facts
+        )
 
     def executed(self, kind: str | None = None) -> list[base.ActionRequest]:
         return [r for r in self.requests if not r.dry_run and (kind is None or r.kind == kind)]

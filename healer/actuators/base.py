@@ -117,6 +117,9 @@ class ActionOutcome(pydantic.BaseModel):
     plan: list[str] = pydantic.Field(default_factory=list)
     """The calls made (or, in a dry run, the calls that would be made), in order, readable."""
     dry_run: bool = False
+    facts: dict[str, str | None] = pydantic.Field(default_factory=dict)
+    """Device facts read on the way (validate: serial, uuid, board part number, VBIOS and driver of the
+    request's GPU): a hardware replacement's evidence."""
 
     @property
     def ok(self) -> bool:

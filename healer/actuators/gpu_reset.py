@@ -151,6 +151,23 @@ def _outcome(
             if not c.ok
         ]
         status = "done" if report.passed else "failed-permanent"
-        return base.ActionOutcome(status=status, detail=detail, items=items, plan=plan)
+        return base.ActionOutcome(
+            status=status, detail=detail, items=items, plan=plan, facts=_facts(report, request.gpu_index)
+        )
     item = base.ItemResult(item=f"gpu {request.gpu_index}", status="done", detail=result.detail)
     return base.ActionOutcome(status="done", detail=detail, items=[item], plan=plan)
+
+
+def _facts(report: commands.Validation, gpu_index: int | None) -> dict[str, str | None]:
+    """The identity of the request's GPU (the first one when the request names none), as the agent read it."""
+    device = next((d for d in report.devices if gpu_index is None or d.index == gpu_index), None)
+    if device is None:
+        return {}
+    return {
+        "index": str(device.index),
+        "uuid": device.uuid,
+        "serial": device.serial,
+        "board_part_number": device.board_part_number,
+        "vbios_version": device.vbios_version,
+        "driver_version": device.driver_version,
+    }

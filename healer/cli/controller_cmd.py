@@ -1,4 +1,5 @@
-"""``healer controller``, ``healer breaker status|reset``, ``healer exclude add|remove|list``."""
+"""``healer controller``, ``healer breaker status|reset``, ``healer exclude add|remove|list``,
+``healer ladder status|stop``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import getpass
 import json
 import pathlib
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -19,7 +21,7 @@ from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.actuators import factory
-    from healer.controller import kv, policy, service
+    from healer.controller import kv, policy, recovery, service
     from healer.controller import metrics as metrics_mod
     from healer.rules import loader
     from healer.ui import hook
@@ -27,6 +29,7 @@ else:
     factory = lazy.module("healer.actuators.factory")
     kv = lazy.module("healer.controller.kv")
     policy = lazy.module("healer.controller.policy")
+    recovery = lazy.module("healer.controller.recovery")
     service = lazy.module("healer.controller.service")
     metrics_mod = lazy.module("healer.controller.metrics")
     loader = lazy.module("healer.rules.loader")
@@ -78,6 +81,20 @@ def register(sub: Any) -> None:
         common.add_nats_option(a)
         a.set_defaults(func=_exclude, action=name)
 
+    lad = sub.add_parser("ladder", help="recovery ladders in flight (reset, reboot, validate, return)")
+    lsub = lad.add_subparsers(dest="ladder_command", metavar="ACTION")
+    lsub.required = True
+    status = lsub.add_parser("status", help="list the ladders in flight")
+    stop = lsub.add_parser(
+        "stop", help="stop a ladder: the node stays as it is, the feed says who stopped it"
+    )
+    stop.add_argument("incident", help="the incident id (healer ladder status lists them)")
+    stop.add_argument("--by", default=None, help="who stops it (default: your user name)")
+    stop.add_argument("--reason", default="stopped by an operator")
+    for a, name in ((status, "status"), (stop, "stop")):
+        common.add_nats_option(a)
+        a.set_defaults(func=_ladder, action=name)
+
 
 def _settings(args: argparse.Namespace) -> config.Settings:
     return common.settings(
@@ -107,7 +124,7 @@ async def run_controller(
     beat: health.Health | None = None,
 ) -> None:
     """Connect (retrying until ``stop``), provision, run the controller until ``stop``, stop it."""
-    from healer.actuators import power
+    from healer.actuators import gpu_reset, power
 
     beat = beat or health.Health(metrics.registry)
     ctl: service.Controller | None = None
@@ -119,8 +136,13 @@ async def run_controller(
         bus = await common.until_stopped(common.connect(s, "healer-controller", service=True), stop)
         try:
             await provision.ensure(bus, subjects.Subjects(s.nats.prefix), s.nats)
-            ctl = service.Controller(s, bus, scheduler=factory.scheduler(s), metrics=metrics)
-            ctl.power = power.PowerActuator(bus, ctl, subjects.Subjects(s.nats.prefix), s.actuators)
+            subj = subjects.Subjects(s.nats.prefix)
+            gpu = gpu_reset.GpuRecoveryActuator(bus, subj, s.actuators)  # recovery ladders' reset, validate
+            scheduler = factory.scheduler(s)
+            if hasattr(scheduler, "agent"):  # Kubernetes reboots a node through its agent
+                scheduler.agent = gpu
+            ctl = service.Controller(s, bus, scheduler=scheduler, gpu=gpu, metrics=metrics)
+            ctl.power = power.PowerActuator(bus, ctl, subj, s.actuators)
             await ctl.start()
             # the status page, when ui.enabled (docs/ui.md), with the anomaly model's components
             page = await hook.maybe_start(bus, s, anomaly=ctl if s.controller.model else None)
@@ -225,4 +247,51 @@ def _exclude(args: argparse.Namespace) -> int:
         return 1
     for node, info in sorted(nodes.items()):
         print(f"{node}\t{info.get('by')}\t{info.get('reason')}")
+    return 0
+
+
+def _ladder(args: argparse.Namespace) -> int:
+    """``status``: the ladders in flight; ``stop``: ask the leader to stop one (it does so on its next
+    tick and publishes who stopped it, and when)."""
+    s = common.settings(args)
+    logs.configure("error")
+
+    async def main() -> list[dict[str, Any]]:
+        bus, store = await _state_store(s)
+        try:
+            if args.action == "stop":
+                if await store.get(recovery.PREFIX + args.incident) is None:
+                    raise errors.PermanentError(f"no recovery ladder in flight for {args.incident}")
+                who = {"by": args.by or getpass.getuser(), "reason": args.reason, "at": time.time()}
+                await store.put(recovery.STOP_PREFIX + args.incident, who)
+                return [{"incident": args.incident, "stop_requested": who}]
+            out = []
+            for key in sorted(await store.keys(recovery.PREFIX)):
+                doc = await store.get(key)
+                if doc is None:
+                    continue
+                state, pending = doc.value.get("state", {}), doc.value.get("pending", {})
+                out.append(
+                    {
+                        "incident": state.get("incident_id"), "ladder": state.get("ladder_id"),
+                        "node": state.get("node"), "gpu": state.get("gpu_index"),
+                        "phase": str(state.get("phase", "")).lower(), "next": pending.get("kind"),
+                        "reason": pending.get("reason"), "started_at": state.get("started_at"),
+                    }
+                )  # fmt: skip
+            return out
+        finally:
+            await bus.close()
+
+    try:
+        rows = asyncio.run(main())
+    except errors.HealerError as e:
+        print(f"healer ladder: {e}", file=sys.stderr)
+        return 1
+    if args.action == "stop":
+        print(json.dumps(rows[0], indent=2))
+        return 0
+    for row in rows:
+        cells = (row["incident"], row["node"], f"gpu {row['gpu']}", row["ladder"], row["phase"], row["next"])
+        print("\t".join(str(c) for c in cells))
     return 0

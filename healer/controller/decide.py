@@ -196,6 +196,10 @@ class Attempt:
     """(uncordon) This incident's own cordon-like action is done."""
     held_elsewhere: bool = False
     """(uncordon) Another open incident still holds the node out of service."""
+    ladder_step: bool = False
+    """A recovery-ladder step (healer.controller.recovery), not one of the rule's actions."""
+    reboots_elsewhere: int = 0
+    """(reboot_node) Other nodes rebooting for a recovery ladder now."""
 
 
 Check = Callable[[Attempt], Verdict]
@@ -206,12 +210,12 @@ def mode_gate(a: Attempt) -> Verdict:
 
 
 def actuator_gate(a: Attempt) -> Verdict:
-    """Actions that need no actuator (notify) or are not automated (GPU reset)."""
+    """Actions that need no actuator (notify) or are not automated outside a ladder (GPU reset)."""
     if a.kind == "notify":
         return Verdict.settle("done", str(a.params.get("message") or "incident published"))
-    if a.kind == "reset_gpu":
+    if a.kind == "reset_gpu" and not a.ladder_step:
         return Verdict.settle(
-            "skipped", "GPU reset is not automated: drain the node and reset it by hand (nvidia-smi -r)"
+            "skipped", "a GPU reset is a recovery-ladder step: declare a ladder for this rule (ladders:)"
         )
     return ALLOW
 
@@ -229,12 +233,25 @@ def limits_gate(a: Attempt) -> Verdict:
 
 
 def ownership_gate(a: Attempt) -> Verdict:
-    """An uncordon only undoes healer's own cordon, and only when no other open incident holds the node."""
-    if not (a.on_resolve and a.kind == "uncordon"):
+    """An uncordon (or a ladder's return to service) only undoes healer's own cordon, and only when no
+    other open incident holds the node."""
+    if not ((a.on_resolve and a.kind == "uncordon") or a.kind == "return_to_service"):
         return ALLOW
+    if not a.cordon_ours and a.kind == "return_to_service":
+        return Verdict.settle("skipped", "healer did not take this node out of service: left as it is")
     if not a.cordon_ours or a.held_elsewhere:
         return Verdict.settle("skipped", "another open incident still holds this node cordoned")
     return ALLOW
+
+
+def reboot_gate(a: Attempt) -> Verdict:
+    """At most ``max_concurrent_reboots`` nodes reboot for recovery ladders at once."""
+    if a.kind != "reboot_node" or a.reboots_elsewhere < a.settings.max_concurrent_reboots:
+        return ALLOW
+    return Verdict.wait(
+        f"{a.reboots_elsewhere} other nodes rebooting (max_concurrent_reboots "
+        f"{a.settings.max_concurrent_reboots}): waiting"
+    )
 
 
 def lease_gate(a: Attempt) -> Verdict:
@@ -243,7 +260,7 @@ def lease_gate(a: Attempt) -> Verdict:
 
 LOCAL_GATES: tuple[Check, ...] = (mode_gate, actuator_gate, exclusion_gate)
 """The gates that need nothing from KV (the shell reads the cooldown and rate window only after them)."""
-STORED_GATES: tuple[Check, ...] = (limits_gate, ownership_gate, lease_gate)
+STORED_GATES: tuple[Check, ...] = (limits_gate, ownership_gate, reboot_gate, lease_gate)
 GATES: tuple[Check, ...] = LOCAL_GATES + STORED_GATES
 """In order; the first that does not allow decides. The circuit breaker comes after them (in the shell's
 compare-and-set loop) for the kinds that take capacity out of service."""
@@ -261,8 +278,7 @@ def cordon_ours(inc: book.Incident) -> bool:
     """Healer's own scheduler action (other than an uncordon) on this incident is done."""
     return any(
         (spec := actions.kind(a.kind)) is not None
-        and spec.scheduler_verb is not None
-        and a.kind != "uncordon"
+        and spec.scheduler_verb not in (None, "uncordon")
         and a.status == "done"
         for a in inc.actions
     )

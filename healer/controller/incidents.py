@@ -39,6 +39,11 @@ class PlannedAction(pydantic.BaseModel):
     attempts: int = 0
     at: float = 0.0
     on_resolve: bool = False
+    ladder: bool = False
+    """A recovery-ladder step (healer.controller.recovery): its failure leads to the next rung instead of
+    stopping the incident's actions."""
+    facts: dict[str, str | None] = pydantic.Field(default_factory=dict)
+    """What the actuator read on the way (validate: the GPU's serial, board part, VBIOS, driver)."""
 
 
 class Incident(pydantic.BaseModel):

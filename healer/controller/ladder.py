@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -179,6 +180,11 @@ class History:
         now = state.updated_at or state.started_at
         kept = tuple(ts for ts in self.recoveries if now - ts <= keep_s)
         return History((*kept, state.started_at))
+
+    def apart_from(self, started_at: float, episode_s: float) -> History:
+        """Without the recoveries of the same fault episode (ladders started within ``episode_s`` of
+        ``started_at``: one fault that fired several rules is one recovery, not a repeat)."""
+        return History(tuple(ts for ts in self.recoveries if abs(ts - started_at) >= episode_s))
 
     def to_json(self) -> dict[str, Any]:
         return {"recoveries": list(self.recoveries)}
@@ -371,3 +377,54 @@ def _next_rung(state: LadderState, outcome: Outcome, now: float, detail: str) ->
 
 def _replace(state: LadderState, outcome: Outcome, now: float, detail: str, why: str) -> Step:
     return Step(StepKind.REPLACE, _moved(state, Phase.REPLACEMENT, outcome, now, detail), why)
+
+
+# -- what the shell's actions came to, as outcomes ---------------------------------------------------
+_OK = frozenset({"done", "already-done", "planned"})
+
+
+def containment(statuses: Sequence[str | None]) -> Outcome | None:
+    """The rule's own actions (``statuses``: one per action, None while not run): CONTAINED when all
+    went through, FAILED when one did not, None while some still run."""
+    if any(s is not None and s not in _OK and s != "skipped" for s in statuses):
+        return Outcome.FAILED
+    if any(s is None for s in statuses):
+        return None
+    return Outcome.CONTAINED
+
+
+def outcome_of(kind: StepKind, status: str) -> Outcome:
+    """What a settled ladder action's status means for its step. ``skipped`` is a gate saying no for
+    good (observe mode, a maintenance exclusion): the ladder stops there and leaves the node as it is;
+    for the return to service it means the node was not healer's to return (or another incident still
+    holds it): the GPU is back all the same."""
+    if kind is StepKind.RETURN_TO_SERVICE:
+        return (
+            Outcome.FAILED
+            if status in ("refused", "failed-temporary", "failed-permanent")
+            else (Outcome.RETURNED)
+        )
+    if status == "skipped":
+        return Outcome.STOPPED
+    if kind is StepKind.VALIDATE:
+        return {"done": Outcome.PASSED, "already-done": Outcome.PASSED}.get(
+            status, Outcome.VALIDATION_FAILED if status == "failed-permanent" else Outcome.FAILED
+        )
+    if status in _OK:
+        return Outcome.DONE
+    return Outcome.REFUSED if status == "refused" else Outcome.FAILED
+
+
+def flat_evidence(doc: Mapping[str, Any]) -> dict[str, str | int | float | bool | None]:
+    """An evidence bundle as incident evidence (flat, scalar values): nested mappings become dotted keys,
+    lists their JSON text."""
+    out: dict[str, str | int | float | bool | None] = {}
+    for key, value in doc.items():
+        if isinstance(value, Mapping):
+            for k, v in flat_evidence(value).items():
+                out[f"{key}.{k}"] = v
+        elif isinstance(value, list | tuple):
+            out[key] = json.dumps(value, default=str)[:4000]
+        else:
+            out[key] = value
+    return out

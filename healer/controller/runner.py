@@ -42,6 +42,8 @@ class ActionRunner:
         *,
         scheduler: actuators.Actuator,
         power: actuators.Actuator | None,
+        gpu: actuators.Actuator | None = None,
+        reboots: Callable[[str], Awaitable[int]] | None = None,
         lease: lease_mod.Lease,
         breaker: policy.Breaker,
         dry_breaker: policy.Breaker,
@@ -57,7 +59,9 @@ class ActionRunner:
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self.cs = cs
-        self.scheduler, self.power = scheduler, power
+        self.scheduler, self.power, self.gpu = scheduler, power, gpu
+        self.reboots = reboots
+        """(recovery ladders) How many other nodes are rebooting now; asked before a reboot_node."""
         self.lease = lease
         self.breaker, self.dry_breaker = breaker, dry_breaker
         self.exclusions, self.limits = exclusions, limits
@@ -95,7 +99,7 @@ class ActionRunner:
     async def run(self, inc: incidents_mod.Incident) -> None:
         for action in inc.actions:
             if action.status is not None:
-                if action.status not in decide.OK:
+                if action.status not in decide.OK and not action.ladder:
                     return  # a failed step stops the chain (no migrate without a cordon)
                 continue
             if not self.leader():
@@ -115,6 +119,8 @@ class ActionRunner:
             action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
             self.metrics.actions.labels(action.kind, status).inc()
             await self.publish(inc, "action")
+            if action.ladder:
+                continue  # the recovery ladder reads the outcome and takes the next step
             if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
                 inc.escalated = True
                 await self.publish(inc, "escalated")
@@ -128,7 +134,7 @@ class ActionRunner:
     ) -> decide.Attempt:
         """The snapshot the gates decide on, without the cooldown and rate window (read from KV only
         once the local gates allow)."""
-        uncordon = action.on_resolve and action.kind == "uncordon"
+        uncordon = (action.on_resolve and action.kind == "uncordon") or action.kind == "return_to_service"
         return decide.Attempt(
             kind=action.kind,
             params=action.params,
@@ -143,6 +149,7 @@ class ActionRunner:
             lease_valid=self.lease.token is not None and self.lease.valid(),
             cordon_ours=uncordon and decide.cordon_ours(inc),
             held_elsewhere=uncordon and decide.held_elsewhere(inc, self.book.open.values()),
+            ladder_step=action.ladder,
         )
 
     async def _act(self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction) -> decide.Verdict:
@@ -155,7 +162,9 @@ class ActionRunner:
         verdict = decide.gate(attempt, decide.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
             limits = await self.limits.view(action.kind, inc.node, now)
-            verdict = decide.gate(dataclasses.replace(attempt, limits=limits), decide.STORED_GATES)
+            rebooting = await self.reboots(inc.node) if self.reboots and action.kind == "reboot_node" else 0
+            attempt = dataclasses.replace(attempt, limits=limits, reboots_elsewhere=rebooting)
+            verdict = decide.gate(attempt, decide.STORED_GATES)
         if not verdict.allowed:
             return verdict
         if spec is None:
@@ -181,7 +190,9 @@ class ActionRunner:
             dry_run=mode == "dry-run",
             deadline=now + 600.0,
         )
-        actuator = self.power if spec.actuator is actions.Actuator.POWER else self.scheduler
+        actuator = {actions.Actuator.POWER: self.power, actions.Actuator.GPU: self.gpu}.get(
+            spec.actuator, self.scheduler
+        )
         if actuator is None:
             return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
         await self.limits.record(action.kind, inc.node, inc.id, now)
@@ -190,6 +201,7 @@ class ActionRunner:
             action.attempts += 1
             if action.attempts <= self.cs.action_retries:
                 return decide.Verdict.wait(f"attempt {action.attempts} failed: {outcome.detail}")
+        action.facts = dict(outcome.facts)
         record = outcome.record(action.kind, now)
         detail = record.detail
         if outcome.dry_run and outcome.plan:

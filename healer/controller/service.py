@@ -38,7 +38,7 @@ from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import subjects as subjects_mod
 from healer.controller import admission as admission_mod
-from healer.controller import decide, kv, lease, policy, runner, supervisor, throttle
+from healer.controller import decide, kv, lease, policy, recovery, runner, supervisor, throttle
 from healer.controller import feed as feed_mod
 from healer.controller import incidents as incidents_mod
 from healer.controller import metrics as metrics_mod
@@ -81,6 +81,7 @@ class Controller:
         *,
         scheduler: actuators.Actuator,
         power: actuators.Actuator | None = None,
+        gpu: actuators.Actuator | None = None,
         metrics: metrics_mod.ControllerMetrics | None = None,
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
@@ -91,6 +92,8 @@ class Controller:
         self.subjects = subjects_mod.Subjects(settings.nats.prefix)
         self.scheduler = scheduler
         self.power = power
+        self.gpu = gpu
+        """GPU reset and validation through the node agent (recovery ladders); None: resets fail."""
         self.metrics = metrics or metrics_mod.ControllerMetrics()
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock = clock
@@ -170,6 +173,13 @@ class Controller:
             dry_breaker=self.dry_breaker, exclusions=self.exclusions, limits=self.limits, book=self.book,
             metrics=self.metrics, publish=self._save_publish, leader=lambda: self.leader,
             fleet_size=self._fleet_size, clock=self.clock, stop=self._stop, log=self.log,
+            gpu=self.gpu, reboots=lambda node: self.recovery.reboots(node),
+        )  # fmt: skip
+        self.recovery = recovery.Recovery(
+            self.cs, state_kv, self.book, scheduler=self.scheduler,
+            ladder_for=lambda rule_id: self.engine.rules.ladder_for(rule_id),
+            release=self.engine.release, publish=self._save_publish, spawn=self.actions.spawn,
+            clock=self.clock, log=self.log,
         )  # fmt: skip
         self.telemetry_bus = await self.bus.sibling("telemetry") if self.cs.telemetry_connection else self.bus
         self._disconnects = {"main": 0, "telemetry": 0}
@@ -271,6 +281,7 @@ class Controller:
         token = self.lease.token
         try:
             await self.book.load()
+            await self.recovery.load()
             self._restore_firings()
             await self.exclusions.refresh()
         except Exception as e:
@@ -300,8 +311,8 @@ class Controller:
         own terms (an event rule after its quiet period, a condition rule when its resolve condition
         holds on fresh data) instead of staying open for ever after a restart or a failover."""
         for inc in self.book.open.values():
-            if inc.node == "fleet":
-                continue  # the breaker's incident: `healer breaker reset` closes it
+            if inc.node == "fleet" or inc.rule_id == recovery.REPLACEMENT_RULE:
+                continue  # the breaker's incident, a replacement: a person closes them
             restored = self.engine.restore(
                 inc.rule_id, inc.node, inc.gpu_index, since=inc.opened_at,
                 last=max(inc.last_seen_firing, inc.updated_at), evidence=inc.evidence,
@@ -455,6 +466,7 @@ class Controller:
             for f in firings:
                 await self._handle(f, now)
             await self._retry_and_escalate(now)
+            await self.recovery.advance(now)
             self.feed.kick()
         except BaseException:
             # Not recorded: these events are acknowledged by a later tick, or handed back (nak) to the
@@ -479,6 +491,9 @@ class Controller:
             return
         assert inc is not None
         if change.change is decide.Change.RESOLVE:
+            if self.recovery.holds(inc.id):
+                await self.recovery.rule_resolved(inc)  # its recovery ladder closes it
+                return
             inc.state = "resolved"
             inc.resolved_at = self.clock()
             inc.evidence = {**inc.evidence, **change.evidence}
@@ -499,6 +514,7 @@ class Controller:
             scorer = self._learning_scorer()
             why = scorer.explain(f.node, f.gpu) if scorer is not None else {}
             inc.evidence.update({f"anomaly.{k}": v for k, v in why.items()})  # which component, against what
+        await self.recovery.opened(inc, now)
         await self._save_publish(inc, "opened")
         if inc.escalated:
             await self._save_publish(inc, "escalated")

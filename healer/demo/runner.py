@@ -23,7 +23,7 @@ import structlog
 import yaml
 
 from healer import config, errors
-from healer.actuators import factory, power
+from healer.actuators import factory, gpu_reset, power
 from healer.bus import base, provision, server, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
@@ -144,7 +144,8 @@ async def _run_with_server(
 
         ctl_bus = await connect("healer-demo-controller")
         await provision.ensure(ctl_bus, subj, s.nats)
-        ctl = service.Controller(s, ctl_bus, scheduler=factory.scheduler(s))
+        gpu = gpu_reset.GpuRecoveryActuator(ctl_bus, subj, s.actuators)
+        ctl = service.Controller(s, ctl_bus, scheduler=factory.scheduler(s), gpu=gpu)
         ctl.power = power.PowerActuator(ctl_bus, ctl, subj, s.actuators)
         await ctl.start()
         say(f"controller: mode {s.controller.mode}, actuator {s.controller.actuator}")

@@ -82,21 +82,29 @@ def _rules_of(path: pathlib.Path) -> list[dict[str, object]]:
     return [r for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
 
 
-def merge_rules(pack: pathlib.Path, overrides: pathlib.Path | None, out: pathlib.Path) -> list[str]:
-    """Write ``pack`` to ``out`` with the rules of ``overrides`` replacing those of the same id.
+def _ladders_of(path: pathlib.Path) -> list[dict[str, object]]:
+    ladders = _doc_of(path).get("ladders") or []
+    return [lad for lad in ladders if isinstance(lad, dict)] if isinstance(ladders, list) else []
 
-    Files of the pack without an overridden rule are copied byte for byte; the others are rewritten
-    without those rules, and the override files are added as ``zz-demo-<name>``. Returns the ids
+
+def merge_rules(pack: pathlib.Path, overrides: pathlib.Path | None, out: pathlib.Path) -> list[str]:
+    """Write ``pack`` to ``out`` with the rules (and ladders) of ``overrides`` replacing those of the
+    same id.
+
+    Files of the pack without an overridden rule or ladder are copied byte for byte; the others are
+    rewritten without them, and the override files are added as ``zz-demo-<name>``. Returns the ids
     overridden. The controller's own loader then checks the result as it checks any rules directory.
     """
     out.mkdir(parents=True, exist_ok=True)
     override_files = sorted(overrides.glob("*.yaml")) if overrides is not None else []
     replaced = {str(r.get("id")) for f in override_files for r in _rules_of(f)}
+    replaced |= {str(lad.get("id")) for f in override_files for lad in _ladders_of(f)}
     for f in sorted(pack.glob("*.yaml")):
-        rules = _rules_of(f)
-        if any(str(r.get("id")) in replaced for r in rules):
-            kept = [r for r in rules if str(r.get("id")) not in replaced]
-            doc = {**_doc_of(f), "rules": kept}  # a file's ladders stay with it
+        rules, ladders = _rules_of(f), _ladders_of(f)
+        if any(str(r.get("id")) in replaced for r in [*rules, *ladders]):
+            doc = {**_doc_of(f), "rules": [r for r in rules if str(r.get("id")) not in replaced]}
+            if ladders:
+                doc["ladders"] = [lad for lad in ladders if str(lad.get("id")) not in replaced]
             (out / f.name).write_text(yaml.safe_dump(doc, sort_keys=False))
         else:
             shutil.copyfile(f, out / f.name)

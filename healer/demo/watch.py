@@ -154,7 +154,8 @@ class Observer:
 
     def cordoned(self) -> list[str]:
         nodes = {a.node for a in self.actions if a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in OK}
-        nodes -= {a.node for a in self.actions if a.kind == "uncordon" and a.status in OK}
+        back = ("uncordon", "return_to_service")
+        nodes -= {a.node for a in self.actions if a.kind in back and a.status in OK}
         return sorted(nodes)
 
     def capped(self) -> list[Gpu]:
@@ -268,6 +269,9 @@ class Observer:
                 for i in hot_incidents
             ),
             "dbe_cordoned_and_migrated": has(row("ecc_dbe"), "cordon", "migrate"),
+            "dbe_reset_validated_returned": anyhas(
+                row("ecc_dbe"), "reset_gpu", "validate", "return_to_service"
+            ),
             "nvlink_cordoned": has(row("nvlink_crc_rising"), "cordon"),
             "silent_node_cordoned": has(row("node_silent"), "cordon"),
             "breaker_tripped": bool(self.breaker.get("open")),

@@ -6,6 +6,10 @@ feed), the scheduler verb it becomes, whether it takes capacity out of service (
 counts those) and whether it has a per-node cooldown. The controller, ``healer act`` and the demo read
 these facts from here. A rule names actions either bare (``cordon``) or with parameters
 (``power_limit: {percent_of_default: 80}``).
+
+The recovery ladder's steps (``reset_gpu``, ``validate``, ``reboot_node``, ``return_to_service``,
+``hardware_replacement``; healer.controller.recovery) are actions of the incident too, run through the
+same gates; the ``ladder_only`` ones are added by the controller, never named in a rule.
 """
 
 from __future__ import annotations
@@ -59,8 +63,10 @@ class Actuator(enum.Enum):
     """Kubernetes or Slurm (``scheduler_verb`` says what it is asked to do)."""
     POWER = "power"
     """The node agent, over the bus."""
+    GPU = "gpu"
+    """The node agent's GPU recovery commands (reset, validate), over the bus (actuators.gpu_reset)."""
     NONE = "none"
-    """Nobody: the controller records it (notify) or leaves it to a person (GPU reset)."""
+    """Nobody: the controller records it (notify, hardware_replacement)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,6 +86,8 @@ class ActionKind:
     per_node_cooldown: bool = False
     """Another incident's action of this kind on the same node waits ``action_cooldown_s`` (no cap /
     restore flapping). Cordon-like actions have none: they are idempotent and must never wait."""
+    ladder_only: bool = False
+    """A recovery-ladder step the controller adds to an incident; no rule may ask for it."""
 
 
 _SCHEDULER = Actuator.SCHEDULER
@@ -112,19 +120,41 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ),
         ActionKind("notify", NotifyParams, "incident only: record and publish, act on nothing"),
         ActionKind(
-            "reset_gpu", ResetParams, "reset the GPU once idle (row remap pending, XID 48/79 recovery)"
+            "reset_gpu", ResetParams,
+            "reset the GPU once idle (a recovery-ladder step; named in a rule it is only recorded)",
+            actuator=Actuator.GPU,
         ),
         ActionKind(
             "inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)",
             actuator=_SCHEDULER, scheduler_verb="cordon", takes_out_of_service=True,
         ),
+        ActionKind(
+            "validate", NoParams, "check the GPUs after a reset or reboot (soak, DBE, remaps, dcgmi diag)",
+            actuator=Actuator.GPU, ladder_only=True,
+        ),
+        ActionKind(
+            "reboot_node", NoParams, "reboot the node through the scheduler (Slurm scontrol reboot)",
+            actuator=_SCHEDULER, scheduler_verb="reboot_node", takes_out_of_service=True,
+            ladder_only=True,
+        ),
+        ActionKind(
+            "return_to_service", NoParams, "lift healer's own cordon once validation passed",
+            actuator=_SCHEDULER, scheduler_verb="uncordon", ladder_only=True,
+        ),
+        ActionKind(
+            "hardware_replacement", ReasonParams, "the node stays out until its GPU is replaced",
+            takes_out_of_service=True, ladder_only=True,
+        ),
     )
 }  # fmt: skip
+RULE_KINDS: Final[dict[str, ActionKind]] = {n: k for n, k in CATALOG.items() if not k.ladder_only}
+"""The actions a rule may name."""
 
 SCHEDULER_VERBS: Final[tuple[str, ...]] = tuple(
-    dict.fromkeys(k.scheduler_verb for k in CATALOG.values() if k.scheduler_verb is not None)
+    dict.fromkeys(k.scheduler_verb for k in RULE_KINDS.values() if k.scheduler_verb is not None)
 )
-"""What the scheduler actuators are asked to do (cordon, uncordon, migrate), in catalogue order."""
+"""What the scheduler actuators are asked to do for a rule (cordon, uncordon, migrate), in catalogue order
+(the ladder adds ``reboot_node``)."""
 TAKES_OUT_OF_SERVICE: Final[frozenset[str]] = frozenset(
     k.name for k in CATALOG.values() if k.takes_out_of_service
 )
@@ -144,9 +174,11 @@ class Action:
 
 def build(kind: str, params: Any) -> Action:
     """Validate one action. Raises ValueError with a readable message."""
-    spec = CATALOG.get(kind)
+    spec = RULE_KINDS.get(kind)
     if spec is None:
-        raise ValueError(f"unknown action {kind!r} (known: {', '.join(CATALOG)})")
+        if kind in CATALOG:
+            raise ValueError(f"{kind} is a recovery-ladder step: declare a ladder (ladders:) instead")
+        raise ValueError(f"unknown action {kind!r} (known: {', '.join(RULE_KINDS)})")
     if params is None:
         params = {}
     if not isinstance(params, dict):

@@ -202,6 +202,19 @@ class Engine:
             self._restores[key] = (since, known)
         return True
 
+    def release(self, rule_id: str, node: str, gpu: int | None) -> None:
+        """Forget that a firing is active, without resolving it: its incident was closed by someone else
+        (a recovery ladder that returned the node to service). The fault showing again fires anew."""
+        key = (rule_id, node, gpu)
+        self._active.pop(key, None)
+        self._restores.pop(key, None)
+        track = self._tracks.get(rule_id)
+        n = self.state.node_index(node)
+        if track is None or n is None or n >= track.state.shape[0]:
+            return
+        col = gpu if gpu is not None and gpu < track.state.shape[1] else 0
+        track.state[n, col] = _INACTIVE
+
     def _apply_restores(self) -> None:
         st = self.state
         for key, (since, known) in list(self._restores.items()):

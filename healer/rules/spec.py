@@ -28,7 +28,7 @@ def _duration(value: Any) -> Any:
 
 
 def _action_schema() -> dict[str, Any]:
-    bare = {"enum": list(actions.CATALOG), "description": "an action without parameters"}
+    bare = {"enum": list(actions.RULE_KINDS), "description": "an action without parameters"}
     with_params = [
         {
             "type": "object",
@@ -37,7 +37,7 @@ def _action_schema() -> dict[str, Any]:
             "additionalProperties": False,
             "description": kind.description,
         }
-        for name, kind in actions.CATALOG.items()
+        for name, kind in actions.RULE_KINDS.items()
     ]
     return {"type": "array", "items": {"anyOf": [bare, *with_params]}}
 

@@ -26,7 +26,7 @@ import structlog
 from healer import errors
 from healer.agent import commands as agent_commands
 from healer.bus import base, subjects
-from healer.schemas import codec
+from healer.schemas import codec, events, telemetry
 from healer.sim import engine, fleet, frames
 from healer.telemetry import source
 
@@ -53,6 +53,20 @@ class NodePower:
 
     def gpu_indices(self) -> list[int]:
         return [int(g) for g in self._fleet.present[self._node].nonzero()[0]]
+
+    # GPU recovery (reset_gpu): the fleet's reset model; the controller drained the node first
+    def compute_processes(self, index: int) -> list[int]:
+        self._fleet.power_limits(self._node, index)  # the same checks: no such GPU, a lost GPU
+        return []
+
+    def device_info(self, index: int) -> dict[str, str | None]:
+        name = self._fleet.node_names[self._node]
+        return {"uuid": None, "serial": f"SIM-{name}-{index:02d}", "board_part_number": "sim",
+                "vbios_version": "sim", "driver_version": "sim"}  # fmt: skip
+
+    def reset_gpu(self, index: int, timeout_s: float) -> str:
+        self._fleet.reset_gpu_checked(self._node, index)
+        return f"simulated GPU {index} reset"
 
 
 @dataclasses.dataclass
@@ -93,6 +107,10 @@ class LiveFleet:
         self._telemetry = [subj.telemetry(n) for n in names]
         self._events_subject = [subj.events(n) for n in names]
         self._executors: dict[int, agent_commands.CommandExecutor] = {}
+        self._latest: dict[int, bytes] = {}
+        """Each node's newest frame (what validation reads, as the agent's own newest frame)."""
+        self._recent: dict[int, list[tuple[float, dict[str, Any]]]] = {}
+        """Each node's recent events, with the time they were published (validation's quiet soak)."""
         self._unsent: list[dict[str, Any]] = []
         self._sub: base.Subscription | None = None
         self._last: float | None = None
@@ -111,10 +129,24 @@ class LiveFleet:
         if ex is None:
             power = NodePower(self.sim.fleet, node)
             ex = agent_commands.CommandExecutor(
-                self.sim.fleet.node_names[node], power, None, clock=self.clock, gpu_indices=power.gpu_indices
-            )
+                self.sim.fleet.node_names[node], power, None, clock=self.clock,
+                gpu_indices=power.gpu_indices, gpu=power, health=lambda since: self._health(node, since),
+            )  # fmt: skip
             self._executors[node] = ex
         return ex
+
+    def _health(self, node: int, since: float | None) -> agent_commands.Health:
+        gpus: list[telemetry.GpuSample] = []
+        expected: int | None = None
+        if node in self._latest:
+            frame = codec.decode_frame(self._latest[node])
+            gpus, expected = list(frame.gpus), frame.gpus_expected
+        recent = [
+            events.NodeEvent.model_validate(e)
+            for ts, e in self._recent.get(node, [])
+            if since is not None and ts >= since and e.get("kind") not in ("agent_start", "agent_stop")
+        ]
+        return agent_commands.Health(gpus, expected, recent)
 
     async def _on_command(self, msg: base.Msg) -> None:
         node = self._index.get(self.subjects.node_of(msg.subject))
@@ -148,6 +180,7 @@ class LiveFleet:
         sent = 0
         try:
             for node, data in out:
+                self._latest[node] = data
                 await self.bus.publish(self._telemetry[node], data)
                 sent += 1
         except errors.TemporaryError as e:
@@ -164,6 +197,11 @@ class LiveFleet:
 
     async def _publish_events(self, evts: list[dict[str, Any]]) -> None:
         self._unsent = []
+        now = self.clock()
+        for e in evts:
+            recent = self._recent.setdefault(self._index[e["node"]], [])
+            recent.append((now, e))
+            del recent[:-100]
         for i in range(0, len(evts), EVENT_BATCH):
             batch = evts[i : i + EVENT_BATCH]
             results = await asyncio.gather(

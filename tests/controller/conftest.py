@@ -98,9 +98,12 @@ class Harness:
         await self.bus.subscribe("healer.incidents.>", self.feed)
         return self.bus
 
-    async def controller(self, actuator: testing.RecordingActuator, **controller: Any) -> service.Controller:
+    async def controller(
+        self, actuator: testing.RecordingActuator, gpu: Any = None, **controller: Any
+    ) -> service.Controller:
+        """A controller on its own connection; ``gpu``: its GPU recovery actuator (recovery ladders)."""
         bus = await natsbus.NatsBus.connect(self.srv.url, name=f"controller-{len(self.controllers)}")
-        ctl = service.Controller(self.settings(**controller), bus, scheduler=actuator)
+        ctl = service.Controller(self.settings(**controller), bus, scheduler=actuator, gpu=gpu)
         await ctl.start()
         self.controllers.append((ctl, bus))
         return ctl

@@ -121,9 +121,32 @@ def test_gpu_resets_and_excluded_nodes_are_skipped() -> None:
     reset = decide.gate(attempt(kind="reset_gpu"))
     assert reset.gate is decide.Gate.SETTLE
     assert reset.status == "skipped"
-    assert "by hand" in reset.reason
+    assert "recovery-ladder step" in reset.reason
+    assert decide.gate(attempt(kind="reset_gpu", ladder_step=True)).allowed
     excluded = decide.gate(attempt(excluded={"by": "ops", "reason": "bios"}))
     assert excluded == decide.Verdict.settle("skipped", "node excluded for maintenance by ops: bios")
+    rung = decide.gate(attempt(kind="reboot_node", ladder_step=True, excluded={"by": "ops", "reason": "x"}))
+    assert rung.status == "skipped"  # exclusions apply to every rung
+
+
+def test_reboots_wait_at_max_concurrent_reboots() -> None:
+    s = config.ControllerSettings(max_concurrent_reboots=2)
+    assert decide.gate(attempt(kind="reboot_node", settings=s, reboots_elsewhere=1)).allowed
+    at_limit = decide.gate(attempt(kind="reboot_node", settings=s, reboots_elsewhere=2))
+    assert at_limit.gate is decide.Gate.WAIT
+    assert "max_concurrent_reboots" in at_limit.reason
+    assert decide.gate(attempt(kind="cordon", settings=s, reboots_elsewhere=5)).allowed
+
+
+def test_a_ladders_return_to_service_only_lifts_healers_own_cordon() -> None:
+    ours = decide.gate(attempt(kind="return_to_service", ladder_step=True, cordon_ours=True))
+    assert ours.allowed
+    theirs = decide.gate(attempt(kind="return_to_service", ladder_step=True, cordon_ours=False))
+    assert theirs.status == "skipped"
+    assert "did not take this node out" in theirs.reason
+    held = decide.gate(attempt(kind="return_to_service", cordon_ours=True, held_elsewhere=True))
+    assert held.status == "skipped"
+    assert "another open incident" in held.reason
 
 
 def test_observe_mode_is_decided_before_anything_else() -> None:
@@ -210,7 +233,19 @@ def test_the_breaker_limit_is_the_smaller_of_nodes_and_percent_but_at_least_one(
 
 def test_the_catalogue_says_who_runs_each_action() -> None:
     assert actions.SCHEDULER_VERBS == ("cordon", "uncordon", "migrate")
-    assert {"cordon", "drain", "migrate", "inspect"} == actions.TAKES_OUT_OF_SERVICE
+    # a reboot takes capacity out (the breaker counts it); a replacement holds the node out
+    assert {"cordon", "drain", "migrate", "inspect", "reboot_node", "hardware_replacement"} == (
+        actions.TAKES_OUT_OF_SERVICE
+    )
+    assert {k for k, a in actions.CATALOG.items() if a.actuator is actions.Actuator.GPU} == {
+        "reset_gpu",
+        "validate",
+    }
+    assert set(actions.CATALOG) - set(actions.RULE_KINDS) == {
+        "validate", "reboot_node", "return_to_service", "hardware_replacement",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="recovery-ladder step"):
+        actions.build("reboot_node", None)
     assert {k for k, a in actions.CATALOG.items() if a.per_node_cooldown} == {"power_limit"}
     assert {k for k, a in actions.CATALOG.items() if a.actuator is actions.Actuator.POWER} == {
         "power_limit",

@@ -64,6 +64,7 @@ def test_compressed_story_shows_every_step_in_the_json_summary() -> None:
         "overheat_capped": True,
         "overheat_resolved_and_restored": True,
         "dbe_cordoned_and_migrated": True,
+        "dbe_reset_validated_returned": True,
         "nvlink_cordoned": True,
         "silent_node_cordoned": True,
         "breaker_tripped": True,
@@ -81,7 +82,8 @@ def test_compressed_story_shows_every_step_in_the_json_summary() -> None:
     assert summary["actions"]["cordon:refused"] == 6
     assert summary["breaker"]["open"] is True
     assert summary["breaker"]["limit"] == 3
-    assert sorted(summary["cordoned_nodes"]) == ["sim-00007", "sim-00011", "sim-00013"]
+    # sim-00007's DBE: reset, validated, returned to service by its recovery ladder
+    assert sorted(summary["cordoned_nodes"]) == ["sim-00011", "sim-00013"]
     assert summary["incidents"]["unexpected"] == []
     assert summary["interrupted"] is False
 

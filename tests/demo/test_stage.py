@@ -20,7 +20,7 @@ PACK = pathlib.Path(__file__).resolve().parents[2] / "rules"
 
 def test_merged_pack_replaces_only_the_overridden_rules(tmp_path: pathlib.Path) -> None:
     replaced = stage.merge_rules(PACK, stage.default_overrides(), tmp_path)
-    assert replaced == ["gpu-temp-near-slowdown"]
+    assert replaced == ["gpu-temp-near-slowdown", "reset-then-reboot"]
     merged = loader.load_paths([tmp_path])
     shipped = loader.load_paths([PACK])
     assert merged.ruleset is not None, merged.errors
@@ -30,8 +30,15 @@ def test_merged_pack_replaces_only_the_overridden_rules(tmp_path: pathlib.Path) 
     original = next(r for r in shipped.ruleset.rules if r.id == "gpu-temp-near-slowdown")
     assert override.for_s == 10
     assert original.for_s == 60
+    ladder = next(lad for lad in merged.ruleset.ladders if lad.id == "reset-then-reboot")
+    assert ladder.soak_s == 20  # the demo's timing; the same rungs and rules as shipped
+    shipped_ladder = next(lad for lad in shipped.ruleset.ladders if lad.id == "reset-then-reboot")
+    assert (ladder.steps, ladder.rules) == (shipped_ladder.steps, shipped_ladder.rules)
+    assert sorted(lad.id for lad in merged.ruleset.ladders) == sorted(
+        lad.id for lad in shipped.ruleset.ladders
+    )
     for f in PACK.glob("*.yaml"):
-        if f.name != "thermal.yaml":
+        if f.name not in ("thermal.yaml", "ladders.yaml"):
             assert (tmp_path / f.name).read_bytes() == f.read_bytes()
 
 
