@@ -289,6 +289,10 @@ class ControllerSettings(_Group):
     """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
     repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)
     """Window for counting repeat faults on one GPU."""
+    correlate_window_s: float = pydantic.Field(default=120.0, ge=0)
+    """A rule firing on a GPU (or a node-scope rule on a node) that has an incident opened less than this
+    long ago joins it instead of opening another: one incident per fault (docs/controller.md); 0 turns
+    correlation off."""
     power_cap_escalate_s: float = pydantic.Field(default=900.0, gt=0)
     """An incident still firing this long after its power cap escalates to a cordon (the ladder)."""
     action_retries: int = pydantic.Field(default=3, ge=0)

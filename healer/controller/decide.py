@@ -1,8 +1,11 @@
 """What the controller decides, as pure functions: state and time in, typed decisions out, no I/O.
 
-Two kinds of decision live here. **Incident changes**: what a rule firing does to the incident book
+Three kinds of decision live here. **Incident changes**: what a rule firing does to the incident book
 (open one, refresh its evidence, resolve it and queue its on_resolve actions, or nothing), the repeat-fault
 escalation of a new incident, and the escalation ladder (a power cap that did not help becomes a cordon).
+**Correlation**: whether a new firing is another signal of a fault that already has an incident (the
+same GPU, or the same node for a node-scope rule, within ``correlate_window_s``), and what joining it
+changes (``correlate``, ``join``): one incident per fault, its actions the union of the rules' actions.
 **Gates**: whether one planned action may reach its actuator now. Each gate is a small check over an
 ``Attempt`` (a snapshot the shell gathers: mode, exclusions, the cooldown and rate window, the lease, the
 other incidents on the node) returning a ``Verdict``: ``ALLOW`` (on to the next gate), ``WAIT`` (retry
@@ -24,11 +27,12 @@ from typing import Any
 
 from healer import config
 from healer.controller import incidents as book
-from healer.rules import actions, engine
+from healer.rules import actions, engine, ruleset
 from healer.schemas import incidents
 
 EPISODE_S = 120.0
-"""Incidents on one GPU opened within this long of each other count as one fault episode."""
+"""Incidents on one GPU opened within this long of each other count as one fault episode (also the
+default ``correlate_window_s``: firings that close together join one incident in the first place)."""
 OK: tuple[incidents.ActionStatus, ...] = ("done", "already-done", "planned", "skipped")
 """Statuses after which the next action of the incident runs."""
 
@@ -303,6 +307,9 @@ class Change(enum.Enum):
     SEEN = "seen"
     """Still firing: only ``last_seen_firing`` moves (nothing is published)."""
     RESOLVE = "resolve"
+    PART = "part"
+    """One signal of a joined incident resolved, another still holds it open: the signal is marked
+    resolved (stored, not published); the incident and its actions stay."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -313,19 +320,36 @@ class FiringChange:
     on_resolve: tuple[book.PlannedAction, ...] = ()
 
 
-def on_firing(f: engine.Firing, inc: book.Incident | None) -> FiringChange:
-    """What one firing does to its incident (``inc``: the open incident of its key, or None)."""
+RuleOf = Callable[[str], ruleset.Rule | None]
+"""Finds a loaded rule by id (``Engine.rules.by_id``)."""
+
+
+def _no_rule(rule_id: str) -> ruleset.Rule | None:
+    return None
+
+
+def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no_rule) -> FiringChange:
+    """What one firing does to its incident (``inc``: the open incident one of whose signals has the
+    firing's key, or None). A joined incident resolves when its last holding signal does; its on_resolve
+    actions are then those of every joined rule (``rule_of`` finds the others), each kind once."""
     if f.status == "resolved":
         if inc is None or inc.state == "resolved":
             return FiringChange(Change.NONE)
+        if any(s.open and s.key(inc.node) != f.key for s in inc.signals):
+            return FiringChange(Change.PART)
         forgotten = f.evidence.get("reason") == engine.FORGOTTEN  # the node left: undo nothing on it
+        rules = [f.rule if s.key(inc.node) == f.key else rule_of(s.rule_id) for s in inc.signals]
+        if not any(r is f.rule for r in rules):
+            rules.insert(0, f.rule)
+        planned: list[book.PlannedAction] = []
+        if not forgotten:
+            for rule in rules:
+                if rule is not None:
+                    planned = union(planned, rule.on_resolve, on_resolve=True)
         return FiringChange(
             Change.RESOLVE,
             evidence={f"resolve.{k}": v for k, v in f.evidence.items()},
-            on_resolve=tuple(
-                book.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=True)
-                for a in ([] if forgotten else f.rule.on_resolve)
-            ),
+            on_resolve=tuple(planned),
         )
     if inc is None:
         return FiringChange(Change.OPEN, evidence=dict(f.evidence))
@@ -342,6 +366,7 @@ def new_incident(
     rule = f.rule
     where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
     inc = book.Incident(
+        signals=[signal_of(f, now)],
         id=incident_id,
         rule_id=rule.id,
         severity=rule.severity,
@@ -357,14 +382,179 @@ def new_incident(
         last_seen_firing=now,
         actions=[book.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions],
     )
-    if repeats >= settings.repeat_faults and f.gpu is not None:
-        inc.escalated = True
-        inc.summary += (
-            f" (fault #{repeats} on this GPU within {settings.repeat_window_s:g}s: inspect hardware)"
-        )
-        if not any(a.kind == "inspect" for a in inc.actions):
-            inc.actions.append(book.PlannedAction(kind="inspect", params={"reason": "repeat faults"}))
+    if f.gpu is not None:
+        escalate_repeat(inc, repeats, settings)
     return inc
+
+
+def escalate_repeat(inc: book.Incident, repeats: int, settings: config.ControllerSettings) -> bool:
+    """The ``repeats``-th fault episode on the incident's GPU within ``repeat_window_s``: escalated, and
+    an ``inspect`` action added. True when this escalated it."""
+    if repeats < settings.repeat_faults:
+        return False
+    inc.escalated = True
+    inc.summary += f" (fault #{repeats} on this GPU within {settings.repeat_window_s:g}s: inspect hardware)"
+    if not any(a.kind == "inspect" for a in inc.actions):
+        inc.actions.append(book.PlannedAction(kind="inspect", params={"reason": "repeat faults"}))
+    return True
+
+
+# -- correlation: one incident per fault --------------------------------------------------------------
+def holds(rule: ruleset.Rule) -> bool:
+    """A firing of this rule holds its incident open until it resolves. An event rule without
+    ``resolve`` never resolves (each event fires anew): its signal is evidence only."""
+    return not (rule.on_event is not None and rule.resolve_for_s <= 0)
+
+
+def signal_of(f: engine.Firing, now: float) -> book.Signal:
+    return book.Signal(
+        rule_id=f.rule.id, gpu_index=f.gpu, gpu_uuid=f.gpu_uuid, since=now, last_seen_firing=now,
+        holds=holds(f.rule), evidence=dict(f.evidence),
+    )  # fmt: skip
+
+
+def same_gpu(inc: book.Incident, f: engine.Firing) -> bool:
+    """The incident is about the firing's GPU: by UUID where both are known (an index can change at a
+    reboot), else by index."""
+    if inc.gpu_uuid is not None and f.gpu_uuid is not None:
+        return inc.gpu_uuid == f.gpu_uuid
+    return f.gpu is not None and inc.gpu_index == f.gpu
+
+
+def correlate(
+    f: engine.Firing, open_incidents: Iterable[book.Incident], now: float, window_s: float
+) -> book.Incident | None:
+    """The open incident a firing that has none joins, or None (it opens its own).
+
+    Candidates are the node's open incidents opened less than ``window_s`` ago (0 turns correlation
+    off). A GPU firing joins the newest one about the same GPU; failing that, the node's only GPU-less
+    incident (a node-scope signal such as ``gpus_missing`` that fired first: the incident then takes the
+    GPU). A node-scope firing joins the node's only candidate; with two or more it cannot tell which
+    fault it belongs to and opens its own."""
+    if window_s <= 0:
+        return None
+    recent = [
+        i for i in open_incidents
+        if i.node == f.node and i.state != "resolved" and 0 <= now - i.opened_at < window_s
+    ]  # fmt: skip
+    if f.gpu is None:
+        return recent[0] if len(recent) == 1 else None
+    same = [i for i in recent if same_gpu(i, f)]
+    if same:
+        return max(same, key=lambda i: i.opened_at)
+    gpuless = [i for i in recent if i.gpu_index is None]
+    return gpuless[0] if len(gpuless) == 1 else None
+
+
+def stronger(kind: str, current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of one action kind two joined rules both ask for: the stronger where they
+    differ. A power cap: the lower limit (a limit in watts and one in percent cannot be compared
+    without the GPU's default: the first stays); a GPU reset: at once rather than when idle; a reason
+    or a message: the first, a missing one filled from the other."""
+    if kind == "power_limit":
+        for unit in ("watts", "percent_of_default"):
+            if current.get(unit) is not None and wanted.get(unit) is not None:
+                return {unit: min(current[unit], wanted[unit])}
+        return dict(current)
+    if kind == "reset_gpu":
+        return {"when_idle": bool(current.get("when_idle", True)) and bool(wanted.get("when_idle", True))}
+    return {**wanted, **current}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Merge:
+    """What a rule's actions add to those already planned: each kind once."""
+
+    params: dict[int, dict[str, Any]]
+    """Index in the plan → the stronger parameters of a kind planned and not tried yet (one already
+    carried out stays as it was)."""
+    add: tuple[book.PlannedAction, ...]
+    """The kinds not planned yet, appended in the rule's order."""
+
+
+def merge(
+    planned: Sequence[book.PlannedAction], wanted: Iterable[actions.Action], *, on_resolve: bool = False
+) -> Merge:
+    params: dict[int, dict[str, Any]] = {}
+    add: list[book.PlannedAction] = []
+    for a in wanted:
+        i = next((n for n, p in enumerate(planned) if p.kind == a.kind and p.on_resolve == on_resolve), None)
+        if i is not None:
+            if planned[i].status is None:
+                params[i] = stronger(a.kind, params.get(i, planned[i].params), a.params)
+        elif not any(p.kind == a.kind for p in add):
+            add.append(book.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=on_resolve))
+        else:
+            n = next(n for n, p in enumerate(add) if p.kind == a.kind)
+            add[n] = add[n].model_copy(update={"params": stronger(a.kind, add[n].params, a.params)})
+    return Merge({i: p for i, p in params.items() if p != planned[i].params}, tuple(add))
+
+
+def union(
+    planned: Sequence[book.PlannedAction], wanted: Iterable[actions.Action], *, on_resolve: bool = False
+) -> list[book.PlannedAction]:
+    """A new plan: ``planned`` (copies) with ``wanted`` merged in (``merge``)."""
+    m = merge(planned, wanted, on_resolve=on_resolve)
+    out = [
+        p.model_copy(update={"params": m.params[i]}) if i in m.params else p for i, p in enumerate(planned)
+    ]
+    return [*out, *m.add]
+
+
+def evidence_of(inc: book.Incident) -> dict[str, Any]:
+    """The incident's evidence: the opening signal's values as they are; once others joined, each
+    joined signal's values prefixed with its rule id, and ``signals`` listing every rule, first first."""
+    first, *rest = inc.signals
+    evidence: dict[str, Any] = dict(first.evidence)
+    if rest:
+        evidence["signals"] = ",".join(s.rule_id for s in inc.signals)
+        for s in rest:
+            evidence.update({f"{s.rule_id}.{k}": v for k, v in s.evidence.items()})
+    return evidence
+
+
+def max_severity(a: incidents.Severity, b: incidents.Severity) -> incidents.Severity:
+    return max(a, b, key=lambda s: incidents.SEVERITY_LEVELS[s].rank)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Join:
+    """What joining a firing changes on the incident it correlates with (``apply`` carries it out)."""
+
+    signal: book.Signal
+    severity: incidents.Severity
+    summary: str
+    labels: dict[str, str]
+    actions: Merge
+    """New kinds appended (pending), pending ones strengthened."""
+    gpu: tuple[int, str | None] | None = None
+    """A GPU-less incident takes the GPU (index, UUID) of the GPU signal that joined it."""
+
+    def apply(self, inc: book.Incident) -> None:
+        """Change ``inc`` in place (an action task may hold it)."""
+        inc.signals.append(self.signal)
+        inc.severity, inc.summary, inc.labels = self.severity, self.summary, self.labels
+        for i, params in self.actions.params.items():
+            inc.actions[i].params = params
+        inc.actions.extend(self.actions.add)
+        if self.gpu is not None:
+            inc.gpu_index, inc.gpu_uuid = self.gpu
+        inc.evidence = evidence_of(inc)
+
+
+def join(inc: book.Incident, f: engine.Firing, now: float) -> Join:
+    """``f`` (a firing ``correlate`` matched with ``inc``) becomes another signal of ``inc``: the
+    incident takes the higher severity, the union of the actions and says which rule joined."""
+    adopt = inc.gpu_index is None and f.gpu is not None
+    where = f" (GPU {f.gpu})" if adopt else ""
+    return Join(
+        signal=signal_of(f, now),
+        severity=max_severity(inc.severity, f.rule.severity),
+        summary=f"{inc.summary}; joined by {f.rule.id}{where}",
+        labels={**f.rule.labels, **inc.labels},
+        actions=merge(inc.actions, f.rule.actions),
+        gpu=(f.gpu, f.gpu_uuid) if adopt and f.gpu is not None else None,
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,5 +1,11 @@
 """Incidents: what the controller knows is wrong, keyed by (rule, node, gpu), kept in KV ``healer-state``.
 
+One fault often fires several rules at once (a double-bit ECC error: the DBE counter and XID 48). The
+controller joins such firings into one incident (``decide.correlate``): each rule's firing is a
+``Signal`` of the incident, the first one the signal that opened it. The book finds an incident by any
+of its signals' keys, and the signals are stored with the incident, so a restarted or newly elected
+controller keeps the join and resolves the incident only when every signal has resolved.
+
 An incident is written to KV before anything is published or done about it, and every change bumps its
 ``seq``; feed event ids are ``<incident id>.<seq>``, so a controller that crashes between writing and
 publishing publishes the same id again and JetStream drops the duplicate. A restarted (or newly elected)
@@ -46,6 +52,32 @@ class PlannedAction(pydantic.BaseModel):
     """What the actuator read on the way (validate: the GPU's serial, board part, VBIOS, driver)."""
 
 
+class Signal(pydantic.BaseModel):
+    """One rule's firing that is part of an incident: the first opened it, the others joined it."""
+
+    rule_id: str
+    gpu_index: int | None = None
+    """The firing's GPU (None for a node-scope rule)."""
+    gpu_uuid: str | None = None
+    since: float = 0.0
+    """When it opened or joined the incident."""
+    last_seen_firing: float = 0.0
+    resolved_at: float | None = None
+    """When this firing resolved; None while it fires."""
+    holds: bool = True
+    """The incident stays open until this signal resolves. False for a rule that never resolves (an
+    event rule without ``resolve``): its signal is evidence only."""
+    evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
+
+    def key(self, node: str) -> Key:
+        return (self.rule_id, node, self.gpu_index)
+
+    @property
+    def open(self) -> bool:
+        """Still holds the incident open."""
+        return self.holds and self.resolved_at is None
+
+
 class Incident(pydantic.BaseModel):
     id: str
     rule_id: str
@@ -65,10 +97,31 @@ class Incident(pydantic.BaseModel):
     actions: list[PlannedAction] = pydantic.Field(default_factory=list)
     escalated: bool = False
     last_seen_firing: float = 0.0
+    signals: list[Signal] = pydantic.Field(default_factory=list)
+    """Every rule firing joined in this incident, the one that opened it first (never empty once
+    validated: an incident stored before signals existed gets its own rule's)."""
+
+    @pydantic.model_validator(mode="after")
+    def _first_signal(self) -> Incident:
+        if not self.signals:
+            first = Signal(
+                rule_id=self.rule_id, gpu_index=self.gpu_index, gpu_uuid=self.gpu_uuid,
+                since=self.opened_at, last_seen_firing=self.last_seen_firing, evidence=dict(self.evidence),
+            )  # fmt: skip
+            self.signals.append(first)
+        return self
 
     @property
     def key(self) -> Key:
-        return (self.rule_id, self.node, self.gpu_index)
+        """The key of the signal that opened it (its GPU may be taken later, see ``decide.join``)."""
+        return self.signals[0].key(self.node)
+
+    @property
+    def keys(self) -> list[Key]:
+        return [s.key(self.node) for s in self.signals]
+
+    def signal(self, key: Key) -> Signal | None:
+        return next((s for s in self.signals if s.key(self.node) == key), None)
 
     def records(self) -> list[incidents.ActionRecord]:
         return [
@@ -104,11 +157,15 @@ class Book:
     def __init__(self, store: kv.Store) -> None:
         self.store = store
         self.open: dict[Key, Incident] = {}
+        """Open incidents by the key of the signal that opened them."""
+        self.by_signal: dict[Key, Incident] = {}
+        """Open incidents by every signal's key (what ``get`` reads)."""
         self.resolving: dict[str, Incident] = {}
         """Resolved incidents whose on_resolve actions (restore, uncordon) have not all run yet."""
 
     async def load(self) -> int:
         self.open.clear()
+        self.by_signal.clear()
         self.resolving.clear()
         for key in await self.store.keys(PREFIX):
             doc = await self.store.get(key)
@@ -122,12 +179,25 @@ class Book:
             if inc.state == "resolved":
                 self.resolving[inc.id] = inc
             else:
-                self.open[inc.key] = inc
+                self._index(inc)
         log.info("incidents.loaded", open=len(self.open), resolving=len(self.resolving))
         return len(self.open)
 
     def get(self, key: Key) -> Incident | None:
-        return self.open.get(key)
+        """The open incident one of whose signals has this key."""
+        return self.by_signal.get(key)
+
+    def _index(self, inc: Incident) -> None:
+        self.open[inc.key] = inc
+        for key in inc.keys:
+            self.by_signal[key] = inc
+
+    def _unindex(self, inc: Incident) -> None:
+        if self.open.get(inc.key) is inc:
+            del self.open[inc.key]
+        for key in inc.keys:
+            if self.by_signal.get(key) is inc:
+                del self.by_signal[key]
 
     def all(self) -> list[Incident]:
         return [*self.open.values(), *self.resolving.values()]
@@ -136,8 +206,7 @@ class Book:
         """Persist. A resolved incident leaves KV once its on_resolve actions have run (the feed keeps its
         history). The caller bumps ``seq`` when the change is published."""
         if inc.state == "resolved":
-            if self.open.get(inc.key) is inc:
-                del self.open[inc.key]
+            self._unindex(inc)
             if any(a.status is None for a in inc.actions):
                 self.resolving[inc.id] = inc
             else:
@@ -145,7 +214,7 @@ class Book:
                 await self.store.delete(PREFIX + inc.id)
                 return
         elif inc.node != "fleet":
-            self.open[inc.key] = inc
+            self._index(inc)
         await self.store.put(PREFIX + inc.id, inc.model_dump(mode="json"))
 
     def by_severity(self) -> dict[str, int]:

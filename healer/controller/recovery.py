@@ -345,7 +345,8 @@ class Recovery:
             inc.evidence["outcome"] = "recovered"
         inc.state = "resolved"
         inc.resolved_at = now
-        self.release(inc.rule_id, inc.node, inc.gpu_index)
+        for signal in inc.signals:  # every rule that joined the fault, not only the first
+            self.release(signal.rule_id, inc.node, signal.gpu_index)
         await self.publish(inc, "resolved")
 
     async def _replacement(

@@ -57,6 +57,7 @@ EVENTS_PULL_S = 0.5
 """Longest one pull for events waits on the server (short: a pull never outlives a reconnect by much)."""
 EVENTS_ACK_WAIT_S = 60.0
 """The events consumer's ack wait: an event delivered and not acknowledged is redelivered after it."""
+RULE_MISSING = "no loaded rule has this id: the incident stays open until a person resolves it"
 FETCH_LOG_S = 10.0
 """At most one ``controller.events_fetch_failed`` line per this many seconds (all are counted)."""
 
@@ -313,16 +314,18 @@ class Controller:
         for inc in self.book.open.values():
             if inc.node == "fleet" or inc.rule_id == recovery.REPLACEMENT_RULE:
                 continue  # the breaker's incident, a replacement: a person closes them
-            restored = self.engine.restore(
-                inc.rule_id, inc.node, inc.gpu_index, since=inc.opened_at,
-                last=max(inc.last_seen_firing, inc.updated_at), evidence=inc.evidence,
-                gpu_uuid=inc.gpu_uuid,
-            )  # fmt: skip
-            if not restored:
-                self.log.warning(
-                    "controller.incident_rule_missing", incident_id=inc.id, rule_id=inc.rule_id,
-                    detail="no loaded rule has this id: the incident stays open until a person resolves it",
+            # A signal resolved already (or that never resolves) leaves the engine nothing to follow.
+            for signal in (s for s in inc.signals if s.open):
+                restored = self.engine.restore(
+                    signal.rule_id, inc.node, signal.gpu_index, since=signal.since,
+                    last=max(signal.last_seen_firing, inc.updated_at),
+                    evidence=signal.evidence, gpu_uuid=signal.gpu_uuid,
                 )  # fmt: skip
+                if not restored:
+                    self.log.warning(
+                        "controller.incident_rule_missing", incident_id=inc.id, rule_id=signal.rule_id,
+                        detail=RULE_MISSING,
+                    )  # fmt: skip
 
     # -- ingest ------------------------------------------------------------------------------------
     def _mine(self, node: str) -> bool:
@@ -483,13 +486,20 @@ class Controller:
     async def _handle(self, f: engine_mod.Firing, now: float) -> None:
         """Carry out what ``decide.on_firing`` says a firing does to its incident."""
         inc = self.book.get(f.key)
-        change = decide.on_firing(f, inc)
+        change = decide.on_firing(f, inc, self.engine.rules.by_id)
         if change.change is decide.Change.NONE:
             return
         if change.change is decide.Change.OPEN:
             await self._open(f, now)
             return
         assert inc is not None
+        signal = inc.signal(f.key)
+        assert signal is not None
+        if change.change in (decide.Change.RESOLVE, decide.Change.PART):
+            signal.resolved_at = now
+        if change.change is decide.Change.PART:
+            await self.book.save(inc)  # the join survives a restart; the incident changes in nothing else
+            return
         if change.change is decide.Change.RESOLVE:
             if self.recovery.holds(inc.id):
                 await self.recovery.rule_resolved(inc)  # its recovery ladder closes it
@@ -502,12 +512,17 @@ class Controller:
             if any(a.on_resolve and a.status is None for a in inc.actions):
                 self.actions.spawn(inc)
             return
-        inc.last_seen_firing = now
+        inc.last_seen_firing = signal.last_seen_firing = now
         if change.change is decide.Change.REFRESH:
-            inc.evidence = change.evidence
+            signal.evidence, signal.resolved_at = change.evidence, None
+            inc.evidence = decide.evidence_of(inc)
             await self._save_publish(inc, "updated")
 
     async def _open(self, f: engine_mod.Firing, now: float) -> None:
+        into = decide.correlate(f, self.book.open.values(), now, self.cs.correlate_window_s)
+        if into is not None:
+            await self._join(into, f, now)
+            return
         repeats = await self._count_repeat(f.node, f.gpu, now)
         inc = decide.new_incident(f, incidents_mod.new_id(), now, self.cs.mode, repeats, self.cs)
         if f.gpu is not None and self.scorer is not None and "anomaly_score" in (f.rule.when_text or ""):
@@ -519,6 +534,21 @@ class Controller:
         if inc.escalated:
             await self._save_publish(inc, "escalated")
         self.actions.spawn(inc)
+
+    async def _join(self, inc: incidents_mod.Incident, f: engine_mod.Firing, now: float) -> None:
+        """Another signal of the fault ``inc`` is about: one ``updated`` change, and the actions the
+        joining rule adds run after the incident's own."""
+        joined = decide.join(inc, f, now)
+        joined.apply(inc)
+        escalated = False
+        if joined.gpu is not None:  # a node-scope incident became this GPU's fault: its episode counts
+            repeats = await self._count_repeat(inc.node, inc.gpu_index, now)
+            escalated = decide.escalate_repeat(inc, repeats, self.cs)
+        await self._save_publish(inc, "updated")
+        if escalated:
+            await self._save_publish(inc, "escalated")
+        if any(a.status is None for a in inc.actions):
+            self.actions.spawn(inc)
 
     async def _count_repeat(self, node: str, gpu: int | None, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""

@@ -251,3 +251,183 @@ def test_the_catalogue_says_who_runs_each_action() -> None:
         "power_limit",
         "restore_power_limit",
     }
+
+
+# -- correlation: one incident per fault ------------------------------------------------------------
+DBE = ruleset.Rule(
+    id="ecc-dbe-new", severity="major", scope="gpu", description="new DBE", labels={"category": "memory"},
+    actions=(actions.build("cordon", None), actions.build("migrate", None)),
+)  # fmt: skip
+XID = ruleset.Rule(
+    id="xid-fatal", severity="critical", scope="gpu", on_event=ruleset.EventMatch("xid", frozenset({48})),
+    resolve_for_s=3600, has_resolve=True, labels={"category": "xid"},
+    actions=(actions.build("cordon", {"reason": "xid"}), actions.build("migrate", None),
+             actions.build("inspect", None)),
+    on_resolve=(actions.build("uncordon", None),),
+)  # fmt: skip
+RESET = ruleset.Rule(
+    id="recovery-action-reset", severity="major", scope="gpu",
+    actions=(actions.build("drain", None), actions.build("reset_gpu", {"when_idle": False})),
+    on_resolve=(actions.build("uncordon", None), actions.build("restore_power_limit", None)),
+)  # fmt: skip
+MISSING = ruleset.Rule(
+    id="gpu-missing", severity="critical", scope="node", actions=(actions.build("cordon", None),)
+)
+APP = ruleset.Rule(
+    id="xid-application", severity="info", scope="gpu", on_event=ruleset.EventMatch("xid", frozenset({13})),
+    actions=(actions.build("notify", None),),
+)  # fmt: skip
+RULES = {r.id: r for r in (DBE, XID, RESET, MISSING, APP, HOT)}
+
+
+def fire(
+    rule: ruleset.Rule, gpu: int | None = 1, status: Any = "fired", node: str = "n1", uuid: str | None = None,
+    **evidence: Any,
+) -> engine.Firing:  # fmt: skip
+    return engine.Firing(rule, node, gpu, status, 100.0, 100.0, evidence or {rule.id: 1}, uuid)
+
+
+def opened(rule: ruleset.Rule = DBE, gpu: int | None = 1, at: float = 100.0, **kw: Any) -> book.Incident:
+    return decide.new_incident(fire(rule, gpu, **kw), f"inc-{rule.id}", at, "enforce", 1, SETTINGS)
+
+
+def joined(inc: book.Incident, f: engine.Firing, now: float = 102.0) -> book.Incident:
+    assert decide.correlate(f, [inc], now, 120.0) is inc
+    decide.join(inc, f, now).apply(inc)
+    return inc
+
+
+def test_a_second_rule_on_the_same_gpu_within_the_window_joins_its_incident() -> None:
+    inc = opened()
+    assert decide.correlate(fire(XID), [inc], 219.0, 120.0) is inc
+    assert decide.correlate(fire(XID), [inc], 220.0, 120.0) is None, "outside the window: its own incident"
+    assert decide.correlate(fire(XID, gpu=2), [inc], 101.0, 120.0) is None, "another GPU"
+    assert decide.correlate(fire(XID, node="n2"), [inc], 101.0, 120.0) is None, "another node"
+    assert decide.correlate(fire(XID), [inc], 101.0, 0.0) is None, "a window of 0 turns it off"
+    resolved = opened().model_copy(update={"state": "resolved"})
+    assert decide.correlate(fire(XID), [resolved], 101.0, 120.0) is None
+
+
+def test_the_gpu_uuid_decides_where_both_are_known() -> None:
+    inc = opened(uuid="GPU-a")
+    assert decide.correlate(fire(XID, gpu=1, uuid="GPU-b"), [inc], 101.0, 120.0) is None
+    assert decide.correlate(fire(XID, gpu=3, uuid="GPU-a"), [inc], 101.0, 120.0) is inc
+    assert decide.correlate(fire(XID, gpu=1), [inc], 101.0, 120.0) is inc, "no UUID: the index"
+
+
+def test_a_node_scope_signal_joins_the_nodes_only_recent_incident() -> None:
+    one, other = opened(gpu=1), opened(XID, gpu=2)
+    assert decide.correlate(fire(MISSING, gpu=None), [one], 101.0, 120.0) is one
+    assert decide.correlate(fire(MISSING, gpu=None), [one, other], 101.0, 120.0) is None, "which fault?"
+    old = opened(XID, gpu=2, at=-100.0)
+    assert decide.correlate(fire(MISSING, gpu=None), [one, old], 101.0, 120.0) is one, (
+        "only recent ones count"
+    )
+
+
+def test_a_gpu_signal_joins_a_gpu_less_incident_and_gives_it_its_gpu() -> None:
+    missing = opened(MISSING, gpu=None)
+    assert decide.correlate(fire(XID, gpu=4, uuid="GPU-d"), [missing], 101.0, 120.0) is missing
+    j = decide.join(missing, fire(XID, gpu=4, uuid="GPU-d"), 101.0)
+    assert j.gpu == (4, "GPU-d")
+    j.apply(missing)
+    assert (missing.gpu_index, missing.gpu_uuid) == (4, "GPU-d")
+    assert missing.key == ("gpu-missing", "n1", None), "still found by the signal that opened it"
+    assert missing.summary.endswith("joined by xid-fatal (GPU 4)")
+    two = [opened(MISSING, gpu=None), opened(DBE, gpu=None)]
+    assert decide.correlate(fire(XID, gpu=4), two, 101.0, 120.0) is None
+
+
+def test_a_joined_incident_has_the_highest_severity_every_signal_and_each_action_once() -> None:
+    inc = joined(opened(DBE, xid=0, ecc_dbe_volatile=1), fire(XID, xid=48))
+    assert inc.severity == "critical"
+    assert [(a.kind, a.params) for a in inc.actions] == [
+        ("cordon", {"reason": "xid"}), ("migrate", {}), ("inspect", {}),
+    ], "cordon and migrate once; the joining rule's reason fills the missing one; inspect added"  # fmt: skip
+    assert inc.evidence == {
+        "xid": 0, "ecc_dbe_volatile": 1, "signals": "ecc-dbe-new,xid-fatal", "xid-fatal.xid": 48,
+    }  # fmt: skip
+    assert inc.summary.endswith("; joined by xid-fatal")
+    assert inc.labels == {"category": "memory"}, "the first rule's labels win"
+    assert [s.rule_id for s in inc.signals] == ["ecc-dbe-new", "xid-fatal"]
+    assert inc.keys == [("ecc-dbe-new", "n1", 1), ("xid-fatal", "n1", 1)]
+
+
+def test_actions_already_carried_out_are_kept_and_pending_ones_take_the_stronger_parameters() -> None:
+    inc = opened(XID)
+    inc.actions[0].status = "done"
+    cordon = inc.actions[0]
+    joined(inc, fire(RESET))
+    assert inc.actions[0] is cordon, "the same object: an action task may be running it"
+    assert [a.kind for a in inc.actions] == ["cordon", "migrate", "inspect", "drain", "reset_gpu"]
+    assert inc.actions[-1].params == {"when_idle": False}
+    capped = opened(HOT, gpu=1)
+    stronger = dataclasses.replace(
+        HOT, id="hotter", actions=(actions.build("power_limit", {"percent_of_default": 60}),)
+    )
+    joined(capped, fire(stronger))
+    assert [(a.kind, a.params) for a in capped.actions] == [("power_limit", {"percent_of_default": 60})]
+
+
+def test_stronger_parameters() -> None:
+    assert decide.stronger("power_limit", {"watts": 300}, {"watts": 250}) == {"watts": 250}
+    assert decide.stronger("power_limit", {"watts": 300}, {"percent_of_default": 50}) == {"watts": 300}
+    assert decide.stronger("reset_gpu", {"when_idle": True}, {"when_idle": False}) == {"when_idle": False}
+    assert decide.stronger("cordon", {"reason": "a"}, {"reason": "b"}) == {"reason": "a"}
+    assert decide.stronger("cordon", {}, {"reason": "b"}) == {"reason": "b"}
+
+
+def test_a_joined_incident_resolves_when_its_last_signal_does_with_every_rules_on_resolve_once() -> None:
+    inc = joined(joined(opened(XID), fire(RESET)), fire(DBE))
+    part = decide.on_firing(fire(XID, status="resolved"), inc, RULES.get)
+    assert part.change is decide.Change.PART, "the reset and the DBE still hold it"
+    inc.signals[0].resolved_at = 200.0
+    assert decide.on_firing(fire(RESET, status="resolved"), inc, RULES.get).change is decide.Change.PART
+    inc.signals[1].resolved_at = 201.0
+    done = decide.on_firing(fire(DBE, status="resolved"), inc, RULES.get)
+    assert done.change is decide.Change.RESOLVE
+    assert [(a.kind, a.on_resolve) for a in done.on_resolve] == [
+        ("uncordon", True), ("restore_power_limit", True),
+    ]  # fmt: skip
+    gone = decide.on_firing(fire(DBE, status="resolved", reason=engine.FORGOTTEN), inc, RULES.get)
+    assert gone.on_resolve == ()
+
+
+def test_a_signal_of_a_rule_that_never_resolves_is_evidence_only() -> None:
+    inc = joined(opened(DBE), fire(APP, xid=13))
+    assert not inc.signals[1].holds
+    assert decide.on_firing(fire(DBE, status="resolved"), inc, RULES.get).change is decide.Change.RESOLVE
+    again = decide.on_firing(fire(APP, xid=13), inc, RULES.get)
+    assert again.change is decide.Change.REFRESH, "another XID 13 refreshes the joined incident"
+
+
+def test_an_incident_stored_before_signals_existed_has_its_own_rules() -> None:
+    doc = opened().model_dump(mode="json")
+    del doc["signals"]
+    old = book.Incident.model_validate(doc)
+    assert [(s.rule_id, s.gpu_index, s.since) for s in old.signals] == [("ecc-dbe-new", 1, 100.0)]
+    inc = joined(opened(), fire(XID))
+    again = book.Incident.model_validate(inc.model_dump(mode="json"))
+    assert again.keys == inc.keys
+    assert decide.evidence_of(again) == inc.evidence
+
+
+async def test_the_book_finds_a_joined_incident_by_every_signal_and_forgets_all_when_it_resolves() -> None:
+    from healer.bus import memory
+    from healer.controller import kv
+
+    store = kv.Store(memory.MemoryBus().add_bucket("state"))
+    b = book.Book(store)
+    inc = joined(opened(), fire(XID))
+    await b.save(inc)
+    assert b.get(("ecc-dbe-new", "n1", 1)) is inc
+    assert b.get(("xid-fatal", "n1", 1)) is inc
+    assert list(b.open.values()) == [inc]
+    assert b.by_severity()["critical"] == 1
+    restarted = book.Book(store)
+    await restarted.load()
+    assert restarted.get(("xid-fatal", "n1", 1)) is not None, "the join is kept in KV"
+    inc.state = "resolved"
+    await b.save(inc)
+    assert b.get(("ecc-dbe-new", "n1", 1)) is None
+    assert b.get(("xid-fatal", "n1", 1)) is None
