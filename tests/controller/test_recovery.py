@@ -12,7 +12,8 @@ from healer.actuators import base
 from healer.bus import subjects
 from healer.cli import main as cli_main
 from healer.controller import kv, recovery, service
-from healer.schemas import incidents
+from healer.schemas import codec, incidents
+from healer.schemas import events as node_events
 from tests.controller.conftest import Fleet, Harness, run_until, warm
 
 LADDER_RULES = """
@@ -302,3 +303,41 @@ async def test_at_most_max_concurrent_reboots_nodes_reboot_at_once(harness: Harn
         await fleet.publish()
         await asyncio.sleep(0.2)
     assert len(sched.executed("reboot_node")) == 1
+
+
+XID_48 = """
+  - id: xid-fatal
+    description: fatal XID
+    on_event: {kind: xid, xid: [48]}
+    severity: critical
+    actions: [cordon]
+    resolve: {for: 1h}
+"""
+
+
+async def test_a_fault_seen_twice_is_one_ladder_and_nothing_reopens_once_it_recovered(
+    harness: Harness,
+) -> None:
+    """A DBE shows in telemetry and as XID 48: one incident (joined), one reset, and once the ladder
+    returns the node, neither signal opens the fault again (every joined firing is released)."""
+    text = LADDER_RULES.replace("ladders:", XID_48.strip("\n") + "\nladders:", 1)
+    text = text.replace("rules: [ecc-dbe]", "rules: [ecc-dbe, xid-fatal]")
+    (harness.rules / "dbe.yaml").write_text(text)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    sched = testing.RecordingActuator()
+    gpu = testing.RecordingGpuActuator(on_done=healer_on(fleet, "reset_gpu"))
+    ctl = await harness.controller(sched, gpu=gpu)
+    await run_until(fleet, lambda: ctl.leader)
+    await warm(fleet)
+    fault(fleet)
+    xid = node_events.new("n1", "xid", gpu_index=0, xid=48)
+    await harness.bus.publish_durable(subjects.Subjects().events("n1"), codec.encode(xid), msg_id=xid.id)
+    await run_until(fleet, lambda: bool(events(harness, change="resolved")), timeout=30)
+    for _ in range(10):  # ticks after the recovery: the XID's quiet period (1 h) has not run out
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+    assert len(events(harness, change="opened")) == 1
+    resolved = events(harness, change="resolved")[-1].data
+    assert resolved.evidence["outcome"] == "recovered"
+    assert set(str(resolved.evidence["signals"]).split(",")) == {"ecc-dbe", "xid-fatal"}
+    assert [r.kind for r in gpu.executed()] == ["reset_gpu", "validate"]
