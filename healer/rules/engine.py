@@ -4,7 +4,10 @@ report transitions with the evidence behind them.
 Per (rule, node, GPU) a condition rule is inactive → pending (condition true, waiting ``for``) →
 firing → resolving (resolve condition true, waiting ``resolve.for``) → resolved. The default resolve
 condition is "``when`` is definitely false", so a reading that goes missing neither fires nor resolves.
-``cooldown`` keeps a resolved target from firing again too soon. Event rules fire at once on a matching
+``cooldown`` keeps a resolved target from firing again too soon. A target whose firing ended while its
+condition still held (an explicit resolve condition met first, or ``release``: a recovery ladder closed
+its incident) fires again only after its condition has been seen false: the same old evidence (a counter
+step still inside its window) never opens a second incident. Event rules fire at once on a matching
 NodeEvent; with ``resolve: {for: ...}`` they resolve after that much quiet time (measured on the clock
 ``evaluate(now)`` runs on, never the event's own ``ts``), otherwise each event is a one-shot ``fired``.
 All state lives in numpy arrays per rule, updated with masks, so a tick costs a few array operations per
@@ -72,6 +75,8 @@ class _Track:
     since: npt.NDArray[np.float64]
     fired_at: npt.NDArray[np.float64]
     cool_until: npt.NDArray[np.float64]
+    rearm: npt.NDArray[np.bool_]
+    """Ended while the condition still held: may not start again until the condition is seen false."""
     mask_version: int = -1
     mask: npt.NDArray[np.bool_] | None = None
     busy: bool = True
@@ -214,6 +219,8 @@ class Engine:
             return
         col = gpu if gpu is not None and gpu < track.state.shape[1] else 0
         track.state[n, col] = _INACTIVE
+        track.rearm[n, col] = True
+        track.busy = True
 
     def _apply_restores(self) -> None:
         st = self.state
@@ -262,6 +269,7 @@ class Engine:
                     since = float(track.fired_at[n, j])
                     out.append(Firing(rule, name, gpu, "resolved", since, now, dict(reason), uuid))
                 track.state[n], track.since[n], track.fired_at[n] = _INACTIVE, 0.0, 0.0
+                track.rearm[n] = False
                 track.cool_until[n] = -np.inf
             for key in [k for k in self._active if k[1] == name]:
                 active = self._active.pop(key)
@@ -308,8 +316,9 @@ class Engine:
         if not track.busy and not cond.any():
             return []  # the common case: nothing pending or firing, and nothing starts
         s, since = track.state[:n], track.since[:n]
-        fired_at, cool = track.fired_at[:n], track.cool_until[:n]
-        start = (s == _INACTIVE) & cond
+        fired_at, cool, rearm = track.fired_at[:n], track.cool_until[:n], track.rearm[:n]
+        rearm &= value != 0  # seen definitely false: armed again (a missing reading is not false)
+        start = (s == _INACTIVE) & cond & ~rearm
         s[start], since[start] = _PENDING, now
         s[(s == _PENDING) & ~cond] = _INACTIVE
         promote = (s == _PENDING) & (now - since >= rule.for_s) & (now >= cool)
@@ -328,6 +337,7 @@ class Engine:
         s[(s == _RESOLVING) & ~rcond] = _FIRING
         done = (s == _RESOLVING) & (now - since >= rule.resolve_for_s)
         s[done] = _INACTIVE
+        rearm |= done & cond
         if rule.cooldown_s:
             cool[done] = now + rule.cooldown_s
         ongoing = ((s == _FIRING) | (s == _RESOLVING)) & ~promote
@@ -338,7 +348,7 @@ class Engine:
             ("firing", ongoing),
             ("resolved", done),
         )
-        track.busy = bool((s != _INACTIVE).any())
+        track.busy = bool((s != _INACTIVE).any() or rearm.any())
         for status, mask in statuses:
             if not mask.any():
                 continue
@@ -369,10 +379,11 @@ class Engine:
                 np.zeros((st.cap, width)),
                 np.zeros((st.cap, width)),
                 np.full((st.cap, width), -np.inf),
+                np.zeros((st.cap, width), dtype=bool),
             )
             if track is not None:  # the fleet grew: keep what we knew
                 rows, cols = track.state.shape
-                for name in ("state", "since", "fired_at", "cool_until"):
+                for name in ("state", "since", "fired_at", "cool_until", "rearm"):
                     getattr(fresh, name)[:rows, :cols] = getattr(track, name)
             track = self._tracks[rule.id] = fresh
         if track.mask_version != st.version:

@@ -417,3 +417,39 @@ def test_restored_condition_firing_that_cleared_while_down_resolves() -> None:
     eng.restore("r", "n", 0, since=T0 - 500, last=T0 - 100, evidence={})
     eng.ingest(frame("n", 0.0, gpus=1, temp_c=60))
     assert statuses(eng.evaluate(T0)) == {("r", "n", 0, "resolved")}
+
+
+def test_a_firing_that_ended_while_its_condition_held_fires_again_only_after_it_was_false() -> None:
+    """A DBE rule (``increase(...[10m]) > 0``) that resolves on ``ecc_dbe_volatile == 0``: the counter's
+    step stays in the window for 10 minutes, and used to open a new incident on the next tick (a second
+    cordon, a second reset). It fires again only once the condition has been false."""
+    text = rule(
+        "increase(ecc_dbe_volatile[10m]) > 0",
+        extra="    resolve: {when: ecc_dbe_volatile == 0, for: 0s}\n",
+    )
+    eng = make_engine(text)
+    seen = []
+    for t, dbe in [(0, 0), (10, 1), (20, 0), (30, 0), (40, 0)]:
+        eng.ingest(frame("n", float(t), gpus=1, ecc_dbe_volatile=dbe), at=T0 + t)
+        seen.append(sorted(f.status for f in eng.evaluate(T0 + t)))
+    assert seen == [[], ["fired"], ["resolved"], [], []], "no second firing on the same step"
+    eng.ingest(frame("n", 700.0, gpus=1, ecc_dbe_volatile=0), at=T0 + 700)  # the step left the window
+    assert eng.evaluate(T0 + 700) == []
+    eng.ingest(frame("n", 710.0, gpus=1, ecc_dbe_volatile=1), at=T0 + 710)  # a new error
+    assert [f.status for f in eng.evaluate(T0 + 710)] == ["fired"]
+
+
+def test_a_released_firing_does_not_fire_again_on_the_same_evidence() -> None:
+    """A recovery ladder closed the incident (``release``): the GPU was reset and validated, yet the
+    DBE's step is still inside the rule's window. A new error after the condition cleared fires anew."""
+    eng = make_engine(rule("increase(ecc_dbe_volatile[10m]) > 0"))
+    eng.ingest(frame("n", 0.0, gpus=1, ecc_dbe_volatile=0), at=T0)
+    eng.ingest(frame("n", 10.0, gpus=1, ecc_dbe_volatile=1), at=T0 + 10)
+    assert [f.status for f in eng.evaluate(T0 + 10)] == ["fired"]
+    eng.release("r", "n", 0)
+    eng.ingest(frame("n", 20.0, gpus=1, ecc_dbe_volatile=0), at=T0 + 20)  # reset: the counter is 0 again
+    assert eng.evaluate(T0 + 20) == [], "the old step is still in the window: not a new fault"
+    eng.ingest(frame("n", 700.0, gpus=1, ecc_dbe_volatile=0), at=T0 + 700)
+    assert eng.evaluate(T0 + 700) == []
+    eng.ingest(frame("n", 710.0, gpus=1, ecc_dbe_volatile=1), at=T0 + 710)
+    assert [f.status for f in eng.evaluate(T0 + 710)] == ["fired"]
