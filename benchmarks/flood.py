@@ -100,7 +100,7 @@ async def measure(srv: server.EmbeddedServer, tmp: pathlib.Path, seconds: float,
         ),
     )
     ctl_bus = await natsbus.NatsBus.connect(srv.url, name="controller")
-    ctl = service.Controller(settings, ctl_bus, scheduler=testing.RecordingActuator())
+    ctl = await service.build(settings, ctl_bus, scheduler=testing.RecordingActuator())
     await ctl.start()
     while not ctl.leader:  # noqa: ASYNC110 - polling the controller's state is the point
         await asyncio.sleep(0.05)

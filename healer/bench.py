@@ -170,7 +170,7 @@ async def controller_rate(
     """Shard 0 of ``shards`` under the flood; with shards > 1 the rate counts the fleet's frames (its own
     scaled by its share of the nodes), since a shard receives every frame and skips the others'."""
     bus = await natsbus.NatsBus.connect(url, name="bench-controller")
-    ctl = service.Controller(
+    ctl = await service.build(
         _settings(url, rules_dir, "observe", 1.0, shards), bus, scheduler=testing.RecordingActuator()
     )
     share = sum(service.shard_of(f"gpu-{i:05d}", shards) == 0 for i in range(nodes)) / nodes
@@ -209,7 +209,7 @@ async def latency(
     frames reach it; it ingests its share)."""
     bus = await natsbus.NatsBus.connect(url, name="bench-latency")
     actuator = _TimedActuator()
-    ctl = service.Controller(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
+    ctl = await service.build(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
     await ctl.start()
     proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards)
     await asyncio.to_thread(proc.join, seconds + 60)

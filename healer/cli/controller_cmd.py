@@ -141,8 +141,10 @@ async def run_controller(
             scheduler = factory.scheduler(s)
             if hasattr(scheduler, "agent"):  # Kubernetes reboots a node through its agent
                 scheduler.agent = gpu
-            ctl = service.Controller(s, bus, scheduler=scheduler, gpu=gpu, metrics=metrics)
-            ctl.power = power.PowerActuator(bus, ctl, subj, s.actuators)
+            ctl = await service.build(
+                s, bus, scheduler=scheduler, gpu=gpu, metrics=metrics,
+                power=lambda c: power.PowerActuator(bus, c, subj, s.actuators),
+            )  # fmt: skip
             await ctl.start()
             # the status page, when ui.enabled (docs/ui.md), with the anomaly model's components
             page = await hook.maybe_start(bus, s, anomaly=ctl if s.controller.model else None)

@@ -74,25 +74,54 @@ TICK_STALE_MIN_S = 10.0
 """/readyz: a controller whose tick has not finished for this long (or 5 ticks, if longer) is stuck."""
 
 
+async def build(
+    settings: config.Settings,
+    bus: bus_base.Bus,
+    *,
+    scheduler: actuators.Actuator,
+    power: actuators.Actuator | Callable[[Controller], actuators.Actuator] | None = None,
+    gpu: actuators.Actuator | None = None,
+    metrics: metrics_mod.ControllerMetrics | None = None,
+    holder: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Controller:
+    """A fully wired controller on ``bus`` (its KV buckets bound, rules loaded, the model loaded when
+    set); ``await ctl.start()`` runs it. PermanentError when the rules do not load, NotFound when the
+    buckets were never provisioned."""
+    subj = subjects_mod.Subjects(settings.nats.prefix)
+    state = kv.Store(await bus.key_value(subj.kv_state))
+    leases = kv.Store(await bus.key_value(subj.kv_leases))
+    return Controller(
+        settings, bus, state=state, leases=leases, scheduler=scheduler, power=power, gpu=gpu,
+        metrics=metrics, holder=holder, clock=clock,
+    )  # fmt: skip
+
+
 class Controller:
     def __init__(
         self,
         settings: config.Settings,
         bus: bus_base.Bus,
         *,
+        state: kv.Store,
+        leases: kv.Store,
         scheduler: actuators.Actuator,
-        power: actuators.Actuator | None = None,
+        power: actuators.Actuator | Callable[[Controller], actuators.Actuator] | None = None,
         gpu: actuators.Actuator | None = None,
         metrics: metrics_mod.ControllerMetrics | None = None,
         holder: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """Everything wired, nothing optional afterwards; ``build`` binds the KV buckets and calls this.
+        ``power`` may be a function of the controller (the power actuator reads its power limits)."""
         self.settings = settings
         self.cs = settings.controller
         self.bus = bus
         self.subjects = subjects_mod.Subjects(settings.nats.prefix)
         self.scheduler = scheduler
-        self.power = power
+        if power is not None and not hasattr(power, "apply"):  # a function of this controller
+            power = power(self)
+        self.power = cast(actuators.Actuator | None, power)
         self.gpu = gpu
         """GPU reset and validation through the node agent (recovery ladders); None: resets fail."""
         self.metrics = metrics or metrics_mod.ControllerMetrics()
@@ -132,20 +161,13 @@ class Controller:
         """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
         tick that started before a lost lease was won again (that tick's objects would act twice)."""
         self._takeover_failures = 0
-        self._events: bus_base.PullConsumer | None = None
         self._frames_sub: bus_base.Subscription
         self.telemetry_bus: bus_base.Bus = bus
         self._frames_dropped = 0
         self._labels_at = -math.inf
-        self.actions: runner.ActionRunner  # built in start(), with the policy it applies
-        self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         self._scored_at = 0.0
         self._anomaly_saved_at = time.monotonic()
-
-    # -- lifecycle ---------------------------------------------------------------------------------
-    async def start(self) -> None:
-        rules = self.engine.rules.rules
-        self.metrics.rules_loaded.set(len(rules))
+        self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         if self.cs.model:
             from healer.anomaly import scoring
 
@@ -154,20 +176,17 @@ class Controller:
             self.metrics.anomaly_model_loaded.set(1 if loaded else 0)
             if not loaded:
                 self.log.error("controller.anomaly_disabled", model=self.cs.model, anomaly_score=0)
-        state_kv = kv.Store(await self.bus.key_value(self.subjects.kv_state))
-        lease_kv = kv.Store(await self.bus.key_value(self.subjects.kv_leases))
-        self.state = state_kv
-        await self._restore_anomaly_state()
-        self.book = incidents_mod.Book(state_kv)
+        self.state = state
+        self.book = incidents_mod.Book(state)
         self.feed = feed_mod.FeedPublisher(self.bus, self.subjects, self.cs.cluster)
-        self.breaker = policy.Breaker(state_kv, self.cs)
-        self.dry_breaker = policy.Breaker(kv.Prefixed(state_kv, "dry-run."), self.cs)
-        self.exclusions = policy.Exclusions(state_kv)
+        self.breaker = policy.Breaker(state, self.cs)
+        self.dry_breaker = policy.Breaker(kv.Prefixed(state, "dry-run."), self.cs)
+        self.exclusions = policy.Exclusions(state)
         self.limits = policy.Limits(
-            self.cs, state_kv if self.cs.mode == "enforce" else kv.Prefixed(state_kv, f"{self.cs.mode}.")
+            self.cs, state if self.cs.mode == "enforce" else kv.Prefixed(state, f"{self.cs.mode}.")
         )
         self.lease = lease.Lease(
-            lease_kv, f"leader.shard-{self.cs.shard}", self.holder, self.settings.nats.lease_ttl_s
+            leases, f"leader.shard-{self.cs.shard}", self.holder, settings.nats.lease_ttl_s
         )
         self.actions = runner.ActionRunner(
             self.cs, scheduler=self.scheduler, power=self.power, lease=self.lease, breaker=self.breaker,
@@ -177,23 +196,30 @@ class Controller:
             gpu=self.gpu, reboots=lambda node: self.recovery.reboots(node),
         )  # fmt: skip
         self.recovery = recovery.Recovery(
-            self.cs, state_kv, self.book, scheduler=self.scheduler,
+            self.cs, state, self.book, scheduler=self.scheduler,
             ladder_for=lambda rule_id: self.engine.rules.ladder_for(rule_id),
             release=self.engine.release, publish=self._save_publish, spawn=self.actions.spawn,
             clock=self.clock, log=self.log,
         )  # fmt: skip
-        self.telemetry_bus = await self.bus.sibling("telemetry") if self.cs.telemetry_connection else self.bus
-        self._disconnects = {"main": 0, "telemetry": 0}
-        self._frames_sub = await self.telemetry_bus.subscribe(
-            self.subjects.all_telemetry,
-            self._on_frame,
-            pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
-        )
         self._events = self.bus.pull_consumer(
             self.subjects.stream_events, self.subjects.all_events,
             durable=f"healer-controller-s{self.cs.shard}",
             ack_wait_s=EVENTS_ACK_WAIT_S, max_ack_pending=20000,
         )  # fmt: skip
+        self._disconnects = {"main": 0, "telemetry": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Subscribe and run: the lease, leadership, events, ticks, housekeeping and the feed."""
+        rules = self.engine.rules.rules
+        self.metrics.rules_loaded.set(len(rules))
+        await self._restore_anomaly_state()
+        self.telemetry_bus = await self.bus.sibling("telemetry") if self.cs.telemetry_connection else self.bus
+        self._frames_sub = await self.telemetry_bus.subscribe(
+            self.subjects.all_telemetry,
+            self._on_frame,
+            pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
+        )
         self.supervisor.start("lease", lambda: self.lease.keep(self._stop, self._on_leadership))
         self.supervisor.start("leadership", self._leadership)
         self.supervisor.start("events", self._pull_events)
@@ -218,8 +244,7 @@ class Controller:
         if self.feed.outbox:  # the last changes, once (a failed publish is retried by the next leader's)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.feed.flush(), timeout=6.0)
-        if self._events is not None:
-            await self._events.close()
+        await self._events.close()
         if self.telemetry_bus is not self.bus:
             await self.telemetry_bus.close()
         self.metrics.leader.set(0)
@@ -233,8 +258,7 @@ class Controller:
     @property
     def tasks(self) -> dict[str, asyncio.Task[None]]:
         """The running per-incident action tasks."""
-        started: runner.ActionRunner | None = getattr(self, "actions", None)
-        return started.tasks if started is not None else {}
+        return self.actions.tasks
 
     @property
     def leader(self) -> bool:
@@ -387,7 +411,6 @@ class Controller:
         reconnects, so a pull answered across one lands where the next fetch finds it; it is made again
         after a failed pull). Nothing is pulled while not leader or disconnected; failures are counted
         and logged at most every ``FETCH_LOG_S``."""
-        assert self._events is not None
         logged_at = -math.inf
         while not self._stop.is_set():
             if not self._leader or not self.bus.connected:
@@ -772,16 +795,11 @@ class Controller:
         elif self.scorer is None:
             model = check(False, f"not loaded yet: {self.cs.model}")
         else:
-            from healer.anomaly import scoring  # already imported by start() when a model is set
+            from healer.anomaly import scoring  # already imported when the model was loaded
 
             loaded = isinstance(self.scorer, scoring.Scorer)
             model = check(loaded, "loaded" if loaded else f"failed to load {self.cs.model} (see the log)")
-        lease_ = getattr(self, "lease", None)
-        role = (
-            check(False, "starting")
-            if lease_ is None
-            else check(True, "leader" if self.leader else "standby")
-        )
+        role = check(True, "leader" if self.leader else "standby") if self._bg else check(False, "starting")
         dead = [  # the events task ends by design when leadership is lost; the others run until stop
             t.get_name()
             for t in self._bg

@@ -145,8 +145,10 @@ async def _run_with_server(
         ctl_bus = await connect("healer-demo-controller")
         await provision.ensure(ctl_bus, subj, s.nats)
         gpu = gpu_reset.GpuRecoveryActuator(ctl_bus, subj, s.actuators)
-        ctl = service.Controller(s, ctl_bus, scheduler=factory.scheduler(s), gpu=gpu)
-        ctl.power = power.PowerActuator(ctl_bus, ctl, subj, s.actuators)
+        ctl = await service.build(
+            s, ctl_bus, scheduler=factory.scheduler(s), gpu=gpu,
+            power=lambda c: power.PowerActuator(ctl_bus, c, subj, s.actuators),
+        )  # fmt: skip
         await ctl.start()
         say(f"controller: mode {s.controller.mode}, actuator {s.controller.actuator}")
         if opts.ui:

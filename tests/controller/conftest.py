@@ -103,7 +103,7 @@ class Harness:
     ) -> service.Controller:
         """A controller on its own connection; ``gpu``: its GPU recovery actuator (recovery ladders)."""
         bus = await natsbus.NatsBus.connect(self.srv.url, name=f"controller-{len(self.controllers)}")
-        ctl = service.Controller(self.settings(**controller), bus, scheduler=actuator, gpu=gpu)
+        ctl = await service.build(self.settings(**controller), bus, scheduler=actuator, gpu=gpu)
         await ctl.start()
         self.controllers.append((ctl, bus))
         return ctl

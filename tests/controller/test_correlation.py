@@ -90,7 +90,7 @@ async def test_the_same_gpu_after_the_window_is_another_incident(harness: Harnes
     (harness.rules / "xid.yaml").write_text(XID_RULES)
     offset = [0.0]
     bus = await natsbus.NatsBus.connect(harness.srv.url, name="controller-clocked")
-    ctl = service.Controller(
+    ctl = await service.build(
         harness.settings(), bus, scheduler=testing.RecordingActuator(), clock=lambda: time.time() + offset[0]
     )
     await ctl.start()

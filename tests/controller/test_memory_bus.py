@@ -37,7 +37,7 @@ async def test_the_controller_acts_on_frames_and_events_over_the_memory_bus(tmp_
         ),
     )  # fmt: skip
     actuator = testing.RecordingActuator()
-    ctl = service.Controller(settings, bus, scheduler=actuator)
+    ctl = await service.build(settings, bus, scheduler=actuator)
     await ctl.start()
     try:
         fleet = Fleet(bus, ["n1", "n2"])

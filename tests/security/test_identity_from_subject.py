@@ -86,7 +86,7 @@ async def controller(
         ),
     )  # fmt: skip
     actuator = testing.RecordingActuator()
-    ctl = service.Controller(settings, bus, scheduler=actuator)
+    ctl = await service.build(settings, bus, scheduler=actuator)
     await ctl.start()
     await bus.flush()  # the controller's subscriptions are registered before any node publishes
     try:

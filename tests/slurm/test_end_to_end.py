@@ -51,7 +51,7 @@ async def controller(
     )
     bus = await natsbus.NatsBus.connect(nats_server.url, name="e2e")
     await provision.ensure(bus, subjects.Subjects(), settings.nats)
-    ctl = service.Controller(settings, bus, scheduler=slurm.SlurmActuator(settings.actuators))
+    ctl = await service.build(settings, bus, scheduler=slurm.SlurmActuator(settings.actuators))
     await ctl.start()
     try:
         yield ctl, bus
