@@ -248,6 +248,10 @@ class ThermalState:
             (best.sum(axis=1) >= 3)[:, None], best, np.where((good.sum(axis=1) >= 2)[:, None], good, steady)
         )
         trusted = (best.sum(axis=1) >= 3) | (good.sum(axis=1) >= 2)
+        # GPUs learn only against a trusted reference, or while the node has too few ready GPUs to
+        # give one (its first minutes): a GPU fitted against the extrapolation of GPUs that have not
+        # learned yet inherits their error, and once ready passes it on to the node's reference
+        learnable = trusted | ((ready & inside).sum(axis=1) < 3)
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             ref = np.nanmedian(np.where(pick, implied, np.nan), axis=1)
@@ -295,7 +299,7 @@ class ThermalState:
             kept = np.minimum(self.last[k, :n], self.prev[k, :n])
             carried = np.where(now - self.last_at[k, :n] <= s.carry_s, kept, np.nan)
             out.append(np.where(fresh, v, np.where(valid, carried, np.nan)))
-        calm = steady & ~hot
+        calm = steady & ~hot & learnable[:, None]
         self._learn(n, p, resid, calm, ref, rise, rel, cls, dt)
         self._learn_bands(n, band, calm & ~np.isnan(ref)[:, None], dt)
         self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, now, dt)

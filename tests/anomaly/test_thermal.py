@@ -183,3 +183,25 @@ def test_a_load_first_seen_after_hours_of_drift_does_not_shift_the_loads_seen_be
     node_c = np.array([s.node_c[0, 0] for s in steps])
     assert np.isfinite(node_c[-40:]).all()  # back at the known load the node is scored again ...
     assert np.nanmax(node_c) < 2.0  # ... and nothing in the nine hours looked like a cooling loss
+
+
+def test_gpus_never_steady_beside_learned_peers_do_not_learn_against_their_own_extrapolation() -> None:
+    st, node = _state(), Node()
+    node.offset[:4] = 6.0  # the front half runs 6 °C hotter than the prior explains (slot, airflow)
+
+    def split(n: Node, t: float) -> None:
+        wobble = 0.86 if round(t / STEP_S) % 2 else 0.92  # a job whose power never settles
+        if t < 2 * 3600:  # two hours: the rear half learns, the front half is never steady
+            n.power[4:], n.power[:4] = 0.9, wobble
+        elif t < 2.5 * 3600:  # half an hour the other way round: only the unlearned half is steady
+            n.power[4:], n.power[:4] = wobble, 0.9
+        else:
+            n.power[:] = 0.9
+
+    steps = _run(st, node, 3.5 * 3600, 0.0, split)
+    assert steps[-1].ready.all()
+    # the front half learned against the rear half's reference, not against its own guess: once all
+    # are steady every GPU agrees on the inlet, and the node never looked as if its inlet had moved
+    settled = np.array([s.residual_c[0] for s in steps[round(2.5 * 3600 / STEP_S) + 20 :]])
+    assert np.nanmax(np.abs(settled)) < 0.5
+    assert np.nanmax(np.abs(np.array([s.node_c[0, 0] for s in steps]))) < 1.0
