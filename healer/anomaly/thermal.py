@@ -154,6 +154,9 @@ class ThermalState:
         """Per power band and node, how far the inlet reference sits from the level at that load: what
         the GPUs' fits cannot tell apart from the inlet (a shared error in their slopes, the fans)."""
         self.band_s = np.zeros((len(POWER_BANDS) + 1, 0))
+        self.ref_last = np.full(0, np.nan)
+        """Each node's last trusted inlet reference, °C, and when it was taken (unix seconds)."""
+        self.ref_at = np.full(0, -math.inf)
         self.node_names: list[str] = []
         self._pending: dict[str, Any] = {}
         """Imported node states whose nodes have not reported yet (applied when they appear)."""
@@ -179,6 +182,8 @@ class ThermalState:
         self.level_at = np.concatenate([self.level_at, np.full(extra, -math.inf)])
         self.band_off = np.concatenate([self.band_off, np.zeros((nb, extra))], axis=1)
         self.band_s = np.concatenate([self.band_s, np.zeros((nb, extra))], axis=1)
+        self.ref_last = np.concatenate([self.ref_last, np.full(extra, np.nan)])
+        self.ref_at = np.concatenate([self.ref_at, np.full(extra, -math.inf)])
         start = len(self.node_names)
         self.node_names = list(names)
         for i in range(start, len(names)):
@@ -248,14 +253,18 @@ class ThermalState:
             (best.sum(axis=1) >= 3)[:, None], best, np.where((good.sum(axis=1) >= 2)[:, None], good, steady)
         )
         trusted = (best.sum(axis=1) >= 3) | (good.sum(axis=1) >= 2)
-        # GPUs learn only against a trusted reference, or while the node has too few ready GPUs to
-        # give one (its first minutes): a GPU fitted against the extrapolation of GPUs that have not
-        # learned yet inherits their error, and once ready passes it on to the node's reference
-        learnable = trusted | ((ready & inside).sum(axis=1) < 3)
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             ref = np.nanmedian(np.where(pick, implied, np.nan), axis=1)
         ref[pick.sum(axis=1) < 2] = np.nan
+        # what the GPUs learn against: a trusted reference, else the node's last trusted one while it is
+        # recent (the inlet moves about a degree at most in stale_s). Only a node never trusted yet
+        # learns against its steady GPUs' own extrapolation: a GPU fitted against the extrapolation of
+        # GPUs that have not learned (the other half of a split node, steady only while this half is
+        # not) inherits their error, and once ready passes it on to the node's reference
+        recent = now - self.ref_at[:n] <= s.stale_s
+        cold = ~np.isfinite(self.ref_at[:n])
+        target = np.where(trusted, ref, np.where(recent, self.ref_last[:n], np.where(cold, ref, np.nan)))
         resid = implied - ref[:, None]
         busy = pz >= BUSY_POWER_FRAC
         hot = np.zeros_like(valid) if throttled is None else throttled[:n] & valid
@@ -299,9 +308,12 @@ class ThermalState:
             kept = np.minimum(self.last[k, :n], self.prev[k, :n])
             carried = np.where(now - self.last_at[k, :n] <= s.carry_s, kept, np.nan)
             out.append(np.where(fresh, v, np.where(valid, carried, np.nan)))
-        calm = steady & ~hot & learnable[:, None]
-        self._learn(n, p, resid, calm, ref, rise, rel, cls, dt)
-        self._learn_bands(n, band, calm & ~np.isnan(ref)[:, None], dt)
+        calm = steady & ~hot
+        self._learn(n, p, implied - target[:, None], calm, target, rise, rel, cls, dt)
+        self._learn_bands(n, band, calm & ~np.isnan(target)[:, None], dt)
+        fresh = trusted & ~np.isnan(ref)
+        self.ref_last[:n][fresh] = ref[fresh]
+        self.ref_at[:n][fresh] = now
         self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, now, dt)
         return Step(out[0], out[1], out[2], resid, np.broadcast_to(ref[:, None], temp.shape).copy(), ready)
 
@@ -426,6 +438,8 @@ class ThermalState:
                 "level_at": float(self.level_at[i]) if np.isfinite(self.level_at[i]) else None,
                 "band_off_c": rnd(self.band_off[:, i]),
                 "band_s": rnd(self.band_s[:, i]),
+                "ref_c": None if np.isnan(self.ref_last[i]) else float(self.ref_last[i]),
+                "ref_at": float(self.ref_at[i]) if np.isfinite(self.ref_at[i]) else None,
             }
         for name, doc in self._pending.items():
             nodes.setdefault(name, doc)
@@ -468,3 +482,5 @@ class ThermalState:
         self.seen[:, i] = np.array(doc["seen_s"], dtype=np.float64)
         self.band_off[:, i] = np.array(doc["band_off_c"], dtype=np.float64)
         self.band_s[:, i] = np.array(doc["band_s"], dtype=np.float64)
+        self.ref_last[i] = np.nan if doc.get("ref_c") is None else float(doc["ref_c"])
+        self.ref_at[i] = -math.inf if doc.get("ref_at") is None else float(doc["ref_at"])

@@ -205,3 +205,22 @@ def test_gpus_never_steady_beside_learned_peers_do_not_learn_against_their_own_e
     settled = np.array([s.residual_c[0] for s in steps[round(2.5 * 3600 / STEP_S) + 20 :]])
     assert np.nanmax(np.abs(settled)) < 0.5
     assert np.nanmax(np.abs(np.array([s.node_c[0, 0] for s in steps]))) < 1.0
+
+
+def test_halves_of_a_cold_split_node_that_are_never_steady_together_share_one_inlet() -> None:
+    st, node = _state(), Node()
+    node.offset[:4] = 6.0
+
+    def alternate(n: Node, t: float) -> None:
+        wobble = 0.86 if round(t / STEP_S) % 2 else 0.92
+        if t < 3 * 3600:  # from cold, the halves take turns at being steady every 20 minutes
+            front = (t // 1200) % 2 == 0
+            n.power[:4], n.power[4:] = (0.9, wobble) if front else (wobble, 0.9)
+        else:
+            n.power[:] = 0.9
+
+    steps = _run(st, node, 4 * 3600, 0.0, alternate)
+    # whichever half is steady, the node's inlet reference is the same inlet
+    refs = np.array([s.inlet_ref_c[0, 0] for s in steps[round(1800 / STEP_S) :]])
+    assert np.nanmax(refs) - np.nanmin(refs) < 1.0
+    assert np.nanmax(np.abs(np.array([s.node_c[0, 0] for s in steps]))) < 1.0
