@@ -193,10 +193,11 @@ class ThermalState:
 
     # ----------------------------------------------------------------- the fit
 
-    def fit(self, cls: npt.NDArray[np.intp]) -> tuple[F64, F64]:
-        """Each GPU's (a, r): its own least-squares fit, pulled towards its class's fleet median r."""
+    def fit(self, cls: npt.NDArray[np.intp], prior: F64 | None = None) -> tuple[F64, F64]:
+        """Each GPU's (a, r): its own least-squares fit, pulled towards its class's fleet median r
+        (or towards ``prior``, per class)."""
         w, sp, sy, spp, spy = self.stats
-        r0 = self.fleet_r[cls]
+        r0 = (self.fleet_r if prior is None else prior)[cls]
         lam = self.s.prior_s * PRIOR_SPREAD**2
         eps = 1.0
         # minimise sum w (y - a - r p)^2 + lam (r - r0)^2 + eps a^2
@@ -309,6 +310,12 @@ class ThermalState:
             carried = np.where(now - self.last_at[k, :n] <= s.carry_s, kept, np.nan)
             out.append(np.where(fresh, v, np.where(valid, carried, np.nan)))
         calm = steady & ~hot
+        # against a carried reference, a GPU whose implied inlet is more than half the node's edge
+        # away does not learn: its node's inlet may be what moved (a cooling loss), or its own fit
+        # is wrong at this load and is corrected in a trusted window instead
+        with np.errstate(invalid="ignore"):
+            far = ~trusted[:, None] & (np.abs(implied - target[:, None]) > s.freeze_at * self.edges[2])
+        calm = calm & ~far
         self._learn(n, p, implied - target[:, None], calm, target, rise, rel, cls, dt)
         self._learn_bands(n, band, calm & ~np.isnan(target)[:, None], dt)
         fresh = trusted & ~np.isnan(ref)
@@ -347,8 +354,10 @@ class ThermalState:
         for k, v in enumerate((np.ones_like(pp), pp, y, pp * pp, pp * y)):
             st[k] = st[k] * keep + w * v
         self.busy_s[:n] += np.where(pp >= READY_POWER_FRAC, w, 0.0)
-        # the fleet's own median resistance per class, from its ready GPUs
-        _, r = self.fit(cls)
+        # the fleet's own median resistance per class, from its ready GPUs' fits pulled towards the
+        # trained seed, not towards this median itself: a GPU that has shown one load only has no
+        # slope of its own, and a median of priors that are the median would drift with any few GPUs
+        _, r = self.fit(cls, self.prior_r)
         ready = self.ready[:n]
         for c in range(len(self.fleet_r)):
             sel = ready & (cls[:n] == c)
