@@ -73,12 +73,14 @@ class ThermalSettings:
     """Time constant of each node's inlet level."""
     prior_s: float = 1_800.0
     """Weight of the prior on each GPU's resistance, in seconds of data (the fleet median's pull)."""
-    steady_windows: int = 10
+    steady_windows: int = 4
     """Windows (one per ``score`` call) over which a GPU's mean power must stay within ``steady_frac``."""
-    steady_frac: float = 0.12
-    step_frac: float = 0.03
+    steady_frac: float = 0.2
+    step_frac: float = 0.04
     """... and change by at most this much from one window to the next (a 30 s bucket that differs by
     ten times this from the one it replaced: the start of a dip or a ramp)."""
+    lag_s: float = 30.0
+    """Time constant with which a GPU's temperature follows its power (heat sink and cold plate)."""
     carry_s: float = 600.0
     """A GPU or node that is not steady keeps its last value this long, then reads 0."""
     freeze_at: float = 0.5
@@ -240,7 +242,14 @@ class ThermalState:
         a, r = self.fit(cls)
         a, r = a[:n], r[:n]
         pz = np.nan_to_num(p)
-        implied = np.where(valid, temp - a - r * pz, np.nan)
+        # temperature follows power with a lag: a window's mean temperature belongs to the mean power
+        # of a window lag_s earlier, i.e. this window's mean moved lag_s / dt of the way back towards
+        # the previous window's
+        prev = self.hist[:n, :, 1] if self.hist.shape[2] > 1 else p
+        back = min(1.0, s.lag_s / dt) if dt > 0 else 0.0
+        p_th = np.where(np.isnan(prev), p, p + back * (prev - p))
+        pt = np.nan_to_num(p_th)
+        implied = np.where(valid, temp - a - r * pt, np.nan)
         ready = self.ready[:n]
         # a GPU in a power band its own fit has not seen only extrapolates its inlet
         band = np.searchsorted(np.array(POWER_BANDS), pz)
@@ -278,7 +287,7 @@ class ThermalState:
         rise = np.where(scored & ready, resid - slack, np.nan)
         # before its own fit is ready a GPU is compared with the median GPU of its model on this fleet
         r_model = self.fleet_r[cls[:n]]
-        rel_resid = temp - r_model * pz - ref[:, None]
+        rel_resid = temp - r_model * pt - ref[:, None]
         rel = np.where(scored & ~ready, rel_resid / (r_model * np.maximum(pz, 0.05)), np.nan)
         # the node against its own inlet level, at the offset of its current power band
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
@@ -316,7 +325,7 @@ class ThermalState:
         with np.errstate(invalid="ignore"):
             far = ~trusted[:, None] & (np.abs(implied - target[:, None]) > s.freeze_at * self.edges[2])
         calm = calm & ~far
-        self._learn(n, p, implied - target[:, None], calm, target, rise, rel, cls, dt)
+        self._learn(n, p_th, implied - target[:, None], calm, target, rise, rel, cls, dt)
         self._learn_bands(n, band, calm & ~np.isnan(target)[:, None], dt)
         fresh = trusted & ~np.isnan(ref)
         self.ref_last[:n][fresh] = ref[fresh]

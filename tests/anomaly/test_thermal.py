@@ -17,7 +17,9 @@ R = 45.0  # °C per fraction of the default power limit
 
 
 class Node:
-    """Steady-state physics of one node: temp = inlet + slot offset + resistance x power."""
+    """Physics of one node, as window means: temp = inlet + slot offset + resistance x power, where
+    the power is the previous window's (the temperature follows the power with a 30 s lag, one
+    window step)."""
 
     def __init__(self, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
@@ -26,9 +28,12 @@ class Node:
         self.inlet = 25.0
         self.power = np.full(GPUS, 0.9)
         self.extra = np.zeros(GPUS)
+        self.heated_by: np.ndarray | None = None
 
     def temp(self) -> np.ndarray:
-        return self.inlet + self.offset + self.r * self.power + self.extra
+        p = self.power if self.heated_by is None else self.heated_by
+        self.heated_by = self.power.copy()
+        return self.inlet + self.offset + self.r * p + self.extra
 
 
 def _state() -> thermal.ThermalState:
@@ -224,3 +229,18 @@ def test_halves_of_a_cold_split_node_that_are_never_steady_together_share_one_in
     refs = np.array([s.inlet_ref_c[0, 0] for s in steps[round(1800 / STEP_S) :]])
     assert np.nanmax(refs) - np.nanmin(refs) < 1.0
     assert np.nanmax(np.abs(np.array([s.node_c[0, 0] for s in steps]))) < 1.0
+
+
+def test_a_gpu_whose_power_never_settles_for_long_is_still_compared_and_caught() -> None:
+    st, node = _warm()
+
+    def restless_and_degrading(n: Node, t: float) -> None:
+        n.power[:] = 0.9 if round(t / STEP_S) % 2 else 0.865  # a job that moves every window
+        n.extra[2] = 10.0 * min(1.0, t / 3600)
+
+    steps = _run(st, node, 3600, 10_000.0, restless_and_degrading)
+    # each window's temperature belongs to the power of the window before (the lag), so the
+    # comparison holds although the power never stays put; the degrading GPU stands out
+    assert steps[-1].rise_c[0, 2] > 8.0
+    others = [g for g in range(GPUS) if g != 2]
+    assert np.nanmax(np.abs(np.array([s.rise_c[0, others] for s in steps]))) < 1.0
