@@ -268,13 +268,13 @@ class ThermalState:
             ref = np.nanmedian(np.where(pick, implied, np.nan), axis=1)
         ref[pick.sum(axis=1) < 2] = np.nan
         # what the GPUs learn against: a trusted reference, else the node's last trusted one while it is
-        # recent (the inlet moves about a degree at most in stale_s). Only a node never trusted yet
-        # learns against its steady GPUs' own extrapolation: a GPU fitted against the extrapolation of
-        # GPUs that have not learned (the other half of a split node, steady only while this half is
-        # not) inherits their error, and once ready passes it on to the node's reference
+        # recent (the inlet moves about a degree at most in stale_s). Only a node without a trusted
+        # window for stale_s (its first minutes, or a load none of its GPUs has shown) learns against
+        # its steady GPUs' own extrapolation: a GPU fitted against the extrapolation of GPUs that have
+        # not learned (the other half of a split node, steady only while this half is not) inherits
+        # their error, and once ready passes it on to the node's reference
         recent = now - self.ref_at[:n] <= s.stale_s
-        cold = ~np.isfinite(self.ref_at[:n])
-        target = np.where(trusted, ref, np.where(recent, self.ref_last[:n], np.where(cold, ref, np.nan)))
+        target = np.where(trusted, ref, np.where(recent, self.ref_last[:n], ref))
         resid = implied - ref[:, None]
         busy = pz >= BUSY_POWER_FRAC
         hot = np.zeros_like(valid) if throttled is None else throttled[:n] & valid
@@ -323,7 +323,8 @@ class ThermalState:
         # away does not learn: its node's inlet may be what moved (a cooling loss), or its own fit
         # is wrong at this load and is corrected in a trusted window instead
         with np.errstate(invalid="ignore"):
-            far = ~trusted[:, None] & (np.abs(implied - target[:, None]) > s.freeze_at * self.edges[2])
+            carried = (~trusted & recent)[:, None]
+            far = carried & (np.abs(implied - target[:, None]) > s.freeze_at * self.edges[2])
         calm = calm & ~far
         self._learn(n, p_th, implied - target[:, None], calm, target, rise, rel, cls, dt)
         self._learn_bands(n, band, calm & ~np.isnan(target)[:, None], dt)

@@ -244,3 +244,17 @@ def test_a_gpu_whose_power_never_settles_for_long_is_still_compared_and_caught()
     assert steps[-1].rise_c[0, 2] > 8.0
     others = [g for g in range(GPUS) if g != 2]
     assert np.nanmax(np.abs(np.array([s.rise_c[0, others] for s in steps]))) < 1.0
+
+
+def test_a_node_learned_idle_then_busy_for_hours_at_a_load_it_never_showed_is_scored_there() -> None:
+    st, node = _state(), Node()
+    node.r = np.full(GPUS, R * 1.12)  # the prior's slope is 12 % off: idle fits extrapolate 4 °C wrong
+
+    def idle_then_busy(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 4.0 * min(1.0, t / (8 * 3600))  # a slow drift, 0.5 °C per hour
+        n.power[:] = 0.1 if t < 1800 or t >= 8.5 * 3600 else 0.85
+
+    steps = _run(st, node, 9.5 * 3600, 0.0, idle_then_busy)
+    busy = np.array([s.node_c[0, 0] for s in steps[round(2 * 3600 / STEP_S) : round(8.5 * 3600 / STEP_S)]])
+    assert np.isfinite(busy).mean() > 0.9  # the node is compared at its new load, not left out for hours
+    assert np.nanmax(np.array([s.node_c[0, 0] for s in steps])) < 2.0  # nor looks hot when idle again
