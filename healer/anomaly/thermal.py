@@ -73,12 +73,14 @@ class ThermalSettings:
     """Time constant of each node's inlet level."""
     prior_s: float = 1_800.0
     """Weight of the prior on each GPU's resistance, in seconds of data (the fleet median's pull)."""
-    steady_windows: int = 10
+    steady_windows: int = 4
     """Windows (one per ``score`` call) over which a GPU's mean power must stay within ``steady_frac``."""
-    steady_frac: float = 0.12
-    step_frac: float = 0.03
+    steady_frac: float = 0.2
+    step_frac: float = 0.04
     """... and change by at most this much from one window to the next (a 30 s bucket that differs by
     ten times this from the one it replaced: the start of a dip or a ramp)."""
+    lag_s: float = 30.0
+    """Time constant with which a GPU's temperature follows its power (heat sink and cold plate)."""
     carry_s: float = 600.0
     """A GPU or node that is not steady keeps its last value this long, then reads 0."""
     freeze_at: float = 0.5
@@ -154,6 +156,9 @@ class ThermalState:
         """Per power band and node, how far the inlet reference sits from the level at that load: what
         the GPUs' fits cannot tell apart from the inlet (a shared error in their slopes, the fans)."""
         self.band_s = np.zeros((len(POWER_BANDS) + 1, 0))
+        self.ref_last = np.full(0, np.nan)
+        """Each node's last trusted inlet reference, °C, and when it was taken (unix seconds)."""
+        self.ref_at = np.full(0, -math.inf)
         self.node_names: list[str] = []
         self._pending: dict[str, Any] = {}
         """Imported node states whose nodes have not reported yet (applied when they appear)."""
@@ -179,6 +184,8 @@ class ThermalState:
         self.level_at = np.concatenate([self.level_at, np.full(extra, -math.inf)])
         self.band_off = np.concatenate([self.band_off, np.zeros((nb, extra))], axis=1)
         self.band_s = np.concatenate([self.band_s, np.zeros((nb, extra))], axis=1)
+        self.ref_last = np.concatenate([self.ref_last, np.full(extra, np.nan)])
+        self.ref_at = np.concatenate([self.ref_at, np.full(extra, -math.inf)])
         start = len(self.node_names)
         self.node_names = list(names)
         for i in range(start, len(names)):
@@ -188,10 +195,11 @@ class ThermalState:
 
     # ----------------------------------------------------------------- the fit
 
-    def fit(self, cls: npt.NDArray[np.intp]) -> tuple[F64, F64]:
-        """Each GPU's (a, r): its own least-squares fit, pulled towards its class's fleet median r."""
+    def fit(self, cls: npt.NDArray[np.intp], prior: F64 | None = None) -> tuple[F64, F64]:
+        """Each GPU's (a, r): its own least-squares fit, pulled towards its class's fleet median r
+        (or towards ``prior``, per class)."""
         w, sp, sy, spp, spy = self.stats
-        r0 = self.fleet_r[cls]
+        r0 = (self.fleet_r if prior is None else prior)[cls]
         lam = self.s.prior_s * PRIOR_SPREAD**2
         eps = 1.0
         # minimise sum w (y - a - r p)^2 + lam (r - r0)^2 + eps a^2
@@ -234,7 +242,14 @@ class ThermalState:
         a, r = self.fit(cls)
         a, r = a[:n], r[:n]
         pz = np.nan_to_num(p)
-        implied = np.where(valid, temp - a - r * pz, np.nan)
+        # temperature follows power with a lag: a window's mean temperature belongs to the mean power
+        # of a window lag_s earlier, i.e. this window's mean moved lag_s / dt of the way back towards
+        # the previous window's
+        prev = self.hist[:n, :, 1] if self.hist.shape[2] > 1 else p
+        back = min(1.0, s.lag_s / dt) if dt > 0 else 0.0
+        p_th = np.where(np.isnan(prev), p, p + back * (prev - p))
+        pt = np.nan_to_num(p_th)
+        implied = np.where(valid, temp - a - r * pt, np.nan)
         ready = self.ready[:n]
         # a GPU in a power band its own fit has not seen only extrapolates its inlet
         band = np.searchsorted(np.array(POWER_BANDS), pz)
@@ -252,6 +267,14 @@ class ThermalState:
             warnings.simplefilter("ignore", RuntimeWarning)
             ref = np.nanmedian(np.where(pick, implied, np.nan), axis=1)
         ref[pick.sum(axis=1) < 2] = np.nan
+        # what the GPUs learn against: a trusted reference, else the node's last trusted one while it is
+        # recent (the inlet moves about a degree at most in stale_s). Only a node without a trusted
+        # window for stale_s (its first minutes, or a load none of its GPUs has shown) learns against
+        # its steady GPUs' own extrapolation: a GPU fitted against the extrapolation of GPUs that have
+        # not learned (the other half of a split node, steady only while this half is not) inherits
+        # their error, and once ready passes it on to the node's reference
+        recent = now - self.ref_at[:n] <= s.stale_s
+        target = np.where(trusted, ref, np.where(recent, self.ref_last[:n], ref))
         resid = implied - ref[:, None]
         busy = pz >= BUSY_POWER_FRAC
         hot = np.zeros_like(valid) if throttled is None else throttled[:n] & valid
@@ -264,7 +287,7 @@ class ThermalState:
         rise = np.where(scored & ready, resid - slack, np.nan)
         # before its own fit is ready a GPU is compared with the median GPU of its model on this fleet
         r_model = self.fleet_r[cls[:n]]
-        rel_resid = temp - r_model * pz - ref[:, None]
+        rel_resid = temp - r_model * pt - ref[:, None]
         rel = np.where(scored & ~ready, rel_resid / (r_model * np.maximum(pz, 0.05)), np.nan)
         # the node against its own inlet level, at the offset of its current power band
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
@@ -296,8 +319,18 @@ class ThermalState:
             carried = np.where(now - self.last_at[k, :n] <= s.carry_s, kept, np.nan)
             out.append(np.where(fresh, v, np.where(valid, carried, np.nan)))
         calm = steady & ~hot
-        self._learn(n, p, resid, calm, ref, rise, rel, cls, dt)
-        self._learn_bands(n, band, calm & ~np.isnan(ref)[:, None], dt)
+        # against a carried reference, a GPU whose implied inlet is more than half the node's edge
+        # away does not learn: its node's inlet may be what moved (a cooling loss), or its own fit
+        # is wrong at this load and is corrected in a trusted window instead
+        with np.errstate(invalid="ignore"):
+            carried = (~trusted & recent)[:, None]
+            far = carried & (np.abs(implied - target[:, None]) > s.freeze_at * self.edges[2])
+        calm = calm & ~far
+        self._learn(n, p_th, implied - target[:, None], calm, target, rise, rel, cls, dt)
+        self._learn_bands(n, band, calm & ~np.isnan(target)[:, None], dt)
+        fresh = trusted & ~np.isnan(ref)
+        self.ref_last[:n][fresh] = ref[fresh]
+        self.ref_at[:n][fresh] = now
         self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, now, dt)
         return Step(out[0], out[1], out[2], resid, np.broadcast_to(ref[:, None], temp.shape).copy(), ready)
 
@@ -331,8 +364,10 @@ class ThermalState:
         for k, v in enumerate((np.ones_like(pp), pp, y, pp * pp, pp * y)):
             st[k] = st[k] * keep + w * v
         self.busy_s[:n] += np.where(pp >= READY_POWER_FRAC, w, 0.0)
-        # the fleet's own median resistance per class, from its ready GPUs
-        _, r = self.fit(cls)
+        # the fleet's own median resistance per class, from its ready GPUs' fits pulled towards the
+        # trained seed, not towards this median itself: a GPU that has shown one load only has no
+        # slope of its own, and a median of priors that are the median would drift with any few GPUs
+        _, r = self.fit(cls, self.prior_r)
         ready = self.ready[:n]
         for c in range(len(self.fleet_r)):
             sel = ready & (cls[:n] == c)
@@ -422,6 +457,8 @@ class ThermalState:
                 "level_at": float(self.level_at[i]) if np.isfinite(self.level_at[i]) else None,
                 "band_off_c": rnd(self.band_off[:, i]),
                 "band_s": rnd(self.band_s[:, i]),
+                "ref_c": None if np.isnan(self.ref_last[i]) else float(self.ref_last[i]),
+                "ref_at": float(self.ref_at[i]) if np.isfinite(self.ref_at[i]) else None,
             }
         for name, doc in self._pending.items():
             nodes.setdefault(name, doc)
@@ -464,3 +501,5 @@ class ThermalState:
         self.seen[:, i] = np.array(doc["seen_s"], dtype=np.float64)
         self.band_off[:, i] = np.array(doc["band_off_c"], dtype=np.float64)
         self.band_s[:, i] = np.array(doc["band_s"], dtype=np.float64)
+        self.ref_last[i] = np.nan if doc.get("ref_c") is None else float(doc["ref_c"])
+        self.ref_at[i] = -math.inf if doc.get("ref_at") is None else float(doc["ref_at"])

@@ -45,6 +45,12 @@ def condition(rule: ruleset.Rule) -> str:
     text = f"`{text}`"
     if rule.for_s:
         text += f", for {duration(rule.for_s)}"
+    if rule.has_resolve and rule.resolve_text:
+        text += f"; resolves when `{rule.resolve_text}`"
+        if rule.resolve_for_s:
+            text += f" for {duration(rule.resolve_for_s)}"
+    if rule.cooldown_s:
+        text += f"; cooldown {duration(rule.cooldown_s)}"
     return text
 
 

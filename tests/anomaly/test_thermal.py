@@ -17,7 +17,9 @@ R = 45.0  # °C per fraction of the default power limit
 
 
 class Node:
-    """Steady-state physics of one node: temp = inlet + slot offset + resistance x power."""
+    """Physics of one node, as window means: temp = inlet + slot offset + resistance x power, where
+    the power is the previous window's (the temperature follows the power with a 30 s lag, one
+    window step)."""
 
     def __init__(self, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
@@ -26,9 +28,12 @@ class Node:
         self.inlet = 25.0
         self.power = np.full(GPUS, 0.9)
         self.extra = np.zeros(GPUS)
+        self.heated_by: np.ndarray | None = None
 
     def temp(self) -> np.ndarray:
-        return self.inlet + self.offset + self.r * self.power + self.extra
+        p = self.power if self.heated_by is None else self.heated_by
+        self.heated_by = self.power.copy()
+        return self.inlet + self.offset + self.r * p + self.extra
 
 
 def _state() -> thermal.ThermalState:
@@ -183,3 +188,73 @@ def test_a_load_first_seen_after_hours_of_drift_does_not_shift_the_loads_seen_be
     node_c = np.array([s.node_c[0, 0] for s in steps])
     assert np.isfinite(node_c[-40:]).all()  # back at the known load the node is scored again ...
     assert np.nanmax(node_c) < 2.0  # ... and nothing in the nine hours looked like a cooling loss
+
+
+def test_gpus_never_steady_beside_learned_peers_do_not_learn_against_their_own_extrapolation() -> None:
+    st, node = _state(), Node()
+    node.offset[:4] = 6.0  # the front half runs 6 °C hotter than the prior explains (slot, airflow)
+
+    def split(n: Node, t: float) -> None:
+        wobble = 0.86 if round(t / STEP_S) % 2 else 0.92  # a job whose power never settles
+        if t < 2 * 3600:  # two hours: the rear half learns, the front half is never steady
+            n.power[4:], n.power[:4] = 0.9, wobble
+        elif t < 2.5 * 3600:  # half an hour the other way round: only the unlearned half is steady
+            n.power[4:], n.power[:4] = wobble, 0.9
+        else:
+            n.power[:] = 0.9
+
+    steps = _run(st, node, 3.5 * 3600, 0.0, split)
+    assert steps[-1].ready.all()
+    # the front half learned against the rear half's reference, not against its own guess: once all
+    # are steady every GPU agrees on the inlet, and the node never looked as if its inlet had moved
+    settled = np.array([s.residual_c[0] for s in steps[round(2.5 * 3600 / STEP_S) + 20 :]])
+    assert np.nanmax(np.abs(settled)) < 0.5
+    assert np.nanmax(np.abs(np.array([s.node_c[0, 0] for s in steps]))) < 1.0
+
+
+def test_halves_of_a_cold_split_node_that_are_never_steady_together_share_one_inlet() -> None:
+    st, node = _state(), Node()
+    node.offset[:4] = 6.0
+
+    def alternate(n: Node, t: float) -> None:
+        wobble = 0.86 if round(t / STEP_S) % 2 else 0.92
+        if t < 3 * 3600:  # from cold, the halves take turns at being steady every 20 minutes
+            front = (t // 1200) % 2 == 0
+            n.power[:4], n.power[4:] = (0.9, wobble) if front else (wobble, 0.9)
+        else:
+            n.power[:] = 0.9
+
+    steps = _run(st, node, 4 * 3600, 0.0, alternate)
+    # whichever half is steady, the node's inlet reference is the same inlet
+    refs = np.array([s.inlet_ref_c[0, 0] for s in steps[round(1800 / STEP_S) :]])
+    assert np.nanmax(refs) - np.nanmin(refs) < 1.0
+    assert np.nanmax(np.abs(np.array([s.node_c[0, 0] for s in steps]))) < 1.0
+
+
+def test_a_gpu_whose_power_never_settles_for_long_is_still_compared_and_caught() -> None:
+    st, node = _warm()
+
+    def restless_and_degrading(n: Node, t: float) -> None:
+        n.power[:] = 0.9 if round(t / STEP_S) % 2 else 0.865  # a job that moves every window
+        n.extra[2] = 10.0 * min(1.0, t / 3600)
+
+    steps = _run(st, node, 3600, 10_000.0, restless_and_degrading)
+    # each window's temperature belongs to the power of the window before (the lag), so the
+    # comparison holds although the power never stays put; the degrading GPU stands out
+    assert steps[-1].rise_c[0, 2] > 8.0
+    others = [g for g in range(GPUS) if g != 2]
+    assert np.nanmax(np.abs(np.array([s.rise_c[0, others] for s in steps]))) < 1.0
+
+
+def test_a_node_learned_idle_then_busy_for_hours_at_a_load_it_never_showed_is_scored_there() -> None:
+    st, node = _state(), Node()
+    node.r = np.full(GPUS, R * 1.12)  # the prior's slope is 12 % off: idle fits extrapolate 4 °C wrong
+
+    def idle_then_busy(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 4.0 * min(1.0, t / (8 * 3600))  # a slow drift, 0.5 °C per hour
+        n.power[:] = 0.1 if t < 1800 or t >= 8.5 * 3600 else 0.85
+
+    steps = _run(st, node, 9.5 * 3600, 0.0, idle_then_busy)
+    busy = np.array([s.node_c[0, 0] for s in steps[round(2 * 3600 / STEP_S) : round(8.5 * 3600 / STEP_S)]])
+    assert np.isfinite(busy).mean() > 0.9  # the node is compared at its new load, not left out for hours
+    assert np.nanmax(np.array([s.node_c[0, 0] for s in steps])) < 2.0  # nor looks hot when idle again

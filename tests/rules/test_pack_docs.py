@@ -41,6 +41,24 @@ rules:
     ]
 
 
+def test_the_table_shows_an_episode_s_resolve_and_cooldown_as_the_file_writes_them() -> None:
+    text = """
+rules:
+  - id: episode
+    scope: gpu
+    when: anomaly_score >= 0.9
+    for: 2m
+    resolve: {when: anomaly_score < 0.6, for: 15m}
+    cooldown: 1h
+    severity: warning
+    actions: [notify]
+"""
+    result = loader.load_text(text, "pack/anomaly.yaml")
+    assert result.ruleset is not None
+    (row,) = packdoc.table(result.ruleset).splitlines()[2:]
+    assert "`anomaly_score >= 0.9`, for 2m; resolves when `anomaly_score < 0.6` for 15m; cooldown 1h" in row
+
+
 def test_a_page_without_the_markers_is_an_error() -> None:
     with pytest.raises(ValueError, match="markers"):
         packdoc.update("# no table here\n", "| x |\n")
