@@ -102,6 +102,7 @@ class Recovery:
         scheduler: actuators.Actuator,
         ladder_for: Callable[[str], recovery.Ladder | None],
         release: Callable[[str, str, int | None], None],
+        summary: Callable[[str, int | None, float], dict[str, float]] = lambda node, gpu, now: {},
         publish: Publish,
         spawn: Callable[[book.Incident], None],
         clock: Callable[[], float],
@@ -113,6 +114,8 @@ class Recovery:
         self.scheduler = scheduler
         self.ladder_for = ladder_for
         self.release = release
+        self.summary = summary
+        """The GPU's telemetry as the rule engine holds it (``Engine.summary``), for replacement bundles."""
         """Tells the rule engine a firing's incident was closed by its ladder (the fault showing again
         opens a new incident)."""
         self.publish = publish
@@ -362,7 +365,8 @@ class Recovery:
         for a in inc.actions:
             if a.kind == "validate" and a.facts:
                 facts = dict(a.facts)
-        bundle = ladder.evidence(state, history, facts, [dict(inc.evidence)], {})
+        telemetry = self.summary(inc.node, inc.gpu_index, now)
+        bundle = ladder.evidence(state, history, facts, [dict(inc.evidence)], telemetry)
         where = f"node {inc.node}" + (f" GPU {inc.gpu_index}" if inc.gpu_index is not None else "")
         rep = book.Incident(
             id=book.new_id(),

@@ -197,7 +197,8 @@ class Controller:
         self.recovery = healing.Recovery(
             self.cs, state, self.book, scheduler=self.scheduler,
             ladder_for=lambda rule_id: self.engine.rules.ladder_for(rule_id),
-            release=self.engine.release, publish=self._save_publish, spawn=self.actions.spawn,
+            release=self.engine.release, summary=self.engine.summary, publish=self._save_publish,
+            spawn=self.actions.spawn,
             clock=self.clock, log=self.log,
         )  # fmt: skip
         self._events = self.bus.pull_consumer(

@@ -151,6 +151,9 @@ async def test_validation_failing_twice_opens_a_hardware_replacement(harness: Ha
     assert rep.evidence["device.board_part_number"] == "692-2G520"
     assert rep.evidence["incident"] == original.incident_id
     assert '"outcome": "validation_failed"' in str(rep.evidence["steps_taken"])
+    # the GPU's telemetry as the controller holds it (the fields its rules read)
+    assert rep.evidence["telemetry.latest.ecc_dbe_volatile"] == 1
+    assert 0 <= float(rep.evidence["telemetry.age_s"]) < 60
     assert steps(rep) == [("hardware_replacement", "done")]
     assert original.evidence["outcome"] == "hardware_replacement"
     assert original.evidence["replacement"] == rep.incident_id
