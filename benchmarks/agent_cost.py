@@ -31,7 +31,7 @@ import structlog
 
 from healer.agent import metrics as metrics_mod
 from healer.agent import runner
-from healer.bus import memory, server, subjects
+from healer.bus import embedded, memory, subjects
 from healer.schemas import telemetry
 from healer.telemetry import nvml, sim, source
 from tests.fakes import fake_pynvml
@@ -92,7 +92,7 @@ def scrape_cost(scrapes: int) -> tuple[float, int]:
 def process_cost(seconds: float, interval_s: float) -> tuple[float, float, int]:
     """A real `healer agent --source sim` process publishing to a real nats-server:
     (ms CPU per frame, RSS MB at the end, frames)."""
-    with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
+    with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         proc = subprocess.Popen(
             [sys.executable, "-m", "healer", "agent", "--nats", srv.url, "--source", "sim", "--node", "bench",
              "--interval", str(interval_s), "--state-dir", str(pathlib.Path(tmp) / "state"), "--metrics-port",

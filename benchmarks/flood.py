@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import structlog
 
 from healer import config, testing
-from healer.bus import base, provision, server, subjects
+from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, events
@@ -63,7 +63,7 @@ async def flooder(url: str, seconds: float) -> None:
     print(json.dumps({"sent": sent}))
 
 
-def varz(srv: server.EmbeddedServer) -> dict[str, object]:
+def varz(srv: embedded.EmbeddedServer) -> dict[str, object]:
     with urllib.request.urlopen(f"http://{srv.host}:{srv.monitor_port}/varz", timeout=5) as r:
         return dict(json.loads(r.read()))
 
@@ -71,7 +71,7 @@ def varz(srv: server.EmbeddedServer) -> dict[str, object]:
 async def run(seconds: float, lease_ttl_s: float) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))  # errors only
     with tempfile.TemporaryDirectory() as tmp:
-        srv = server.EmbeddedServer(pathlib.Path(tmp) / "nats")
+        srv = embedded.EmbeddedServer(pathlib.Path(tmp) / "nats")
         srv.start()
         try:
             await measure(srv, pathlib.Path(tmp), seconds, lease_ttl_s)
@@ -79,7 +79,9 @@ async def run(seconds: float, lease_ttl_s: float) -> None:
             srv.stop()
 
 
-async def measure(srv: server.EmbeddedServer, tmp: pathlib.Path, seconds: float, lease_ttl_s: float) -> None:
+async def measure(
+    srv: embedded.EmbeddedServer, tmp: pathlib.Path, seconds: float, lease_ttl_s: float
+) -> None:
     rules = tmp / "rules"
     rules.mkdir()
     (rules / "xid.yaml").write_text(XID_RULE)

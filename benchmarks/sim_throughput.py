@@ -18,8 +18,8 @@ import pathlib
 import tempfile
 import time
 
+from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.bus import server, subjects
 from healer.sim import live, recording, scenarios
 
 RECORD_TARGET = 50_000
@@ -77,7 +77,7 @@ def main() -> None:
         tmp = pathlib.Path(d)
         for nodes in (100, 500, 2000):
             bench_record(nodes, sim_s if nodes < 2000 else sim_s / 4, tmp)
-        with server.EmbeddedServer(tmp / "nats") as srv:
+        with embedded.EmbeddedServer(tmp / "nats") as srv:
             for nodes in (2000, 5000):
                 asyncio.run(bench_live(nodes, 10 if args.quick else 30, srv.url))
 

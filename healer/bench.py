@@ -33,8 +33,8 @@ import orjson
 import structlog
 
 from healer import config, testing
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, server, subjects
 from healer.controller import service
 from healer.schemas import codec, telemetry
 from healer.telemetry import sim
@@ -265,7 +265,7 @@ async def run(
     latency_shards: int = 1,
 ) -> Report:
     frame_bytes = len(_templates(1, set())[0][1])
-    with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
+    with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         b = await natsbus.NatsBus.connect(srv.url)
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()
@@ -279,7 +279,7 @@ async def run(
         bare = max(bares, key=lambda r: r.per_cpu_s)
         ctl_rate, tick_mean, dropped = max(ctls, key=lambda r: r[0].per_cpu_s)
         shard_rate = max(shard_rates, key=lambda r: r.per_cpu_s)
-    with tempfile.TemporaryDirectory() as tmp, server.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
+    with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         b = await natsbus.NatsBus.connect(srv.url)
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()

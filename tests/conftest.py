@@ -14,7 +14,7 @@ import pytest
 import structlog
 
 from healer import config
-from healer.bus import base, memory, provision, server, subjects
+from healer.bus import base, embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
 
 
@@ -30,8 +30,8 @@ def _structlog_config_restored() -> Iterator[None]:
 
 
 @pytest.fixture
-def nats_server(tmp_path: pathlib.Path) -> Iterator[server.EmbeddedServer]:
-    srv = server.EmbeddedServer(tmp_path / "nats")
+def nats_server(tmp_path: pathlib.Path) -> Iterator[embedded.EmbeddedServer]:
+    srv = embedded.EmbeddedServer(tmp_path / "nats")
     srv.start()
     try:
         yield srv
@@ -40,8 +40,8 @@ def nats_server(tmp_path: pathlib.Path) -> Iterator[server.EmbeddedServer]:
 
 
 @pytest.fixture
-def nats_cluster(tmp_path: pathlib.Path) -> Iterator[server.EmbeddedCluster]:
-    cluster = server.EmbeddedCluster(tmp_path / "cluster", size=3)
+def nats_cluster(tmp_path: pathlib.Path) -> Iterator[embedded.EmbeddedCluster]:
+    cluster = embedded.EmbeddedCluster(tmp_path / "cluster", size=3)
     cluster.start()
     try:
         yield cluster
@@ -56,7 +56,7 @@ def subj() -> subjects.Subjects:
 
 @pytest.fixture
 async def nats_bus(
-    nats_server: server.EmbeddedServer, subj: subjects.Subjects
+    nats_server: embedded.EmbeddedServer, subj: subjects.Subjects
 ) -> AsyncIterator[natsbus.NatsBus]:
     """A connected, provisioned NatsBus on a fresh server."""
     bus = await natsbus.NatsBus.connect(nats_server.url, name="test")
@@ -75,7 +75,7 @@ async def bus(request: pytest.FixtureRequest, subj: subjects.Subjects) -> AsyncI
         yield mem
         await mem.close()
     else:
-        srv: server.EmbeddedServer = request.getfixturevalue("nats_server")
+        srv: embedded.EmbeddedServer = request.getfixturevalue("nats_server")
         real = await natsbus.NatsBus.connect(srv.url, name="test")
         await provision.ensure(real, subj, config.NatsSettings())
         yield real

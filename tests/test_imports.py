@@ -133,3 +133,25 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: pathlib.Path) -> None:
     assert layer_of("healer.sim.live") == "top"
     assert layer_of("healer.sim.fleet") == "middle"
     assert layer_of("healer.schemas.codec") == "bottom"
+
+
+SHARED_NAMES = {"__init__", "base"}
+"""File names several packages may share: ``base`` (each package's Protocols) is never ambiguous."""
+
+
+def test_no_module_imports_two_modules_of_one_name() -> None:
+    """Two modules called ``incidents`` (or ``server``, ``commands``, ``recovery``) in one file forced
+    ``x as x_mod`` aliases; each name is used once wherever a module meets another."""
+    clashes = []
+    for path in PACKAGE.rglob("*.py"):
+        me = module_name(path)
+        mods = {
+            m
+            for m in healer_imports(path) | {me}
+            if (PACKAGE.parent / (m.replace(".", "/") + ".py")).exists()
+        }
+        by_name: dict[str, set[str]] = {}
+        for m in mods:
+            by_name.setdefault(m.rsplit(".", 1)[-1], set()).add(m)
+        clashes += [f"{me}: {sorted(v)}" for k, v in by_name.items() if len(v) > 1 and k not in SHARED_NAMES]
+    assert sorted(clashes) == []

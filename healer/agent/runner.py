@@ -22,8 +22,7 @@ import structlog
 
 import healer
 from healer import errors, health
-from healer.agent import commands as commands_mod
-from healer.agent import host
+from healer.agent import execution, host
 from healer.agent import metrics as metrics_mod
 from healer.agent import spool as spool_mod
 from healer.bus import base
@@ -77,7 +76,7 @@ class Agent:
         self.state_dir = pathlib.Path(state_dir)
         self.spool = spool_mod.EventSpool(self.state_dir)
         self.frames: collections.deque[bytes] = collections.deque(maxlen=buffer_frames)
-        self.executor = commands_mod.CommandExecutor(
+        self.executor = execution.CommandExecutor(
             node,
             source,
             self.state_dir / "power.json",
@@ -274,12 +273,12 @@ class Agent:
             return list(self._last_indices)
         return list(range(self.gpus_expected or 0))
 
-    def _health(self, since: float | None) -> commands_mod.Health:
+    def _health(self, since: float | None) -> execution.Health:
         """For ``validate``: the newest frame's GPUs and the XID / GPU-lost events received since then."""
         recent = [ev for ts, ev in list(self._recent_events) if since is not None and ts >= since]
-        return commands_mod.Health(list(self._last_gpus), self.gpus_expected, recent)
+        return execution.Health(list(self._last_gpus), self.gpus_expected, recent)
 
-    async def _live_tokens(self) -> commands_mod.LiveTokens | None:
+    async def _live_tokens(self) -> execution.LiveTokens | None:
         """The fencing tokens of the leases held now: ``leader.shard-0``, ``-1``, ... up to the first
         shard without one. A lease document carries its token once renewed (before that its revision is
         the token); a document claiming a token above its own revision is forged and counts for nothing,
@@ -301,8 +300,8 @@ class Agent:
                 if claimed <= revision:  # a token is the revision at acquisition: never above the current
                     tokens.add(claimed)
         except (errors.HealerError, ValueError, TypeError, AttributeError) as e:
-            return commands_mod.LiveTokens(frozenset(), error=str(e) or repr(e))
-        return commands_mod.LiveTokens(frozenset(tokens))
+            return execution.LiveTokens(frozenset(), error=str(e) or repr(e))
+        return execution.LiveTokens(frozenset(tokens))
 
     async def _on_command(self, msg: base.Msg) -> None:
         try:

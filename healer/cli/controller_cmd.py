@@ -21,7 +21,7 @@ from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.actuators import factory
-    from healer.controller import kv, policy, recovery, service
+    from healer.controller import healing, kv, policy, service
     from healer.controller import metrics as metrics_mod
     from healer.rules import loader
     from healer.ui import hook
@@ -29,7 +29,7 @@ else:
     factory = lazy.module("healer.actuators.factory")
     kv = lazy.module("healer.controller.kv")
     policy = lazy.module("healer.controller.policy")
-    recovery = lazy.module("healer.controller.recovery")
+    healing = lazy.module("healer.controller.healing")
     service = lazy.module("healer.controller.service")
     metrics_mod = lazy.module("healer.controller.metrics")
     loader = lazy.module("healer.rules.loader")
@@ -262,13 +262,13 @@ def _ladder(args: argparse.Namespace) -> int:
         bus, store = await _state_store(s)
         try:
             if args.action == "stop":
-                if await store.get(recovery.PREFIX + args.incident) is None:
+                if await store.get(healing.PREFIX + args.incident) is None:
                     raise errors.PermanentError(f"no recovery ladder in flight for {args.incident}")
                 who = {"by": args.by or getpass.getuser(), "reason": args.reason, "at": time.time()}
-                await store.put(recovery.STOP_PREFIX + args.incident, who)
+                await store.put(healing.STOP_PREFIX + args.incident, who)
                 return [{"incident": args.incident, "stop_requested": who}]
             out = []
-            for key in sorted(await store.keys(recovery.PREFIX)):
+            for key in sorted(await store.keys(healing.PREFIX)):
                 doc = await store.get(key)
                 if doc is None:
                     continue

@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from healer import config, errors, logs
-from healer.bus import provision, server, subjects
+from healer.bus import embedded, provision, subjects
 from healer.cli import common, natsconf_cmd
 
 
@@ -57,7 +57,7 @@ def _provision(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     logs.configure("info")
-    srv = server.EmbeddedServer(pathlib.Path(args.store_dir), port=args.port or 0, host=args.host)
+    srv = embedded.EmbeddedServer(pathlib.Path(args.store_dir), port=args.port or 0, host=args.host)
     try:
         srv.start()
     except errors.HealerError as e:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from healer import config
-from healer.controller import incidents as book
+from healer.controller import book
 from healer.rules import actions, engine, ruleset
 from healer.schemas import incidents
 
@@ -201,7 +201,7 @@ class Attempt:
     held_elsewhere: bool = False
     """(uncordon) Another open incident still holds the node out of service."""
     ladder_step: bool = False
-    """A recovery-ladder step (healer.controller.recovery), not one of the rule's actions."""
+    """A recovery-ladder step (healer.controller.healing), not one of the rule's actions."""
     reboots_elsewhere: int = 0
     """(reboot_node) Other nodes rebooting for a recovery ladder now."""
 

@@ -18,7 +18,7 @@ import structlog
 from healer import errors
 from healer.bus import base
 from healer.bus import subjects as subjects_mod
-from healer.controller import incidents as incidents_mod
+from healer.controller import book
 from healer.schemas import codec, incidents
 
 log = structlog.get_logger(__name__)
@@ -34,7 +34,7 @@ class FeedPublisher:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
 
-    def build(self, inc: incidents_mod.Incident, change: incidents.Change) -> incidents.IncidentEvent:
+    def build(self, inc: book.Incident, change: incidents.Change) -> incidents.IncidentEvent:
         return incidents.build(
             event_id=f"{inc.id}.{inc.seq}",
             cluster=self.cluster,

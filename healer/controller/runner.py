@@ -22,19 +22,20 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import decide, policy
-from healer.controller import incidents as incidents_mod
+from healer.controller import book, decide, policy
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
 from healer.rules import actions
 from healer.schemas import incidents
 
-Publish = Callable[[incidents_mod.Incident, incidents.Change], Awaitable[None]]
+Publish = Callable[[book.Incident, incidents.Change], Awaitable[None]]
 
 
 class ActionRunner:
     """Owns the per-incident action tasks. ``publish`` saves an incident change and puts it on the feed;
     ``leader`` and ``fleet_size`` are asked at the moment of acting."""
+
+    breaker_incident: book.Incident | None
 
     def __init__(
         self,
@@ -49,7 +50,7 @@ class ActionRunner:
         dry_breaker: policy.Breaker,
         exclusions: policy.Exclusions,
         limits: policy.Limits,
-        book: incidents_mod.Book,
+        book: book.Book,
         metrics: metrics_mod.ControllerMetrics,
         publish: Publish,
         leader: Callable[[], bool],
@@ -74,9 +75,9 @@ class ActionRunner:
         self.stop = stop
         self.log = log
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.breaker_incident: incidents_mod.Incident | None = None
+        self.breaker_incident = None
 
-    def spawn(self, inc: incidents_mod.Incident) -> None:
+    def spawn(self, inc: book.Incident) -> None:
         """Run the incident's pending actions in its own task, after any task it already has."""
         work = self.run(inc)
         previous = self.tasks.get(inc.id)
@@ -96,7 +97,7 @@ class ActionRunner:
         task = asyncio.get_running_loop().create_task(chained(), name=f"actions:{inc.id}")
         self.tasks[inc.id] = task
 
-    async def run(self, inc: incidents_mod.Incident) -> None:
+    async def run(self, inc: book.Incident) -> None:
         for action in inc.actions:
             if action.status is not None:
                 if action.status not in decide.OK and not action.ladder:
@@ -129,9 +130,7 @@ class ActionRunner:
         if inc.state == "resolved":
             await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
 
-    def _attempt(
-        self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction, now: float
-    ) -> decide.Attempt:
+    def _attempt(self, inc: book.Incident, action: book.PlannedAction, now: float) -> decide.Attempt:
         """The snapshot the gates decide on, without the cooldown and rate window (read from KV only
         once the local gates allow)."""
         uncordon = (action.on_resolve and action.kind == "uncordon") or action.kind == "return_to_service"
@@ -152,7 +151,7 @@ class ActionRunner:
             ladder_step=action.ladder,
         )
 
-    async def _act(self, inc: incidents_mod.Incident, action: incidents_mod.PlannedAction) -> decide.Verdict:
+    async def _act(self, inc: book.Incident, action: book.PlannedAction) -> decide.Verdict:
         """The action's verdict: WAIT (retried next tick) or SETTLE with the status to record (from a gate,
         or from the actuator's outcome)."""
         now = self.clock()
@@ -210,8 +209,8 @@ class ActionRunner:
 
     async def _breaker_tripped(self, reason: str) -> None:
         now = self.clock()
-        inc = incidents_mod.Incident(
-            id=incidents_mod.new_id(),
+        inc = book.Incident(
+            id=book.new_id(),
             rule_id="circuit-breaker",
             severity="critical",
             node="fleet",

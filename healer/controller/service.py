@@ -38,9 +38,8 @@ from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import subjects as subjects_mod
 from healer.controller import admission as admission_mod
-from healer.controller import decide, kv, lease, policy, recovery, runner, supervisor, throttle
+from healer.controller import book, decide, healing, kv, lease, policy, runner, supervisor, throttle
 from healer.controller import feed as feed_mod
-from healer.controller import incidents as incidents_mod
 from healer.controller import metrics as metrics_mod
 from healer.rules import engine as engine_mod
 from healer.rules import loader
@@ -177,7 +176,7 @@ class Controller:
             if not loaded:
                 self.log.error("controller.anomaly_disabled", model=self.cs.model, anomaly_score=0)
         self.state = state
-        self.book = incidents_mod.Book(state)
+        self.book = book.Book(state)
         self.feed = feed_mod.FeedPublisher(self.bus, self.subjects, self.cs.cluster)
         self.breaker = policy.Breaker(state, self.cs)
         self.dry_breaker = policy.Breaker(kv.Prefixed(state, "dry-run."), self.cs)
@@ -195,10 +194,11 @@ class Controller:
             fleet_size=self._fleet_size, clock=self.clock, stop=self._stop, log=self.log,
             gpu=self.gpu, reboots=lambda node: self.recovery.reboots(node),
         )  # fmt: skip
-        self.recovery = recovery.Recovery(
+        self.recovery = healing.Recovery(
             self.cs, state, self.book, scheduler=self.scheduler,
             ladder_for=lambda rule_id: self.engine.rules.ladder_for(rule_id),
-            release=self.engine.release, publish=self._save_publish, spawn=self.actions.spawn,
+            release=self.engine.release, summary=self.engine.summary, publish=self._save_publish,
+            spawn=self.actions.spawn,
             clock=self.clock, log=self.log,
         )  # fmt: skip
         self._events = self.bus.pull_consumer(
@@ -336,7 +336,7 @@ class Controller:
         own terms (an event rule after its quiet period, a condition rule when its resolve condition
         holds on fresh data) instead of staying open for ever after a restart or a failover."""
         for inc in self.book.open.values():
-            if inc.node == "fleet" or inc.rule_id == recovery.REPLACEMENT_RULE:
+            if inc.node == "fleet" or inc.rule_id == healing.REPLACEMENT_RULE:
                 continue  # the breaker's incident, a replacement: a person closes them
             # A signal resolved already (or that never resolves) leaves the engine nothing to follow.
             for signal in (s for s in inc.signals if s.open):
@@ -547,7 +547,7 @@ class Controller:
             await self._join(into, f, now)
             return
         repeats = await self._count_repeat(f.node, f.gpu, now)
-        inc = decide.new_incident(f, incidents_mod.new_id(), now, self.cs.mode, repeats, self.cs)
+        inc = decide.new_incident(f, book.new_id(), now, self.cs.mode, repeats, self.cs)
         if f.gpu is not None and self.scorer is not None and "anomaly_score" in (f.rule.when_text or ""):
             scorer = self._learning_scorer()
             why = scorer.explain(f.node, f.gpu) if scorer is not None else {}
@@ -558,7 +558,7 @@ class Controller:
             await self._save_publish(inc, "escalated")
         self.actions.spawn(inc)
 
-    async def _join(self, inc: incidents_mod.Incident, f: engine_mod.Firing, now: float) -> None:
+    async def _join(self, inc: book.Incident, f: engine_mod.Firing, now: float) -> None:
         """Another signal of the fault ``inc`` is about: one ``updated`` change, and the actions the
         joining rule adds run after the incident's own."""
         joined = decide.join(inc, f, now)
@@ -589,7 +589,7 @@ class Controller:
             return 1
         return seen.count
 
-    async def _save_publish(self, inc: incidents_mod.Incident, change: incidents.Change) -> None:
+    async def _save_publish(self, inc: book.Incident, change: incidents.Change) -> None:
         inc.seq += 1
         inc.updated_at = self.clock()
         self.feed.enqueue(self.feed.build(inc, change))  # built before any await: ids never collide

@@ -24,7 +24,7 @@ import yaml
 
 from healer import config, errors
 from healer.actuators import factory, gpu_reset, power
-from healer.bus import base, provision, server, subjects
+from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.demo import stage, watch
@@ -109,7 +109,7 @@ async def run(
     with tempfile.TemporaryDirectory(prefix="healer-demo-") as tmp_name:
         tmp = pathlib.Path(tmp_name)
         replaced = stage.merge_rules(pack, overrides, tmp / "rules")
-        with server.EmbeddedServer(tmp / "nats") as srv:
+        with embedded.EmbeddedServer(tmp / "nats") as srv:
             log.info("demo.nats_started", pid=srv.pid, url=srv.url, tmp=str(tmp))
             say(f"nats-server (pid {srv.pid}) on {srv.url}, state in {tmp}")
             say(f"rules: {pack}, with {', '.join(replaced) or 'nothing'} replaced from {overrides}")

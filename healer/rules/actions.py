@@ -8,7 +8,7 @@ these facts from here. A rule names actions either bare (``cordon``) or with par
 (``power_limit: {percent_of_default: 80}``).
 
 The recovery ladder's steps (``reset_gpu``, ``validate``, ``reboot_node``, ``return_to_service``,
-``hardware_replacement``; healer.controller.recovery) are actions of the incident too, run through the
+``hardware_replacement``; healer.controller.healing) are actions of the incident too, run through the
 same gates; the ``ladder_only`` ones are added by the controller, never named in a rule.
 """
 

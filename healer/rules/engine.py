@@ -207,6 +207,36 @@ class Engine:
             self._restores[key] = (since, known)
         return True
 
+    def summary(self, node: str, gpu: int | None, now: float, window_s: float = 600.0) -> dict[str, float]:
+        """What the controller holds of one GPU's telemetry (the fields the loaded rules read): its newest
+        readings (``latest.<field>``),
+        for every field the rules keep a history of its average and maximum over ``window_s`` (where kept)
+        (``avg_10m.<field>``, ``max_10m.<field>`` for 10 minutes), and the age of its newest frame. The
+        telemetry part of a hardware-replacement bundle; empty for a node or GPU never seen."""
+        st = self.state
+        st.flush()
+        n = st.node_index(node)
+        if n is None or gpu is None or gpu >= st.gpus or not st.seen[n, gpu]:
+            return {}
+        out: dict[str, float] = {"age_s": round(now - float(st.last_ts[n]), 3)}
+        for name, col in st.col.items():
+            v = float(st.latest[col, n, gpu])
+            if not math.isnan(v):
+                out[f"latest.{name}"] = round(v, 3)
+        span = f"{window_s / 60:g}m"
+        for name in sorted(st.history):
+            kept = set(st.history[name].rings)  # only what the rules' range functions need is kept
+            for func, label, needs in (
+                ("avg_over_time", "avg", {"sum", "cnt"}),
+                ("max_over_time", "max", {"max"}),
+            ):
+                if not needs <= kept:
+                    continue
+                v = float(np.asarray(st.window(func, name, window_s, now))[n, gpu])
+                if not math.isnan(v):
+                    out[f"{label}_{span}.{name}"] = round(v, 3)
+        return out
+
     def release(self, rule_id: str, node: str, gpu: int | None) -> None:
         """Forget that a firing is active, without resolving it: its incident was closed by someone else
         (a recovery ladder that returned the node to service). The fault showing again fires anew."""

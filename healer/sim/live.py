@@ -4,7 +4,7 @@ Every interval it steps the simulation with the wall-clock time that passed, pub
 per reporting node on ``telemetry.<node>`` (core publish), publishes new NodeEvents on
 ``events.<node>`` with JetStream (``Nats-Msg-Id`` = event id; a publish that fails is retried on the
 next tick, never dropped), and hands new ground-truth records to a sink. Commands on ``cmd.*`` go to a
-per-node ``agent.commands.CommandExecutor`` (the real agent's) whose power control is that node's GPUs
+per-node ``agent.execution.CommandExecutor`` (the real agent's) whose power control is that node's GPUs
 in the simulation, so a power cap from the controller cools the simulated GPU: the closed loop. A
 silent node (agent dead) neither publishes nor answers.
 
@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from healer import errors
-from healer.agent import commands as agent_commands
+from healer.agent import execution
 from healer.bus import base, subjects
 from healer.schemas import codec, events, telemetry
 from healer.sim import engine, fleet, frames
@@ -106,7 +106,7 @@ class LiveFleet:
         self._index = {name: i for i, name in enumerate(names)}
         self._telemetry = [subj.telemetry(n) for n in names]
         self._events_subject = [subj.events(n) for n in names]
-        self._executors: dict[int, agent_commands.CommandExecutor] = {}
+        self._executors: dict[int, execution.CommandExecutor] = {}
         self._latest: dict[int, bytes] = {}
         """Each node's newest frame (what validation reads, as the agent's own newest frame)."""
         self._recent: dict[int, list[tuple[float, dict[str, Any]]]] = {}
@@ -124,18 +124,18 @@ class LiveFleet:
             await self._sub.unsubscribe()
             self._sub = None
 
-    def executor(self, node: int) -> agent_commands.CommandExecutor:
+    def executor(self, node: int) -> execution.CommandExecutor:
         ex = self._executors.get(node)
         if ex is None:
             power = NodePower(self.sim.fleet, node)
-            ex = agent_commands.CommandExecutor(
+            ex = execution.CommandExecutor(
                 self.sim.fleet.node_names[node], power, None, clock=self.clock,
                 gpu_indices=power.gpu_indices, gpu=power, health=lambda since: self._health(node, since),
             )  # fmt: skip
             self._executors[node] = ex
         return ex
 
-    def _health(self, node: int, since: float | None) -> agent_commands.Health:
+    def _health(self, node: int, since: float | None) -> execution.Health:
         gpus: list[telemetry.GpuSample] = []
         expected: int | None = None
         if node in self._latest:
@@ -146,7 +146,7 @@ class LiveFleet:
             for ts, e in self._recent.get(node, [])
             if since is not None and ts >= since and e.get("kind") not in ("agent_start", "agent_stop")
         ]
-        return agent_commands.Health(gpus, expected, recent)
+        return execution.Health(gpus, expected, recent)
 
     async def _on_command(self, msg: base.Msg) -> None:
         node = self._index.get(self.subjects.node_of(msg.subject))

@@ -12,7 +12,7 @@ import pytest
 from healer import config
 from healer.actuators import base, gpu_reset
 from healer.actuators import kubernetes as kube
-from healer.agent import commands as commands_mod
+from healer.agent import execution
 from healer.bus import base as bus_base
 from healer.bus import memory, subjects
 from healer.schemas import codec
@@ -46,7 +46,7 @@ async def host() -> AsyncIterator[tuple[memory.MemoryBus, Host]]:
     bus = memory.MemoryBus()
     h = Host()
     src = sim.SimSource("gpu-a", gpus=2)
-    executor = commands_mod.CommandExecutor(
+    executor = execution.CommandExecutor(
         "gpu-a", src, None, gpu_indices=lambda: [0, 1], gpu=src, reboot=h.reboot
     )
 
@@ -121,7 +121,7 @@ async def test_an_agent_that_cannot_reboot_leaves_no_mark(
     assert (await actuator.apply(kube_tests.req("cordon"))).status == "done"
     lonely = memory.MemoryBus()
     src = sim.SimSource("gpu-a", gpus=1)
-    ex = commands_mod.CommandExecutor("gpu-a", src, None, gpu=src)  # no agent.reboot_command
+    ex = execution.CommandExecutor("gpu-a", src, None, gpu=src)  # no agent.reboot_command
 
     async def on_command(msg: bus_base.Msg) -> None:
         await msg.respond(codec.encode(ex.execute(codec.decode_command(msg.data))))

@@ -11,7 +11,7 @@ import structlog.testing
 
 from healer import config
 from healer.actuators import base, power
-from healer.agent import commands as commands_mod
+from healer.agent import execution
 from healer.bus import base as bus_base
 from healer.bus import memory, subjects
 from healer.schemas import codec
@@ -34,7 +34,7 @@ class IgnoringDriver:
 class LiveReadings:
     """Telemetry as the controller sees it: a fresh frame from the simulated node on every look."""
 
-    def __init__(self, gpu: commands_mod.PowerControl, node: str = "n1") -> None:
+    def __init__(self, gpu: execution.PowerControl, node: str = "n1") -> None:
         self.gpu = gpu
         self.node = node
         self.looks = 0
@@ -69,10 +69,8 @@ def gpu() -> sim.SimSource:
     return sim.SimSource("n1", gpus=2)
 
 
-async def serve_agent(
-    bus: memory.MemoryBus, control: commands_mod.PowerControl
-) -> commands_mod.CommandExecutor:
-    executor = commands_mod.CommandExecutor("n1", control, None, gpu_indices=lambda: [0, 1])
+async def serve_agent(bus: memory.MemoryBus, control: execution.PowerControl) -> execution.CommandExecutor:
+    executor = execution.CommandExecutor("n1", control, None, gpu_indices=lambda: [0, 1])
 
     async def on_command(msg: bus_base.Msg) -> None:
         await msg.respond(codec.encode(executor.execute(codec.decode_command(msg.data))))
@@ -151,8 +149,8 @@ async def test_an_agent_that_cannot_check_a_new_token_is_a_temporary_failure(
 ) -> None:
     """The agent checks a new fencing token against the lease in KV; while it cannot read it, the cap
     is not refused for good but tried again (a refusal would escalate the incident and stop there)."""
-    executor = commands_mod.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
-    unreadable = commands_mod.LiveTokens(frozenset(), error="KV unreachable")
+    executor = execution.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
+    unreadable = execution.LiveTokens(frozenset(), error="KV unreachable")
 
     async def on_command(msg: bus_base.Msg) -> None:
         await msg.respond(codec.encode(executor.execute(codec.decode_command(msg.data), unreadable)))
@@ -196,7 +194,7 @@ async def test_bad_parameters_are_a_permanent_failure(bus: memory.MemoryBus, gpu
 class CountingReadings(LiveReadings):
     """LiveReadings that also hears about replies the actuator did not believe (as the controller does)."""
 
-    def __init__(self, gpu: commands_mod.PowerControl) -> None:
+    def __init__(self, gpu: execution.PowerControl) -> None:
         super().__init__(gpu)
         self.rejected: list[str] = []
 
@@ -206,7 +204,7 @@ class CountingReadings(LiveReadings):
 
 async def serve_forger(bus: memory.MemoryBus, gpu: sim.SimSource, **override: object) -> None:
     """An agent on n1's command subject that executes the command but answers with ``override`` applied."""
-    executor = commands_mod.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
+    executor = execution.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
 
     async def on_command(msg: bus_base.Msg) -> None:
         result = executor.execute(codec.decode_command(msg.data)).model_copy(update=override)
@@ -240,7 +238,7 @@ async def test_a_bare_refusal_without_the_command_id_is_still_heard(
     bus: memory.MemoryBus, gpu: sim.SimSource
 ) -> None:
     """An agent that cannot decode a command answers a refusal without its id: believed, nothing done."""
-    executor = commands_mod.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
+    executor = execution.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
 
     async def on_command(msg: bus_base.Msg) -> None:
         await msg.respond(codec.encode(executor.refuse_undecodable("bad command")))

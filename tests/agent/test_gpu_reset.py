@@ -14,8 +14,7 @@ import time
 import pytest
 
 from healer import errors
-from healer.agent import commands as commands_mod
-from healer.agent import host, validation
+from healer.agent import execution, host, validation
 from healer.schemas import commands, events
 from healer.telemetry import nvml, sim
 from tests.fakes import fake_pynvml
@@ -59,8 +58,8 @@ def source(fake: fake_pynvml.FakeNvml) -> nvml.NvmlSource:
     src.close()
 
 
-def executor(src: object, health: object = None) -> commands_mod.CommandExecutor:
-    return commands_mod.CommandExecutor(
+def executor(src: object, health: object = None) -> execution.CommandExecutor:
+    return execution.CommandExecutor(
         "n1",
         src,
         None,
@@ -120,7 +119,7 @@ def test_a_stale_or_unleased_token_never_resets(fake: fake_pynvml.FakeNvml, sour
     stale = ex.execute(cmd("reset_gpu", gpu_index=0, token=4))
     assert stale.status == "refused"
     assert "stale fencing token" in stale.detail
-    forged = ex.execute(cmd("reset_gpu", gpu_index=0, token=99), commands_mod.LiveTokens(frozenset({5})))
+    forged = ex.execute(cmd("reset_gpu", gpu_index=0, token=99), execution.LiveTokens(frozenset({5})))
     assert forged.status == "refused"
     assert "no lease's" in forged.detail
     assert fake.gpus[0].resets == 0
@@ -159,7 +158,7 @@ def test_reset_needs_one_gpu_and_no_watts() -> None:
 
 def test_a_source_without_reset_refuses() -> None:
     src = sim.SimSource("n1", gpus=2)
-    ex = commands_mod.CommandExecutor("n1", src, None)
+    ex = execution.CommandExecutor("n1", src, None)
     assert ex.execute(cmd("reset_gpu", gpu_index=0)).status == "refused"
 
 
@@ -183,8 +182,8 @@ def test_the_simulated_node_resets_by_the_fleets_model_and_refuses_a_lost_gpu() 
 
 # -- validate --------------------------------------------------------------------------------------------
 def _health(source: nvml.NvmlSource, evs: list[events.NodeEvent] | None = None) -> object:
-    def read(since: float | None) -> commands_mod.Health:
-        return commands_mod.Health(source.sample().gpus, 2, list(evs or []))
+    def read(since: float | None) -> execution.Health:
+        return execution.Health(source.sample().gpus, 2, list(evs or []))
 
     return read
 
@@ -352,8 +351,8 @@ def test_a_reboot_is_refused_while_work_runs_and_answered_from_disk_after_it(
         seen_on_disk.append("boot-1" in state.read_text())  # the answer is saved before the host goes down
         return "queued"
 
-    def make() -> commands_mod.CommandExecutor:
-        return commands_mod.CommandExecutor(
+    def make() -> execution.CommandExecutor:
+        return execution.CommandExecutor(
             "n1", source, state, gpu_indices=lambda: [0, 1], gpu=source, reboot=reboot
         )
 
@@ -371,7 +370,7 @@ def test_a_reboot_is_refused_while_work_runs_and_answered_from_disk_after_it(
 
 
 def test_a_reboot_command_that_fails_is_reported_and_forgotten(source: nvml.NvmlSource) -> None:
-    ex = commands_mod.CommandExecutor("n1", source, None, gpu=source, reboot=host.rebooter(["false"]))
+    ex = execution.CommandExecutor("n1", source, None, gpu=source, reboot=host.rebooter(["false"]))
     res = ex.execute(cmd("reboot_node", cid="b"))
     assert res.status == "failed"
     assert res.detail == "permanent: false exit 1: "

@@ -10,7 +10,7 @@ import pytest
 
 from healer import config
 from healer.agent import runner
-from healer.bus import base, provision, server, subjects
+from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.schemas import codec, commands, events, telemetry
 from healer.telemetry import nvml, sim
@@ -92,7 +92,7 @@ async def test_agent_start_and_stop_events_are_stored(
 
 
 async def test_events_during_an_outage_arrive_exactly_once(
-    nats_server: server.EmbeddedServer, subj: subjects.Subjects, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, subj: subjects.Subjects, tmp_path: pathlib.Path
 ) -> None:
     """Stop nats-server for seconds, emit events meanwhile, restart it on the same port: each event
     is stored exactly once, and the agent reconnected by itself."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from healer.bus import server
+from healer.bus import embedded
 
 BINARY = "prometheus-alertmanager"
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/usr/sbin"])
@@ -34,7 +34,7 @@ class Webhook:
     """Collects Alertmanager's webhook notifications (JSON payloads with ``status`` and ``alerts``)."""
 
     def __init__(self) -> None:
-        self.port = server.free_port()
+        self.port = embedded.free_port()
         self.payloads: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         hook = self
@@ -129,7 +129,7 @@ def real_alertmanager(tmp_path: pathlib.Path) -> Iterator[Alertmanager]:
     conf.write_text(CONFIG.format(url=webhook.url))
     storage = tmp_path / "am-data"
     storage.mkdir()
-    port = server.free_port()
+    port = embedded.free_port()
     log = (tmp_path / "alertmanager.log").open("wb")
     proc = subprocess.Popen(
         [

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from healer.bus import embedded
 from healer.bus import nats as natsbus
-from healer.bus import server
 from healer.feed import alertmanager
 from healer.schemas import incidents
 from tests.alertmanager.server import Alertmanager
@@ -168,7 +168,7 @@ def test_the_binary_is_a_known_alertmanager(real_alertmanager: Alertmanager) -> 
 
 
 async def test_the_command_sends_incidents_and_stops_cleanly_on_sigterm(
-    nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer, real_alertmanager: Alertmanager
+    nats_bus: natsbus.NatsBus, nats_server: embedded.EmbeddedServer, real_alertmanager: Alertmanager
 ) -> None:
     await helpers.publish(nats_bus, incident(1, "gpu-thermal-slowdown-sustained"))
     env = {**os.environ, "HEALER_FEED_FETCH_TIMEOUT_S": "0.5", "HEALER_LOG_FORMAT": "json"}

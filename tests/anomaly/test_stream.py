@@ -10,8 +10,8 @@ import pytest
 
 from healer import cli, config
 from healer.anomaly import dataset, features
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, server, subjects
 from healer.sim import recording
 from tests.anomaly import conftest
 
@@ -41,7 +41,7 @@ async def _publish(url: str, rec_path: pathlib.Path) -> int:
 
 
 def test_stream_frames_are_read_in_order_and_become_windows(
-    nats_server: server.EmbeddedServer, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
     rec_path = conftest.record(tmp_path / "h.npz", "healthy", nodes=4, minutes=8, seed=21)
     sent = asyncio.run(_publish(nats_server.url, rec_path))

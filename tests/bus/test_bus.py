@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from healer import config, errors
-from healer.bus import base, memory, provision, server, subjects
+from healer.bus import base, embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
 from tests import conftest
 
@@ -135,7 +135,7 @@ def test_node_names_escape_into_exactly_one_token(node: str) -> None:
 
 
 async def test_provisioning_is_idempotent_and_applies_changes(
-    nats_server: server.EmbeddedServer, subj: subjects.Subjects
+    nats_server: embedded.EmbeddedServer, subj: subjects.Subjects
 ) -> None:
     bus = await natsbus.NatsBus.connect(nats_server.url)
     try:
@@ -156,7 +156,7 @@ async def test_provisioning_is_idempotent_and_applies_changes(
 
 
 async def test_initial_connect_retries_until_the_server_appears(tmp_path: object) -> None:
-    srv = server.EmbeddedServer(str(tmp_path) + "/late")
+    srv = embedded.EmbeddedServer(str(tmp_path) + "/late")
     connecting = asyncio.create_task(
         natsbus.NatsBus.connect(srv.url, retry=config.RetrySettings(initial_delay_s=0.05, max_delay_s=0.2))
     )
@@ -172,7 +172,7 @@ async def test_initial_connect_retries_until_the_server_appears(tmp_path: object
 
 
 async def test_initial_connect_gives_up_after_configured_attempts() -> None:
-    url = f"nats://127.0.0.1:{server.free_port()}"
+    url = f"nats://127.0.0.1:{embedded.free_port()}"
     with pytest.raises(errors.TemporaryError, match="cannot connect"):
         await natsbus.NatsBus.connect(
             url, retry=config.RetrySettings(initial_delay_s=0.01, max_delay_s=0.02, attempts=2)
@@ -180,7 +180,7 @@ async def test_initial_connect_gives_up_after_configured_attempts() -> None:
 
 
 async def test_cluster_keeps_replicated_streams_when_a_node_dies(
-    nats_cluster: server.EmbeddedCluster, subj: subjects.Subjects
+    nats_cluster: embedded.EmbeddedCluster, subj: subjects.Subjects
 ) -> None:
     bus = await natsbus.NatsBus.connect(nats_cluster.url)
     try:

@@ -14,8 +14,8 @@ import time
 import urllib.request
 
 from healer import cli
+from healer.bus import embedded
 from healer.bus import nats as natsbus
-from healer.bus import server
 from healer.schemas import codec
 from tests import conftest
 
@@ -30,9 +30,9 @@ def test_help_lists_every_command_group() -> None:
 
 
 def test_agent_process_streams_frames_serves_metrics_and_stops_cleanly(
-    nats_server: server.EmbeddedServer, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
-    port = server.free_port()
+    port = embedded.free_port()
     env = {**os.environ, "HEALER_LOG_FORMAT": "json"}
     agent = subprocess.Popen(
         [*HEALER, "agent", "--nats", nats_server.url, "--node", "cli-node", "--source", "sim", "--interval",
@@ -71,7 +71,7 @@ async def event_kinds(url: str, subject: str) -> list[str]:
         await bus.close()
 
 
-def subscribed(srv: server.EmbeddedServer, subject: str) -> bool:
+def subscribed(srv: embedded.EmbeddedServer, subject: str) -> bool:
     """Has some client subscribed to ``subject``? (the server's own monitoring endpoint)"""
     url = f"http://{srv.host}:{srv.monitor_port}/connz?subs=1"
     with urllib.request.urlopen(url, timeout=5) as resp:
@@ -80,7 +80,7 @@ def subscribed(srv: server.EmbeddedServer, subject: str) -> bool:
 
 
 def test_watch_survives_garbage_and_counts_it(
-    nats_server: server.EmbeddedServer, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
     watch = subprocess.Popen(
         [*HEALER, "telemetry", "watch", "--nats", nats_server.url, "--count", "1"],

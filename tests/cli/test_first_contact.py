@@ -23,8 +23,8 @@ from collections.abc import Iterator
 import pytest
 
 from healer import config
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, server, subjects
 
 HEALER = [sys.executable, "-m", "healer"]
 ENV = {**os.environ, "HEALER_LOG_FORMAT": "json", "HEALER_CONTROLLER_ADMISSION": "first-seen"}
@@ -40,7 +40,7 @@ EXIT_USAGE = 2
 
 def dead_url() -> str:
     """A loopback port nothing listens on."""
-    return f"nats://127.0.0.1:{server.free_port()}"
+    return f"nats://127.0.0.1:{embedded.free_port()}"
 
 
 def run(
@@ -147,7 +147,7 @@ def test_a_malformed_nats_url_is_a_settings_error(
 
 
 def test_refused_credentials_name_the_credential_settings(tmp_path: pathlib.Path) -> None:
-    srv = server.EmbeddedServer(tmp_path / "nats", extra_config='authorization { token: "s3cret" }')
+    srv = embedded.EmbeddedServer(tmp_path / "nats", extra_config='authorization { token: "s3cret" }')
     srv.start()
     try:
         done = run("breaker", "status", "--nats", srv.url)
@@ -213,7 +213,7 @@ def test_a_shard_outside_the_shards_is_refused() -> None:
 def test_controller_stops_on_signal_while_nats_is_unreachable_and_is_alive_but_not_ready(
     sig: signal.Signals,
 ) -> None:
-    port = server.free_port()
+    port = embedded.free_port()
     proc = subprocess.Popen(
         [*HEALER, "controller", "--nats", dead_url(), "--metrics-port", str(port)],
         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -310,7 +310,7 @@ async def _stream_names(url: str) -> list[str]:
 
 
 def test_admin_commands_read_the_config_file_and_keep_an_operators_retention(
-    nats_server: server.EmbeddedServer, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
     assert run("nats", "provision", "--nats", nats_server.url).returncode == 0
     asyncio.run(_set_events_max_age(nats_server.url, 30 * DAY_S))
@@ -324,7 +324,7 @@ def test_admin_commands_read_the_config_file_and_keep_an_operators_retention(
     assert asyncio.run(_events_max_age(nats_server.url)) == 30 * DAY_S, "provisioning never lowers retention"
 
 
-def test_admin_commands_never_provision(nats_server: server.EmbeddedServer) -> None:
+def test_admin_commands_never_provision(nats_server: embedded.EmbeddedServer) -> None:
     done = run("breaker", "status", "--nats", nats_server.url)
     assert done.returncode == EXIT_FAILED
     assert "healer nats provision" in last_line(done)
@@ -347,7 +347,7 @@ def test_agent_without_nats_is_alive_not_ready_tells_systemd_and_stops_on_sigter
 ) -> None:
     from healer.agent import spool
 
-    port = server.free_port()
+    port = embedded.free_port()
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify.sock"))
     notify.settimeout(20)
@@ -393,7 +393,7 @@ def test_the_config_files_credentials_and_tls_reach_admin_and_read_commands(tmp_
         tmp_path / "auth",
         tls=natsconf.Tls(str(tls.cert), str(tls.key), str(tls.ca)),
     )
-    srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
+    srv = embedded.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
     srv.start()
     try:
         identity = yaml.safe_load(result.settings_files[("controller", "controller")].read_text())
@@ -436,7 +436,7 @@ def test_controller_with_rules_that_do_not_load_says_so_before_trying_nats(tmp_p
 )
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_long_running_commands_stop_on_a_signal_with_exit_0(
-    command: list[str], sig: signal.Signals, nats_server: server.EmbeddedServer
+    command: list[str], sig: signal.Signals, nats_server: embedded.EmbeddedServer
 ) -> None:
     assert run("nats", "provision", "--nats", nats_server.url).returncode == 0
     proc = subprocess.Popen(
@@ -488,7 +488,7 @@ def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path: pathlib.
 
 
 def test_an_agent_that_gave_up_on_nats_says_why_on_readyz(tmp_path: pathlib.Path) -> None:
-    port = server.free_port()
+    port = embedded.free_port()
     url = dead_url()
     proc = subprocess.Popen(
         [*HEALER, "agent", "--source", "sim", "--node", "n1", "--nats", url, "--metrics-port", str(port),

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from healer import config, testing
-from healer.bus import base, provision, server, subjects
+from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, incidents, telemetry
@@ -74,7 +74,7 @@ class Feed:
 
 
 class Harness:
-    def __init__(self, srv: server.EmbeddedServer, tmp: pathlib.Path) -> None:
+    def __init__(self, srv: embedded.EmbeddedServer, tmp: pathlib.Path) -> None:
         self.srv = srv
         self.tmp = tmp
         self.rules = tmp / "rules"
@@ -152,7 +152,7 @@ async def warm(fleet: Fleet, frames: int = 3) -> None:
 
 
 @pytest.fixture
-async def harness(nats_server: server.EmbeddedServer, tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
+async def harness(nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
     h = Harness(nats_server, tmp_path)
     await h.setup()
     try:

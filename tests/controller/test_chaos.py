@@ -13,8 +13,8 @@ import nats.errors
 import pytest
 
 from healer import config, errors, testing
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, server, subjects
 from healer.controller import service
 from healer.schemas import codec, events
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
@@ -42,7 +42,7 @@ class ClusterHarness(Harness):
 
 @pytest.fixture
 async def cluster_harness(
-    nats_cluster: server.EmbeddedCluster, tmp_path: pathlib.Path
+    nats_cluster: embedded.EmbeddedCluster, tmp_path: pathlib.Path
 ) -> AsyncIterator[ClusterHarness]:
     h = ClusterHarness(nats_cluster, tmp_path)  # type: ignore[arg-type]  # only .url is used
     (h.rules / "xid.yaml").write_text(XID_RULE)
@@ -83,7 +83,7 @@ async def leader_of(bus: natsbus.NatsBus, stream: str, *, other_than: str | None
 
 @pytest.mark.slow
 async def test_killing_the_leader_of_each_stream_and_bucket_loses_nothing_and_repeats_nothing(
-    cluster_harness: ClusterHarness, nats_cluster: server.EmbeddedCluster
+    cluster_harness: ClusterHarness, nats_cluster: embedded.EmbeddedCluster
 ) -> None:
     h = cluster_harness
     subj = subjects.Subjects()

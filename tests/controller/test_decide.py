@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from healer import config
-from healer.controller import decide
-from healer.controller import incidents as book
+from healer.controller import book, decide
 from healer.rules import actions, engine, ruleset
 
 SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)

@@ -15,8 +15,7 @@ import structlog.testing
 from healer import config, errors, testing
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import decide, kv, lease, policy, service
-from healer.controller import incidents as incidents_mod
+from healer.controller import book, decide, kv, lease, policy, service
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
@@ -169,16 +168,16 @@ async def test_a_takeover_that_fails_is_retried_until_the_controller_acts(
 ) -> None:
     """A TemporaryError while loading incidents during a takeover used to leave the controller renewing
     its lease for ever without acting (and no standby could take over)."""
-    real_load = incidents_mod.Book.load
+    real_load = book.Book.load
     failures = [2]
 
-    async def load_twice_broken(self: incidents_mod.Book) -> None:
+    async def load_twice_broken(self: book.Book) -> None:
         if failures[0]:
             failures[0] -= 1
             raise errors.TemporaryError("KV get incident.x: ServiceUnavailableError()")
         await real_load(self)
 
-    monkeypatch.setattr(incidents_mod.Book, "load", load_twice_broken)
+    monkeypatch.setattr(book.Book, "load", load_twice_broken)
     actuator = testing.RecordingActuator()
     ctl = await harness.controller(actuator)
     fleet = Fleet(harness.bus, ["n1"])
@@ -194,14 +193,14 @@ async def test_a_takeover_that_keeps_failing_hands_the_lease_to_a_standby(
 ) -> None:
     actuator = testing.RecordingActuator()
     broken = await harness.controller(actuator)
-    real_load = incidents_mod.Book.load
+    real_load = book.Book.load
 
-    async def load(self: incidents_mod.Book) -> None:
+    async def load(self: book.Book) -> None:
         if self is broken.book:
             raise errors.TemporaryError("KV unreachable from this controller")
         await real_load(self)
 
-    monkeypatch.setattr(incidents_mod.Book, "load", load)
+    monkeypatch.setattr(book.Book, "load", load)
     fleet = Fleet(harness.bus, ["n1"])
     await run_until(fleet, lambda: broken.lease.held)
     standby = await harness.controller(actuator)

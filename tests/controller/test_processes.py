@@ -14,8 +14,8 @@ import time
 import orjson
 
 from healer import config
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, server, subjects
 from tests.controller.conftest import DBE_RULES, Feed, Fleet, run_until, warm
 
 HEALER = [sys.executable, "-m", "healer"]
@@ -49,7 +49,7 @@ async def leader_pid(bus: natsbus.NatsBus) -> int | None:
 
 
 async def test_sigkilled_leader_is_replaced_and_no_action_runs_twice(
-    nats_server: server.EmbeddedServer, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
     rules = tmp_path / "rules"
     rules.mkdir()
@@ -102,7 +102,7 @@ async def test_sigkilled_leader_is_replaced_and_no_action_runs_twice(
         await bus.close()
 
 
-def test_operator_commands_for_breaker_and_exclusions(nats_server: server.EmbeddedServer) -> None:
+def test_operator_commands_for_breaker_and_exclusions(nats_server: embedded.EmbeddedServer) -> None:
     def healer(*args: str) -> str:
         done = subprocess.run(
             [*HEALER, *args, "--nats", nats_server.url], capture_output=True, text=True, timeout=30

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from healer.bus import server
+from healer.bus import embedded
 from tests.deploy import manifests as m
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.prometheus]
@@ -62,9 +62,9 @@ def _processes(tmp: pathlib.Path) -> Iterator[dict[str, int]]:
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     procs: list[subprocess.Popen[bytes]] = []
     logs = contextlib.ExitStack()
-    ports = {name: server.free_port() for name in ("controller", "agent-a", "agent-b", "forwarder")}
+    ports = {name: embedded.free_port() for name in ("controller", "agent-a", "agent-b", "forwarder")}
     try:
-        with server.EmbeddedServer(tmp / "nats") as nats:
+        with embedded.EmbeddedServer(tmp / "nats") as nats:
             url = nats.url
             config = tmp / "healer.yaml"
             config.write_text("controller:\n  tick_s: 0.5\n  admission: first-seen\n")
@@ -106,7 +106,7 @@ def _processes(tmp: pathlib.Path) -> Iterator[dict[str, int]]:
 
 @contextlib.contextmanager
 def _prometheus_server(tmp: pathlib.Path, targets: dict[str, int]) -> Iterator[str]:
-    port = server.free_port()
+    port = embedded.free_port()
     cfg = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [

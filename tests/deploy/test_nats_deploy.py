@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from healer.bus import server
+from healer.bus import embedded
 from healer.security import natsconf
 from tests.deploy import manifests as m
 from tests.security import certs
@@ -24,7 +24,7 @@ def _check(conf_text: str, etc: pathlib.Path, tmp: pathlib.Path, replacements: d
     conf = etc / "nats.conf"
     conf.write_text(conf_text)
     proc = subprocess.run(
-        [server.find_binary(), "-t", "-c", str(conf)],
+        [embedded.find_binary(), "-t", "-c", str(conf)],
         capture_output=True,
         text=True,
         timeout=30,

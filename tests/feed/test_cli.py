@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from healer.bus import embedded
 from healer.bus import nats as natsbus
-from healer.bus import server
 from healer.schemas import codec
 from tests import conftest
 from tests.feed import helpers
@@ -44,7 +44,7 @@ async def healer(*args: str, env: dict[str, str] | None = None) -> tuple[int, st
 
 
 async def test_tail_prints_json_and_lines_and_reports_garbage(
-    nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer
+    nats_bus: natsbus.NatsBus, nats_server: embedded.EmbeddedServer
 ) -> None:
     events = [helpers.event(0, severity="warning"), helpers.event(1, severity="critical", node="n2")]
     await helpers.publish(nats_bus, events[0])
@@ -71,7 +71,7 @@ async def test_tail_prints_json_and_lines_and_reports_garbage(
 
 
 async def test_tail_follow_sees_new_events_and_exits_cleanly_on_sigterm(
-    nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer, procs: list[asyncio.subprocess.Process]
+    nats_bus: natsbus.NatsBus, nats_server: embedded.EmbeddedServer, procs: list[asyncio.subprocess.Process]
 ) -> None:
     await helpers.publish(nats_bus, helpers.event(0))
     p = await asyncio.create_subprocess_exec(
@@ -91,15 +91,15 @@ async def test_tail_follow_sees_new_events_and_exits_cleanly_on_sigterm(
 
 
 async def test_killed_forwarder_resumes_from_its_durable_consumer_without_loss_or_skips(
-    nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer, procs: list[asyncio.subprocess.Process]
+    nats_bus: natsbus.NatsBus, nats_server: embedded.EmbeddedServer, procs: list[asyncio.subprocess.Process]
 ) -> None:
     hold = {"ev-2": 503}
-    receiver = helpers.Receiver(server.free_port(), answer=lambda ce_id: hold.get(ce_id or "", 200))
+    receiver = helpers.Receiver(embedded.free_port(), answer=lambda ce_id: hold.get(ce_id or "", 200))
     receiver.start()
     env = {**os.environ, "HEALER_FEED_ACK_WAIT_S": "1", "HEALER_FEED_RETRY_INITIAL_DELAY_S": "0.05",
            "HEALER_FEED_RETRY_MAX_DELAY_S": "0.2", "HEALER_FEED_FETCH_TIMEOUT_S": "0.5",
            "HEALER_LOG_FORMAT": "json"}  # fmt: skip
-    metrics_port = server.free_port()
+    metrics_port = embedded.free_port()
     args = [*HEALER, "forward", "--nats", nats_server.url, "--url", receiver.url, "--durable", "audit",
             "--metrics-port", str(metrics_port)]  # fmt: skip
 
@@ -142,9 +142,9 @@ def _get(url: str) -> str:
 
 
 async def test_forward_content_mode_binary_sends_attributes_as_ce_headers(
-    nats_bus: natsbus.NatsBus, nats_server: server.EmbeddedServer, procs: list[asyncio.subprocess.Process]
+    nats_bus: natsbus.NatsBus, nats_server: embedded.EmbeddedServer, procs: list[asyncio.subprocess.Process]
 ) -> None:
-    receiver = helpers.Receiver(server.free_port())
+    receiver = helpers.Receiver(embedded.free_port())
     receiver.start()
     env = {**os.environ, "HEALER_FEED_FETCH_TIMEOUT_S": "0.5", "HEALER_LOG_FORMAT": "json"}
     args = [*HEALER, "forward", "--nats", nats_server.url, "--url", receiver.url, "--content-mode", "binary"]

@@ -21,8 +21,8 @@ from cloudevents.core.v1.event import CloudEvent as SdkEvent
 from cloudevents.v1 import http as ce_v1_http
 
 from healer import errors
+from healer.bus import embedded
 from healer.bus import nats as natsbus
-from healer.bus import server
 from healer.feed import envelope, forward, tail, webhook
 from healer.schemas import codec, incidents
 from tests import conftest
@@ -78,7 +78,7 @@ def _foreign() -> bytes:
 
 @pytest.fixture
 def receiver() -> Iterator[helpers.Receiver]:
-    r = helpers.Receiver(server.free_port())
+    r = helpers.Receiver(embedded.free_port())
     r.start()
     try:
         yield r

@@ -11,8 +11,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from healer import config, errors
+from healer.bus import embedded, provision
 from healer.bus import nats as natsbus
-from healer.bus import provision, server
 from healer.feed import forward, webhook
 from healer.schemas import codec
 from tests import conftest
@@ -25,7 +25,7 @@ FAST = config.FeedSettings(
 
 @pytest.fixture
 def receiver() -> Iterator[helpers.Receiver]:
-    r = helpers.Receiver(server.free_port())
+    r = helpers.Receiver(embedded.free_port())
     try:
         yield r
     finally:
@@ -174,7 +174,7 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
 
 async def test_forwarding_survives_a_nats_server_restart(
     nats_bus: natsbus.NatsBus,
-    nats_server: server.EmbeddedServer,
+    nats_server: embedded.EmbeddedServer,
     receiver: helpers.Receiver,
     running: list[Running],
 ) -> None:
@@ -215,7 +215,7 @@ async def test_an_event_being_retried_is_not_handed_to_a_second_forwarder(
 
 
 async def test_forwarder_started_before_the_stream_exists_waits_for_it(
-    nats_server: server.EmbeddedServer, receiver: helpers.Receiver
+    nats_server: embedded.EmbeddedServer, receiver: helpers.Receiver
 ) -> None:
     receiver.start()
     bus = await natsbus.NatsBus.connect(nats_server.url)

@@ -453,3 +453,17 @@ def test_a_released_firing_does_not_fire_again_on_the_same_evidence() -> None:
     assert eng.evaluate(T0 + 700) == []
     eng.ingest(frame("n", 710.0, gpus=1, ecc_dbe_volatile=1), at=T0 + 710)
     assert [f.status for f in eng.evaluate(T0 + 710)] == ["fired"]
+
+
+def test_summary_is_the_gpus_telemetry_as_the_engine_holds_it() -> None:
+    text = rule("temp_c > 85") + (
+        "  - id: r2\n    description: hot for long\n    scope: gpu\n"
+        "    when: max_over_time(temp_c[10m]) > 90\n    severity: warning\n"
+    )
+    eng = make_engine(text)
+    for t in range(0, 120, 10):
+        eng.ingest(frame("n", float(t), gpus=2, temp_c={0: 50, 1: 60 + t / 10}), at=T0 + t)
+    assert eng.summary("n", 1, T0 + 115) == {"age_s": 5.0, "latest.temp_c": 71.0, "max_10m.temp_c": 71.0}
+    assert eng.summary("n", 0, T0 + 115)["latest.temp_c"] == 50.0
+    assert eng.summary("n", 5, T0 + 115) == {}, "no such GPU"
+    assert eng.summary("elsewhere", 0, T0) == {}, "a node never seen"

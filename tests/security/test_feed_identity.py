@@ -11,8 +11,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from healer import config
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, server, subjects
 from healer.feed import forward, tail, webhook
 from healer.security import natsconf
 from tests.feed import helpers
@@ -23,9 +23,9 @@ pytestmark = pytest.mark.nats
 
 
 @pytest.fixture
-def secured(tmp_path: pathlib.Path) -> Iterator[tuple[server.EmbeddedServer, natsconf.Result]]:
+def secured(tmp_path: pathlib.Path) -> Iterator[tuple[embedded.EmbeddedServer, natsconf.Result]]:
     result = natsconf.generate(natsconf.Inventory(nodes=["gpu-node-1"], feeds=["siem"]), tmp_path / "auth")
-    srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
+    srv = embedded.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
     srv.start()
     try:
         yield srv, result
@@ -34,7 +34,7 @@ def secured(tmp_path: pathlib.Path) -> Iterator[tuple[server.EmbeddedServer, nat
 
 
 async def _connect(
-    srv: server.EmbeddedServer, result: natsconf.Result, role: str, name: str
+    srv: embedded.EmbeddedServer, result: natsconf.Result, role: str, name: str
 ) -> natsbus.NatsBus:
     ns = config.load(result.settings_files[(role, name)], env={}).nats.model_copy(update={"url": srv.url})
     return await natsbus.NatsBus.connect(
@@ -44,7 +44,7 @@ async def _connect(
 
 @pytest.fixture
 async def buses(
-    secured: tuple[server.EmbeddedServer, natsconf.Result],
+    secured: tuple[embedded.EmbeddedServer, natsconf.Result],
 ) -> AsyncIterator[tuple[natsbus.NatsBus, natsbus.NatsBus]]:
     srv, result = secured
     controller = await _connect(srv, result, "controller", "controller")

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from healer import config, testing
-from healer.bus import base, provision, server, subjects
+from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, events, telemetry
@@ -35,7 +35,9 @@ pytestmark = pytest.mark.nats
 
 
 class Secured:
-    def __init__(self, srv: server.EmbeddedServer, result: natsconf.Result, nodes_file: pathlib.Path) -> None:
+    def __init__(
+        self, srv: embedded.EmbeddedServer, result: natsconf.Result, nodes_file: pathlib.Path
+    ) -> None:
         self.srv = srv
         self.result = result
         self.nodes_file = nodes_file
@@ -54,7 +56,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     nodes_file = base_dir / "nodes.yaml"
     nodes_file.write_text(f"nodes: [{NODE_A}, {NODE_B}]\n")
     result = natsconf.generate(natsconf.load_inventory(nodes_file), base_dir / "auth")
-    srv = server.EmbeddedServer(base_dir / "nats", extra_config=result.auth_conf.read_text())
+    srv = embedded.EmbeddedServer(base_dir / "nats", extra_config=result.auth_conf.read_text())
     srv.start()
     try:
         yield Secured(srv, result, nodes_file)

@@ -25,7 +25,7 @@ from structlog.testing import capture_logs
 
 from healer import config, errors
 from healer.agent import runner
-from healer.bus import base, provision, server, subjects
+from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.schemas import codec
 from healer.security import natsconf
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.nats
 
 
 class Fleet:
-    def __init__(self, srv: server.EmbeddedServer, result: natsconf.Result) -> None:
+    def __init__(self, srv: embedded.EmbeddedServer, result: natsconf.Result) -> None:
         self.srv = srv
         self.result = result
 
@@ -57,7 +57,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     base_dir = tmp_path_factory.mktemp("secured")
     inventory = natsconf.Inventory(nodes=[NODE_A, NODE_B], feeds=["siem"])
     result = natsconf.generate(inventory, base_dir / "auth")
-    srv = server.EmbeddedServer(base_dir / "nats", extra_config=result.auth_conf.read_text())
+    srv = embedded.EmbeddedServer(base_dir / "nats", extra_config=result.auth_conf.read_text())
     srv.start()
     try:
         fleet = Fleet(srv, result)

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from healer import config, errors
+from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.bus import server, subjects
 from healer.security import natsconf
 from tests.security import certs
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.nats
 @contextlib.contextmanager
 def tls_server(
     tmp_path: pathlib.Path,
-) -> Iterator[tuple[server.EmbeddedServer, config.NatsSettings, certs.TlsFiles]]:
+) -> Iterator[tuple[embedded.EmbeddedServer, config.NatsSettings, certs.TlsFiles]]:
     """A nats-server that requires TLS (certificates from a private CA), and node gpu-1's identity."""
     tls = certs.make(tmp_path / "tls")
     result = natsconf.generate(
@@ -32,7 +32,7 @@ def tls_server(
         tmp_path / "auth",
         tls=natsconf.Tls(str(tls.cert), str(tls.key), str(tls.ca)),
     )
-    srv = server.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
+    srv = embedded.EmbeddedServer(tmp_path / "nats", extra_config=result.auth_conf.read_text())
     srv.start()
     try:
         yield srv, config.load(result.settings_files[("node", "gpu-1")], env={}).nats, tls

@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from healer import cli
-from healer.bus import server
+from healer.bus import embedded
 from healer.sim import recording
 
 
@@ -57,7 +57,7 @@ def test_scenarios_are_listed_and_shown(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_live_sim_and_replay_run_against_a_real_server(
-    nats_server: server.EmbeddedServer, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     scenario = tmp_path / "quick.yaml"
     scenario.write_text("name: quick\nfaults:\n  - {kind: fell_off_bus, at_s: 0.2}\n")

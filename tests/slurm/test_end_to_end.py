@@ -11,8 +11,8 @@ import pytest
 
 from healer import config
 from healer.actuators import slurm
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, server, subjects
 from healer.controller import service
 from healer.schemas import codec, events
 from tests.slurm.cluster import SlurmCluster
@@ -34,7 +34,7 @@ rules:
 @pytest.fixture
 async def controller(
     cluster: SlurmCluster,  # noqa: F811
-    nats_server: server.EmbeddedServer,
+    nats_server: embedded.EmbeddedServer,
     tmp_path: pathlib.Path,
 ) -> AsyncIterator[tuple[service.Controller, natsbus.NatsBus]]:
     rules = tmp_path / "rules"

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from healer import config, testing
+from healer.bus import embedded
 from healer.bus import nats as natsbus
-from healer.bus import server as server_mod
 from healer.ui import server
 from tests.controller import conftest as ctl
 from tests.ui import conftest as ui_conftest
@@ -76,7 +76,7 @@ class Page:
 
 @pytest.fixture
 async def stack(
-    nats_server: server_mod.EmbeddedServer, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> AsyncIterator[dict[str, Any]]:
     h = ctl.Harness(nats_server, tmp_path)
     await h.setup()

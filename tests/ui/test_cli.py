@@ -11,14 +11,14 @@ import urllib.request
 
 import pytest
 
-from healer.bus import server as server_mod
+from healer.bus import embedded
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.nats
 def test_healer_ui_prints_its_url_serves_the_page_and_stops_on_sigterm(
-    nats_server: server_mod.EmbeddedServer,
+    nats_server: embedded.EmbeddedServer,
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEALER_")}
     proc = subprocess.Popen(

@@ -16,11 +16,9 @@ import orjson
 import pytest
 
 from healer import cli, config, errors
+from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.bus import server as server_mod
-from healer.bus import subjects
-from healer.controller import incidents as ctl_incidents
-from healer.controller import kv, policy
+from healer.controller import book, kv, policy
 from healer.ui import board, fleet, live, server
 from tests.controller import conftest as ctl_conftest
 
@@ -151,14 +149,14 @@ class Stream:
 
 @pytest.fixture
 async def page(
-    nats_server: server_mod.EmbeddedServer, nats_bus: natsbus.NatsBus
+    nats_server: embedded.EmbeddedServer, nats_bus: natsbus.NatsBus
 ) -> AsyncIterator[dict[str, Any]]:
     store = kv.Store(await nats_bus.key_value(subjects.Subjects().kv_state))
-    inc = ctl_incidents.Incident(
+    inc = book.Incident(
         id="inc-old", rule_id="node-silent", severity="major", node="gpu-9", mode="enforce",
         opened_at=time.time() - 7200, updated_at=time.time() - 7200, summary="silent for 2m",
     )  # fmt: skip
-    await store.put(ctl_incidents.PREFIX + inc.id, inc.model_dump())
+    await store.put(book.PREFIX + inc.id, inc.model_dump())
     settings = config.Settings(
         nats=config.NatsSettings(url=nats_server.url),
         ui=config.UiSettings(port=0, push_s=0.2, feed_window_s=60),
@@ -235,7 +233,7 @@ def _free_port() -> int:
 
 @pytest.mark.nats
 async def test_the_controller_serves_the_page_when_ui_is_enabled(
-    nats_server: server_mod.EmbeddedServer, tmp_path: pathlib.Path
+    nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
     from healer.cli import controller_cmd
     from healer.controller import metrics as metrics_mod

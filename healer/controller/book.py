@@ -46,7 +46,7 @@ class PlannedAction(pydantic.BaseModel):
     at: float = 0.0
     on_resolve: bool = False
     ladder: bool = False
-    """A recovery-ladder step (healer.controller.recovery): its failure leads to the next rung instead of
+    """A recovery-ladder step (healer.controller.healing): its failure leads to the next rung instead of
     stopping the incident's actions."""
     facts: dict[str, str | None] = pydantic.Field(default_factory=dict)
     """What the actuator read on the way (validate: the GPU's serial, board part, VBIOS, driver)."""

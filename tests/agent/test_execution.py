@@ -9,7 +9,7 @@ import time
 import pytest
 
 from healer import errors
-from healer.agent import commands as commands_mod
+from healer.agent import execution
 from healer.schemas import commands
 from healer.telemetry import sim, source
 
@@ -36,8 +36,8 @@ def power() -> sim.SimSource:
     return sim.SimSource("n1", gpus=2)
 
 
-def executor(power: commands_mod.PowerControl, path: pathlib.Path | None) -> commands_mod.CommandExecutor:
-    return commands_mod.CommandExecutor("n1", power, path, gpu_indices=lambda: [0, 1])
+def executor(power: execution.PowerControl, path: pathlib.Path | None) -> execution.CommandExecutor:
+    return execution.CommandExecutor("n1", power, path, gpu_indices=lambda: [0, 1])
 
 
 def test_whole_node_cap_applies_to_every_gpu(power: sim.SimSource) -> None:
@@ -160,7 +160,7 @@ def test_a_new_token_beyond_every_live_lease_is_refused_and_not_persisted(
 
 def test_a_new_token_is_refused_while_the_lease_cannot_be_read(power: sim.SimSource) -> None:
     ex = executor(power, None)
-    unreadable = commands_mod.LiveTokens(frozenset(), error="KV unreachable")
+    unreadable = execution.LiveTokens(frozenset(), error="KV unreachable")
     res = ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), unreadable)
     assert res.status == "failed"
     assert res.detail.startswith("temporary: ")
@@ -177,5 +177,5 @@ def test_a_token_already_seen_needs_no_lease(power: sim.SimSource) -> None:
     assert ex.execute(again).status == "applied"
 
 
-LIVE_3 = commands_mod.LiveTokens(frozenset({3}))
-LIVE_7 = commands_mod.LiveTokens(frozenset({7}))
+LIVE_3 = execution.LiveTokens(frozenset({3}))
+LIVE_7 = execution.LiveTokens(frozenset({7}))

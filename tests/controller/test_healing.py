@@ -11,7 +11,7 @@ from healer import testing
 from healer.actuators import base
 from healer.bus import subjects
 from healer.cli import main as cli_main
-from healer.controller import kv, recovery, service
+from healer.controller import healing, kv, service
 from healer.schemas import codec, incidents
 from healer.schemas import events as node_events
 from tests.controller.conftest import Fleet, Harness, run_until, warm
@@ -102,12 +102,12 @@ async def test_reset_validate_return_resolves_the_incident_recovered(harness: Ha
     assert validate.params["dcgm_level"] == 2
     assert validate.params["soak_since"] >= gpu.executed("reset_gpu")[0].deadline - 600.0
     state = await store(harness)
-    assert await state.keys(recovery.PREFIX) == []  # finished ladders leave KV
-    history = await state.get(recovery.history_key("n1", 0))
+    assert await state.keys(healing.PREFIX) == []  # finished ladders leave KV
+    history = await state.get(healing.history_key("n1", 0))
     assert history is not None
     assert len(history.value["recoveries"]) == 1
     assert len(events(harness, "ecc-dbe", "opened")) == 1  # the fault is gone: nothing reopens
-    assert events(harness, recovery.REPLACEMENT_RULE) == []
+    assert events(harness, healing.REPLACEMENT_RULE) == []
 
 
 async def test_a_failed_reset_leads_to_a_reboot_then_validation_and_return(harness: Harness) -> None:
@@ -141,8 +141,8 @@ async def test_validation_failing_twice_opens_a_hardware_replacement(harness: Ha
     await harness.controller(sched, gpu=gpu)
     await warm(fleet)
     fault(fleet)
-    await run_until(fleet, lambda: bool(events(harness, recovery.REPLACEMENT_RULE)))
-    rep = events(harness, recovery.REPLACEMENT_RULE)[0].data
+    await run_until(fleet, lambda: bool(events(harness, healing.REPLACEMENT_RULE)))
+    rep = events(harness, healing.REPLACEMENT_RULE)[0].data
     original = events(harness, "ecc-dbe")[-1].data
     assert rep.severity == "critical"
     assert rep.gpu_index == 0
@@ -151,6 +151,9 @@ async def test_validation_failing_twice_opens_a_hardware_replacement(harness: Ha
     assert rep.evidence["device.board_part_number"] == "692-2G520"
     assert rep.evidence["incident"] == original.incident_id
     assert '"outcome": "validation_failed"' in str(rep.evidence["steps_taken"])
+    # the GPU's telemetry as the controller holds it (the fields its rules read)
+    assert rep.evidence["telemetry.latest.ecc_dbe_volatile"] == 1
+    assert 0 <= float(rep.evidence["telemetry.age_s"]) < 60
     assert steps(rep) == [("hardware_replacement", "done")]
     assert original.evidence["outcome"] == "hardware_replacement"
     assert original.evidence["replacement"] == rep.incident_id
@@ -172,8 +175,8 @@ async def test_a_contact_support_fault_goes_to_replacement_at_once(harness: Harn
     await harness.controller(sched, gpu=gpu)
     await warm(fleet)
     fleet.overrides[("n1", 1)] = {"row_remap_failure": True}
-    await run_until(fleet, lambda: bool(events(harness, recovery.REPLACEMENT_RULE)))
-    rep = events(harness, recovery.REPLACEMENT_RULE)[0].data
+    await run_until(fleet, lambda: bool(events(harness, healing.REPLACEMENT_RULE)))
+    rep = events(harness, healing.REPLACEMENT_RULE)[0].data
     assert rep.gpu_index == 1
     assert "contact support" in rep.summary
     assert gpu.requests == []
@@ -183,15 +186,15 @@ async def test_a_contact_support_fault_goes_to_replacement_at_once(harness: Harn
 async def test_the_repeat_limit_sends_a_gpu_to_replacement_without_a_reset(harness: Harness) -> None:
     ladder_rules(harness, repeat_count=2)
     state = await store(harness)
-    await state.put(recovery.history_key("n1", 0), {"recoveries": [time.time() - 86400.0]})
+    await state.put(healing.history_key("n1", 0), {"recoveries": [time.time() - 86400.0]})
     fleet = Fleet(harness.bus, ["n1"])
     sched = testing.RecordingActuator()
     gpu = testing.RecordingGpuActuator()
     await harness.controller(sched, gpu=gpu)
     await warm(fleet)
     fault(fleet)
-    await run_until(fleet, lambda: bool(events(harness, recovery.REPLACEMENT_RULE)))
-    rep = events(harness, recovery.REPLACEMENT_RULE)[0].data
+    await run_until(fleet, lambda: bool(events(harness, healing.REPLACEMENT_RULE)))
+    rep = events(harness, healing.REPLACEMENT_RULE)[0].data
     assert "recovery number 2" in rep.summary
     assert gpu.requests == []
 
@@ -249,7 +252,7 @@ async def test_dry_run_publishes_the_whole_ladder_and_runs_none_of_it(harness: H
     await asyncio.sleep(0.5)
     assert gpu.requests == []
     assert sched.executed() == []
-    assert await (await store(harness)).keys(recovery.PREFIX) == []
+    assert await (await store(harness)).keys(healing.PREFIX) == []
 
 
 async def test_an_operator_stops_a_ladder_from_the_cli(harness: Harness) -> None:

@@ -30,8 +30,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import decide, kv, ladder
-from healer.controller import incidents as incidents_mod
+from healer.controller import book, decide, kv, ladder
 from healer.rules import recovery
 from healer.schemas import incidents
 
@@ -44,7 +43,7 @@ HISTORY_PREFIX = "recoveries."
 REPLACEMENT_RULE = "hardware-replacement"
 """The rule id of the incidents the ladders open when a GPU needs replacing."""
 
-Publish = Callable[[incidents_mod.Incident, incidents.Change], Awaitable[None]]
+Publish = Callable[[book.Incident, incidents.Change], Awaitable[None]]
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,13 +97,14 @@ class Recovery:
         self,
         cs: config.ControllerSettings,
         store: kv.Store,
-        book: incidents_mod.Book,
+        book: book.Book,
         *,
         scheduler: actuators.Actuator,
         ladder_for: Callable[[str], recovery.Ladder | None],
         release: Callable[[str, str, int | None], None],
+        summary: Callable[[str, int | None, float], dict[str, float]] = lambda node, gpu, now: {},
         publish: Publish,
-        spawn: Callable[[incidents_mod.Incident], None],
+        spawn: Callable[[book.Incident], None],
         clock: Callable[[], float],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
@@ -114,6 +114,8 @@ class Recovery:
         self.scheduler = scheduler
         self.ladder_for = ladder_for
         self.release = release
+        self.summary = summary
+        """The GPU's telemetry as the rule engine holds it (``Engine.summary``), for replacement bundles."""
         """Tells the rule engine a firing's incident was closed by its ladder (the fault showing again
         opens a new incident)."""
         self.publish = publish
@@ -151,14 +153,14 @@ class Recovery:
         """A ladder in flight owns the incident's end (its rule resolving does not close it)."""
         return incident_id in self.ladders
 
-    async def rule_resolved(self, inc: incidents_mod.Incident) -> None:
+    async def rule_resolved(self, inc: book.Incident) -> None:
         """The incident's rule resolved while its ladder runs: noted, the ladder still decides the end."""
         if not inc.evidence.get("ladder.rule_resolved"):
             inc.evidence["ladder.rule_resolved"] = True
             await self.publish(inc, "updated")
 
     # -- a new incident ----------------------------------------------------------------------------
-    async def opened(self, inc: incidents_mod.Incident, now: float) -> None:
+    async def opened(self, inc: book.Incident, now: float) -> None:
         """Before the incident is first published: start its ladder (enforce), or add the planned
         ladder to it (dry-run)."""
         if not self.cs.recovery or self.cs.mode == "observe":
@@ -173,7 +175,7 @@ class Recovery:
             for line in lines[1:]:
                 kind = line.split(" ", 1)[0]
                 inc.actions.append(
-                    incidents_mod.PlannedAction(kind=kind, status="planned", detail=line, at=now, ladder=True)
+                    book.PlannedAction(kind=kind, status="planned", detail=line, at=now, ladder=True)
                 )
             return
         step = ladder.start(
@@ -217,7 +219,7 @@ class Recovery:
             await self.store.delete(STOP_PREFIX + rec.state.incident_id)
 
     async def _outcome(
-        self, rec: Record, inc: incidents_mod.Incident, now: float
+        self, rec: Record, inc: book.Incident, now: float
     ) -> tuple[ladder.Outcome | None, str]:
         p = rec.pending
         late = p.deadline is not None and now > p.deadline
@@ -260,7 +262,7 @@ class Recovery:
     async def _take(
         self,
         rec: Record,
-        inc: incidents_mod.Incident | None,
+        inc: book.Incident | None,
         step: ladder.Step,
         history: ladder.History,
         now: float,
@@ -288,7 +290,7 @@ class Recovery:
             await self.publish(inc, "updated")
             await self._add_action(rec, inc, now)
 
-    async def _add_action(self, rec: Record, inc: incidents_mod.Incident, now: float) -> None:
+    async def _add_action(self, rec: Record, inc: book.Incident, now: float) -> None:
         """Add the pending step as an action of the incident once it is due (its index is stored first:
         a new leader finds it, and never adds it twice)."""
         p = rec.pending
@@ -301,14 +303,14 @@ class Recovery:
         params: dict[str, Any] = {"reason": f"{p.reason} ({rec.state.ladder_id})"[:200]}
         if p.kind is ladder.StepKind.VALIDATE:
             params |= {"soak_since": rec.state.updated_at, "dcgm_level": p.dcgm_level}
-        inc.actions.append(incidents_mod.PlannedAction(kind=p.kind.value, params=params, ladder=True))
+        inc.actions.append(book.PlannedAction(kind=p.kind.value, params=params, ladder=True))
         await self.publish(inc, "updated")
         self.spawn(inc)
 
     async def _finish(
         self,
         rec: Record,
-        inc: incidents_mod.Incident | None,
+        inc: book.Incident | None,
         step: ladder.Step,
         history: ladder.History,
         now: float,
@@ -324,7 +326,7 @@ class Recovery:
         if state.phase is ladder.Phase.STOPPED:
             inc.evidence["outcome"] = "ladder_stopped"
             inc.actions.append(
-                incidents_mod.PlannedAction(
+                book.PlannedAction(
                     kind="stop_ladder", status="done", detail=f"ladder stopped {step.reason}"[:4096],
                     at=now, ladder=True,
                 )
@@ -351,22 +353,23 @@ class Recovery:
 
     async def _replacement(
         self,
-        inc: incidents_mod.Incident,
+        inc: book.Incident,
         state: ladder.LadderState,
         why: str,
         history: ladder.History,
         now: float,
-    ) -> incidents_mod.Incident:
+    ) -> book.Incident:
         """Open the hardware_replacement incident: it holds the node out of service until a person
         closes it."""
         facts: dict[str, str | None] = {}
         for a in inc.actions:
             if a.kind == "validate" and a.facts:
                 facts = dict(a.facts)
-        bundle = ladder.evidence(state, history, facts, [dict(inc.evidence)], {})
+        telemetry = self.summary(inc.node, inc.gpu_index, now)
+        bundle = ladder.evidence(state, history, facts, [dict(inc.evidence)], telemetry)
         where = f"node {inc.node}" + (f" GPU {inc.gpu_index}" if inc.gpu_index is not None else "")
-        rep = incidents_mod.Incident(
-            id=incidents_mod.new_id(),
+        rep = book.Incident(
+            id=book.new_id(),
             rule_id=REPLACEMENT_RULE,
             severity="critical",
             node=inc.node,
@@ -381,7 +384,7 @@ class Recovery:
             updated_at=now,
             escalated=True,
             actions=[
-                incidents_mod.PlannedAction(
+                book.PlannedAction(
                     kind="hardware_replacement", params={"reason": why[:200]}, status="done",
                     detail=f"the node stays out of service: {why}"[:4096], at=now, ladder=True,
                 )
