@@ -276,3 +276,20 @@ def test_an_inlet_that_turns_and_keeps_rising_is_followed_without_a_lag() -> Non
     node_c = np.array([s.node_c[0, 0] for s in steps])
     assert np.isfinite(node_c).mean() > 0.5  # mostly scored
     assert np.nanmax(np.abs(node_c[round(3 * 3600 / STEP_S) :])) < 1.5  # 3.2 °C when it only averaged
+
+
+def test_a_nodes_inlet_trend_survives_a_json_round_trip() -> None:
+    st, node = _warm()
+
+    def rise(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 2.0 * t / 3600.0
+
+    _run(st, node, 3 * 3600, 10_000.0, rise)
+    assert st.trend[0] * 3600.0 > 1.0  # it has learned the inlet's rise
+    fresh = _state()
+    fresh.import_(orjson.loads(orjson.dumps(st.export())))
+    fresh.ensure(["n0"])
+    np.testing.assert_allclose(fresh.trend, st.trend)
+    np.testing.assert_allclose(
+        fresh._level_now(1, 10_000.0 + 3.5 * 3600), st._level_now(1, 10_000.0 + 3.5 * 3600)
+    )
