@@ -79,8 +79,8 @@ class TrainSettings:
     """Forgetting time constant of each GPU's own thermal model (``thermal.ThermalSettings.tau_s``)."""
     baseline_init_s: float = 900.0
     """Steady seconds before a GPU's (or node's) own baseline is trusted."""
-    node_tau_s: float = 3_600.0
-    """Time constant of each node's own inlet level."""
+    node_tau_s: float = 1_800.0
+    """Time constant of each node's own inlet level (``thermal.ThermalSettings.node_tau_s``)."""
 
     def thermal(self) -> thermal.ThermalSettings:
         return thermal.ThermalSettings(

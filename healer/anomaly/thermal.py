@@ -20,8 +20,9 @@ Three values come out per window (``Step``):
 - ``rise_c``: the residual of GPUs whose own fit is ready (``init_s`` steady busy seconds), °C;
 - ``gpu_rel``: for GPUs not ready yet, the residual as a share of the model's median resistance at the
   GPU's power (how much worse than a median GPU of its model it cools), a wide fleet check;
-- ``node_c``: ``inlet_ref`` minus its own slow level (time constant ``node_tau_s``, 1 h: a daily
-  swing of ± 3 °C moves less than 1 °C against it), once the node has been watched ``init_s``.
+- ``node_c``: ``inlet_ref`` minus its own level (an average over ``node_tau_s``, 30 min, carried along
+  a trend learned over ``node_trend_tau_s``, so an inlet that keeps rising is followed without a lag;
+  never faster than ``node_rate_c_per_h``), once the node has been watched ``init_s``.
 
 Windows around a load change are biased (temperature lags power by 30 s), so only GPUs whose window
 mean power stayed within ``steady_frac`` over the last ``steady_windows`` windows are compared or
@@ -69,8 +70,8 @@ class ThermalSettings:
     init_s: float = 900.0
     """Steady busy seconds a GPU (steady seconds a node) is watched before its own baseline is
     trusted."""
-    node_tau_s: float = 3_600.0
-    """Time constant of each node's inlet level."""
+    node_tau_s: float = 1_800.0
+    """Time constant of each node's inlet level (with its trend: ``node_trend_tau_s``)."""
     prior_s: float = 1_800.0
     """Weight of the prior on each GPU's resistance, in seconds of data (the fleet median's pull)."""
     steady_windows: int = 4
@@ -90,7 +91,12 @@ class ThermalSettings:
     level) to be trusted there; elsewhere the GPU only extrapolates and is left out of the node's
     inlet reference."""
     node_rate_c_per_h: float = 2.5
-    """Fastest a node's inlet level follows its reference, °C per hour."""
+    """Fastest a node's inlet level follows its reference, °C per hour (its trend included)."""
+    node_trend_tau_s: float = 3_600.0
+    """Integration time of each node's inlet trend (°C per hour, learned from what the level still
+    misses): with it the level follows an inlet that keeps rising or falling (a daily swing plus a
+    rack's drift, 1-2 °C/h for hours) without trailing it by ``node_tau_s`` x the rate. Never faster than
+    ``node_rate_c_per_h``, so a cooling loss (6-10 °C in minutes) is not followed."""
     band_tau_s: float = 216_000.0
     """Once learned (its first ``init_s``), a power band's offset follows this slowly (60 h): the
     offsets tell loads apart, the level follows the inlet; an offset that followed faster would soak
@@ -152,6 +158,8 @@ class ThermalState:
         self.level_s = np.zeros(0)
         self.level_at = np.full(0, -math.inf)
         """When each node's level last learned (unix seconds)."""
+        self.trend = np.zeros(0)
+        """Each node's inlet trend, °C per second: the level is carried along it between learning."""
         self.band_off = np.zeros((len(POWER_BANDS) + 1, 0))
         """Per power band and node, how far the inlet reference sits from the level at that load: what
         the GPUs' fits cannot tell apart from the inlet (a shared error in their slopes, the fans)."""
@@ -182,6 +190,7 @@ class ThermalState:
         self.level = np.concatenate([self.level, np.full(extra, np.nan)])
         self.level_s = np.concatenate([self.level_s, np.zeros(extra)])
         self.level_at = np.concatenate([self.level_at, np.full(extra, -math.inf)])
+        self.trend = np.concatenate([self.trend, np.zeros(extra)])
         self.band_off = np.concatenate([self.band_off, np.zeros((nb, extra))], axis=1)
         self.band_s = np.concatenate([self.band_s, np.zeros((nb, extra))], axis=1)
         self.ref_last = np.concatenate([self.ref_last, np.full(extra, np.nan)])
@@ -305,7 +314,7 @@ class ThermalState:
         slack = s.band_slack_c * dist[nearest, rows]
         known = (self.level_s[:n] >= s.init_s) & learned.any(axis=0)
         known &= now - self.level_at[:n] <= s.stale_s  # a level not updated for long is re-learned first
-        node = np.where(known & trusted, ref - self.level[:n] - off - slack, np.nan)
+        node = np.where(known & trusted, ref - self._level_now(n, now) - off - slack, np.nan)
         node_g = np.broadcast_to(node[:, None], temp.shape).copy()
         values = [rise, rel, node_g]
         out = []
@@ -405,19 +414,34 @@ class ThermalState:
             self.band_s[nband[idx], idx] = s.init_s
             lvl[idx] = ref[idx]
             self.level_at[idx] = now
+            self.trend[idx] = 0.0
         band_s = self.band_s[nband, rows]
         off = self.band_off[nband, rows]
         # the level learns from bands whose offset is known (the first band seen defines it)
         from_band = ok & ~first & ((band_s >= s.init_s) | (seen < s.init_s))
         # time since the level last learned: a node unsteady for hours catches up on its inlet's drift
         gap = np.clip(now - self.level_at[:n], dt, None)
+        # carried along its trend since it last learned, the level then closes part of what it still
+        # misses (an average over node_tau_s); what it keeps missing feeds the trend (an integral over
+        # node_trend_tau_s), so an inlet that rises steadily is followed without a lag
+        ahead = self._level_now(n, now) - lvl
+        miss = ref - off - lvl - ahead
         alpha = np.where(seen < s.init_s, dt / np.maximum(seen + dt, dt), 1.0 - np.exp(-gap / s.node_tau_s))
-        move = alpha * (ref - off - lvl)
+        move = ahead + alpha * miss
         # once ready, the level moves at most node_rate_c_per_h: a daily swing and drift (about
-        # 1 °C/h) are followed, a cooling loss (6 °C in 20 min) is not
+        # 1-2 °C/h) are followed, a cooling loss (6 °C in 20 min) is not
         limit = np.where(seen < s.init_s, np.inf, s.node_rate_c_per_h * gap / 3600.0)
         lvl[from_band] += np.clip(move, -limit, limit)[from_band]
         self.level_at[:n][from_band] = now
+        # the trend learns only on a ready node within its edge, and is bounded by the rate. Not frozen
+        # at half the edge as the offsets are: a healthy inlet that turns and rises 2 °C/h is 1.5-2 °C
+        # ahead of the level before the trend has caught up (held-out seed 9201)
+        with np.errstate(invalid="ignore"):
+            calm = ok & (seen >= s.init_s) & ~(np.abs(node) > self.edges[2])
+        rate = s.node_rate_c_per_h / 3600.0
+        nudge = (1.0 - np.exp(-gap / s.node_trend_tau_s)) * miss / s.node_tau_s
+        trend = self.trend[:n]
+        trend[from_band & calm] = np.clip(trend + nudge, -rate, rate)[from_band & calm]
         seen[from_band] += dt
         # each band's offset: a plain mean while new, then very slow; not while the node looks faulty
         with np.errstate(invalid="ignore"):
@@ -428,9 +452,15 @@ class ThermalState:
         # a level hours stale, which would soak the inlet's drift into the offset
         fresh = now - self.level_at[:n] <= s.offset_fresh_s
         learn_off = calm & fresh
-        upd = np.where(learn_off, b_alpha * (ref - lvl - off), 0.0)
+        upd = np.where(learn_off, b_alpha * (ref - self._level_now(n, now) - off), 0.0)
         self.band_off[nband, rows] = off + upd
         self.band_s[nband, rows] = band_s + np.where(learn_off | (ok & (seen < s.init_s)), dt, 0.0)
+
+    def _level_now(self, n: int, now: float) -> F64:
+        """Each node's level carried along its trend since it last learned (for at most ``stale_s``)."""
+        since = np.clip(now - self.level_at[:n], 0.0, self.s.stale_s)
+        out: F64 = self.level[:n] + self.trend[:n] * since
+        return out
 
     def _fit_pred(self, n: int, p: F64, cls: npt.NDArray[np.intp]) -> F64:
         a, r = self.fit(cls)
@@ -455,6 +485,7 @@ class ThermalState:
                 "level_c": None if np.isnan(self.level[i]) else float(self.level[i]),
                 "level_s": float(self.level_s[i]),
                 "level_at": float(self.level_at[i]) if np.isfinite(self.level_at[i]) else None,
+                "trend_c_per_h": float(self.trend[i] * 3600.0),
                 "band_off_c": rnd(self.band_off[:, i]),
                 "band_s": rnd(self.band_s[:, i]),
                 "ref_c": None if np.isnan(self.ref_last[i]) else float(self.ref_last[i]),
@@ -498,6 +529,7 @@ class ThermalState:
         self.level[i] = np.nan if doc.get("level_c") is None else float(doc["level_c"])
         self.level_s[i] = float(doc.get("level_s", 0.0))
         self.level_at[i] = -math.inf if doc.get("level_at") is None else float(doc["level_at"])
+        self.trend[i] = float(doc.get("trend_c_per_h", 0.0)) / 3600.0
         self.seen[:, i] = np.array(doc["seen_s"], dtype=np.float64)
         self.band_off[:, i] = np.array(doc["band_off_c"], dtype=np.float64)
         self.band_s[:, i] = np.array(doc["band_s"], dtype=np.float64)

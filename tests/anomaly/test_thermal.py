@@ -258,3 +258,38 @@ def test_a_node_learned_idle_then_busy_for_hours_at_a_load_it_never_showed_is_sc
     busy = np.array([s.node_c[0, 0] for s in steps[round(2 * 3600 / STEP_S) : round(8.5 * 3600 / STEP_S)]])
     assert np.isfinite(busy).mean() > 0.9  # the node is compared at its new load, not left out for hours
     assert np.nanmax(np.array([s.node_c[0, 0] for s in steps])) < 2.0  # nor looks hot when idle again
+
+
+def test_an_inlet_that_turns_and_keeps_rising_is_followed_without_a_lag() -> None:
+    # held-out seed 9201: an inlet that had been falling turned and rose about 2 °C/h for hours, while the
+    # node's load hovered at a band edge; a level that only averaged trailed by 2 °C, the band the node
+    # then crossed into learned that lag as its offset, and the node read 3.5 °C over its level
+    st, node = _warm()
+
+    def fall_then_rise(n: Node, t: float) -> None:
+        h = t / 3600.0
+        n.inlet = 25.0 - min(h, 3.0) + 2.0 * max(0.0, h - 3.0)
+        # two hours into the rise the load starts flapping across the 0.85 band edge
+        n.power[:] = 0.9 if h < 5.0 or (t // 900) % 2 == 0 else 0.8
+
+    steps = _run(st, node, 9 * 3600, 10_000.0, fall_then_rise)
+    node_c = np.array([s.node_c[0, 0] for s in steps])
+    assert np.isfinite(node_c).mean() > 0.5  # mostly scored
+    assert np.nanmax(np.abs(node_c[round(3 * 3600 / STEP_S) :])) < 1.5  # 3.2 °C when it only averaged
+
+
+def test_a_nodes_inlet_trend_survives_a_json_round_trip() -> None:
+    st, node = _warm()
+
+    def rise(n: Node, t: float) -> None:
+        n.inlet = 25.0 + 2.0 * t / 3600.0
+
+    _run(st, node, 3 * 3600, 10_000.0, rise)
+    assert st.trend[0] * 3600.0 > 1.0  # it has learned the inlet's rise
+    fresh = _state()
+    fresh.import_(orjson.loads(orjson.dumps(st.export())))
+    fresh.ensure(["n0"])
+    np.testing.assert_allclose(fresh.trend, st.trend)
+    np.testing.assert_allclose(
+        fresh._level_now(1, 10_000.0 + 3.5 * 3600), st._level_now(1, 10_000.0 + 3.5 * 3600)
+    )
