@@ -114,10 +114,10 @@ class Recovery:
         self.scheduler = scheduler
         self.ladder_for = ladder_for
         self.release = release
-        self.summary = summary
-        """The GPU's telemetry as the rule engine holds it (``Engine.summary``), for replacement bundles."""
         """Tells the rule engine a firing's incident was closed by its ladder (the fault showing again
         opens a new incident)."""
+        self.summary = summary
+        """The GPU's telemetry as the rule engine holds it (``Engine.summary``), for replacement bundles."""
         self.publish = publish
         self.spawn = spawn
         self.clock = clock
@@ -397,7 +397,7 @@ class Recovery:
     async def reboots(self, node: str) -> int:
         """Other nodes rebooting for a ladder now (every shard's, from KV, and this process's own);
         when fewer than ``max_concurrent_reboots``, ``node`` takes a place (it is about to reboot)."""
-        busy = {n for n in self.reserved if n != node}
+        stored: set[str] = set()
         for key in await self.store.keys(PREFIX):
             doc = await self.store.get(key)
             if doc is None:
@@ -405,7 +405,10 @@ class Recovery:
             pending = doc.value.get("pending", {})
             other = doc.value.get("state", {}).get("node")
             if pending.get("kind") == "reboot_node" and pending.get("reboot_requested") and other != node:
-                busy.add(str(other))
+                stored.add(str(other))
+        # This process's reservations are read after the awaits, with no await before the reservation
+        # below: two ladders asking at once (two action tasks) cannot both take the last place.
+        busy = stored | {n for n in self.reserved if n != node}
         if len(busy) < self.cs.max_concurrent_reboots:
             self.reserved.add(node)
         return len(busy)

@@ -57,6 +57,9 @@ EVENTS_PULL_S = 0.5
 EVENTS_ACK_WAIT_S = 60.0
 """The events consumer's ack wait: an event delivered and not acknowledged is redelivered after it."""
 RULE_MISSING = "no loaded rule has this id: the incident stays open until a person resolves it"
+REPEAT_COUNT_S = 1.0
+"""Longest the repeat-fault count may hold up opening an incident (a KV read and write take ms; during a
+stream leader election a read waits out the client's timeout instead)."""
 FETCH_LOG_S = 10.0
 """At most one ``controller.events_fetch_failed`` line per this many seconds (all are counted)."""
 
@@ -579,13 +582,16 @@ class Controller:
             return 0
         key = f"history.{node}.{gpu}"
         try:
-            doc = await self.state.get(key)
-            seen = decide.episodes(doc.value.get("opened", []) if doc else [], now, self.cs.repeat_window_s)
-            await self.state.put(key, {"opened": list(seen.times)})
-        except errors.TemporaryError as e:
+            async with asyncio.timeout(REPEAT_COUNT_S):  # not the KV client's own, longer, timeout
+                doc = await self.state.get(key)
+                seen = decide.episodes(
+                    doc.value.get("opened", []) if doc else [], now, self.cs.repeat_window_s
+                )
+                await self.state.put(key, {"opened": list(seen.times)})
+        except (errors.TemporaryError, TimeoutError) as e:
             # The count only escalates a repeat offender: it never holds up the quarantine of a fault.
             self.metrics.task_failures.labels("repeat-count").inc()
-            self.log.warning("controller.repeat_count_failed", node=node, gpu=gpu, error=str(e))
+            self.log.warning("controller.repeat_count_failed", node=node, gpu=gpu, error=str(e) or repr(e))
             return 1
         return seen.count
 

@@ -308,6 +308,18 @@ async def test_at_most_max_concurrent_reboots_nodes_reboot_at_once(harness: Harn
     assert len(sched.executed("reboot_node")) == 1
 
 
+async def test_ladders_asking_at_once_never_both_take_the_last_reboot_place(harness: Harness) -> None:
+    """Each ladder's action task asks for a reboot place while the others wait on KV: the CI run once
+    rebooted two nodes with ``max_concurrent_reboots: 1``."""
+    ladder_rules(harness)
+    ctl = await harness.controller(testing.RecordingActuator(), gpu=testing.RecordingGpuActuator())
+    assert ctl.cs.max_concurrent_reboots == 1
+    await run_until(Fleet(harness.bus, ["n1"]), lambda: ctl.leader)  # the takeover has loaded the ladders
+    counts = await asyncio.gather(*(ctl.recovery.reboots(n) for n in ("n1", "n2", "n3")))
+    assert len(ctl.recovery.reserved) == 1
+    assert sorted(counts) == [0, 1, 1]
+
+
 XID_48 = """
   - id: xid-fatal
     description: fatal XID
