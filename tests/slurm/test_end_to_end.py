@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -31,15 +32,17 @@ rules:
 """
 
 
-@pytest.fixture
-async def controller(
+async def start_controller(
     cluster: SlurmCluster,  # noqa: F811
     nats_server: embedded.EmbeddedServer,
     tmp_path: pathlib.Path,
-) -> AsyncIterator[tuple[service.Controller, natsbus.NatsBus]]:
+    rules_text: str,
+    **build: Any,
+) -> tuple[service.Controller, natsbus.NatsBus]:
+    """A controller on the real Slurm with ``rules_text`` as its rules (``build``: e.g. ``gpu=``)."""
     rules = tmp_path / "rules"
     rules.mkdir()
-    (rules / "xid.yaml").write_text(RULES)
+    (rules / "rules.yaml").write_text(rules_text)
     settings = config.Settings(
         nats=config.NatsSettings(url=nats_server.url),
         controller=config.ControllerSettings(
@@ -51,8 +54,18 @@ async def controller(
     )
     bus = await natsbus.NatsBus.connect(nats_server.url, name="e2e")
     await provision.ensure(bus, subjects.Subjects(), settings.nats)
-    ctl = await service.build(settings, bus, scheduler=slurm.SlurmActuator(settings.actuators))
+    ctl = await service.build(settings, bus, scheduler=slurm.SlurmActuator(settings.actuators), **build)
     await ctl.start()
+    return ctl, bus
+
+
+@pytest.fixture
+async def controller(
+    cluster: SlurmCluster,  # noqa: F811
+    nats_server: embedded.EmbeddedServer,
+    tmp_path: pathlib.Path,
+) -> AsyncIterator[tuple[service.Controller, natsbus.NatsBus]]:
+    ctl, bus = await start_controller(cluster, nats_server, tmp_path, RULES)
     try:
         yield ctl, bus
     finally:

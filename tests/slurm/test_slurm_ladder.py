@@ -11,14 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from healer import config, testing
-from healer.actuators import slurm
-from healer.bus import base, embedded, provision, subjects
+from healer import testing
+from healer.bus import base, embedded, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, incidents
 from tests.slurm.cluster import SlurmCluster
-from tests.slurm.test_end_to_end import eventually, xid
+from tests.slurm.test_end_to_end import eventually, start_controller, xid
 from tests.slurm.test_slurm_actuator import cluster, job_state, node_line, submit  # noqa: F401
 
 pytestmark = pytest.mark.slurm
@@ -48,23 +47,8 @@ async def healing(
     nats_server: embedded.EmbeddedServer,
     tmp_path: pathlib.Path,
 ) -> AsyncIterator[tuple[service.Controller, natsbus.NatsBus, testing.RecordingGpuActuator]]:
-    rules = tmp_path / "rules"
-    rules.mkdir()
-    (rules / "xid.yaml").write_text(RULES)
-    settings = config.Settings(
-        nats=config.NatsSettings(url=nats_server.url),
-        controller=config.ControllerSettings(
-            rules_dir=str(rules), mode="enforce", tick_s=0.2, uncordon_hold_s=0
-        ),
-        actuators=config.ActuatorSettings(
-            slurm_conf=str(cluster.conf), call_timeout_s=20, slurm_requeue_settle_s=5
-        ),
-    )
-    bus = await natsbus.NatsBus.connect(nats_server.url, name="ladder-e2e")
-    await provision.ensure(bus, subjects.Subjects(), settings.nats)
     gpu = testing.RecordingGpuActuator()
-    ctl = await service.build(settings, bus, scheduler=slurm.SlurmActuator(settings.actuators), gpu=gpu)
-    await ctl.start()
+    ctl, bus = await start_controller(cluster, nats_server, tmp_path, RULES, gpu=gpu)
     try:
         yield ctl, bus, gpu
     finally:
