@@ -139,11 +139,11 @@ async def measure(
         return sum(s.value for s in samples if s.name.endswith("_total"))
 
     accounted = -1.0  # wait for the backlog (client queue, socket, server buffers) to drain
-    while decoded_bad() + ctl._frames_sub.dropped != accounted and time.monotonic() < deadline:
-        accounted = decoded_bad() + ctl._frames_sub.dropped
+    while decoded_bad() + ctl.ingest.frames_sub.dropped != accounted and time.monotonic() < deadline:
+        accounted = decoded_bad() + ctl.ingest.frames_sub.dropped
         await asyncio.sleep(1.0)
     decode_errors = decoded_bad()
-    dropped = ctl._frames_sub.dropped  # all of them (the metric folds them in once per tick)
+    dropped = ctl.ingest.frames_sub.dropped  # all of them (the metric folds them in once per tick)
     disconnects = {c: ctl.metrics.nats_disconnects.labels(c)._value.get() for c in ("main", "telemetry")}
     latencies = [opened[n] - t for n, t in published.items() if n in opened]
     server_slow = varz(srv).get("slow_consumers")

@@ -12,8 +12,9 @@ other incidents on the node) returning a ``Verdict``: ``ALLOW`` (on to the next 
 next tick) or ``SETTLE`` (record ``status`` and go no further). The circuit breaker is shared through KV
 with compare-and-set, so its decision (``breaker_admission``) is made inside the shell's CAS loop.
 
-The shell (``service.Controller`` and ``actions.ActionRunner``) reads KV and the clock, calls these,
-then persists, publishes and calls actuators.
+Nothing here changes an incident: each decision returns the change, and the shell
+(``incident_shell.IncidentShell``, ``runner.ActionRunner``) reads KV and the clock, calls these, applies
+what they return, then persists, publishes and calls actuators.
 """
 
 from __future__ import annotations
@@ -365,7 +366,10 @@ def new_incident(
     """The incident a firing opens; the ``repeats``-th fault episode on a GPU is escalated for inspection."""
     rule = f.rule
     where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
-    inc = book.Incident(
+    planned = [book.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions]
+    summary = f"{rule.id} on {where}: {rule.description}".strip().rstrip(":")
+    up = repeat_escalation(planned, repeats, settings) if f.gpu is not None else None
+    return book.Incident(
         signals=[signal_of(f, now)],
         id=incident_id,
         rule_id=rule.id,
@@ -373,30 +377,38 @@ def new_incident(
         node=f.node,
         gpu_index=f.gpu,
         gpu_uuid=f.gpu_uuid,
-        summary=f"{rule.id} on {where}: {rule.description}".strip().rstrip(":"),
+        summary=summary + (up.note if up else ""),
         evidence=dict(f.evidence),
         labels=dict(rule.labels),
         mode=mode,
         opened_at=now,
         updated_at=now,
         last_seen_firing=now,
-        actions=[book.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions],
+        actions=planned + ([up.add] if up and up.add else []),
+        escalated=up is not None,
     )
-    if f.gpu is not None:
-        escalate_repeat(inc, repeats, settings)
-    return inc
 
 
-def escalate_repeat(inc: book.Incident, repeats: int, settings: config.ControllerSettings) -> bool:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Escalation:
+    """What escalating an incident changes (the shell applies it: ``incident_shell.escalate``)."""
+
+    note: str
+    """Appended to the summary."""
+    add: book.PlannedAction | None = None
+    """An action to add (None: the incident has one of its kind already)."""
+
+
+def repeat_escalation(
+    planned: Sequence[book.PlannedAction], repeats: int, settings: config.ControllerSettings
+) -> Escalation | None:
     """The ``repeats``-th fault episode on the incident's GPU within ``repeat_window_s``: escalated, and
-    an ``inspect`` action added. True when this escalated it."""
+    an ``inspect`` action added (once). None below ``repeat_faults``."""
     if repeats < settings.repeat_faults:
-        return False
-    inc.escalated = True
-    inc.summary += f" (fault #{repeats} on this GPU within {settings.repeat_window_s:g}s: inspect hardware)"
-    if not any(a.kind == "inspect" for a in inc.actions):
-        inc.actions.append(book.PlannedAction(kind="inspect", params={"reason": "repeat faults"}))
-    return True
+        return None
+    note = f" (fault #{repeats} on this GPU within {settings.repeat_window_s:g}s: inspect hardware)"
+    inspect = book.PlannedAction(kind="inspect", params={"reason": "repeat faults"})
+    return Escalation(note, None if any(a.kind == "inspect" for a in planned) else inspect)
 
 
 # -- correlation: one incident per fault --------------------------------------------------------------
@@ -519,7 +531,8 @@ def max_severity(a: incidents.Severity, b: incidents.Severity) -> incidents.Seve
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Join:
-    """What joining a firing changes on the incident it correlates with (``apply`` carries it out)."""
+    """What joining a firing changes on the incident it correlates with (the shell applies it:
+    ``incident_shell.apply_join``)."""
 
     signal: book.Signal
     severity: incidents.Severity
@@ -529,17 +542,6 @@ class Join:
     """New kinds appended (pending), pending ones strengthened."""
     gpu: tuple[int, str | None] | None = None
     """A GPU-less incident takes the GPU (index, UUID) of the GPU signal that joined it."""
-
-    def apply(self, inc: book.Incident) -> None:
-        """Change ``inc`` in place (an action task may hold it)."""
-        inc.signals.append(self.signal)
-        inc.severity, inc.summary, inc.labels = self.severity, self.summary, self.labels
-        for i, params in self.actions.params.items():
-            inc.actions[i].params = params
-        inc.actions.extend(self.actions.add)
-        if self.gpu is not None:
-            inc.gpu_index, inc.gpu_uuid = self.gpu
-        inc.evidence = evidence_of(inc)
 
 
 def join(inc: book.Incident, f: engine.Firing, now: float) -> Join:
@@ -576,9 +578,7 @@ def episodes(opened: Iterable[float], now: float, window_s: float) -> Episodes:
     return Episodes(tuple(times[-50:]), count)
 
 
-def ladder_step(
-    inc: book.Incident, now: float, settings: config.ControllerSettings
-) -> book.PlannedAction | None:
+def ladder_step(inc: book.Incident, now: float, settings: config.ControllerSettings) -> Escalation | None:
     """The escalation ladder: an incident still open ``power_cap_escalate_s`` after its power cap took
     effect, and not cordoned yet, gets a cordon."""
     capped = any(a.kind == "power_limit" and a.status in ("done", "already-done") for a in inc.actions)
@@ -588,7 +588,9 @@ def ladder_step(
         and not any(a.kind == "cordon" for a in inc.actions)
         and now - inc.opened_at > settings.power_cap_escalate_s
     ):
-        return book.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
+        return Escalation(
+            LADDER_NOTE, book.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
+        )
     return None
 
 

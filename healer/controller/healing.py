@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import book, decide, kv, ladder
-from healer.rules import recovery
-from healer.schemas import incidents
+from healer.controller import book, decide, kv, ladder, shell
+from healer.rules import engine
 
 PREFIX = "ladder."
 """KV ``healer-state``: one ladder in flight per key (``ladder.<incident id>``)."""
@@ -42,8 +41,6 @@ HISTORY_PREFIX = "recoveries."
 """KV ``healer-state``: a GPU's earlier recoveries (``recoveries.<node>.<gpu index | node>``)."""
 REPLACEMENT_RULE = "hardware-replacement"
 """The rule id of the incidents the ladders open when a GPU needs replacing."""
-
-Publish = Callable[[book.Incident, incidents.Change], Awaitable[None]]
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,11 +97,8 @@ class Recovery:
         book: book.Book,
         *,
         scheduler: actuators.Actuator,
-        ladder_for: Callable[[str], recovery.Ladder | None],
-        release: Callable[[str, str, int | None], None],
-        summary: Callable[[str, int | None, float], dict[str, float]] = lambda node, gpu, now: {},
-        publish: Publish,
-        spawn: Callable[[book.Incident], None],
+        engine: engine.Engine,
+        shell: shell.Shell,
         clock: Callable[[], float],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
@@ -112,14 +106,10 @@ class Recovery:
         self.store = store
         self.book = book
         self.scheduler = scheduler
-        self.ladder_for = ladder_for
-        self.release = release
-        """Tells the rule engine a firing's incident was closed by its ladder (the fault showing again
-        opens a new incident)."""
-        self.summary = summary
-        """The GPU's telemetry as the rule engine holds it (``Engine.summary``), for replacement bundles."""
-        self.publish = publish
-        self.spawn = spawn
+        self.engine = engine
+        """The rule engine: each rule's ladder, the release of a firing whose incident a ladder closed
+        (the fault showing again opens a new incident), the GPU's telemetry for replacement bundles."""
+        self.shell = shell
         self.clock = clock
         self.log = log
         self.ladders: dict[str, Record] = {}
@@ -157,7 +147,7 @@ class Recovery:
         """The incident's rule resolved while its ladder runs: noted, the ladder still decides the end."""
         if not inc.evidence.get("ladder.rule_resolved"):
             inc.evidence["ladder.rule_resolved"] = True
-            await self.publish(inc, "updated")
+            await self.shell.publish(inc, "updated")
 
     # -- a new incident ----------------------------------------------------------------------------
     async def opened(self, inc: book.Incident, now: float) -> None:
@@ -165,7 +155,7 @@ class Recovery:
         ladder to it (dry-run)."""
         if not self.cs.recovery or self.cs.mode == "observe":
             return
-        lad = self.ladder_for(inc.rule_id)
+        lad = self.engine.rules.ladder_for(inc.rule_id)
         if lad is None:
             return
         inc.evidence["ladder"] = lad.id
@@ -287,7 +277,7 @@ class Recovery:
         if inc is not None:
             inc.evidence["ladder.phase"] = step.state.phase.name.lower()
             inc.evidence["ladder.next"] = f"{step.kind.value}: {step.reason}"[:1000]
-            await self.publish(inc, "updated")
+            await self.shell.publish(inc, "updated")
             await self._add_action(rec, inc, now)
 
     async def _add_action(self, rec: Record, inc: book.Incident, now: float) -> None:
@@ -304,8 +294,8 @@ class Recovery:
         if p.kind is ladder.StepKind.VALIDATE:
             params |= {"soak_since": rec.state.updated_at, "dcgm_level": p.dcgm_level}
         inc.actions.append(book.PlannedAction(kind=p.kind.value, params=params, ladder=True))
-        await self.publish(inc, "updated")
-        self.spawn(inc)
+        await self.shell.publish(inc, "updated")
+        self.shell.spawn(inc)
 
     async def _finish(
         self,
@@ -331,7 +321,7 @@ class Recovery:
                     at=now, ladder=True,
                 )
             )  # fmt: skip
-            await self.publish(inc, "action")
+            await self.shell.publish(inc, "action")
             return
         if state.phase is ladder.Phase.REPLACEMENT:
             replacement = await self._replacement(inc, state, step.reason, history, now)
@@ -341,15 +331,15 @@ class Recovery:
                 # Still firing: it resolves on its rule's terms; its uncordon is then skipped, because
                 # the replacement incident holds the node out of service.
                 inc.state = "escalated"
-                await self.publish(inc, "escalated")
+                await self.shell.publish(inc, "escalated")
                 return
         else:
             inc.evidence["outcome"] = "recovered"
         inc.state = "resolved"
         inc.resolved_at = now
         for signal in inc.signals:  # every rule that joined the fault, not only the first
-            self.release(signal.rule_id, inc.node, signal.gpu_index)
-        await self.publish(inc, "resolved")
+            self.engine.release(signal.rule_id, inc.node, signal.gpu_index)
+        await self.shell.publish(inc, "resolved")
 
     async def _replacement(
         self,
@@ -365,7 +355,7 @@ class Recovery:
         for a in inc.actions:
             if a.kind == "validate" and a.facts:
                 facts = dict(a.facts)
-        telemetry = self.summary(inc.node, inc.gpu_index, now)
+        telemetry = self.engine.summary(inc.node, inc.gpu_index, now)
         bundle = ladder.evidence(state, history, facts, [dict(inc.evidence)], telemetry)
         where = f"node {inc.node}" + (f" GPU {inc.gpu_index}" if inc.gpu_index is not None else "")
         rep = book.Incident(
@@ -390,7 +380,7 @@ class Recovery:
                 )
             ],
         )  # fmt: skip
-        await self.publish(rep, "opened")
+        await self.shell.publish(rep, "opened")
         return rep
 
     # -- reboots in flight -------------------------------------------------------------------------

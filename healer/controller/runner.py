@@ -16,24 +16,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import book, decide, policy
+from healer.controller import book, decide, policy, shell
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
 from healer.rules import actions
-from healer.schemas import incidents
-
-Publish = Callable[[book.Incident, incidents.Change], Awaitable[None]]
 
 
 class ActionRunner:
-    """Owns the per-incident action tasks. ``publish`` saves an incident change and puts it on the feed;
-    ``leader`` and ``fleet_size`` are asked at the moment of acting."""
+    """Owns the per-incident action tasks. ``shell`` saves and publishes each incident change; whether
+    this process leads, the fleet size and the reboots elsewhere are asked of it at the moment of acting."""
 
     breaker_incident: book.Incident | None
 
@@ -44,7 +41,6 @@ class ActionRunner:
         scheduler: actuators.Actuator,
         power: actuators.Actuator | None,
         gpu: actuators.Actuator | None = None,
-        reboots: Callable[[str], Awaitable[int]] | None = None,
         lease: lease_mod.Lease,
         breaker: policy.Breaker,
         dry_breaker: policy.Breaker,
@@ -52,25 +48,19 @@ class ActionRunner:
         limits: policy.Limits,
         book: book.Book,
         metrics: metrics_mod.ControllerMetrics,
-        publish: Publish,
-        leader: Callable[[], bool],
-        fleet_size: Callable[[], int],
+        shell: shell.Shell,
         clock: Callable[[], float],
         stop: asyncio.Event,
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self.cs = cs
         self.scheduler, self.power, self.gpu = scheduler, power, gpu
-        self.reboots = reboots
-        """(recovery ladders) How many other nodes are rebooting now; asked before a reboot_node."""
         self.lease = lease
         self.breaker, self.dry_breaker = breaker, dry_breaker
         self.exclusions, self.limits = exclusions, limits
         self.book = book
         self.metrics = metrics
-        self.publish = publish
-        self.leader = leader
-        self.fleet_size = fleet_size
+        self.shell = shell
         self.clock = clock
         self.stop = stop
         self.log = log
@@ -103,7 +93,7 @@ class ActionRunner:
                 if action.status not in decide.OK and not action.ladder:
                     return  # a failed step stops the chain (no migrate without a cordon)
                 continue
-            if not self.leader():
+            if not self.shell.leader:
                 return
             if action.on_resolve and action.kind == "uncordon" and self.cs.uncordon_hold_s:
                 wait = (inc.resolved_at or 0) + self.cs.uncordon_hold_s - self.clock()
@@ -119,12 +109,12 @@ class ActionRunner:
             status = verdict.status
             action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
             self.metrics.actions.labels(action.kind, status).inc()
-            await self.publish(inc, "action")
+            await self.shell.publish(inc, "action")
             if action.ladder:
                 continue  # the recovery ladder reads the outcome and takes the next step
             if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
                 inc.escalated = True
-                await self.publish(inc, "escalated")
+                await self.shell.publish(inc, "escalated")
             if status not in decide.OK:
                 return
         if inc.state == "resolved":
@@ -161,7 +151,7 @@ class ActionRunner:
         verdict = decide.gate(attempt, decide.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
             limits = await self.limits.view(action.kind, inc.node, now)
-            rebooting = await self.reboots(inc.node) if self.reboots and action.kind == "reboot_node" else 0
+            rebooting = await self.shell.reboots(inc.node) if action.kind == "reboot_node" else 0
             attempt = dataclasses.replace(attempt, limits=limits, reboots_elsewhere=rebooting)
             verdict = decide.gate(attempt, decide.STORED_GATES)
         if not verdict.allowed:
@@ -170,7 +160,7 @@ class ActionRunner:
             return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
         if spec.takes_out_of_service:
             breaker = self.breaker if mode == "enforce" else self.dry_breaker
-            admission = await breaker.admit(inc.node, self.fleet_size(), inc.id)
+            admission = await breaker.admit(inc.node, self.shell.fleet_size(), inc.id)
             if admission.tripped:
                 await self._breaker_tripped(admission.reason)
             if not admission.allowed:
@@ -224,4 +214,4 @@ class ActionRunner:
         )
         self.breaker_incident = inc
         self.metrics.breaker_open.set(1)
-        await self.publish(inc, "escalated")
+        await self.shell.publish(inc, "escalated")

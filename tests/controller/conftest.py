@@ -112,7 +112,7 @@ class Harness:
         """Stop a controller the way SIGKILL would: no lease release, no goodbye. Cancellation is
         repeated until every task is done (Python 3.11's wait_for can swallow one that races with its
         own timeout); a task that still ignores it fails the test by name instead of hanging it."""
-        tasks = [*ctl._bg, *ctl.tasks.values()]
+        tasks = [*ctl.supervisor.tasks, *ctl.tasks.values()]
         pending = tasks
         for _ in range(50):
             pending = [t for t in tasks if not t.done()]
@@ -125,8 +125,8 @@ class Harness:
         for c, bus in self.controllers:
             if c is ctl:
                 await asyncio.wait_for(bus.nc.close(), 10)
-                if c.telemetry_bus is not bus:
-                    await asyncio.wait_for(c.telemetry_bus.nc.close(), 10)
+                if c.ingest.telemetry_bus is not bus:
+                    await asyncio.wait_for(c.ingest.telemetry_bus.nc.close(), 10)
 
     async def close(self) -> None:
         for ctl, bus in self.controllers:

@@ -206,11 +206,13 @@ async def test_repeat_faults_count_episodes_not_rules(harness: Harness) -> None:
     ctl = await harness.controller(testing.RecordingActuator())
     t = 1_000_000.0
     # one DBE fires three rules within seconds: one episode
-    assert [await ctl._count_repeat("n1", 2, t + dt) for dt in (0, 2, 5)] == [1, 1, 1]
-    assert await ctl._count_repeat("n1", 2, t + 300) == 2
-    assert await ctl._count_repeat("n1", 2, t + 900) == 3
-    assert await ctl._count_repeat("n1", 2, t + 900 + ctl.cs.repeat_window_s) == 1, "old episodes age out"
-    assert await ctl._count_repeat("n1", None, t) == 0, "node-level incidents are not GPU faults"
+    assert [await ctl.incidents.count_repeat("n1", 2, t + dt) for dt in (0, 2, 5)] == [1, 1, 1]
+    assert await ctl.incidents.count_repeat("n1", 2, t + 300) == 2
+    assert await ctl.incidents.count_repeat("n1", 2, t + 900) == 3
+    assert await ctl.incidents.count_repeat("n1", 2, t + 900 + ctl.cs.repeat_window_s) == 1, (
+        "old episodes age out"
+    )
+    assert await ctl.incidents.count_repeat("n1", None, t) == 0, "node-level incidents are not GPU faults"
 
 
 async def test_anomaly_scores_reach_the_rules_in_batches(harness: Harness) -> None:
@@ -238,7 +240,7 @@ async def test_anomaly_scores_reach_the_rules_in_batches(harness: Harness) -> No
     )
     ctl = await harness.controller(testing.RecordingActuator(), anomaly_interval_s=0.5)
     scorer = FakeScorer()
-    ctl.scorer = scorer  # type: ignore[assignment]
+    ctl.learning.scorer = scorer  # type: ignore[assignment]
     fleet = Fleet(harness.bus, ["n1", "n2"])
     await run_until(fleet, lambda: "opened" in harness.feed.changes("n1"))
     opened = next(e for e in harness.feed.events if e.change == "opened")
@@ -283,7 +285,7 @@ async def test_what_the_model_learned_survives_a_restart_and_each_gpu_explains_i
     assert 0.0 <= comps["anomaly_score"] <= 1.0
     assert {"forest", "counters"} <= set(comps), comps
     assert first.components("n9", 0) is None, "a node never scored has no components"
-    learned = first.scorer.export_state()  # type: ignore[union-attr]
+    learned = first.learning.scorer.export_state()  # type: ignore[union-attr]
     assert {"n1", "n2"} <= set(learned["nodes"])
     await first.stop()
     saved = await first.state.get("anomaly.state")
@@ -293,7 +295,7 @@ async def test_what_the_model_learned_survives_a_restart_and_each_gpu_explains_i
         second = await harness.controller(testing.RecordingActuator(), model=model, anomaly_interval_s=0.5)
     restored = [e for e in logs if e["event"] == "controller.anomaly_state_restored"]
     assert [e["nodes"] for e in restored] == [len(learned["nodes"])]
-    assert set(second.scorer.export_state()["nodes"]) >= {"n1", "n2"}  # type: ignore[union-attr]
+    assert set(second.learning.scorer.export_state()["nodes"]) >= {"n1", "n2"}  # type: ignore[union-attr]
 
 
 async def test_an_anomaly_incident_says_which_component_and_against_what(harness: Harness) -> None:
@@ -324,7 +326,7 @@ async def test_an_anomaly_incident_says_which_component_and_against_what(harness
         "    when: anomaly_score >= 0.9\n    severity: warning\n    actions: [notify]\n"
     )
     ctl = await harness.controller(testing.RecordingActuator(), anomaly_interval_s=0.5)
-    ctl.scorer = Explaining()
+    ctl.learning.scorer = Explaining()
     fleet = Fleet(harness.bus, ["n1"])
     await run_until(fleet, lambda: "opened" in harness.feed.changes("n1"))
     opened = next(e for e in harness.feed.events if e.change == "opened")
@@ -380,7 +382,7 @@ async def test_a_full_frame_backlog_drops_frames_and_counts_every_one(harness: H
         await until(lambda: accounted() == 300)
     assert ctl.metrics.frames_dropped._value.get() > 1
     assert [e["event"] for e in logs].count("nats.slow_consumer") == 1, "one log line, not one per frame"
-    assert ctl._frames_sub.dropped == ctl.metrics.frames_dropped._value.get()
+    assert ctl.ingest.frames_sub.dropped == ctl.metrics.frames_dropped._value.get()
 
 
 async def test_incidents_from_before_a_restart_resolve_on_their_rules_terms(harness: Harness) -> None:

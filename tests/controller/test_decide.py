@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from healer import config
-from healer.controller import book, decide
+from healer.controller import book, decide, incident_shell
 from healer.rules import actions, engine, ruleset
 
 SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)
@@ -93,8 +93,13 @@ def test_the_ladder_cordons_an_incident_the_power_cap_did_not_help() -> None:
     assert decide.ladder_step(inc, inc.opened_at + 1, SETTINGS) is None, "too soon"
     step = decide.ladder_step(inc, later, SETTINGS)
     assert step is not None
-    assert step.kind == "cordon"
-    inc.actions.append(step)
+    assert step.add is not None
+    assert step.add.kind == "cordon"
+    assert step.note == decide.LADDER_NOTE
+    assert [a.kind for a in inc.actions] == ["power_limit"], "decide changes nothing: the shell applies it"
+    incident_shell.escalate(inc, step)
+    assert inc.escalated
+    assert inc.summary.endswith(decide.LADDER_NOTE)
     assert decide.ladder_step(inc, later, SETTINGS) is None, "cordoned once"
 
 
@@ -292,7 +297,7 @@ def opened(rule: ruleset.Rule = DBE, gpu: int | None = 1, at: float = 100.0, **k
 
 def joined(inc: book.Incident, f: engine.Firing, now: float = 102.0) -> book.Incident:
     assert decide.correlate(f, [inc], now, 120.0) is inc
-    decide.join(inc, f, now).apply(inc)
+    incident_shell.apply_join(inc, decide.join(inc, f, now))
     return inc
 
 
@@ -329,7 +334,7 @@ def test_a_gpu_signal_joins_a_gpu_less_incident_and_gives_it_its_gpu() -> None:
     assert decide.correlate(fire(XID, gpu=4, uuid="GPU-d"), [missing], 101.0, 120.0) is missing
     j = decide.join(missing, fire(XID, gpu=4, uuid="GPU-d"), 101.0)
     assert j.gpu == (4, "GPU-d")
-    j.apply(missing)
+    incident_shell.apply_join(missing, j)
     assert (missing.gpu_index, missing.gpu_uuid) == (4, "GPU-d")
     assert missing.key == ("gpu-missing", "n1", None), "still found by the signal that opened it"
     assert missing.summary.endswith("joined by xid-fatal (GPU 4)")

@@ -15,7 +15,7 @@ import structlog.testing
 from healer import config, errors, testing
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import book, decide, kv, lease, policy, service
+from healer.controller import book, decide, incident_shell, kv, lease, policy
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
@@ -215,7 +215,7 @@ async def test_no_long_lived_task_is_left_after_stop(harness: Harness) -> None:
     ctl = await harness.controller(testing.RecordingActuator())
     fleet = Fleet(harness.bus, ["n1"])
     await run_until(fleet, lambda: ctl.leader)
-    tasks = list(ctl._bg)
+    tasks = list(ctl.supervisor.tasks)
     assert {t.get_name() for t in tasks} >= {
         "controller-lease", "controller-leadership", "controller-events", "controller-ticks",
         "controller-housekeeping",
@@ -278,16 +278,16 @@ async def test_events_of_a_tick_that_failed_go_to_the_next_leader_at_once(
     first = await harness.controller(testing.RecordingActuator())
     fleet = Fleet(harness.bus, ["n1"])
     await run_until(fleet, lambda: first.leader)
-    real_open = service.Controller._open
+    real_open = incident_shell.IncidentShell._open
     failed: list[str] = []
 
-    async def open_broken(self: service.Controller, f: Any, now: float) -> None:
-        if self is first:
+    async def open_broken(self: incident_shell.IncidentShell, f: Any, now: float) -> None:
+        if self is first.incidents:
             failed.append(f.node)
             raise errors.TemporaryError("KV get history.n1.0: TimeoutError()")
         await real_open(self, f, now)
 
-    monkeypatch.setattr(service.Controller, "_open", open_broken)
+    monkeypatch.setattr(incident_shell.IncidentShell, "_open", open_broken)
     event = events.new("n1", "xid", gpu_index=0, xid=79)
     await harness.bus.publish_durable(subjects.Subjects().events("n1"), codec.encode(event), msg_id=event.id)
     await run_until(fleet, lambda: bool(failed))

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from healer import testing
-from healer.controller import service
+from healer.controller import readiness
 from tests import conftest
 from tests.controller.conftest import Harness
 
@@ -37,7 +37,7 @@ async def test_a_disconnected_controller_is_not_ready(harness: Harness) -> None:
 async def test_a_controller_whose_tick_is_stuck_is_not_ready(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "TICK_STALE_MIN_S", 0.5)
+    monkeypatch.setattr(readiness, "TICK_STALE_MIN_S", 0.5)
     ctl = await harness.controller(testing.RecordingActuator(), tick_s=0.05)
     await conftest.until(lambda: ctl.ready().ready and ctl.ready().checks["ticks"].detail != "0 ticks")
     release = asyncio.Event()
@@ -45,7 +45,7 @@ async def test_a_controller_whose_tick_is_stuck_is_not_ready(
     async def stuck() -> None:
         await release.wait()
 
-    monkeypatch.setattr(ctl, "tick", stuck)
+    monkeypatch.setattr(ctl.ticker, "tick", stuck)
     try:
         await conftest.until(lambda: not ctl.ready().ready, timeout=10, step=0.1)
         verdict = ctl.ready()

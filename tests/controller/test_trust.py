@@ -98,7 +98,7 @@ async def test_unknown_nodes_allocate_nothing_and_do_not_grow_the_breakers_fleet
     assert ctl.nodes == {"gpu-a"}
     assert ctl.engine is not None
     assert ctl.engine.state.n == 1
-    assert ctl._fleet_size() == 2, "the admitted fleet, not what reported"
+    assert ctl.incidents.fleet_size() == 2, "the admitted fleet, not what reported"
     assert value(ctl.metrics.nodes_admitted) == 2
 
 
@@ -110,7 +110,7 @@ async def test_scheduler_admission_admits_only_the_nodes_the_scheduler_lists(har
     await until(lambda: "ghost" in ctl.admission.refused)
     assert ctl.nodes == {"n1"}
     assert ctl.admission.admitted == {"n1"}
-    assert ctl._fleet_size() == 1
+    assert ctl.incidents.fleet_size() == 1
 
 
 def test_scheduler_admission_needs_a_scheduler_that_lists_nodes() -> None:

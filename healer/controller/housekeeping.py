@@ -1,0 +1,100 @@
+"""Housekeeping, every ``reload_check_s``: what changes slowly and is read from elsewhere.
+
+Node labels from the scheduler (for rules' ``match.labels``, every ``labels_refresh_s``), the admitted
+fleet, the rule pack (``reload``), and, on the leader, the maintenance exclusions, the breaker's gauge
+and what the anomaly model learned (every ``anomaly_save_s``). A failure is logged and the previous
+values stay; the next round tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from typing import cast
+
+import structlog
+
+from healer import config, errors
+from healer.actuators import base as actuators
+from healer.controller import admission, learning, policy, reload, role
+from healer.controller import metrics as controller_metrics
+from healer.rules import engine
+
+
+class Housekeeping:
+    def __init__(
+        self,
+        cs: config.ControllerSettings,
+        *,
+        scheduler: actuators.Actuator,
+        nodes: set[str],
+        engine: engine.Engine,
+        admission: admission.Admission,
+        reloader: reload.Reloader,
+        role: role.Role,
+        exclusions: policy.Exclusions,
+        breaker: policy.Breaker,
+        learning: learning.Learning,
+        turn: asyncio.Lock,
+        metrics: controller_metrics.ControllerMetrics,
+        stop: asyncio.Event,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.cs = cs
+        self.scheduler = scheduler
+        self.nodes = nodes
+        """The nodes reporting now (``Ingest.nodes``, the same set), whose labels are asked for."""
+        self.engine = engine
+        self.admission = admission
+        self.reloader = reloader
+        self.role = role
+        self.exclusions = exclusions
+        self.breaker = breaker
+        self.learning = learning
+        self.turn = turn
+        self.metrics = metrics
+        self.stop = stop
+        self.log = log
+        self._labels_at = -math.inf
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), timeout=self.cs.reload_check_s)
+            if self.stop.is_set():
+                return
+            await self.refresh_labels()
+            await self.admission.refresh()
+            try:
+                async with self.turn:
+                    await self.reloader.maybe_reload()
+                if self.role.leader:
+                    await self.exclusions.refresh()
+                    status = await self.breaker.status()
+                    self.metrics.breaker_open.set(1 if status.get("open") else 0)
+                    if self.learning.save_due():
+                        await self.learning.save()
+            except errors.HealerError as e:
+                self.log.warning("controller.housekeeping_failed", error=str(e))
+
+    async def refresh_labels(self) -> None:
+        """Node labels for rules' ``match.labels``, from the scheduler (Kubernetes labels, Slurm
+        partitions and features) every ``labels_refresh_s``. On failure the previous labels stay."""
+        now = time.monotonic()
+        if not hasattr(self.scheduler, "node_labels") or not self.cs.labels_refresh_s:
+            return
+        if now - self._labels_at < self.cs.labels_refresh_s:
+            return
+        self._labels_at = now
+        source = cast(actuators.LabelSource, self.scheduler)
+        try:
+            labels = await asyncio.wait_for(source.node_labels(sorted(self.nodes)), self.cs.labels_timeout_s)
+        except (errors.HealerError, TimeoutError) as e:
+            self.metrics.label_refresh_failures.inc()
+            self.log.warning("controller.labels_failed", error=str(e) or repr(e), kept="previous labels")
+            return
+        for node, node_labels in labels.items():
+            self.engine.set_labels(node, node_labels)
+        self.log.debug("controller.labels_refreshed", nodes=len(labels))

@@ -1,0 +1,242 @@
+"""Ingest: frames and events in, cheap, never blocking on anything slow.
+
+Frames (core subscription on ``healer.telemetry.*``, optionally on a second connection) are decoded at
+the edge and queued in the rule engine (and the anomaly model); a bad one is counted and logged at most
+once per 10 s. Events come from a durable JetStream consumer, pulled only while this process leads;
+each is checked against admission (the subject's node, the body's node, the admitted fleet) and kept
+unacknowledged until the tick that evaluated it has recorded its decisions in KV (``take_acks``,
+``ack``). At step-down what was pulled and not acknowledged goes back to the stream at once
+(``hand_back``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from healer import config, errors
+from healer.bus import base as bus_base
+from healer.bus import subjects
+from healer.controller import admission, learning, role, throttle
+from healer.controller import metrics as controller_metrics
+from healer.rules import engine
+from healer.schemas import codec, events, telemetry
+
+EVENTS_PULL_S = 0.5
+"""Longest one pull for events waits on the server (short: a pull never outlives a reconnect by much)."""
+EVENTS_ACK_WAIT_S = 60.0
+"""The events consumer's ack wait: an event delivered and not acknowledged is redelivered after it."""
+FETCH_LOG_S = 10.0
+"""At most one ``controller.events_fetch_failed`` line per this many seconds (all are counted)."""
+
+
+def shard_of(node: str, shards: int) -> int:
+    return zlib.crc32(node.encode()) % shards if shards > 1 else 0
+
+
+class Ingest:
+    """The shard's fleet as it reports: frames into the engine, events pulled and held for the tick."""
+
+    def __init__(
+        self,
+        cs: config.ControllerSettings,
+        bus: bus_base.Bus,
+        subjects: subjects.Subjects,
+        *,
+        engine: engine.Engine,
+        learning: learning.Learning,
+        admission: admission.Admission,
+        role: role.Role,
+        metrics: controller_metrics.ControllerMetrics,
+        clock: Callable[[], float],
+        stop: asyncio.Event,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.cs = cs
+        self.bus = bus
+        self.subjects = subjects
+        self.engine = engine
+        self.learning = learning
+        self.admission = admission
+        self.role = role
+        self.metrics = metrics
+        self.clock = clock
+        self.stop = stop
+        self.log = log
+        self.nodes: set[str] = set()
+        self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
+        """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
+        self.unacked: list[Any] = []
+        self._received_at = -math.inf
+        self._bad_frames = throttle.Throttled(log, "controller.bad_frame")
+        """Bad frames are counted each (``_decode_errors_total``) and logged at most once per 10 s."""
+        self._bad_events = throttle.Throttled(log, "controller.bad_event")
+        self.telemetry_bus: bus_base.Bus = bus
+        self.frames_sub: bus_base.Subscription
+        self._frames_dropped = 0
+        self._disconnects = {"main": 0, "telemetry": 0}
+        self.events = bus.pull_consumer(
+            subjects.stream_events, subjects.all_events,
+            durable=f"healer-controller-s{cs.shard}",
+            ack_wait_s=EVENTS_ACK_WAIT_S, max_ack_pending=20000,
+        )  # fmt: skip
+
+    async def subscribe(self) -> None:
+        """Subscribe to the fleet's frames (on a connection of their own when ``telemetry_connection``)."""
+        self.telemetry_bus = await self.bus.sibling("telemetry") if self.cs.telemetry_connection else self.bus
+        self.frames_sub = await self.telemetry_bus.subscribe(
+            self.subjects.all_telemetry,
+            self.on_frame,
+            pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
+        )
+
+    async def close(self) -> None:
+        await self.events.close()
+        if self.telemetry_bus is not self.bus:
+            await self.telemetry_bus.close()
+
+    def mine(self, node: str) -> bool:
+        return shard_of(node, self.cs.shards) == self.cs.shard
+
+    # -- frames --------------------------------------------------------------------------------------
+    async def on_frame(self, msg: bus_base.Msg) -> None:
+        node = self.subjects.node_of(msg.subject)  # the identity the server's permissions vouch for
+        if self.cs.shards > 1 and not self.mine(node):
+            return
+        try:
+            frame = codec.decode_frame_view(msg.data)
+        except errors.DecodeError as e:
+            self.count_bad(e)
+            self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
+            return
+        # Receive time, strictly increasing: frames are ordered by it, never by the node's own ts.
+        now = self._received_at = max(self.clock(), math.nextafter(self._received_at, math.inf))
+        if not self.admission.frame_ok(node, frame):
+            return
+        self.engine.ingest(frame, at=now)
+        if self.learning.scorer is not None:
+            self.learning.scorer.observe(frame, at=now)
+        self.nodes.add(node)
+        self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
+        if isinstance(frame, telemetry.NodeFrame):
+            self.metrics.frames_lax.inc()
+        self.metrics.frames.inc()
+        if self.admission.check_skew("frame", frame.ts, now):
+            self.metrics.lag.observe(max(0.0, now - frame.ts))
+
+    def count_bad(self, e: errors.DecodeError) -> None:
+        self.metrics.decode_errors.labels(e.kind, e.reason).inc()
+        for field in e.fields:
+            self.metrics.invalid_fields.labels(e.kind, field).inc()
+
+    def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
+        """(frame ts, power limit in W) of the GPU in the node's newest frame; None while unknown."""
+        ts, limits = self.power_limits.get(node, (0.0, {}))
+        limit = limits.get(gpu_index)
+        return None if limit is None else (ts, limit)
+
+    def forget_silent(self, now: float) -> list[engine.Firing]:
+        """Reclaim the state of nodes silent longer than ``node_retention_s``; their firings resolve."""
+        forgotten = self.engine.forget_silent(now, self.cs.node_retention_s)
+        for node in forgotten.nodes:
+            self.nodes.discard(node)
+            self.power_limits.pop(node, None)
+            self.metrics.nodes_forgotten.inc()
+            self.log.info("controller.node_forgotten", node=node, retention_s=self.cs.node_retention_s)
+        return forgotten.resolved
+
+    def account(self) -> None:
+        """Once per tick: the frames buffer, frames dropped and reconnects since the last tick."""
+        self.metrics.frames_pending.set(self.frames_sub.pending)
+        self.metrics.frames_dropped.inc(self.frames_sub.dropped - self._frames_dropped)
+        self._frames_dropped = self.frames_sub.dropped
+        for name, bus in (("main", self.bus), ("telemetry", self.telemetry_bus)):
+            if bus is self.bus and name == "telemetry":
+                continue
+            self.metrics.nats_disconnects.labels(name).inc(bus.disconnects - self._disconnects[name])
+            self._disconnects[name] = bus.disconnects
+
+    # -- events --------------------------------------------------------------------------------------
+    async def _admit_event(self, m: Any, event: events.NodeEvent) -> bool:
+        """An event is used only if its subject's node is this shard's, is the node its body names, and
+        is admitted. Others are acknowledged and dropped, except those of a name the scheduler has not
+        been asked about yet: JetStream delivers them again once it has been (never lose an XID)."""
+        node = self.subjects.node_of(m.subject)
+        ok = self.mine(node) and self.admission.event_ok(node, event, self.clock())
+        if ok:
+            return True
+        with contextlib.suppress(errors.HealerError):
+            if self.admission.waiting(node) and event.node == node:
+                await m.nak(delay=self.cs.admission_refresh_s + self.cs.reload_check_s)
+            else:
+                await m.ack()
+        return False
+
+    async def pull_events(self) -> None:
+        """Pull events while leader, through the bus's ``PullConsumer`` (its subscription outlives
+        reconnects, so a pull answered across one lands where the next fetch finds it; it is made again
+        after a failed pull). Nothing is pulled while not leader or disconnected; failures are counted
+        and logged at most every ``FETCH_LOG_S``."""
+        logged_at = -math.inf
+        while not self.stop.is_set():
+            if not self.role.took_over or not self.bus.connected:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=0.1)
+                continue
+            try:
+                msgs = await self.events.fetch(256, timeout=EVENTS_PULL_S)
+            except errors.TemporaryError as e:
+                self.metrics.events_fetch_failures.inc()
+                if time.monotonic() - logged_at >= FETCH_LOG_S:
+                    logged_at = time.monotonic()
+                    self.log.warning("controller.events_fetch_failed", error=str(e))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=EVENTS_PULL_S)
+                continue
+            for m in msgs:
+                try:
+                    event = codec.decode_event(m.data)
+                except errors.DecodeError as e:
+                    self.count_bad(e)
+                    self._bad_events.note(e.reason, subject=m.subject, detail=e.detail)
+                    with contextlib.suppress(errors.HealerError):
+                        await m.ack()
+                    continue
+                if not await self._admit_event(m, event):
+                    continue
+                self.engine.ingest_event(event)
+                self.metrics.events.inc()
+                self.unacked.append(m)
+            self.metrics.events_pending.set(len(self.unacked))
+
+    def take_acks(self) -> list[Any]:
+        """The events pulled so far, for the tick that evaluates them (``ack`` or ``keep`` them after)."""
+        acks, self.unacked = self.unacked, []
+        return acks
+
+    def keep(self, acks: list[Any]) -> None:
+        """Not recorded (a standby's tick, a failed tick): acknowledged by a later tick, or handed back
+        to the next leader at step-down, never left unacknowledged until the ack wait runs out."""
+        self.unacked = acks + self.unacked
+
+    async def ack(self, acks: list[Any]) -> None:
+        """The tick that evaluated these recorded its decisions in KV."""
+        for m in acks:
+            with contextlib.suppress(errors.HealerError):
+                await m.ack()
+        self.metrics.events_pending.set(len(self.unacked))
+
+    async def hand_back(self) -> None:
+        """Not the leader: what this process pulled and did not acknowledge goes back to the stream at
+        once (nak) for the next leader, instead of after the ack wait."""
+        for m in self.take_acks():
+            with contextlib.suppress(errors.HealerError):
+                await m.nak()
+        self.metrics.events_pending.set(0)

@@ -1,0 +1,49 @@
+"""Whether this controller leads: the one fact about leadership that every room reads.
+
+``leadership.Leadership`` sets it (take over, step down); ingest pulls events only while it holds, the
+incident shell and the action runner act only while it holds, and the tick publishes only then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from healer.controller import lease
+from healer.controller import metrics as controller_metrics
+
+
+class Role:
+    """Whether this process leads: it took over, and holds a lease renewed within half its TTL."""
+
+    def __init__(
+        self,
+        lease: lease.Lease,
+        metrics: controller_metrics.ControllerMetrics,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.lease = lease
+        self.metrics = metrics
+        self.log = log
+        self.took_over = False
+        """The takeover finished (incidents reloaded) and the lease was not lost since."""
+        self.changed = asyncio.Event()
+        """Set when the lease is won or lost (or released after failed takeovers)."""
+
+    @property
+    def leader(self) -> bool:
+        """Acting as leader: took over, and holds a lease renewed within half its TTL."""
+        return self.took_over and self.lease.valid()
+
+    def show(self) -> None:
+        """``healer_controller_leader`` follows ``leader`` (set on every flip and every tick)."""
+        self.metrics.leader.set(1 if self.leader else 0)
+
+    def on_lease(self, held: bool) -> None:
+        """The lease keeper's word that the lease was won or lost."""
+        self.log.warning("controller.leadership", leader=held, token=self.lease.token)
+        if not held:
+            self.took_over = False
+        self.show()
+        self.changed.set()

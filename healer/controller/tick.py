@@ -1,0 +1,107 @@
+"""The tick: once per ``tick_s``, every rule over the shard's fleet at once, and what follows.
+
+Each tick scores the anomaly model (every ``anomaly_interval_s``), evaluates the rules, resolves the
+firings of nodes silent past ``node_retention_s``, and folds ingest's counters into the metrics. On the
+leader it then hands each firing to the incident shell, retries pending actions, escalates, advances the
+recovery ladders, and only then acknowledges the events it evaluated (a failed tick keeps them for the
+next tick or the next leader). A standby evaluates too (warm state) and acts on nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+
+from healer import config, errors
+from healer.controller import book, incident_shell, ingest, learning, role
+from healer.controller import feed as feed_publisher
+from healer.controller import metrics as controller_metrics
+from healer.rules import engine
+
+
+class Ticker:
+    def __init__(
+        self,
+        cs: config.ControllerSettings,
+        *,
+        engine: engine.Engine,
+        ingest: ingest.Ingest,
+        learning: learning.Learning,
+        shell: incident_shell.IncidentShell,
+        book: book.Book,
+        feed: feed_publisher.FeedPublisher,
+        role: role.Role,
+        turn: asyncio.Lock,
+        metrics: controller_metrics.ControllerMetrics,
+        clock: Callable[[], float],
+        stop: asyncio.Event,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.cs = cs
+        self.engine = engine
+        self.ingest = ingest
+        self.learning = learning
+        self.shell = shell
+        self.book = book
+        self.feed = feed
+        self.role = role
+        self.turn = turn
+        self.metrics = metrics
+        self.clock = clock
+        self.stop = stop
+        self.log = log
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_t = loop.time()
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            try:
+                async with self.turn:
+                    await self.tick()
+            except errors.HealerError as e:
+                self.log.error("controller.tick_failed", error=str(e))
+            except Exception:  # a bug in one incident's handling must not stop the controller
+                self.log.exception("controller.tick_crashed")
+            self.metrics.tick.observe(time.perf_counter() - started)
+            self.role.show()
+            next_t += self.cs.tick_s
+            now = loop.time()
+            if next_t < now:
+                next_t = now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), timeout=next_t - now)
+
+    async def tick(self) -> None:
+        now = self.clock()
+        acks = self.ingest.take_acks()
+        scores = self.learning.score(now)
+        if scores is not None:
+            for node, per_gpu in scores.items():
+                self.engine.set_anomaly_scores(node, per_gpu)
+        firings = self.engine.evaluate(now) + self.ingest.forget_silent(now)
+        self.metrics.lag.fold()
+        self.ingest.account()
+        self.metrics.evaluations.inc(len(self.engine.rules.rules))
+        self.metrics.fleet_nodes.set(len(self.ingest.nodes))
+        if not self.role.leader:
+            self.ingest.keep(acks)  # not ours to acknowledge yet
+            return
+        try:
+            for f in firings:
+                await self.shell.handle(f, now)
+            await self.shell.retry_and_escalate(now)
+            await self.shell.recovery.advance(now)
+            self.feed.kick()
+        except BaseException:
+            # Not recorded: these events are acknowledged by a later tick, or handed back (nak) to the
+            # next leader at step-down, never left unacknowledged until the ack wait runs out.
+            self.ingest.keep(acks)
+            raise
+        await self.ingest.ack(acks)
+        for sev, n in self.book.by_severity().items():
+            self.metrics.incidents_open.labels(sev).set(n)
