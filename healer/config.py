@@ -141,6 +141,12 @@ class AgentSettings(_Group):
     xid_log_wait_s: float = pydantic.Field(default=1.0, ge=0, le=30)
     """How long an XID from NVML waits for the kernel log's line of the same fault, which is passed
     instead because it names the process and the registers (``kmsg_watch`` only; 0: never wait)."""
+    rdma_ports: bool = True
+    """Read the node's RDMA ports (InfiniBand, RoCE) from sysfs into every frame (docs/agent.md). Off:
+    frames carry no ``ports`` and stay ``healer.telemetry.v1`` (for controllers older than v2 frames)."""
+    sysfs_root: str = "/sys"
+    """Where sysfs is: the RDMA ports are read under ``<sysfs_root>/class/infiniband`` and their netdevs'
+    ``carrier_changes`` under ``<sysfs_root>/class/net``; point it at a recorded tree to test."""
 
 
 class FeedSettings(_Group):

@@ -8,7 +8,7 @@ import typing
 import prometheus_client as prom
 
 from healer import buildinfo
-from healer.agent import gpu_metrics, watcher_metrics
+from healer.agent import gpu_metrics, port_metrics, watcher_metrics
 from healer.schemas import codec, commands, events
 
 
@@ -25,6 +25,19 @@ class AgentMetrics:
         self.gpu = gpu_metrics.GpuCollector(job_map_dir)
         """The GPUs' readings under dcgm-exporter's names (docs/agent.md)."""
         r.register(self.gpu)
+        self.ports = port_metrics.PortCollector()
+        """The RDMA ports' readings under node_exporter's ``node_infiniband_*`` names (docs/agent.md)."""
+        r.register(self.ports)
+        self.port_read_failures = prom.Counter(
+            "healer_agent_port_read_failures_total",
+            "frames sent without ports because reading them failed as a whole (a bug: see the log)",
+            registry=r,
+        )
+        self.port_read_errors = prom.Counter(
+            "healer_agent_port_read_errors_total",
+            "sysfs files of RDMA ports that could not be read or parsed (null in the frame)",
+            registry=r,
+        )
         self.watchers = watcher_metrics.WatcherCollector()
         """The event watchers' counts (docs/agent.md); the Agent attaches its watcher."""
         r.register(self.watchers)

@@ -27,8 +27,8 @@ from healer.agent import metrics as metrics_mod
 from healer.agent import spool as spool_mod
 from healer.bus import base
 from healer.bus import subjects as subjects_mod
-from healer.schemas import codec, events, telemetry
-from healer.telemetry import source
+from healer.schemas import codec, events, fabric, telemetry
+from healer.telemetry import rdma, source
 
 log = structlog.get_logger(__name__)
 RECENT_EVENTS = 1024
@@ -55,6 +55,7 @@ class Agent:
         watcher: source.EventWatcher | None = None,
         metrics: metrics_mod.AgentMetrics | None = None,
         reboot_command: Sequence[str] | None = None,
+        ports: rdma.PortReader | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if bus is None and connect is None:
@@ -67,6 +68,8 @@ class Agent:
         self.interval_s = interval_s
         self.gpus_expected = gpus_expected
         self.watcher = watcher
+        self.ports = ports
+        """Reads the node's RDMA ports each tick (telemetry.rdma.PortReader); None: frames carry none."""
         self.metrics = metrics or metrics_mod.AgentMetrics()
         if watcher is not None:
             self.metrics.watchers.attach(watcher)
@@ -187,7 +190,7 @@ class Agent:
         ts = self.clock()
         started = time.perf_counter()
         try:
-            sample = await asyncio.to_thread(self.source.sample)
+            sample, ports = await asyncio.to_thread(self._sample)
         except errors.HealerError as e:
             self.metrics.sample_errors.inc()
             self.log.error("agent.sample_failed", error=str(e))
@@ -207,11 +210,30 @@ class Agent:
             source=self.source.kind,
             gpus_expected=self.gpus_expected,
             gpus=sample.gpus,
+            ports=ports,
+            schema=telemetry.SCHEMA if ports is None else telemetry.SCHEMA_V2,
         )
         self.seq += 1
         self.metrics.gpus.set(len(sample.gpus))
         self.metrics.gpu.observe(frame)
+        self.metrics.ports.observe(frame)
         await self._send_frame(codec.encode(frame))
+
+    def _sample(self) -> tuple[source.Sample, list[fabric.PortSample] | None]:
+        """One worker-thread hop for the GPUs and the RDMA ports. A port reader that fails as a whole
+        costs this frame its ports (counted, logged), never the GPUs' readings."""
+        sample = self.source.sample()
+        if self.ports is None:
+            return sample, None
+        errors_before = self.ports.read_errors
+        try:
+            return sample, self.ports.read()
+        except Exception as e:  # a bug in the reader must not stop the GPU telemetry
+            self.metrics.port_read_failures.inc()
+            self.log.error("agent.ports_failed", error=str(e) or repr(e))
+            return sample, None
+        finally:
+            self.metrics.port_read_errors.inc(self.ports.read_errors - errors_before)
 
     async def _send_frame(self, data: bytes) -> None:
         bus = self._online()

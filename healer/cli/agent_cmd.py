@@ -16,7 +16,7 @@ from healer.agent import metrics as metrics_mod
 from healer.agent import runner
 from healer.bus import base, provision, subjects
 from healer.cli import common, lazy
-from healer.telemetry import source
+from healer.telemetry import rdma, source
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.telemetry import sim
@@ -38,6 +38,7 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (default: 9741)")
     p.add_argument("--provision", action="store_true", help="create streams and buckets if missing")
     p.add_argument("--no-xid-watch", action="store_true", help="do not watch NVML events in a thread")
+    p.add_argument("--sysfs-root", help="where sysfs is, for the RDMA ports (default: /sys)")
     p.set_defaults(func=run)
 
 
@@ -53,6 +54,7 @@ def settings_from(args: argparse.Namespace) -> config.Settings:
             "state_dir": args.state_dir,
             "metrics_port": args.metrics_port,
             "xid_watch": False if args.no_xid_watch else None,
+            "sysfs_root": args.sysfs_root,
         },
     )
 
@@ -162,6 +164,7 @@ async def _main(
         watcher=watcher,
         metrics=metrics,
         reboot_command=s.agent.reboot_command,
+        ports=rdma.PortReader(s.agent.sysfs_root) if s.agent.rdma_ports else None,
     )
     log.info("agent.starting", node=node, source=src.kind, nats=s.nats.url, interval_s=s.agent.interval_s)
     heartbeat = asyncio.create_task(beat.keep(ready), name="agent-health")

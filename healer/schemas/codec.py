@@ -25,8 +25,8 @@ DECODE_REASONS: Final = ("too_large", "json", "schema_version", "validation")
 M = TypeVar("M", bound=pydantic.BaseModel)
 _WIRE = {"wire": True}
 
-KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str] = {
-    telemetry.NodeFrame: telemetry.SCHEMA,
+KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str | tuple[str, ...]] = {
+    telemetry.NodeFrame: (telemetry.SCHEMA, telemetry.SCHEMA_V2),
     events.NodeEvent: events.SCHEMA,
     commands.Command: commands.SCHEMA,
     commands.CommandResult: commands.RESULT_SCHEMA,
@@ -34,8 +34,14 @@ KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str] = {
 
 
 def encode(model: pydantic.BaseModel) -> bytes:
-    """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``)."""
+    """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``). A NodeFrame without
+    ports leaves the field out, so a v1 frame is exactly what a v1 decoder accepts."""
+    if isinstance(model, telemetry.NodeFrame) and model.ports is None:
+        return model.model_dump_json(by_alias=True, exclude=_NO_PORTS).encode()
     return model.model_dump_json(by_alias=True).encode()
+
+
+_NO_PORTS: Final = {"ports"}
 
 
 def _describe(exc: pydantic.ValidationError, limit: int = 3) -> str:
@@ -78,10 +84,11 @@ def _rejection(
     if first and first[0]["type"] == "json_invalid":
         return errors.DecodeError(kind, "json", first[0]["msg"])
     if any(err["loc"][:1] == ("schema",) or "'schema'" in err["msg"] for err in first):
-        expected = KNOWN_SCHEMAS.get(model, "?")
+        known = KNOWN_SCHEMAS.get(model, "?")
+        expected = " or ".join(repr(s) for s in ((known,) if isinstance(known, str) else known))
         found = _peek_schema(data)
         return errors.DecodeError(
-            kind, "schema_version", f"schema {found!r} is not supported (expected {expected!r})"
+            kind, "schema_version", f"schema {found!r} is not supported (expected {expected})"
         )
     return errors.DecodeError(kind, "validation", _describe(e), _out_of_bounds(first))
 

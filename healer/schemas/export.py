@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import pydantic
 
@@ -11,6 +12,7 @@ from healer.schemas import commands, events, incidents, telemetry
 
 DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "node-frame.v1.json": telemetry.NodeFrame,
+    "node-frame.v2.json": telemetry.NodeFrame,
     "node-event.v1.json": events.NodeEvent,
     "command.v1.json": commands.Command,
     "command-result.v1.json": commands.CommandResult,
@@ -24,6 +26,8 @@ def render() -> dict[str, str]:
     out = {}
     for name, model in DOCUMENTS.items():
         schema = model.model_json_schema(by_alias=True, mode="validation")
+        if name == "node-frame.v1.json":
+            schema = _frame_v1(schema)
         schema["$id"] = f"https://healer.invalid/schemas/{name}"
         out[name] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     return out
@@ -37,3 +41,14 @@ def write(directory: pathlib.Path) -> list[pathlib.Path]:
         path.write_text(text)
         written.append(path)
     return written
+
+
+def _frame_v1(schema: dict[str, Any]) -> dict[str, Any]:
+    """The v1 NodeFrame: the current model without ``ports`` (v2 added them), its schema field v1 only."""
+    schema["properties"].pop("ports")
+    schema["$defs"].pop("PortSample")
+    field = schema["properties"]["schema"]
+    field.pop("enum")
+    field["const"] = telemetry.SCHEMA
+    field["type"] = "string"
+    return schema

@@ -4,6 +4,11 @@ Units are in the field names. ``None`` means the GPU (or driver) does not suppor
 never a stand-in for "unknown value", and a lost GPU is an absent entry plus a ``gpu_lost`` event, not a
 sample full of ``None``. Counters are cumulative exactly as NVML reports them; consumers derive rates and
 handle resets.
+
+Versions: ``healer.telemetry.v2`` is v1 plus the optional ``ports`` (the node's RDMA ports,
+schemas/fabric.py). A decoder of this version takes both; an agent sends v2 only when it reads ports
+(a v1 frame stays byte for byte what it was), so controllers are upgraded first, then agents
+(docs/wire-format.md).
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from typing import Final, Literal, Protocol
 
 import pydantic
 
-from healer.schemas import base
+from healer.schemas import base, fabric
 
 SCHEMA: Final = "healer.telemetry.v1"
+SCHEMA_V2: Final = "healer.telemetry.v2"
+"""v1 plus ``ports``: what an agent sends once it reports RDMA ports."""
 
 Source = Literal["nvml", "sim", "replay"]
 
@@ -130,7 +137,9 @@ class GpuSample(pydantic.BaseModel):
 class NodeFrame(base.WireModel):
     """Everything one node's agent saw in one sampling interval."""
 
-    schema_: Literal["healer.telemetry.v1"] = pydantic.Field(default=SCHEMA, alias="schema")
+    schema_: Literal["healer.telemetry.v1", "healer.telemetry.v2"] = pydantic.Field(
+        default=SCHEMA, alias="schema"
+    )
     node: str = pydantic.Field(min_length=1, max_length=253, pattern=NODE_PATTERN)
     ts: float = pydantic.Field(gt=0, description="unix seconds when sampling started")
     seq: int = pydantic.Field(ge=0, description="frame number since this agent started")
@@ -141,6 +150,11 @@ class NodeFrame(base.WireModel):
         default=None, ge=0, le=256, description="GPUs configured for this node; missing entries are lost GPUs"
     )
     gpus: list[GpuSample] = pydantic.Field(max_length=256)
+    ports: list[fabric.PortSample] | None = pydantic.Field(
+        default=None,
+        max_length=fabric.PORTS_MAX,
+        description="the node's RDMA ports (v2); null: not read (an older agent), []: the node has none",
+    )
 
 
 class GpuView(Protocol):

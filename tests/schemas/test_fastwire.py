@@ -97,7 +97,7 @@ def set_path(d: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("gpus.0.model", "é" * 97, False, "validation"),
         ("gpus.0.uuid", None, True, "ok"),
         ("gpus_expected", 257, False, "validation"),
-        ("schema", "healer.telemetry.v2", False, "schema_version"),
+        ("schema", "healer.telemetry.v3", False, "schema_version"),
         ("source", "martian", False, "validation"),
         ("gpus.1.surprise", 1, False, "validation"),
         ("surprise", {}, False, "validation"),

@@ -42,7 +42,7 @@ def test_frame_round_trips_through_the_codec() -> None:
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda d: d.update(schema="healer.telemetry.v2"), "schema_version"),
+        (lambda d: d.update(schema="healer.telemetry.v3"), "schema_version"),
         (lambda d: d.pop("schema"), "schema_version"),
         (lambda d: d.update(node="bad node"), "validation"),
         (lambda d: d.update(seq=-1), "validation"),
