@@ -39,7 +39,7 @@ import structlog
 
 from healer import errors
 from healer.agent import validation
-from healer.schemas import commands, events, telemetry
+from healer.schemas import commands, events, fabric, telemetry
 from healer.telemetry import source
 
 log = structlog.get_logger(__name__)
@@ -77,11 +77,13 @@ class GpuControl(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Health:
-    """What validation reads: the newest frame's GPUs, how many there should be, the events since."""
+    """What validation reads: the newest frame's GPUs, how many there should be, the events since, and
+    the newest frame's RDMA ports (None: not read)."""
 
     gpus: list[telemetry.GpuSample]
     expected: int | None
     events: list[events.NodeEvent]
+    ports: list[fabric.PortSample] | None = None
 
 
 DcgmRunner = Callable[[int, float | None], validation.DcgmResult | None]
@@ -237,7 +239,9 @@ class CommandExecutor:
             )
         health = self.health(cmd.soak_since)
         dcgm = self.dcgm(cmd.dcgm_level, cmd.timeout_s) if cmd.dcgm_level else None
-        report = validation.check(health.gpus, health.expected, health.events, dcgm, cmd.dcgm_level)
+        report = validation.check(
+            health.gpus, health.expected, health.events, dcgm, cmd.dcgm_level, ports=health.ports
+        )
         report = report.model_copy(update={"devices": self._devices(health.gpus)})
         failed = [
             f"{c.name}{'' if c.gpu_index is None else f' gpu{c.gpu_index}'}"

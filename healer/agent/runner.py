@@ -91,6 +91,7 @@ class Agent:
         )
         self._last_indices: list[int] = []
         self._last_gpus: list[telemetry.GpuSample] = []
+        self._last_ports: list[fabric.PortSample] | None = None
         self._recent_events: collections.deque[tuple[float, events.NodeEvent]] = collections.deque(
             maxlen=RECENT_EVENTS
         )
@@ -201,6 +202,7 @@ class Agent:
             self.emit(ev)
         self._last_indices = [g.index for g in sample.gpus]
         self._last_gpus = list(sample.gpus)
+        self._last_ports = ports
         frame = telemetry.NodeFrame(
             node=self.node,
             ts=ts,
@@ -298,7 +300,7 @@ class Agent:
     def _health(self, since: float | None) -> execution.Health:
         """For ``validate``: the newest frame's GPUs and the XID / GPU-lost events received since then."""
         recent = [ev for ts, ev in list(self._recent_events) if since is not None and ts >= since]
-        return execution.Health(list(self._last_gpus), self.gpus_expected, recent)
+        return execution.Health(list(self._last_gpus), self.gpus_expected, recent, self._last_ports)
 
     async def _live_tokens(self) -> execution.LiveTokens | None:
         """The fencing tokens of the leases held now: ``leader.shard-0``, ``-1``, ... up to the first

@@ -3,7 +3,8 @@
 ``check`` is pure: the GPUs of the newest frame, the XIDs that arrived since the rung finished and,
 where DCGM is installed, the parsed ``dcgmi diag`` report in; a ``commands.Validation`` out. A node passes
 when every expected GPU is present, none has a pending or failed row remap, volatile double-bit ECC is 0,
-no XID (or lost GPU) arrived during the soak, the readings are sane, and ``dcgmi diag -r N`` passed.
+no XID (or lost GPU) arrived during the soak, the readings are sane, every RDMA port the agent reads is
+ACTIVE (unless disabled), and ``dcgmi diag -r N`` passed.
 
 ``run_dcgmi`` runs ``dcgmi diag -r N -j`` with a time limit and reads either JSON shape DCGM writes:
 3.x (``"DCGM GPU Diagnostic": {"test_categories": [{"tests": [{"name", "results": [{"status"}]}]}]}``,
@@ -21,7 +22,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from healer.schemas import commands, events, telemetry
+from healer.schemas import commands, events, fabric, telemetry
 
 DCGM_TIMEOUT_S = {1: 120.0, 2: 600.0, 3: 1800.0, 4: 7200.0}
 """How long ``dcgmi diag -r N`` may run (level 1 takes about a minute, 3 about half an hour)."""
@@ -43,8 +44,12 @@ def check(
     recent: Sequence[events.NodeEvent],
     dcgm: DcgmResult | None,
     dcgm_level: int = 0,
+    *,
+    ports: Sequence[fabric.PortSample] | None = None,
 ) -> commands.Validation:
-    """``recent``: the events that arrived during the soak (already filtered by receive time)."""
+    """``recent``: the events that arrived during the soak (already filtered by receive time); ``ports``:
+    the newest frame's RDMA ports (None: not read, no check). Every port an operator has not disabled
+    (physical state 3) must be ACTIVE, as the fabric rules (rules/fabric.yaml) expect."""
     checks: list[commands.Check] = []
     present = {g.index for g in gpus}
     if expected is not None:
@@ -53,6 +58,10 @@ def check(
         checks.append(commands.Check(name="gpus_present", ok=not missing, detail=detail))
     for g in sorted(gpus, key=lambda g: g.index):
         checks += _gpu_checks(g)
+    if ports is not None:
+        down = [p.name for p in ports if p.phys_state != 3 and p.state != fabric.ACTIVE]
+        detail = f"not ACTIVE: {', '.join(down)}" if down else f"{len(ports)} ports"
+        checks.append(commands.Check(name="rdma_ports_active", ok=not down, detail=detail))
     bad = [e for e in recent if e.kind in ("xid", "gpu_lost")]
     detail = "; ".join(f"{e.kind} {e.xid or ''} gpu {e.gpu_index}".replace("  ", " ") for e in bad[:8])
     checks.append(commands.Check(name="quiet_soak", ok=not bad, detail=detail))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from healer.schemas import datasheets
+from healer.schemas import datasheets, fabric
 
 _COMMON: Final[dict[str, Any]] = {
     "clocks_event_reasons": 0,
@@ -70,6 +70,21 @@ MODELS: Final[dict[str, dict[str, Any]]] = {
 """Healthy readings by model: the datasheet figures (``healer.schemas.datasheets``) at full clocks and
 links, under the load figures above."""
 DEFAULT_MODEL: Final = datasheets.DEFAULT.model
+
+
+_PORT: Final[dict[str, Any]] = {
+    "link_layer": "InfiniBand",
+    "state": 4,
+    "phys_state": 5,
+    "rate_gbps": 400.0,
+    **dict.fromkeys(fabric.COUNTERS, 0),
+}
+"""A healthy InfiniBand NDR port (ConnectX-7): ACTIVE, LinkUp, 400 Gb/s, every counter at 0."""
+
+
+def healthy_port() -> dict[str, Any]:
+    """Field values of a healthy RDMA port (PortSample keyword arguments, without device/port)."""
+    return dict(_PORT)
 
 
 def healthy(model: str | None) -> dict[str, Any]:

@@ -385,16 +385,20 @@ class Engine:
             rows, cols = np.nonzero(mask)
             # Evidence for every firing slot at once: one fancy index per evidence value (values
             # compared per GPU inside a node-scope aggregation are not the node's evidence).
+            port_hits = evidence.get(evaluation.PORT_HITS)
             columns = {
                 label: np.broadcast_to(arr, (n, width))[rows, cols].tolist()
                 for label, v in evidence.items()
-                if (arr := np.asarray(v, dtype=np.float64)).ndim < 2 or arr.shape[1] in (1, width)
+                if label != evaluation.PORT_HITS
+                and ((arr := np.asarray(v, dtype=np.float64)).ndim < 2 or arr.shape[1] in (1, width))
             }
             since_list = fired_at[rows, cols].tolist()
             for k, (i, j) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
                 facts: Evidence = {
                     label: (None if math.isnan(xs[k]) else xs[k]) for label, xs in columns.items()
                 }
+                if port_hits is not None:  # the ports behind a port aggregation (rules/ports.py)
+                    facts["ports"] = st.ports.names(i, port_hits[i])
                 gpu = j if rule.scope == "gpu" else None
                 uuid = info[i].get(j, (None, None))[1] if gpu is not None else None
                 out.append(Firing(rule, names[i], gpu, status, since_list[k], now, facts, uuid))

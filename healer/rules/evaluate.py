@@ -19,6 +19,10 @@ from healer.rules import state as fleet_state
 from healer.rules import tree
 
 Value = Any  # numpy array or float
+PORT_HITS: Final = "@ports"
+"""Evidence key of the (nodes, port slots) mask of the ports that made a port aggregation what it is
+(the slots ``count`` counted, the slots holding ``max``/``min``, the non-zero ones of ``sum``/``avg``);
+the engine turns it into the port names (rules/ports.py), never a value of its own."""
 _CMP: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "==": operator.eq,
     "!=": operator.ne,
@@ -92,10 +96,18 @@ class Evaluator:
         inner = np.asarray(self._eval(arg, text, evidence), dtype=np.float64)
         if node.func == "abs":
             return np.abs(inner)
+        if arg.level == "port":  # a node whose frames carry no ports: its port aggregations are unknown
+            unread = np.isnan(self.state.ports.present[: self.state.n, None])
+            return np.where(unread, np.nan, self._aggregate(node, arg, inner, evidence))
+        return self._aggregate(node, arg, inner, evidence)
+
+    def _aggregate(self, node: tree.Call, arg: tree.Node, inner: Any, evidence: dict[str, Value]) -> Value:
         if inner.ndim < 2:  # the parser allows only GPU-level arguments; be safe with constants
             inner = np.broadcast_to(inner, (self.state.n, self.state.gpus))
         valid = ~np.isnan(inner)
         any_valid = valid.any(axis=1, keepdims=True)
+        if arg.level == "port" and inner.shape[1]:
+            _port_hits(node.func, inner, evidence)
         if node.func == "count":
             return (inner == 1).sum(axis=1, keepdims=True).astype(np.float64)
         if node.func == "max":
@@ -113,6 +125,18 @@ class Evaluator:
         if value is None:
             value = self._cache[key] = compute()
         return value
+
+
+def _port_hits(func: str, inner: Any, evidence: dict[str, Value]) -> None:
+    if func == "count":
+        hit = inner == 1
+    elif func in ("max", "min"):
+        best = (np.fmax if func == "max" else np.fmin).reduce(inner, axis=1, keepdims=True)
+        hit = inner == best
+    else:
+        hit = ~np.isnan(inner) & (inner != 0)
+    before = evidence.get(PORT_HITS)
+    evidence[PORT_HITS] = hit if before is None or before.shape != hit.shape else before | hit
 
 
 def _compare(op: str, left: Value, right: Value) -> Value:

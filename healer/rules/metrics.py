@@ -3,7 +3,10 @@
 Every numeric or boolean field of ``GpuSample`` is a GPU metric under its own name (booleans read as 0/1),
 and also under the dcgm-exporter name SREs already know (``DCGM_FI_DEV_GPU_TEMP`` is ``temp_c``), always
 in healer's units. Derived GPU metrics split the NVML clocks-event bitmask into named 0/1 flags. Node
-metrics describe the frame itself (``gpus_missing`` against ``gpus_expected``). ``anomaly_score`` is fed
+metrics describe the frame itself (``gpus_missing`` against ``gpus_expected``, ``ports_present``). Port
+metrics (level ``port``) are the numeric PortSample fields of the node's RDMA ports, named ``port_<field>``
+(``port_state``, ``port_rate_gbps``, ``port_symbol_error``; a field already named ``port_...`` keeps its
+name), read aggregated over the node's ports (rules/ports.py). ``anomaly_score`` is fed
 by the anomaly model and reads 0 until one is loaded. The rule checker resolves names here at load time.
 """
 
@@ -14,9 +17,9 @@ import types
 import typing
 from typing import Final, Literal
 
-from healer.schemas import dcgm, fields, telemetry
+from healer.schemas import dcgm, fabric, fields, telemetry
 
-Level = Literal["gpu", "node"]
+Level = Literal["gpu", "node", "port"]
 Kind = Literal["gauge", "counter", "bool"]
 
 COUNTERS: Final = frozenset(fields.COUNTERS)
@@ -32,9 +35,11 @@ class Metric:
     level: Level
     kind: Kind
     description: str
-    source: Literal["sample", "derived", "node", "external"] = "sample"
+    source: Literal["sample", "derived", "node", "external", "port"] = "sample"
     history: bool = True
     """Whether range functions (``rate(x[5m])``) may read it."""
+    field: str | None = None
+    """The PortSample field of a port metric."""
 
 
 def _sample_metrics() -> dict[str, Metric]:
@@ -67,7 +72,47 @@ NODE: Final = {
     "gpus_missing": Metric(
         "gpus_missing", "node", "gauge", "gpus_expected - gpus_present, 0 when none missing", "node", False
     ),
+    "ports_present": Metric(
+        "ports_present",
+        "node",
+        "gauge",
+        "RDMA ports in the node's latest frame (unknown from an agent that does not read them)",
+        "node",
+        False,
+    ),
 }
+
+
+def _port_metrics() -> dict[str, Metric]:
+    out: dict[str, Metric] = {}
+    for name, field in fabric.PortSample.model_fields.items():
+        ann = field.annotation
+        args = set(typing.get_args(ann)) if isinstance(ann, types.UnionType) else {ann}
+        args.discard(type(None))
+        if not args <= {int, float} or name == "port":
+            continue
+        metric = name if name.startswith("port_") else f"port_{name}"
+        kind: Kind = "counter" if name in fabric.ALL_COUNTERS else "gauge"
+        out[metric] = Metric(
+            metric, "port", kind, field.description or name.replace("_", " "), "port", field=name
+        )
+    return out
+
+
+PORT: Final = {
+    **_port_metrics(),
+    "port_infiniband": Metric(
+        "port_infiniband",
+        "port",
+        "bool",
+        "1 for an InfiniBand port, 0 for Ethernet (RoCE): link_layer",
+        "port",
+        False,
+        field="link_layer",
+    ),
+}
+"""PortSample fields readable by rules, as port-level metrics (``port_<field>``), and ``port_infiniband``
+(the ``link_layer`` string as a 0/1 flag)."""
 
 EXTERNAL: Final = {
     "anomaly_score": Metric(
@@ -80,7 +125,7 @@ EXTERNAL: Final = {
     ),
 }
 
-ALL: Final[dict[str, Metric]] = {**SAMPLE, **DERIVED, **NODE, **EXTERNAL}
+ALL: Final[dict[str, Metric]] = {**SAMPLE, **DERIVED, **NODE, **EXTERNAL, **PORT}
 
 TELEMETRY: Final = "telemetry"
 """Pseudo-metric for ``absent(telemetry[2m])``: no frame at all from the node."""

@@ -2,8 +2,10 @@
 
 Names are resolved against the metric catalog, function arities and argument kinds are checked, and a
 rule's scope decides which levels are allowed: a node-scope rule must aggregate GPU metrics
-(``max(temp_c)``). Syntax errors stop the parse; every other problem is collected so that ``healer
-rules check`` reports them all at once. Errors carry the offset inside the expression.
+(``max(temp_c)``), and RDMA port metrics are always aggregated over the node's ports
+(``count(port_state != 4)``), GPU and port values never meeting in one operation. Syntax errors stop
+the parse; every other problem is collected so that ``healer rules check`` reports them all at once.
+Errors carry the offset inside the expression.
 """
 
 from __future__ import annotations
@@ -169,6 +171,12 @@ class _Parser:
 
     def binary(self, op: str, left: tree.Node, right: tree.Node) -> tree.Node:
         level = tree.widest(left.level, right.level)
+        if {left.level, right.level} == {"gpu", "port"}:
+            self.problem(
+                "a GPU value and an RDMA port value cannot meet in one operation: aggregate one of them "
+                "over the node first, e.g. count(port_state != 4)",
+                right if right.level == "port" else left,
+            )
         if op in tree.LOGICAL:
             self.need(left, "bool", f"'{op}' needs conditions on both sides")
             self.need(right, "bool", f"'{op}' needs conditions on both sides")
@@ -198,10 +206,13 @@ def _range_call(p: _Parser, pos: int, end: int, func: str, arg: tree.Node) -> tr
 def _aggregation(p: _Parser, pos: int, end: int, func: str, arg: tree.Node) -> tree.Node:
     if isinstance(arg, tree.Range):
         p.problem(f"{func}() aggregates over the node's GPUs; for a window use {func}_over_time()", arg)
-    elif arg.level != "gpu":
-        p.problem(f"{func}() aggregates over the node's GPUs: its argument must read a GPU metric", arg)
+    elif arg.level not in ("gpu", "port"):
+        p.problem(
+            f"{func}() aggregates over the node's GPUs or ports: its argument must read a GPU or port metric",
+            arg,
+        )
     if func == "count":
-        p.need(arg, "bool", "count() counts GPUs for which a condition holds")
+        p.need(arg, "bool", "count() counts GPUs (or ports) for which a condition holds")
     return tree.Call(pos, end, "num", "node", func, (arg,))
 
 
@@ -255,6 +266,19 @@ def parse(src: str, scope: tree.Level = "gpu", *, condition: bool = True) -> Par
                 p.problem(
                     f"GPU metric {src[node.pos : node.end]!r} in a node-scope rule: aggregate it, "
                     f"e.g. max({src[node.pos : node.end]})",
+                    node,
+                )
+    if root.level == "port":
+        for node in tree.walk(root):
+            if (
+                isinstance(node, tree.Ref | tree.Range)
+                and node.level == "port"
+                and not _inside_agg(root, node)
+            ):
+                text = src[node.pos : node.end]
+                p.problem(
+                    f"port metric {text!r} is one value per RDMA port: aggregate it over the node's "
+                    f"ports, e.g. count({text} ...) or max({text}), in a node-scope rule",
                     node,
                 )
     return Parsed(root, p.problems)

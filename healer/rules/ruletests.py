@@ -1,7 +1,8 @@
 """``healer rules test``: promtool-style unit tests for rule files, driving the real Engine.
 
 A test file names rule files (relative to itself), a sampling interval, and cases. Each case describes
-nodes (GPU count, model, series per GPU in promtool notation, node events) and expectations: at a time,
+nodes (GPU count, model, series per GPU in promtool notation, RDMA ports and series per port, node
+events) and expectations: at a time,
 exactly which rules are firing where, optionally with their actions and severity. Unspecified metrics
 read as a healthy GPU of the node's model (baseline.py). Frames are built as ``NodeFrame`` objects and
 go through ``Engine.ingest`` / ``evaluate`` exactly as in the controller.
@@ -18,7 +19,7 @@ import yaml
 
 from healer import durations
 from healer.rules import baseline, engine, loader, metrics, series
-from healer.schemas import events, telemetry
+from healer.schemas import events, fabric, telemetry
 
 T0 = 1_700_000_000.0
 """Unix time of t=0 in a test (any positive instant would do)."""
@@ -44,6 +45,13 @@ class NodeIn(_M):
     gpus_expected: int | None = None
     labels: dict[str, str] = pydantic.Field(default_factory=dict)
     telemetry: str | None = pydantic.Field(default=None, description="frames sent: 1 yes, 0 or _ no")
+    ports: int | None = pydantic.Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="RDMA ports in the frames (mlx5_<k>/1), healthy unless a series says otherwise "
+        "(baseline.healthy_port); none: frames carry no ports",
+    )
     series: dict[str, dict[str, str | float]] = pydantic.Field(default_factory=dict)
     events: list[EventIn] = pydantic.Field(default_factory=list)
 
@@ -168,7 +176,11 @@ class _Plan:
         self.present = series.expand(node.telemetry) if node.telemetry else None
         self.gpu_series: dict[int, dict[str, list[float | None]]] = {}
         self.anomaly: dict[int, list[float | None]] = {}
+        self.port_series: dict[int, dict[str, list[float | None]]] = {}
         for key, metric_series in node.series.items():
+            if key == "ports" or key.startswith("port"):
+                self._port_series(key, metric_series)
+                continue
             targets = range(node.gpus) if key == "all" else [_gpu_key(key, node.gpus)]
             for name_, text in metric_series.items():
                 values = series.expand(text)
@@ -183,6 +195,41 @@ class _Plan:
                     name_ = metric.name
                 for g in targets:
                     self.gpu_series.setdefault(g, {})[name_] = values
+
+    def _port_series(self, key: str, metric_series: dict[str, str | float]) -> None:
+        count = self.node.ports or 0
+        if key == "ports":
+            targets: list[int] = list(range(count))
+        elif key[4:].isdigit() and int(key[4:]) < count:
+            targets = [int(key[4:])]
+        else:
+            raise ValueError(f"{self.name}: series key {key!r}: use port0..port{count - 1} or ports")
+        for name_, text in metric_series.items():
+            values = series.expand(text)
+            if name_ != "present":
+                metric = metrics.resolve(name_)
+                if metric is None or metric.source != "port" or metric.field is None:
+                    raise ValueError(f"{self.name}.{key}: {name_!r} is not a port metric")
+                name_ = metric.field
+            for k in targets:
+                self.port_series.setdefault(k, {})[name_] = values
+
+    def ports(self, i: int) -> list[fabric.PortSample] | None:
+        if self.node.ports is None:
+            return None
+        out = []
+        for k in range(self.node.ports):
+            values: dict[str, Any] = baseline.healthy_port()
+            for name, samples in self.port_series.get(k, {}).items():
+                v = _at(samples, i)
+                if name == "link_layer":  # port_infiniband: 1 InfiniBand, 0 Ethernet
+                    values[name] = None if v is None else "InfiniBand" if v else "Ethernet"
+                else:
+                    values[name] = None if v is None else v if name == "rate_gbps" else int(v)
+            if values.pop("present", 1) == 0:
+                continue
+            out.append(fabric.PortSample(device=f"mlx5_{k}", port=1, **values))
+        return out
 
     def frame(self, i: int, ts: float) -> telemetry.NodeFrame | None:
         if self.present is not None and not _at(self.present, i):
@@ -202,7 +249,9 @@ class _Plan:
                     values[name] = int(value)
             gpus.append(telemetry.GpuSample(index=g, uuid=f"GPU-test-{self.name}-{g}", **values))
         expected = self.node.gpus_expected if self.node.gpus_expected is not None else self.node.gpus
+        ports = self.ports(i)
         return telemetry.NodeFrame(
+            schema=telemetry.SCHEMA if ports is None else telemetry.SCHEMA_V2,
             node=self.name,
             ts=ts,
             seq=i,
@@ -211,6 +260,7 @@ class _Plan:
             source="replay",
             gpus_expected=expected,
             gpus=gpus,
+            ports=ports,
         )
 
     def anomaly_at(self, i: int) -> dict[int, float]:

@@ -26,13 +26,14 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from healer.rules import metrics, ruleset, windows
+from healer.rules import metrics, ports, ruleset, windows
 from healer.schemas import fields, telemetry
 
 log = structlog.get_logger(__name__)
 F64 = npt.NDArray[np.float64]
-_Item = tuple[int, float, float, list[tuple[Any, ...]], int | None]
-"""A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected.
+_Item = tuple[int, float, float, list[tuple[Any, ...]], int | None, Any]
+"""A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected,
+and its RDMA ports (None when no rule reads ports, or the frame carries none; rules/ports.py).
 Frames are ordered by the accounted-at time (the controller's receive time), never by the node's ``ts``:
 one frame with a clock ten years ahead must not make every later frame look old."""
 
@@ -75,6 +76,8 @@ class FleetState:
         self.seen = np.zeros((self.cap, self.gpus), dtype=bool)
         self.anomaly = np.zeros((self.cap, self.gpus))
         self.needs = windows.Needs((), {})
+        self.ports = ports.PortState(self.cap, buckets_per_window=buckets_per_window, max_buckets=max_buckets)
+        """The nodes' RDMA ports, for rules that read port metrics (rows are this state's node rows)."""
         self.latest = np.full((0, self.cap, self.gpus), np.nan)
         self.col: dict[str, int] = {}
         self.history: dict[str, windows.History] = {}
@@ -126,6 +129,7 @@ class FleetState:
                     )
             self.history[metric] = hist
         self.needs = needs
+        self.ports.set_needs(needs.port_columns, needs.port_windows)
 
     def set_labels(self, node: str, labels: Mapping[str, str]) -> None:
         """Node labels for ``match: {labels: ...}`` (the controller learns them from the scheduler)."""
@@ -162,7 +166,10 @@ class FleetState:
         else:
             getter = self._getter
             rows = [getter(g) for g in gpus]
-        self._pending.append((n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected))
+        port_rows = getattr(frame, "ports", None) if self.needs.reads_ports else None
+        self._pending.append(
+            (n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected, port_rows)
+        )
 
     def ingest_many(self, frames: Iterable[telemetry.FrameView], at: float | None = None) -> None:
         for frame in frames:
@@ -221,29 +228,12 @@ class FleetState:
             self.seen[nodes[frame_of], gidx] = True
             for hist in self.history.values():
                 self._accumulate(hist, grid[:, :, hist.column], nodes, ts)
+        if self.needs.reads_ports:
+            self.ports.apply([(it[0], it[2], it[5]) for it in items])
 
     @staticmethod
     def _accumulate(hist: windows.History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
-        prev = hist.last_value[nodes]
-        valid = ~np.isnan(cur)
-        both = valid & ~np.isnan(prev)
-        for kind, ring in hist.rings.items():
-            if kind == "inc":
-                d = cur - prev
-                values = np.where(both, np.where(d < 0, cur, d), 0.0)
-            elif kind == "diff":
-                values = np.where(both, cur - prev, 0.0)
-            elif kind == "chg":
-                values = (both & (cur != prev)).astype(np.float64)
-            elif kind == "sum":
-                values = np.where(valid, cur, 0.0)
-            elif kind == "cnt":
-                values = valid.astype(np.float64)
-            else:
-                values = cur
-            ring.add(ts, nodes, values)
-        hist.last_value[nodes] = np.where(valid, cur, prev)
-        hist.last_valid_ts[nodes] = np.where(valid, ts[:, None], hist.last_valid_ts[nodes])
+        windows.accumulate(hist, cur, nodes, ts)
 
     # -- reading (evaluate.py)
     def fresh(self, now: float) -> npt.NDArray[np.bool_]:
@@ -263,11 +253,15 @@ class FleetState:
                 v = self.expected[:n]
             elif name == "gpus_present":
                 v = self.present[:n]
+            elif name == "ports_present":
+                v = self.ports.present[:n]
             else:
                 v = np.maximum(self.expected[:n] - self.present[:n], 0.0)
             return np.where(fresh, v[:, None], np.nan)
         if metric.source == "external":
             return np.where(fresh & self.seen[:n], self.anomaly[:n], np.nan)
+        if metric.source == "port":
+            return self.ports.instant(name, n, fresh)
         plane = self.latest[self.col[name], :n]
         return plane if self._all_fresh(now) else np.where(fresh, plane, np.nan)
 
@@ -277,6 +271,8 @@ class FleetState:
         if name == metrics.TELEMETRY:
             last = self.last_ts[:n]  # a node that never sent a frame is unknown, not silent
             return np.where(np.isfinite(last), (now - last > window_s).astype(np.float64), np.nan)[:, None]
+        if metrics.ALL[name].source == "port":
+            return self.ports.window(func, name, window_s, now, n)
         hist = self.history[name]
         recent = hist.last_valid_ts[:n] >= now - window_s
         if func == "absent":
@@ -307,7 +303,7 @@ class FleetState:
         for hist in self.history.values():
             arrays += [hist.last_value, hist.last_valid_ts]
             arrays += [a for r in hist.rings.values() for a in (r.ids, r.data)]
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + self.ports.nbytes()
 
     def node_index(self, node: str) -> int | None:
         return self._index.get(node)
@@ -355,6 +351,7 @@ class FleetState:
         self.seen[n] = False
         self.anomaly[n] = 0.0
         self.latest[:, n] = np.nan
+        self.ports.forget(n)
         for hist in self.history.values():
             hist.last_value[n] = np.nan
             hist.last_valid_ts[n] = -np.inf
@@ -387,6 +384,7 @@ class FleetState:
             for ring in hist.rings.values():
                 ring.data = pad(ring.data, 1, 2, ring.init)
         self.cap, self.gpus = cap, gpus
+        self.ports.grow(cap, self.ports.slots)
         self.version += 1
 
 

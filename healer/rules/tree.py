@@ -1,7 +1,8 @@
 """The typed expression tree a ``when`` string parses into.
 
 Every node knows its value type (``num`` or ``bool``, booleans being 0/1) and its level: ``const``
-(the same everywhere), ``node`` (one value per node) or ``gpu`` (one per GPU). The parser fills both in
+(the same everywhere), ``node`` (one value per node), ``gpu`` (one per GPU) or ``port`` (one per RDMA
+port of the node; rules/ports.py). The parser fills both in
 and refuses mixtures that cannot mean anything, so evaluation never meets a type error at run time.
 """
 
@@ -11,7 +12,7 @@ import dataclasses
 from typing import Literal
 
 ValueType = Literal["num", "bool"]
-Level = Literal["const", "node", "gpu"]
+Level = Literal["const", "node", "gpu", "port"]
 
 RANGE_FUNCTIONS = {
     "rate": "per-second increase of a counter over the window, counter resets handled",
@@ -24,15 +25,16 @@ RANGE_FUNCTIONS = {
     "absent": "1 when there is no sample in the window (absent(telemetry[2m]): no frame from the node)",
 }
 AGGREGATIONS = {
-    "count": "number of the node's GPUs for which a condition holds",
-    "max": "largest value over the node's GPUs",
-    "min": "smallest value over the node's GPUs",
-    "avg": "average over the node's GPUs",
-    "sum": "sum over the node's GPUs",
+    "count": "number of the node's GPUs (or RDMA ports) for which a condition holds",
+    "max": "largest value over the node's GPUs (or ports)",
+    "min": "smallest value over the node's GPUs (or ports)",
+    "avg": "average over the node's GPUs (or ports)",
+    "sum": "sum over the node's GPUs (or ports)",
 }
 SCALAR_FUNCTIONS = {"abs": "absolute value"}
 
-_LEVEL_RANK = {"const": 0, "node": 1, "gpu": 2}
+_LEVEL_RANK = {"const": 0, "node": 1, "gpu": 2, "port": 3}
+"""GPU and port values never meet in one operation (the parser refuses it); ranks order the rest."""
 
 
 def widest(*levels: Level) -> Level:

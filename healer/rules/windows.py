@@ -92,6 +92,11 @@ class Needs:
 
     columns: tuple[str, ...]
     windows: Mapping[str, Mapping[str, tuple[float, ...]]]
+    port_columns: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Port metrics read (rules/ports.py): metric → PortSample field."""
+    port_windows: Mapping[str, Mapping[str, tuple[float, ...]]] = dataclasses.field(default_factory=dict)
+    reads_ports: bool = False
+    """Some rule reads a port metric or ``ports_present``: FleetState keeps the frames' ports."""
 
 
 def needs_of(rules: ruleset.RuleSet) -> Needs:
@@ -100,7 +105,11 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
     for rule in rules.rules:
         for root in (rule.when, rule.resolve_when):
             for node in tree.walk(root) if root is not None else []:
-                if isinstance(node, tree.Ref) and metrics.ALL[node.name].source in ("sample", "derived"):
+                if isinstance(node, tree.Ref) and metrics.ALL[node.name].source in (
+                    "sample",
+                    "derived",
+                    "port",
+                ):
                     cols[node.name] = None
                 elif isinstance(node, tree.Call) and isinstance(node.args[0], tree.Range):
                     rng = node.args[0]
@@ -113,4 +122,40 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
     if any(metrics.ALL[c].source == "derived" for c in cols):
         cols.setdefault("clocks_event_reasons", None)
     ordered = [c for c in metrics.SAMPLE if c in cols] + [c for c in metrics.DERIVED if c in cols]
-    return Needs(tuple(ordered), {m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items()})
+    port_cols = {c: metrics.PORT[c].field or c for c in metrics.PORT if c in cols}
+    gpu_wins = {
+        m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items() if m not in port_cols
+    }
+    port_wins = {m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items() if m in port_cols}
+    reads = bool(port_cols) or any(
+        isinstance(node, tree.Ref) and node.name == "ports_present"
+        for rule in rules.rules
+        for root in (rule.when, rule.resolve_when)
+        if root is not None
+        for node in tree.walk(root)
+    )
+    return Needs(tuple(ordered), gpu_wins, port_cols, port_wins, reads)
+
+
+def accumulate(hist: History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
+    """Add one batch of values to a metric's windows (counter resets as Prometheus handles them)."""
+    prev = hist.last_value[nodes]
+    valid = ~np.isnan(cur)
+    both = valid & ~np.isnan(prev)
+    for kind, ring in hist.rings.items():
+        if kind == "inc":
+            d = cur - prev
+            values = np.where(both, np.where(d < 0, cur, d), 0.0)
+        elif kind == "diff":
+            values = np.where(both, cur - prev, 0.0)
+        elif kind == "chg":
+            values = (both & (cur != prev)).astype(np.float64)
+        elif kind == "sum":
+            values = np.where(valid, cur, 0.0)
+        elif kind == "cnt":
+            values = valid.astype(np.float64)
+        else:
+            values = cur
+        ring.add(ts, nodes, values)
+    hist.last_value[nodes] = np.where(valid, cur, prev)
+    hist.last_valid_ts[nodes] = np.where(valid, ts[:, None], hist.last_valid_ts[nodes])

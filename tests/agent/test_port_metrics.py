@@ -59,3 +59,30 @@ def test_a_node_without_ports_serves_no_port_series() -> None:
         telemetry.NodeFrame(node="n1", ts=1.0, seq=0, boot_id="b", agent_version="t", source="sim", gpus=[])
     )
     assert "node_infiniband" not in prometheus_client.generate_latest(metrics.registry).decode()
+
+
+def test_validation_needs_every_port_active_unless_disabled(tmp_path: pathlib.Path) -> None:
+    from healer.agent import validation
+
+    def verdict(fixture: str) -> tuple[bool, str]:
+        root = rdma.write_tree((FIXTURES / fixture).read_text(), tmp_path / fixture)
+        report = validation.check([], None, [], None, ports=rdma.PortReader(root).read())
+        (check,) = [c for c in report.checks if c.name == "rdma_ports_active"]
+        return report.passed, check.detail
+
+    assert verdict("cx7-ib-healthy.txt") == (True, "8 ports")
+    assert verdict("cx7-ib-link-down.txt") == (False, "not ACTIVE: mlx5_3/1")
+    assert verdict("cx6dx-roce-down.txt") == (True, "2 ports"), "a disabled port is an operator's choice"
+    report = validation.check([], None, [], None)
+    assert "rdma_ports_active" not in {c.name for c in report.checks}, "ports not read: no check"
+
+
+def test_the_fabric_rules_that_take_a_node_out_walk_the_reboot_ladder() -> None:
+    from healer.rules import loader
+
+    pack = loader.load_paths([pathlib.Path(__file__).resolve().parents[2] / "rules"]).ruleset
+    assert pack is not None
+    for rule in ("rdma-port-down", "rdma-ports-missing-8x400g"):
+        ladder = pack.ladder_for(rule)
+        assert ladder is not None
+        assert tuple(ladder.steps) == ("reboot_node",)
