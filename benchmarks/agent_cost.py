@@ -6,7 +6,11 @@ tree's fake pynvml (the NVML library calls themselves cost nothing there; on a r
 driver's time, see docs/nvml.md), then a real `healer agent --source sim` process publishing to a real
 nats-server at 10 frames/s, read from /proc. Prints one table; the ratio column compares each to the
 10 ms/frame budget (1 % of one core at a 1 s interval). Last, the cost of one Prometheus scrape of the
-agent's /metrics with the 8 GPUs' dcgm-exporter-named series, against the cost of one frame.
+agent's /metrics with the 8 GPUs' dcgm-exporter-named series, against the cost of one frame. And what
+reading 8 HCAs adds to a frame: the simulated source again with the RDMA port reader pointed at the
+recorded ConnectX-7 tree (tests/fixtures/sysfs/cx7-ib-healthy.txt, 8 InfiniBand ports), against the
+1 ms budget of issue #26 (read, build and encode the ports; the kernel's own work behind a real sysfs
+read is not in it).
 
     .venv/bin/python benchmarks/agent_cost.py [--frames 2000]
 """
@@ -33,13 +37,17 @@ from healer.agent import metrics as metrics_mod
 from healer.agent import runner
 from healer.bus import embedded, memory, subjects
 from healer.schemas import telemetry
-from healer.telemetry import nvml, sim, source
+from healer.telemetry import nvml, rdma, sim, source
 from tests.fakes import fake_pynvml
 
 BUDGET_MS = 10.0
 
 
-async def measure(src: source.TelemetrySource, frames: int) -> float:
+PORTS_BUDGET_MS = 1.0
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sysfs"
+
+
+async def measure(src: source.TelemetrySource, frames: int, ports: rdma.PortReader | None = None) -> float:
     subj = subjects.Subjects()
     bus = memory.MemoryBus()
     bus.add_stream(subj.stream_events, [subj.all_events])
@@ -51,7 +59,9 @@ async def measure(src: source.TelemetrySource, frames: int) -> float:
 
     await bus.subscribe(subj.all_telemetry, count)
     with tempfile.TemporaryDirectory() as state:
-        agent = runner.Agent(node="bench-node", source=src, bus=bus, state_dir=state, gpus_expected=8)
+        agent = runner.Agent(
+            node="bench-node", source=src, bus=bus, state_dir=state, gpus_expected=8, ports=ports
+        )
         src.open()
         await agent._ensure_connected()
         for _ in range(50):  # warm caches, first-read logging
@@ -146,6 +156,17 @@ def main() -> None:
         print(f"{name:<30}{ms:>14.3f}{ms:>20.3f}{ms / BUDGET_MS:>17.1%}")
     print(f"peak RSS, in-process benchmark: {rss_mb:.0f} MB; real `healer agent` process: {proc_rss:.0f} MB")
     print("(target: < 10 ms CPU per frame, < 80 MB RSS)")
+    with tempfile.TemporaryDirectory() as tree:
+        rdma.write_tree((FIXTURES / "cx7-ib-healthy.txt").read_text(), tree)
+        plain = asyncio.run(measure(sim.SimSource("bench-node", gpus=8, seed=1), args.frames))
+        reader = rdma.PortReader(tree)
+        with_ports = asyncio.run(measure(sim.SimSource("bench-node", gpus=8, seed=1), args.frames, reader))
+        assert len(reader.read()) == 8
+    added = with_ports - plain
+    print(
+        f"8 HCAs (recorded ConnectX-7 tree): {with_ports:.3f} ms/frame with ports vs {plain:.3f} without:"
+        f" +{added:.3f} ms = {added / PORTS_BUDGET_MS:.0%} of the {PORTS_BUDGET_MS:g} ms budget"
+    )
     scrape_ms, scrape_bytes = scrape_cost(500)
     frame_ms = rows[0][1]
     print(
