@@ -147,6 +147,16 @@ class AgentSettings(_Group):
     sysfs_root: str = "/sys"
     """Where sysfs is: the RDMA ports are read under ``<sysfs_root>/class/infiniband`` and their netdevs'
     ``carrier_changes`` under ``<sysfs_root>/class/net``; point it at a recorded tree to test."""
+    fabric_manager: Literal["auto", "on", "off"] = "auto"
+    """Report whether NVIDIA Fabric Manager (``nv-fabricmanager``) runs, in every frame
+    (``fabric_manager_up``): ``auto`` once some GPU reports an NVLink fabric state (an NVSwitch system),
+    ``on`` always, ``off`` never."""
+    proc_root: str = "/proc"
+    """Where the host's /proc is (the Kubernetes DaemonSet runs with hostPID): the Fabric Manager check
+    looks for its process there."""
+    fabric_manager_pid_file: str | None = None
+    """Fabric Manager's pid file, tried before a scan of ``proc_root`` (its systemd unit writes
+    ``/var/run/nvidia-fabricmanager/nv-fabricmanager.pid``); unset: the scan alone."""
 
 
 class FeedSettings(_Group):

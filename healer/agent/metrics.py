@@ -33,6 +33,12 @@ class AgentMetrics:
             "frames sent without ports because reading them failed as a whole (a bug: see the log)",
             registry=r,
         )
+        self.fabric_manager_up = prom.Gauge(
+            "healer_agent_fabric_manager_up",
+            "1 while NVIDIA Fabric Manager runs, 0 when not; no series where it is not checked",
+            ["process"],
+            registry=r,
+        )
         self.port_read_errors = prom.Counter(
             "healer_agent_port_read_errors_total",
             "sysfs files of RDMA ports that could not be read or parsed (null in the frame)",

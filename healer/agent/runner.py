@@ -28,7 +28,7 @@ from healer.agent import spool as spool_mod
 from healer.bus import base
 from healer.bus import subjects as subjects_mod
 from healer.schemas import codec, events, fabric, telemetry
-from healer.telemetry import rdma, source
+from healer.telemetry import fabricmanager, rdma, source
 
 log = structlog.get_logger(__name__)
 RECENT_EVENTS = 1024
@@ -56,6 +56,8 @@ class Agent:
         metrics: metrics_mod.AgentMetrics | None = None,
         reboot_command: Sequence[str] | None = None,
         ports: rdma.PortReader | None = None,
+        fabric_manager: fabricmanager.FabricManagerProbe | None = None,
+        fabric_manager_mode: str = "auto",
         clock: Callable[[], float] = time.time,
     ) -> None:
         if bus is None and connect is None:
@@ -70,6 +72,9 @@ class Agent:
         self.watcher = watcher
         self.ports = ports
         """Reads the node's RDMA ports each tick (telemetry.rdma.PortReader); None: frames carry none."""
+        self.fabric_manager = fabric_manager if fabric_manager_mode != "off" else None
+        self.fabric_manager_mode = fabric_manager_mode
+        """``auto``: check once a GPU reports a fabric state; ``on``: always (config agent.fabric_manager)."""
         self.metrics = metrics or metrics_mod.AgentMetrics()
         if watcher is not None:
             self.metrics.watchers.attach(watcher)
@@ -203,6 +208,7 @@ class Agent:
         self._last_indices = [g.index for g in sample.gpus]
         self._last_gpus = list(sample.gpus)
         self._last_ports = ports
+        fm_up = self._fabric_manager_up(sample.gpus)
         frame = telemetry.NodeFrame(
             node=self.node,
             ts=ts,
@@ -213,13 +219,24 @@ class Agent:
             gpus_expected=self.gpus_expected,
             gpus=sample.gpus,
             ports=ports,
-            schema=telemetry.SCHEMA if ports is None else telemetry.SCHEMA_V2,
+            fabric_manager_up=fm_up,
+            schema=telemetry.SCHEMA if ports is None and fm_up is None else telemetry.SCHEMA_V2,
         )
         self.seq += 1
         self.metrics.gpus.set(len(sample.gpus))
         self.metrics.gpu.observe(frame)
         self.metrics.ports.observe(frame)
         await self._send_frame(codec.encode(frame))
+
+    def _fabric_manager_up(self, gpus: Sequence[telemetry.GpuSample]) -> bool | None:
+        probe = self.fabric_manager
+        if probe is None:
+            return None
+        if self.fabric_manager_mode == "auto" and all(g.fabric_state is None for g in gpus):
+            return None  # no NVSwitch fabric on this node: nothing to manage
+        up = probe.running()
+        self.metrics.fabric_manager_up.labels(fabricmanager.COMM).set(1 if up else 0)
+        return up
 
     def _sample(self) -> tuple[source.Sample, list[fabric.PortSample] | None]:
         """One worker-thread hop for the GPUs and the RDMA ports. A port reader that fails as a whole

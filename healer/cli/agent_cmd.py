@@ -16,7 +16,7 @@ from healer.agent import metrics as metrics_mod
 from healer.agent import runner
 from healer.bus import base, provision, subjects
 from healer.cli import common, lazy
-from healer.telemetry import rdma, source
+from healer.telemetry import fabricmanager, rdma, source
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.telemetry import sim
@@ -165,6 +165,10 @@ async def _main(
         metrics=metrics,
         reboot_command=s.agent.reboot_command,
         ports=rdma.PortReader(s.agent.sysfs_root) if s.agent.rdma_ports else None,
+        fabric_manager=fabricmanager.FabricManagerProbe(
+            s.agent.proc_root, pid_file=s.agent.fabric_manager_pid_file
+        ),
+        fabric_manager_mode=s.agent.fabric_manager,
     )
     log.info("agent.starting", node=node, source=src.kind, nats=s.nats.url, interval_s=s.agent.interval_s)
     heartbeat = asyncio.create_task(beat.keep(ready), name="agent-health")

@@ -72,6 +72,14 @@ NODE: Final = {
     "gpus_missing": Metric(
         "gpus_missing", "node", "gauge", "gpus_expected - gpus_present, 0 when none missing", "node", False
     ),
+    "fabric_manager_up": Metric(
+        "fabric_manager_up",
+        "node",
+        "bool",
+        "NVIDIA Fabric Manager runs (1) or not (0); unknown where the agent does not check (no fabric)",
+        "node",
+        False,
+    ),
     "ports_present": Metric(
         "ports_present",
         "node",

@@ -37,6 +37,8 @@ class PortState:
         """Per node row: port name → slot."""
         self.present = np.full(cap, np.nan)
         """Ports in the node's newest frame; NaN: its frames carry no ports (an agent not reading them)."""
+        self.fabric_manager = np.full(cap, np.nan)
+        """The newest frame's ``fabric_manager_up`` as 1/0; NaN where not checked."""
         self.seen = np.zeros((cap, 1), dtype=bool)
         self.col: dict[str, int] = {}
         self.fields: list[str] = []
@@ -82,10 +84,13 @@ class PortState:
             self.history[metric] = hist
 
     # -- ingest (FleetState hands over the ports of the frames it accepted, in its own order)
-    def apply(self, items: list[tuple[int, float, Sequence[Any] | None]]) -> None:
+    def apply(self, items: list[tuple[int, float, Sequence[Any] | None, bool | None]]) -> None:
         """One batch (no node twice): node row, the frame's accounted-at time, its ports (None: the
-        frame carries none, so the node's ports are unknown, not absent)."""
-        unread = [n for n, _, ports in items if ports is None]
+        frame carries none, so the node's ports are unknown, not absent), its ``fabric_manager_up``."""
+        if items:
+            rows = [it[0] for it in items]
+            self.fabric_manager[rows] = [np.nan if it[3] is None else float(it[3]) for it in items]
+        unread = [it[0] for it in items if it[2] is None]
         if unread:
             self.present[unread] = np.nan
             self.seen[unread] = False
@@ -93,7 +98,7 @@ class PortState:
         items = [it for it in items if it[2] is not None]
         if not items:
             return
-        for n, _, ports in items:
+        for n, _, ports, _ in items:
             slots = self.slot_of[n]
             for p in ports or ():
                 if f"{p.device}/{p.port}" not in slots:
@@ -105,7 +110,7 @@ class PortState:
         grid = np.full((len(items), self.slots, len(self.col)), np.nan)
         self.seen[nodes] = False
         getter = self._getter
-        for k, (n, _, ports) in enumerate(items):
+        for k, (n, _, ports, _) in enumerate(items):
             slots = self.slot_of[n]
             for p in ports or ():
                 j = slots[f"{p.device}/{p.port}"]
@@ -151,6 +156,7 @@ class PortState:
     def forget(self, n: int) -> None:
         self.slot_of[n] = {}
         self.present[n] = np.nan
+        self.fabric_manager[n] = np.nan
         self.seen[n] = False
         self.latest[:, n] = np.nan
         for hist in self.history.values():
@@ -160,7 +166,7 @@ class PortState:
                 ring.data[:, n] = ring.init
 
     def nbytes(self) -> int:
-        arrays = [self.present, self.seen, self.latest]
+        arrays = [self.present, self.fabric_manager, self.seen, self.latest]
         for hist in self.history.values():
             arrays += [hist.last_value, hist.last_valid_ts]
             arrays += [a for r in hist.rings.values() for a in (r.ids, r.data)]
@@ -178,6 +184,7 @@ class PortState:
 
         self.slot_of += [{} for _ in range(cap - self.cap)]
         self.present = pad(self.present, 0, None, np.nan)
+        self.fabric_manager = pad(self.fabric_manager, 0, None, np.nan)
         self.seen = pad(self.seen, 0, 1, False)
         self.latest = pad(self.latest, 1, 2, np.nan)
         for hist in self.history.values():

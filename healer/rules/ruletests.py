@@ -52,6 +52,9 @@ class NodeIn(_M):
         description="RDMA ports in the frames (mlx5_<k>/1), healthy unless a series says otherwise "
         "(baseline.healthy_port); none: frames carry no ports",
     )
+    fabric_manager: str | None = pydantic.Field(
+        default=None, description="fabric_manager_up of the frames: 1 running, 0 not, _ not checked"
+    )
     series: dict[str, dict[str, str | float]] = pydantic.Field(default_factory=dict)
     events: list[EventIn] = pydantic.Field(default_factory=list)
 
@@ -174,6 +177,7 @@ class _Plan:
         self.node = node
         self.base = baseline.healthy(node.model)
         self.present = series.expand(node.telemetry) if node.telemetry else None
+        self.fabric_manager = series.expand(node.fabric_manager) if node.fabric_manager else None
         self.gpu_series: dict[int, dict[str, list[float | None]]] = {}
         self.anomaly: dict[int, list[float | None]] = {}
         self.port_series: dict[int, dict[str, list[float | None]]] = {}
@@ -250,8 +254,10 @@ class _Plan:
             gpus.append(telemetry.GpuSample(index=g, uuid=f"GPU-test-{self.name}-{g}", **values))
         expected = self.node.gpus_expected if self.node.gpus_expected is not None else self.node.gpus
         ports = self.ports(i)
+        fm = None if self.fabric_manager is None else _at(self.fabric_manager, i)
         return telemetry.NodeFrame(
-            schema=telemetry.SCHEMA if ports is None else telemetry.SCHEMA_V2,
+            schema=telemetry.SCHEMA if ports is None and fm is None else telemetry.SCHEMA_V2,
+            fabric_manager_up=None if fm is None else bool(fm),
             node=self.name,
             ts=ts,
             seq=i,

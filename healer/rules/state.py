@@ -33,7 +33,7 @@ log = structlog.get_logger(__name__)
 F64 = npt.NDArray[np.float64]
 _Item = tuple[int, float, float, list[tuple[Any, ...]], int | None, Any]
 """A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected,
-and its RDMA ports (None when no rule reads ports, or the frame carries none; rules/ports.py).
+and its (RDMA ports, fabric_manager_up) (None when no rule reads them; rules/ports.py).
 Frames are ordered by the accounted-at time (the controller's receive time), never by the node's ``ts``:
 one frame with a clock ten years ahead must not make every later frame look old."""
 
@@ -166,10 +166,11 @@ class FleetState:
         else:
             getter = self._getter
             rows = [getter(g) for g in gpus]
-        port_rows = getattr(frame, "ports", None) if self.needs.reads_ports else None
+        fabric = (getattr(frame, "ports", None), getattr(frame, "fabric_manager_up", None))
         self._pending.append(
-            (n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected, port_rows)
-        )
+            (n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected,
+             fabric if self.needs.reads_ports else None)
+        )  # fmt: skip
 
     def ingest_many(self, frames: Iterable[telemetry.FrameView], at: float | None = None) -> None:
         for frame in frames:
@@ -229,7 +230,7 @@ class FleetState:
             for hist in self.history.values():
                 self._accumulate(hist, grid[:, :, hist.column], nodes, ts)
         if self.needs.reads_ports:
-            self.ports.apply([(it[0], it[2], it[5]) for it in items])
+            self.ports.apply([(it[0], it[2], *it[5]) for it in items if it[5] is not None])
 
     @staticmethod
     def _accumulate(hist: windows.History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
@@ -255,6 +256,8 @@ class FleetState:
                 v = self.present[:n]
             elif name == "ports_present":
                 v = self.ports.present[:n]
+            elif name == "fabric_manager_up":
+                v = self.ports.fabric_manager[:n]
             else:
                 v = np.maximum(self.expected[:n] - self.present[:n], 0.0)
             return np.where(fresh, v[:, None], np.nan)

@@ -128,7 +128,7 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
     }
     port_wins = {m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items() if m in port_cols}
     reads = bool(port_cols) or any(
-        isinstance(node, tree.Ref) and node.name == "ports_present"
+        isinstance(node, tree.Ref) and node.name in ("ports_present", "fabric_manager_up")
         for rule in rules.rules
         for root in (rule.when, rule.resolve_when)
         if root is not None

@@ -34,14 +34,16 @@ KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str | tuple[str, ...]] = {
 
 
 def encode(model: pydantic.BaseModel) -> bytes:
-    """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``). A NodeFrame without
-    ports leaves the field out, so a v1 frame is exactly what a v1 decoder accepts."""
-    if isinstance(model, telemetry.NodeFrame) and model.ports is None:
-        return model.model_dump_json(by_alias=True, exclude=_NO_PORTS).encode()
+    """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``). A NodeFrame leaves its
+    v2 fields out while they are null, so a v1 frame is exactly what a v1 decoder accepts."""
+    if isinstance(model, telemetry.NodeFrame):
+        unset = {f for f in _V2_FIELDS if getattr(model, f) is None}
+        if unset:
+            return model.model_dump_json(by_alias=True, exclude=unset).encode()
     return model.model_dump_json(by_alias=True).encode()
 
 
-_NO_PORTS: Final = {"ports"}
+_V2_FIELDS: Final = ("ports", "fabric_manager_up")
 
 
 def _describe(exc: pydantic.ValidationError, limit: int = 3) -> str:

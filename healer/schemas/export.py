@@ -44,8 +44,10 @@ def write(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def _frame_v1(schema: dict[str, Any]) -> dict[str, Any]:
-    """The v1 NodeFrame: the current model without ``ports`` (v2 added them), its schema field v1 only."""
+    """The v1 NodeFrame: the current model without ``ports`` and ``fabric_manager_up`` (v2 added them),
+    its schema field v1 only."""
     schema["properties"].pop("ports")
+    schema["properties"].pop("fabric_manager_up")
     schema["$defs"].pop("PortSample")
     field = schema["properties"]["schema"]
     field.pop("enum")

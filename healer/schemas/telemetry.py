@@ -6,9 +6,9 @@ sample full of ``None``. Counters are cumulative exactly as NVML reports them; c
 handle resets.
 
 Versions: ``healer.telemetry.v2`` is v1 plus the optional ``ports`` (the node's RDMA ports,
-schemas/fabric.py). A decoder of this version takes both; an agent sends v2 only when it reads ports
-(a v1 frame stays byte for byte what it was), so controllers are upgraded first, then agents
-(docs/wire-format.md).
+schemas/fabric.py) and ``fabric_manager_up``. A decoder of this version takes both; an agent sends v2
+only when it has one of them to report (a v1 frame stays byte for byte what it was), so controllers are
+upgraded first, then agents (docs/wire-format.md).
 """
 
 from __future__ import annotations
@@ -154,6 +154,11 @@ class NodeFrame(base.WireModel):
         default=None,
         max_length=fabric.PORTS_MAX,
         description="the node's RDMA ports (v2); null: not read (an older agent), []: the node has none",
+    )
+    fabric_manager_up: bool | None = pydantic.Field(
+        default=None,
+        description="NVIDIA Fabric Manager (nv-fabricmanager) is running (v2); null: not checked (no "
+        "NVSwitch fabric on the node, or the check is off)",
     )
 
 
