@@ -46,7 +46,7 @@ class Simulation:
         fl = self.fleet
         nodes, seq = self.take_report()
         boot_ids = [fl.boot_id(i) for i in range(fl.nodes)]
-        return self.encoder.encode(fl.columns(), nodes, seq, boot_ids, fl.t)
+        return self.encoder.encode(fl.columns(), nodes, seq, boot_ids, fl.t, fl.ports)
 
     def take_events(self) -> list[dict[str, Any]]:
         """NodeEvents (wire dicts) raised since the last call; silent nodes' events are lost."""

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
+from healer import errors
 from healer.sim import fleet as fleet_mod
 from healer.sim import profiles
 
@@ -187,6 +188,36 @@ def _brake(on: bool) -> Action:
     return run
 
 
+def _ports(fl: fleet_mod.Fleet, f: Fault) -> tuple[Any, int]:
+    """The fleet's ports and the fault's port index (``port`` parameter)."""
+    if fl.ports is None:
+        raise errors.PermanentError(f"{f.kind}: the fleet has no RDMA ports (set the scenario's ports)")
+    return fl.ports, int(f.params["port"]) % fl.ports.ports
+
+
+def _port_flap(fl: fleet_mod.Fleet, f: Fault) -> None:
+    p, port = _ports(fl, f)
+    p.flap(f.node, port, fl.t, f.params["down_s"])
+
+
+def _port_downtrain(fl: fleet_mod.Fleet, f: Fault) -> None:
+    p, port = _ports(fl, f)
+    p.downtrain(f.node, port, f.params["rate_gbps"])
+
+
+def _port_symbols(on: bool) -> Action:
+    def run(fl: fleet_mod.Fleet, f: Fault) -> None:
+        p, port = _ports(fl, f)
+        p.symbol_burst(f.node, port, f.params["rate_per_s"] if on else 0.0)
+
+    return run
+
+
+def _hca_missing(fl: fleet_mod.Fleet, f: Fault) -> None:
+    p, port = _ports(fl, f)
+    p.hca_missing(f.node, port)
+
+
 _sbe_start, _sbe_stop = _set_rate("sbe_rate", "rate_per_s")
 _replay_start, _replay_stop = _set_rate("pcie_replay_rate", "rate_per_s")
 
@@ -316,8 +347,38 @@ KINDS: Final[dict[str, Kind]] = {
         stop=_brake(False),
         description="hardware power brake on every GPU of the node: clocks and power collapse",
     ),
+    "port_flap": Kind(
+        "node",
+        {"port": 0.0, "down_s": 20.0},
+        start=_port_flap,
+        description="RDMA port `port` of the node fails its link error recovery: link_downed +1, "
+        "DOWN / Polling for down_s, then ACTIVE again (needs scenario ports)",
+    ),
+    "port_downtrain": Kind(
+        "node",
+        {"port": 0.0, "rate_gbps": 200.0},
+        start=_port_downtrain,
+        description="RDMA port `port` trains down to rate_gbps (a lane lost) until the node reboots",
+    ),
+    "port_symbol_burst": Kind(
+        "node",
+        {"port": 0.0, "rate_per_s": 5.0, "duration_s": 600.0},
+        start=_port_symbols(True),
+        stop=_port_symbols(False),
+        visible=lambda f: f.start + 1.0 / max(f.params["rate_per_s"], 1e-9),
+        description="symbol errors on RDMA port `port` at rate_per_s for duration_s (a dirty cable)",
+    ),
+    "hca_missing": Kind(
+        "node",
+        {"port": 0.0},
+        start=_hca_missing,
+        description="the HCA of RDMA port `port` falls off the bus: its port is gone from the frames "
+        "until the node reboots",
+    ),
 }
 """Every fault kind by its stable name."""
+PORT_KINDS: Final = frozenset({"port_flap", "port_downtrain", "port_symbol_burst", "hca_missing"})
+"""The kinds that act on the fleet's RDMA ports (a scenario with ``ports``)."""
 
 
 def validate_params(kind: str, params: Mapping[str, Any]) -> dict[str, float]:

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from healer import errors
 from healer.schemas import events as events_schema
 from healer.schemas import fields
-from healer.sim import profiles, variation, workloads
+from healer.sim import ports, profiles, variation, workloads
 from healer.telemetry import source
 
 F64 = npt.NDArray[np.float64]
@@ -133,6 +133,8 @@ class Fleet:
         self.nvlink_crc_rate = np.zeros(shape)
         self.pcie_replay_rate = np.zeros(shape)
         self.silent = np.zeros(n, dtype=np.bool_)
+        self.ports: ports.Ports | None = None
+        """The nodes' RDMA ports (scenario ``ports``; sim/ports.py); None: frames carry no ports."""
         self.boot_no = np.zeros(n, dtype=np.int64)
         self.seq = np.zeros(n, dtype=np.int64)
         self.events: list[dict[str, Any]] = []
@@ -211,6 +213,8 @@ class Fleet:
         self._vary_step(dt)
         util = self.work.step(self.t, dt)
         self.util = util
+        if self.ports is not None:
+            self.ports.step(self.t, dt, util)
         wanted = self.p_idle + (self.p_full - self.p_idle) * util / 100.0
         r = self._resistance()
         inlet = self._inlet()
@@ -344,6 +348,8 @@ class Fleet:
         self.energy[node] = 0.0
         self.pcie_gen[node] = self.pcie_gen_max[node]
         self.pcie_width[node] = self.pcie_width_max[node]
+        if self.ports is not None:
+            self.ports.reboot(node)
         self.restart_agent(node)
 
     # ----------------------------------------------------------------- power control

@@ -76,8 +76,10 @@ class Encoder:
         seq: npt.NDArray[np.int64],
         boot_ids: Sequence[str],
         ts: float,
+        ports: Any = None,
     ) -> list[tuple[int, bytes]]:
-        """Frames of ``nodes`` (indices), with their ``seq`` and ``boot_ids`` (both indexed by node)."""
+        """Frames of ``nodes`` (indices), with their ``seq`` and ``boot_ids`` (both indexed by node);
+        ``ports``: the fleet's RDMA ports (sim/ports.py), which make the frames v2."""
         if not len(nodes):
             return []
         floats = np.stack(
@@ -102,7 +104,7 @@ class Encoder:
                 d.update(zip(inames, irow[g]))  # noqa: B905
                 d.update(zip(bnames, brow[g]))  # noqa: B905
                 gpus.append(d)
-            doc = {
+            doc: dict[str, Any] = {
                 "schema": telemetry.SCHEMA,
                 "node": self.node_names[n],
                 "ts": ts,
@@ -113,6 +115,9 @@ class Encoder:
                 "gpus_expected": self.gpus,
                 "gpus": gpus,
             }
+            if ports is not None:
+                doc["schema"] = telemetry.SCHEMA_V2
+                doc["ports"] = ports.docs(n)
             out.append((n, orjson.dumps(doc)))
         return out
 

@@ -79,6 +79,22 @@ MODEL: Final[dict[str, Recovery]] = {
     "node_silent": Recovery(0.0, 0.9, None, "host maintenance or a hung host: a reboot brings most back"),
     "cooling_degradation": Recovery(0.0, 0.0, None, "thermal interface or fan: mechanical, a person"),
     "inlet_failure": Recovery(0.0, 0.0, None, "facility cooling: nothing on the node fixes it"),
+    "port_flap": Recovery(
+        0.0, 0.3, None,
+        "a link that fails its error recovery and retrains is mostly a cable, transceiver or switch "
+        "port; it is cordoned and comes back after quiet minutes, a reboot rarely changes it",
+    ),
+    "port_downtrain": Recovery(
+        0.0, 0.5, None,
+        "a port trained down retrains at the next driver load; a lane that stays dark is the cable "
+        "or transceiver",
+    ),
+    "port_symbol_burst": Recovery(0.0, 0.2, None, "symbol errors are signal integrity: physical"),
+    "hca_missing": Recovery(
+        0.0, 0.7, "fabric-reboot",
+        "an HCA gone after a firmware fault usually re-enumerates at boot; one that does not is the "
+        "card or its slot",
+    ),
 }  # fmt: skip
 """Every fault kind of healer.sim.faults (a test keeps the two in step)."""
 

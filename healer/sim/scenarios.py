@@ -21,7 +21,7 @@ import yaml
 
 from healer import errors
 from healer.schemas import telemetry
-from healer.sim import engine, faults, fleet, frames, injector, profiles, variation
+from healer.sim import engine, faults, fleet, frames, injector, ports, profiles, variation
 
 WorkloadKind = Literal["training", "inference", "idle"]
 
@@ -91,6 +91,8 @@ class Scenario(_Model):
     fault_rate_multiplier: float = pydantic.Field(default=1.0, ge=0)
     variation: VariationBlock = pydantic.Field(default_factory=VariationBlock)
     """How unlike a tidy fleet this one is (healer/sim/variation.py; all off by default)."""
+    ports: int = pydantic.Field(default=0, ge=0, le=16)
+    """RDMA ports per node (InfiniBand NDR, 400 Gb/s; sim/ports.py); 0: frames carry none (v1)."""
 
     @pydantic.field_validator("models")
     @classmethod
@@ -165,6 +167,10 @@ def _schedule(
             for _ in range(min(entry.nodes, nodes)):
                 targets.append(int(order[cursor % nodes]))
                 cursor += 1
+        if entry.kind in faults.PORT_KINDS and not sc.ports:
+            raise errors.PermanentError(
+                f"scenario {sc.name}: {entry.kind} needs RDMA ports: set `ports:` (e.g. 8)"
+            )
         node_scope = faults.KINDS[entry.kind].scope == "node"
         for node in targets:
             at = entry.at_s if isinstance(entry.at_s, float | int) else float(rng.uniform(*entry.at_s))
@@ -232,6 +238,8 @@ def build(
         inlet_spread_c=sc.inlet_spread_c,
         vary=vary,
     )
+    if sc.ports:
+        fl.ports = ports.Ports(nodes, sc.ports, np.random.default_rng([seed, 0x9047]))
     scheduled = _schedule(sc, nodes, gpus, start, setup_rng)
     specs = [
         injector.RandomSpec(e.kind, e.rate_per_gpu_hour, faults.validate_params(e.kind, e.params))

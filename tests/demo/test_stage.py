@@ -20,7 +20,7 @@ PACK = pathlib.Path(__file__).resolve().parents[2] / "rules"
 
 def test_merged_pack_replaces_only_the_overridden_rules(tmp_path: pathlib.Path) -> None:
     replaced = stage.merge_rules(PACK, stage.default_overrides(), tmp_path)
-    assert replaced == ["gpu-temp-near-slowdown", "reset-then-reboot"]
+    assert replaced == ["gpu-temp-near-slowdown", "rdma-port-rate-below-peers", "reset-then-reboot"]
     merged = loader.load_paths([tmp_path])
     shipped = loader.load_paths([PACK])
     assert merged.ruleset is not None, merged.errors
@@ -38,7 +38,7 @@ def test_merged_pack_replaces_only_the_overridden_rules(tmp_path: pathlib.Path) 
         lad.id for lad in shipped.ruleset.ladders
     )
     for f in PACK.glob("*.yaml"):
-        if f.name not in ("thermal.yaml", "ladders.yaml"):
+        if f.name not in ("thermal.yaml", "ladders.yaml", "fabric.yaml"):
             assert (tmp_path / f.name).read_bytes() == f.read_bytes()
 
 
@@ -91,8 +91,9 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
     assert len({n for _, n, _, _ in mass}) == 8
     expected = {
         "gpu-temp-near-slowdown", "ecc-dbe-new", "xid-fatal", "row-remap-pending", "nvlink-crc-storm",
-        "nvlink-replay-recovery", "node-silent", "recovery-action-reset",
+        "nvlink-replay-recovery", "node-silent", "recovery-action-reset", "rdma-port-rate-below-peers",
     }  # fmt: skip
+    assert {n for _, n, _, _ in seen["rdma-port-rate-below-peers"]} == {"sim-00009"}, "the down-trained port"
     # The driver's recovery action (a reset) comes with the GSP timeouts and the row remap, nowhere else.
     faulted = {(n, g) for r in ("xid-fatal", "row-remap-pending") for _, n, g, _ in seen[r]}
     assert {(n, g) for _, n, g, _ in seen["recovery-action-reset"]} <= faulted

@@ -118,7 +118,7 @@ SIGNATURES: dict[str, Check] = {
 
 
 def test_every_fault_kind_has_a_signature_check() -> None:
-    assert set(SIGNATURES) == set(faults.KINDS)
+    assert set(SIGNATURES) == set(faults.KINDS) - faults.PORT_KINDS, "port kinds: test_sim_ports.py"
 
 
 def _check_all(run: Run) -> set[str]:
@@ -141,7 +141,7 @@ EXPECTED = {
     "nvlink": {"nvlink_crc_rising", "nvlink_down"},
     "pcie": {"pcie_downtrain", "pcie_replay_storm"},
     "fell-off-bus": {"fell_off_bus"},
-    "mixed": set(faults.KINDS),
+    "mixed": set(faults.KINDS) - faults.PORT_KINDS,
 }
 
 
@@ -220,4 +220,4 @@ def test_scenario_file_is_loaded_and_bad_ones_are_explained(tmp_path: pathlib.Pa
 
 
 def test_builtin_scenarios_are_all_listed() -> None:
-    assert set(scenarios.builtin_names()) == {*EXPECTED, "realistic"}
+    assert set(scenarios.builtin_names()) == {*EXPECTED, "realistic", "fabric"}  # fabric: test_sim_ports.py
