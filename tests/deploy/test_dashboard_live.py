@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from healer.bus import embedded
+from healer.telemetry import rdma
 from tests.deploy import manifests as m
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.prometheus]
@@ -68,15 +69,29 @@ def _processes(tmp: pathlib.Path) -> Iterator[dict[str, int]]:
             url = nats.url
             config = tmp / "healer.yaml"
             config.write_text("controller:\n  tick_s: 0.5\n  admission: first-seen\n")
+            # The fabric row: agent-a an InfiniBand node with a running Fabric Manager (a /proc with its
+            # process), agent-b a RoCE node, both as recorded sysfs trees (tests/fixtures/sysfs).
+            fixtures = ROOT / "tests" / "fixtures" / "sysfs"
+            sysfs = {
+                "a": rdma.write_tree((fixtures / "cx7-ib-healthy.txt").read_text(), tmp / "sys-a"),
+                "b": rdma.write_tree((fixtures / "cx6dx-roce-healthy.txt").read_text(), tmp / "sys-b"),
+            }
+            (tmp / "proc" / "4242").mkdir(parents=True)
+            (tmp / "proc" / "4242" / "comm").write_text("nv-fabricmanager\n")
+            fabric_env = {
+                **os.environ,
+                "HEALER_AGENT_FABRIC_MANAGER": "on",
+                "HEALER_AGENT_PROC_ROOT": str(tmp / "proc"),
+            }
             commands = {
                 "controller": [
                     "controller", "--nats", url, "--rules", str(ROOT / "rules"), "--mode", "dry-run",
                     "--actuator", "log", "--config", str(config),
                 ],
                 "agent-a": ["agent", "--nats", url, "--source", "sim", "--node", "gpu-a", "--interval", "0.5",
-                            "--state-dir", str(tmp / "a"), "--provision"],
+                            "--state-dir", str(tmp / "a"), "--provision", "--sysfs-root", str(sysfs["a"])],
                 "agent-b": ["agent", "--nats", url, "--source", "sim", "--node", "gpu-b", "--interval", "0.5",
-                            "--state-dir", str(tmp / "b"), "--provision"],
+                            "--state-dir", str(tmp / "b"), "--provision", "--sysfs-root", str(sysfs["b"])],
                 "forwarder": ["forward", "--nats", url, "--url", f"http://127.0.0.1:{receiver.server_port}/"],
             }  # fmt: skip
             for name, argv in commands.items():
@@ -85,6 +100,7 @@ def _processes(tmp: pathlib.Path) -> Iterator[dict[str, int]]:
                     subprocess.Popen(
                         [*HEALER, *argv, "--metrics-port", str(ports[name])],
                         cwd=ROOT,
+                        env=fabric_env if name == "agent-a" else None,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                     )
