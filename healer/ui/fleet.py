@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,13 @@ def _grown(src: npt.NDArray[Any] | None, n: int, shape: tuple[int, ...], fill: A
     return arr
 
 
+PORT_FIELDS: Final = (
+    "device", "port", "link_layer", "state", "phys_state", "rate_gbps", "netdev", "link_downed",
+    "carrier_changes", "symbol_error", "port_rcv_errors", "port_xmit_wait",
+)  # fmt: skip
+"""What the GPU view shows of each of the node's RDMA ports."""
+
+
 class Fleet:
     """Latest readings and rings, one row per node. ``layout`` changes whenever a node is added."""
 
@@ -68,6 +75,8 @@ class Fleet:
         self.index: dict[str, int] = {}
         self.models: list[str] = []
         self.uuids: list[list[str | None]] = []
+        self.ports: list[Sequence[Any] | None] = []
+        """Per row: the newest frame's RDMA ports as decoded (None: its frames carry none)."""
         self.layout = 0
         self.frames = 0
         self.capacity = 0
@@ -99,6 +108,7 @@ class Fleet:
         self.index[node] = row
         self.models.append("")
         self.uuids.append([None] * self.gpus)
+        self.ports.append(None)
         self.layout += 1
         return row
 
@@ -121,6 +131,7 @@ class Fleet:
         pos = int(self.ring_pos[row])
         self.ring_pos[row] = (pos + 1) % self.ring_len
         self.ring_ts[row, pos] = now
+        self.ports[row] = getattr(frame, "ports", None)  # kept as decoded: read only by the GPU view
         self.latest[row] = np.nan
         self.present[row] = False
         self.ring[row, pos] = np.nan
@@ -180,7 +191,16 @@ class Fleet:
             "ts": [round(float(x), 3) for x in ts[keep]],
             "series": {f: _nums(values[:, k]) for k, f in enumerate(RING_FIELDS)},
             "latest": {f: _num(float(self.latest[row, gpu, k])) for k, f in enumerate(LATEST_FIELDS)},
+            "ports": self.node_ports(row),
         }
+
+    def node_ports(self, row: int) -> list[dict[str, object]] | None:
+        """The node's RDMA ports in its newest frame (what a person checks first: state, rate and the
+        error counters), None when its frames carry none."""
+        ports = self.ports[row]
+        if ports is None:
+            return None
+        return [{k: getattr(p, k) for k in PORT_FIELDS} for p in ports]
 
 
 def _num(x: float) -> float | None:

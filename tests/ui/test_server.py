@@ -274,3 +274,42 @@ def _refused(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_the_gpu_panel_shows_its_nodes_rdma_ports(tmp_path: pathlib.Path) -> None:
+    """The ports of the node's newest frame (as the agent read them from sysfs) come with a GPU's view;
+    a node whose frames carry none says so with null, one without RDMA with []."""
+    from healer.schemas import codec, telemetry
+    from healer.telemetry import rdma
+
+    def read_ports() -> list[Any]:
+        fixtures = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
+        root = rdma.write_tree((fixtures / "cx7-ib-link-down.txt").read_text(), tmp_path / "sys")
+        return rdma.PortReader(root).read()
+
+    ports = await asyncio.to_thread(read_ports)
+    common = {"ts": 1.0, "seq": 0, "boot_id": "b", "agent_version": "t", "source": "sim"}
+    gpu0 = [telemetry.GpuSample(index=0, temp_c=40.0)]
+    frames = {
+        "ib": telemetry.NodeFrame(node="ib", **common, gpus=gpu0, ports=ports,
+                                  schema=telemetry.SCHEMA_V2),
+        "none": telemetry.NodeFrame(node="none", **common, gpus=gpu0, ports=[], schema=telemetry.SCHEMA_V2),
+        "old": telemetry.NodeFrame(node="old", **common, gpus=gpu0),
+    }  # fmt: skip
+    lv = live.Live(fleet.Fleet(1), board.Board())
+    for name, f in frames.items():
+        lv.fleet.ingest(name, codec.decode_frame_view(codec.encode(f)), time.time())
+    running = await server.serve(lv, config.UiSettings(port=0))
+    try:
+        async with aiohttp.ClientSession() as http:
+            shown = {}
+            for name in frames:
+                async with http.get(f"{running.url}api/gpu", params={"node": name, "gpu": "0"}) as r:
+                    assert r.status == 200
+                    shown[name] = (await r.json())["ports"]
+    finally:
+        await running.stop()
+    assert len(shown["ib"]) == 8
+    down = next(p for p in shown["ib"] if p["device"] == "mlx5_3")
+    assert (down["state"], down["phys_state"], down["rate_gbps"]) == (1, 2, 10.0)
+    assert (shown["none"], shown["old"]) == ([], None)

@@ -232,6 +232,17 @@
     window.healerChart($("chart-power"), d.ts, d.series.power_w, { ref: L.power_limit_w, color: "#4f8fc9", now });
     window.healerChart($("chart-util"), d.ts, d.series.util_gpu_pct, { color: "#2e9e5b", now });
     window.healerChart($("chart-clock"), d.ts, d.series.sm_clock_mhz, { color: "#a0a8b4", now });
+    const ports = $("gpu-ports");
+    ports.replaceChildren();
+    if (d.ports && d.ports.length) {
+      ports.append(el("div", "muted", `RDMA ports of ${node}`));
+      for (const p of d.ports) {
+        const up = p.state === 4;
+        const errs = `link downed ${p.link_downed ?? "–"} · symbol ${p.symbol_error ?? "–"} · rcv errors ${p.port_rcv_errors ?? "–"}`;
+        const carrier = p.carrier_changes === null || p.carrier_changes === undefined ? "" : ` · ${p.netdev} carrier changes ${p.carrier_changes}`;
+        ports.append(el("div", up ? "" : "sev-major", `${p.device}/${p.port} ${p.link_layer ?? ""} ${up ? "ACTIVE" : `state ${p.state} phys ${p.phys_state}`} ${p.rate_gbps ?? "–"} Gb/s · ${errs}${carrier}`));
+      }
+    } else if (d.ports) ports.append(el("div", "muted", "no RDMA ports on this node"));
     const an = $("gpu-anomaly");
     an.replaceChildren();
     if (d.anomaly.available) {
