@@ -240,6 +240,8 @@ class ThermalState:
         learned from."""
         n = len(temp)
         s = self.s
+        # an empty fleet's class index comes as (0,), not (0, gpus): never broadcast against that
+        cls = np.asarray(cls, dtype=np.intp).reshape(n, self.gpus)
         p = np.where(valid, power, np.nan)
         self.hist[:n] = np.roll(self.hist[:n], 1, axis=2)
         self.hist[:n, :, 0] = p

@@ -66,3 +66,13 @@ def test_a_node_that_stopped_sending_is_not_scored(trained: pathlib.Path, tmp_pa
     later = scorer.score(end + 3600)
     assert later == {name: {} for name in scorer.window.node_names}
     assert np.all((arr >= 0) & (arr <= 1))
+
+
+def test_an_empty_fleet_is_scored_without_broadcasting_the_thermal_state() -> None:
+    """Regression: a controller with the model ticks before any frame has arrived. The thermal state
+    was stepped with a (0,) class index against (0, gpus) sums and raised ValueError on every tick."""
+    scorer = scoring.load_or_null("models/default", gpus_per_node=8)
+    assert isinstance(scorer, scoring.Scorer)
+    assert scorer.score(1000.0) == {}
+    assert scorer.score(1001.0) == {}
+    assert scorer.last_thermal is not None and scorer.last_thermal.rise_c.shape == (0, 8)
