@@ -60,12 +60,48 @@ class NatsSettings(_Group):
     """How long HEALER_INCIDENTS keeps the incident feed."""
     dedup_window_s: float = 3600.0
     """Nats-Msg-Id duplicate window on the events and incidents streams: a resend within it is dropped."""
+    fleet_nodes: int | None = pydantic.Field(default=None, ge=1)
+    """Nodes expected to publish telemetry. Set, it sizes HEALER_TELEMETRY's byte limit as
+    ``fleet_nodes * frame_bytes * telemetry_max_age_s / frame_interval_s`` (unless
+    ``telemetry_max_bytes`` is set); see the sizing table in docs/deployment.md."""
+    frame_bytes: int = pydantic.Field(default=8000, ge=100)
+    """Bytes one NodeFrame takes in the stream, for sizing (an 8-GPU node's frame is about 7.7 kB)."""
+    frame_interval_s: float = pydantic.Field(default=1.0, gt=0)
+    """The agents' publishing interval (``agent.interval_s``), for sizing the telemetry stream."""
+    telemetry_max_bytes: int | None = pydantic.Field(default=None, ge=2**20)
+    """Byte limit of HEALER_TELEMETRY: past it the oldest frames are dropped, so telemetry can never
+    fill the store. Unset: sized from ``fleet_nodes``, or 1 GiB without it."""
+    events_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=2**20)
+    """Byte limit of HEALER_EVENTS (oldest dropped past it). Every stream and bucket has one, so
+    JetStream reserves their space: telemetry cannot take what events, incidents and KV need."""
+    incidents_max_bytes: int = pydantic.Field(default=512 * 2**20, ge=2**20)
+    """Byte limit (and reservation) of HEALER_INCIDENTS, the incident feed (oldest dropped past it)."""
+    state_max_bytes: int = pydantic.Field(default=64 * 2**20, ge=2**20)
+    """Byte limit (and reservation) of the ``healer-state`` KV bucket."""
+    leases_max_bytes: int = pydantic.Field(default=8 * 2**20, ge=2**20)
+    """Byte limit (and reservation) of the ``healer-leases`` KV bucket."""
     lease_ttl_s: float = 10.0
     """TTL of the healer-leases bucket (leader and shard leases)."""
     request_timeout_s: float = pydantic.Field(default=2.0, gt=0)
     """Longest one JetStream API or KV request waits for its answer. A request sent while a stream
     elects a new leader (a server lost) goes unanswered; it fails after this long and is retried, so
     keep it well under ``lease_ttl_s``."""
+
+    def telemetry_bytes(self) -> int:
+        """HEALER_TELEMETRY's byte limit: set, sized from the fleet, or 1 GiB."""
+        if self.telemetry_max_bytes is not None:
+            return self.telemetry_max_bytes
+        if self.fleet_nodes is None:
+            return DEFAULT_TELEMETRY_BYTES
+        frames = self.telemetry_max_age_s / self.frame_interval_s
+        return max(2**20, int(self.fleet_nodes * self.frame_bytes * frames))
+
+    def reserved_bytes(self) -> int:
+        """What healer's streams and buckets reserve together (per server holding a replica)."""
+        return (
+            self.telemetry_bytes() + self.events_max_bytes + self.incidents_max_bytes
+            + self.state_max_bytes + self.leases_max_bytes
+        )  # fmt: skip
 
     @pydantic.field_validator("url")
     @classmethod
@@ -87,6 +123,9 @@ class NatsSettings(_Group):
                 )
         return value
 
+
+DEFAULT_TELEMETRY_BYTES = 2**30
+"""HEALER_TELEMETRY's byte limit when neither ``telemetry_max_bytes`` nor ``fleet_nodes`` is set."""
 
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 """URL schemes nats-py connects with."""
@@ -305,6 +344,9 @@ class ControllerSettings(_Group):
     """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
     repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)
     """Window for counting repeat faults on one GPU."""
+    leaderless_margin_s: float = pydantic.Field(default=10.0, ge=0)
+    """A shard whose lease no controller was seen holding for longer than ``nats.lease_ttl_s`` plus this
+    is leaderless: ``healer_controller_leaderless`` says so (deploy/prometheus alerts on it)."""
     correlate_window_s: float = pydantic.Field(default=120.0, ge=0)
     """A rule firing on a GPU (or a node-scope rule on a node) that has an incident opened less than this
     long ago joins it instead of opening another: one incident per fault (docs/controller.md); 0 turns

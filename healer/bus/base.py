@@ -14,7 +14,9 @@ in unit tests and on a real nats-server everywhere else.
   acknowledged (``ack``), handed back (``nak``, optionally after a delay), kept (``in_progress``) or
   dropped for good (``term``); one neither acknowledged nor kept is delivered again after the ack wait;
 - ``replay``: a stream read in order from a start (everything, only what is new, or a time), for readers
-  that acknowledge nothing and leave nothing behind.
+  that acknowledge nothing and leave nothing behind;
+- ``storage``: how full the store and each named stream are (``StorageReport``), and in one line why
+  JetStream would refuse writes, if it would.
 
 Failures are ``errors.TemporaryError`` (try again) or ``errors.PermanentError`` (``NotFound`` for a stream,
 consumer or bucket that is not there), never a client library's own: only ``healer/bus/`` imports nats-py.
@@ -188,6 +190,51 @@ class Replay(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamUsage:
+    name: str
+    bytes: int
+    max_bytes: int | None
+    """The stream's byte limit, which the server reserves for it; None: it has none (it takes what is
+    left of the store, and can fill it)."""
+    messages: int
+
+    @property
+    def full(self) -> float | None:
+        """Fraction of its byte limit in use; None without a limit."""
+        return self.bytes / self.max_bytes if self.max_bytes else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageReport:
+    """The account's file storage and healer's streams (KV buckets are streams ``KV_<bucket>``)."""
+
+    used_bytes: int
+    limit_bytes: int | None
+    """The account's storage limit; None where the account has none (then the server's store is it)."""
+    streams: tuple[StreamUsage, ...]
+    missing: tuple[str, ...] = ()
+    """Streams asked about that do not exist."""
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(s.max_bytes or 0 for s in self.streams)
+
+    def problem(self) -> str | None:
+        """One line, when writes are refused or about to be; None when storage is fine."""
+        unlimited = [s.name for s in self.streams if not s.max_bytes]
+        if self.limit_bytes is not None and self.used_bytes >= self.limit_bytes:
+            return f"JetStream store full: {self.used_bytes} of {self.limit_bytes} bytes in use"
+        if unlimited:
+            return (
+                f"{', '.join(unlimited)} without a byte limit: it can fill the store and stop healing; "
+                "run `healer nats provision`"
+            )
+        if self.missing:
+            return f"missing: {', '.join(self.missing)}; run `healer nats provision`"
+        return None
+
+
 class Bus(Protocol):
     @property
     def connected(self) -> bool:
@@ -232,5 +279,8 @@ class Bus(Protocol):
 
     async def replay(self, stream: str, subject: str, start: Start = "all") -> Replay:
         """Read ``stream`` (only ``subject``) from ``start``; ``NotFound`` if there is no such stream."""
+
+    async def storage(self, streams: list[str]) -> StorageReport:
+        """How full the account's store and the named streams are."""
 
     async def close(self) -> None: ...

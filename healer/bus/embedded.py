@@ -66,8 +66,11 @@ class EmbeddedServer:
         cluster: ClusterSpec | None = None,
         extra_config: str = "",
         jetstream: bool = True,
+        max_file_store: str = "4GB",
     ) -> None:
         self.store_dir = pathlib.Path(store_dir)
+        self.max_file_store = max_file_store
+        """JetStream's file store: healer's streams reserve their byte limits in it (docs/deployment.md)."""
         self.host = host
         self.port = port or free_port(host)
         self.monitor_port = free_port(host)
@@ -107,7 +110,8 @@ class EmbeddedServer:
         if self.jetstream:
             store = self.store_dir / "jetstream"
             lines.append(
-                f'jetstream {{ store_dir: "{store}", max_memory_store: 256MB, max_file_store: 2GB }}'
+                f'jetstream {{ store_dir: "{store}", max_memory_store: 256MB, '
+                f"max_file_store: {self.max_file_store} }}"
             )
         if self.cluster:
             routes = ", ".join(f'"{r}"' for r in self.cluster.routes)

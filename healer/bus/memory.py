@@ -430,6 +430,21 @@ class MemoryBus:
     def connected(self) -> bool:
         return self._connected
 
+    async def storage(self, streams: list[str]) -> base.StorageReport:
+        """Bytes held by each named stream (a bucket is ``KV_<name>``); the twin has no limits."""
+        found, missing = [], []
+        for name in streams:
+            held: list[bytes]
+            if name in self.streams:
+                held = [m.data for m in self.streams[name].messages]
+            elif name.startswith("KV_") and name[3:] in self.buckets:
+                held = [e.value for e in self.buckets[name[3:]]._entries.values()]
+            else:
+                missing.append(name)
+                continue
+            found.append(base.StreamUsage(name, sum(len(d) for d in held), None, len(held)))
+        return base.StorageReport(sum(u.bytes for u in found), None, tuple(found), tuple(missing))
+
     async def sibling(self, suffix: str) -> MemoryBus:
         """One process, one in-memory world: itself."""
         return self

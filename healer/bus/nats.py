@@ -65,12 +65,31 @@ def is_temporary(e: BaseException) -> bool:
 _FAILURES = (nats.errors.Error, OSError, TimeoutError)
 
 
+NO_STORAGE = 10023
+"""JetStream err_code "insufficient resources": a write refused because the store (or the account's
+storage) is full."""
+
+
+def describe(e: BaseException) -> str:
+    """A nats-py failure in one line that says why: JetStream's own code and description (nats-py's
+    ``repr`` of an API error is only ``ServiceUnavailableError()``), and for a full store what to do."""
+    if isinstance(e, nats.js.errors.APIError):
+        if e.err_code == NO_STORAGE:
+            return (
+                "JetStream refused the write: its store is full (insufficient resources, err 10023); "
+                "a stream without a byte limit filled it: see `healer nats status`, run `healer nats "
+                "provision` (docs/operations.md)"
+            )
+        return f"JetStream {type(e).__name__} {e.code}/{e.err_code}: {e.description or 'no description'}"
+    return repr(e)
+
+
 def translate(what: str, e: BaseException) -> errors.HealerError:
     """A nats-py failure as healer's: what "try again" means is decided once, in ``is_temporary``;
     anything else is permanent."""
     if is_temporary(e):
-        return errors.TemporaryError(f"{what}: {e!r}")
-    return errors.PermanentError(f"{what}: {e!r}")
+        return errors.TemporaryError(f"{what}: {describe(e)}")
+    return errors.PermanentError(f"{what}: {describe(e)}")
 
 
 class NatsKeyValue:
@@ -509,8 +528,8 @@ class NatsBus:
             ack = await self.js.publish(subject, data, timeout=timeout, headers={"Nats-Msg-Id": msg_id})
         except nats.js.errors.APIError as e:
             if e.code is not None and e.code >= 500:
-                raise errors.TemporaryError(f"JetStream publish to {subject}: {e}") from e
-            raise errors.PermanentError(f"JetStream refused {subject}: {e}") from e
+                raise errors.TemporaryError(f"JetStream publish to {subject}: {describe(e)}") from e
+            raise errors.PermanentError(f"JetStream refused {subject}: {describe(e)}") from e
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"JetStream publish to {subject} failed: {e!r}") from e
         return not bool(ack.duplicate)
@@ -644,6 +663,34 @@ class NatsBus:
             raise translate(f"replay {stream}", e) from e
         delivered = info.delivered.consumer_seq if info.delivered else 0
         return Replay(sub, int(delivered or 0) + int(info.num_pending or 0))
+
+    async def storage(self, streams: list[str]) -> base.StorageReport:
+        """The account's file storage (``$JS.API.INFO``) and each named stream's bytes and limit."""
+        try:
+            account = await self.js.account_info()
+            found, missing = [], []
+            for name in streams:
+                try:
+                    info = await self.js.stream_info(name)
+                except nats.js.errors.NotFoundError:
+                    missing.append(name)
+                    continue
+                limit = info.config.max_bytes
+                found.append(
+                    base.StreamUsage(
+                        name, int(info.state.bytes or 0), int(limit) if limit and limit > 0 else None,
+                        int(info.state.messages or 0),
+                    )
+                )  # fmt: skip
+        except _FAILURES as e:
+            raise translate("JetStream storage", e) from e
+        limit_bytes = account.limits.max_storage if account.limits else None
+        return base.StorageReport(
+            int(account.storage or 0),
+            int(limit_bytes) if limit_bytes is not None and limit_bytes >= 0 else None,
+            tuple(found),
+            tuple(missing),
+        )
 
     async def close(self) -> None:
         if self.nc.is_closed:

@@ -6,6 +6,13 @@ retention) is updated in place, so an upgrade never needs a manual step and two 
 are fine. Retention is never lowered: a stream an operator gave a longer ``max_age`` (or none, 0) keeps
 it, whatever the caller's settings say. Only ``healer nats provision`` and the services' own start call
 ``ensure``; admin and read commands open what exists (``Bus.key_value``).
+
+Every stream and bucket has a byte limit (``max_bytes``), telemetry's sized from the fleet. JetStream
+reserves a stream's byte limit in the server's file store when the stream is made, and refuses a stream
+whose limit does not fit in what is left ("insufficient storage resources available"). So the space of
+the events, incidents and KV streams is theirs: telemetry, dropping its oldest frames past its own limit,
+can never fill the store and starve the leases, incidents or ``healer breaker reset``. A byte limit an
+operator raised is kept, as a longer retention is.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ log = structlog.get_logger(__name__)
 
 STREAM_IN_USE = 10058
 """JetStream err_code: stream name already in use with a different configuration."""
+NO_STORAGE_FOR_RESERVATION = 10047
+"""JetStream err_code: "insufficient storage resources available" (the byte limits do not fit)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +53,7 @@ def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan
                 retention=api.RetentionPolicy.LIMITS,
                 discard=api.DiscardPolicy.OLD,
                 max_age=settings.telemetry_max_age_s,
+                max_bytes=settings.telemetry_bytes(),
                 storage=api.StorageType.FILE,
                 num_replicas=replicas,
                 duplicate_window=min(120.0, settings.telemetry_max_age_s),
@@ -55,6 +65,7 @@ def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan
                 retention=api.RetentionPolicy.LIMITS,
                 discard=api.DiscardPolicy.OLD,
                 max_age=settings.events_max_age_s,
+                max_bytes=settings.events_max_bytes,
                 storage=api.StorageType.FILE,
                 num_replicas=replicas,
                 duplicate_window=min(settings.dedup_window_s, settings.events_max_age_s),
@@ -66,6 +77,7 @@ def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan
                 retention=api.RetentionPolicy.LIMITS,
                 discard=api.DiscardPolicy.OLD,
                 max_age=settings.incidents_max_age_s,
+                max_bytes=settings.incidents_max_bytes,
                 storage=api.StorageType.FILE,
                 num_replicas=replicas,
                 duplicate_window=min(settings.dedup_window_s, settings.incidents_max_age_s),
@@ -76,6 +88,7 @@ def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan
                 bucket=subjects.kv_state,
                 description="healer durable controller state",
                 history=5,
+                max_bytes=settings.state_max_bytes,
                 replicas=replicas,
                 storage=api.StorageType.FILE,
             ),
@@ -84,6 +97,7 @@ def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan
                 description="healer leader and shard leases; the revision is the fencing token",
                 history=1,
                 ttl=settings.lease_ttl_s,
+                max_bytes=settings.leases_max_bytes,
                 replicas=replicas,
                 storage=api.StorageType.FILE,
             ),
@@ -107,6 +121,12 @@ async def ensure(
         for bucket in wanted.buckets:
             await _ensure_bucket(bus, bucket)
     except nats.js.errors.APIError as e:
+        if e.err_code == NO_STORAGE_FOR_RESERVATION:
+            raise errors.PermanentError(
+                f"JetStream cannot reserve healer's storage ({settings.reserved_bytes() / 2**30:.2f} GiB "
+                "for the streams' byte limits, per replica): raise the server's jetstream max_file_store "
+                "or lower nats.fleet_nodes / nats.*_max_bytes (docs/deployment.md, sizing)"
+            ) from e
         if e.err_code in PLACEMENT_PENDING or (e.code is not None and e.code >= 500):
             raise errors.TemporaryError(f"JetStream cannot place it yet: {e}", delay=1.0) from e
         raise errors.PermanentError(f"JetStream provisioning failed: {e}") from e
@@ -128,13 +148,22 @@ async def _ensure_stream(bus: natsbus.NatsBus, stream: api.StreamConfig) -> None
 
 
 def keep_retention(wanted: api.StreamConfig, current: api.StreamConfig) -> api.StreamConfig:
-    """``wanted``, except that an existing longer ``max_age`` (0: for ever) is kept."""
+    """``wanted``, except that an existing longer ``max_age`` (0: for ever) and an existing larger byte
+    limit are kept (no byte limit at all is not kept: that is what lets one stream fill the store)."""
+    wanted = keep_bytes(wanted, current.max_bytes)
     have = current.max_age or 0.0
     want = wanted.max_age or 0.0
     if have == 0.0 or (want != 0.0 and have > want):
         if want != have:
             log.info("provision.retention_kept", stream=wanted.name, max_age_s=have, asked_s=want)
         return dataclasses.replace(wanted, max_age=have)
+    return wanted
+
+
+def keep_bytes(wanted: api.StreamConfig, current: int | None) -> api.StreamConfig:
+    if current is not None and wanted.max_bytes is not None and current > wanted.max_bytes > 0:
+        log.info("provision.max_bytes_kept", stream=wanted.name, max_bytes=current, asked=wanted.max_bytes)
+        return dataclasses.replace(wanted, max_bytes=current)
     return wanted
 
 
@@ -153,6 +182,7 @@ async def _ensure_bucket(bus: natsbus.NatsBus, bucket: api.KeyValueConfig) -> No
             max_msgs_per_subject=bucket.history,
             num_replicas=bucket.replicas,
             description=bucket.description,
+            max_bytes=bucket.max_bytes,
         )
-        await bus.js.update_stream(updated)
+        await bus.js.update_stream(keep_bytes(updated, current.max_bytes))
         log.info("provision.bucket_updated", bucket=bucket.bucket)

@@ -1,7 +1,8 @@
 """Housekeeping, every ``reload_check_s``: what changes slowly and is read from elsewhere.
 
 Node labels from the scheduler (for rules' ``match.labels``, every ``labels_refresh_s``), the admitted
-fleet, the rule pack (``reload``), and, on the leader, the maintenance exclusions, the breaker's gauge
+fleet, the rule pack (``reload``), JetStream's storage (``storage``, every ``storage.CHECK_S``), and,
+on the leader, the maintenance exclusions, the breaker's gauge
 and what the anomaly model learned (every ``anomaly_save_s``). A failure is logged and the previous
 values stay; the next round tries again.
 """
@@ -18,7 +19,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import admission, learning, policy, reload, role
+from healer.controller import admission, learning, policy, reload, role, storage
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -28,6 +29,7 @@ class Housekeeping:
         self,
         cs: config.ControllerSettings,
         *,
+        storage: storage.StorageWatch,
         scheduler: actuators.Actuator,
         nodes: set[str],
         engine: engine.Engine,
@@ -43,6 +45,7 @@ class Housekeeping:
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self.cs = cs
+        self.storage = storage
         self.scheduler = scheduler
         self.nodes = nodes
         """The nodes reporting now (``Ingest.nodes``, the same set), whose labels are asked for."""
@@ -67,6 +70,7 @@ class Housekeeping:
                 return
             await self.refresh_labels()
             await self.admission.refresh()
+            await self.storage.maybe_check()
             try:
                 async with self.turn:
                     await self.reloader.maybe_reload()

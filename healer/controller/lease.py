@@ -10,7 +10,14 @@ lapse by itself. NATS does the consensus; this is only the protocol on top:
 - ``valid`` is false once a renew is overdue by more than ``ttl/2`` even if no error was seen, so a
   partitioned leader stops acting before a standby can take over (``Controller.leader`` and the
   ``healer_controller_leader`` gauge follow it);
-- ``release(hold_off_s)`` deletes the key and stays away that long, so a standby can take the lease.
+- ``release(hold_off_s)`` deletes the key and stays away that long, so a standby can take the lease;
+- re-take: a holder that lost its lease to an outage (its renewals failed for a TTL) and finds the key
+  still naming it when the server is back takes it again at once with ``update`` on the key's revision
+  (a new, higher fencing token) instead of waiting for its own stale key to lapse. The key names a holder
+  only while nobody else wrote it, so this never takes a lease another controller won meanwhile;
+- what a standby cannot see is said: ``unheld_s`` is how long no holder was seen (this one's or another's),
+  ``api_failing_s`` how long JetStream has failed every lease request, and a standby that cannot take a
+  free lease logs why (``lease.acquire_failed``, at most one line per ``ACQUIRE_LOG_S``, all counted).
 """
 
 from __future__ import annotations
@@ -23,9 +30,18 @@ from collections.abc import Callable
 import structlog
 
 from healer import errors
-from healer.controller import kv
+from healer.controller import kv, throttle
 
 log = structlog.get_logger(__name__)
+
+
+def key_of(shard: int) -> str:
+    """The lease key of a controller shard in ``healer-leases``."""
+    return f"leader.shard-{shard}"
+
+
+ACQUIRE_LOG_S = 30.0
+"""At most one ``lease.acquire_failed`` line per this many seconds (each carries the counts since)."""
 
 
 class Lease:
@@ -47,6 +63,12 @@ class Lease:
         self._renewed_at = 0.0
         self._hold_off_until = -float("inf")
         self.log = log.bind(lease=key, holder=holder)
+        self._holder_seen_at = clock()
+        """When a holder of this key (this one, or another) was last seen: the start counts as seen."""
+        self._api_failing_since: float | None = None
+        self.last_error: str | None = None
+        """Why the last lease request to JetStream failed (one line); None after a success."""
+        self._acquire_failures = throttle.Throttled(self.log, "lease.acquire_failed", ACQUIRE_LOG_S, clock)
 
     @property
     def held(self) -> bool:
@@ -54,6 +76,26 @@ class Lease:
 
     def valid(self) -> bool:
         return self.token is not None and self.clock() - self._renewed_at < self.ttl_s / 2
+
+    def unheld_s(self) -> float:
+        """Seconds since a holder of this lease was last seen (0 while this process holds it)."""
+        return 0.0 if self.token is not None else max(0.0, self.clock() - self._holder_seen_at)
+
+    def api_failing_s(self) -> float:
+        """Seconds every lease request to JetStream has failed for (0 after a success)."""
+        since = self._api_failing_since
+        return 0.0 if since is None else max(0.0, self.clock() - since)
+
+    def _api_ok(self) -> None:
+        self._api_failing_since = None
+        self.last_error = None
+
+    def _api_failed(self, e: BaseException) -> str:
+        why = str(e) or repr(e)
+        if self._api_failing_since is None:
+            self._api_failing_since = self.clock()
+        self.last_error = why
+        return why
 
     async def try_acquire(self) -> bool:
         if self.clock() < self._hold_off_until:
@@ -63,13 +105,44 @@ class Lease:
                 self.store.create(self.key, {"holder": self.holder, "at": time.time()}), self.ttl_s / 3
             )
         except kv.Conflict:
-            return False
+            self._api_ok()
+            return await self._retake()
         except (errors.HealerError, TimeoutError) as e:
-            self.log.warning("lease.acquire_failed", error=repr(e))
+            why = self._api_failed(e)
+            self._acquire_failures.note(why, error=why, unheld_s=round(self.unheld_s(), 1))
+            return False
+        self._api_ok()
+        self.token = self._revision = rev
+        self._renewed_at = self._holder_seen_at = self.clock()
+        self.log.info("lease.acquired", token=rev)
+        return True
+
+    async def _retake(self) -> bool:
+        """The key exists: if it still names this holder (its renewals failed through an outage and the
+        key has not lapsed yet), take it again now, with a new token; otherwise someone else holds it."""
+        try:
+            doc = await asyncio.wait_for(self.store.get(self.key), self.ttl_s / 3)
+        except (errors.HealerError, TimeoutError) as e:
+            self._api_failed(e)
+            return False
+        if doc is None:
+            return False  # lapsed between the two requests: the next attempt creates it
+        if doc.value.get("holder") != self.holder:
+            self._holder_seen_at = self.clock()
+            return False
+        try:
+            rev = await asyncio.wait_for(
+                self.store.update(self.key, {"holder": self.holder, "at": time.time()}, doc.revision),
+                self.ttl_s / 3,
+            )
+        except kv.Conflict:
+            return False  # written meanwhile (lapsed and created by another): not ours
+        except (errors.HealerError, TimeoutError) as e:
+            self._api_failed(e)
             return False
         self.token = self._revision = rev
-        self._renewed_at = self.clock()
-        self.log.info("lease.acquired", token=rev)
+        self._renewed_at = self._holder_seen_at = self.clock()
+        self.log.info("lease.retaken", token=rev, previous=doc.value.get("token"))
         return True
 
     async def renew(self) -> bool:
@@ -83,21 +156,26 @@ class Lease:
                 self.ttl_s / 3,  # a reply that takes longer is as good as lost: try again
             )
         except kv.Conflict as e:
+            self._api_ok()
             if not await self._adopt():
                 self.log.warning("lease.lost", token=self.token, error=str(e))
                 self.token = None
+                self._holder_seen_at = self.clock()  # another holder wrote it
                 return False
         except (errors.HealerError, TimeoutError) as e:
+            self._api_failed(e)
             overdue = self.clock() - self._renewed_at
             if overdue >= self.ttl_s:
                 self.log.warning("lease.lost", token=self.token, error=repr(e), overdue_s=round(overdue, 1))
                 self.token = None
+                self._holder_seen_at = self._renewed_at  # held until then
             else:
                 self.log.warning(
                     "lease.renew_failed", token=self.token, error=repr(e), overdue_s=round(overdue, 1)
                 )
             return False
-        self._renewed_at = self.clock()
+        self._api_ok()
+        self._renewed_at = self._holder_seen_at = self.clock()
         return True
 
     async def _adopt(self) -> bool:

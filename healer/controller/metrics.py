@@ -102,6 +102,42 @@ class ControllerMetrics:
             registry=r,
         )
         self.rules_loaded = prom.Gauge("healer_controller_rules_loaded", "rules active", registry=r)
+        self.lease_unheld = prom.Gauge(
+            "healer_controller_lease_unheld_seconds",
+            "seconds since this process last saw a holder of its shard's lease (itself or another); 0 while"
+            " it holds it",
+            ["shard"],
+            registry=r,
+        )
+        self.leaderless = prom.Gauge(
+            "healer_controller_leaderless",
+            "1 when this process has seen no holder of its shard's lease for longer than the lease TTL plus"
+            " controller.leaderless_margin_s (min over a shard's controllers: the shard has no leader)",
+            ["shard"],
+            registry=r,
+        )
+        self.js_store_used = prom.Gauge(
+            "healer_jetstream_store_used_bytes", "JetStream file storage the account uses", registry=r
+        )
+        self.js_store_limit = prom.Gauge(
+            "healer_jetstream_store_limit_bytes",
+            "the account's JetStream storage limit; where it has none, what healer's streams reserve",
+            registry=r,
+        )
+        self.js_stream_bytes = prom.Gauge(
+            "healer_jetstream_stream_bytes", "bytes held by each of healer's streams", ["stream"], registry=r
+        )
+        self.js_stream_limit = prom.Gauge(
+            "healer_jetstream_stream_limit_bytes",
+            "each stream's byte limit, reserved for it by the server (0: none, it can fill the store)",
+            ["stream"],
+            registry=r,
+        )
+        self.js_storage_ok = prom.Gauge(
+            "healer_jetstream_storage_ok",
+            "0 while JetStream storage would refuse healer's writes or a stream has no byte limit",
+            registry=r,
+        )
         self.label_refresh_failures = prom.Counter(
             "healer_controller_label_refresh_failures_total",
             "node label refreshes from the scheduler that failed (the previous labels stay)",

@@ -1,7 +1,8 @@
 """Readiness, served by /readyz (computed on the event loop once a second).
 
-Ready means: connected, rules loaded, the anomaly model loaded or deliberately off, the role known, the
-controller's own tasks running, and ticks finishing. A stuck or disconnected controller is not ready.
+Ready means: connected, JetStream's API answering the lease requests, rules loaded, the anomaly model
+loaded or deliberately off, the role known, the controller's own tasks running, and ticks finishing. A
+stuck or disconnected controller is not ready.
 """
 
 from __future__ import annotations
@@ -75,8 +76,17 @@ class Readiness:
             for t in bg
             if t.done() and (t.get_name() in STANDING_TASKS or t.cancelled() or t.exception() is not None)
         ]
+        lease = self.role.lease
+        failing_s = lease.api_failing_s()
+        jetstream = check(
+            failing_s < lease.ttl_s / 2,
+            "reachable"
+            if not failing_s
+            else f"lease requests failing for {failing_s:.1f} s: {lease.last_error}",
+        )
         return health.Verdict.of(
             nats=check(self.bus.connected, "connected" if self.bus.connected else "disconnected"),
+            jetstream=jetstream,
             rules=check(True, f"{len(self.engine.rules.rules)} rules"),
             model=model,
             role=role,

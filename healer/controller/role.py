@@ -22,8 +22,14 @@ class Role:
         lease: lease.Lease,
         metrics: controller_metrics.ControllerMetrics,
         log: structlog.typing.FilteringBoundLogger,
+        *,
+        shard: int = 0,
+        margin_s: float = 10.0,
     ) -> None:
         self.lease = lease
+        self.shard = str(shard)
+        self.margin_s = margin_s
+        """Past the lease TTL plus this without a holder seen, the shard is leaderless."""
         self.metrics = metrics
         self.log = log
         self.took_over = False
@@ -37,8 +43,12 @@ class Role:
         return self.took_over and self.lease.valid()
 
     def show(self) -> None:
-        """``healer_controller_leader`` follows ``leader`` (set on every flip and every tick)."""
+        """``healer_controller_leader`` follows ``leader`` (set on every flip and every tick), and the
+        lease gauges say how long no holder of the shard's lease was seen."""
         self.metrics.leader.set(1 if self.leader else 0)
+        unheld = self.lease.unheld_s()
+        self.metrics.lease_unheld.labels(self.shard).set(unheld)
+        self.metrics.leaderless.labels(self.shard).set(1 if unheld > self.lease.ttl_s + self.margin_s else 0)
 
     def on_lease(self, held: bool) -> None:
         """The lease keeper's word that the lease was won or lost."""

@@ -52,6 +52,7 @@ from healer.controller import (
     readiness,
     reload,
     role,
+    storage,
     supervisor,
     tick,
 )
@@ -129,7 +130,7 @@ class Controller:
         self.dry_breaker = policy.Breaker(kv.Prefixed(state, "dry-run."), cs)
         self.exclusions = policy.Exclusions(state)
         self.limits = policy.Limits(cs, state if cs.mode == "enforce" else kv.Prefixed(state, f"{cs.mode}."))
-        self.lease = lease.Lease(leases, f"leader.shard-{cs.shard}", self.holder, settings.nats.lease_ttl_s)
+        self.lease = lease.Lease(leases, lease.key_of(cs.shard), self.holder, settings.nats.lease_ttl_s)
         self._stop = asyncio.Event()
         self.supervisor = supervisor.Supervisor(
             self._stop, metrics.task_failures, self.log,
@@ -138,7 +139,7 @@ class Controller:
         turn = asyncio.Lock()
         """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
         tick that started before a lost lease was won again (that tick's objects would act twice)."""
-        self.role = role.Role(self.lease, metrics, self.log)
+        self.role = role.Role(self.lease, metrics, self.log, shard=cs.shard, margin_s=cs.leaderless_margin_s)
         stop, lg = self._stop, self.log
         self.ingest = ingest.Ingest(
             cs, bus, self.subjects, engine=self.engine, learning=self.learning, admission=self.admission,
@@ -161,8 +162,9 @@ class Controller:
             cs, bus, self.subjects, sig=rules_sig, engine=self.engine, role=self.role,
             shell=self.incidents, metrics=metrics, clock=clock, log=lg,
         )  # fmt: skip
+        self.storage = storage.StorageWatch(bus, self.subjects, metrics, self.log)
         self.housekeeping = housekeeping.Housekeeping(
-            cs, scheduler=scheduler, nodes=self.ingest.nodes, engine=self.engine,
+            cs, storage=self.storage, scheduler=scheduler, nodes=self.ingest.nodes, engine=self.engine,
             admission=self.admission, reloader=self.reloader, role=self.role, exclusions=self.exclusions,
             breaker=self.breaker, learning=self.learning, turn=turn, metrics=metrics, stop=stop, log=lg,
         )  # fmt: skip
