@@ -1,10 +1,10 @@
 """Housekeeping, every ``reload_check_s``: what changes slowly and is read from elsewhere.
 
 Node labels from the scheduler (for rules' ``match.labels``, every ``labels_refresh_s``), the admitted
-fleet, the rule pack (``reload``), JetStream's storage (``storage``, every ``storage.CHECK_S``), and,
-on the leader, the maintenance exclusions, the breaker's gauge
-and what the anomaly model learned (every ``anomaly_save_s``). A failure is logged and the previous
-values stay; the next round tries again.
+fleet, the rule pack (``reload``), JetStream's storage (``storage``, every ``storage.CHECK_S``), and, on
+the leader, the maintenance exclusions, the breaker's gauge and its incident (resolved once the breaker
+is closed), and what the anomaly model learned (every ``anomaly_save_s``). A failure is logged and the
+previous values stay; the next round tries again.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import admission, learning, policy, reload, role, storage
+from healer.controller import admission, learning, policy, reload, role, runner, storage
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -30,6 +30,7 @@ class Housekeeping:
         cs: config.ControllerSettings,
         *,
         storage: storage.StorageWatch,
+        actions: runner.ActionRunner,
         scheduler: actuators.Actuator,
         nodes: set[str],
         engine: engine.Engine,
@@ -46,6 +47,8 @@ class Housekeeping:
     ) -> None:
         self.cs = cs
         self.storage = storage
+        self.actions = actions
+        """The action runner: the breaker's incident resolves through it once the breaker is closed."""
         self.scheduler = scheduler
         self.nodes = nodes
         """The nodes reporting now (``Ingest.nodes``, the same set), whose labels are asked for."""
@@ -78,6 +81,7 @@ class Housekeeping:
                     await self.exclusions.refresh()
                     status = await self.breaker.status()
                     self.metrics.breaker_open.set(1 if status.get("open") else 0)
+                    await self.actions.settle_breaker()  # its incident ends when it closes
                     if self.learning.save_due():
                         await self.learning.save()
             except errors.HealerError as e:

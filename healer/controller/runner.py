@@ -9,6 +9,11 @@ loop over KV. Every request carries the lease's fencing token, and a process tha
 leader stops. This module gathers what the gates look at and carries out their verdicts. Each step's
 outcome is recorded on the incident and published before the next one runs; a failed step stops the
 chain (no migrate without a cordon) and escalates.
+
+A breaker that trips opens one critical ``circuit-breaker`` incident (node ``fleet``) whose evidence
+lists the nodes the breaker counted; it resolves when the breaker is closed again, by ``healer breaker
+reset`` or by whatever else closes it (``settle_breaker``, run by the leader's housekeeping, also for
+an incident a previous leader opened).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from healer.controller import book, decide, policy, shell
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
 from healer.rules import actions
+
+BREAKER_RULE = "circuit-breaker"
 
 
 class ActionRunner:
@@ -160,9 +167,10 @@ class ActionRunner:
             return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
         if spec.takes_out_of_service:
             breaker = self.breaker if mode == "enforce" else self.dry_breaker
-            admission = await breaker.admit(inc.node, self.shell.fleet_size(), inc.id)
+            fleet = self.shell.fleet_size()
+            admission = await breaker.admit(inc.node, fleet, inc.id)
             if admission.tripped:
-                await self._breaker_tripped(admission.reason)
+                await self._breaker_tripped(admission, inc, fleet)
             if not admission.allowed:
                 return decide.Verdict.settle("refused", admission.reason)
         token = self.lease.token
@@ -197,16 +205,28 @@ class ActionRunner:
             detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
         return decide.Verdict.settle(outcome.status, detail)
 
-    async def _breaker_tripped(self, reason: str) -> None:
+    async def _breaker_tripped(
+        self, admission: decide.BreakerAdmission, refused: book.Incident, fleet_size: int
+    ) -> None:
         now = self.clock()
+        counted = [decide.BreakerEntry.of(e).node for e in (admission.state or {}).get("entries", [])]
         inc = book.Incident(
             id=book.new_id(),
-            rule_id="circuit-breaker",
+            rule_id=BREAKER_RULE,
             severity="critical",
             node="fleet",
             state="escalated",
-            summary=f"circuit breaker open: {reason}. healer takes no more nodes out of service until "
-            "`healer breaker reset`.",
+            summary=f"circuit breaker open: {admission.reason}. healer takes no more nodes out of service "
+            "until the breaker is closed (`healer breaker reset`); this incident then resolves.",
+            evidence={
+                "counted_nodes": ", ".join(counted)[:4000],
+                "counted": len(counted),
+                "limit": decide.limit_of(fleet_size, self.cs),
+                "fleet_size": fleet_size,
+                "window_s": self.cs.breaker_window_s,
+                "refused_node": refused.node,
+                "refused_incident": refused.id,
+            },
             mode=self.cs.mode,
             opened_at=now,
             updated_at=now,
@@ -215,3 +235,26 @@ class ActionRunner:
         self.breaker_incident = inc
         self.metrics.breaker_open.set(1)
         await self.shell.publish(inc, "escalated")
+
+    async def settle_breaker(self) -> None:
+        """Resolve the open ``circuit-breaker`` incidents whose breaker is closed now (reset by a person,
+        or closed by anything else), with who closed it and when in the evidence."""
+        found = [i for i in self.book.open.values() if i.rule_id == BREAKER_RULE]
+        if self.breaker_incident is not None and self.breaker_incident not in found:
+            found.append(self.breaker_incident)
+        for inc in found:
+            if inc.state == "resolved":
+                continue
+            breaker = self.breaker if inc.mode == "enforce" else self.dry_breaker
+            status = await breaker.status()
+            if status.get("open"):
+                continue
+            inc.state = "resolved"
+            inc.resolved_at = self.clock()
+            by = str(status.get("reset_by") or "the breaker closed")
+            inc.evidence = {**inc.evidence, "closed_by": by, "closed_at": status.get("reset_at")}
+            inc.summary = f"circuit breaker closed ({by}); healer takes nodes out of service again."
+            if self.breaker_incident is inc:
+                self.breaker_incident = None
+            self.metrics.breaker_open.set(0)
+            await self.shell.publish(inc, "resolved")

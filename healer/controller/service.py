@@ -164,7 +164,8 @@ class Controller:
         )  # fmt: skip
         self.storage = storage.StorageWatch(bus, self.subjects, metrics, self.log)
         self.housekeeping = housekeeping.Housekeeping(
-            cs, storage=self.storage, scheduler=scheduler, nodes=self.ingest.nodes, engine=self.engine,
+            cs, storage=self.storage, actions=self.actions, scheduler=scheduler, nodes=self.ingest.nodes,
+            engine=self.engine,
             admission=self.admission, reloader=self.reloader, role=self.role, exclusions=self.exclusions,
             breaker=self.breaker, learning=self.learning, turn=turn, metrics=metrics, stop=stop, log=lg,
         )  # fmt: skip

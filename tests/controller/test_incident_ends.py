@@ -1,0 +1,69 @@
+"""Every incident can end: the circuit-breaker incident lists the nodes it counted and resolves when
+the breaker closes (``healer breaker reset``), also when a previous leader opened it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from healer import cli, testing
+from healer.controller import book, runner
+from healer.schemas import incidents
+from tests.controller.conftest import Fleet, Harness, run_until
+
+pytestmark = pytest.mark.nats
+
+
+def breaker_events(harness: Harness) -> list[incidents.IncidentEvent]:
+    return [e for e in harness.feed.events if e.data.rule_id == runner.BREAKER_RULE]
+
+
+async def trip(harness: Harness, actuator: testing.RecordingActuator, ctl: object) -> Fleet:
+    nodes = [f"n{i:02d}" for i in range(10)]
+    fleet = Fleet(harness.bus, nodes)
+    await run_until(fleet, lambda: len(ctl.nodes) == 10)  # type: ignore[attr-defined]
+    for node in nodes[:4]:  # 40 % of the fleet, the limit is 10 %: one node
+        fleet.overrides[(node, 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: bool(breaker_events(harness)))
+    return fleet
+
+
+async def test_the_breaker_incident_names_its_nodes_and_resolves_on_reset(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator, breaker_max_percent=10.0)
+    fleet = await trip(harness, actuator, ctl)
+    opened = breaker_events(harness)[0]
+    assert opened.change == "escalated"
+    cordoned = sorted({r.node for r in actuator.executed("cordon")})
+    assert len(cordoned) == 1
+    assert opened.data.evidence["counted_nodes"] == ", ".join(cordoned)
+    assert opened.data.evidence["counted"] == 1
+    assert opened.data.evidence["limit"] == 1
+    assert "this incident then resolves" in opened.data.summary
+
+    code = await asyncio.to_thread(cli.main, ["breaker", "reset", "--nats", harness.srv.url])
+    assert code == 0
+    await run_until(fleet, lambda: breaker_events(harness)[-1].change == "resolved")
+    resolved = breaker_events(harness)[-1]
+    assert resolved.data.incident_id == opened.data.incident_id
+    assert resolved.data.state == "resolved"
+    assert resolved.data.evidence["closed_by"]
+    assert await ctl.state.get(book.PREFIX + opened.data.incident_id) is None, "it left KV"
+    assert ctl.metrics.breaker_open._value.get() == 0  # type: ignore[attr-defined]
+
+
+async def test_a_breaker_incident_of_a_previous_leader_resolves_too(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    first = await harness.controller(actuator, breaker_max_percent=10.0)
+    fleet = await trip(harness, actuator, first)
+    opened = breaker_events(harness)[0]
+    await harness.crash(first)
+    second = await harness.controller(actuator, breaker_max_percent=10.0)
+    await run_until(fleet, lambda: second.leader, timeout=20)
+    assert any(i.rule_id == runner.BREAKER_RULE for i in second.book.open.values())
+    await second.breaker.reset(by="sre-on-call")
+    await run_until(fleet, lambda: breaker_events(harness)[-1].change == "resolved")
+    resolved = breaker_events(harness)[-1]
+    assert resolved.data.incident_id == opened.data.incident_id
+    assert resolved.data.evidence["closed_by"] == "sre-on-call"
