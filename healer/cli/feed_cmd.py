@@ -38,6 +38,15 @@ def register(sub: Any) -> None:
     t.add_argument("--change", choices=tail.CHANGES, help="only this kind of change")
     t.add_argument("--severity", choices=tail.SEVERITIES, help="only this severity or worse")
     t.set_defaults(func=_tail)
+    c = isub.add_parser(
+        "close",
+        help="close an incident only a person can end (a hardware replacement); the leader resolves it",
+    )
+    common.add_nats_option(c)
+    c.add_argument("incident", help="the incident id")
+    c.add_argument("--by", help="who closes it (default: your user name)")
+    c.add_argument("--reason", default="closed by an operator")
+    c.set_defaults(func=_close)
 
     f = sub.add_parser(
         "forward", help="deliver the incident feed to an HTTP receiver", description=forward.__doc__
@@ -98,6 +107,32 @@ def _tail(args: argparse.Namespace) -> int:
     if stats.total_rejected:
         detail = ", ".join(f"{k}/{r}={n}" for (k, r), n in sorted(stats.rejected.items()))
         print(f"rejected {stats.total_rejected} malformed messages ({detail})", file=sys.stderr)
+    return 0
+
+
+def _close(args: argparse.Namespace) -> int:
+    """Ask the leader to close an incident: it resolves it on its next housekeeping (seconds)."""
+    import getpass
+
+    from healer.controller import closing, kv
+
+    s = common.settings(args)
+    logs.configure("error")
+
+    async def main() -> dict[str, object]:
+        bus = await common.connect(s, "healer-cli")
+        try:
+            store = kv.Store(await bus.key_value(subjects.Subjects(s.nats.prefix).kv_state))
+            return await closing.request(store, args.incident, args.by or getpass.getuser(), args.reason)
+        finally:
+            await bus.close()
+
+    try:
+        asked = asyncio.run(main())
+    except errors.HealerError as e:
+        print(f"healer incidents close: {e}", file=sys.stderr)
+        return 1
+    print(f"close of {args.incident} requested by {asked['by']}: the leader resolves it within seconds")
     return 0
 
 

@@ -3,8 +3,8 @@
 Node labels from the scheduler (for rules' ``match.labels``, every ``labels_refresh_s``), the admitted
 fleet, the rule pack (``reload``), JetStream's storage (``storage``, every ``storage.CHECK_S``), and, on
 the leader, the maintenance exclusions, the breaker's gauge and its incident (resolved once the breaker
-is closed), and what the anomaly model learned (every ``anomaly_save_s``). A failure is logged and the
-previous values stay; the next round tries again.
+is closed), the incidents a person closed (``closing``), and what the anomaly model learned (every
+``anomaly_save_s``). A failure is logged and the previous values stay; the next round tries again.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import admission, learning, policy, reload, role, runner, storage
+from healer.controller import admission, closing, learning, policy, reload, role, runner, storage
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -31,6 +31,7 @@ class Housekeeping:
         *,
         storage: storage.StorageWatch,
         actions: runner.ActionRunner,
+        closer: closing.Closer,
         scheduler: actuators.Actuator,
         nodes: set[str],
         engine: engine.Engine,
@@ -48,6 +49,7 @@ class Housekeeping:
         self.cs = cs
         self.storage = storage
         self.actions = actions
+        self.closer = closer
         """The action runner: the breaker's incident resolves through it once the breaker is closed."""
         self.scheduler = scheduler
         self.nodes = nodes
@@ -82,6 +84,8 @@ class Housekeeping:
                     status = await self.breaker.status()
                     self.metrics.breaker_open.set(1 if status.get("open") else 0)
                     await self.actions.settle_breaker()  # its incident ends when it closes
+                    async with self.turn:
+                        await self.closer.apply()  # what a person closed (healer incidents close)
                     if self.learning.save_due():
                         await self.learning.save()
             except errors.HealerError as e:

@@ -41,6 +41,7 @@ from healer.bus import subjects
 from healer.controller import (
     admission,
     book,
+    closing,
     housekeeping,
     incident_shell,
     ingest,
@@ -163,9 +164,12 @@ class Controller:
             shell=self.incidents, metrics=metrics, clock=clock, log=lg,
         )  # fmt: skip
         self.storage = storage.StorageWatch(bus, self.subjects, metrics, self.log)
+        self.closer = closing.Closer(
+            state, self.book, publish=self.incidents.publish, release=self.engine.release, clock=clock, log=lg
+        )
         self.housekeeping = housekeeping.Housekeeping(
-            cs, storage=self.storage, actions=self.actions, scheduler=scheduler, nodes=self.ingest.nodes,
-            engine=self.engine,
+            cs, storage=self.storage, actions=self.actions, closer=self.closer, scheduler=scheduler,
+            nodes=self.ingest.nodes, engine=self.engine,
             admission=self.admission, reloader=self.reloader, role=self.role, exclusions=self.exclusions,
             breaker=self.breaker, learning=self.learning, turn=turn, metrics=metrics, stop=stop, log=lg,
         )  # fmt: skip

@@ -1,5 +1,6 @@
 """Every incident can end: the circuit-breaker incident lists the nodes it counted and resolves when
-the breaker closes (``healer breaker reset``), also when a previous leader opened it."""
+the breaker closes (``healer breaker reset``), also when a previous leader opened it; a hardware
+replacement, which only a person can end, resolves on ``healer incidents close``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import asyncio
 import pytest
 
 from healer import cli, testing
-from healer.controller import book, runner
+from healer.controller import book, closing, healing, runner
 from healer.schemas import incidents
-from tests.controller.conftest import Fleet, Harness, run_until
+from tests.controller.conftest import Fleet, Harness, run_until, warm
+from tests.controller.test_healing import events, ladder_rules
 
 pytestmark = pytest.mark.nats
 
@@ -67,3 +69,43 @@ async def test_a_breaker_incident_of_a_previous_leader_resolves_too(harness: Har
     resolved = breaker_events(harness)[-1]
     assert resolved.data.incident_id == opened.data.incident_id
     assert resolved.data.evidence["closed_by"] == "sre-on-call"
+
+
+async def test_a_hardware_replacement_ends_when_a_person_closes_it(harness: Harness) -> None:
+    ladder_rules(harness)
+    fleet = Fleet(harness.bus, ["n1"])
+    sched = testing.RecordingActuator()
+    ctl = await harness.controller(sched, gpu=testing.RecordingGpuActuator())
+    await warm(fleet)
+    fleet.overrides[("n1", 1)] = {"row_remap_failure": True}  # contact support: replacement at once
+    await run_until(fleet, lambda: bool(events(harness, healing.REPLACEMENT_RULE)))
+    rep = events(harness, healing.REPLACEMENT_RULE)[0].data
+    assert rep.state == "escalated"
+    code = await asyncio.to_thread(
+        cli.main,
+        [
+            "incidents",
+            "close",
+            rep.incident_id,
+            "--nats",
+            harness.srv.url,
+            "--by",
+            "dc-tech",
+            "--reason",
+            "GPU swapped",
+        ],
+    )
+    assert code == 0
+    await run_until(fleet, lambda: events(harness, healing.REPLACEMENT_RULE)[-1].change == "resolved")
+    closed = events(harness, healing.REPLACEMENT_RULE)[-1].data
+    assert closed.incident_id == rep.incident_id
+    assert closed.evidence["closed_by"] == "dc-tech"
+    assert closed.evidence["close_reason"] == "GPU swapped"
+    assert await ctl.state.get(book.PREFIX + rep.incident_id) is None
+    assert await ctl.state.get(closing.PREFIX + rep.incident_id) is None, "the request is consumed"
+    assert sched.executed("uncordon") == [], "nothing undone: the person returns the node"
+
+
+async def test_closing_an_incident_that_is_not_open_is_refused(harness: Harness) -> None:
+    code = await asyncio.to_thread(cli.main, ["incidents", "close", "inc-nope", "--nats", harness.srv.url])
+    assert code == 1
