@@ -75,4 +75,5 @@ def test_an_empty_fleet_is_scored_without_broadcasting_the_thermal_state() -> No
     assert isinstance(scorer, scoring.Scorer)
     assert scorer.score(1000.0) == {}
     assert scorer.score(1001.0) == {}
-    assert scorer.last_thermal is not None and scorer.last_thermal.rise_c.shape == (0, 8)
+    assert scorer.last_thermal is not None
+    assert scorer.last_thermal.rise_c.shape == (0, 8)
