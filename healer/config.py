@@ -397,6 +397,13 @@ class Settings(_Group):
     ui: UiSettings = pydantic.Field(default_factory=UiSettings)
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: where, and what."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"line {mark.line + 1} column {mark.column + 1}: {problem}" if mark is not None else problem
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -411,8 +418,10 @@ def load(
     if path:
         try:
             loaded = yaml.safe_load(pathlib.Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise errors.PermanentError(f"cannot read config {path}: {e}") from e
+        except OSError as e:
+            raise errors.PermanentError(f"cannot read config {path}: {e.strerror or e}") from e
+        except yaml.YAMLError as e:
+            raise errors.PermanentError(f"cannot read config {path}: {_yaml_problem(e)}") from e
         if not isinstance(loaded, dict):
             raise errors.PermanentError(f"config {path}: top level must be a mapping of groups")
         raw = loaded

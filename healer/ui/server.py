@@ -21,6 +21,7 @@ import hmac
 import importlib.resources
 import ipaddress
 import pathlib
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -83,6 +84,26 @@ def check(ui: config.UiSettings) -> None:
             f"refusing to serve the status page on {ui.host} without a token (set ui.token or --token, "
             "or listen on 127.0.0.1)"
         )
+
+
+def listen_error(ui: config.UiSettings, e: OSError) -> str:
+    """One line naming the settings to change when the page cannot listen."""
+    why = e.strerror or e
+    return f"cannot listen on {ui.host}:{ui.port}: {why} (set ui.port / --port, or ui.host / --host)"
+
+
+def probe_port(ui: config.UiSettings) -> None:
+    """``PermanentError`` (``listen_error``) when ``ui.host:ui.port`` cannot be bound now: ``healer ui``
+    checks this before it connects to NATS, so a busy port is found first."""
+    if ui.port == 0:
+        return
+    family = socket.AF_INET6 if ":" in ui.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's listener does
+        try:
+            sock.bind((ui.host, ui.port))
+        except OSError as e:
+            raise errors.PermanentError(listen_error(ui, e)) from e
 
 
 def load_labels(path: str | None) -> dict[str, dict[str, str]]:
@@ -261,7 +282,7 @@ async def serve(
         await site.start()
     except OSError as e:
         await runner.cleanup()
-        raise errors.PermanentError(f"cannot listen on {ui.host}:{ui.port}: {e.strerror or e}") from e
+        raise errors.PermanentError(listen_error(ui, e)) from e
     port = runner.addresses[0][1] if runner.addresses else ui.port
     host = f"[{ui.host}]" if ":" in ui.host else ui.host
     running = Running(f"http://{host}:{port}/", live, sources, runner, stopping)
