@@ -83,6 +83,10 @@ def test_alertmanager_bridge_deployment_parses_and_serves_metrics_on_its_port() 
     assert pathlib.PurePath(args.config).parent.name == "feeds"
 
 
+def _selects(monitor: dict[str, Any], labels: dict[str, str]) -> bool:
+    return bool(monitor["spec"]["selector"]["matchLabels"].items() <= labels.items())
+
+
 def test_every_metrics_port_has_a_pod_monitor_selecting_its_pods() -> None:
     kust = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())
     docs = [d for f in kust["resources"] for d in yaml.safe_load_all((MONITORING / f).read_text()) if d]
@@ -95,8 +99,7 @@ def test_every_metrics_port_has_a_pod_monitor_selecting_its_pods() -> None:
         if "metrics" not in ports or workload["metadata"]["name"] == "healer-nats":
             continue
         labels = workload["spec"]["template"]["metadata"]["labels"]
-        selects = [mon["spec"]["selector"]["matchLabels"].items() <= labels.items() for mon in monitors.values()]
-        matching = [mon for mon, yes in zip(monitors.values(), selects, strict=True) if yes]
+        matching = [mon for mon in monitors.values() if _selects(mon, labels)]
         assert len(matching) == 1, workload["metadata"]["name"]
         (endpoint,) = matching[0]["spec"]["podMetricsEndpoints"]
         assert endpoint["port"] == "metrics"
