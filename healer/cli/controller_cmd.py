@@ -149,7 +149,9 @@ async def run_controller(
             )  # fmt: skip
             await ctl.start()
             # the status page, when ui.enabled (docs/ui.md), with the anomaly model's components
-            page = await hook.maybe_start(bus, s, anomaly=ctl if s.controller.model else None)
+            page = await hook.maybe_start(
+                bus, s, anomaly=ctl if s.controller.model else None, admitted=_admitted(ctl)
+            )
             await stop.wait()
             if page is not None:
                 await page.stop()
@@ -159,6 +161,12 @@ async def run_controller(
     finally:
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
+
+
+def _admitted(ctl: Any) -> Any:
+    """The controller's admitted nodes, for its status page (``controller.admission``)."""
+    gate = getattr(ctl, "admission", None)
+    return (lambda: set(gate.admitted)) if gate is not None and hasattr(gate, "admitted") else None
 
 
 def _controller(args: argparse.Namespace) -> int:
