@@ -34,6 +34,9 @@ SEEN_MAX = 100_000
 TIMELINE_MAX = 50
 """Events kept per incident (the first one, opened, is always kept)."""
 
+FLEET_NODE = "fleet"
+"""The node of fleet-wide incidents (the circuit breaker's): listed, never drawn as a node of the map."""
+
 HISTORY_MAX = 30
 """Incidents remembered per node for the per-node view."""
 

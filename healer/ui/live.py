@@ -97,7 +97,11 @@ class Live:
         """Put on the map the nodes with an open incident and, every ``ADMITTED_EVERY_S``, the admitted
         fleet, before any frame of theirs."""
         f = self.fleet
-        missing = {s.data.node for s in self.board.open.values() if s.data.node not in f.index}
+        missing = {
+            s.data.node
+            for s in self.board.open.values()
+            if s.data.node not in f.index and s.data.node != board_mod.FLEET_NODE
+        }
         now = time.time() if now is None else now
         if self.admitted is not None and now - self._admitted_at >= ADMITTED_EVERY_S:
             self._admitted_at = now

@@ -248,6 +248,7 @@ def build_app(
 
     async def node_view(request: web.Request) -> web.Response:
         name = request.query.get("node", "")
+        live.sync_nodes()
         data = live.fleet.node(name)
         if data is None:
             raise web.HTTPNotFound(text=f"no node {name!r}\n")
@@ -279,7 +280,7 @@ def build_app(
             driver=versions.get("driver"),
             vbios=versions.get("vbios"),
             versions_note=None if versions else NO_VERSIONS,
-            xids=list(reversed(board.xids.get(name, ()))),
+            xids=sorted(board.xids.get(name, ()), key=lambda x: x["time"], reverse=True),
             incidents=board.node_history(name),
             open=[s.as_json() for s in board.open.values() if s.data.node == name],
             grafana=grafana_link(ui.grafana_url, name),
@@ -288,6 +289,7 @@ def build_app(
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
     async def search(request: web.Request) -> web.Response:
+        live.sync_nodes()
         found = live.fleet.find(request.query.get("q", "")[:253])
         return web.Response(body=orjson.dumps(found), content_type="application/json")
 

@@ -237,7 +237,7 @@
       li.addEventListener("click", () => {
         li.classList.toggle("open");
         if (li.classList.contains("open")) li.append(details(inc)); else li.querySelector(".details")?.remove();
-        showNode(inc.node, inc.gpu);
+        if (S.nodes.includes(inc.node)) showNode(inc.node, inc.gpu);  // not the fleet-wide breaker incident
       });
       list.append(li);
     }
@@ -251,7 +251,12 @@
       else td.textContent = short(v.map((x) => (typeof x === "object" ? JSON.stringify(x) : String(x))).join(", "), 300);
       if (v.length > 100) td.append(el("span", "muted", ` … and ${v.length - 100} more`));
     } else if (v !== null && typeof v === "object") td.textContent = short(JSON.stringify(v), 300);
-    else td.textContent = short(v, 300);
+    else if (/node/.test(key) && typeof v === "string" && /^[A-Za-z0-9._-]+([,\s]+[A-Za-z0-9._-]+)*$/.test(v.trim())) {
+      // a node list (the breaker's evidence: the nodes it counted), as buttons to each node's view
+      const names = v.trim().split(/[,\s]+/);
+      for (const n of names.slice(0, 100)) td.append(nodeButton(n, null));
+      if (names.length > 100) td.append(el("span", "muted", ` … and ${names.length - 100} more`));
+    } else td.textContent = short(v, 300);
     return td;
   }
   function details(inc) {
@@ -278,8 +283,8 @@
     }
     box.append(tl);
     const actions = el("div", "links");
-    actions.append(nodeButton(inc.node, inc.gpu));
-    if (S.links.grafana) actions.append(link(grafanaUrl(inc.node, inc.gpu), "Grafana ↗"));
+    if (S.nodes.includes(inc.node)) actions.append(nodeButton(inc.node, inc.gpu));
+    if (S.links.grafana && S.nodes.includes(inc.node)) actions.append(link(grafanaUrl(inc.node, inc.gpu), "Grafana ↗"));
     box.append(actions);
     return box;
   }
@@ -289,7 +294,8 @@
   function addFeed(line, front) {
     const list = $("feed");
     const li = el("li", `sev-${line.severity}`);
-    li.append(el("span", "muted", `${hhmmss(line.time)} `), el("span", "change", line.change), el("span", "", ` ${line.node ? where(line.node, line.gpu) : ""} ${line.rule} `), el("span", "muted", short(line.summary, 140)));
+    li.append(el("span", "muted", `${hhmmss(line.time)} `), el("span", "change", line.change), el("span", "", ` ${line.node ? where(line.node, line.gpu) : ""} ${line.rule} `), el("span", "muted", short(line.summary, 120)));
+    li.title = line.summary;
     if (front) list.prepend(li); else list.append(li);
     while (list.children.length > 100) list.lastChild.remove();
   }
