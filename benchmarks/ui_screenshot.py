@@ -3,7 +3,7 @@
 Runs the demo in this process (its own nats-server, controller and 32-node simulated fleet), opens the
 page in Debian's headless chromium (selenium + chromium-driver, no network) and saves the page at
 ``--at`` seconds (default 150: the mass fault has tripped the breaker), then again with one GPU's chart
-open (``--gpu NODE/INDEX``, default the overheated GPU of the story).
+open (``--gpu NODE/INDEX``, default the overheated GPU of the story): the per-node view below the map.
 
     .venv/bin/python benchmarks/ui_screenshot.py [--at 150] [--out docs/img] [--gpu sim-00003/5]
 """
@@ -24,7 +24,7 @@ from healer.demo import runner
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1500,950", "--hide-scrollbars",
+    "--disable-dev-shm-usage", "--window-size=1500,1400", "--hide-scrollbars",
 )  # fmt: skip
 
 

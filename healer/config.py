@@ -417,6 +417,11 @@ class UiSettings(_Group):
     inventing names cannot grow the page's memory without bound)."""
     ring_len: int = pydantic.Field(default=90, ge=2, le=3600)
     """Recent readings kept per GPU for its chart (one per frame; 90 s at the agents' 1 s)."""
+    history_len: int = pydantic.Field(default=125, ge=2, le=10_000)
+    """Buckets of history kept per GPU for its charts, older than the recent readings (``history_step_s``
+    each; 125 x 30 s is just over an hour). Each bucket is the mean of the readings in it."""
+    history_step_s: float = pydantic.Field(default=30.0, gt=0)
+    """Width of one history bucket (the charts' resolution past the recent readings)."""
     push_s: float = pydantic.Field(default=1.0, gt=0)
     """How often the map's changes go to the browsers."""
     temp_deadband_c: int = pydantic.Field(default=2, ge=1, le=50)
@@ -430,6 +435,17 @@ class UiSettings(_Group):
     comma-separated in the environment."""
     labels_file: str | None = None
     """YAML or JSON mapping node -> {label: value} for grouping nodes that have had no incident yet."""
+    grafana_url: str | None = None
+    """Grafana link for each node and GPU on the page, ``{node}`` and ``{gpu}`` filled in (URL-quoted;
+    ``{gpu}`` is empty for a node), e.g. ``https://grafana.example/d/healer-overview?var-node={node}``;
+    unset: no links."""
+
+    @pydantic.field_validator("grafana_url")
+    @classmethod
+    def _http_link(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value or None
 
     @pydantic.field_validator("group_by", mode="before")
     @classmethod
@@ -455,6 +471,13 @@ class Settings(_Group):
     ui: UiSettings = pydantic.Field(default_factory=UiSettings)
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: where, and what."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"line {mark.line + 1} column {mark.column + 1}: {problem}" if mark is not None else problem
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -469,8 +492,10 @@ def load(
     if path:
         try:
             loaded = yaml.safe_load(pathlib.Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise errors.PermanentError(f"cannot read config {path}: {e}") from e
+        except OSError as e:
+            raise errors.PermanentError(f"cannot read config {path}: {e.strerror or e}") from e
+        except yaml.YAMLError as e:
+            raise errors.PermanentError(f"cannot read config {path}: {_yaml_problem(e)}") from e
         if not isinstance(loaded, dict):
             raise errors.PermanentError(f"config {path}: top level must be a mapping of groups")
         raw = loaded

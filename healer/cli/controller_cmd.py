@@ -21,12 +21,13 @@ from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.actuators import factory
-    from healer.controller import healing, kv, policy, service
+    from healer.controller import admission, healing, kv, policy, service
     from healer.controller import metrics as metrics_mod
     from healer.rules import loader
     from healer.ui import hook
 else:
     factory = lazy.module("healer.actuators.factory")
+    admission = lazy.module("healer.controller.admission")
     kv = lazy.module("healer.controller.kv")
     policy = lazy.module("healer.controller.policy")
     healing = lazy.module("healer.controller.healing")
@@ -66,6 +67,7 @@ def register(sub: Any) -> None:
     ):
         a = bsub.add_parser(name, help=helptext)
         common.add_nats_option(a)
+        a.add_argument("--json", action="store_true", help="print the breaker's KV document as JSON")
         a.set_defaults(func=_breaker, action=name)
 
     e = sub.add_parser("exclude", help="nodes under maintenance: incidents yes, actions no")
@@ -147,7 +149,9 @@ async def run_controller(
             )  # fmt: skip
             await ctl.start()
             # the status page, when ui.enabled (docs/ui.md), with the anomaly model's components
-            page = await hook.maybe_start(bus, s, anomaly=ctl if s.controller.model else None)
+            page = await hook.maybe_start(
+                bus, s, anomaly=ctl if s.controller.model else None, admitted=_admitted(ctl)
+            )
             await stop.wait()
             if page is not None:
                 await page.stop()
@@ -159,11 +163,18 @@ async def run_controller(
         await asyncio.gather(heartbeat, return_exceptions=True)
 
 
+def _admitted(ctl: Any) -> Any:
+    """The controller's admitted nodes, for its status page (``controller.admission``)."""
+    gate = getattr(ctl, "admission", None)
+    return (lambda: set(gate.admitted)) if gate is not None and hasattr(gate, "admitted") else None
+
+
 def _controller(args: argparse.Namespace) -> int:
     s = _settings(args)
     logs.configure(s.log.level, s.log.format)
     _check_rules(s.controller.rules_dir)
     metrics = metrics_mod.ControllerMetrics()
+    _check_admission(s, metrics)
     beat = health.Health(metrics.registry)
     if s.controller.metrics_port:
         port = s.controller.metrics_port
@@ -189,6 +200,15 @@ def _check_rules(rules_dir: str) -> None:
             f"the rules in {rules_dir} do not load (set controller.rules_dir / --rules, or fix them; "
             "`healer rules check` lists every error):\n" + "\n".join(str(d) for d in result.errors if d)
         )
+
+
+def _check_admission(s: config.Settings, metrics: metrics_mod.ControllerMetrics) -> None:
+    """An admission the actuator cannot serve (``scheduler`` with the log actuator, ``file`` without a
+    readable inventory) is found before NATS is tried, with the controller's own check."""
+    try:
+        admission.Admission(s.controller, metrics, scheduler=factory.scheduler(s), log=log)
+    except errors.PermanentError as e:
+        raise common.SettingsError(str(e)) from e
 
 
 async def _state_store(s: config.Settings) -> tuple[natsbus.NatsBus, kv.Store]:
@@ -221,8 +241,49 @@ def _breaker(args: argparse.Namespace) -> int:
     except errors.HealerError as e:
         print(f"healer breaker: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(state, indent=2))
+    if args.json:
+        print(json.dumps(state, indent=2))
+    elif args.action == "reset":
+        by, at = state.get("reset_by"), when(state.get("reset_at"))
+        print(f"breaker reset by {by} at {at}: closed, window cleared")
+    else:
+        print("\n".join(breaker_lines(state, s.controller.breaker_window_s)))
     return 0
+
+
+def when(ts: object, now: float | None = None) -> str:
+    """A unix time as people read it: ``2026-12-02 04:40:12 UTC (3 min ago)``; ``never`` for none."""
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
+        return "never"
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+    ago = now - ts
+    if ago < 0:
+        return f"{stamp} (in the future: check this host's clock)"
+    if ago < 90:
+        return f"{stamp} ({ago:.0f} s ago)"
+    if ago < 5400:
+        return f"{stamp} ({ago / 60:.0f} min ago)"
+    if ago < 2 * 86400:
+        return f"{stamp} ({ago / 3600:.1f} h ago)"
+    return f"{stamp} ({ago / 86400:.0f} days ago)"
+
+
+def breaker_lines(state: dict[str, Any], window_s: float, now: float | None = None) -> list[str]:
+    """``healer breaker status`` for people (``--json`` prints the KV document as it is)."""
+    entries = [e for e in state.get("entries") or [] if isinstance(e, list | tuple) and len(e) >= 2]
+    if state.get("open"):
+        head = f"breaker OPEN since {when(state.get('opened_at'), now)}: {state.get('reason') or ''}"
+        lines = [head.rstrip(), "nothing more is taken out of service until `healer breaker reset`"]
+    else:
+        lines = ["breaker closed"]
+    lines.append(f"{len(entries)} node(s) taken out of service in its window ({window_s:g} s):")
+    for e in entries:
+        incident = f"  incident {e[2]}" if len(e) > 2 and e[2] else ""
+        lines.append(f"  {e[0]}  {when(e[1], now)}{incident}")
+    if state.get("reset_by") or state.get("reset_at"):
+        lines.append(f"last reset by {state.get('reset_by')} at {when(state.get('reset_at'), now)}")
+    return lines
 
 
 def _exclude(args: argparse.Namespace) -> int:
@@ -247,8 +308,16 @@ def _exclude(args: argparse.Namespace) -> int:
     except errors.HealerError as e:
         print(f"healer exclude: {e}", file=sys.stderr)
         return 1
+    if args.action == "add":
+        print(f"excluded {args.node}: {args.reason} (incidents yes, actions no)")
+    elif args.action == "remove":
+        print(f"{args.node} is no longer excluded")
+    if args.action != "list":
+        return 0
+    if not nodes:
+        print("no nodes excluded")
     for node, info in sorted(nodes.items()):
-        print(f"{node}\t{info.get('by')}\t{info.get('reason')}")
+        print(f"{node}\t{info.get('by')}\t{info.get('reason')}\t{when(info.get('at'))}")
     return 0
 
 
@@ -293,7 +362,9 @@ def _ladder(args: argparse.Namespace) -> int:
     if args.action == "stop":
         print(json.dumps(rows[0], indent=2))
         return 0
+    if not rows:
+        print("no recovery ladders in flight")
     for row in rows:
         cells = (row["incident"], row["node"], f"gpu {row['gpu']}", row["ladder"], row["phase"], row["next"])
-        print("\t".join(str(c) for c in cells))
+        print("\t".join(str(c) for c in [*cells, f"started {when(row['started_at'])}"]))
     return 0

@@ -14,9 +14,10 @@ from healer import errors, logs
 from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
-    from healer.demo import runner, view, watch
+    from healer.demo import runner, stage, view, watch
 else:
     runner = lazy.module("healer.demo.runner")
+    stage = lazy.module("healer.demo.stage")
     view = lazy.module("healer.demo.view")
     watch = lazy.module("healer.demo.watch")
 
@@ -71,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     if opts.nodes < 1 or opts.gpus < 1 or opts.duration_s <= 0:
         print("healer demo: --nodes, --gpus-per-node and --duration must be positive", file=sys.stderr)
-        return 2
+        return common.EXIT_USAGE
     lines = sys.stderr if args.json else sys.stdout
 
     def say(line: str) -> None:
@@ -79,9 +80,12 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         summary = _with_live_view(opts) if live_view else asyncio.run(_main(opts, _printer(say), say))
+    except stage.SetupError as e:
+        print(f"healer demo: {e}", file=sys.stderr)
+        return common.EXIT_USAGE
     except errors.HealerError as e:
         print(f"healer demo: {e}", file=sys.stderr)
-        return 1
+        return common.EXIT_FAILED
     finally:
         if held.getvalue():
             print(held.getvalue(), file=sys.stderr, end="")

@@ -7,7 +7,7 @@ import pathlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from healer.cli import lazy
+from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.rules import coverage, loader, ruletests, schema
@@ -37,7 +37,15 @@ def register(sub: Any) -> None:
     sch.set_defaults(func=_schema)
 
 
+def _existing(paths: list[pathlib.Path], what: str) -> None:
+    """A path that does not exist is a usage error (exit 2), not a failed check."""
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise common.SettingsError(f"no such file or directory: {', '.join(missing)} (the {what} to read)")
+
+
 def _check(args: argparse.Namespace) -> int:
+    _existing(args.paths, "rule files or directories")
     result = loader.load_paths(args.paths)
     gaps = coverage.warnings(result.ruleset) if result.ruleset is not None else []
     for diag in [*result.diagnostics, *gaps]:
@@ -53,6 +61,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
+    _existing(args.paths, "rule test files or directories")
     results = ruletests.run_paths(args.paths)
     failed = [r for r in results if not r.ok]
     for r in results:

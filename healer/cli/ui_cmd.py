@@ -34,6 +34,8 @@ def _ui(args: argparse.Namespace) -> int:
     s = common.settings(args, ui=flags)
     try:
         server.check(s.ui)
+        server.probe_port(s.ui)
+        server.load_labels(s.ui.labels_file)
     except (errors.PermanentError, ValueError) as e:
         raise common.SettingsError(str(e)) from e
     logs.configure(s.log.level, s.log.format)
@@ -41,7 +43,10 @@ def _ui(args: argparse.Namespace) -> int:
     async def main(stop: asyncio.Event) -> None:
         bus = await common.until_stopped(common.connect(s, "healer-ui"), stop)
         try:
-            running = await server.start(bus, s)
+            try:
+                running = await server.start(bus, s)
+            except errors.PermanentError as e:  # the port was taken since the probe: still a setting
+                raise common.SettingsError(str(e)) from e
             print(f"healer ui: {running.url}", flush=True)
             try:
                 await stop.wait()

@@ -99,10 +99,9 @@ async def run(
         raise errors.PermanentError(f"the demo runs the log or slurm actuator, not {opts.actuator!r}")
     stop = stop or asyncio.Event()
     sc = stage.load_scenario(opts.scenario)
-    scenarios.build(
-        sc, nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed
-    )  # a bad fleet size fails here, early
+    stage.check_fleet(sc, opts.nodes, opts.gpus, opts.seed)  # a bad fleet size fails here, early
     pack = stage.find_rule_pack(opts.rules)
+    stage.check_rule_pack(pack)  # errors against the user's files, not the merged copy
     overrides = stage.default_overrides() if opts.overrides is None else (
         pathlib.Path(opts.overrides) if opts.overrides else None
     )  # fmt: skip

@@ -23,6 +23,12 @@ import yaml
 from healer import errors
 from healer.sim import engine, scenarios
 
+
+class SetupError(errors.PermanentError):
+    """A demo option to fix before anything starts (``healer demo`` exits 2): a fleet too small for the
+    scenario, a rule pack that does not load. The message names the option."""
+
+
 WARMUP_S = 300.0
 """Simulated seconds the fleet runs before the demo starts (thermal time constants are ~30 s)."""
 
@@ -111,6 +117,31 @@ def merge_rules(pack: pathlib.Path, overrides: pathlib.Path | None, out: pathlib
     for f in override_files:
         shutil.copyfile(f, out / f"zz-demo-{f.name}")
     return sorted(replaced)
+
+
+def check_fleet(sc: scenarios.Scenario, nodes: int, gpus: int, seed: int) -> None:
+    """``SetupError`` naming ``--nodes`` when the scenario names nodes past the fleet (the default
+    scenario's story uses node indices up to 11, so it needs at least 12 nodes)."""
+    try:
+        scenarios.build(sc, nodes=nodes, gpus=gpus, seed=seed)
+    except errors.PermanentError as e:
+        named = [n for entry in sc.faults if isinstance(entry.nodes, list) for n in entry.nodes]
+        least = max(named, default=-1) + 1
+        hint = f"give --nodes {least} or more, or another --scenario" if least > nodes else "see --scenario"
+        raise SetupError(f"--nodes {nodes}: {e}: {hint}") from e
+
+
+def check_rule_pack(pack: pathlib.Path) -> None:
+    """``SetupError`` listing every error against the user's own files (``--rules``), before the pack is
+    merged into the demo's temporary copy."""
+    from healer.rules import loader
+
+    result = loader.load_paths([pack])
+    if result.ruleset is None:
+        raise SetupError(
+            f"the rules in {pack} do not load (--rules; `healer rules check {pack}` lists every error):\n"
+            + "\n".join(str(d) for d in result.errors)
+        )
 
 
 def load_scenario(path: str | None) -> scenarios.Scenario:

@@ -7,6 +7,12 @@ themselves are its timeline. Incidents opened before the feed window the page re
 from the controller's KV documents (``seed``); a seed never overrides what the feed said. The breaker
 and exclusions are the KV documents as they are (``healer breaker status`` shows the same). Pure state,
 no I/O: the sources in ``healer.ui.sources`` feed it.
+
+Per node it also keeps what the per-node view shows: the last ``HISTORY_MAX`` incidents (open and
+resolved), the last ``XIDS_MAX`` XID-like events from the events stream, the driver and VBIOS versions a
+validation reported (incident evidence and action facts), and whether healer holds the node cordoned or
+drained: the latest scheduler action that completed in each incident, read through the action catalogue
+(``healer.rules.actions``: which kinds take a node out of service, which lift the cordon).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-from healer.schemas import incidents
+from healer.rules import actions as actions_catalog
+from healer.schemas import events, incidents
 
 SEVERITY_CODE = {"info": 1, "warning": 2, "major": 3, "critical": 4}
 """Health codes of a GPU with an open incident; the page's legend uses the same numbers."""
@@ -26,6 +33,56 @@ SEEN_MAX = 100_000
 
 TIMELINE_MAX = 50
 """Events kept per incident (the first one, opened, is always kept)."""
+
+FLEET_NODE = "fleet"
+"""The node of fleet-wide incidents (the circuit breaker's): listed, never drawn as a node of the map."""
+
+HISTORY_MAX = 30
+"""Incidents remembered per node for the per-node view."""
+
+XIDS_MAX = 50
+"""XID-like events remembered per node."""
+
+NODES_MAX = 100_000
+"""Nodes with remembered history, at most (the oldest node's history is dropped first)."""
+
+DONE = ("done", "already-done")
+"""Action statuses after which the node is in the state the action asked for."""
+
+XID_KINDS = ("xid", "sxid", "gpu_lost")
+"""Event kinds the per-node view lists as its XID history."""
+
+VERSION_KEYS = {"driver_version": "driver", "vbios_version": "vbios"}
+"""Evidence or fact keys (or their ``*.driver_version`` flattened forms) naming versions."""
+
+
+def node_mark(actions: list[incidents.ActionRecord]) -> str | None:
+    """``cordoned`` or ``drained`` when the incident's last completed scheduler action left the node out of
+    service (``drain`` and ``migrate`` drain it; another out-of-service kind cordons it), ``None`` when the
+    last one lifted the cordon (``uncordon``, ``return_to_service``) or there was none."""
+    mark: str | None = None
+    for a in sorted(actions, key=lambda a: a.at):
+        kind = actions_catalog.CATALOG.get(a.kind)
+        if kind is None or a.status not in DONE or kind.scheduler_verb is None:
+            continue
+        if kind.scheduler_verb == "uncordon":
+            mark = None
+        elif kind.name in ("drain", "migrate"):
+            mark = "drained"
+        elif kind.takes_out_of_service and mark != "drained":
+            mark = "cordoned"
+    return mark
+
+
+def versions(values: dict[str, Any]) -> dict[str, str]:
+    """``{"driver": ..., "vbios": ...}`` from evidence or facts (keys as ``VERSION_KEYS``, flattened or
+    not); only what is there."""
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        leaf = str(key).rsplit(".", 1)[-1]
+        if leaf in VERSION_KEYS and value not in (None, ""):
+            out[VERSION_KEYS[leaf]] = str(value)[:64]
+    return out
 
 
 @dataclasses.dataclass
@@ -74,6 +131,15 @@ class Board:
         self.exclusions: dict[str, dict[str, Any]] = {}
         self.node_labels: dict[str, dict[str, str]] = {}
         self.rejected_rules: dict[str, Any] | None = None
+        self.history: collections.OrderedDict[str, collections.OrderedDict[str, dict[str, Any]]] = (
+            collections.OrderedDict()
+        )
+        """node -> incident id -> what the per-node view lists (bounded: ``HISTORY_MAX``, ``NODES_MAX``)."""
+        self.marks: dict[str, dict[str, str]] = {}
+        """node -> incident id -> ``cordoned`` / ``drained`` (``node_mark``), while healer holds it so."""
+        self.xids: dict[str, collections.deque[dict[str, Any]]] = {}
+        self.versions: dict[str, dict[str, str]] = {}
+        """node -> {"driver": ..., "vbios": ...} as a validation last reported them."""
         self.version = 0
         """Bumped on every change the page must hear about."""
 
@@ -102,6 +168,7 @@ class Board:
         self.recent.append(line)
         if d.labels:
             self.node_labels[d.node] = {**self.node_labels.get(d.node, {}), **d.labels}
+        self._remember(d, at, ev.change)
         step = {"time": at, "change": ev.change, "summary": d.summary, "actions": len(d.actions)}
         if d.state == "resolved":
             self.open.pop(d.incident_id, None)
@@ -117,6 +184,88 @@ class Board:
                 shown.timeline.append(step)
             if len(shown.timeline) > TIMELINE_MAX:
                 del shown.timeline[1 : len(shown.timeline) - TIMELINE_MAX + 1]
+        self.version += 1
+        return line
+
+    def _remember(
+        self, d: incidents.IncidentData, at: float, change: str, facts: dict[str, Any] | None = None
+    ) -> None:
+        """The per-node view's memory of one incident event: its history line, the node's mark, versions."""
+        hist = self.history.get(d.node)
+        if hist is None:
+            hist = self.history[d.node] = collections.OrderedDict()
+            while len(self.history) > NODES_MAX:
+                old, _ = self.history.popitem(last=False)
+                self.marks.pop(old, None)
+                self.versions.pop(old, None)
+        entry = hist.get(d.incident_id)
+        if entry is None:
+            entry = hist[d.incident_id] = {
+                "id": d.incident_id, "rule": d.rule_id, "gpu": d.gpu_index, "opened": at, "resolved": None,
+            }  # fmt: skip
+            while len(hist) > HISTORY_MAX:
+                hist.popitem(last=False)
+        entry.update(severity=d.severity, state=d.state, updated=at, change=change, summary=d.summary[:200])
+        if d.state == "resolved":
+            entry["resolved"] = at
+        mark = node_mark(list(d.actions)) if d.mode == "enforce" else None
+        marks = self.marks.setdefault(d.node, {})
+        if mark is None:
+            marks.pop(d.incident_id, None)
+        else:
+            marks[d.incident_id] = mark
+        if not marks:
+            self.marks.pop(d.node, None)
+        found = {**versions(d.evidence), **versions(facts or {})}
+        if found:
+            self.versions[d.node] = {**self.versions.get(d.node, {}), **found}
+
+    def node_marks(self) -> dict[str, list[str]]:
+        """node -> its marks for the map: ``drained`` / ``cordoned`` (healer's own), ``excluded``."""
+        out: dict[str, list[str]] = {}
+        for node, by_incident in self.marks.items():
+            held = set(by_incident.values())
+            out[node] = ["drained"] if "drained" in held else ["cordoned"]
+        for node in self.exclusions:
+            out.setdefault(node, []).append("excluded")
+        return out
+
+    def xid(self, ev: events.NodeEvent, node: str) -> dict[str, Any] | None:
+        """An event from the events stream (``node`` from its subject): kept when it is XID-like."""
+        if ev.kind not in XID_KINDS:
+            return None
+        ring = self.xids.get(node)
+        if ring is None:
+            if len(self.xids) >= NODES_MAX:
+                self.xids.pop(next(iter(self.xids)))
+            ring = self.xids[node] = collections.deque(maxlen=XIDS_MAX)
+        if any(x["id"] == ev.id for x in ring):
+            return None
+        item = {
+            "id": ev.id, "time": ev.ts, "kind": ev.kind, "xid": ev.xid, "gpu": ev.gpu_index,
+            "message": ev.message[:160],
+        }  # fmt: skip
+        ring.append(item)
+        self.version += 1
+        return item
+
+    def node_history(self, node: str) -> list[dict[str, Any]]:
+        """The node's remembered incidents, newest first."""
+        return sorted((self.history.get(node) or {}).values(), key=lambda e: e["opened"], reverse=True)
+
+    def other(self, env_type: str, ev_id: str, at: float, subject: str | None) -> dict[str, Any]:
+        """A CloudEvent of a type this page does not know: a feed line all the same (a later controller's
+        events are shown, not dropped). A rules-rejected event in another shape counts as one."""
+        short = env_type.removeprefix("io.healer.")
+        line = {
+            "id": ev_id, "time": at, "change": short.split(".v")[0][:24], "severity": "info", "node": None,
+            "gpu": None, "rule": "", "summary": f"{env_type}{f' ({subject})' if subject else ''}"[:200],
+            "incident": None, "actions": [],
+        }  # fmt: skip
+        if "rules.rejected" in env_type:
+            line["severity"] = "major"
+            self.rejected_rules = {"time": at, "dir": subject or "", "errors": None, "problems": []}
+        self.recent.append(line)
         self.version += 1
         return line
 
@@ -149,6 +298,11 @@ class Board:
             return False
         opened = float(doc.get("opened_at") or 0.0)
         updated = float(doc.get("updated_at") or opened)
+        facts: dict[str, Any] = {}
+        for a in doc.get("actions") or []:
+            if isinstance(a, dict) and isinstance(a.get("facts"), dict):
+                facts.update(a["facts"])
+        self._remember(data, opened, "opened", facts)
         step = {"time": opened, "change": "opened", "summary": data.summary, "actions": len(data.actions)}
         self.open[data.incident_id] = Shown(data, opened=opened, updated=updated, timeline=[step])
         if data.labels:
@@ -158,7 +312,11 @@ class Board:
 
     def rules_rejected(self, ev: incidents.RulesRejectedEvent) -> dict[str, Any]:
         d = ev.data
-        self.rejected_rules = {"time": _ts(ev.time), "dir": d.rules_dir, "errors": len(d.errors)}
+        problems = [f"{e.path}:{e.line}:{e.col}: {e.message}"[:200] for e in d.errors[:5]]
+        self.rejected_rules = {
+            "time": _ts(ev.time), "dir": d.rules_dir, "errors": len(d.errors), "problems": problems,
+            "kept_rules": d.kept_rules,
+        }  # fmt: skip
         line = {
             "id": ev.id,
             "time": _ts(ev.time),
@@ -195,6 +353,9 @@ class Board:
                 "reason": b.get("reason"),
                 "opened_at": b.get("opened_at"),
                 "in_window": len(b.get("entries") or []),
+                "nodes": [str(e[0]) for e in b.get("entries") or [] if isinstance(e, list | tuple) and e][
+                    :200
+                ],
                 "reset_by": b.get("reset_by"),
                 "reset_at": b.get("reset_at"),
             },

@@ -6,7 +6,7 @@ caller's NATS connection (the page only reads: subscriptions and ephemeral consu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
@@ -26,12 +26,14 @@ async def maybe_start(
     *,
     labels: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
     anomaly: server.AnomalySource | None = None,
+    admitted: Callable[[], Iterable[str]] | None = None,
 ) -> server.Running | None:
-    """Start the page when ``settings.ui.enabled``; ``None`` otherwise. Stop it with ``running.stop()``."""
+    """Start the page when ``settings.ui.enabled``; ``None`` otherwise. Stop it with ``running.stop()``.
+    ``admitted``: the controller's admitted nodes, on the map from the first paint."""
     if not settings.ui.enabled:
         return None
     from healer.ui import server
 
-    running = await server.start(bus, settings, labels=labels, anomaly=anomaly)
+    running = await server.start(bus, settings, labels=labels, anomaly=anomaly, admitted=admitted)
     log.info("ui.started", url=running.url)
     return running

@@ -7,6 +7,11 @@ whose temperature moved by ``temp_deadband_c`` or more since the browser last he
 would otherwise resend most cells every second); a change of layout (a new node, a new group) sends a
 fresh snapshot instead. Incident changes, feed lines and safety changes go out as they happen.
 
+Every node the page knows of is on the map from the first snapshot: those that sent frames, those with an
+incident, and the admitted fleet (``admitted``: the controller's admission when the page runs inside it,
+else ``controller.inventory_file``), the silent ones drawn silent (grey). Node marks (cordoned, drained,
+excluded) travel with the snapshot and, when they change, with the next ``cells`` message.
+
 Each browser has a bounded queue: one that cannot keep up is disconnected (its ``EventSource``
 reconnects by itself and starts again from a snapshot), so a slow client never grows this process.
 """
@@ -17,6 +22,7 @@ import asyncio
 import base64
 import dataclasses
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -33,6 +39,8 @@ HEALTH_NO_GPU = 7
 """A cell past the node's expected GPU count (drawn empty)."""
 
 CLIENT_QUEUE = 256
+ADMITTED_EVERY_S = 10.0
+"""How often the admitted fleet is asked for new names (a set difference over the whole fleet)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -63,6 +71,8 @@ class Live:
         stale_after_s: float = 30.0,
         temp_deadband_c: int = 2,
         title: str = "healer",
+        admitted: Callable[[], Iterable[str]] | None = None,
+        links: dict[str, str | None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.board = board
@@ -77,6 +87,27 @@ class Live:
         self._sent_health: npt.NDArray[np.uint8] = np.zeros((0, fleet.gpus), np.uint8)
         self._sent_layout: tuple[int, tuple[tuple[str, tuple[int, ...]], ...]] | None = None
         self.stats = {"frames": 0, "sent_bytes": 0, "clients_dropped": 0}
+        self.admitted = admitted
+        self._admitted_at = -float("inf")
+        self.links = links or {}
+        """Link templates for the page (``grafana``: ``ui.grafana_url``), ``None`` when unset."""
+        self._sent_marks: dict[str, list[str]] | None = None
+
+    def sync_nodes(self, now: float | None = None) -> None:
+        """Put on the map the nodes with an open incident and, every ``ADMITTED_EVERY_S``, the admitted
+        fleet, before any frame of theirs."""
+        f = self.fleet
+        missing = {
+            s.data.node
+            for s in self.board.open.values()
+            if s.data.node not in f.index and s.data.node != board_mod.FLEET_NODE
+        }
+        now = time.time() if now is None else now
+        if self.admitted is not None and now - self._admitted_at >= ADMITTED_EVERY_S:
+            self._admitted_at = now
+            missing.update(n for n in self.admitted() if n not in f.index)
+        if missing:
+            f.declare(missing)
 
     # --- the picture -------------------------------------------------------------------------------
 
@@ -120,11 +151,14 @@ class Live:
         """Everything the page shows. ``rebase``: every browser gets this one (later changes are
         computed against it); a browser that joins gets one without disturbing the others' baseline."""
         now = time.time() if now is None else now
+        self.sync_nodes(now)
         temps, health = self.fleet.temps_u8(), self.health(now)
         groups = self.groups()
+        marks = self.board.node_marks()
         if rebase or self._sent_layout is None:
             self._sent_temp, self._sent_health = temps, health
             self._sent_layout = (self.fleet.layout, groups)
+            self._sent_marks = marks
         return {
             "title": self.title,
             "now": now,
@@ -137,6 +171,9 @@ class Live:
             "recent": list(self.board.recent)[-100:],
             "safety": self.board.safety(),
             "excluded": sorted(self.board.exclusions),
+            "marks": marks,
+            "stale_after_s": self.stale_after_s,
+            "links": self.links,
             "frames": self.fleet.frames,
         }
 
@@ -144,25 +181,32 @@ class Live:
         """The next periodic message: ``("snapshot", ...)`` after a layout change, else ``("cells",
         ...)`` with what changed, or ``None`` when nothing did."""
         now = time.time() if now is None else now
+        self.sync_nodes(now)
         if self._sent_layout != (self.fleet.layout, self.groups()):
             return "snapshot", self.snapshot(now, rebase=True)
+        marks = self.board.node_marks()
+        marks_changed = marks != self._sent_marks
         temps, health = self.fleet.temps_u8(), self.health(now)
         old_t = self._sent_temp.astype(np.int16)
         new_t = temps.astype(np.int16)
         moved = (np.abs(new_t - old_t) >= self.deadband) | ((old_t == 255) != (new_t == 255))
         changed = moved | (health != self._sent_health)
         flat = np.flatnonzero(changed)
-        if flat.size == 0:
+        if flat.size == 0 and not marks_changed:
             return None
         self._sent_temp = np.where(changed, temps, self._sent_temp)
         self._sent_health = health
-        return "cells", {
+        out: dict[str, Any] = {
             "now": now,
             "i": flat.tolist(),
             "t": temps.ravel()[flat].tolist(),
             "h": health.ravel()[flat].tolist(),
             "frames": self.fleet.frames,
         }
+        if marks_changed:
+            self._sent_marks = marks
+            out["marks"] = marks
+        return "cells", out
 
     # --- the browsers ------------------------------------------------------------------------------
 

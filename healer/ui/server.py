@@ -1,5 +1,6 @@
 """The status page's HTTP server (aiohttp): the page, its script and style, a snapshot, one GPU's chart
-data, and the live stream (server-sent events). Read-only: every route is GET or HEAD.
+data, one node's view (every GPU, XID and incident history, versions), search, and the live stream
+(server-sent events). Read-only: every route is GET or HEAD.
 
 Security: it listens on loopback unless told otherwise, and refuses to listen anywhere else without a
 token. With a token, every request must carry it: ``Authorization: Bearer <token>``, or ``?token=`` once
@@ -21,8 +22,11 @@ import hmac
 import importlib.resources
 import ipaddress
 import pathlib
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol
+import socket
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import orjson
 import structlog
@@ -63,6 +67,17 @@ class AnomalySource(Protocol):
     def components(self, node: str, gpu: int) -> Mapping[str, float] | None: ...
 
 
+NO_VERSIONS = "not reported yet: healer learns the driver and VBIOS versions from a validation (docs/ui.md)"
+
+
+def grafana_link(template: str | None, node: str, gpu: int | None = None) -> str | None:
+    """``ui.grafana_url`` with ``{node}`` and ``{gpu}`` filled in, URL-quoted; ``None`` when unset."""
+    if not template:
+        return None
+    quote = urllib.parse.quote
+    return template.replace("{node}", quote(node, safe="")).replace("{gpu}", "" if gpu is None else str(gpu))
+
+
 def _asset(name: str) -> bytes:
     return importlib.resources.files("healer.ui").joinpath("static", name).read_bytes()
 
@@ -83,6 +98,47 @@ def check(ui: config.UiSettings) -> None:
             f"refusing to serve the status page on {ui.host} without a token (set ui.token or --token, "
             "or listen on 127.0.0.1)"
         )
+
+
+def listen_error(ui: config.UiSettings, e: OSError) -> str:
+    """One line naming the settings to change when the page cannot listen."""
+    why = e.strerror or e
+    return f"cannot listen on {ui.host}:{ui.port}: {why} (set ui.port / --port, or ui.host / --host)"
+
+
+def probe_port(ui: config.UiSettings) -> None:
+    """``PermanentError`` (``listen_error``) when ``ui.host:ui.port`` cannot be bound now: ``healer ui``
+    checks this before it connects to NATS, so a busy port is found first."""
+    if ui.port == 0:
+        return
+    family = socket.AF_INET6 if ":" in ui.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's listener does
+        try:
+            sock.bind((ui.host, ui.port))
+        except OSError as e:
+            raise errors.PermanentError(listen_error(ui, e)) from e
+
+
+def inventory(cs: config.ControllerSettings) -> Callable[[], Iterable[str]] | None:
+    """The admitted fleet from ``controller.inventory_file`` (admission ``file``), re-read on each call;
+    an unreadable file logs and keeps the last names. ``None`` for another admission."""
+    if cs.admission != "file" or not cs.inventory_file:
+        return None
+    path = cs.inventory_file
+    last: set[str] = set()
+
+    def names() -> Iterable[str]:
+        nonlocal last
+        from healer.controller import admission
+
+        try:
+            last = admission.read_inventory(path)
+        except errors.PermanentError as e:
+            log.warning("ui.inventory_unreadable", error=str(e), kept=len(last))
+        return last
+
+    return names
 
 
 def load_labels(path: str | None) -> dict[str, dict[str, str]]:
@@ -171,10 +227,16 @@ def build_app(
         scores = {
             s["id"]: s["evidence"]["anomaly_score"] for s in related if "anomaly_score" in s["evidence"]
         }
+        seen_at = data.get("seen_at")
+        age = time.time() - seen_at if isinstance(seen_at, float | int) else None
         data.update(
             incidents=related,
             labels={**live.board.node_labels.get(node, {}), **live.extra_labels.get(node, {})},
             excluded=node in live.board.exclusions,
+            stale=age is None or age > live.stale_after_s,
+            age_s=None if age is None else round(age, 1),
+            marks=live.board.node_marks().get(node, []),
+            grafana=grafana_link(ui.grafana_url, node, index),
             anomaly={
                 "available": comps is not None,
                 "components": dict(comps) if comps is not None else None,
@@ -183,6 +245,53 @@ def build_app(
             },
         )
         return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+    async def node_view(request: web.Request) -> web.Response:
+        name = request.query.get("node", "")
+        live.sync_nodes()
+        data = live.fleet.node(name)
+        if data is None:
+            raise web.HTTPNotFound(text=f"no node {name!r}\n")
+        board = live.board
+        seen_at = data.get("seen_at")
+        age = time.time() - seen_at if isinstance(seen_at, float | int) else None
+        stale = age is None or age > live.stale_after_s
+        open_by_gpu: dict[int | None, str] = {}
+        for s in board.open.values():
+            if s.data.node == name:
+                g = s.data.gpu_index
+                worse = board_mod.SEVERITY_CODE.get(s.data.severity, 1)
+                if worse > board_mod.SEVERITY_CODE.get(open_by_gpu.get(g, ""), 0):
+                    open_by_gpu[g] = s.data.severity
+        gpus: list[dict[str, Any]] = data["gpus"]
+        for row in gpus:
+            row["state"] = "stale" if stale else ("present" if row["present"] else "missing")
+            row["severity"] = open_by_gpu.get(row["gpu"])
+            row["grafana"] = grafana_link(ui.grafana_url, name, row["gpu"])
+        versions = board.versions.get(name, {})
+        data.update(
+            stale=stale,
+            age_s=None if age is None else round(age, 1),
+            stale_after_s=live.stale_after_s,
+            marks=board.node_marks().get(name, []),
+            exclusion=board.exclusions.get(name),
+            labels={**board.node_labels.get(name, {}), **live.extra_labels.get(name, {})},
+            node_severity=open_by_gpu.get(None),
+            driver=versions.get("driver"),
+            vbios=versions.get("vbios"),
+            versions_note=None if versions else NO_VERSIONS,
+            xids=sorted(board.xids.get(name, ()), key=lambda x: x["time"], reverse=True),
+            incidents=board.node_history(name),
+            open=[s.as_json() for s in board.open.values() if s.data.node == name],
+            grafana=grafana_link(ui.grafana_url, name),
+            ports=None,  # the node's fabric ports, when healer publishes them (a later change)
+        )
+        return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+    async def search(request: web.Request) -> web.Response:
+        live.sync_nodes()
+        found = live.fleet.find(request.query.get("q", "")[:253])
+        return web.Response(body=orjson.dumps(found), content_type="application/json")
 
     async def events(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(
@@ -221,6 +330,8 @@ def build_app(
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/snapshot", snapshot)
     app.router.add_get("/api/gpu", gpu)
+    app.router.add_get("/api/node", node_view)
+    app.router.add_get("/api/search", search)
     app.router.add_get("/api/events", events)
     app.router.add_get("/healthz", healthz)
     return app
@@ -261,7 +372,7 @@ async def serve(
         await site.start()
     except OSError as e:
         await runner.cleanup()
-        raise errors.PermanentError(f"cannot listen on {ui.host}:{ui.port}: {e.strerror or e}") from e
+        raise errors.PermanentError(listen_error(ui, e)) from e
     port = runner.addresses[0][1] if runner.addresses else ui.port
     host = f"[{ui.host}]" if ":" in ui.host else ui.host
     running = Running(f"http://{host}:{port}/", live, sources, runner, stopping)
@@ -281,20 +392,28 @@ async def start(
     *,
     labels: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
     anomaly: AnomalySource | None = None,
+    admitted: Callable[[], Iterable[str]] | None = None,
 ) -> Running:
     """The status page on ``bus``: what ``healer ui`` runs, and the one call ``healer controller`` makes
-    when ``ui.enabled`` (passing the controller's node labels and, when it has them, anomaly components).
-    Stop it with ``await running.stop()``; the bus stays the caller's."""
+    when ``ui.enabled`` (passing the controller's node labels, its admitted nodes and, when it has them,
+    anomaly components). Without ``admitted``, the admitted fleet is ``controller.inventory_file`` when
+    ``controller.admission`` is ``file``. Stop it with ``await running.stop()``; the bus stays the
+    caller's."""
     ui = settings.ui
     check(ui)
     live = live_mod.Live(
-        fleet_mod.Fleet(settings.controller.gpus_per_node, ui.ring_len, max_nodes=ui.max_nodes),
+        fleet_mod.Fleet(
+            settings.controller.gpus_per_node, ui.ring_len, max_nodes=ui.max_nodes,
+            history_len=ui.history_len, history_step_s=ui.history_step_s,
+        ),
         board_mod.Board(),
         group_by=ui.group_by,
         stale_after_s=ui.stale_after_s,
         temp_deadband_c=ui.temp_deadband_c,
         title=f"healer · {settings.controller.cluster}",
-    )
+        admitted=admitted or inventory(settings.controller),
+        links={"grafana": ui.grafana_url},
+    )  # fmt: skip
     live.extra_labels = load_labels(ui.labels_file)
     if labels is not None:
         live.extra_labels = {**live.extra_labels, **{n: dict(v) for n, v in labels().items()}}

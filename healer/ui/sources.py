@@ -5,7 +5,10 @@
 - the incident feed: ``healer.feed.tail``'s ephemeral ordered consumer, from ``feed_window_s`` ago, then
   following (incidents, their timelines, the recent feed);
 - the controller's KV bucket: ``healer.bus.kvwatch`` (current values, then changes) for the breaker and
-  the exclusions, and, once at start, the open incidents the feed window does not reach.
+  the exclusions, and, once at start, the open incidents the feed window does not reach;
+- the events stream: an ordered consumer from ``feed_window_s`` ago, then following, for each node's XID
+  history (the per-node view). A page without read access to it (a feed identity) logs that once and
+  shows no XIDs; the rest works.
 
 Nothing here publishes or writes. Each source is a task this object owns; one that fails with a
 temporary error is restarted after ``retry_s`` and logged; ``stop`` cancels and awaits them all.
@@ -66,6 +69,7 @@ class Sources:
         self.tasks = [
             asyncio.create_task(self._supervise("feed", self._feed), name="ui-feed"),
             asyncio.create_task(self._supervise("kv", self._kv), name="ui-kv"),
+            asyncio.create_task(self._supervise("events", self._events), name="ui-events"),
             asyncio.create_task(self._pump(), name="ui-pump"),
         ]
 
@@ -132,6 +136,37 @@ class Sources:
         elif item.rules_rejected is not None:
             self.live.broadcast("feed", self.live.board.rules_rejected(item.rules_rejected))
             self.live.broadcast("safety", self.live.board.safety())
+        else:  # a CloudEvent type this page does not know yet: shown on the feed, not dropped
+            env = item.envelope
+            at = env.time.astimezone(UTC).timestamp() if env.time is not None else time.time()
+            self.live.broadcast("feed", self.live.board.other(env.type, env.id, at, env.subject))
+            if "rules.rejected" in env.type:
+                self.live.broadcast("safety", self.live.board.safety())
+
+    async def _events(self) -> None:
+        since = datetime.fromtimestamp(time.time() - self.feed_window_s, tz=UTC)
+        try:
+            replay = await self.bus.replay(self.subj.stream_events, self.subj.all_events, since)
+        except base.NotFound:
+            log.info("ui.no_events_stream", stream=self.subj.stream_events, effect="no XID history")
+            return
+        except errors.PermanentError as e:  # e.g. an identity that may not read the events stream
+            log.warning("ui.events_unavailable", error=str(e), effect="no XID history")
+            return
+        try:
+            while True:
+                msg = await replay.next(timeout=5.0)
+                if msg is None:
+                    continue
+                try:
+                    ev = codec.decode_event(msg.data)
+                except errors.DecodeError as e:
+                    self.stats.bad(e)
+                    continue
+                self.stats.ok("event")
+                self.live.board.xid(ev, self.subj.node_of(msg.subject))
+        finally:
+            await replay.close()
 
     def _on_bad(self, subject: str, seq: int, err: errors.DecodeError) -> None:
         log.warning("ui.feed_rejected", subject=subject, seq=seq, reason=err.reason)

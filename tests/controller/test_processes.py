@@ -111,11 +111,20 @@ def test_operator_commands_for_breaker_and_exclusions(nats_server: embedded.Embe
         return done.stdout
 
     healer("nats", "provision")  # admin commands never create the state bucket themselves
-    assert '"open": false' in healer("breaker", "status")
-    assert "gpu-07" in healer("exclude", "add", "gpu-07", "--reason", "PSU swap")
+    assert '"open": false' in healer("breaker", "status", "--json")
+    assert healer("breaker", "status").startswith("breaker closed\n0 node(s)")
+    assert healer("exclude", "list") == "no nodes excluded\n"
+    assert healer("exclude", "add", "gpu-07", "--reason", "PSU swap").startswith("excluded gpu-07: PSU swap")
     listed = healer("exclude", "list")
     assert "gpu-07" in listed
     assert "PSU swap" in listed
-    assert "gpu-07" not in healer("exclude", "remove", "gpu-07")
+    assert " UTC (" in listed  # when, as people read it
+    assert healer("exclude", "remove", "gpu-07") == "gpu-07 is no longer excluded\n"
+    assert healer("exclude", "list") == "no nodes excluded\n"
     reset = healer("breaker", "reset")
-    assert '"reset_by"' in reset
+    assert reset.startswith("breaker reset by ")
+    assert "closed, window cleared" in reset
+    status = healer("breaker", "status")
+    assert "last reset by" in status
+    assert " UTC (" in status
+    assert healer("ladder", "status") == "no recovery ladders in flight\n"

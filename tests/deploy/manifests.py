@@ -18,6 +18,8 @@ EXTERNAL = {
     ("Secret", "healer-nats-auth"),
     ("Secret", "healer-nats-tls"),
     ("Secret", "healer-controller-nats"),
+    ("Secret", "healer-ui-nats"),
+    ("Secret", "healer-alertmanager-nats"),
     ("ConfigMap", "healer-nats-ca"),
 }
 """Objects the operator creates from `healer nats config` output and their PKI (docs/deployment.md)."""
