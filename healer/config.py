@@ -317,9 +317,15 @@ class ControllerSettings(_Group):
     """Receive telemetry on a NATS connection of its own: a flood of frames (and the server cutting a
     slow consumer off) then never delays lease renewals, KV and events, which use the main one."""
     frames_buffer_mib: float = pydantic.Field(default=128.0, gt=0)
-    """Frames received and not yet ingested, at most (nats-py's pending limit for the telemetry
-    subscription, 15,000 8-GPU frames at the default): past it frames are dropped and counted
-    (``healer_controller_frames_dropped_total``), never queued without bound."""
+    """Frames received and not yet ingested, at most (15,000 8-GPU frames at the default; each message
+    counts 512 bytes beside its payload, so a flood of tiny ones is bounded too), in the telemetry
+    subscription's backlog, which is fair by node (healer/bus/fair.py): past it frames are dropped and
+    counted (``healer_controller_frames_dropped_total``), never queued without bound."""
+    frames_per_node: int = pydantic.Field(default=4, ge=1, le=10_000)
+    """Frames of one node (one telemetry subject) waiting to be ingested, at most: a node (or a
+    flooder on its subject) sending faster than the controller ingests loses its own oldest frames,
+    never another node's. Frames are ingested round-robin over the nodes, and a message that is
+    certainly not a frame (too large, not JSON) is counted and dropped as it is read, before it queues."""
     gpus_per_node: int = pydantic.Field(default=8, ge=1, le=256)
     """Expected GPUs per node (fleet-state sizing; frames may carry fewer or more)."""
     stale_after_s: float = pydantic.Field(default=300.0, gt=0)

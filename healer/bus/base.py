@@ -50,6 +50,20 @@ class Msg:
 Handler = Callable[[Msg], Awaitable[None]]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fairness:
+    """A subscription's backlog fair by source (healer/bus/fair.py), for a subject where one source may
+    flood: ``source(subject, data)`` names a message's source as it is read off the connection, or
+    returns None to drop it there and then (it has counted why: a message certainly bad, another
+    shard's), before it queues. Each source keeps at most ``per_source`` messages waiting, the backlog
+    at most ``max_bytes`` (payload plus a per-message overhead); what is shed counts as dropped on the
+    subscription (``Subscription.dropped``), and the handler takes them round-robin over sources."""
+
+    source: Callable[[str, bytes], str | None]
+    per_source: int = 4
+    max_bytes: int = 128 * 2**20
+
+
 class Subscription(Protocol):
     async def unsubscribe(self) -> None: ...
 
@@ -253,7 +267,13 @@ class Bus(Protocol):
     async def publish_durable(self, subject: str, data: bytes, msg_id: str, timeout: float = 5.0) -> bool: ...
 
     async def subscribe(
-        self, subject: str, handler: Handler, queue: str = "", *, pending_bytes: int | None = None
+        self,
+        subject: str,
+        handler: Handler,
+        queue: str = "",
+        *,
+        pending_bytes: int | None = None,
+        fair: Fairness | None = None,
     ) -> Subscription: ...
 
     async def request(self, subject: str, data: bytes, timeout: float = 2.0) -> Msg: ...

@@ -122,8 +122,16 @@ class ConsumerState:
 
 
 class _MemSub:
-    def __init__(self, bus: MemoryBus, pattern: str, handler: base.Handler, queue: str) -> None:
+    def __init__(
+        self,
+        bus: MemoryBus,
+        pattern: str,
+        handler: base.Handler,
+        queue: str,
+        fair: base.Fairness | None = None,
+    ) -> None:
         self.bus = bus
+        self.fair = fair
         self.pattern = pattern
         self.handler = handler
         self.queue = queue
@@ -465,6 +473,8 @@ class MemoryBus:
         for sub in list(self._subs):
             if not subject_matches(sub.pattern, msg.subject):
                 continue
+            if sub.fair is not None and sub.fair.source(msg.subject, msg.data) is None:
+                continue  # screened out before it queues
             if sub.queue:
                 groups.setdefault(sub.queue, []).append(sub)
             else:
@@ -501,11 +511,19 @@ class MemoryBus:
         return True
 
     async def subscribe(
-        self, subject: str, handler: base.Handler, queue: str = "", *, pending_bytes: int | None = None
+        self,
+        subject: str,
+        handler: base.Handler,
+        queue: str = "",
+        *,
+        pending_bytes: int | None = None,
+        fair: base.Fairness | None = None,
     ) -> base.Subscription:
-        """``pending_bytes`` is accepted for parity with NatsBus and ignored: the inbox is unbounded."""
+        """``pending_bytes`` is accepted for parity with NatsBus and ignored: the inbox is unbounded.
+        ``fair``: its ``source`` screens each message (None drops it before it queues), as on NatsBus;
+        the inbox stays first-in first-out."""
         self._check(subject, wildcards=True)
-        sub = _MemSub(self, subject, handler, queue)
+        sub = _MemSub(self, subject, handler, queue, fair)
         self._subs.add(sub)
         return sub
 

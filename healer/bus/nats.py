@@ -29,6 +29,7 @@ from nats.js import kv as js_kv
 
 from healer import config, errors
 from healer.bus import base
+from healer.bus import fair as fair_mod
 
 log = structlog.get_logger(__name__)
 SLOW_CONSUMER_LOG_S = 10.0
@@ -318,6 +319,70 @@ class Replay:
             log.debug("bus.replay_unsubscribe_failed", error=repr(e))
 
 
+MSG_OVERHEAD_BYTES = 512
+"""What one queued message costs beside its payload (nats-py's Msg object, its subject string): what a
+fair backlog counts against its ``max_bytes``, so a flood of tiny messages cannot fill memory."""
+
+
+class _FairPending(asyncio.Queue):  # type: ignore[type-arg]
+    """nats-py's per-subscription queue, made fair by source (healer/bus/fair.py).
+
+    nats-py puts each message it reads off the socket into ``Subscription._pending_queue``
+    (``put_nowait``) and the subscription's task takes them (``get``) for the callback. This queue
+    screens each message as it is put (``Fairness.source``: None drops it before it queues), keeps it
+    under its source, sheds a source's oldest past ``per_source`` (counted in ``bus.dropped``) and
+    gives them out round-robin, so a flooding subject never fills the queue for the others and the
+    flood's backlog is gone as soon as it stops. It relies on asyncio.Queue's ``_init``/``_put``/``_get``
+    hooks (as ``PriorityQueue`` does) and on nats-py 2.x keeping the queue in ``_pending_queue``; where
+    that attribute is missing the subscription stays first-in first-out, logged once."""
+
+    def __init__(self, fair: base.Fairness, on_shed: Callable[[], None]) -> None:
+        self._fair_spec = fair
+        self._on_shed = on_shed
+        super().__init__(maxsize=0)
+
+    def _init(self, maxsize: int) -> None:
+        self._queue: fair_mod.FairQueue[Any] = fair_mod.FairQueue(
+            self._fair_spec.per_source, self._fair_spec.max_bytes,
+            size=lambda m: len(m.data) + MSG_OVERHEAD_BYTES,
+        )  # fmt: skip
+
+    def _put(self, item: Any) -> None:
+        # put_nowait counts one more unfinished task after this; one that is not kept must not count.
+        source = self._fair_spec.source(item.subject, item.data)
+        if source is None:
+            self._unfinished_tasks -= 1  # type: ignore[attr-defined]
+            return
+        shed = self._queue.put(source, item)
+        if shed is not None:
+            self._unfinished_tasks -= 1  # type: ignore[attr-defined]
+            self._on_shed()
+
+    def _get(self) -> Any:
+        got = self._queue.pop()
+        assert got is not None  # asyncio.Queue only calls _get when not empty
+        return got[1]
+
+    @classmethod
+    def install(cls, sub: Any, fair: base.Fairness, bus: NatsBus) -> None:
+        old = getattr(sub, "_pending_queue", None)
+        task = getattr(sub, "_wait_for_msgs_task", None)
+        if not isinstance(old, asyncio.Queue) or task is None or not hasattr(sub, "_start"):
+            log.warning("nats.fair_backlog_unavailable", subject=getattr(sub, "subject", "?"))
+            return
+        sid = sub._id
+
+        def shed() -> None:
+            bus.dropped[sid] += 1
+
+        queue = cls(fair, shed)
+        while not old.empty():  # what arrived before the swap (nothing awaits between these lines)
+            queue.put_nowait(old.get_nowait())
+        sub._pending_queue = queue
+        task.cancel()  # it may be waiting on the old queue: a fresh one waits on this one
+        sub._start(bus.nc._error_cb)
+
+
 class _Sub:
     def __init__(self, sub: Any, bus: NatsBus) -> None:
         self._sub = sub
@@ -556,10 +621,17 @@ class NatsBus:
         return not bool(ack.duplicate)
 
     async def subscribe(
-        self, subject: str, handler: base.Handler, queue: str = "", *, pending_bytes: int | None = None
+        self,
+        subject: str,
+        handler: base.Handler,
+        queue: str = "",
+        *,
+        pending_bytes: int | None = None,
+        fair: base.Fairness | None = None,
     ) -> base.Subscription:
         """``pending_bytes``: the backlog past which nats-py drops messages (default nats-py's, 128 MiB);
-        drops are counted in ``dropped`` and on the subscription."""
+        drops are counted in ``dropped`` and on the subscription. ``fair``: the backlog is fair by
+        source instead (``_FairPending``: its ``max_bytes`` bounds it; ``pending_bytes`` is unused)."""
         limit = DEFAULT_PENDING_BYTES if pending_bytes is None else pending_bytes
         delivered = 0
 
@@ -583,9 +655,13 @@ class NatsBus:
                 log.exception("bus.handler_failed", subject=m.subject)
 
         try:
-            sub = await self.nc.subscribe(subject, queue=queue, cb=deliver, pending_bytes_limit=limit)
+            sub = await self.nc.subscribe(
+                subject, queue=queue, cb=deliver, pending_bytes_limit=0 if fair else limit
+            )
         except _TEMPORARY as e:
             raise errors.TemporaryError(f"subscribe {subject} failed: {e!r}") from e
+        if fair is not None:
+            _FairPending.install(sub, fair, self)
         return _Sub(sub, self)
 
     async def _respond(self, reply: str, data: bytes) -> None:

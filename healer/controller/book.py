@@ -50,6 +50,9 @@ class PlannedAction(pydantic.BaseModel):
     stopping the incident's actions."""
     facts: dict[str, str | None] = pydantic.Field(default_factory=dict)
     """What the actuator read on the way (validate: the GPU's serial, board part, VBIOS, driver)."""
+    gpu_index: int | None = None
+    """The GPU this action acts on when it is not the incident's own: a per-GPU action (a power cap) of
+    a node-wide incident, one for each GPU that fired (None: the incident's GPU, or the whole node)."""
 
 
 class Signal(pydantic.BaseModel):
@@ -100,6 +103,14 @@ class Incident(pydantic.BaseModel):
     signals: list[Signal] = pydantic.Field(default_factory=list)
     """Every rule firing joined in this incident, the one that opened it first (never empty once
     validated: an incident stored before signals existed gets its own rule's)."""
+    node_wide: str | None = None
+    """The ``node_wide`` group of the GPU rule that opened it: other GPUs of the node firing rules of
+    this group join it (``decide.correlate``), and once enough did it is a node incident (``gpu_index``
+    None, ``node_wide_at`` set)."""
+    node_wide_at: float | None = None
+    """When it became a node incident (enough GPUs of its node fired)."""
+    node_gpus: int = 0
+    """(node-wide) The GPUs its node reported when it became node-wide."""
 
     @pydantic.model_validator(mode="after")
     def _first_signal(self) -> Incident:

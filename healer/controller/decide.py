@@ -6,6 +6,10 @@ escalation of a new incident, and the escalation ladder (a power cap that did no
 **Correlation**: whether a new firing is another signal of a fault that already has an incident (the
 same GPU, or the same node for a node-scope rule, within ``correlate_window_s``), and what joining it
 changes (``correlate``, ``join``): one incident per fault, its actions the union of the rules' actions.
+**Node-wide faults**: a GPU rule with ``node_wide`` opens a GPU incident that other GPUs of its node
+firing rules of the same group join; once ``node_wide.threshold`` of the node's GPUs did, it is one node
+incident (no GPU) with per-GPU evidence, and its per-GPU actions (a power cap) are planned, and undone
+as each GPU's firing resolves, for each GPU that fired.
 **Gates**: whether one planned action may reach its actuator now. Each gate is a small check over an
 ``Attempt`` (a snapshot the shell gathers: mode, exclusions, the cooldown and rate window, the lease, the
 other incidents on the node) returning a ``Verdict``: ``ALLOW`` (on to the next gate), ``WAIT`` (retry
@@ -319,6 +323,9 @@ class FiringChange:
     evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
     """OPEN / REFRESH: the evidence; RESOLVE: the evidence to merge (``resolve.`` prefixed)."""
     on_resolve: tuple[book.PlannedAction, ...] = ()
+    """RESOLVE: the incident's on_resolve actions; PART (node-wide incident): one GPU's restores."""
+    actions: tuple[book.PlannedAction, ...] = ()
+    """REFRESH (node-wide incident): the per-GPU actions of a GPU firing again after its restore."""
 
 
 RuleOf = Callable[[str], ruleset.Rule | None]
@@ -332,18 +339,32 @@ def _no_rule(rule_id: str) -> ruleset.Rule | None:
 def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no_rule) -> FiringChange:
     """What one firing does to its incident (``inc``: the open incident one of whose signals has the
     firing's key, or None). A joined incident resolves when its last holding signal does; its on_resolve
-    actions are then those of every joined rule (``rule_of`` finds the others), each kind once."""
+    actions are then those of every joined rule (``rule_of`` finds the others), each kind once. In a
+    node-wide incident a per-GPU on_resolve action (restore_power_limit) runs for each GPU as the last
+    of that GPU's signals resolves (``PART``, ``on_resolve``), and a GPU that fires again after that
+    gets its rule's per-GPU actions again (``REFRESH``, ``actions``)."""
     if f.status == "resolved":
         if inc is None or inc.state == "resolved":
             return FiringChange(Change.NONE)
-        if any(s.open and s.key(inc.node) != f.key for s in inc.signals):
-            return FiringChange(Change.PART)
         forgotten = f.evidence.get("reason") == engine.FORGOTTEN  # the node left: undo nothing on it
+        if any(s.open and s.key(inc.node) != f.key for s in inc.signals):
+            if inc.node_wide is None or f.gpu is None or forgotten:
+                return FiringChange(Change.PART)
+            still = any(s.open and s.gpu_index == f.gpu and s.key(inc.node) != f.key for s in inc.signals)
+            restores = () if still else gpu_restores(inc, f, rule_of, f.gpu)
+            return FiringChange(Change.PART, on_resolve=restores)
         rules = [f.rule if s.key(inc.node) == f.key else rule_of(s.rule_id) for s in inc.signals]
         if not any(r is f.rule for r in rules):
             rules.insert(0, f.rule)
         planned: list[book.PlannedAction] = []
-        if not forgotten:
+        if not forgotten and inc.node_wide is not None:
+            for gpu in sorted({s.gpu_index for s in inc.signals if s.gpu_index is not None}):
+                planned += gpu_restores(inc, f, rule_of, gpu)
+            for rule in rules:
+                if rule is not None:
+                    node_level = [a for a in rule.on_resolve if not actions.per_gpu(a.kind)]
+                    planned = union(planned, node_level, on_resolve=True)
+        elif not forgotten:
             for rule in rules:
                 if rule is not None:
                     planned = union(planned, rule.on_resolve, on_resolve=True)
@@ -355,7 +376,10 @@ def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no
     if inc is None:
         return FiringChange(Change.OPEN, evidence=dict(f.evidence))
     if f.status == "fired":
-        return FiringChange(Change.REFRESH, evidence=dict(f.evidence))
+        again: tuple[book.PlannedAction, ...] = ()
+        if inc.node_wide is not None and f.gpu is not None:  # a GPU of the node fires again
+            again = merge(inc.actions, _gpu_actions(f.rule.actions), gpu=f.gpu).add
+        return FiringChange(Change.REFRESH, evidence=dict(f.evidence), actions=again)
     return FiringChange(Change.SEEN)
 
 
@@ -366,7 +390,15 @@ def new_incident(
     """The incident a firing opens; the ``repeats``-th fault episode on a GPU is escalated for inspection."""
     rule = f.rule
     where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
-    planned = [book.PlannedAction(kind=a.kind, params=dict(a.params)) for a in rule.actions]
+    group = group_of(rule) if f.gpu is not None else None
+    planned = [
+        # other GPUs of the node may join a node-wide group's incident: its per-GPU actions name their GPU
+        book.PlannedAction(
+            kind=a.kind, params=dict(a.params),
+            gpu_index=f.gpu if group is not None and actions.per_gpu(a.kind) else None,
+        )
+        for a in rule.actions
+    ]  # fmt: skip
     summary = f"{rule.id} on {where}: {rule.description}".strip().rstrip(":")
     up = repeat_escalation(planned, repeats, settings) if f.gpu is not None else None
     return book.Incident(
@@ -386,6 +418,7 @@ def new_incident(
         last_seen_firing=now,
         actions=planned + ([up.add] if up and up.add else []),
         escalated=up is not None,
+        node_wide=group,
     )
 
 
@@ -425,6 +458,41 @@ def signal_of(f: engine.Firing, now: float) -> book.Signal:
     )  # fmt: skip
 
 
+def group_of(rule: ruleset.Rule) -> str | None:
+    """The rule's node-wide group (``node_wide.group``), None when it has no ``node_wide``."""
+    return rule.node_wide.group if rule.node_wide is not None and rule.scope == "gpu" else None
+
+
+def _gpu_actions(wanted: Iterable[actions.Action]) -> list[actions.Action]:
+    return [a for a in wanted if actions.per_gpu(a.kind)]
+
+
+def capped(inc: book.Incident, gpu: int) -> bool:
+    """A per-GPU action (a power cap) of the incident acts on ``gpu`` and was not undone since."""
+    state = False
+    for a in inc.actions:
+        if a.gpu_index == gpu and actions.per_gpu(a.kind):
+            state = not a.on_resolve
+    return state
+
+
+def gpu_restores(
+    inc: book.Incident, f: engine.Firing, rule_of: RuleOf, gpu: int
+) -> tuple[book.PlannedAction, ...]:
+    """(node-wide incident) The per-GPU on_resolve actions of the rules that fired on ``gpu``, for that
+    GPU, if one of its actions is still in effect (none after a restore, none for a GPU never capped)."""
+    if not capped(inc, gpu):
+        return ()
+    rules = [
+        f.rule if s.rule_id == f.rule.id else rule_of(s.rule_id) for s in inc.signals if s.gpu_index == gpu
+    ]
+    planned: list[book.PlannedAction] = []
+    for rule in rules:
+        if rule is not None:
+            planned = union(planned, _gpu_actions(rule.on_resolve), on_resolve=True, gpu=gpu)
+    return tuple(planned)
+
+
 def same_gpu(inc: book.Incident, f: engine.Firing) -> bool:
     """The incident is about the firing's GPU: by UUID where both are known (an index can change at a
     reboot), else by index."""
@@ -438,23 +506,33 @@ def correlate(
 ) -> book.Incident | None:
     """The open incident a firing that has none joins, or None (it opens its own).
 
-    Candidates are the node's open incidents opened less than ``window_s`` ago (0 turns correlation
-    off). A GPU firing joins the newest one about the same GPU; failing that, the node's only GPU-less
-    incident (a node-scope signal such as ``gpus_missing`` that fired first: the incident then takes the
-    GPU). A node-scope firing joins the node's only candidate; with two or more it cannot tell which
-    fault it belongs to and opens its own."""
+    A GPU firing of a ``node_wide`` rule first joins its node's incident of the same group: the
+    node-wide one whenever it opened, else one opened less than ``node_wide.within`` ago (about another
+    GPU, which the join may make node-wide). Otherwise candidates are the node's open incidents opened
+    less than ``window_s`` ago (0 turns this correlation off). A GPU firing joins the newest one about
+    the same GPU; failing that, the node's only GPU-less incident that is not node-wide (a node-scope
+    signal such as ``gpus_missing`` that fired first: the incident then takes the GPU). A node-scope
+    firing joins the node's only candidate; with two or more it cannot tell which fault it belongs to
+    and opens its own."""
+    on_node = [i for i in open_incidents if i.node == f.node and i.state != "resolved"]
+    group = group_of(f.rule)
+    if group is not None and f.gpu is not None and f.rule.node_wide is not None:
+        within_s = f.rule.node_wide.within_s
+        mine = [
+            i for i in on_node
+            if i.node_wide == group and (i.node_wide_at is not None or 0 <= now - i.opened_at < within_s)
+        ]  # fmt: skip
+        if mine:
+            return max(mine, key=lambda i: (i.node_wide_at is not None, i.opened_at))
     if window_s <= 0:
         return None
-    recent = [
-        i for i in open_incidents
-        if i.node == f.node and i.state != "resolved" and 0 <= now - i.opened_at < window_s
-    ]  # fmt: skip
+    recent = [i for i in on_node if 0 <= now - i.opened_at < window_s]
     if f.gpu is None:
         return recent[0] if len(recent) == 1 else None
     same = [i for i in recent if same_gpu(i, f)]
     if same:
         return max(same, key=lambda i: i.opened_at)
-    gpuless = [i for i in recent if i.gpu_index is None]
+    gpuless = [i for i in recent if i.gpu_index is None and i.node_wide_at is None]
     return gpuless[0] if len(gpuless) == 1 else None
 
 
@@ -485,17 +563,40 @@ class Merge:
 
 
 def merge(
-    planned: Sequence[book.PlannedAction], wanted: Iterable[actions.Action], *, on_resolve: bool = False
+    planned: Sequence[book.PlannedAction],
+    wanted: Iterable[actions.Action],
+    *,
+    on_resolve: bool = False,
+    gpu: int | None = None,
 ) -> Merge:
+    """``gpu``: the GPU a node-wide incident's per-GPU kinds act on (None: the incident's own). A
+    per-GPU kind is matched only with the same GPU's, planned after that GPU's last restore."""
     params: dict[int, dict[str, Any]] = {}
     add: list[book.PlannedAction] = []
+
+    def target(kind: str) -> int | None:
+        return gpu if actions.per_gpu(kind) else None
+
+    def current(n: int, p: book.PlannedAction, kind: str) -> bool:
+        if p.kind != kind or p.on_resolve != on_resolve or p.gpu_index != target(kind):
+            return False
+        if gpu is None or not actions.per_gpu(kind) or on_resolve:
+            return True
+        return not any(
+            q.on_resolve and q.gpu_index == gpu and actions.per_gpu(q.kind) for q in planned[n + 1 :]
+        )
+
     for a in wanted:
-        i = next((n for n, p in enumerate(planned) if p.kind == a.kind and p.on_resolve == on_resolve), None)
+        i = next((n for n, p in enumerate(planned) if current(n, p, a.kind)), None)
         if i is not None:
             if planned[i].status is None:
                 params[i] = stronger(a.kind, params.get(i, planned[i].params), a.params)
         elif not any(p.kind == a.kind for p in add):
-            add.append(book.PlannedAction(kind=a.kind, params=dict(a.params), on_resolve=on_resolve))
+            add.append(
+                book.PlannedAction(
+                    kind=a.kind, params=dict(a.params), on_resolve=on_resolve, gpu_index=target(a.kind)
+                )
+            )
         else:
             n = next(n for n, p in enumerate(add) if p.kind == a.kind)
             add[n] = add[n].model_copy(update={"params": stronger(a.kind, add[n].params, a.params)})
@@ -503,10 +604,14 @@ def merge(
 
 
 def union(
-    planned: Sequence[book.PlannedAction], wanted: Iterable[actions.Action], *, on_resolve: bool = False
+    planned: Sequence[book.PlannedAction],
+    wanted: Iterable[actions.Action],
+    *,
+    on_resolve: bool = False,
+    gpu: int | None = None,
 ) -> list[book.PlannedAction]:
     """A new plan: ``planned`` (copies) with ``wanted`` merged in (``merge``)."""
-    m = merge(planned, wanted, on_resolve=on_resolve)
+    m = merge(planned, wanted, on_resolve=on_resolve, gpu=gpu)
     out = [
         p.model_copy(update={"params": m.params[i]}) if i in m.params else p for i, p in enumerate(planned)
     ]
@@ -515,9 +620,30 @@ def union(
 
 def evidence_of(inc: book.Incident) -> dict[str, Any]:
     """The incident's evidence: the opening signal's values as they are; once others joined, each
-    joined signal's values prefixed with its rule id, and ``signals`` listing every rule, first first."""
+    joined signal's values prefixed with its rule id, and ``signals`` listing every rule, first first.
+    An incident about two or more GPUs (node-wide) keeps every GPU's values under ``gpu<index>.``
+    (``gpu3.temp_c``; ``gpu3.<rule>.`` for another rule than the opening one), and says which GPUs
+    fired (``gpus``), which still do (``gpus_firing``) and, once node-wide, of how many."""
     first, *rest = inc.signals
-    evidence: dict[str, Any] = dict(first.evidence)
+    gpus = sorted({s.gpu_index for s in inc.signals if s.gpu_index is not None})
+    if inc.node_wide is not None and (len(gpus) > 1 or inc.node_wide_at is not None):
+        evidence: dict[str, Any] = {
+            "node_wide": inc.node_wide,
+            "gpus": ",".join(map(str, gpus)),
+            "gpus_firing": ",".join(
+                map(str, sorted({s.gpu_index for s in inc.signals if s.gpu_index is not None and s.open}))
+            ),
+        }
+        if inc.node_gpus:
+            evidence["node_gpus"] = inc.node_gpus
+        if len({s.rule_id for s in inc.signals}) > 1:
+            evidence["signals"] = ",".join(dict.fromkeys(s.rule_id for s in inc.signals))
+        for s in inc.signals:
+            where = "node" if s.gpu_index is None else f"gpu{s.gpu_index}"
+            rule = "" if s.rule_id == inc.rule_id else f"{s.rule_id}."
+            evidence.update({f"{where}.{rule}{k}": v for k, v in s.evidence.items()})
+        return evidence
+    evidence = dict(first.evidence)
     if rest:
         evidence["signals"] = ",".join(s.rule_id for s in inc.signals)
         for s in rest:
@@ -542,20 +668,54 @@ class Join:
     """New kinds appended (pending), pending ones strengthened."""
     gpu: tuple[int, str | None] | None = None
     """A GPU-less incident takes the GPU (index, UUID) of the GPU signal that joined it."""
+    node_wide: str | None = None
+    """The incident's node-wide group from now on (set when a GPU-less incident takes a grouped GPU)."""
+    node_wide_at: float | None = None
+    """Set when this join makes it node-wide: the incident leaves its GPU and becomes the node's."""
+    node_gpus: int = 0
 
 
-def join(inc: book.Incident, f: engine.Firing, now: float) -> Join:
+def join(
+    inc: book.Incident, f: engine.Firing, now: float, node_gpus: int = 0, rule_of: RuleOf = _no_rule
+) -> Join:
     """``f`` (a firing ``correlate`` matched with ``inc``) becomes another signal of ``inc``: the
-    incident takes the higher severity, the union of the actions and says which rule joined."""
-    adopt = inc.gpu_index is None and f.gpu is not None
-    where = f" (GPU {f.gpu})" if adopt else ""
+    incident takes the higher severity, the union of the actions and says which rule joined. In a
+    node-wide group's incident, the firing's per-GPU actions are planned for its GPU, and the join that
+    brings the GPUs that fired to ``node_wide.threshold(node_gpus)`` (``node_gpus``: the GPUs the node
+    reports) makes it the node's incident."""
+    group = group_of(f.rule)
+    adopt = inc.gpu_index is None and inc.node_wide_at is None and f.gpu is not None
+    node_wide = group if adopt and inc.node_wide is None else None
+    grouped = (inc.node_wide or node_wide) is not None and f.gpu is not None
+    where = f" (GPU {f.gpu})" if adopt or (grouped and f.gpu != inc.gpu_index) else ""
+    summary = f"{inc.summary}; joined by {f.rule.id}{where}"
+    gpus = {s.gpu_index for s in inc.signals if s.gpu_index is not None} | {f.gpu}
+    gpus.discard(None)
+    promote = (
+        inc.node_wide_at is None
+        and group is not None
+        and group == inc.node_wide
+        and f.rule.node_wide is not None
+        and f.rule.node_wide.reached(len(gpus), node_gpus)
+    )
+    node_wide_at = now if promote else None
+    if promote or inc.node_wide_at is not None:
+        opener = f.rule if f.rule.id == inc.rule_id else rule_of(inc.rule_id)
+        total = max(node_gpus, inc.node_gpus, len(gpus))
+        listed = ",".join(str(g) for g in sorted(g for g in gpus if g is not None))
+        summary = f"{inc.rule_id} on node {inc.node}: node-wide, {len(gpus)} of {total} GPUs ({listed})"
+        if opener is not None and opener.description:
+            summary += f": {opener.description}"
     return Join(
         signal=signal_of(f, now),
         severity=max_severity(inc.severity, f.rule.severity),
-        summary=f"{inc.summary}; joined by {f.rule.id}{where}",
+        summary=summary.strip(),
         labels={**f.rule.labels, **inc.labels},
-        actions=merge(inc.actions, f.rule.actions),
+        actions=merge(inc.actions, f.rule.actions, gpu=f.gpu if grouped else None),
         gpu=(f.gpu, f.gpu_uuid) if adopt and f.gpu is not None else None,
+        node_wide=node_wide,
+        node_wide_at=node_wide_at,
+        node_gpus=max(node_gpus, len(gpus)) if promote or inc.node_wide_at is not None else 0,
     )
 
 

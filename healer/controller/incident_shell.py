@@ -37,6 +37,12 @@ def apply_join(inc: book.Incident, joined: decide.Join) -> None:
     inc.actions.extend(joined.actions.add)
     if joined.gpu is not None:
         inc.gpu_index, inc.gpu_uuid = joined.gpu
+    if joined.node_wide is not None:
+        inc.node_wide = joined.node_wide
+    if joined.node_wide_at is not None:  # node-wide from now on: the node's incident, no GPU's
+        inc.node_wide_at, inc.gpu_index, inc.gpu_uuid = joined.node_wide_at, None, None
+    if joined.node_gpus:
+        inc.node_gpus = joined.node_gpus
     inc.evidence = decide.evidence_of(inc)
 
 
@@ -140,7 +146,11 @@ class IncidentShell:
         if change.change in (decide.Change.RESOLVE, decide.Change.PART):
             signal.resolved_at = now
         if change.change is decide.Change.PART:
+            inc.actions += change.on_resolve  # node-wide: this GPU's restore, at once
+            inc.evidence = decide.evidence_of(inc)
             await self.book.save(inc)  # the join survives a restart; the incident changes in nothing else
+            if change.on_resolve:
+                self.spawn(inc)
             return
         if change.change is decide.Change.RESOLVE:
             if self.recovery.holds(inc.id):
@@ -158,7 +168,10 @@ class IncidentShell:
         if change.change is decide.Change.REFRESH:
             signal.evidence, signal.resolved_at = change.evidence, None
             inc.evidence = decide.evidence_of(inc)
+            inc.actions += change.actions  # node-wide: a GPU capped again after its restore
             await self.publish(inc, "updated")
+            if change.actions:
+                self.spawn(inc)
 
     async def _open(self, f: engine.Firing, now: float) -> None:
         into = decide.correlate(f, self.book.open.values(), now, self.cs.correlate_window_s)
@@ -183,7 +196,7 @@ class IncidentShell:
     async def _join(self, inc: book.Incident, f: engine.Firing, now: float) -> None:
         """Another signal of the fault ``inc`` is about: one ``updated`` change, and the actions the
         joining rule adds run after the incident's own."""
-        joined = decide.join(inc, f, now)
+        joined = decide.join(inc, f, now, self.engine.gpu_count(inc.node), self.engine.rules.by_id)
         apply_join(inc, joined)
         up = None
         if joined.gpu is not None:  # a node-scope incident became this GPU's fault: its episode counts

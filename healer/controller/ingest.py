@@ -1,8 +1,11 @@
 """Ingest: frames and events in, cheap, never blocking on anything slow.
 
-Frames (core subscription on ``healer.telemetry.*``, optionally on a second connection) are decoded at
-the edge and queued in the rule engine (and the anomaly model); a bad one is counted and logged at most
-once per 10 s. Events come from a durable JetStream consumer, pulled only while this process leads;
+Frames (core subscription on ``healer.telemetry.*``, optionally on a second connection) wait in a
+backlog fair by node (healer/bus/fair.py: a node sending faster than it is ingested loses its own
+oldest frames, never another's; what is certainly not a frame is counted and dropped as it is read,
+before it queues), then are decoded at the edge and queued in the rule engine (and the anomaly
+model); a bad one is counted and logged at most once per 10 s, drops with the metric's total
+(``drops.DropLog``). Events come from a durable JetStream consumer, pulled only while this process leads;
 each is checked against admission (the subject's node, the body's node, the admitted fleet) and kept
 unacknowledged until the tick that evaluated it has recorded its decisions in KV (``take_acks``,
 ``ack``). At step-down what was pulled and not acknowledged goes back to the stream at once
@@ -24,7 +27,7 @@ import structlog
 from healer import config, errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.controller import admission, learning, role, throttle
+from healer.controller import admission, drops, learning, role, throttle
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 from healer.schemas import codec, events, telemetry
@@ -81,6 +84,7 @@ class Ingest:
         self.telemetry_bus: bus_base.Bus = bus
         self.frames_sub: bus_base.Subscription
         self._frames_dropped = 0
+        self._drops = drops.DropLog(log)
         self._disconnects = {"main": 0, "telemetry": 0}
         self.events = bus.pull_consumer(
             subjects.stream_events, subjects.all_events,
@@ -94,7 +98,9 @@ class Ingest:
         self.frames_sub = await self.telemetry_bus.subscribe(
             self.subjects.all_telemetry,
             self.on_frame,
-            pending_bytes=int(self.cs.frames_buffer_mib * 2**20),
+            fair=bus_base.Fairness(
+                self.screen_frame, self.cs.frames_per_node, int(self.cs.frames_buffer_mib * 2**20)
+            ),
         )
 
     async def close(self) -> None:
@@ -106,10 +112,22 @@ class Ingest:
         return shard_of(node, self.cs.shards) == self.cs.shard
 
     # -- frames --------------------------------------------------------------------------------------
-    async def on_frame(self, msg: bus_base.Msg) -> None:
-        node = self.subjects.node_of(msg.subject)  # the identity the server's permissions vouch for
+    def screen_frame(self, subject: str, data: bytes) -> str | None:
+        """As a message is read off the connection: its node (the fair backlog's source), or None to
+        drop it before it queues (another shard's node; certainly not a frame: counted and logged)."""
+        node = self.subjects.node_of(subject)  # the identity the server's permissions vouch for
         if self.cs.shards > 1 and not self.mine(node):
-            return
+            return None
+        bad = codec.precheck_frame(data)
+        if bad is not None:
+            self.count_bad(bad)
+            self._bad_frames.note(bad.reason, subject=subject, detail=bad.detail)
+            return None
+        return node
+
+    async def on_frame(self, msg: bus_base.Msg) -> None:
+        """A frame from the fair backlog, which ``screen_frame`` let in."""
+        node = self.subjects.node_of(msg.subject)
         try:
             frame = codec.decode_frame_view(msg.data)
         except errors.DecodeError as e:
@@ -157,6 +175,8 @@ class Ingest:
         self.metrics.frames_pending.set(self.frames_sub.pending)
         self.metrics.frames_dropped.inc(self.frames_sub.dropped - self._frames_dropped)
         self._frames_dropped = self.frames_sub.dropped
+        self._drops.report(dropped=self._frames_dropped, bad=self._bad_frames.total)
+        self._bad_frames.flush()
         for name, bus in (("main", self.bus), ("telemetry", self.telemetry_bus)):
             if bus is self.bus and name == "telemetry":
                 continue

@@ -97,9 +97,9 @@ class ActionRunner:
     async def run(self, inc: book.Incident) -> None:
         for action in inc.actions:
             if action.status is not None:
-                if action.status not in decide.OK and not action.ladder:
+                if action.status not in decide.OK and not action.ladder and action.gpu_index is None:
                     return  # a failed step stops the chain (no migrate without a cordon)
-                continue
+                continue  # (one GPU's failed cap in a node-wide incident does not hold up the others)
             if not self.shell.leader:
                 return
             if action.on_resolve and action.kind == "uncordon" and self.cs.uncordon_hold_s:
@@ -122,7 +122,7 @@ class ActionRunner:
             if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
                 inc.escalated = True
                 await self.shell.publish(inc, "escalated")
-            if status not in decide.OK:
+            if status not in decide.OK and action.gpu_index is None:
                 return
         if inc.state == "resolved":
             await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
@@ -180,7 +180,7 @@ class ActionRunner:
             incident_id=inc.id,
             kind=spec.scheduler_verb or action.kind,
             node=inc.node,
-            gpu_index=inc.gpu_index,
+            gpu_index=action.gpu_index if action.gpu_index is not None else inc.gpu_index,
             params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
             summary=(action.params.get("reason") or inc.summary)[:1024],
             fencing_token=token,

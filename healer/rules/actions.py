@@ -88,6 +88,9 @@ class ActionKind:
     restore flapping). Cordon-like actions have none: they are idempotent and must never wait."""
     ladder_only: bool = False
     """A recovery-ladder step the controller adds to an incident; no rule may ask for it."""
+    per_gpu: bool = False
+    """Acts on one GPU: in a node-wide incident (``node_wide:``) it is planned once for each GPU that
+    fired, and its on_resolve counterpart runs for each GPU as that GPU's firing resolves."""
 
 
 _SCHEDULER = Actuator.SCHEDULER
@@ -96,11 +99,11 @@ CATALOG: Final[dict[str, ActionKind]] = {
     for a in (
         ActionKind(
             "power_limit", PowerLimitParams, "lower the GPU's power limit", "restore_power_limit",
-            actuator=Actuator.POWER, per_node_cooldown=True,
+            actuator=Actuator.POWER, per_node_cooldown=True, per_gpu=True,
         ),
         ActionKind(
             "restore_power_limit", NoParams, "put back the power limit healer changed",
-            actuator=Actuator.POWER,
+            actuator=Actuator.POWER, per_gpu=True,
         ),
         ActionKind(
             "cordon", ReasonParams, "stop new work landing on the node", "uncordon",
@@ -122,7 +125,7 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ActionKind(
             "reset_gpu", ResetParams,
             "reset the GPU once idle (a recovery-ladder step; named in a rule it is only recorded)",
-            actuator=Actuator.GPU,
+            actuator=Actuator.GPU, per_gpu=True,
         ),
         ActionKind(
             "inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)",
@@ -159,6 +162,12 @@ TAKES_OUT_OF_SERVICE: Final[frozenset[str]] = frozenset(
     k.name for k in CATALOG.values() if k.takes_out_of_service
 )
 """Action kinds that take capacity out of service."""
+
+
+def per_gpu(name: str) -> bool:
+    """``name`` acts on one GPU (``ActionKind.per_gpu``)."""
+    spec = CATALOG.get(name)
+    return spec is not None and spec.per_gpu
 
 
 def kind(name: str) -> ActionKind | None:

@@ -237,6 +237,18 @@ class Engine:
                     out[f"{label}_{span}.{name}"] = round(v, 3)
         return out
 
+    def gpu_count(self, node: str) -> int:
+        """The GPUs ``node`` has: those it ever reported, or its ``gpus_expected`` if more (a node-wide
+        rule's threshold is a share of these); 0 for a node never seen."""
+        st = self.state
+        st.flush()
+        n = st.node_index(node)
+        if n is None:
+            return 0
+        expected = float(st.expected[n])
+        seen = int(st.seen[n].sum())
+        return max(seen, 0 if math.isnan(expected) else int(expected))
+
     def release(self, rule_id: str, node: str, gpu: int | None) -> None:
         """Forget that a firing is active, without resolving it: its incident was closed by someone else
         (a recovery ladder that returned the node to service). The fault showing again fires anew."""

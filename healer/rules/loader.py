@@ -248,6 +248,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         if s.on_event.xid is not None and s.on_event.kind not in ("xid", "sxid"):
             f.at(_child(node, "on_event") or node, "'xid' only applies to on_event kind xid or sxid")
     repeat = _repeat(f, node, s)
+    node_wide = _node_wide(f, node, s)
     acts = _actions(f, _child(node, "actions"), s.actions)
     on_resolve = _actions(f, _child(node, "on_resolve"), s.on_resolve)
     if not structure_ok or len([d for d in f.diags if d.severity == "error"]) > before:
@@ -277,6 +278,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         has_resolve=s.resolve is not None,
         on_resolve=on_resolve,
         cooldown_s=durations.value(s.cooldown) if s.cooldown is not None else 0.0,
+        node_wide=node_wide,
         path=f.path,
         line=node.start_mark.line + 1,
     )
@@ -293,6 +295,19 @@ def _repeat(f: _File, node: yaml.Node, s: spec.RuleSpec) -> ruleset.Repeat | Non
         where = _child(_child(_child(node, "on_event") or node, "repeat") or node, "within")
         f.at(where or node, "repeat.within must be longer than 0s (a window such as 10m)")
     return ruleset.Repeat(r.count, within_s, r.pids)
+
+
+def _node_wide(f: _File, node: yaml.Node, s: spec.RuleSpec) -> ruleset.NodeWide | None:
+    if s.node_wide is None:
+        return None
+    where = _child(node, "node_wide") or node
+    if s.scope != "gpu":
+        f.at(where, "node_wide groups GPU firings into a node incident: it needs scope gpu")
+    nw = s.node_wide
+    within_s = durations.value(nw.within) if nw.within is not None else ruleset.NODE_WIDE_WITHIN_S
+    if within_s <= 0:
+        f.at(_child(where, "within") or where, "node_wide.within must be longer than 0s (such as 2m)")
+    return ruleset.NodeWide(nw.group or s.id, nw.min_gpus, nw.fraction, within_s)
 
 
 def _structure_errors(f: _File, node: yaml.Node, e: pydantic.ValidationError) -> None:

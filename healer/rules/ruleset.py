@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -79,6 +80,31 @@ class EventMatch:
         return self.xids is None or (event.xid is not None and event.xid in self.xids)
 
 
+NODE_WIDE_WITHIN_S = 120.0
+"""The default ``node_wide.within``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeWide:
+    """A GPU rule's node-wide grouping (``node_wide:``): firings of rules of one ``group`` on at least
+    ``threshold(gpus)`` of a node's GPUs are one node incident (decided by the controller,
+    ``controller.decide``; ``healer rules test`` shows it as ``incidents:``)."""
+
+    group: str
+    min_gpus: int = 2
+    fraction: float = 0.5
+    within_s: float = NODE_WIDE_WITHIN_S
+    """A GPU firing this long after the group's incident opened joins it only once it is node-wide."""
+
+    def threshold(self, gpus: int) -> int:
+        """GPUs that must fire for a node of ``gpus`` GPUs to be node-wide (never fewer than 2)."""
+        return max(self.min_gpus, math.ceil(self.fraction * gpus - 1e-9))
+
+    def reached(self, firing: int, gpus: int) -> bool:
+        """``firing`` GPUs of a node of ``gpus`` (at least ``firing``) make it node-wide."""
+        return firing >= self.threshold(max(gpus, firing))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rule:
     id: str
@@ -98,6 +124,7 @@ class Rule:
     has_resolve: bool = False
     on_resolve: tuple[catalog.Action, ...] = ()
     cooldown_s: float = 0.0
+    node_wide: NodeWide | None = None
     path: str = "<string>"
     line: int = 0
 

@@ -2,8 +2,10 @@
 
 A test file names rule files (relative to itself), a sampling interval, and cases. Each case describes
 nodes (GPU count, model, series per GPU in promtool notation, RDMA ports and series per port, node
-events) and expectations: at a time,
-exactly which rules are firing where, optionally with their actions and severity. Unspecified metrics
+events) and expectations: at a time, exactly which rules are firing where, optionally with their
+actions and severity, and (``incidents:``) how they group into incidents: a ``node_wide`` group on
+enough of a node's GPUs is one node incident ``{rule, node, gpus}`` (healer.rules.nodewide), every
+other firing its own. Unspecified metrics
 read as a healthy GPU of the node's model (baseline.py). Frames are built as ``NodeFrame`` objects and
 go through ``Engine.ingest`` / ``evaluate`` exactly as in the controller.
 """
@@ -18,7 +20,7 @@ import pydantic
 import yaml
 
 from healer import durations
-from healer.rules import baseline, engine, loader, metrics, series
+from healer.rules import baseline, engine, loader, metrics, nodewide, series
 from healer.schemas import events, fabric, telemetry
 
 T0 = 1_700_000_000.0
@@ -67,9 +69,20 @@ class FiringOut(_M):
     severity: str | None = None
 
 
+class IncidentOut(_M):
+    rule: str
+    node: str | None = None
+    gpu: int | None = None
+    """A GPU incident's GPU; absent (or null) with ``gpus`` for a node-wide one."""
+    gpus: list[int] | None = None
+    """A node-wide incident: the GPUs that fired."""
+
+
 class Expect(_M):
     at: str | float
     firing: list[FiringOut] = pydantic.Field(default_factory=list)
+    incidents: list[IncidentOut] | None = None
+    """The incidents the firings make (node-wide groups collapsed); unchecked when absent."""
 
 
 class Case(_M):
@@ -166,6 +179,8 @@ def _run_case(rules: Any, case: Case, interval: str | float) -> list[str]:
         firing = [f for f in eng.evaluate(T0 + t) if f.status != "resolved"]
         while k < len(expects) and expects[k][0] < t + step - 1e-9:
             failures += _compare(expects[k][1], firing)
+            if expects[k][1].incidents is not None:
+                failures += _compare_incidents(expects[k][1], nodewide.collapse(firing, eng.gpu_count))
             k += 1
         i += 1
     return failures
@@ -307,6 +322,40 @@ def _compare(expect: Expect, firing: list[engine.Firing]) -> list[str]:
     return ["\n".join(lines)]
 
 
+def _compare_incidents(expect: Expect, got: list[engine.Firing | nodewide.NodeGroup]) -> list[str]:
+    assert expect.incidents is not None
+    left = list(got)
+    missing = []
+    for want in expect.incidents:
+        match = next((g for g in left if _incident_matches(want, g)), None)
+        if match is None:
+            missing.append(want)
+        else:
+            left.remove(match)
+    if not missing and not left:
+        return []
+    lines = [f"at {expect.at} (incidents):"]
+    lines += [f"  - missing:    {_fmt_want(w)}" for w in missing]
+    lines += [f"  + unexpected: {_fmt_incident(g)}" for g in left]
+    lines.append(f"    incidents then: {', '.join(_fmt_incident(g) for g in got) or 'none'}")
+    return ["\n".join(lines)]
+
+
+def _incident_matches(want: IncidentOut, got: engine.Firing | nodewide.NodeGroup) -> bool:
+    if want.rule != got.rule_id or (want.node is not None and want.node != got.node):
+        return False
+    if isinstance(got, nodewide.NodeGroup):
+        return want.gpu is None and (want.gpus is None or sorted(want.gpus) == list(got.gpus))
+    return want.gpus is None and ("gpu" not in want.model_fields_set or want.gpu == got.gpu)
+
+
+def _fmt_incident(g: engine.Firing | nodewide.NodeGroup) -> str:
+    if isinstance(g, nodewide.NodeGroup):
+        return f"{{rule: {g.rule_id}, node: {g.node}, gpus: [{', '.join(map(str, g.gpus))}]}}"
+    gpu = "" if g.gpu is None else f", gpu: {g.gpu}"
+    return f"{{rule: {g.rule_id}, node: {g.node}{gpu}}}"
+
+
 def _matches(want: FiringOut, got: engine.Firing) -> bool:
     if want.rule != got.rule_id:
         return False
@@ -319,7 +368,7 @@ def _matches(want: FiringOut, got: engine.Firing) -> bool:
     return want.severity is None or want.severity == got.rule.severity
 
 
-def _fmt_want(w: FiringOut) -> str:
+def _fmt_want(w: FiringOut | IncidentOut) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in w.model_dump(exclude_unset=True).items()) + "}"
 
 

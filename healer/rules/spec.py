@@ -93,6 +93,30 @@ class EventSpec(_Spec):
     )
 
 
+class NodeWideSpec(_Spec):
+    """When most of a node's GPUs fire this rule (or rules of the same ``group``) together, the controller
+    makes them one node incident with per-GPU evidence instead of one incident per GPU (a GPU that fires
+    alone stays a GPU incident)."""
+
+    min_gpus: int = pydantic.Field(
+        default=2, ge=2, le=256, description="at least this many of the node's GPUs (2 or more)"
+    )
+    fraction: float = pydantic.Field(
+        default=0.5, gt=0, le=1, description="and at least this share of the node's GPUs (0.5: half)"
+    )
+    group: str | None = pydantic.Field(
+        default=None,
+        pattern=ID_PATTERN,
+        max_length=128,
+        description="rules with the same group count together (default: the rule's own id)",
+    )
+    within: DurationValue = pydantic.Field(
+        default=None,
+        description="a GPU that fires this long after the node's first joins its incident only once it "
+        "became node-wide (default 2m); " + DURATION_HELP,
+    )
+
+
 class RuleSpec(_Spec):
     id: str = pydantic.Field(pattern=ID_PATTERN, max_length=128, description="unique across all files")
     description: str = pydantic.Field(default="", max_length=2000, description="what and why; cite sources")
@@ -110,6 +134,10 @@ class RuleSpec(_Spec):
     on_resolve: ActionList = pydantic.Field(default_factory=list)
     cooldown: DurationValue = pydantic.Field(
         default=None, description="after resolving, do not fire again on the same target for this long"
+    )
+    node_wide: NodeWideSpec | None = pydantic.Field(
+        default=None,
+        description="(scope gpu) most of a node's GPUs firing together are one node incident",
     )
 
 
