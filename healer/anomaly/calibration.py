@@ -29,7 +29,7 @@ def calibrate(
         st = m.new_state(gpus)
         if doc is not None:
             st.import_(doc)
-        diagnosis.replay(st, w, m.class_index(w.models))
+        diagnosis.replay(st, w, m.class_index(w.models), m.power_column)
         doc = st.export()
         a, b = w.span_s
         summary["sources"].append(w.source)

@@ -59,7 +59,7 @@ def from_recording(
             for name in ("power_default_w", "sm_clock_max_mhz")
         }
         models: list[list[str | None]] = [[g.get("model") for g in row] for row in static]
-        fields = [f for f in features.RAW if f not in stat] + ["present"]
+        fields = [f for f in features.RAW if f not in stat and f != features.TIME_FIELD] + ["present"]
         ids, sums = [], []
         last = None
         chunks = rec.meta["chunks"]

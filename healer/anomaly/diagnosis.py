@@ -36,22 +36,30 @@ class Scored:
     ready: npt.NDArray[np.bool_]
 
 
-THERMAL_KEYS = ("rise_c", "gpu_rel", "node_c", "residual_c", "inlet_ref_c")
+THERMAL_KEYS = ("rise_c", "gpu_rel", "node_c", "residual_c", "inlet_ref_c", "peer_z")
 
 
-def replay(state: thermal.ThermalState, w: dataset.Windows, cls: npt.NDArray[np.intp]) -> dict[str, F64]:
+def replay(
+    state: thermal.ThermalState,
+    w: dataset.Windows,
+    cls: npt.NDArray[np.intp],
+    power_column: int = anomaly_model.HEAT_COLUMN,
+) -> dict[str, F64]:
     """Feed recorded windows in time order through a thermal state, as a scorer called once per window
-    would: each key of ``THERMAL_KEYS`` (windows, nodes, gpus), plus ``ready`` (1.0 / 0.0)."""
+    would: each key of ``THERMAL_KEYS`` (windows, nodes, gpus), plus ``ready`` (1.0 / 0.0).
+    ``power_column``: the base feature the thermal baselines read (``Model.power_column``)."""
     state.ensure(w.node_names)
     out = {k: np.full(w.valid.shape, np.nan) for k in (*THERMAL_KEYS, "ready")}
     step = float(w.ts[1] - w.ts[0]) if len(w.ts) > 1 else 30.0
     temp = w.feats[..., anomaly_model.TEMP_COLUMN]
-    power = w.feats[..., anomaly_model.POWER_COLUMN]
+    power = w.feats[..., power_column]
     for k in range(len(w.ts)):
         hot = np.nan_to_num(w.feats[k, ..., anomaly_model.THROTTLE_COLUMN]) > 0
         st = state.step(temp[k], power[k], w.valid[k], cls, float(w.ts[k]), step if k else 0.0, hot)
         for key in THERMAL_KEYS:
-            out[key][k] = getattr(st, key)
+            v = getattr(st, key)
+            if v is not None:
+                out[key][k] = v
         out["ready"][k] = st.ready
     return out
 
@@ -60,15 +68,15 @@ def score_windows(m: anomaly_model.Model, w: dataset.Windows) -> Scored:
     """Score recorded windows in time order, with the thermal baselines learned as a scorer would."""
     g = w.valid.shape[2]
     cls = m.class_index(w.models)
-    th = replay(m.new_state(g), w, cls)
+    th = replay(m.new_state(g), w, cls, m.power_column)
     scores = np.zeros(w.valid.shape)
     comps = {k: np.zeros(w.valid.shape) for k in anomaly_model.COMPONENTS}
     if w.valid.any():
         v = w.valid
-        per = m.components(w.feats[v], {k: th[k][v] for k in ("rise_c", "gpu_rel", "node_c")})
+        per = m.components(w.feats[v], {k: th[k][v] for k in ("rise_c", "gpu_rel", "node_c", "peer_z")})
         for k in anomaly_model.COMPONENTS:
             comps[k][v] = per[k] / m.calib["threshold"]
-        scores[v] = anomaly_model.to_score(anomaly_model.combine(per), m.calib["threshold"])
+        scores[v] = anomaly_model.to_score(m.combine(per), m.calib["threshold"])
     power = np.nan_to_num(w.feats[..., anomaly_model.POWER_COLUMN])
     return Scored(scores, comps, th["residual_c"], th["inlet_ref_c"], power, th["ready"] > 0)
 

@@ -40,9 +40,15 @@ RAW: Final = (
     "nvlink_crc_data_errors",
     "nvlink_replay_errors",
     "pcie_replay_count",
+    "energy_j",
+    "ts_s",
 )
-"""GpuSample fields read per sample, in this order (the last five are cumulative counters)."""
+"""GpuSample fields read per sample, in this order (the last seven are cumulative: five error counters,
+the energy counter, and the sample's own time, whose "increase" is the time the energy increase
+covers)."""
 RAW_COUNTERS: Final = RAW[7:]
+TIME_FIELD: Final = "ts_s"
+"""Not a GpuSample field: the frame's time, copied into every GPU's row."""
 
 SUMS: Final = (
     "samples",
@@ -55,8 +61,11 @@ SUMS: Final = (
     "power_throttle",
 )
 """Per-sample channels summed per bucket (``samples`` counts the valid samples)."""
-COUNTERS: Final = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "pcie_replay")
-"""Counter increases per bucket; ``nvlink_crc`` is CRC flit + CRC data errors."""
+COUNTERS: Final = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "pcie_replay", "energy_j", "energy_s")
+"""Counter increases per bucket; ``nvlink_crc`` is CRC flit + CRC data errors; ``energy_j`` the energy
+counter's increase and ``energy_s`` the seconds it covers (0 where the GPU reports no energy)."""
+RATE_COUNTERS: Final = 4
+"""The first this many COUNTERS are error counters, read as rates."""
 CHANNELS: Final = (*SUMS, *COUNTERS)
 
 THERMAL_REASONS: Final = int(
@@ -84,8 +93,9 @@ BASE_FEATURES: Final = (
     "nvlink_crc_per_min",  # NVLink CRC flit + data errors per minute
     "nvlink_replay_per_min",  # NVLink replay errors per minute
     "pcie_replay_per_min",  # PCIe replays per minute
+    "heat_frac",  # mean power from the energy counter / default power limit (power_frac without one)
 )
-RATE_FEATURES: Final = BASE_FEATURES[-4:]
+RATE_FEATURES: Final = BASE_FEATURES[-5:-1]
 
 
 def _carry(values: F64, previous: F64) -> F64:
@@ -139,6 +149,16 @@ def channels(raw: F64, increases: F64) -> F64:
     increases (..., len(RAW_COUNTERS)). Invalid samples (no power reading) are all zeros."""
     temp, power, default, util, clock, clock_max, reasons = (raw[..., i] for i in range(7))
     valid = ~(np.isnan(power) | np.isnan(temp))
+    # the energy counter's increase over the time since the previous sample: the true mean power, not
+    # one NVML reading (a periodic load sampled at a fixed interval aliases: its readings can wander
+    # for minutes while the heat the GPU makes does not); a reset or a gap of over 2 minutes is left out
+    with np.errstate(invalid="ignore"):
+        energy_ok = (
+            ~np.isnan(raw[..., 12])
+            & (increases[..., 6] > 0)
+            & (increases[..., 6] <= 120.0)
+            & (increases[..., 5] <= 2000.0 * increases[..., 6])
+        )
     with np.errstate(invalid="ignore", divide="ignore"):
         reasons_i = np.nan_to_num(reasons).astype(np.int64)
         out = np.stack(
@@ -155,6 +175,8 @@ def channels(raw: F64, increases: F64) -> F64:
                 increases[..., 1] + increases[..., 2],
                 increases[..., 3],
                 increases[..., 4],
+                np.where(energy_ok, increases[..., 5], 0.0),
+                np.where(energy_ok, increases[..., 6], 0.0),
             ],
             axis=-1,
         )
@@ -185,7 +207,12 @@ def window_features(sums: F64, window_s: float) -> tuple[F64, npt.NDArray[np.boo
     temp, power, pfrac, util, clock, tthr, pthr = (mean[..., i] for i in range(7))
     node_temp = _node_median(temp, valid)[..., None] * np.ones_like(temp)
     node_pfrac = _node_median(pfrac, valid)[..., None] * np.ones_like(temp)
-    rates = sums[..., len(SUMS) :] * (60.0 / window_s)
+    rates = sums[..., len(SUMS) : len(SUMS) + RATE_COUNTERS] * (60.0 / window_s)
+    energy, energy_s = sums[..., len(SUMS) + 4], sums[..., len(SUMS) + 5]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        default_w = power / pfrac
+        heat = np.where(energy_s >= 0.5 * window_s, energy / energy_s / default_w, pfrac)
+    heat = np.where(np.isnan(heat), pfrac, heat)
     feats = np.stack(
         [
             temp,
@@ -199,7 +226,8 @@ def window_features(sums: F64, window_s: float) -> tuple[F64, npt.NDArray[np.boo
             node_pfrac,
             temp - node_temp,
             pfrac - node_pfrac,
-            *(rates[..., i] for i in range(len(COUNTERS))),
+            *(rates[..., i] for i in range(RATE_COUNTERS)),
+            heat,
         ],
         axis=-1,
     )
@@ -220,7 +248,12 @@ def bucket_recording(
     shape = columns["temp_c"].shape
     raw = np.empty((*shape, len(RAW)))
     for i, name in enumerate(RAW):
-        src = static[name] if name in static else columns[name]
+        if name == TIME_FIELD:
+            src = ts[:, None, None]
+        elif name in static:
+            src = static[name]
+        else:
+            src = columns[name]
         raw[..., i] = np.broadcast_to(src, shape)
     missing = ~columns["report"][:, :, None] | ~columns["present"].astype(bool)
     raw[missing] = np.nan

@@ -47,12 +47,17 @@ FEATURES: Final = (
     *features.RATE_FEATURES,
 )
 """The forest's input, in order: dimensionless base features (no temperature, no watts)."""
-COMPONENTS: Final = ("forest", "thermal_gpu", "thermal_rise", "thermal_node", "counters")
+COMPONENTS: Final = ("forest", "thermal_gpu", "thermal_rise", "thermal_node", "thermal_peer", "counters")
 _BASE = {name: i for i, name in enumerate(features.BASE_FEATURES)}
 _COLS: Final = [_BASE[n] for n in FEATURES]
 TEMP_COLUMN: Final = _BASE["temp_c"]
 THROTTLE_COLUMN: Final = _BASE["thermal_throttle_frac"]
 POWER_COLUMN: Final = _BASE["power_frac"]
+HEAT_COLUMN: Final = _BASE["heat_frac"]
+CORROBORATE_GAIN: Final = 1.25
+"""How far the forest can lift the score of the fleet-relative components: at most by this factor, and
+never above the forest's own value. Alone (every fleet-relative component at 0) it adds nothing: it
+was fitted on healer's simulator, so it may only corroborate what this fleet's own normal says."""
 EDGE_FLOORS: Final = {"edge_rise_c": 3.0, "edge_rel": 0.6, "edge_node_c": 3.0}
 """Smallest edges: a GPU 3 °C over its own model, cooling 60 % worse than its model's median before it
 has a model of its own, a node 3 °C over its own inlet level."""
@@ -122,8 +127,28 @@ class Model:
             "thermal_gpu": pos(th["gpu_rel"], c["edge_rel"]),
             "thermal_rise": pos(th["rise_c"], c["edge_rise_c"]),
             "thermal_node": pos(th["node_c"], c["edge_node_c"]),
+            "thermal_peer": (
+                pos(th["peer_z"], 1.0 / c["threshold"])
+                if c.get("thermal_peer") and "peer_z" in th
+                else np.zeros(len(base))
+            ),
             "counters": (np.nan_to_num(rates) / refs).max(axis=1),
         }
+
+    @property
+    def forest_corroborates(self) -> bool:
+        """True (every model written since healer-anomaly-model/3 gained the key): the forest only
+        corroborates (``combine``); False: an older card, where it could open an incident alone."""
+        return bool(self.calib.get("forest_corroborates", 0.0))
+
+    @property
+    def power_column(self) -> int:
+        """The base-feature column the thermal baselines read: the energy counter's mean power
+        (``heat_frac``) where the card says so, else the mean NVML power reading (older cards)."""
+        return HEAT_COLUMN if self.calib.get("thermal_heat", 0.0) else POWER_COLUMN
+
+    def combine(self, comps: dict[str, F64]) -> F64:
+        return combine(comps, corroborate=self.forest_corroborates)
 
     def class_index(self, models: list[list[str | None]]) -> npt.NDArray[np.intp]:
         """Class index per (node, gpu); unknown models get ``len(classes)`` (the fleet-wide prior)."""
@@ -132,9 +157,15 @@ class Model:
         return np.array([[index.get(m or "", unknown) for m in row] for row in models], dtype=np.intp)
 
 
-def combine(comps: dict[str, F64]) -> F64:
-    out: F64 = np.max(np.stack([comps[k] for k in COMPONENTS]), axis=0)
-    return out
+def combine(comps: dict[str, F64], *, corroborate: bool = False) -> F64:
+    """The largest component; with ``corroborate`` the forest only lifts the largest fleet-relative
+    component (by at most ``CORROBORATE_GAIN``), so on its own it scores 0."""
+    if not corroborate:
+        out: F64 = np.max(np.stack([comps[k] for k in COMPONENTS]), axis=0)
+        return out
+    own: F64 = np.max(np.stack([comps[k] for k in COMPONENTS if k != "forest"]), axis=0)
+    lifted: F64 = np.maximum(own, np.minimum(comps["forest"], CORROBORATE_GAIN * own))
+    return lifted
 
 
 def to_score(raw: F64, threshold: float) -> F64:
@@ -205,13 +236,13 @@ def train(
     for key, name in (("edge_rise_c", "rise_c"), ("edge_rel", "gpu_rel"), ("edge_node_c", "node_c")):
         v = held[name][~np.isnan(held[name])]
         c[key] = max(EDGE_FLOORS[key], float(np.quantile(v, q)) if len(v) else 0.0)
-    c.update(q_forest=1.0, threshold=1.0)
+    c.update(q_forest=1.0, threshold=1.0, forest_corroborates=1.0, thermal_heat=1.0, thermal_peer=1.0)
     x_cal = base[cal_rows]
     pre = model.components(x_cal, held)
     a_q = c["forest_median"] + float(np.quantile(pre["forest"], q)) * (1.0 - c["forest_median"])
     c["q_forest"] = max(a_q, c["forest_median"] + 1e-3)
     comps = model.components(x_cal, held)
-    raw_cal = combine(comps)
+    raw_cal = model.combine(comps)
     c["threshold"] = settings.threshold_margin * max(1.0, float(raw_cal.max()))
     summary = {
         "fit_rows": len(fit_rows),

@@ -77,7 +77,7 @@ class Scorer:
         hot = np.nan_to_num(base[..., anomaly_model.THROTTLE_COLUMN]) > 0
         th = self.thermal.step(
             base[..., anomaly_model.TEMP_COLUMN],
-            base[..., anomaly_model.POWER_COLUMN],
+            base[..., self.model.power_column],
             valid,
             cls,
             now,
@@ -88,11 +88,13 @@ class Scorer:
         comps_full = {k: np.zeros(valid.shape) for k in anomaly_model.COMPONENTS}
         if valid.any():
             rows = {"rise_c": th.rise_c[valid], "gpu_rel": th.gpu_rel[valid], "node_c": th.node_c[valid]}
+            if th.peer_z is not None:
+                rows["peer_z"] = th.peer_z[valid]
             comps = self.model.components(base[valid], rows)
             threshold = self.model.calib["threshold"]
             for k in anomaly_model.COMPONENTS:
                 comps_full[k][valid] = comps[k] / threshold
-            out[valid] = anomaly_model.to_score(anomaly_model.combine(comps), threshold)
+            out[valid] = anomaly_model.to_score(self.model.combine(comps), threshold)
         self.last_components = comps_full
         self.last_scores = out
         self._last_now = now if self._last_now is None else max(now, self._last_now)
@@ -142,6 +144,7 @@ class Scorer:
             "residual_c": th.residual_c[i, gpu],
             "inlet_ref_c": th.inlet_ref_c[i, gpu],
             "node_excess_c": th.node_c[i, gpu],
+            "node_vs_peers": th.peer_z[i, gpu] if th.peer_z is not None else math.nan,
             "cooling_worse_than_model_median": th.gpu_rel[i, gpu],
         }
         for k, v in extra.items():
@@ -156,6 +159,7 @@ AGAINST = {
     "thermal_gpu": "the median GPU of its model on this fleet",
     "thermal_rise": "its own baseline at its node's inlet",
     "thermal_node": "its node's own inlet level",
+    "thermal_peer": "the other nodes of this fleet at the same moment",
     "counters": "the largest error rates of the training fleet",
 }
 """What each component compares with, for ``explain``."""

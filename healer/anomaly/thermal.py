@@ -109,6 +109,16 @@ class ThermalSettings:
     few tenths of a degree in that time)."""
     stale_s: float = 1_800.0
     """A node whose level has not learned for this long (no steady window) is not scored until it has."""
+    peer_floor_c: float = 6.0
+    """Smallest edge of the node-vs-peers check (``peer_z``), °C."""
+    peer_k: float = 6.0
+    """... else this many robust standard deviations (1.4826 x MAD) of this fleet's nodes around it."""
+    peer_tau_s: float = 10_800.0
+    """Each node's own offset from its peers follows with this time constant (3 h), starting at 0."""
+    peer_min_nodes: int = 8
+    """Fewest nodes with a value before nodes are compared with their peers at all."""
+    peer_min_gpus: int = 4
+    """Fewest steady busy GPUs a node needs for its value."""
 
 
 @dataclasses.dataclass
@@ -123,6 +133,8 @@ class Step:
     inlet_ref_c: F64
     """The node's inlet reference (per GPU, the node's value), °C."""
     ready: BOOL
+    peer_z: F64 | None = None
+    """The node against its peers at the same moment (per GPU, the node's value), 1.0 = the edge."""
 
 
 class ThermalState:
@@ -167,6 +179,8 @@ class ThermalState:
         self.ref_last = np.full(0, np.nan)
         """Each node's last trusted inlet reference, °C, and when it was taken (unix seconds)."""
         self.ref_at = np.full(0, -math.inf)
+        self.peer_off = np.zeros(0)
+        """Each node's own learned offset from its peers, °C (0 at a cold start)."""
         self.node_names: list[str] = []
         self._pending: dict[str, Any] = {}
         """Imported node states whose nodes have not reported yet (applied when they appear)."""
@@ -195,6 +209,7 @@ class ThermalState:
         self.band_s = np.concatenate([self.band_s, np.zeros((nb, extra))], axis=1)
         self.ref_last = np.concatenate([self.ref_last, np.full(extra, np.nan)])
         self.ref_at = np.concatenate([self.ref_at, np.full(extra, -math.inf)])
+        self.peer_off = np.concatenate([self.peer_off, np.zeros(extra)])
         start = len(self.node_names)
         self.node_names = list(names)
         for i in range(start, len(names)):
@@ -343,7 +358,41 @@ class ThermalState:
         self.ref_last[:n][fresh] = ref[fresh]
         self.ref_at[:n][fresh] = now
         self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, now, dt)
-        return Step(out[0], out[1], out[2], resid, np.broadcast_to(ref[:, None], temp.shape).copy(), ready)
+        peer = self._peers(n, temp, pt, (steady | hot) & busy, cls, dt)
+        return Step(
+            out[0],
+            out[1],
+            out[2],
+            resid,
+            np.broadcast_to(ref[:, None], temp.shape).copy(),
+            ready,
+            np.broadcast_to(peer[:, None], temp.shape).copy(),
+        )
+
+    def _peers(self, n: int, temp: F64, pt: F64, ok: BOOL, cls: npt.NDArray[np.intp], dt: float) -> F64:
+        """Each node against its peers at this moment: the median over its steady busy GPUs of
+        ``temp - fleet_r x power`` (no fit of its own needed, so it holds from the first window and
+        after any gap), less the fleet's median of the same, less the node's own slow offset from its
+        peers; over an edge of ``peer_k`` robust standard deviations of this fleet's nodes (at least
+        ``peer_floor_c``). A room-wide swing moves every node and cancels."""
+        s = self.s
+        implied = np.where(ok, temp - self.fleet_r[cls[:n]] * pt, np.nan)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            node_in = np.nanmedian(implied, axis=1)
+            node_in[ok.sum(axis=1) < s.peer_min_gpus] = np.nan
+            have = ~np.isnan(node_in)
+            if have.sum() < s.peer_min_nodes:
+                return np.full(n, np.nan)
+            x = node_in - np.nanmedian(node_in) - self.peer_off[:n]
+            x = x - np.nanmedian(x)
+            mad = 1.4826 * float(np.nanmedian(np.abs(x)))
+        edge = max(s.peer_floor_c, s.peer_k * mad)
+        if dt > 0:
+            alpha = 1.0 - math.exp(-dt / s.peer_tau_s)
+            self.peer_off[:n][have] += alpha * x[have]
+        out: F64 = x / edge
+        return out
 
     def _learn(
         self,
@@ -492,6 +541,7 @@ class ThermalState:
                 "band_s": rnd(self.band_s[:, i]),
                 "ref_c": None if np.isnan(self.ref_last[i]) else float(self.ref_last[i]),
                 "ref_at": float(self.ref_at[i]) if np.isfinite(self.ref_at[i]) else None,
+                "peer_off_c": float(self.peer_off[i]),
             }
         for name, doc in self._pending.items():
             nodes.setdefault(name, doc)
@@ -537,3 +587,4 @@ class ThermalState:
         self.band_s[:, i] = np.array(doc["band_s"], dtype=np.float64)
         self.ref_last[i] = np.nan if doc.get("ref_c") is None else float(doc["ref_c"])
         self.ref_at[i] = -math.inf if doc.get("ref_at") is None else float(doc["ref_at"])
+        self.peer_off[i] = float(doc.get("peer_off_c", 0.0))

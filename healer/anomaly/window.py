@@ -21,7 +21,7 @@ from healer.schemas import telemetry
 _NAN = math.nan
 
 
-def _fields(g: telemetry.GpuView) -> tuple[float | int | None, ...]:
+def _fields(g: telemetry.GpuView, ts: float) -> tuple[float | int | None, ...]:
     return (
         g.temp_c,
         g.power_w,
@@ -35,6 +35,8 @@ def _fields(g: telemetry.GpuView) -> tuple[float | int | None, ...]:
         g.nvlink_crc_data_errors,
         g.nvlink_replay_errors,
         g.pcie_replay_count,
+        getattr(g, "energy_j", None),  # read by name: not in the GpuView protocol
+        ts,
     )
 
 
@@ -106,7 +108,7 @@ class FleetWindow:
         gpus = frame.gpus
         models = self.models[i]
         if len(gpus) == self.gpus and all(g.index == k for k, g in enumerate(gpus)):
-            self._vals.extend([v for g in gpus for v in _fields(g)])
+            self._vals.extend([v for g in gpus for v in _fields(g, ts)])
             if models[0] is None or models[0] != gpus[0].model:
                 self.models[i] = [g.model for g in gpus]
         else:  # lost GPUs or odd numbering: place each by its index
@@ -118,7 +120,7 @@ class FleetWindow:
                     self.dropped += 1
                     continue
                 models[k] = g.model
-                row[k * r : k * r + r] = _fields(g)
+                row[k * r : k * r + r] = _fields(g, ts)
             self._vals.extend(row)
         self._q_node.append(i)
         self._q_ts.append(ts)

@@ -77,8 +77,13 @@ def register(sub: Any) -> None:
     tr.add_argument("--gpus-per-node", type=int, default=8)
     tr.set_defaults(func=_train)
 
-    ev = msub.add_parser("eval", help="replay labelled simulated scenarios through the model and the rules")
+    ev = msub.add_parser(
+        "eval",
+        help="replay labelled simulated scenarios, or recorded NodeFrames (--recorded, --from-stream), "
+        "through the model and the rules",
+    )
     ev.add_argument("--model", required=True, type=pathlib.Path)
+    add_backtest_options(ev, models=True)
     ev.add_argument(
         "--scenarios",
         default=DEFAULT_SCENARIOS,
@@ -245,6 +250,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from healer.anomaly import evaluation, persist
 
+    if args.recorded or args.from_stream:
+        return backtest(args, [args.model, *args.compare])
     if args.plots is not None:
         try:
             from healer.anomaly import plots
@@ -292,6 +299,108 @@ def _eval(args: argparse.Namespace) -> int:
     else:
         print(format_summary(result))
     return 0
+
+
+def add_backtest_options(p: argparse.ArgumentParser, *, models: bool) -> None:
+    """The options of a backtest on recorded NodeFrames (``healer model eval``, ``healer rules
+    backtest``)."""
+    if models:  # ``healer rules backtest`` takes them as positional arguments
+        p.add_argument(
+            "--recorded",
+            nargs="+",
+            default=[],
+            metavar="FILE",
+            help="NodeFrame JSON lines (plain or gzip; - for standard input); each replayed cold",
+        )
+    p.add_argument("--from-stream", metavar="NATS_URL", help="replay the HEALER_TELEMETRY stream")
+    p.add_argument("--prefix", help="subject prefix (with --from-stream; default: nats.prefix, healer)")
+    p.add_argument("--limit", type=int, default=0, help="at most this many frames from the stream")
+    p.add_argument(
+        "--truth",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="ground truth per recording, in order (the shared generator's --truth JSON)",
+    )
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--score-every", type=float, default=30.0, help="seconds between scorings (%(default)s)")
+    if models:
+        p.add_argument(
+            "--compare",
+            nargs="+",
+            default=[],
+            type=pathlib.Path,
+            metavar="MODEL",
+            help="also replay these models on the same frames (with --recorded / --from-stream)",
+        )
+    if "--config" not in p._option_string_actions:
+        common.add_config_option(p)
+
+
+def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
+    """Replay recorded NodeFrames through the rule pack and the models; print the figures."""
+    from healer.anomaly import backtest as bt
+    from healer.rules import loader
+
+    if args.truth and len(args.truth) != max(1, len(args.recorded)):
+        raise common.SettingsError("--truth: give one ground-truth file per recording, in order")
+    episodes = anomaly_episodes(args.rules, getattr(args, "hold", None))
+    result = loader.load_paths([pathlib.Path(p) for p in args.rules])
+    if result.ruleset is None:
+        print("error: rule pack has errors: " + "; ".join(d.message for d in result.errors), file=sys.stderr)
+        return 1
+    try:
+        models: dict[str, Any] = {}
+        if model_paths:
+            from healer.anomaly import persist
+
+            for path in model_paths:
+                models[str(path)] = persist.load(path)[0]
+        truths = [bt.load_truth(t) for t in args.truth]
+        sources: list[Any]
+        if args.from_stream:
+            frames = _stream(args)
+            if frames is None:
+                return common.EXIT_INTERRUPTED
+            sources = [frames]
+        else:
+            sources = [bt.read_lines(p) for p in args.recorded]
+        out = bt.run_sources(
+            sources,
+            truths,
+            result.ruleset,
+            models,
+            episodes=episodes,
+            gpus_per_node=args.gpus_per_node,
+            score_every_s=args.score_every,
+        )
+    except (errors.HealerError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({k: v for k, v in out.items() if k != "raw"}, indent=2, default=float))
+    else:
+        print(bt.format_summary(out))
+    return 0
+
+
+def _stream(args: argparse.Namespace) -> list[bytes] | None:
+    from healer.anomaly import dataset
+
+    s = common.settings(args, nats={"url": args.from_stream})
+    logs.configure("error")
+    frames: list[bytes] | None = common.run(
+        lambda stop: common.until_stopped(
+            dataset.stream_frames(
+                lambda: common.connect(s, "healer-backtest"),
+                subjects.Subjects(args.prefix or s.nats.prefix),
+                limit=args.limit,
+                progress=_bar("frames"),
+            ),
+            stop,
+        )
+    )
+    return frames
 
 
 def _minutes(v: float | None) -> str:

@@ -32,6 +32,19 @@ def register(sub: Any) -> None:
     test.add_argument("paths", nargs="+", type=pathlib.Path, help="test files or directories")
     test.set_defaults(func=_test)
 
+    bt = rules_sub.add_parser(
+        "backtest",
+        help="replay recorded NodeFrames through the pack: what it would have opened (docs/rules.md)",
+    )
+    bt.add_argument("recorded", nargs="*", metavar="FILE", help="NodeFrame JSON lines (gzip ok; - = stdin)")
+    bt.add_argument("--rules", nargs="+", default=["rules"], help="rule files or directories")
+    bt.add_argument("--model", nargs="+", default=[], type=pathlib.Path, help="also replay these models")
+    bt.add_argument("--json", action="store_true", help="print the figures as JSON")
+    from healer.cli import model_cmd
+
+    model_cmd.add_backtest_options(bt, models=False)
+    bt.set_defaults(func=_backtest)
+
     sch = rules_sub.add_parser("schema", help="write the rule-file JSON Schema (for editors)")
     sch.add_argument("--out", type=pathlib.Path, help="file to write (default: standard output)")
     sch.set_defaults(func=_schema)
@@ -42,6 +55,14 @@ def _existing(paths: list[pathlib.Path], what: str) -> None:
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise common.SettingsError(f"no such file or directory: {', '.join(missing)} (the {what} to read)")
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    from healer.cli import model_cmd
+
+    if not args.recorded and not args.from_stream:
+        raise common.SettingsError("healer rules backtest: give recorded files, - or --from-stream")
+    return model_cmd.backtest(args, list(args.model))
 
 
 def _check(args: argparse.Namespace) -> int:
