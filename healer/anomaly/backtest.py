@@ -38,7 +38,7 @@ import math
 import pathlib
 import statistics
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
@@ -560,7 +560,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def run_sources(
     sources: list[Iterable[bytes]],
-    truths: list[list[dict[str, Any]]],
+    truths: list[list[dict[str, Any]]] | Callable[[int], list[dict[str, Any]]],
     rules: ruleset.RuleSet | None,
     models: dict[str, anomaly_model.Model],
     *,
@@ -570,7 +570,9 @@ def run_sources(
     eval_every_s: float = 10.0,
 ) -> dict[str, Any]:
     """Replay each source (cold: a new engine and new scorers per source) with its ground truth
-    (``truths[k]``, empty for none) and summarize; ``raw`` holds each recording's own result."""
+    (``truths[k]``, empty for none; or ``truths(k)``, called once source ``k`` has been replayed, so a
+    generator piping its frames may write its truth file as it starts) and summarize; ``raw`` holds
+    each recording's own result."""
     raw = []
     for k, src in enumerate(sources):
         bt = Backtest(
@@ -581,5 +583,6 @@ def run_sources(
             score_every_s=score_every_s,
             eval_every_s=eval_every_s,
         ).run(src)
-        raw.append(bt.result(truths[k] if k < len(truths) else []))
+        truth = truths(k) if callable(truths) else truths[k] if k < len(truths) else []
+        raw.append(bt.result(truth))
     return summarize(raw) | {"raw": raw}

@@ -356,7 +356,10 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
 
             for path in model_paths:
                 models[str(path)] = persist.load(path)[0]
-        truths = [bt.load_truth(t) for t in args.truth]
+
+        def truths(k: int) -> list[dict[str, Any]]:  # read after the replay: a pipe's writer may be late
+            return bt.load_truth(args.truth[k]) if k < len(args.truth) else []
+
         sources: list[Any]
         if args.from_stream:
             frames = _stream(args)
