@@ -77,30 +77,29 @@ class Episodes:
     cooldown_s: float = 3600.0
 
 
-def open_lines(path: str | pathlib.Path) -> IO[bytes]:
-    """A binary stream over a JSON-lines recording: ``-`` is standard input; gzip is recognised by its
-    magic bytes, whatever the file is called."""
-    if str(path) == "-":
-        raw = sys.stdin.buffer
-        peek = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-        return cast(IO[bytes], gzip.GzipFile(fileobj=raw) if peek == b"\x1f\x8b" else raw)
-    p = pathlib.Path(path)
-    with p.open("rb") as fh:
-        magic = fh.read(2)
-    return cast(IO[bytes], gzip.open(p, "rb") if magic == b"\x1f\x8b" else p.open("rb"))
+def open_lines(path: str | pathlib.Path) -> tuple[IO[bytes], IO[bytes] | None]:
+    """A binary stream over a JSON-lines recording, and the file under it to close (None for standard
+    input): ``-`` is standard input; gzip is recognised by its magic bytes, whatever the file is
+    called. The file is opened once and only peeked at, so a pipe (``<(generator ...)``) works as well
+    as a file."""
+    under: Any = None if str(path) == "-" else open(path, "rb")  # noqa: SIM115 (closed by read_lines)
+    raw: Any = sys.stdin.buffer if under is None else under
+    peek = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+    return cast(IO[bytes], gzip.GzipFile(fileobj=raw) if peek == b"\x1f\x8b" else raw), under
 
 
 def read_lines(path: str | pathlib.Path) -> Iterator[bytes]:
     """Each non-empty line of a recording (``open_lines``), without its newline."""
-    fh = open_lines(path)
+    fh, under = open_lines(path)
     try:
         for line in fh:
             line = line.strip()
             if line:
                 yield line
     finally:
-        if str(path) != "-":
+        if under is not None:
             fh.close()
+            under.close()
 
 
 def load_truth(path: str | pathlib.Path) -> list[dict[str, Any]]:

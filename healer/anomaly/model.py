@@ -110,20 +110,18 @@ class Model:
         edges = (c["edge_rise_c"], c["edge_rel"], c["edge_node_c"])
         return thermal.ThermalState(gpus, self.classes, self.prior_r, self.settings.thermal(), edges)
 
-    def components(self, base: F64, th: dict[str, F64]) -> dict[str, F64]:
+    def components(self, base: F64, th: dict[str, F64], *, gate: bool = True) -> dict[str, F64]:
         """Each component's normalised value (1.0 = edge of healthy) for base feature rows and their
         thermal values (``rise_c``, ``gpu_rel``, ``node_c`` per row; ``nan`` = not scored)."""
         c = self.calib
         rates = base[:, [_BASE[n] for n in features.RATE_FEATURES]]
         refs = np.array([c[f"rate_ref_{n}"] for n in features.RATE_FEATURES])
-        a = -self.forest.score_samples(forest_input(base))
 
         def pos(v: F64, edge: float) -> F64:
             out: F64 = np.maximum(0.0, np.nan_to_num(v)) / edge
             return out
 
-        return {
-            "forest": np.maximum(0.0, (a - c["forest_median"]) / (c["q_forest"] - c["forest_median"])),
+        out = {
             "thermal_gpu": pos(th["gpu_rel"], c["edge_rel"]),
             "thermal_rise": pos(th["rise_c"], c["edge_rise_c"]),
             "thermal_node": pos(th["node_c"], c["edge_node_c"]),
@@ -134,6 +132,18 @@ class Model:
             ),
             "counters": (np.nan_to_num(rates) / refs).max(axis=1),
         }
+        rows = np.ones(len(base), dtype=bool)
+        if gate and self.forest_corroborates:
+            # the forest can lift a GPU to the level only where its own evidence is within
+            # CORROBORATE_GAIN of it: elsewhere it is not evaluated (reads 0), which leaves every
+            # incident as it was and saves most of the scoring's cost
+            own = np.max(np.stack(list(out.values())), axis=0)
+            rows = own >= c["threshold"] / CORROBORATE_GAIN
+        forest = np.zeros(len(base))
+        if rows.any():
+            a = -self.forest.score_samples(forest_input(base[rows]))
+            forest[rows] = np.maximum(0.0, (a - c["forest_median"]) / (c["q_forest"] - c["forest_median"]))
+        return {"forest": forest, **out}
 
     @property
     def forest_corroborates(self) -> bool:
@@ -238,7 +248,7 @@ def train(
         c[key] = max(EDGE_FLOORS[key], float(np.quantile(v, q)) if len(v) else 0.0)
     c.update(q_forest=1.0, threshold=1.0, forest_corroborates=1.0, thermal_heat=1.0, thermal_peer=1.0)
     x_cal = base[cal_rows]
-    pre = model.components(x_cal, held)
+    pre = model.components(x_cal, held, gate=False)
     a_q = c["forest_median"] + float(np.quantile(pre["forest"], q)) * (1.0 - c["forest_median"])
     c["q_forest"] = max(a_q, c["forest_median"] + 1e-3)
     comps = model.components(x_cal, held)

@@ -371,7 +371,7 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
         out = bt.run_sources(
             sources,
             truths,
-            result.ruleset,
+            None if getattr(args, "no_rules", False) else result.ruleset,
             models,
             episodes=episodes,
             gpus_per_node=args.gpus_per_node,
