@@ -1,17 +1,21 @@
 """The anomaly model: what it learns from healthy telemetry, how it scores a window, how it is stored.
 
-Five components, each normalised so that 1.0 is the edge of healthy behaviour, combined by taking the
-largest. Only the forest and the counter references come from the training fleet, and neither reads a
-temperature; every thermal comparison is against what *this* fleet has shown (``thermal.ThermalState``,
-learned live and exportable):
+Six components, each normalised so that 1.0 is the edge of healthy behaviour. Only the forest and the
+counter references come from the training fleet, and neither reads a temperature; every thermal
+comparison is against what *this* fleet has shown (``thermal.ThermalState``, learned live and
+exportable). The largest of the others decides; the forest only corroborates (``combine``):
 
 - ``forest``: an IsolationForest over dimensionless features (power and utilisation fractions, clock
-  ratio, throttle shares, the node's power and the GPU's deviation from it, error rates as log1p);
+  ratio, throttle shares, the node's power and the GPU's deviation from it, error rates as log1p),
+  fitted on healer's simulator, so it may lift the others by at most ``CORROBORATE_GAIN`` and opens
+  nothing alone (cards without ``forest_corroborates``: the largest of all, as before);
 - ``thermal_rise``: the GPU's temperature against its own learned model (offset + resistance x power)
   at its node's current inlet reference, in °C over ``edge_rise_c``;
 - ``thermal_gpu``: for a GPU without its own model yet, how much worse it cools than the median GPU of
   its model on this fleet, as a share (``edge_rel``: a wide check, healthy GPUs differ by ± 25 %);
 - ``thermal_node``: the node's inlet reference against its own slow level, °C over ``edge_node_c``;
+- ``thermal_peer``: the node against the fleet's other nodes at the same moment, over the fleet's own
+  spread (``thermal.ThermalState._peers``; cards with ``thermal_peer``);
 - ``counters``: error-counter rates over the largest rate seen in training (at least
   ``rate_floor_per_min``). A healthy fleet's counters barely move, so the forest cannot split on them.
 
