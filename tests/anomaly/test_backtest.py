@@ -235,3 +235,20 @@ def test_a_node_far_hotter_than_its_peers_stands_out_from_the_first_window() -> 
     assert peer[3, 0] > 1.5
     others = np.delete(peer[:, 0], 3)
     assert np.nanmax(np.abs(others)) < 0.5
+
+
+def test_each_nodes_offset_from_its_peers_survives_a_restart() -> None:
+    n, g = 10, 8
+    st = thermal.ThermalState(g, ["m"], [45.0])
+    names = [f"n{i}" for i in range(n)]
+    st.ensure(names)
+    cls = np.zeros((n, g), dtype=np.intp)
+    power = np.full((n, g), 0.9)
+    temp = (24.0 + np.arange(n, dtype=float))[:, None] + 45.0 * power + np.zeros((n, g))
+    for k in range(8):
+        st.step(temp, power, np.ones((n, g), dtype=bool), cls, 1000.0 + 30 * k, 30.0 if k else 0.0)
+    assert np.abs(st.peer_off).max() > 0
+    again = thermal.ThermalState(g, ["m"], [45.0])
+    again.import_(orjson.loads(orjson.dumps(st.export())))
+    again.ensure(names)
+    assert again.peer_off.tolist() == pytest.approx(st.peer_off.tolist())
