@@ -288,6 +288,15 @@ class ActuatorSettings(_Group):
     awaited this long plus ``power_reply_timeout_s``."""
 
 
+class DomainLimit(_Group):
+    """How much of one failure domain healer may take out of service in the breaker's window (#27)."""
+
+    max_nodes: int | None = pydantic.Field(default=None, ge=1)
+    """At most this many nodes of any one domain of this key."""
+    max_percent: float | None = pydantic.Field(default=None, gt=0, le=100)
+    """At most this percentage of any one domain of this key (never fewer than one node)."""
+
+
 class ControllerSettings(_Group):
     rules_dir: str = "rules"
     """Directory of rule files (*.yaml); watched and hot-reloaded."""
@@ -342,6 +351,13 @@ class ControllerSettings(_Group):
     """...and at most this percentage of the admitted fleet (``admission``; never fewer than one node)."""
     breaker_window_s: float = pydantic.Field(default=3600.0, gt=0)
     """Sliding window of the circuit breaker."""
+    domain_limits: dict[str, DomainLimit] = pydantic.Field(default_factory=dict)
+    """Blast radius per failure domain, by domain key (``rack``, ``switch``, ``nvl_domain``, any key of
+    the topology): e.g. ``{rack: {max_nodes: 2}, switch: {max_percent: 25}}``. A node is taken out of
+    service only while every domain it belongs to stays within its limit (nodes healer took out in the
+    breaker's window, counted in the breaker's KV document); beyond it the action waits and the
+    incident names the domain and the limit. Unlike the fleet-wide breaker it opens nothing: a rack at
+    its limit does not stop remediation elsewhere. Empty: no per-domain limit."""
     action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
     """A power cap on the same node for another incident waits at least this long (no flapping)."""
     actions_per_minute: int = pydantic.Field(default=60, ge=1)
@@ -380,7 +396,16 @@ class ControllerSettings(_Group):
     admitted nodes count toward the breaker's fleet size."""
     inventory_file: str | None = None
     """With ``admission: file``: a YAML list of node names, or a mapping with a ``nodes`` list (the
-    ``healer nats config --nodes`` file works); re-read when it changes."""
+    ``healer nats config --nodes`` file works); re-read when it changes. An entry may carry failure
+    domain labels: ``{name: gpu01, rack: r07, pdu: p3, switch: leaf-07}``, or ``nodes`` as a mapping
+    from name to labels."""
+    topology_file: str | None = None
+    """Slurm's ``topology.conf`` (topology/tree or topology/block) read for failure domains, with any
+    ``admission``: a node's leaf switch is domain ``switch``, the switch above it ``switch_l2`` and so
+    on; a block is domain ``block``. Re-read when it changes; a bad line is logged and skipped."""
+    domain_labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Domain key -> scheduler label name, for ``admission: scheduler`` (e.g. ``{rack:
+    example.com/rack}``); every ``topology.kubernetes.io/<key>`` label is domain ``<key>`` anyway."""
     admission_refresh_s: float = pydantic.Field(default=10.0, gt=0)
     """With ``admission: scheduler``: the scheduler is asked about names that reported but are not
     admitted at most this often (one node list call for all of them)."""

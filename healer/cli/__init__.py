@@ -25,6 +25,7 @@ GROUPS = [
     "healer.cli.demo_cmd",
     "healer.cli.agent_cmd",
     "healer.cli.controller_cmd",
+    "healer.cli.fleet_cmd",
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
     "healer.cli.feed_cmd",

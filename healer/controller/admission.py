@@ -9,6 +9,10 @@ Three checks stand between the bus and the fleet state, before anything is alloc
   inventory file, or, by explicit setting, any name that reports. A name not admitted is dropped
   (``unknown_node``) and never counts toward the breaker's fleet size. A node may report at most
   ``max_gpus_per_node`` GPUs (``too_many_gpus``), so one frame cannot widen the fleet state.
+- **The topology comes with the fleet** (``controller.topology``, #27): the inventory file's labels, or
+  the scheduler's node labels, give each admitted node its failure domains (rack, switch, ...), read
+  in the same call that admits it; ``controller.topology_file`` (Slurm's ``topology.conf``) adds the
+  switch tree. ``topology()`` is the topology of the admitted fleet only.
 - **Time comes from the controller's clock.** A node's ``ts`` further than ``max_clock_skew_s`` from the
   receive time is counted as skewed; the message is still used, but ordering, freshness, silence and
   quiet periods are judged on receive time everywhere, so a bad clock neither silences nor replays a node.
@@ -26,11 +30,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, cast
 
-import yaml
-
 from healer import config, errors, logs
 from healer.actuators import base as actuators
 from healer.controller import metrics as metrics_mod
+from healer.controller import topology
 from healer.schemas import events, telemetry
 
 Reason = Literal["identity_mismatch", "unknown_node", "too_many_gpus"]
@@ -45,17 +48,8 @@ REFUSED_FOR_S = 600.0
 
 
 def read_inventory(path: str) -> set[str]:
-    """Node names from a YAML list, or a mapping with a ``nodes`` list (``healer nats config``'s file)."""
-    try:
-        raw = yaml.safe_load(pathlib.Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise errors.PermanentError(f"cannot read controller.inventory_file {path}: {e}") from e
-    names = raw.get("nodes") if isinstance(raw, dict) else raw
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise errors.PermanentError(
-            f"controller.inventory_file {path}: expected a list of node names or a mapping with 'nodes'"
-        )
-    return set(names)
+    """Node names from the inventory file (``topology.read_inventory`` also gives their domains)."""
+    return topology.read_inventory(path).names
 
 
 class Admission:
@@ -82,6 +76,11 @@ class Admission:
         self.throttle = logs.Throttle(LOG_EVERY_S)
         self._asked_at = -float("inf")
         self._inventory_sig: tuple[float, int] | None = None
+        self.domains: dict[str, dict[str, str]] = {}
+        """Failure domains by node, from the inventory file or the scheduler's labels."""
+        self.switches: dict[str, dict[str, str]] = {}
+        """Failure domains by node from ``topology_file`` (Slurm's switch tree)."""
+        self._topology_sig: tuple[float, int] | None = None
         self.source: actuators.LabelSource | None = None
         if cs.admission == "scheduler":
             if not hasattr(scheduler, "node_labels"):
@@ -97,6 +96,8 @@ class Admission:
                     "controller.admission is 'file' but controller.inventory_file is unset"
                 )
             self._reload_file()
+        if cs.topology_file:
+            self._reload_topology()
         self.metrics.nodes_admitted.set(len(self.admitted))
 
     @property
@@ -168,6 +169,8 @@ class Admission:
     async def refresh(self) -> None:
         """Housekeeping: re-read the inventory file when it changed; ask the scheduler about the names
         that reported and are not admitted (one call, at most every ``admission_refresh_s``)."""
+        if self.cs.topology_file:
+            self._reload_topology()
         if self.cs.admission == "file":
             self._reload_file()
             return
@@ -185,6 +188,7 @@ class Admission:
             self.log.warning("controller.admission_failed", error=str(e) or repr(e), waiting=len(asked))
             return
         self.admit(listed)
+        self.learn_domains(listed)
         wall = self.clock()
         for name in asked:
             self.pending.discard(name)
@@ -199,6 +203,42 @@ class Admission:
         self.admitted.update(names)
         self.metrics.nodes_admitted.set(len(self.admitted))
 
+    def learn_domains(self, labels: dict[str, dict[str, str]]) -> None:
+        """Domains from the scheduler's labels of admitted nodes (admission and the label refresh)."""
+        if self.cs.admission == "file":
+            return  # the inventory file's labels are the topology
+        for node, node_labels in labels.items():
+            if node in self.admitted:
+                self.domains[node] = topology.domains_from_labels(node_labels, self.cs.domain_labels)
+
+    def topology(self) -> topology.Topology:
+        """The failure domains of the admitted fleet: the source's labels, then the switch tree."""
+        believed = topology.Topology({n: self.domains.get(n, {}) for n in self.admitted})
+        for node, switches in self.switches.items():
+            if node in self.admitted:
+                believed.update(node, switches)
+        return believed
+
+    def _reload_topology(self) -> None:
+        assert self.cs.topology_file
+        try:
+            st = pathlib.Path(self.cs.topology_file).stat()
+            sig = (st.st_mtime, st.st_size)
+            if sig == self._topology_sig:
+                return
+            parsed = topology.read_topology_file(self.cs.topology_file)
+        except (OSError, errors.PermanentError) as e:
+            if self._topology_sig is None:
+                raise errors.PermanentError(f"cannot read controller.topology_file: {e}") from e
+            self.log.warning("controller.topology_unreadable", error=str(e), kept=len(self.switches))
+            return
+        for problem in parsed.problems:
+            self.metrics.topology_problems.inc()
+            self.log.warning("controller.topology_line_rejected", problem=problem)
+        self._topology_sig = sig
+        self.switches = parsed.domains
+        self.log.info("controller.topology_loaded", nodes=len(parsed.domains), rejected=len(parsed.problems))
+
     def _reload_file(self) -> None:
         assert self.cs.inventory_file
         try:
@@ -212,13 +252,14 @@ class Admission:
         if sig == self._inventory_sig:
             return
         try:
-            names = read_inventory(self.cs.inventory_file)
+            inventory = topology.read_inventory(self.cs.inventory_file)
         except errors.PermanentError as e:
             if self._inventory_sig is None:
                 raise
             self.log.warning("controller.inventory_rejected", error=str(e), kept=len(self.admitted))
             return
         self._inventory_sig = sig
-        self.admitted = names
+        self.admitted = inventory.names
+        self.domains = inventory.domains
         self.metrics.nodes_admitted.set(len(self.admitted))
-        self.log.info("controller.inventory_loaded", nodes=len(names))
+        self.log.info("controller.inventory_loaded", nodes=len(inventory.names))

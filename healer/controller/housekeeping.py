@@ -109,4 +109,5 @@ class Housekeeping:
             return
         for node, node_labels in labels.items():
             self.engine.set_labels(node, node_labels)
+        self.admission.learn_domains(labels)
         self.log.debug("controller.labels_refreshed", nodes=len(labels))

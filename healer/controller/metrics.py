@@ -143,6 +143,16 @@ class ControllerMetrics:
             "node label refreshes from the scheduler that failed (the previous labels stay)",
             registry=r,
         )
+        self.topology_problems = prom.Counter(
+            "healer_controller_topology_lines_rejected_total",
+            "lines of controller.topology_file that could not be used (each logged, the rest kept)",
+            registry=r,
+        )
+        self.domain_holds = prom.Counter(
+            "healer_controller_domain_holds_total",
+            "actions held because a failure domain was at its controller.domain_limits limit",
+            registry=r,
+        )
         self.rules_rejected = prom.Counter(
             "healer_controller_rules_rejected_total", "rule reloads rejected for errors", registry=r
         )
