@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from healer import config
-from healer.controller import book
+from healer.controller import blast, book
 from healer.rules import actions, engine, ruleset
 from healer.schemas import incidents
 
@@ -139,6 +139,8 @@ class BreakerAdmission:
     """This very request opened the breaker (the controller raises a fleet incident)."""
     state: dict[str, Any] | None = None
     """The breaker document to write (compare-and-set); None when nothing changes."""
+    held: blast.Hold | None = None
+    """A failure domain at its ``domain_limits`` limit holds the action (it waits; nothing opens)."""
 
 
 def limit_of(fleet_size: int, settings: config.ControllerSettings) -> int:
@@ -153,8 +155,11 @@ def breaker_admission(
     incident_id: str,
     now: float,
     settings: config.ControllerSettings,
+    domains: blast.View | None = None,
 ) -> BreakerAdmission:
-    """May healer take ``node`` out of service, given the breaker document ``state``?"""
+    """May healer take ``node`` out of service, given the breaker document ``state``? ``domains``: the
+    node's limited failure domains; one at its limit holds the request before the fleet-wide limit is
+    looked at, so a full rack never trips the breaker for the rest of the fleet."""
     entries = [
         e for e in map(BreakerEntry.of, state.get("entries", [])) if now - e.at < settings.breaker_window_s
     ]
@@ -164,6 +169,10 @@ def breaker_admission(
         return BreakerAdmission(
             False, f"circuit breaker open since {state.get('opened_at')}: {state.get('reason')}"
         )
+    if domains is not None and settings.domain_limits:
+        hold = blast.domain_hold((e.node for e in entries), node, domains, settings.domain_limits)
+        if hold is not None:
+            return BreakerAdmission(False, hold.reason, held=hold)
     limit = limit_of(fleet_size, settings)
     counted = [e.dump() for e in entries]
     if len(entries) + 1 > limit:

@@ -17,7 +17,19 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import admission, book, decide, healing, kv, learning, lease, policy, role, runner
+from healer.controller import (
+    admission,
+    blast,
+    book,
+    decide,
+    healing,
+    kv,
+    learning,
+    lease,
+    policy,
+    role,
+    runner,
+)
 from healer.controller import feed as feed_publisher
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
@@ -111,6 +123,12 @@ class IncidentShell:
         """The breaker's denominator: admitted nodes only (an inventory file lists every shard's)."""
         admitted = max(len(self.admission.admitted), 1)
         return admitted if self.cs.admission == "file" else admitted * max(1, self.cs.shards)
+
+    def domains(self, node: str) -> blast.View:
+        """The node's limited failure domains, from the admitted fleet's topology (``admission``)."""
+        if not self.cs.domain_limits:
+            return blast.View()
+        return blast.View.of(self.admission.topology(), node, self.cs.domain_limits)
 
     async def publish(self, inc: book.Incident, change: incidents.Change) -> None:
         inc.seq += 1

@@ -5,6 +5,9 @@
   node) taken out of service by healer in a sliding window. The action that would exceed it is refused,
   the breaker opens, and nothing more is taken out of service until a person runs ``healer breaker
   reset``. A mass fault (or a telemetry glitch that looks like one) can cost at most that much capacity.
+- **Domain limits** (``blast``, ``domain_limits``): at most N nodes or P % of any one rack, switch or
+  NVLink domain among the breaker's entries; a domain at its limit holds the action (it waits) and opens
+  nothing, so the rest of the fleet keeps healing.
 - **Exclusions**: nodes under maintenance (``healer exclude add NODE``) get incidents, never actions.
 - **Cooldown** (the kinds the catalogue in ``healer.rules.actions`` marks ``per_node_cooldown``): a power
   cap on a GPU for another incident within ``action_cooldown_s`` of the last one waits (no cap/restore
@@ -26,7 +29,7 @@ from typing import Any
 import structlog
 
 from healer import config, errors
-from healer.controller import decide, kv
+from healer.controller import blast, decide, kv
 from healer.rules import actions
 
 log = structlog.get_logger(__name__)
@@ -51,14 +54,17 @@ class Breaker:
         doc = await self.store.get(BREAKER_KEY)
         return doc.value if doc else {"open": False, "entries": []}
 
-    async def admit(self, node: str, fleet_size: int, incident_id: str) -> decide.BreakerAdmission:
+    async def admit(
+        self, node: str, fleet_size: int, incident_id: str, domains: blast.View | None = None
+    ) -> decide.BreakerAdmission:
         """May healer take ``node`` out of service? Decided by ``decide.breaker_admission``, written with
-        compare-and-set (every shard and controller shares the breaker)."""
+        compare-and-set (every shard and controller shares the breaker). ``domains``: the node's limited
+        failure domains (``blast``), counted against the same document's entries."""
         for _ in range(20):
             doc = await self.store.get(BREAKER_KEY)
             state: dict[str, Any] = doc.value if doc else {"open": False, "entries": []}
             admission = decide.breaker_admission(
-                state, node, fleet_size, incident_id, time.time(), self.settings
+                state, node, fleet_size, incident_id, time.time(), self.settings, domains
             )
             if admission.state is None:
                 return admission

@@ -5,10 +5,12 @@ actuators for a plan), what needs no actuator (notify) or is not automated (GPU 
 exclusions, per-action rate limits and cooldowns, ownership (an uncordon only undoes healer's own cordon,
 and only when no other open incident still holds the node) and leadership; then the circuit breaker for
 anything that takes a node out of service (a separate one for dry-run), decided in a compare-and-set
-loop over KV. Every request carries the lease's fencing token, and a process that is no longer the
-leader stops. This module gathers what the gates look at and carries out their verdicts. Each step's
-outcome is recorded on the incident and published before the next one runs; a failed step stops the
-chain (no migrate without a cordon) and escalates.
+loop over KV, with the node's failure-domain limits (``blast``): a domain at its limit makes the action
+wait and names the domain and the limit in the incident's evidence (``held_by_domain``,
+``domain_limit``), and opens nothing. Every request carries the lease's fencing token, and a process
+that is no longer the leader stops. This module gathers what the gates look at and carries out their
+verdicts. Each step's outcome is recorded on the incident and published before the next one runs; a
+failed step stops the chain (no migrate without a cordon) and escalates.
 
 A breaker that trips opens one critical ``circuit-breaker`` incident (node ``fleet``) whose evidence
 lists the nodes the breaker counted; it resolves when the breaker is closed again, by ``healer breaker
@@ -27,7 +29,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import book, decide, policy, shell
+from healer.controller import blast, book, decide, policy, shell
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
 from healer.rules import actions
@@ -168,7 +170,9 @@ class ActionRunner:
         if spec.takes_out_of_service:
             breaker = self.breaker if mode == "enforce" else self.dry_breaker
             fleet = self.shell.fleet_size()
-            admission = await breaker.admit(inc.node, fleet, inc.id)
+            admission = await breaker.admit(inc.node, fleet, inc.id, self.shell.domains(inc.node))
+            if admission.held is not None:
+                return await self._domain_held(admission.held, inc)
             if admission.tripped:
                 await self._breaker_tripped(admission, inc, fleet)
             if not admission.allowed:
@@ -204,6 +208,24 @@ class ActionRunner:
         if outcome.dry_run and outcome.plan:
             detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
         return decide.Verdict.settle(outcome.status, detail)
+
+    async def _domain_held(self, hold: blast.Hold, inc: book.Incident) -> decide.Verdict:
+        """A failure domain at its limit: the action waits (retried next tick), the incident names the
+        domain and the limit (published once per change of hold), nothing else stops."""
+        if (
+            inc.evidence.get("held_by_domain") != hold.domain
+            or inc.evidence.get("domain_limit") != hold.limit
+        ):
+            inc.evidence.update(
+                held_by_domain=hold.domain,
+                domain_limit=hold.limit,
+                domain_limit_setting=f"{hold.key}: {hold.setting}",
+                domain_out=", ".join(hold.counted)[:1000],
+            )
+            self.metrics.domain_holds.inc()
+            self.log.warning("controller.domain_hold", incident_id=inc.id, node=inc.node, reason=hold.reason)
+            await self.shell.publish(inc, "updated")
+        return decide.Verdict.wait(hold.reason)
 
     async def _breaker_tripped(
         self, admission: decide.BreakerAdmission, refused: book.Incident, fleet_size: int

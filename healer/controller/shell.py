@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from healer.controller import book
+from healer.controller import blast, book
 from healer.schemas import incidents
 
 
@@ -21,6 +21,10 @@ class Shell(Protocol):
 
     def fleet_size(self) -> int:
         """The circuit breaker's denominator: the admitted nodes (all shards')."""
+        ...
+
+    def domains(self, node: str) -> blast.View:
+        """``node``'s failure domains that have a ``domain_limits`` limit, with their members."""
         ...
 
     async def publish(self, inc: book.Incident, change: incidents.Change) -> None:
