@@ -373,6 +373,17 @@ class ControllerSettings(_Group):
     """A rule firing on a GPU (or a node-scope rule on a node) that has an incident opened less than this
     long ago joins it instead of opening another: one incident per fault (docs/controller.md); 0 turns
     correlation off."""
+    shared_cause_window_s: float = pydantic.Field(default=60.0, ge=0)
+    """Shared-cause domain incidents (#27): when ``shared_cause_min_nodes`` nodes of one failure domain
+    open incidents of the same rule within this long, healer opens one ``shared-cause`` incident naming
+    the domain as the suspected component and holds its members' repairs (GPU reset, reboot, hardware
+    replacement; containment such as a cordon or drain still runs) until the domain recovers; 0 turns
+    it off."""
+    shared_cause_min_nodes: int = pydantic.Field(default=3, ge=2)
+    """How many nodes of one domain make a shared cause."""
+    shared_cause_keys: list[str] = pydantic.Field(default_factory=list)
+    """Domain keys looked at for shared causes (e.g. ``[switch, pdu, rack, cooling_loop]``); empty: every
+    key of the topology."""
     power_cap_escalate_s: float = pydantic.Field(default=900.0, gt=0)
     """An incident still firing this long after its power cap escalates to a cordon (the ladder)."""
     action_retries: int = pydantic.Field(default=3, ge=0)

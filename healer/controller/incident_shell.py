@@ -29,6 +29,7 @@ from healer.controller import (
     policy,
     role,
     runner,
+    shared_cause,
 )
 from healer.controller import feed as feed_publisher
 from healer.controller import metrics as controller_metrics
@@ -227,6 +228,39 @@ class IncidentShell:
             await self.publish(inc, "escalated")
         if any(a.status is None for a in inc.actions):
             self.spawn(inc)
+
+    async def correlate_domains(self, now: float) -> None:
+        """Each tick, after the firings: open, grow and resolve shared-cause domain incidents
+        (``shared_cause``) over the node incidents now open."""
+        if not self.cs.shared_cause_window_s:
+            return
+        current = list(self.book.open.values())
+        found = shared_cause.findings(current, self.admission.topology(), now, self.cs)
+        firing = {
+            i.id
+            for i in current
+            if i.rule_id not in shared_cause.IGNORED_RULES and any(s.open for s in i.signals)
+        }
+        todo = shared_cause.plan(found, current, firing)
+        for f in todo.open:
+            inc = shared_cause.new_incident(f, book.new_id(), now, self.cs)
+            self.metrics.shared_cause_incidents.inc()
+            self.log.warning(
+                "controller.shared_cause", incident_id=inc.id, domain=f.domain, rule_id=f.rule_id,
+                members=len(f.members),
+            )  # fmt: skip
+            await self.publish(inc, "opened")
+        for inc, f in todo.grow:
+            inc.evidence = {
+                **inc.evidence,
+                **shared_cause.evidence(f, shared_cause.members_of(inc), shared_cause.member_incidents(inc)),
+            }
+            await self.publish(inc, "updated")
+        for inc in todo.resolve:
+            inc.state = "resolved"
+            inc.resolved_at = now
+            inc.evidence = {**inc.evidence, "outcome": "domain recovered"}
+            await self.publish(inc, "resolved")
 
     async def count_repeat(self, node: str, gpu: int | None, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""

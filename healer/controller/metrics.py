@@ -148,6 +148,11 @@ class ControllerMetrics:
             "lines of controller.topology_file that could not be used (each logged, the rest kept)",
             registry=r,
         )
+        self.shared_cause_incidents = prom.Counter(
+            "healer_controller_shared_cause_incidents_total",
+            "shared-cause domain incidents opened (several nodes of one failure domain faulting together)",
+            registry=r,
+        )
         self.domain_holds = prom.Counter(
             "healer_controller_domain_holds_total",
             "actions held because a failure domain was at its controller.domain_limits limit",

@@ -29,7 +29,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import blast, book, decide, policy, shell
+from healer.controller import blast, book, decide, policy, shared_cause, shell
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
 from healer.rules import actions
@@ -156,6 +156,14 @@ class ActionRunner:
         now = self.clock()
         mode = self.cs.mode
         spec = actions.kind(action.kind)
+        if shared_cause.needless(inc, action.kind, action.on_resolve):
+            return decide.Verdict.settle(
+                "skipped", "the node recovered while its domain was suspected: returned without it"
+            )
+        if not action.on_resolve:
+            domain = shared_cause.holding(inc.node, action.kind, self.book.open.values())
+            if domain is not None:
+                return await self._shared_cause_held(domain, inc, action)
         attempt = self._attempt(inc, action, now)
         verdict = decide.gate(attempt, decide.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
@@ -208,6 +216,24 @@ class ActionRunner:
         if outcome.dry_run and outcome.plan:
             detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
         return decide.Verdict.settle(outcome.status, detail)
+
+    async def _shared_cause_held(
+        self, domain: book.Incident, inc: book.Incident, action: book.PlannedAction
+    ) -> decide.Verdict:
+        """A repair of a node whose domain is suspected waits while the shared-cause incident is open."""
+        reason = (
+            f"held by shared-cause incident {domain.id}: {domain.evidence.get('suspected')} suspected; "
+            f"{action.kind} waits until the domain recovers"
+        )
+        if inc.evidence.get("held_by_incident") != domain.id:
+            inc.evidence.update(
+                held_by_incident=domain.id, held_by_shared_cause=str(domain.evidence.get("domain"))
+            )
+            self.log.warning(
+                "controller.shared_cause_hold", incident_id=inc.id, node=inc.node, kind=action.kind
+            )
+            await self.shell.publish(inc, "updated")
+        return decide.Verdict.wait(reason)
 
     async def _domain_held(self, hold: blast.Hold, inc: book.Incident) -> decide.Verdict:
         """A failure domain at its limit: the action waits (retried next tick), the incident names the

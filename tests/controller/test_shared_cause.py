@@ -1,0 +1,176 @@
+"""Shared-cause domain incidents (#27 item 3): the pure findings and plan, and a controller on a real
+nats-server that opens one leaf-switch incident, holds its members' repairs, heals elsewhere, and
+resolves when the domain recovers, returning a held member without its repair."""
+
+from __future__ import annotations
+
+import pathlib
+
+from healer import config, testing
+from healer.bus import subjects
+from healer.controller import book, shared_cause, topology
+from healer.schemas import codec, events
+from tests.conftest import until
+from tests.controller.conftest import Harness
+
+LEAVES = topology.Topology(
+    {"a": {"switch": "leaf-1", "rack": "r1"}, "b": {"switch": "leaf-1", "rack": "r1"},
+     "c": {"switch": "leaf-1", "rack": "r2"}, "d": {"switch": "leaf-2", "rack": "r2"},
+     "e": {"switch": "leaf-2", "rack": "r2"}, "f": {"switch": "leaf-2", "rack": "r2"}}
+)  # fmt: skip
+CS = config.ControllerSettings(shared_cause_window_s=20, shared_cause_min_nodes=3)
+
+
+def incident(node: str, rule: str = "ib-down", opened_at: float = 100.0) -> book.Incident:
+    return book.Incident(
+        id=f"i-{node}-{rule}", rule_id=rule, severity="major", node=node, mode="enforce",
+        opened_at=opened_at, updated_at=opened_at,
+    )  # fmt: skip
+
+
+def test_three_nodes_of_one_leaf_with_the_same_signal_suspect_the_leaf() -> None:
+    found = shared_cause.findings([incident(n) for n in "abc"], LEAVES, 105.0, CS)
+    assert [(f.domain, f.members, f.size) for f in found] == [("switch=leaf-1", ("a", "b", "c"), 3)]
+
+
+def test_different_signals_fewer_nodes_or_an_old_fault_suspect_nothing() -> None:
+    mixed = [incident("a"), incident("b"), incident("c", rule="thermal")]
+    assert shared_cause.findings(mixed, LEAVES, 105.0, CS) == []
+    assert shared_cause.findings([incident("a"), incident("b")], LEAVES, 105.0, CS) == []
+    stale = [incident("a", opened_at=50.0), incident("b"), incident("c")]
+    assert shared_cause.findings(stale, LEAVES, 105.0, CS) == []
+    off = config.ControllerSettings(shared_cause_window_s=0)
+    assert shared_cause.findings([incident(n) for n in "abc"], LEAVES, 105.0, off) == []
+
+
+def test_the_domain_that_explains_the_most_nodes_wins_and_ties_go_to_the_smallest() -> None:
+    # c, d, e, f: rack r2 (4 nodes) explains all four; leaf-2 only three of them
+    found = shared_cause.findings([incident(n) for n in "cdef"], LEAVES, 105.0, CS)
+    assert [f.domain for f in found] == ["rack=r2"]
+    keys = config.ControllerSettings(
+        shared_cause_window_s=20, shared_cause_min_nodes=3, shared_cause_keys=["switch"]
+    )
+    assert [f.domain for f in shared_cause.findings([incident(n) for n in "cdef"], LEAVES, 105.0, keys)] == [
+        "switch=leaf-2"
+    ]
+
+
+def test_the_plan_opens_once_grows_with_new_members_and_resolves_when_none_fires() -> None:
+    found = shared_cause.findings([incident(n) for n in "abc"], LEAVES, 105.0, CS)
+    first = shared_cause.plan(found, [], {"i-a-ib-down"})
+    assert [f.domain for f in first.open] == ["switch=leaf-1"]
+    dom = shared_cause.new_incident(found[0], "dom", 105.0, CS)
+    assert dom.node == "switch.leaf-1"
+    assert dom.evidence["suspected"] == "switch leaf-1"
+    assert shared_cause.members_of(dom) == ["a", "b", "c"]
+    again = shared_cause.plan(found, [dom], {"i-a-ib-down"})
+    assert again.open == [] and again.grow == [] and again.resolve == []  # noqa: PT018
+    assert shared_cause.plan([], [dom], set()).resolve == [dom]
+
+
+def test_only_repairs_of_members_are_held_containment_is_not() -> None:
+    dom = shared_cause.new_incident(
+        shared_cause.findings([incident(n) for n in "abc"], LEAVES, 105.0, CS)[0], "dom", 105.0, CS
+    )
+    assert shared_cause.holding("a", "reboot_node", [dom]) is dom
+    assert shared_cause.holding("a", "reset_gpu", [dom]) is dom
+    assert shared_cause.holding("a", "cordon", [dom]) is None
+    assert shared_cause.holding("a", "drain", [dom]) is None
+    assert shared_cause.holding("d", "reboot_node", [dom]) is None
+
+
+XID_RESET = (
+    "rules:\n  - id: xid-lost\n    description: GPU fell off the bus\n    on_event: {kind: xid, xid: [79]}\n"
+    "    scope: gpu\n    severity: critical\n    actions: [cordon, reset_gpu]\n    resolve: {for: 2s}\n"
+    "    on_resolve: [uncordon]\n"
+)
+
+
+async def xid(harness: Harness, node: str) -> None:
+    event = events.new(node, "xid", gpu_index=0, xid=79)
+    await harness.bus.publish_durable(subjects.Subjects().events(node), codec.encode(event), msg_id=event.id)
+
+
+def of(ctl: object, node: str) -> book.Incident | None:
+    return next((i for i in ctl.book.all() if i.node == node), None)  # type: ignore[attr-defined]
+
+
+async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolves_with_the_domain(
+    harness: Harness, tmp_path: pathlib.Path
+) -> None:
+    (harness.rules / "xid.yaml").write_text(XID_RESET)
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        + "".join(f"  gpu-{n}: {{switch: leaf-01}}\n" for n in "abce")
+        + "  gpu-d: {switch: leaf-02}\n"
+    )
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(
+        actuator, admission="file", inventory_file=str(inventory), breaker_max_percent=100,
+        shared_cause_min_nodes=3, shared_cause_window_s=60,
+    )  # fmt: skip
+    await until(lambda: ctl.leader)
+    for n in "abc":
+        await xid(harness, f"gpu-{n}")
+    await until(lambda: of(ctl, "switch.leaf-01") is not None)
+    dom = of(ctl, "switch.leaf-01")
+    assert dom is not None
+    assert dom.rule_id == "shared-cause"
+    assert shared_cause.members_of(dom) == ["gpu-a", "gpu-b", "gpu-c"]
+
+    await xid(harness, "gpu-e")  # a later member: its repair waits
+    await until(lambda: (i := of(ctl, "gpu-e")) is not None and i.evidence.get("held_by_incident") == dom.id)
+    await until(lambda: "gpu-e" in shared_cause.members_of(dom))
+    held = of(ctl, "gpu-e")
+    assert held is not None
+    reset = next(a for a in held.actions if a.kind == "reset_gpu")
+    assert reset.status is None
+    assert "held by shared-cause" in reset.detail
+
+    await xid(harness, "gpu-d")  # another switch: not held
+    await until(lambda: (i := of(ctl, "gpu-d")) is not None and i.actions[-1].status is not None)
+    other = of(ctl, "gpu-d")
+    assert other is not None
+    assert "held" not in other.actions[-1].detail
+
+    await until(lambda: dom.state == "resolved", timeout=20)
+    assert dom.evidence["outcome"] == "domain recovered"
+    await until(lambda: any(r.node == "gpu-e" for r in actuator.executed("uncordon")), timeout=20)
+    assert reset.status == "skipped"
+    assert "recovered while its domain was suspected" in reset.detail
+    opened = [e for e in harness.feed.events if e.data.node == "switch.leaf-01" and e.change == "opened"]
+    assert len(opened) == 1, "one domain incident"
+    assert opened[0].data.evidence["members"] == "gpu-a,gpu-b,gpu-c"
+    assert "resolved" in harness.feed.changes("switch.leaf-01")
+    assert not any(r.kind == "reset_gpu" for r in actuator.requests), "no repair reached an actuator"
+
+
+async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
+    harness: Harness, tmp_path: pathlib.Path
+) -> None:
+    # the members keep firing (quiet period 15 s) across the takeover (about the 2 s lease TTL)
+    (harness.rules / "xid.yaml").write_text(XID_RESET.replace("for: 2s", "for: 15s"))
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  gpu-{n}: {{pdu: p1}}\n" for n in "abcd"))
+    settings = {
+        "admission": "file", "inventory_file": str(inventory), "breaker_max_percent": 100,
+        "shared_cause_min_nodes": 3, "shared_cause_window_s": 60,
+    }  # fmt: skip
+    actuator = testing.RecordingActuator()
+    first = await harness.controller(actuator, **settings)
+    await until(lambda: first.leader)
+    for n in "abc":
+        await xid(harness, f"gpu-{n}")
+    await until(lambda: of(first, "pdu.p1") is not None)
+    await harness.crash(first)
+    second = await harness.controller(actuator, **settings)
+    await until(lambda: second.leader and of(second, "pdu.p1") is not None, timeout=20)
+    dom = of(second, "pdu.p1")
+    assert dom is not None
+    await xid(harness, "gpu-d")
+    await until(
+        lambda: (i := of(second, "gpu-d")) is not None and i.evidence.get("held_by_incident") == dom.id
+    )
+    await until(lambda: dom.state == "resolved", timeout=40)
+    assert [e.change for e in harness.feed.events if e.data.node == "pdu.p1"].count("opened") == 1
