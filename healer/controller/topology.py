@@ -108,13 +108,15 @@ class Parsed:
 
 
 def parse_topology_conf(text: str, path: str = "topology.conf") -> Parsed:
-    """Slurm's ``topology.conf`` (or ``scontrol show topology``'s output): ``SwitchName=s Nodes=...``
-    (leaf switches), ``SwitchName=s Switches=...`` (their parents), ``BlockName=b Nodes=...`` (blocks).
+    """Slurm's ``topology.conf`` (or ``scontrol show topology``'s output, whose upper switches list
+    every node below them as well): ``SwitchName=s Nodes=...`` (leaf switches), ``SwitchName=s
+    Switches=...`` (their parents), ``BlockName=b Nodes=...`` (blocks).
     Other keys (``LinkSpeed``, ``Level``, ``BlockSizes``) are ignored; a line not understood is reported."""
     problems: list[str] = []
     leaf_of: dict[str, str] = {}
     parent_of: dict[str, str] = {}
     block_of: dict[str, str] = {}
+    above: dict[str, str] = {}  # nodes an upper switch lists (only used for a node no leaf lists)
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -130,10 +132,14 @@ def parse_topology_conf(text: str, path: str = "topology.conf") -> Parsed:
             try:
                 if "switchname" in fields:
                     name = fields["switchname"]
-                    for node in expand_hostlist(fields.get("nodes", "")):
-                        leaf_of[node] = name
-                    for child in expand_hostlist(fields.get("switches", "")):
+                    children = expand_hostlist(fields.get("switches", ""))
+                    for child in children:
                         parent_of[child] = name
+                    # ``scontrol show topology`` lists under an upper switch every node below it too:
+                    # a node's leaf is the switch without child switches that lists it.
+                    target = above if children else leaf_of
+                    for node in expand_hostlist(fields.get("nodes", "")):
+                        target[node] = name
                 elif "blockname" in fields:
                     for node in expand_hostlist(fields.get("nodes", "")):
                         block_of[node] = fields["blockname"]
@@ -141,6 +147,8 @@ def parse_topology_conf(text: str, path: str = "topology.conf") -> Parsed:
                     problems.append(f"{path}:{lineno}: neither SwitchName, BlockName nor BlockSizes")
             except ValueError as e:
                 problems.append(f"{path}:{lineno}: {e}")
+    for node, name in above.items():
+        leaf_of.setdefault(node, name)
     domains: dict[str, dict[str, str]] = {}
     for node, leaf in leaf_of.items():
         chain = {"switch": leaf}

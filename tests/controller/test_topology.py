@@ -48,7 +48,7 @@ def test_a_real_format_topology_conf_gives_each_node_its_switch_chain() -> None:
 def test_scontrol_show_topology_output_and_blocks_parse_too() -> None:
     text = (
         "SwitchName=s0 Level=0 LinkSpeed=1 Nodes=n[1-2]\n"
-        "SwitchName=s1 Level=1 LinkSpeed=1 Switches=s0\n"
+        "SwitchName=s1 Level=1 LinkSpeed=1 Nodes=n[1-2] Switches=s0\n"  # upper switches list nodes too
         "BlockName=b1 Nodes=n[1-2]\nBlockSizes=2\n"
     )
     parsed = topology.parse_topology_conf(text)

@@ -64,10 +64,17 @@ SlurmdTimeout=30
 RebootProgram=$here/reboot.sh
 ResumeTimeout=60
 InactiveLimit=0
+TopologyPlugin=topology/tree
 GresTypes=gpu
 NodeName=gpu[01-04] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$slurmd_base-$((slurmd_base + 3)) CPUs=1 RealMemory=100 Gres=gpu:8 Feature=h100,nvlink State=UNKNOWN
 PartitionName=gpu Nodes=gpu[01-04] Default=YES MaxTime=INFINITE State=UP
 PartitionName=train Nodes=gpu[01-02] MaxTime=INFINITE State=UP
+CONF
+# Failure domains (#27): three nodes under one leaf switch, one under another, both under a spine.
+cat >"$dir/etc/topology.conf" <<CONF
+SwitchName=leaf-01 Nodes=gpu[01-03]
+SwitchName=leaf-02 Nodes=gpu04
+SwitchName=spine-1 Switches=leaf-[01-02]
 CONF
 cat >"$dir/etc/gres.conf" <<CONF
 AutoDetect=off
