@@ -235,7 +235,13 @@ class IncidentShell:
         if not self.cs.shared_cause_window_s:
             return
         current = list(self.book.open.values())
-        found = shared_cause.findings(current, self.admission.topology(), now, self.cs)
+        window = self.cs.shared_cause_window_s
+        recent = any(
+            now - i.opened_at <= window and i.rule_id not in shared_cause.IGNORED_RULES for i in current
+        )
+        if not recent and not shared_cause.open_domain_incidents(current):
+            return  # the common tick: nothing new, nothing to resolve (the topology is not even built)
+        found = shared_cause.findings(current, self.admission.topology(), now, self.cs) if recent else []
         firing = {
             i.id
             for i in current

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pathlib
+from collections.abc import AsyncIterator
+
+import pytest
 
 from healer import config, testing
 from healer.bus import subjects
@@ -119,12 +122,21 @@ class Firing:
         await self.task
 
 
+@pytest.fixture
+async def firing(harness: Harness) -> AsyncIterator[Firing]:
+    keeper = Firing(harness)
+    try:
+        yield keeper
+    finally:
+        await keeper.recover()  # also when the test failed: no task outlives it
+
+
 def of(ctl: object, node: str) -> book.Incident | None:
     return next((i for i in ctl.book.all() if i.node == node), None)  # type: ignore[attr-defined]
 
 
 async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolves_with_the_domain(
-    harness: Harness, tmp_path: pathlib.Path
+    harness: Harness, tmp_path: pathlib.Path, firing: Firing
 ) -> None:
     (harness.rules / "xid.yaml").write_text(XID_RESET)
     inventory = tmp_path / "nodes.yaml"
@@ -139,7 +151,6 @@ async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolve
         shared_cause_min_nodes=3, shared_cause_window_s=60,
     )  # fmt: skip
     await until(lambda: ctl.leader)
-    firing = Firing(harness)
     for n in "abc":
         await firing.add(f"gpu-{n}")
     await until(lambda: of(ctl, "switch.leaf-01") is not None)
@@ -178,7 +189,7 @@ async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolve
 
 
 async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
-    harness: Harness, tmp_path: pathlib.Path
+    harness: Harness, tmp_path: pathlib.Path, firing: Firing
 ) -> None:
     (harness.rules / "xid.yaml").write_text(XID_RESET)
     inventory = tmp_path / "nodes.yaml"
@@ -190,7 +201,7 @@ async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
     actuator = testing.RecordingActuator()
     first = await harness.controller(actuator, **settings)
     await until(lambda: first.leader)
-    firing = Firing(harness)  # the members fire across the takeover
+    # the members fire across the takeover
     for n in "abc":
         await firing.add(f"gpu-{n}")
     await until(lambda: of(first, "pdu.p1") is not None)
