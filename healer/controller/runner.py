@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import structlog
 
-from healer import config, errors
+from healer import config, errors, tasks
 from healer.actuators import base as actuators
 from healer.controller import book, decide, policy, shell
 from healer.controller import lease as lease_mod
@@ -72,26 +72,31 @@ class ActionRunner:
         self.stop = stop
         self.log = log
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        """The running action task of each incident."""
+        self.jobs = tasks.Scheduler("controller", metrics.task_failures, log=log, stop=stop)
+        """Owns the action tasks (``tasks.Scheduler``): a bug in one is logged and counted, never silent."""
         self.breaker_incident = None
 
     def spawn(self, inc: book.Incident) -> None:
-        """Run the incident's pending actions in its own task, after any task it already has."""
+        """Run the incident's pending actions in its own task, after any task it already has. A failure
+        is logged once and counted (``task_failures_total{task="actions"}``): a temporary or permanent
+        one as ``controller.actions_failed``, a bug as ``controller.task_failed`` with its traceback."""
         work = self.run(inc)
         previous = self.tasks.get(inc.id)
 
         async def chained() -> None:
             if previous is not None:
-                with contextlib.suppress(Exception):
-                    await previous
+                await asyncio.wait([previous])  # its own failure was reported when it ended
             try:
                 await work
             except errors.HealerError as e:
+                self.metrics.task_failures.labels("actions").inc()
                 self.log.error("controller.actions_failed", incident_id=inc.id, error=str(e))
             finally:
                 if self.tasks.get(inc.id) is task:
                     del self.tasks[inc.id]
 
-        task = asyncio.get_running_loop().create_task(chained(), name=f"actions:{inc.id}")
+        task = self.jobs.spawn("actions", chained(), task_name=f"actions:{inc.id}", incident_id=inc.id)
         self.tasks[inc.id] = task
 
     async def run(self, inc: book.Incident) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import structlog.testing
 
 from healer import errors, testing
+from healer.actuators import base as actuators
 from healer.bus import subjects
 from healer.schemas import codec
 from tests.conftest import until
@@ -462,3 +463,33 @@ async def test_rules_match_node_labels_read_from_the_scheduler(harness: Harness)
     await run_until(fleet, lambda: ctl.metrics.label_refresh_failures._value.get() > failures)
     assert ctl.engine is not None
     assert ctl.engine.state.labels[ctl.engine.state.node_index("n1")] == {"pool": "training"}, "kept"
+
+
+class BuggyActuator(testing.RecordingActuator):
+    """An actuator with a bug: ``apply`` raises (a real one never does)."""
+
+    async def apply(self, request: actuators.ActionRequest) -> actuators.ActionOutcome:
+        raise RuntimeError("bug in the actuator")
+
+
+async def test_a_bug_in_an_action_task_is_logged_once_and_counted(harness: Harness) -> None:
+    ctl = await harness.controller(BuggyActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await warm(fleet)
+
+    def failed() -> float:
+        return (
+            ctl.metrics.registry.get_sample_value(
+                "healer_controller_task_failures_total", {"task": "actions"}
+            )
+            or 0.0
+        )
+
+    with structlog.testing.capture_logs() as logs:
+        fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+        await run_until(fleet, lambda: failed() >= 1)
+        count = failed()  # read with the logs, no await between: counting and logging happen together
+        reported = [e for e in logs if e["event"] == "controller.task_failed" and e["task"] == "actions"]
+    assert reported, "the bug is logged"
+    assert all("bug in the actuator" in e["error"] and e["incident_id"] for e in reported)
+    assert len(reported) == count, "each failure logged once and counted once"
