@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import typing
 from datetime import UTC, datetime
 from typing import Final, Literal
 
@@ -138,7 +139,7 @@ class IncidentEvent(cloudevent.CloudEvent):
     @property
     def change(self) -> Change:
         value = self.type.removeprefix(TYPE_PREFIX).removesuffix(".v1")
-        assert value in ("opened", "updated", "action", "resolved", "escalated")
+        assert value in typing.get_args(Change)
         return value  # type: ignore[return-value]
 
 
