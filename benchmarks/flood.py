@@ -232,7 +232,9 @@ async def measure(
     while True:
         drops_lines = [e for e in LOGGED if e["event"] == "controller.frames_dropped"]
         bad_lines = [e for e in LOGGED if e["event"] == "controller.bad_frame"]
-        metric_dropped = ctl.metrics.frames_dropped._value.get()
+        metric_dropped = (
+            ctl.metrics.registry.get_sample_value("healer_controller_frames_dropped_total") or 0.0
+        )
         logged_dropped = drops_lines[-1]["dropped_total"] if drops_lines else 0
         logged_bad = sum(bad_lines[-1].get("total", {}).values()) if bad_lines else 0  # type: ignore[attr-defined]
         if (logged_dropped == metric_dropped and logged_bad == decoded_bad()) or time.monotonic() > give_up:
@@ -240,7 +242,10 @@ async def measure(
         await asyncio.sleep(0.5)
     decode_errors = decoded_bad()
     dropped = ctl.ingest.frames_sub.dropped
-    disconnects = {c: ctl.metrics.nats_disconnects.labels(c)._value.get() for c in ("main", "telemetry")}
+    lost = "healer_controller_nats_disconnects_total"
+    disconnects = {
+        c: ctl.metrics.registry.get_sample_value(lost, {"connection": c}) for c in ("main", "telemetry")
+    }
     latencies = [opened[n] - t for n, t in published.items() if n in opened]
     server_slow = varz(srv).get("slow_consumers")
     await ctl.stop()

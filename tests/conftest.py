@@ -10,12 +10,35 @@ import asyncio
 import pathlib
 from collections.abc import AsyncIterator, Callable, Iterator
 
+import prometheus_client as prom
 import pytest
 import structlog
 
 from healer import config
 from healer.bus import base, embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
+
+MARKED_BY_FIXTURE: dict[str, str] = {
+    "nats_server": "nats",
+    "nats_cluster": "nats",
+    "nats_bus": "nats",
+    "slurm_cluster": "slurm",
+    "browser": "browser",
+}
+"""Fixtures that start a real server or process, and the marker a test using one (at any depth) gets."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that starts a server or process through a fixture, so ``-m "not nats"`` and
+    the like select honestly (the ``bus`` fixture's ``nats`` case counts too)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("bus") == "nats":
+            names.add("nats_server")
+        for marker in sorted({MARKED_BY_FIXTURE[n] for n in names & MARKED_BY_FIXTURE.keys()}):
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
 
 
 @pytest.fixture(autouse=True)
@@ -141,3 +164,10 @@ async def read_stream(bus: natsbus.NatsBus, subject: str, quiet_s: float = 1.0) 
             out.append(msg.data)
     finally:
         await sub.unsubscribe()
+
+
+def sample(registry: prom.CollectorRegistry, name: str, **labels: str) -> float:
+    """One series' value as a scrape would read it (``get_sample_value``, no client internals); 0 for a
+    labelled series that has not been touched yet."""
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
