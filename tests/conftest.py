@@ -7,6 +7,7 @@ and stops it (by its own PID) afterwards, whatever the test did.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import pathlib
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -39,6 +40,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker in sorted({MARKED_BY_FIXTURE[n] for n in names & MARKED_BY_FIXTURE.keys()}):
             if item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+
+
+LEAK_GRACE_S = 2.0
+"""How long the tasks a test started may take to finish after it (and its fixtures) ended."""
+
+
+@pytest.fixture
+async def _no_task_leaks() -> AsyncIterator[None]:
+    """No asyncio task may leak from a test (../STYLE): whatever the test and its fixtures started must
+    be done once they are torn down (this fixture is set up first, so it is torn down last). A leaked
+    task fails the test by name; it is cancelled so the next test starts clean."""
+    before = asyncio.all_tasks()
+    yield
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() - before if t is not me and not t.done()]
+    if not left:
+        return
+    _, pending = await asyncio.wait(left, timeout=LEAK_GRACE_S)
+    if pending:
+        names = sorted(t.get_name() for t in pending)
+        for t in pending:
+            t.cancel()
+        await asyncio.wait(pending, timeout=LEAK_GRACE_S)
+        pytest.fail(f"the test left {len(names)} asyncio task(s) running: {names}")
+
+
+@pytest.fixture(autouse=True)
+def _async_tests_leak_no_task(request: pytest.FixtureRequest) -> None:
+    """Every async test is checked by ``_no_task_leaks`` (requested first, so torn down last)."""
+    if inspect.iscoroutinefunction(request.function):
+        request.getfixturevalue("_no_task_leaks")
 
 
 @pytest.fixture(autouse=True)

@@ -15,3 +15,7 @@ def test_a_test_that_starts_nats_through_a_fixture_is_marked(
 
 def test_a_test_that_starts_nothing_is_not_marked(request: pytest.FixtureRequest) -> None:
     assert request.node.get_closest_marker("nats") is None
+
+
+async def test_an_async_test_is_checked_for_leaked_tasks(request: pytest.FixtureRequest) -> None:
+    assert "_no_task_leaks" in request.fixturenames

@@ -82,14 +82,13 @@ class ActionRunner:
         """Run the incident's pending actions in its own task, after any task it already has. A failure
         is logged once and counted (``task_failures_total{task="actions"}``): a temporary or permanent
         one as ``controller.actions_failed``, a bug as ``controller.task_failed`` with its traceback."""
-        work = self.run(inc)
         previous = self.tasks.get(inc.id)
 
         async def chained() -> None:
             if previous is not None:
                 await asyncio.wait([previous])  # its own failure was reported when it ended
             try:
-                await work
+                await self.run(inc)  # made here: a task cancelled before it ran leaves no coroutine behind
             except errors.HealerError as e:
                 self.metrics.task_failures.labels("actions").inc()
                 self.log.error("controller.actions_failed", incident_id=inc.id, error=str(e))
