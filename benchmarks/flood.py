@@ -172,11 +172,14 @@ async def measure(
          "--seconds", str(before_s + seconds + after_s)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    frames = ctl.metrics.frames
+
+    def frames() -> float:
+        return ctl.metrics.registry.get_sample_value("healer_controller_frames_ingested_total") or 0.0
+
     await asyncio.sleep(1.0)  # the publisher is up
-    base0, t0 = frames._value.get(), time.monotonic()
+    base0, t0 = frames(), time.monotonic()
     await asyncio.sleep(before_s - 1.0)
-    baseline_rate = (frames._value.get() - base0) / (time.monotonic() - t0)
+    baseline_rate = (frames() - base0) / (time.monotonic() - t0)
     rss0 = rss_mib()
     rss_max = rss0
     proc = subprocess.Popen(  # noqa: ASYNC220 - started once, read after it exits
@@ -189,7 +192,7 @@ async def measure(
     tokens = {ctl.lease.token}
     started = time.monotonic()
     next_xid = started + 0.5
-    flood0 = frames._value.get()
+    flood0 = frames()
     while proc.poll() is None:
         rss_max = max(rss_max, rss_mib())
         samples.append(ctl.leader)
@@ -205,7 +208,7 @@ async def measure(
     out, _ = proc.communicate()
     sent = int(json.loads(out.strip().splitlines()[-1])["sent"])
     wall = time.monotonic() - started
-    flood_rate = (frames._value.get() - flood0) / wall
+    flood_rate = (frames() - flood0) / wall
     flood_end = time.monotonic()
     deadline = time.monotonic() + 30
     while set(published) - set(opened) and time.monotonic() < deadline:  # noqa: ASYNC110
