@@ -172,11 +172,14 @@ async def measure(
          "--seconds", str(before_s + seconds + after_s)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    frames = ctl.metrics.frames
+
+    def frames() -> float:
+        return ctl.metrics.registry.get_sample_value("healer_controller_frames_ingested_total") or 0.0
+
     await asyncio.sleep(1.0)  # the publisher is up
-    base0, t0 = frames._value.get(), time.monotonic()
+    base0, t0 = frames(), time.monotonic()
     await asyncio.sleep(before_s - 1.0)
-    baseline_rate = (frames._value.get() - base0) / (time.monotonic() - t0)
+    baseline_rate = (frames() - base0) / (time.monotonic() - t0)
     rss0 = rss_mib()
     rss_max = rss0
     proc = subprocess.Popen(  # noqa: ASYNC220 - started once, read after it exits
@@ -189,7 +192,7 @@ async def measure(
     tokens = {ctl.lease.token}
     started = time.monotonic()
     next_xid = started + 0.5
-    flood0 = frames._value.get()
+    flood0 = frames()
     while proc.poll() is None:
         rss_max = max(rss_max, rss_mib())
         samples.append(ctl.leader)
@@ -205,7 +208,7 @@ async def measure(
     out, _ = proc.communicate()
     sent = int(json.loads(out.strip().splitlines()[-1])["sent"])
     wall = time.monotonic() - started
-    flood_rate = (frames._value.get() - flood0) / wall
+    flood_rate = (frames() - flood0) / wall
     flood_end = time.monotonic()
     deadline = time.monotonic() + 30
     while set(published) - set(opened) and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -232,7 +235,9 @@ async def measure(
     while True:
         drops_lines = [e for e in LOGGED if e["event"] == "controller.frames_dropped"]
         bad_lines = [e for e in LOGGED if e["event"] == "controller.bad_frame"]
-        metric_dropped = ctl.metrics.frames_dropped._value.get()
+        metric_dropped = (
+            ctl.metrics.registry.get_sample_value("healer_controller_frames_dropped_total") or 0.0
+        )
         logged_dropped = drops_lines[-1]["dropped_total"] if drops_lines else 0
         logged_bad = sum(bad_lines[-1].get("total", {}).values()) if bad_lines else 0  # type: ignore[attr-defined]
         if (logged_dropped == metric_dropped and logged_bad == decoded_bad()) or time.monotonic() > give_up:
@@ -240,7 +245,10 @@ async def measure(
         await asyncio.sleep(0.5)
     decode_errors = decoded_bad()
     dropped = ctl.ingest.frames_sub.dropped
-    disconnects = {c: ctl.metrics.nats_disconnects.labels(c)._value.get() for c in ("main", "telemetry")}
+    lost = "healer_controller_nats_disconnects_total"
+    disconnects = {
+        c: ctl.metrics.registry.get_sample_value(lost, {"connection": c}) for c in ("main", "telemetry")
+    }
     latencies = [opened[n] - t for n, t in published.items() if n in opened]
     server_slow = varz(srv).get("slow_consumers")
     await ctl.stop()

@@ -177,9 +177,12 @@ async def controller_rate(
     await ctl.start()
     samples: list[tuple[float, float, float]] = []
 
+    def frames() -> float:
+        return ctl.metrics.registry.get_sample_value("healer_controller_frames_ingested_total") or 0.0
+
     async def sample() -> None:
         while True:
-            samples.append((time.perf_counter(), time.process_time(), ctl.metrics.frames._value.get()))
+            samples.append((time.perf_counter(), time.process_time(), frames()))
             await asyncio.sleep(0.25)
 
     sampler = asyncio.create_task(sample())
@@ -198,7 +201,7 @@ async def controller_rate(
     ticks = next(iter(ctl.metrics.tick.collect())).samples
     tick_sum = next(s.value for s in ticks if s.name.endswith("_sum"))
     tick_count = next(s.value for s in ticks if s.name.endswith("_count"))
-    dropped = int(ctl.metrics.frames_dropped._value.get())
+    dropped = int(ctl.metrics.registry.get_sample_value("healer_controller_frames_dropped_total") or 0)
     return Rate((n1 - n0) / share, t1 - t0, c1 - c0), tick_sum / max(tick_count, 1), dropped
 
 
@@ -217,7 +220,7 @@ async def latency(
     await ctl.stop()
     await bus.close()
     injected: dict[str, float] = queue.get(timeout=5)["injected"]
-    dropped = int(ctl.metrics.frames_dropped._value.get())
+    dropped = int(ctl.metrics.registry.get_sample_value("healer_controller_frames_dropped_total") or 0)
     return sorted(actuator.first[n] - t for n, t in injected.items() if n in actuator.first), dropped
 
 

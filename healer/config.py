@@ -18,6 +18,7 @@ import pydantic
 import yaml
 
 from healer import errors
+from healer.schemas import incidents
 
 
 def _default_state_dir() -> str:
@@ -288,6 +289,10 @@ class ActuatorSettings(_Group):
     awaited this long plus ``power_reply_timeout_s``."""
 
 
+ActuatorName = Literal["log", "slurm", "kubernetes"]
+"""The scheduler actuators (``actuators.factory.REGISTRY`` builds each; the CLI offers these)."""
+
+
 class DomainLimit(_Group):
     """How much of one failure domain healer may take out of service in the breaker's window (#27)."""
 
@@ -300,9 +305,9 @@ class DomainLimit(_Group):
 class ControllerSettings(_Group):
     rules_dir: str = "rules"
     """Directory of rule files (*.yaml); watched and hot-reloaded."""
-    mode: Literal["enforce", "dry-run", "observe"] = "dry-run"
+    mode: incidents.Mode = "dry-run"
     """enforce: act; dry-run: decide and publish, touch nothing; observe: incidents only."""
-    actuator: Literal["log", "slurm", "kubernetes"] = "log"
+    actuator: ActuatorName = "log"
     """Where cordon/drain/migrate go. Power limits always go to the node agent."""
     cluster: str = "default"
     """Cluster name, in every incident's CloudEvent ``source`` (healer://<cluster>/controller)."""

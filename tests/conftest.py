@@ -7,15 +7,70 @@ and stops it (by its own PID) afterwards, whatever the test did.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import pathlib
 from collections.abc import AsyncIterator, Callable, Iterator
 
+import prometheus_client as prom
 import pytest
 import structlog
 
 from healer import config
 from healer.bus import base, embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
+
+MARKED_BY_FIXTURE: dict[str, str] = {
+    "nats_server": "nats",
+    "nats_cluster": "nats",
+    "nats_bus": "nats",
+    "slurm_cluster": "slurm",
+    "browser": "browser",
+}
+"""Fixtures that start a real server or process, and the marker a test using one (at any depth) gets."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that starts a server or process through a fixture, so ``-m "not nats"`` and
+    the like select honestly (the ``bus`` fixture's ``nats`` case counts too)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("bus") == "nats":
+            names.add("nats_server")
+        for marker in sorted({MARKED_BY_FIXTURE[n] for n in names & MARKED_BY_FIXTURE.keys()}):
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
+LEAK_GRACE_S = 2.0
+"""How long the tasks a test started may take to finish after it (and its fixtures) ended."""
+
+
+@pytest.fixture
+async def _no_task_leaks() -> AsyncIterator[None]:
+    """No asyncio task may leak from a test (../STYLE): whatever the test and its fixtures started must
+    be done once they are torn down (this fixture is set up first, so it is torn down last). A leaked
+    task fails the test by name; it is cancelled so the next test starts clean."""
+    before = asyncio.all_tasks()
+    yield
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() - before if t is not me and not t.done()]
+    if not left:
+        return
+    _, pending = await asyncio.wait(left, timeout=LEAK_GRACE_S)
+    if pending:
+        names = sorted(t.get_name() for t in pending)
+        for t in pending:
+            t.cancel()
+        await asyncio.wait(pending, timeout=LEAK_GRACE_S)
+        pytest.fail(f"the test left {len(names)} asyncio task(s) running: {names}")
+
+
+@pytest.fixture(autouse=True)
+def _async_tests_leak_no_task(request: pytest.FixtureRequest) -> None:
+    """Every async test is checked by ``_no_task_leaks`` (requested first, so torn down last)."""
+    if inspect.iscoroutinefunction(request.function):
+        request.getfixturevalue("_no_task_leaks")
 
 
 @pytest.fixture(autouse=True)
@@ -141,3 +196,10 @@ async def read_stream(bus: natsbus.NatsBus, subject: str, quiet_s: float = 1.0) 
             out.append(msg.data)
     finally:
         await sub.unsubscribe()
+
+
+def sample(registry: prom.CollectorRegistry, name: str, **labels: str) -> float:
+    """One series' value as a scrape would read it (``get_sample_value``, no client internals); 0 for a
+    labelled series that has not been touched yet."""
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value

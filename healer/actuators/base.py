@@ -123,12 +123,12 @@ class ActionOutcome(pydantic.BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.status in ("done", "already-done", "planned")
+        return self.status in incidents.OK  # an outcome is never skipped
 
     def record(self, kind: str, at: float) -> incidents.ActionRecord:
         """The entry for the incident's ``actions`` list."""
         detail = self.detail
-        bad = [i for i in self.items if i.status not in ("done", "already-done", "planned", "skipped")]
+        bad = [i for i in self.items if i.status not in incidents.OK]
         if bad:
             detail += "; " + "; ".join(f"{i.item}: {i.status}: {i.detail}" for i in bad)
         return incidents.ActionRecord(kind=kind, status=self.status, detail=detail[:4096], at=at)

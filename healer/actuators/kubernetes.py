@@ -42,6 +42,7 @@ from kubernetes import config as k8s_config
 
 from healer import config, errors
 from healer.actuators import base
+from healer.schemas import incidents
 
 log = structlog.get_logger(__name__)
 
@@ -317,7 +318,7 @@ class KubernetesActuator:
             )
         await self._patch_node(node, patch)
         out = await self.agent.apply(request)
-        if out.status not in ("done", "already-done"):
+        if out.status not in incidents.TOOK_EFFECT:
             await self._patch_node(node, {"metadata": {"annotations": {REBOOT_ANNOTATION: None}}})
             return out.model_copy(
                 update={"plan": plan, "detail": f"the agent did not reboot {node}: {out.detail}"}
@@ -396,7 +397,7 @@ class KubernetesActuator:
             status = "done"
         else:
             status = "already-done"
-        moved = sum(i.status in ("done", "already-done") for i in items)
+        moved = sum(i.status in incidents.TOOK_EFFECT for i in items)
         return base.ActionOutcome(
             status=status,
             detail=f"{cordon.detail}; {moved} of {len(to_evict)} pod(s) evicted",

@@ -34,6 +34,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base
+from healer.schemas import incidents
 
 log = structlog.get_logger(__name__)
 
@@ -351,7 +352,7 @@ class SlurmActuator:
         status = base.worst(items) if items else drain.status
         if status == "already-done" and drain.status == "done":
             status = "done"
-        moved = sum(i.status in ("done", "already-done") for i in items)
+        moved = sum(i.status in incidents.TOOK_EFFECT for i in items)
         return base.ActionOutcome(
             status=status,
             detail=f"{drain.detail}; {moved} of {len(items)} job(s) requeued",

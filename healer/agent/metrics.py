@@ -7,7 +7,7 @@ import typing
 
 import prometheus_client as prom
 
-from healer import buildinfo
+from healer import buildinfo, tasks
 from healer.agent import gpu_metrics, port_metrics, watcher_metrics
 from healer.schemas import codec, commands, events
 
@@ -61,6 +61,8 @@ class AgentMetrics:
         self.ticks_skipped = prom.Counter(
             "healer_agent_ticks_skipped_total", "intervals skipped because sampling overran", registry=r
         )
+        self.task_failures = tasks.failures_counter("healer_agent", r)
+        """The agent's own tasks (``events``, ``connect``) that raised (``tasks.Scheduler``)."""
         self.sample_seconds = prom.Histogram(
             "healer_agent_sample_seconds",
             "time to read every GPU once",

@@ -21,7 +21,7 @@ import orjson
 import structlog
 
 import healer
-from healer import errors, health
+from healer import errors, health, tasks
 from healer.agent import execution, host
 from healer.agent import metrics as metrics_mod
 from healer.agent import spool as spool_mod
@@ -118,10 +118,9 @@ class Agent:
         self.emit(
             events.new(self.node, "agent_start", message=f"healer {healer.__version__} boot {self.boot_id}")
         )
-        tasks = [
-            asyncio.create_task(self._deliver_events(), name="agent-events"),
-            asyncio.create_task(self._ensure_connected(), name="agent-connect"),
-        ]
+        jobs = tasks.Scheduler("agent", self.metrics.task_failures, log=self.log)
+        delivering = jobs.spawn("events", self._deliver_events())
+        jobs.spawn("connect", self._ensure_connected())
         try:
             await self._tick_loop(stop)
         finally:
@@ -129,10 +128,8 @@ class Agent:
             self._stopping = True
             self._wake.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(tasks[0]), timeout=3.0)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.wait_for(asyncio.wait([delivering]), timeout=3.0)
+            await jobs.close()  # a task's failure was logged and counted when it ended
             if self.watcher is not None:
                 await asyncio.to_thread(self.watcher.stop)
             if self._cmd_sub is not None:

@@ -7,14 +7,15 @@ other characters NATS reserves, though valid node names never contain them). ``n
 
 from __future__ import annotations
 
-from typing import Literal
+from healer.schemas import incidents
 
 DEFAULT_PREFIX = "healer"
 
 """With this prefix the streams are HEALER_TELEMETRY, HEALER_EVENTS, HEALER_INCIDENTS and the KV
 buckets healer-state, healer-leases (see the ``stream_*`` / ``kv_*`` properties)."""
 
-IncidentChange = Literal["opened", "updated", "action", "resolved", "escalated"]
+IncidentChange = incidents.Change
+"""What an incident subject names (the feed's change, ``schemas.incidents.Change``)."""
 
 _ESCAPES = {"%": "%25", ".": "%2E", "*": "%2A", ">": "%3E", " ": "%20"}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import typing
 from typing import Any
 
 from healer import config, errors, logs
@@ -18,7 +19,7 @@ from healer.actuators import base
 from healer.cli import common
 from healer.rules import actions
 
-SYSTEMS = ("slurm", "kubernetes", "log")
+SYSTEMS = typing.get_args(config.ActuatorName)
 KINDS = (*actions.SCHEDULER_VERBS, "notify")
 """What a scheduler actuator can be asked to do, from the action catalogue, and notify."""
 
@@ -42,17 +43,10 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=_act)
 
 
-def _actuator(system: str, settings: config.ActuatorSettings) -> base.Actuator:
-    names = base.NodeNames.from_settings(settings)
-    if system == "slurm":
-        from healer.actuators import slurm
+def _actuator(system: config.ActuatorName, settings: config.ActuatorSettings) -> base.Actuator:
+    from healer.actuators import factory
 
-        return slurm.SlurmActuator(settings, names)
-    if system == "kubernetes":
-        from healer.actuators import kubernetes
-
-        return kubernetes.KubernetesActuator(settings, names)
-    return base.LogActuator(settings)
+    return factory.build(system, settings)
 
 
 def _act(args: argparse.Namespace) -> int:

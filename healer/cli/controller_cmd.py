@@ -10,6 +10,7 @@ import json
 import pathlib
 import sys
 import time
+import typing
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -18,6 +19,7 @@ from healer import config, errors, health, logs
 from healer.bus import nats as natsbus
 from healer.bus import provision, subjects
 from healer.cli import common, lazy
+from healer.schemas import incidents
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.actuators import factory
@@ -48,8 +50,8 @@ def register(sub: Any) -> None:
     )
     common.add_nats_option(p)
     p.add_argument("--rules", help="rules directory (default: rules)")
-    p.add_argument("--mode", choices=["enforce", "dry-run", "observe"], help="default: dry-run")
-    p.add_argument("--actuator", choices=["log", "slurm", "kubernetes"], help="default: log")
+    p.add_argument("--mode", choices=typing.get_args(incidents.Mode), help="default: dry-run")
+    p.add_argument("--actuator", choices=typing.get_args(config.ActuatorName), help="default: log")
     p.add_argument("--model", help="anomaly model directory, e.g. models/default (default: none, score 0)")
     p.add_argument("--tick", type=float, help="seconds between evaluations (default 1)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (default 9742)")

@@ -30,9 +30,6 @@ PREFIX = "incident."
 
 Key = tuple[str, str, int | None]
 
-FINAL = ("done", "already-done", "refused", "failed-permanent", "skipped", "planned")
-"""Action statuses that are never retried."""
-
 
 class PlannedAction(pydantic.BaseModel):
     """One action of an incident, in the order the rule lists them."""

@@ -38,8 +38,6 @@ from healer.schemas import incidents
 EPISODE_S = 120.0
 """Incidents on one GPU opened within this long of each other count as one fault episode (also the
 default ``correlate_window_s``: firings that close together join one incident in the first place)."""
-OK: tuple[incidents.ActionStatus, ...] = ("done", "already-done", "planned", "skipped")
-"""Statuses after which the next action of the incident runs."""
 
 
 # -- verdicts --------------------------------------------------------------------------------------
@@ -229,9 +227,10 @@ def mode_gate(a: Attempt) -> Verdict:
 
 def actuator_gate(a: Attempt) -> Verdict:
     """Actions that need no actuator (notify) or are not automated outside a ladder (GPU reset)."""
-    if a.kind == "notify":
+    spec = actions.spec(a.kind)
+    if spec.published_only:
         return Verdict.settle("done", str(a.params.get("message") or "incident published"))
-    if a.kind == "reset_gpu" and not a.ladder_step:
+    if spec.runs_in_ladder_only and not a.ladder_step:
         return Verdict.settle(
             "skipped", "a GPU reset is a recovery-ladder step: declare a ladder for this rule (ladders:)"
         )
@@ -253,9 +252,10 @@ def limits_gate(a: Attempt) -> Verdict:
 def ownership_gate(a: Attempt) -> Verdict:
     """An uncordon (or a ladder's return to service) only undoes healer's own cordon, and only when no
     other open incident holds the node."""
-    if not ((a.on_resolve and a.kind == "uncordon") or a.kind == "return_to_service"):
+    spec = actions.spec(a.kind)
+    if not (spec.undoes_cordon and (a.on_resolve or spec.ladder_only)):
         return ALLOW
-    if not a.cordon_ours and a.kind == "return_to_service":
+    if not a.cordon_ours and spec.ladder_only:
         return Verdict.settle("skipped", "healer did not take this node out of service: left as it is")
     if not a.cordon_ours or a.held_elsewhere:
         return Verdict.settle("skipped", "another open incident still holds this node cordoned")
@@ -264,7 +264,7 @@ def ownership_gate(a: Attempt) -> Verdict:
 
 def reboot_gate(a: Attempt) -> Verdict:
     """At most ``max_concurrent_reboots`` nodes reboot for recovery ladders at once."""
-    if a.kind != "reboot_node" or a.reboots_elsewhere < a.settings.max_concurrent_reboots:
+    if not actions.spec(a.kind).reboots or a.reboots_elsewhere < a.settings.max_concurrent_reboots:
         return ALLOW
     return Verdict.wait(
         f"{a.reboots_elsewhere} other nodes rebooting (max_concurrent_reboots "
@@ -307,7 +307,7 @@ def held_elsewhere(inc: book.Incident, others: Iterable[book.Incident]) -> bool:
     return any(
         other.id != inc.id
         and other.node == inc.node
-        and any(a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in OK for a in other.actions)
+        and any(a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in incidents.OK for a in other.actions)
         for other in others
     )
 
@@ -547,17 +547,11 @@ def correlate(
 
 def stronger(kind: str, current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters of one action kind two joined rules both ask for: the stronger where they
-    differ. A power cap: the lower limit (a limit in watts and one in percent cannot be compared
-    without the GPU's default: the first stays); a GPU reset: at once rather than when idle; a reason
-    or a message: the first, a missing one filled from the other."""
-    if kind == "power_limit":
-        for unit in ("watts", "percent_of_default"):
-            if current.get(unit) is not None and wanted.get(unit) is not None:
-                return {unit: min(current[unit], wanted[unit])}
-        return dict(current)
-    if kind == "reset_gpu":
-        return {"when_idle": bool(current.get("when_idle", True)) and bool(wanted.get("when_idle", True))}
-    return {**wanted, **current}
+    differ, as the catalogue says for the kind (``ActionKind.stronger``: a power cap the lower limit, a
+    GPU reset at once rather than when idle); otherwise (a reason or a message) the first, a missing one
+    filled from the other."""
+    merge = actions.spec(kind).stronger
+    return merge(current, wanted) if merge is not None else {**wanted, **current}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -750,7 +744,7 @@ def episodes(opened: Iterable[float], now: float, window_s: float) -> Episodes:
 def ladder_step(inc: book.Incident, now: float, settings: config.ControllerSettings) -> Escalation | None:
     """The escalation ladder: an incident still open ``power_cap_escalate_s`` after its power cap took
     effect, and not cordoned yet, gets a cordon."""
-    capped = any(a.kind == "power_limit" and a.status in ("done", "already-done") for a in inc.actions)
+    capped = any(a.kind == "power_limit" and a.status in incidents.TOOK_EFFECT for a in inc.actions)
     if (
         capped
         and inc.state == "open"

@@ -32,6 +32,7 @@ from healer import config, errors
 from healer.actuators import base as actuators
 from healer.controller import book, decide, kv, ladder, shell
 from healer.rules import engine
+from healer.schemas import incidents
 
 PREFIX = "ladder."
 """KV ``healer-state``: one ladder in flight per key (``ladder.<incident id>``)."""
@@ -218,14 +219,14 @@ class Recovery:
             out = ladder.containment([a.status for a in own])
             if out is None and late:
                 return ladder.Outcome.FAILED, "containment ran past its deadline"
-            failed = next((a for a in own if a.status is not None and a.status not in decide.OK), None)
+            failed = next((a for a in own if a.status is not None and a.status not in incidents.OK), None)
             return out, (f"{failed.kind}: {failed.status}: {failed.detail}" if failed else "contained")
         if p.action is None or p.action >= len(inc.actions):
             return None, ""
         action = inc.actions[p.action]
         if action.status is None:
             return (ladder.Outcome.FAILED, f"{p.kind.value} ran past its deadline") if late else (None, "")
-        if p.kind is ladder.StepKind.REBOOT_NODE and action.status in ("done", "already-done"):
+        if p.kind is ladder.StepKind.REBOOT_NODE and action.status in incidents.TOOK_EFFECT:
             if not p.reboot_requested:
                 p.reboot_requested = True  # counted by every shard's max_concurrent_reboots from now
                 await self._save(rec)

@@ -83,6 +83,7 @@ class Ingest:
         self._bad_events = throttle.Throttled(log, "controller.bad_event")
         self.telemetry_bus: bus_base.Bus = bus
         self.frames_sub: bus_base.Subscription
+        self._subscribed = False
         self._frames_dropped = 0
         self._drops = drops.DropLog(log)
         self._disconnects = {"main": 0, "telemetry": 0}
@@ -102,8 +103,13 @@ class Ingest:
                 self.screen_frame, self.cs.frames_per_node, int(self.cs.frames_buffer_mib * 2**20)
             ),
         )
+        self._subscribed = True
 
     async def close(self) -> None:
+        if self._subscribed:  # stopped after a start that got this far
+            self._subscribed = False
+            with contextlib.suppress(errors.HealerError):  # the connection may be gone already
+                await self.frames_sub.unsubscribe()
         await self.events.close()
         if self.telemetry_bus is not self.bus:
             await self.telemetry_bus.close()

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from healer.rules import recovery
+from healer.schemas import incidents
 
 RESET_BUDGET_S = 180.0
 """How long a GPU reset may take, from the command to the agent's answer (nvidia-smi needs ~10-60 s)."""
@@ -380,13 +381,10 @@ def _replace(state: LadderState, outcome: Outcome, now: float, detail: str, why:
 
 
 # -- what the shell's actions came to, as outcomes ---------------------------------------------------
-_OK = frozenset({"done", "already-done", "planned"})
-
-
 def containment(statuses: Sequence[str | None]) -> Outcome | None:
     """The rule's own actions (``statuses``: one per action, None while not run): CONTAINED when all
     went through, FAILED when one did not, None while some still run."""
-    if any(s is not None and s not in _OK and s != "skipped" for s in statuses):
+    if any(s is not None and s not in incidents.OK for s in statuses):
         return Outcome.FAILED
     if any(s is None for s in statuses):
         return None
@@ -399,18 +397,14 @@ def outcome_of(kind: StepKind, status: str) -> Outcome:
     for the return to service it means the node was not healer's to return (or another incident still
     holds it): the GPU is back all the same."""
     if kind is StepKind.RETURN_TO_SERVICE:
-        return (
-            Outcome.FAILED
-            if status in ("refused", "failed-temporary", "failed-permanent")
-            else (Outcome.RETURNED)
-        )
+        return Outcome.FAILED if status in incidents.FAILED else Outcome.RETURNED
     if status == "skipped":
         return Outcome.STOPPED
     if kind is StepKind.VALIDATE:
-        return {"done": Outcome.PASSED, "already-done": Outcome.PASSED}.get(
-            status, Outcome.VALIDATION_FAILED if status == "failed-permanent" else Outcome.FAILED
-        )
-    if status in _OK:
+        if status in incidents.TOOK_EFFECT:
+            return Outcome.PASSED
+        return Outcome.VALIDATION_FAILED if status == incidents.Status.FAILED_PERMANENT else Outcome.FAILED
+    if status in incidents.OK:  # skipped was handled above
         return Outcome.DONE
     return Outcome.REFUSED if status == "refused" else Outcome.FAILED
 

@@ -203,6 +203,7 @@ class Lease:
             self.log.warning("lease.release_failed", error=str(e))
 
     async def holder_now(self) -> str | None:
+        """Who holds the lease in KV now (None: nobody)."""
         doc = await self.store.get(self.key)
         return str(doc.value.get("holder")) if doc else None
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from healer import config, health
+from healer import config, health, tasks
 from healer.bus import base as bus_base
-from healer.controller import learning, role, supervisor
+from healer.controller import learning, role
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -32,7 +32,7 @@ class Readiness:
         engine: engine.Engine,
         learning: learning.Learning,
         role: role.Role,
-        supervisor: supervisor.Supervisor,
+        supervisor: tasks.Scheduler,
         metrics: controller_metrics.ControllerMetrics,
     ) -> None:
         self.cs = cs

@@ -27,12 +27,13 @@ from collections.abc import Callable
 
 import structlog
 
-from healer import config, errors
+from healer import config, errors, tasks
 from healer.actuators import base as actuators
 from healer.controller import blast, book, decide, policy, shared_cause, shell
 from healer.controller import lease as lease_mod
 from healer.controller import metrics as metrics_mod
 from healer.rules import actions
+from healer.schemas import incidents
 
 BREAKER_RULE = "circuit-breaker"
 
@@ -74,37 +75,41 @@ class ActionRunner:
         self.stop = stop
         self.log = log
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        """The running action task of each incident."""
+        self.jobs = tasks.Scheduler("controller", metrics.task_failures, log=log, stop=stop)
+        """Owns the action tasks (``tasks.Scheduler``): a bug in one is logged and counted, never silent."""
         self.breaker_incident = None
 
     def spawn(self, inc: book.Incident) -> None:
-        """Run the incident's pending actions in its own task, after any task it already has."""
-        work = self.run(inc)
+        """Run the incident's pending actions in its own task, after any task it already has. A failure
+        is logged once and counted (``task_failures_total{task="actions"}``): a temporary or permanent
+        one as ``controller.actions_failed``, a bug as ``controller.task_failed`` with its traceback."""
         previous = self.tasks.get(inc.id)
 
         async def chained() -> None:
             if previous is not None:
-                with contextlib.suppress(Exception):
-                    await previous
+                await asyncio.wait([previous])  # its own failure was reported when it ended
             try:
-                await work
+                await self.run(inc)  # made here: a task cancelled before it ran leaves no coroutine behind
             except errors.HealerError as e:
+                self.metrics.task_failures.labels("actions").inc()
                 self.log.error("controller.actions_failed", incident_id=inc.id, error=str(e))
             finally:
                 if self.tasks.get(inc.id) is task:
                     del self.tasks[inc.id]
 
-        task = asyncio.get_running_loop().create_task(chained(), name=f"actions:{inc.id}")
+        task = self.jobs.spawn("actions", chained(), task_name=f"actions:{inc.id}", incident_id=inc.id)
         self.tasks[inc.id] = task
 
     async def run(self, inc: book.Incident) -> None:
         for action in inc.actions:
             if action.status is not None:
-                if action.status not in decide.OK and not action.ladder and action.gpu_index is None:
+                if action.status not in incidents.OK and not action.ladder and action.gpu_index is None:
                     return  # a failed step stops the chain (no migrate without a cordon)
                 continue  # (one GPU's failed cap in a node-wide incident does not hold up the others)
             if not self.shell.leader:
                 return
-            if action.on_resolve and action.kind == "uncordon" and self.cs.uncordon_hold_s:
+            if action.on_resolve and actions.spec(action.kind).undoes_cordon and self.cs.uncordon_hold_s:
                 wait = (inc.resolved_at or 0) + self.cs.uncordon_hold_s - self.clock()
                 if wait > 0:
                     with contextlib.suppress(TimeoutError):
@@ -121,10 +126,10 @@ class ActionRunner:
             await self.shell.publish(inc, "action")
             if action.ladder:
                 continue  # the recovery ladder reads the outcome and takes the next step
-            if status in ("failed-permanent", "failed-temporary", "refused") and not inc.escalated:
+            if status in incidents.FAILED and not inc.escalated:
                 inc.escalated = True
                 await self.shell.publish(inc, "escalated")
-            if status not in decide.OK and action.gpu_index is None:
+            if status not in incidents.OK and action.gpu_index is None:
                 return
         if inc.state == "resolved":
             await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
@@ -132,7 +137,8 @@ class ActionRunner:
     def _attempt(self, inc: book.Incident, action: book.PlannedAction, now: float) -> decide.Attempt:
         """The snapshot the gates decide on, without the cooldown and rate window (read from KV only
         once the local gates allow)."""
-        uncordon = (action.on_resolve and action.kind == "uncordon") or action.kind == "return_to_service"
+        undo = actions.spec(action.kind)
+        uncordon = undo.undoes_cordon and (action.on_resolve or undo.ladder_only)
         return decide.Attempt(
             kind=action.kind,
             params=action.params,
@@ -168,7 +174,7 @@ class ActionRunner:
         verdict = decide.gate(attempt, decide.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
             limits = await self.limits.view(action.kind, inc.node, now)
-            rebooting = await self.shell.reboots(inc.node) if action.kind == "reboot_node" else 0
+            rebooting = await self.shell.reboots(inc.node) if actions.spec(action.kind).reboots else 0
             attempt = dataclasses.replace(attempt, limits=limits, reboots_elsewhere=rebooting)
             verdict = decide.gate(attempt, decide.STORED_GATES)
         if not verdict.allowed:

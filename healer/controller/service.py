@@ -15,9 +15,10 @@ This module only builds the controller and starts and stops it; each role has a 
 - ``learning`` — the anomaly model and what it learned, kept in KV;
 - ``readiness`` — /readyz.
 
-Every long-lived task (lease keeper, leadership, event puller, tick, housekeeping, feed) runs under a
-``Supervisor``: a failure is logged, counted and the task restarted with back-off, so losing one NATS
-server of three (503s, leader elections, reconnects) is weathered, never a silently dead controller.
+Every long-lived task (lease keeper, leadership, event puller, tick, housekeeping, feed) is supervised
+by a ``tasks.Scheduler``: a failure is logged, counted and the task restarted with back-off, so losing
+one NATS server of three (503s, leader elections, reconnects) is weathered, never a silently dead
+controller.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import cast
 
 import structlog
 
-from healer import config, health
+from healer import config, health, tasks
 from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import subjects
@@ -54,7 +55,6 @@ from healer.controller import (
     reload,
     role,
     storage,
-    supervisor,
     tick,
 )
 from healer.controller import feed as feed_publisher
@@ -133,8 +133,8 @@ class Controller:
         self.limits = policy.Limits(cs, state if cs.mode == "enforce" else kv.Prefixed(state, f"{cs.mode}."))
         self.lease = lease.Lease(leases, lease.key_of(cs.shard), self.holder, settings.nats.lease_ttl_s)
         self._stop = asyncio.Event()
-        self.supervisor = supervisor.Supervisor(
-            self._stop, metrics.task_failures, self.log,
+        self.supervisor = tasks.Scheduler(
+            "controller", metrics.task_failures, log=self.log, stop=self._stop,
             initial_delay_s=settings.retry.initial_delay_s, max_delay_s=settings.retry.max_delay_s,
         )  # fmt: skip
         turn = asyncio.Lock()
@@ -190,12 +190,12 @@ class Controller:
         self.metrics.rules_loaded.set(len(rules))
         await self.learning.restore()
         await self.ingest.subscribe()
-        self.supervisor.start("lease", lambda: self.lease.keep(self._stop, self.role.on_lease))
-        self.supervisor.start("leadership", self.leadership.run)
-        self.supervisor.start("events", self.ingest.pull_events)
-        self.supervisor.start("ticks", self.ticker.run)
-        self.supervisor.start("housekeeping", self.housekeeping.run)
-        self.supervisor.start("feed", lambda: self.feed.run(self._stop))
+        self.supervisor.supervise("lease", lambda: self.lease.keep(self._stop, self.role.on_lease))
+        self.supervisor.supervise("leadership", self.leadership.run)
+        self.supervisor.supervise("events", self.ingest.pull_events)
+        self.supervisor.supervise("ticks", self.ticker.run)
+        self.supervisor.supervise("housekeeping", self.housekeeping.run)
+        self.supervisor.supervise("feed", lambda: self.feed.run(self._stop))
         self.log.info("controller.started", rules=len(rules), mode=self.cs.mode)
 
     async def stop(self) -> None:

@@ -17,7 +17,7 @@ from healer.rules import actions
 from healer.schemas import incidents, telemetry
 
 BREAKER_RULE = "circuit-breaker"
-OK = ("done", "already-done")
+OK = incidents.TOOK_EFFECT
 INFORM_ONLY = ("notify",)
 """Actions that change nothing: not counted as the first action on a fault."""
 

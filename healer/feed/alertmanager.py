@@ -22,7 +22,6 @@ other than incidents (``io.healer.rules.rejected.v1``, other types) are acknowle
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import pathlib
 import urllib.parse
@@ -34,7 +33,7 @@ import orjson
 import structlog
 
 import healer
-from healer import config, errors
+from healer import config, errors, tasks
 from healer.bus import base
 from healer.bus import subjects as subjects_mod
 from healer.feed import envelope, forward, tail, webhook
@@ -279,16 +278,15 @@ class AlertmanagerSink:
             ) from e
         await self.rebuild()
         await self.resend()
-        forwarding = asyncio.create_task(self.forwarder.run(stop), name="healer-alertmanager-forward")
-        resending = asyncio.create_task(self._resend_loop(), name="healer-alertmanager-resend")
+        jobs = tasks.Scheduler("alertmanager", self.forwarder.metrics.task_failures, log=self.log)
+        forwarding = jobs.spawn("forward", self.forwarder.run(stop), task_name="healer-alertmanager-forward")
+        resending = jobs.spawn("resend", self._resend_loop(), task_name="healer-alertmanager-resend")
         try:
             done, _ = await asyncio.wait({forwarding, resending}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # a failure of either task is this run's failure
         finally:
             stop.set()  # the forwarder hands its in-flight event back and returns
             resending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await resending
-            with contextlib.suppress(asyncio.CancelledError):
-                await forwarding
+            await asyncio.wait([forwarding, resending])
+        for task in done:  # a failure of either task (logged and counted when it ended) is this run's
+            if not task.cancelled() and (failed := task.exception()) is not None:
+                raise failed

@@ -29,7 +29,7 @@ import prometheus_client as prom
 import structlog
 import tenacity
 
-from healer import buildinfo, config, errors
+from healer import buildinfo, config, errors, tasks
 from healer.bus import base
 from healer.bus import subjects as subjects_mod
 from healer.feed import envelope, webhook
@@ -87,6 +87,8 @@ class ForwardMetrics:
         self.last_delivered_ts = prom.Gauge(
             "healer_forward_last_delivered_timestamp_seconds", "when the last event was accepted", registry=r
         )
+        self.task_failures = tasks.failures_counter("healer_forward", r)
+        """The forwarder's own tasks that raised (``tasks.Scheduler``; a give-up ends the run too)."""
         self.build_info = buildinfo.register(r, "forwarder")
         for reason in codec.DECODE_REASONS:  # zeros, not "No data", while nothing is malformed
             self.malformed.labels(reason)
@@ -142,18 +144,16 @@ class Forwarder:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Forward until ``stop`` is set; raises ``PermanentError`` if it cannot go on."""
-        loop_task = asyncio.create_task(self._loop(), name="healer-forward")
-        stop_task = asyncio.create_task(stop.wait())
+        jobs = tasks.Scheduler("forward", self.metrics.task_failures, log=self.log)
+        loop_task = jobs.spawn("loop", self._loop(), task_name="healer-forward")
+        stop_task = jobs.spawn("stop", stop.wait())
         try:
             await asyncio.wait({loop_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop_task.cancel()
-            loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await stop_task
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop_task
+            await jobs.close()
             await self._unbind()
+        if not loop_task.cancelled() and (failed := loop_task.exception()) is not None:
+            raise failed  # logged and counted when it ended; it is this run's failure too
 
     async def _loop(self) -> None:
         ready = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import pydantic
@@ -91,6 +92,31 @@ class ActionKind:
     per_gpu: bool = False
     """Acts on one GPU: in a node-wide incident (``node_wide:``) it is planned once for each GPU that
     fired, and its on_resolve counterpart runs for each GPU as that GPU's firing resolves."""
+    published_only: bool = False
+    """Needs no actuator: recording and publishing it on the incident is the whole action (notify)."""
+    runs_in_ladder_only: bool = False
+    """Carried out only as a recovery-ladder step; named in a rule it is recorded as skipped (GPU reset)."""
+    undoes_cordon: bool = False
+    """Lifts a cordon: only healer's own, and only while no other open incident holds the node."""
+    reboots: bool = False
+    """Reboots the node: at most ``max_concurrent_reboots`` at once."""
+    stronger: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
+    """Two joined rules asking for this kind with different parameters: the stronger of the two (None:
+    the first, a missing parameter filled from the other)."""
+
+
+def _lower_limit(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """A power cap: the lower limit (a limit in watts and one in percent cannot be compared without the
+    GPU's default: the first stays)."""
+    for unit in ("watts", "percent_of_default"):
+        if current.get(unit) is not None and wanted.get(unit) is not None:
+            return {unit: min(current[unit], wanted[unit])}
+    return dict(current)
+
+
+def _sooner_reset(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """A GPU reset: at once rather than when idle."""
+    return {"when_idle": bool(current.get("when_idle", True)) and bool(wanted.get("when_idle", True))}
 
 
 _SCHEDULER = Actuator.SCHEDULER
@@ -99,7 +125,7 @@ CATALOG: Final[dict[str, ActionKind]] = {
     for a in (
         ActionKind(
             "power_limit", PowerLimitParams, "lower the GPU's power limit", "restore_power_limit",
-            actuator=Actuator.POWER, per_node_cooldown=True, per_gpu=True,
+            actuator=Actuator.POWER, per_node_cooldown=True, per_gpu=True, stronger=_lower_limit,
         ),
         ActionKind(
             "restore_power_limit", NoParams, "put back the power limit healer changed",
@@ -111,7 +137,7 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ),
         ActionKind(
             "uncordon", NoParams, "lift a cordon healer itself set (never an operator's)",
-            actuator=_SCHEDULER, scheduler_verb="uncordon",
+            actuator=_SCHEDULER, scheduler_verb="uncordon", undoes_cordon=True,
         ),
         ActionKind(
             "drain", ReasonParams, "cordon, and let running work finish or be requeued", "uncordon",
@@ -121,11 +147,13 @@ CATALOG: Final[dict[str, ActionKind]] = {
             "migrate", NoParams, "evict pods (honouring PDBs) / requeue Slurm jobs elsewhere",
             actuator=_SCHEDULER, scheduler_verb="migrate", takes_out_of_service=True,
         ),
-        ActionKind("notify", NotifyParams, "incident only: record and publish, act on nothing"),
+        ActionKind(
+            "notify", NotifyParams, "incident only: record and publish, act on nothing", published_only=True
+        ),
         ActionKind(
             "reset_gpu", ResetParams,
             "reset the GPU once idle (a recovery-ladder step; named in a rule it is only recorded)",
-            actuator=Actuator.GPU, per_gpu=True,
+            actuator=Actuator.GPU, per_gpu=True, runs_in_ladder_only=True, stronger=_sooner_reset,
         ),
         ActionKind(
             "inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)",
@@ -138,11 +166,11 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ActionKind(
             "reboot_node", NoParams, "reboot the node through the scheduler (Slurm scontrol reboot)",
             actuator=_SCHEDULER, scheduler_verb="reboot_node", takes_out_of_service=True,
-            ladder_only=True,
+            ladder_only=True, reboots=True,
         ),
         ActionKind(
             "return_to_service", NoParams, "lift healer's own cordon once validation passed",
-            actuator=_SCHEDULER, scheduler_verb="uncordon", ladder_only=True,
+            actuator=_SCHEDULER, scheduler_verb="uncordon", ladder_only=True, undoes_cordon=True,
         ),
         ActionKind(
             "hardware_replacement", ReasonParams, "the node stays out until its GPU is replaced",
@@ -173,6 +201,15 @@ def per_gpu(name: str) -> bool:
 def kind(name: str) -> ActionKind | None:
     """The catalogue entry of ``name``; None for a kind no rule may ask for."""
     return CATALOG.get(name)
+
+
+NO_KIND: Final = ActionKind("", NoParams, "a kind not in the catalogue (its actuator says so)")
+"""What a kind the catalogue does not know has: no property at all."""
+
+
+def spec(name: str) -> ActionKind:
+    """The catalogue entry of ``name``, or ``NO_KIND`` (every property off) for an unknown one."""
+    return CATALOG.get(name, NO_KIND)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

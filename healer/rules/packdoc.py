@@ -12,20 +12,13 @@ from __future__ import annotations
 import pathlib
 import sys
 
+from healer import durations
 from healer.rules import loader, ruleset
 
 BEGIN = "<!-- default-pack table: generated from rules/*.yaml by `make schemas`; do not edit -->"
 END = "<!-- end of default-pack table -->"
 NONE = "\u2013"
 """An en dash: the cell of a rule without actions (as the hand-written table had it)."""
-
-
-def duration(seconds: float) -> str:
-    """``300`` → ``5m``, ``90`` → ``90s``: the largest unit that divides it, as rule files write it."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def condition(rule: ruleset.Rule) -> str:
@@ -37,20 +30,20 @@ def condition(rule: ruleset.Rule) -> str:
             text += f" {key}={str(value).lower() if isinstance(value, bool) else value}"
         if rule.on_event.repeat is not None:
             rep = rule.on_event.repeat
-            text += f" x{rep.count} within {duration(rep.within_s)}"
+            text += f" x{rep.count} within {durations.to_text(rep.within_s)}"
             if rep.pids:
                 text += f" from {rep.pids}+ processes"
     else:
         text = rule.when_text
     text = f"`{text}`"
     if rule.for_s:
-        text += f", for {duration(rule.for_s)}"
+        text += f", for {durations.to_text(rule.for_s)}"
     if rule.has_resolve and rule.resolve_text:
         text += f"; resolves when `{rule.resolve_text}`"
         if rule.resolve_for_s:
-            text += f" for {duration(rule.resolve_for_s)}"
+            text += f" for {durations.to_text(rule.resolve_for_s)}"
     if rule.cooldown_s:
-        text += f"; cooldown {duration(rule.cooldown_s)}"
+        text += f"; cooldown {durations.to_text(rule.cooldown_s)}"
     return text
 
 

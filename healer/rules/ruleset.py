@@ -12,7 +12,6 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
-from healer import errors
 from healer.rules import actions as catalog
 from healer.rules import recovery, tree
 from healer.schemas import events, incidents
@@ -28,9 +27,6 @@ class Diagnostic:
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}:{self.col}: {self.severity}: {self.message}"
-
-    def as_error(self) -> errors.RuleError:
-        return errors.RuleError(self.message, path=self.path, line=self.line, col=self.col)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

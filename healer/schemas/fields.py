@@ -50,10 +50,6 @@ COUNTERS: Final[dict[str, Counter]] = {
 """Every cumulative GpuSample field, in a stable order (the simulator's column order follows it)."""
 
 
-def is_counter(name: str) -> bool:
-    return name in COUNTERS
-
-
 ERROR_COUNTERS: Final[tuple[str, ...]] = tuple(c.name for c in COUNTERS.values() if c.error)
 """The error counts, in catalogue order."""
 CLEARED_BY_RESET: Final[tuple[str, ...]] = tuple(

@@ -9,6 +9,8 @@ and keeps extension attributes and ``dataschema``; ``data`` itself is strict (a 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import typing
 from datetime import UTC, datetime
 from typing import Final, Literal
 
@@ -52,6 +54,48 @@ IncidentState = Literal["open", "resolved", "escalated"]
 ActionStatus = Literal[
     "planned", "done", "already-done", "refused", "failed-temporary", "failed-permanent", "skipped"
 ]
+"""The wire type of an action's status (``Status`` is the catalogue of what each one means)."""
+
+
+class Status(enum.StrEnum):
+    """The one catalogue of action statuses and what each means (the wire carries ``ActionStatus``, the
+    same strings; tests/schemas checks they agree)."""
+
+    PLANNED = "planned"
+    """A dry run's plan: nothing was done, and the next action is planned too."""
+    DONE = "done"
+    ALREADY_DONE = "already-done"
+    REFUSED = "refused"
+    """A safety gate said no (the circuit breaker, ...)."""
+    FAILED_TEMPORARY = "failed-temporary"
+    FAILED_PERMANENT = "failed-permanent"
+    SKIPPED = "skipped"
+    """Left alone on purpose (observe mode, a maintenance exclusion, nothing of healer's to undo)."""
+
+    @property
+    def ok(self) -> bool:
+        """The incident's next action runs after this one (a failed or refused step stops the chain)."""
+        return self in (Status.PLANNED, Status.DONE, Status.ALREADY_DONE, Status.SKIPPED)
+
+    @property
+    def final(self) -> bool:
+        """Never retried (all but a temporary failure)."""
+        return self is not Status.FAILED_TEMPORARY
+
+    @property
+    def took_effect(self) -> bool:
+        """What the action asks for is true now (done by it, or found so)."""
+        return self in (Status.DONE, Status.ALREADY_DONE)
+
+
+OK: Final[frozenset[str]] = frozenset(s.value for s in Status if s.ok)
+"""Statuses after which the next action of the incident runs."""
+FAILED: Final[frozenset[str]] = frozenset(s.value for s in Status if not s.ok)
+"""Statuses that stop the incident's chain of actions (and escalate it)."""
+FINAL: Final[frozenset[str]] = frozenset(s.value for s in Status if s.final)
+"""Statuses that are never retried."""
+TOOK_EFFECT: Final[frozenset[str]] = frozenset(s.value for s in Status if s.took_effect)
+"""Statuses after which what the action asks for holds (a cordon is in place, a cap applied)."""
 
 
 class ActionRecord(pydantic.BaseModel):
@@ -95,7 +139,7 @@ class IncidentEvent(cloudevent.CloudEvent):
     @property
     def change(self) -> Change:
         value = self.type.removeprefix(TYPE_PREFIX).removesuffix(".v1")
-        assert value in ("opened", "updated", "action", "resolved", "escalated")
+        assert value in typing.get_args(Change)
         return value  # type: ignore[return-value]
 
 

@@ -46,7 +46,7 @@ XIDS_MAX = 50
 NODES_MAX = 100_000
 """Nodes with remembered history, at most (the oldest node's history is dropped first)."""
 
-DONE = ("done", "already-done")
+DONE = incidents.TOOK_EFFECT
 """Action statuses after which the node is in the state the action asked for."""
 
 XID_KINDS = ("xid", "sxid", "gpu_lost")

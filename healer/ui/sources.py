@@ -17,16 +17,14 @@ temporary error is restarted after ``retry_s`` and logged; ``stop`` cancels and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import structlog
 
-from healer import errors
+from healer import errors, tasks
 from healer.bus import base, kvwatch, subjects
 from healer.bus import nats as natsbus
 from healer.feed import envelope, tail
@@ -59,41 +57,25 @@ class Sources:
         self.push_s = push_s
         self.retry_s = retry_s
         self.stats = codec.DecodeStats()
-        self.tasks: list[asyncio.Task[None]] = []
+        failures = tasks.failures_counter("healer_ui", None)
+        self.jobs = tasks.Scheduler("ui", failures, log=log, initial_delay_s=retry_s, max_delay_s=retry_s)
+        """Owns the feed and KV followers (restarted ``retry_s`` after a failure) and the push loop."""
         self._sub: base.Subscription | None = None
         self.kv_ready = asyncio.Event()
         self.feed_started = asyncio.Event()
 
     async def start(self) -> None:
         self._sub = await self.bus.subscribe(self.subj.all_telemetry, self._on_frame)
-        self.tasks = [
-            asyncio.create_task(self._supervise("feed", self._feed), name="ui-feed"),
-            asyncio.create_task(self._supervise("kv", self._kv), name="ui-kv"),
-            asyncio.create_task(self._supervise("events", self._events), name="ui-events"),
-            asyncio.create_task(self._pump(), name="ui-pump"),
-        ]
+        self.jobs.supervise("feed", self._feed)
+        self.jobs.supervise("kv", self._kv)
+        self.jobs.supervise("events", self._events)
+        self.jobs.spawn("pump", self._pump())
 
     async def stop(self) -> None:
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
-        for t in self.tasks:
-            t.cancel()
-        for t in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self.tasks = []
-
-    async def _supervise(self, what: str, run: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            try:
-                await run()
-                return
-            except errors.HealerError as e:
-                log.warning("ui.source_failed", source=what, error=str(e), retry_s=self.retry_s)
-            except Exception:
-                log.exception("ui.source_crashed", source=what, retry_s=self.retry_s)
-            await asyncio.sleep(self.retry_s)
+        await self.jobs.close()
 
     async def _pump(self) -> None:
         while True:

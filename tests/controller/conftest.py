@@ -13,6 +13,7 @@ import pytest
 from healer import config, testing
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
+from healer.controller import metrics as controller_metrics
 from healer.controller import service
 from healer.schemas import codec, incidents, telemetry
 from healer.telemetry import sim
@@ -162,3 +163,8 @@ async def harness(nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path) 
 
 
 __all__ = ["Feed", "Fleet", "Harness", "conftest", "run_until", "warm"]
+
+
+def metric(metrics: controller_metrics.ControllerMetrics, name: str, **labels: str) -> float:
+    """``healer_controller_<name>`` as a scrape reads it (``tests.conftest.sample``)."""
+    return conftest.sample(metrics.registry, f"healer_controller_{name}", **labels)

@@ -17,7 +17,7 @@ from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, events
-from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
+from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until, warm
 
 XID_RULE = """
 rules:
@@ -127,5 +127,5 @@ async def test_killing_the_leader_of_each_stream_and_bucket_loses_nothing_and_re
     assert max(late) < 2 * LEASE_TTL_S, f"acting again within about one lease period: {late}"
     leaders = [c for c in controllers if c.leader]
     assert len(leaders) == 1
-    assert all(c.metrics.leader._value.get() == (1 if c.leader else 0) for c in controllers)
+    assert all(metric(c.metrics, "leader") == (1 if c.leader else 0) for c in controllers)
     assert all(isinstance(c, service.Controller) for c in controllers)

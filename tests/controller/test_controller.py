@@ -11,10 +11,11 @@ from typing import Any
 import structlog.testing
 
 from healer import errors, testing
+from healer.actuators import base as actuators
 from healer.bus import subjects
 from healer.schemas import codec
-from tests.conftest import until
-from tests.controller.conftest import DBE_RULES, Fleet, Harness, run_until, warm
+from tests.conftest import sample, until
+from tests.controller.conftest import DBE_RULES, Fleet, Harness, metric, run_until, warm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -173,7 +174,7 @@ async def test_broken_rule_file_is_rejected_and_old_rules_stay(harness: Harness)
     (harness.rules / "broken.yaml").write_text("rules:\n  - id: x\n    scope: gpu\n    when: temp_c >>> 3\n")
     await run_until(fleet, lambda: bool(rejected))
     assert b"broken.yaml" in rejected[0]
-    assert ctl.metrics.rules_rejected._value.get() == 1
+    assert metric(ctl.metrics, "rules_rejected_total") == 1
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: len(actuator.executed()) == 2)
 
@@ -256,7 +257,7 @@ async def test_a_model_that_does_not_load_leaves_the_controller_running(harness:
     broken.mkdir()
     (broken / "card.json").write_text("{}")
     ctl = await harness.controller(testing.RecordingActuator(), model=str(broken))
-    assert ctl.metrics.anomaly_model_loaded._value.get() == 0
+    assert metric(ctl.metrics, "anomaly_model_loaded") == 0
     fleet = Fleet(harness.bus, ["n1"])
     await warm(fleet)
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
@@ -266,7 +267,7 @@ async def test_a_model_that_does_not_load_leaves_the_controller_running(harness:
 async def test_the_default_model_loads_and_scores(harness: Harness) -> None:
     model = ROOT / "models" / "default"
     ctl = await harness.controller(testing.RecordingActuator(), model=str(model), anomaly_interval_s=0.5)
-    assert ctl.metrics.anomaly_model_loaded._value.get() == 1
+    assert metric(ctl.metrics, "anomaly_model_loaded") == 1
     fleet = Fleet(harness.bus, ["n1"])
     await run_until(fleet, lambda: ctl.metrics.anomaly_seconds._sum.get() > 0)
 
@@ -357,7 +358,7 @@ async def test_bad_frames_are_counted_and_lax_frames_still_act(harness: Harness)
         if s.name.endswith("_total") and s.labels["kind"] == "frame"
     }
     assert errors_by == {"too_large": 0, "json": 1, "schema_version": 1, "validation": 1}
-    assert ctl.metrics.frames_lax._value.get() == 1
+    assert metric(ctl.metrics, "frames_lax_total") == 1
     assert harness.feed.events[0].data.gpu_index == 1
 
 
@@ -376,14 +377,16 @@ async def test_a_full_frame_backlog_drops_frames_and_counts_every_one(harness: H
         frames.append(codec.encode(fleet.frame("n1")))
 
     def accounted() -> float:
-        return ctl.metrics.frames._value.get() + ctl.metrics.frames_dropped._value.get()
+        return metric(ctl.metrics, "frames_ingested_total") + sample(
+            ctl.metrics.registry, "healer_controller_frames_dropped_total"
+        )
 
     with structlog.testing.capture_logs() as logs:
         for data in frames:
             await harness.bus.publish(subject, data)
         await harness.bus.flush()
         await until(lambda: accounted() == 300)
-        dropped = ctl.metrics.frames_dropped._value.get()
+        dropped = metric(ctl.metrics, "frames_dropped_total")
 
         def told() -> list[dict[str, Any]]:
             return [e for e in logs if e["event"] == "controller.frames_dropped"]
@@ -458,7 +461,40 @@ async def test_rules_match_node_labels_read_from_the_scheduler(harness: Harness)
         await asyncio.sleep(0.2)
     assert harness.feed.changes("n2") == [], "n2 is not in a train* pool"
     scheduler.broken = True
-    failures = ctl.metrics.label_refresh_failures._value.get()
-    await run_until(fleet, lambda: ctl.metrics.label_refresh_failures._value.get() > failures)
+    failures = metric(ctl.metrics, "label_refresh_failures_total")
+    await run_until(
+        fleet,
+        lambda: metric(ctl.metrics, "label_refresh_failures_total") > failures,
+    )
     assert ctl.engine is not None
     assert ctl.engine.state.labels[ctl.engine.state.node_index("n1")] == {"pool": "training"}, "kept"
+
+
+class BuggyActuator(testing.RecordingActuator):
+    """An actuator with a bug: ``apply`` raises (a real one never does)."""
+
+    async def apply(self, request: actuators.ActionRequest) -> actuators.ActionOutcome:
+        raise RuntimeError("bug in the actuator")
+
+
+async def test_a_bug_in_an_action_task_is_logged_once_and_counted(harness: Harness) -> None:
+    ctl = await harness.controller(BuggyActuator())
+    fleet = Fleet(harness.bus, ["n1"])
+    await warm(fleet)
+
+    def failed() -> float:
+        return (
+            ctl.metrics.registry.get_sample_value(
+                "healer_controller_task_failures_total", {"task": "actions"}
+            )
+            or 0.0
+        )
+
+    with structlog.testing.capture_logs() as logs:
+        fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+        await run_until(fleet, lambda: failed() >= 1)
+        count = failed()  # read with the logs, no await between: counting and logging happen together
+        reported = [e for e in logs if e["event"] == "controller.task_failed" and e["task"] == "actions"]
+    assert reported, "the bug is logged"
+    assert all("bug in the actuator" in e["error"] and e["incident_id"] for e in reported)
+    assert len(reported) == count, "each failure logged once and counted once"

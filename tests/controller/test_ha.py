@@ -18,7 +18,7 @@ from healer.bus import subjects
 from healer.controller import book, decide, incident_shell, kv, lease, policy
 from healer.schemas import codec, events
 from tests.conftest import until
-from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until, warm
+from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until, warm
 
 JS = nats.js.errors
 
@@ -135,11 +135,14 @@ async def test_a_crashed_lease_keeper_is_restarted_and_leadership_stays_true(
 
     monkeypatch.setattr(lease.Lease, "renew", renew_once_broken)
     with structlog.testing.capture_logs() as logs:
-        await run_until(fleet, lambda: ctl.metrics.task_failures.labels("lease")._value.get() == 1)
+        await run_until(
+            fleet,
+            lambda: metric(ctl.metrics, "task_failures_total", task="lease") == 1,
+        )
         renewed = ctl.lease._renewed_at
         await run_until(fleet, lambda: ctl.lease._renewed_at > renewed)  # the restarted keeper renews
     assert ctl.leader
-    assert ctl.metrics.leader._value.get() == 1
+    assert metric(ctl.metrics, "leader") == 1
     failed = [e for e in logs if e["event"] == "controller.task_failed"]
     assert [(e["task"], "bug in the lease keeper" in e["error"]) for e in failed] == [("lease", True)]
 
@@ -149,17 +152,19 @@ async def test_the_leader_gauge_falls_when_renewals_fail(
 ) -> None:
     ctl = await harness.controller(testing.RecordingActuator())
     fleet = Fleet(harness.bus, ["n1"])
-    await run_until(fleet, lambda: ctl.leader and ctl.metrics.leader._value.get() == 1)
+    await run_until(fleet, lambda: ctl.leader and metric(ctl.metrics, "leader") == 1)
 
     async def unreachable(self: kv.Store, key: str, value: dict[str, Any], revision: int) -> int:
         raise natsbus.translate("KV update", JS.ServiceUnavailableError(code=503))
 
     monkeypatch.setattr(kv.Store, "update", unreachable)
     await run_until(fleet, lambda: not ctl.leader, timeout=LEASE_TTL_S * 2)
-    await until(lambda: ctl.metrics.leader._value.get() == 0, timeout=LEASE_TTL_S)
+    await until(lambda: metric(ctl.metrics, "leader") == 0, timeout=LEASE_TTL_S)
     monkeypatch.undo()
     await run_until(
-        fleet, lambda: ctl.leader and ctl.metrics.leader._value.get() == 1, timeout=LEASE_TTL_S * 4
+        fleet,
+        lambda: ctl.leader and metric(ctl.metrics, "leader") == 1,
+        timeout=LEASE_TTL_S * 4,
     )
 
 
@@ -182,7 +187,7 @@ async def test_a_takeover_that_fails_is_retried_until_the_controller_acts(
     ctl = await harness.controller(actuator)
     fleet = Fleet(harness.bus, ["n1"])
     await run_until(fleet, lambda: ctl.leader)
-    assert ctl.metrics.takeover_failures._value.get() == 2
+    assert metric(ctl.metrics, "takeover_failures_total") == 2
     await warm(fleet)
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: len(actuator.executed()) == 2)
@@ -222,7 +227,7 @@ async def test_no_long_lived_task_is_left_after_stop(harness: Harness) -> None:
     }  # fmt: skip
     await ctl.stop()
     assert all(t.done() for t in tasks)
-    assert ctl.metrics.leader._value.get() == 0
+    assert metric(ctl.metrics, "leader") == 0
     await asyncio.sleep(0)
 
 
@@ -343,7 +348,7 @@ async def test_an_unreadable_repeat_history_never_holds_up_the_quarantine(
     monkeypatch.setattr(kv.Store, "get", get)
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: {r.kind for r in actuator.executed()} == {"cordon", "migrate"})
-    assert ctl.metrics.task_failures.labels("repeat-count")._value.get() == 1
+    assert metric(ctl.metrics, "task_failures_total", task="repeat-count") == 1
 
 
 def opened(harness: Harness) -> set[str]:
@@ -404,8 +409,10 @@ async def test_a_flood_of_bad_frames_is_counted_logged_briefly_and_leadership_ho
         await until(lambda: "n1" in opened(harness), timeout=10)
         assert xid_at is not None
         latency = loop.time() - xid_at
-        dropped = ctl.metrics.frames_dropped
-        await until(lambda: decode_errors(ctl) + dropped._value.get() >= sent * 0.99, timeout=20)
+        await until(
+            lambda: decode_errors(ctl) + metric(ctl.metrics, "frames_dropped_total") >= sent * 0.99,
+            timeout=20,
+        )
     await flooder.close()
     assert lost == [], "the lease held throughout the flood"
     assert not [e for e in logs if e["event"] == "lease.lost"]

@@ -16,7 +16,7 @@ from healer.bus import embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import kv, lease
 from tests.conftest import until
-from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until
+from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until
 
 KEY = lease.key_of(0)
 
@@ -105,18 +105,17 @@ async def test_a_controller_cut_off_from_jetstream_says_so_and_leads_again(harne
     assert ctl.ready().checks["jetstream"].ok
     with structlog.testing.capture_logs() as logs:
         await asyncio.to_thread(harness.srv.stop)
-        leaderless = ctl.metrics.leaderless.labels("0")
-        await until(lambda: leaderless._value.get() == 1, timeout=10 * LEASE_TTL_S)  # type: ignore[attr-defined]
+        await until(lambda: metric(ctl.metrics, "leaderless", shard="0") == 1, timeout=10 * LEASE_TTL_S)
         await until(lambda: not ctl.ready().checks["jetstream"].ok, timeout=5 * LEASE_TTL_S)
         verdict = ctl.ready()
         assert not verdict.ready
         assert "lease requests failing" in verdict.checks["jetstream"].detail
-        assert ctl.metrics.leader._value.get() == 0  # type: ignore[attr-defined]
+        assert metric(ctl.metrics, "leader") == 0
         await asyncio.sleep(3 * LEASE_TTL_S)  # a standby trying, and failing, to take the free lease
         await asyncio.to_thread(harness.srv.start)
         await run_until(fleet, lambda: ctl.leader, timeout=30)
         await until(lambda: ctl.ready().checks["jetstream"].ok)
-    assert leaderless._value.get() == 0  # type: ignore[attr-defined]
+    assert metric(ctl.metrics, "leaderless", shard="0") == 0
     failed = [e for e in logs if e["event"] == "lease.acquire_failed"]
     assert len(failed) == 1, "one line per ACQUIRE_LOG_S however many attempts failed"
     assert failed[0]["error"]

@@ -18,6 +18,7 @@ from healer.bus import nats as natsbus
 from healer.controller import kv, lease, policy, storage
 from healer.controller import metrics as metrics_mod
 from healer.schemas import codec, events
+from tests.conftest import sample
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until
 
 pytestmark = pytest.mark.nats
@@ -102,7 +103,7 @@ async def test_a_store_full_of_telemetry_still_leads_acts_and_resets_the_breaker
     await run_until(fleet, lambda: bool(actuator.executed("cordon")))  # an incident opened and acted on
     assert "opened" in h.feed.changes("n1")
     assert await ctl.storage.check() is None
-    assert ctl.metrics.js_storage_ok._value.get() == 1  # type: ignore[attr-defined]
+    assert sample(ctl.metrics.registry, "healer_jetstream_storage_ok") == 1
 
     code = await asyncio.to_thread(cli.main, ["breaker", "reset", "--nats", h.srv.url])
     assert code == 0
@@ -142,7 +143,7 @@ async def test_without_byte_limits_the_full_store_is_named_in_one_line(small_sto
         assert await watch.check() == problem
         await watch.check()  # the same problem again: not logged again
     assert [e["event"] for e in logs] == ["jetstream.storage_problem"]
-    assert watch.metrics.js_storage_ok._value.get() == 0  # type: ignore[attr-defined]
+    assert sample(watch.metrics.registry, "healer_jetstream_storage_ok") == 0
 
 
 async def test_nats_status_says_how_full_each_stream_is_and_who_leads(

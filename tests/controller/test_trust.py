@@ -21,8 +21,8 @@ from healer.controller import admission
 from healer.controller import metrics as metrics_mod
 from healer.schemas import codec, events, telemetry
 from healer.telemetry import sim
-from tests.conftest import until
-from tests.controller.conftest import Fleet, Harness, run_until
+from tests.conftest import sample, until
+from tests.controller.conftest import Fleet, Harness, metric, run_until
 from tests.controller.test_controller import LabelledScheduler
 
 SUBJ = subjects.Subjects()
@@ -30,10 +30,6 @@ XID_RULES = (
     "rules:\n  - id: xid-fatal\n    description: fatal XID\n    on_event: {kind: xid, xid: [48]}\n"
     "    scope: gpu\n    severity: critical\n    actions: [cordon]\n    resolve: {for: 10m}\n"
 )
-
-
-def value(metric: Any, *labels: str) -> float:
-    return float((metric.labels(*labels) if labels else metric)._value.get())
 
 
 def frame(node: str, gpus: int = 2, **fields: Any) -> telemetry.NodeFrame:
@@ -60,8 +56,16 @@ async def test_a_frame_naming_another_node_is_rejected_and_counted(harness: Harn
     ctl = await listening(harness, testing.RecordingActuator())
     await send(harness, "gpu-a", frame("gpu-b"))
     await send(harness, "gpu-a", frame("gpu-a"))
-    await until(lambda: value(ctl.metrics.frames) == 1)
-    assert value(ctl.metrics.messages_rejected, "frame", "identity_mismatch") == 1
+    await until(lambda: metric(ctl.metrics, "frames_ingested_total") == 1)
+    assert (
+        sample(
+            ctl.metrics.registry,
+            "healer_controller_messages_rejected_total",
+            kind="frame",
+            reason="identity_mismatch",
+        )
+        == 1
+    )
     assert ctl.nodes == {"gpu-a"}
     assert ctl.engine is not None
     assert ctl.engine.state.node_index("gpu-b") is None
@@ -78,7 +82,15 @@ async def test_an_event_naming_another_node_cordons_nothing(harness: Harness) ->
     await harness.bus.publish_durable(SUBJ.events("gpu-a"), codec.encode(real), msg_id=real.id)
     await until(lambda: len(actuator.executed()) == 1)
     assert [(r.kind, r.node) for r in actuator.executed()] == [("cordon", "gpu-a")]
-    assert value(ctl.metrics.messages_rejected, "event", "identity_mismatch") == 1
+    assert (
+        sample(
+            ctl.metrics.registry,
+            "healer_controller_messages_rejected_total",
+            kind="event",
+            reason="identity_mismatch",
+        )
+        == 1
+    )
     assert harness.feed.changes("gpu-b") == []
 
 
@@ -93,13 +105,21 @@ async def test_unknown_nodes_allocate_nothing_and_do_not_grow_the_breakers_fleet
     for i in range(200):
         await send(harness, f"ghost-{i}", frame(f"ghost-{i}"))
     await send(harness, "gpu-a", frame("gpu-a"))
-    await until(lambda: value(ctl.metrics.frames) == 1)
-    assert value(ctl.metrics.messages_rejected, "frame", "unknown_node") == 200
+    await until(lambda: metric(ctl.metrics, "frames_ingested_total") == 1)
+    assert (
+        sample(
+            ctl.metrics.registry,
+            "healer_controller_messages_rejected_total",
+            kind="frame",
+            reason="unknown_node",
+        )
+        == 200
+    )
     assert ctl.nodes == {"gpu-a"}
     assert ctl.engine is not None
     assert ctl.engine.state.n == 1
     assert ctl.incidents.fleet_size() == 2, "the admitted fleet, not what reported"
-    assert value(ctl.metrics.nodes_admitted) == 2
+    assert metric(ctl.metrics, "nodes_admitted") == 2
 
 
 async def test_scheduler_admission_admits_only_the_nodes_the_scheduler_lists(harness: Harness) -> None:
@@ -126,8 +146,16 @@ async def test_a_frame_with_more_gpus_than_allowed_never_widens_the_state(harnes
     ctl = await listening(harness, testing.RecordingActuator(), max_gpus_per_node=8)
     await send(harness, "gpu-a", frame("gpu-a", gpus=32))
     await send(harness, "gpu-a", frame("gpu-a", gpus=2))
-    await until(lambda: value(ctl.metrics.frames) == 1)
-    assert value(ctl.metrics.messages_rejected, "frame", "too_many_gpus") == 1
+    await until(lambda: metric(ctl.metrics, "frames_ingested_total") == 1)
+    assert (
+        sample(
+            ctl.metrics.registry,
+            "healer_controller_messages_rejected_total",
+            kind="frame",
+            reason="too_many_gpus",
+        )
+        == 1
+    )
     assert ctl.engine is not None
     assert ctl.engine.state.gpus == 8
 
@@ -137,8 +165,8 @@ async def test_a_clock_ten_years_ahead_is_counted_and_does_not_silence_the_node(
     await send(harness, "gpu-a", frame("gpu-a", ts=time.time() + 10 * 365 * 86400))
     for i in range(3):
         await send(harness, "gpu-a", frame("gpu-a", seq=2 + i))
-    await until(lambda: value(ctl.metrics.frames) == 4)
-    assert value(ctl.metrics.clock_skewed, "frame") == 1
+    await until(lambda: metric(ctl.metrics, "frames_ingested_total") == 4)
+    assert metric(ctl.metrics, "clock_skewed_total", kind="frame") == 1
     assert ctl.engine is not None
     ctl.engine.evaluate(ctl.clock())
     assert ctl.engine.state.dropped_frames == 0
@@ -151,9 +179,19 @@ async def test_impossible_readings_are_counted_per_field(harness: Harness) -> No
     doc["gpus"][0]["temp_c"] = 1e300
     await harness.bus.publish(SUBJ.telemetry("gpu-a"), orjson.dumps(doc))
     await send(harness, "gpu-a", frame("gpu-a"))
-    await until(lambda: value(ctl.metrics.frames) == 1)
-    assert value(ctl.metrics.invalid_fields, "frame", "gpus.temp_c") == 1
-    assert value(ctl.metrics.decode_errors, "frame", "validation") == 1
+    await until(lambda: metric(ctl.metrics, "frames_ingested_total") == 1)
+    assert (
+        sample(
+            ctl.metrics.registry, "healer_controller_invalid_fields_total", kind="frame", field="gpus.temp_c"
+        )
+        == 1
+    )
+    assert (
+        sample(
+            ctl.metrics.registry, "healer_controller_decode_errors_total", kind="frame", reason="validation"
+        )
+        == 1
+    )
 
 
 async def test_incidents_of_a_forgotten_node_resolve_without_undoing_anything(harness: Harness) -> None:
@@ -167,7 +205,7 @@ async def test_incidents_of_a_forgotten_node_resolve_without_undoing_anything(ha
     await send(harness, "gpu-a", frame("gpu-a"))
     await until(lambda: len(actuator.executed("cordon")) == 1)
     await until(lambda: "resolved" in harness.feed.changes("gpu-a"), timeout=15)
-    assert value(ctl.metrics.nodes_forgotten) == 1
+    assert metric(ctl.metrics, "nodes_forgotten_total") == 1
     assert actuator.executed("uncordon") == [], "healer's cordon on a node that left stays"
     assert ctl.nodes == set()
 
@@ -178,4 +216,12 @@ def test_the_gpu_limit_is_never_below_the_configured_gpus_per_node() -> None:
     check = admission.Admission(cs, metrics, scheduler=None, log=structlog.get_logger())
     assert check.frame_ok("gpu-a", frame("gpu-a", gpus=32))
     assert not check.frame_ok("gpu-a", frame("gpu-a", gpus=33))
-    assert value(metrics.messages_rejected, "frame", "too_many_gpus") == 1
+    assert (
+        sample(
+            metrics.registry,
+            "healer_controller_messages_rejected_total",
+            kind="frame",
+            reason="too_many_gpus",
+        )
+        == 1
+    )

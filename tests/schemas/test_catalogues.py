@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
 from healer.rules import baseline, metrics
-from healer.schemas import datasheets, fields, telemetry
+from healer.schemas import datasheets, fields, incidents, telemetry
 from healer.sim import fleet, profiles
 
 
@@ -47,3 +48,14 @@ def test_rules_and_simulator_read_the_same_clock_reason_bits() -> None:
     bit, _ = fields.CLOCK_BITS["clocks_sw_power_cap"]
     assert bit == fields.ClocksEventReason.SW_POWER_CAP
     assert "sw_power_cap" not in {n.lower() for n in vars(profiles)}, "one definition, in fields.py"
+
+
+def test_the_action_status_catalogue_is_the_wire_type() -> None:
+    assert {s.value for s in incidents.Status} == set(typing.get_args(incidents.ActionStatus))
+
+
+def test_what_each_action_status_means() -> None:
+    assert {"planned", "done", "already-done", "skipped"} == incidents.OK, "the next action runs"
+    assert {"refused", "failed-temporary", "failed-permanent"} == incidents.FAILED, "the chain stops"
+    assert set(incidents.OK | incidents.FAILED) - {"failed-temporary"} == incidents.FINAL, "never retried"
+    assert {"done", "already-done"} == incidents.TOOK_EFFECT

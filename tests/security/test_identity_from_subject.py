@@ -22,6 +22,7 @@ from healer.schemas import codec, events, telemetry
 from healer.security import natsconf
 from healer.telemetry import sim
 from tests.conftest import until
+from tests.controller.conftest import metric
 
 NODE_A = "gpu-a.dc1.example.com"
 NODE_B = "gpu-b"
@@ -123,8 +124,8 @@ async def test_node_a_cannot_get_node_b_cordoned_with_its_own_credentials(
     finally:
         await node_a.close()
     assert [(r.kind, r.node) for r in actuator.executed()] == [("cordon", NODE_A)]
-    rejected = ctl.metrics.messages_rejected
-    assert rejected.labels("frame", "identity_mismatch")._value.get() == 1
-    assert rejected.labels("event", "identity_mismatch")._value.get() == 1
+    rejected = "messages_rejected_total"
+    assert metric(ctl.metrics, rejected, kind="frame", reason="identity_mismatch") == 1
+    assert metric(ctl.metrics, rejected, kind="event", reason="identity_mismatch") == 1
     assert ctl.nodes == {NODE_A}
     assert NODE_B not in opened

@@ -1,0 +1,113 @@
+"""The owned, guarded tasks every process uses: a failure is logged once and counted, none leaks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import prometheus_client as prom
+import pytest
+import structlog
+
+from healer import tasks
+
+
+def scheduler(**kw: object) -> tuple[tasks.Scheduler, prom.CollectorRegistry]:
+    registry = prom.CollectorRegistry()
+    return tasks.Scheduler("test", tasks.failures_counter("healer_test", registry), **kw), registry  # type: ignore[arg-type]
+
+
+def failures(registry: prom.CollectorRegistry, task: str) -> float:
+    return registry.get_sample_value("healer_test_task_failures_total", {"task": task}) or 0.0
+
+
+async def test_a_one_shot_task_that_raises_is_logged_once_and_counted() -> None:
+    jobs, registry = scheduler()
+
+    async def bug() -> None:
+        raise ValueError("a bug")
+
+    with structlog.testing.capture_logs() as logs:
+        task = jobs.spawn("work", bug(), incident_id="inc-1")
+        await asyncio.wait([task])
+        await asyncio.sleep(0)  # the done callback runs on the next loop pass
+    failed = [e for e in logs if e["event"] == "test.task_failed"]
+    assert [(e["task"], e["incident_id"], "a bug" in e["error"]) for e in failed] == [("work", "inc-1", True)]
+    assert failures(registry, "work") == 1
+    with pytest.raises(ValueError, match="a bug"):
+        task.result()  # whoever awaits it still sees the failure
+    assert jobs.tasks == [], "a finished one-shot task is not kept"
+
+
+async def test_a_failure_handed_on_by_an_outer_task_is_reported_once() -> None:
+    inner, registry = scheduler()
+    outer = tasks.Scheduler("outer", tasks.failures_counter("healer_outer", registry))
+
+    async def bug() -> None:
+        raise RuntimeError("gave up")
+
+    async def run() -> None:
+        t = inner.spawn("inner", bug())
+        await asyncio.wait([t])
+        raise t.exception()  # type: ignore[misc]
+
+    with structlog.testing.capture_logs() as logs:
+        task = outer.spawn("run", run())
+        await asyncio.wait([task])
+        await asyncio.sleep(0)
+    assert [e["event"] for e in logs if e["event"].endswith("task_failed")] == ["test.task_failed"]
+    assert registry.get_sample_value("healer_outer_task_failures_total", {"task": "run"}) is None
+
+
+async def test_a_supervised_task_is_restarted_after_each_failure_until_stop() -> None:
+    jobs, registry = scheduler(initial_delay_s=0.001, max_delay_s=60.0)
+    runs = 0
+    third = asyncio.Event()
+
+    async def flaky() -> None:
+        nonlocal runs
+        runs += 1
+        if runs < 3:
+            raise OSError(f"failure {runs}")
+        third.set()
+        await jobs.stop.wait()
+
+    with structlog.testing.capture_logs() as logs:
+        jobs.supervise("flaky", flaky)
+        await asyncio.wait_for(third.wait(), timeout=10)
+        jobs.stop.set()
+        await jobs.wait()
+    assert failures(registry, "flaky") == 2
+    assert [e["failures"] for e in logs if e["event"] == "test.task_failed"] == [1, 2]
+    assert all(t.done() for t in jobs.tasks)
+
+
+async def test_a_supervised_task_that_returns_while_running_counts_as_a_failure() -> None:
+    jobs, registry = scheduler(initial_delay_s=0.0, max_delay_s=0.0)
+    returned = asyncio.Event()
+
+    async def quits() -> None:
+        returned.set()
+
+    with structlog.testing.capture_logs() as logs:
+        jobs.supervise("quits", quits)
+        await asyncio.wait_for(returned.wait(), timeout=10)
+        await asyncio.sleep(0.01)
+        await jobs.close()
+    assert failures(registry, "quits") >= 1
+    assert any(e.get("error") == "returned while the test runs" for e in logs)
+
+
+def test_back_off_doubles_up_to_its_ceiling() -> None:
+    jobs, _ = scheduler(initial_delay_s=0.5, max_delay_s=3.0)
+    assert [jobs.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+async def test_close_cancels_and_awaits_every_task() -> None:
+    jobs, registry = scheduler()
+    forever = jobs.spawn("forever", asyncio.Event().wait())
+    jobs.supervise("loop", lambda: asyncio.Event().wait())
+    await asyncio.sleep(0)
+    await jobs.close()
+    assert forever.cancelled()
+    assert all(t.done() for t in jobs.tasks)
+    assert failures(registry, "forever") == 0, "a cancelled task is no failure"
