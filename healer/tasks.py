@@ -68,6 +68,9 @@ class Scheduler:
     ) -> asyncio.Task[Any]:
         """Run ``work`` now in a task of its own (named ``task_name``, else ``<scope>-<name>``). If it
         raises, the failure is logged once with ``context`` and counted under ``name``."""
+        self.failures.labels(
+            name
+        )  # the series exists at 0 from the first start: a panel shows 0, not "no data"
         task = asyncio.get_running_loop().create_task(work, name=task_name or f"{self.scope}-{name}")
         self.tasks.append(task)
         task.add_done_callback(lambda t: self._done(t, name, context))
@@ -88,6 +91,7 @@ class Scheduler:
     # -- long-lived --------------------------------------------------------------------------------
     def supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
         """Run ``run()`` until ``stop`` is set, again after a back-off whenever it fails."""
+        self.failures.labels(name)
         task = asyncio.get_running_loop().create_task(self._guard(name, run), name=f"{self.scope}-{name}")
         self.tasks.append(task)
         return task

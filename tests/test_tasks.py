@@ -55,7 +55,7 @@ async def test_a_failure_handed_on_by_an_outer_task_is_reported_once() -> None:
         await asyncio.wait([task])
         await asyncio.sleep(0)
     assert [e["event"] for e in logs if e["event"].endswith("task_failed")] == ["test.task_failed"]
-    assert registry.get_sample_value("healer_outer_task_failures_total", {"task": "run"}) is None
+    assert registry.get_sample_value("healer_outer_task_failures_total", {"task": "run"}) == 0.0
 
 
 async def test_a_supervised_task_is_restarted_after_each_failure_until_stop() -> None:
@@ -111,3 +111,17 @@ async def test_close_cancels_and_awaits_every_task() -> None:
     assert forever.cancelled()
     assert all(t.done() for t in jobs.tasks)
     assert failures(registry, "forever") == 0, "a cancelled task is no failure"
+
+
+async def test_a_started_task_has_its_failure_series_at_zero_before_any_failure() -> None:
+    """A dashboard panel of task failures shows 0, not "no data", on a healthy process."""
+    jobs, registry = scheduler()
+    assert registry.get_sample_value("healer_test_task_failures_total", {"task": "once"}) is None
+    done = jobs.spawn("once", asyncio.sleep(0))
+    stop = asyncio.Event()
+    jobs.supervise("loop", stop.wait)
+    await done
+    assert registry.get_sample_value("healer_test_task_failures_total", {"task": "once"}) == 0.0
+    assert registry.get_sample_value("healer_test_task_failures_total", {"task": "loop"}) == 0.0
+    stop.set()
+    await jobs.close()
