@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
 
 
-LEAK_GRACE_S = 2.0
+LEAK_GRACE_S = 5.0
 """How long the tasks a test started may take to finish after it (and its fixtures) ended."""
 
 
@@ -59,7 +59,7 @@ async def _no_task_leaks() -> AsyncIterator[None]:
         return
     _, pending = await asyncio.wait(left, timeout=LEAK_GRACE_S)
     if pending:
-        names = sorted(t.get_name() for t in pending)
+        names = sorted(f"{t.get_name()} ({getattr(t.get_coro(), '__qualname__', '?')})" for t in pending)
         for t in pending:
             t.cancel()
         await asyncio.wait(pending, timeout=LEAK_GRACE_S)

@@ -127,6 +127,7 @@ async def _run_with_server(
 ) -> dict[str, Any]:
     subj = subjects.Subjects(s.nats.prefix)
     buses: list[natsbus.NatsBus] = []
+    names: list[str] = []
     ctl: service.Controller | None = None
     fleet: live.LiveFleet | None = None
     fleet_stop = asyncio.Event()
@@ -139,6 +140,7 @@ async def _run_with_server(
         async def connect(name: str) -> natsbus.NatsBus:
             bus = await natsbus.NatsBus.connect(s.nats.url, name=name, nats_settings=s.nats, retry=s.retry)
             buses.append(bus)
+            names.append(name)
             return bus
 
         ctl_bus = await connect("healer-demo-controller")
@@ -178,8 +180,8 @@ async def _run_with_server(
                 await asyncio.wait_for(stop.wait(), timeout=tick_s)
         if on_tick is not None:
             on_tick(obs, time.time())
-        with contextlib.suppress(errors.HealerError):
-            status = await ctl.breaker.status()
+        with contextlib.suppress(errors.HealerError, TimeoutError):
+            status = await asyncio.wait_for(ctl.breaker.status(), timeout=STOP_STEP_S)
             obs.breaker = {
                 **obs.breaker,
                 "open": bool(status.get("open")),
@@ -197,8 +199,8 @@ async def _run_with_server(
             await _quietly("status page", page.stop())
         if ctl is not None:
             await _quietly("controller", ctl.stop())
-        for bus in reversed(buses):
-            await _quietly("bus", bus.close())
+        for name, bus in reversed(list(zip(names, buses, strict=True))):
+            await _quietly(f"bus {name}", bus.close())
         log.info("demo.stopped")
     return obs.summary(
         duration_s=time.monotonic() - started, nodes=opts.nodes, gpus=opts.gpus, interrupted=stop.is_set()
@@ -218,10 +220,17 @@ async def _status_page(bus: natsbus.NatsBus, s: config.Settings) -> Any:
         return await server.start(bus, s.model_copy(update={"ui": s.ui.model_copy(update={"port": 0})}))
 
 
+STOP_STEP_S = 8.0
+"""The longest one part of the demo may take to stop before the next is stopped anyway (and the part
+that did not is named in the log), so a Ctrl-C always ends the demo within seconds."""
+
+
 async def _quietly(what: str, work: Awaitable[Any]) -> None:
     """Stopping goes on whatever one part does: everything the demo started must be stopped."""
     try:
-        await work
+        await asyncio.wait_for(work, timeout=STOP_STEP_S)
+    except TimeoutError:
+        log.error("demo.stop_timed_out", what=what, after_s=STOP_STEP_S)
     except Exception as e:
         log.error("demo.stop_failed", what=what, error=repr(e))
 

@@ -56,7 +56,7 @@ def test_compressed_story_shows_every_step_in_the_json_summary() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()  # reaps it and closes its pipes (no ResourceWarning in a later test)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out)  # nothing but the JSON on stdout
     assert re.search(r"^status page: http://127\.0\.0\.1:\d+/$", err, re.M), err[-3000:]
@@ -118,7 +118,7 @@ def test_ctrl_c_stops_everything_the_demo_started_and_still_prints_the_summary()
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()  # reaps it and closes its pipes (no ResourceWarning in a later test)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out)
     assert summary["interrupted"] is True
