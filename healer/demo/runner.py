@@ -73,13 +73,18 @@ def settings_for(opts: Options, url: str, rules_dir: pathlib.Path, tmp: pathlib.
         cluster="demo",
         admission="first-seen",  # the simulated fleet is whatever the demo starts
     )
+    sc = stage.load_scenario(opts.scenario)
+    if sc.rack_size:  # the simulated fleet, admitted from an inventory whose entries carry their rack
+        inventory = tmp / "inventory.yaml"
+        inventory.write_text(yaml.safe_dump({"nodes": stage.inventory(sc, opts.nodes)}))
+        raw["controller"].update(admission="file", inventory_file=str(inventory))
+    if opts.config_file is None:  # room in the breaker for the rack's cordons before the mass fault
+        raw["controller"].update(breaker_max_nodes=7, breaker_max_percent=25.0)
     model = stage.find_model(opts.model)
     if model is not None:
         raw["controller"]["model"] = str(model)
     if opts.actuator == "slurm" and not raw["actuators"].get("node_map_file"):
-        sim = scenarios.build(
-            stage.load_scenario(opts.scenario), nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed
-        )
+        sim = scenarios.build(sc, nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed)
         mapping = dict(zip(stage.story_nodes(sim), opts.slurm_nodes, strict=False))
         (tmp / "node-map.yaml").write_text(yaml.safe_dump(mapping))
         raw["actuators"]["node_map_file"] = str(tmp / "node-map.yaml")

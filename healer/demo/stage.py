@@ -121,7 +121,7 @@ def merge_rules(pack: pathlib.Path, overrides: pathlib.Path | None, out: pathlib
 
 def check_fleet(sc: scenarios.Scenario, nodes: int, gpus: int, seed: int) -> None:
     """``SetupError`` naming ``--nodes`` when the scenario names nodes past the fleet (the default
-    scenario's story uses node indices up to 11, so it needs at least 12 nodes)."""
+    scenario's story uses node indices up to 31, so it needs at least 32 nodes)."""
     try:
         scenarios.build(sc, nodes=nodes, gpus=gpus, seed=seed)
     except errors.PermanentError as e:
@@ -185,6 +185,12 @@ def build_fleet(
         sim.step(warmup_s / steps if steps else 0.0)
     sim.take_truth()
     return sim
+
+
+def inventory(sc: scenarios.Scenario, nodes: int) -> dict[str, dict[str, str]]:
+    """The demo's inventory: every simulated node with its rack (``rack_size`` nodes a rack, in order)."""
+    names = scenarios.node_names(nodes)
+    return {n: ({"rack": f"r{i // sc.rack_size}"} if sc.rack_size else {}) for i, n in enumerate(names)}
 
 
 def story_nodes(sim: engine.Simulation) -> list[str]:

@@ -17,6 +17,8 @@ from healer.rules import actions
 from healer.schemas import incidents, telemetry
 
 BREAKER_RULE = "circuit-breaker"
+SHARED_CAUSE_RULE = "shared-cause"
+"""A domain's incident (#27): node ``<key>.<value>``, matched to no single fault, so never unexpected."""
 OK = incidents.TOOK_EFFECT
 INFORM_ONLY = ("notify",)
 """Actions that change nothing: not counted as the first action on a fault."""
@@ -168,6 +170,14 @@ class Observer:
         return sorted(n for n, ts in self.frame_nodes.items() if now - ts > after_s)
 
     # -- the summary -------------------------------------------------------------------------------
+    def domain_incidents(self) -> list[dict[str, Any]]:
+        """The shared-cause incidents (#27): one per suspected domain, e.g. a rack that lost power."""
+        return [
+            {"node": i.node, "state": i.state, "summary": i.summary}
+            for i in self.incidents.values()
+            if i.rule_id == SHARED_CAUSE_RULE
+        ]
+
     def _matches(self, f: Fault, node: str, gpu: int | None, at: float) -> bool:
         return node == f.node and (f.gpu is None or gpu is None or gpu == f.gpu) and at >= f.start - 1.0
 
@@ -212,7 +222,7 @@ class Observer:
         unexpected = [
             f"{i.rule_id} on {i.node}" + (f" GPU {i.gpu}" if i.gpu is not None else "")
             for i in self.incidents.values()
-            if i.id not in matched and i.rule_id != BREAKER_RULE
+            if i.id not in matched and i.rule_id not in (BREAKER_RULE, SHARED_CAUSE_RULE)
         ]
         return {
             "fleet": {"nodes": nodes, "gpus": nodes * gpus},
@@ -235,6 +245,7 @@ class Observer:
             "actions": dict(sorted(by_kind.items())),
             "cordoned_nodes": self.cordoned(),
             "breaker": self.breaker,
+            "domain_incidents": self.domain_incidents(),
             "story": self.story(rows),
         }
 
@@ -274,5 +285,6 @@ class Observer:
             ),
             "nvlink_cordoned": has(row("nvlink_crc_rising"), "cordon"),
             "silent_node_cordoned": has(row("node_silent"), "cordon"),
+            "rack_power_loss_one_incident": [d["node"][:5] for d in self.domain_incidents()] == ["rack."],
             "breaker_tripped": bool(self.breaker.get("open")),
         }

@@ -93,6 +93,9 @@ class Scenario(_Model):
     """How unlike a tidy fleet this one is (healer/sim/variation.py; all off by default)."""
     ports: int = pydantic.Field(default=0, ge=0, le=16)
     """RDMA ports per node (InfiniBand NDR, 400 Gb/s; sim/ports.py); 0: frames carry none (v1)."""
+    rack_size: int = pydantic.Field(default=0, ge=0)
+    """Nodes per rack, in index order (racks ``r0``, ``r1``, ...): the failure-domain label ``rack`` that
+    ``healer demo`` writes into the controller's inventory (#27); 0: no racks."""
 
     @pydantic.field_validator("models")
     @classmethod

@@ -141,6 +141,23 @@ def inventory(cs: config.ControllerSettings) -> Callable[[], Iterable[str]] | No
     return names
 
 
+def page_labels(settings: config.Settings) -> dict[str, dict[str, str]]:
+    """The labels the map groups by (``ui.group_by``) before any incident: each node's failure domains
+    from ``controller.inventory_file`` when ``controller.admission`` is ``file`` (#27; ``rack``, ``pdu``,
+    ``switch`` ...), then ``ui.labels_file``'s, which win."""
+    cs = settings.controller
+    domains: dict[str, dict[str, str]] = {}
+    if cs.admission == "file" and cs.inventory_file:
+        from healer.controller import topology
+
+        try:
+            domains = topology.read_inventory(cs.inventory_file).domains
+        except errors.PermanentError as e:
+            log.warning("ui.inventory_unreadable", error=str(e), kept=0)
+    files = load_labels(settings.ui.labels_file)
+    return {n: {**domains.get(n, {}), **files.get(n, {})} for n in {*domains, *files}}
+
+
 def load_labels(path: str | None) -> dict[str, dict[str, str]]:
     if not path:
         return {}
@@ -414,7 +431,7 @@ async def start(
         admitted=admitted or inventory(settings.controller),
         links={"grafana": ui.grafana_url},
     )  # fmt: skip
-    live.extra_labels = load_labels(ui.labels_file)
+    live.extra_labels = page_labels(settings)
     if labels is not None:
         live.extra_labels = {**live.extra_labels, **{n: dict(v) for n, v in labels().items()}}
     src = sources_mod.Sources(

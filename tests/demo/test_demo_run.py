@@ -67,10 +67,16 @@ def test_compressed_story_shows_every_step_in_the_json_summary() -> None:
         "dbe_reset_validated_returned": True,
         "nvlink_cordoned": True,
         "silent_node_cordoned": True,
+        "rack_power_loss_one_incident": True,
         "breaker_tripped": True,
     }, err[-3000:]
-    assert summary["faults_injected"] == 10
-    assert summary["faults_detected"] == 10
+    assert summary["faults_injected"] == 13
+    assert summary["faults_detected"] == 13
+    # rack r0 (sim-00000..2) lost power: one shared-cause incident names it and its three members,
+    # while sim-00007's GPU reset (below) went on
+    (rack,) = summary["domain_incidents"]
+    assert rack["node"] == "rack.r0", rack
+    assert "rack r0 suspected: 3 of its 3 nodes fired node-silent" in rack["summary"], rack
     by_kind = {r["kind"]: r for r in summary["faults"]}
     for kind in ("cooling_degradation", "ecc_dbe", "nvlink_crc_rising", "node_silent"):
         assert by_kind[kind]["latency_to_action_s"] is not None, kind
@@ -84,9 +90,15 @@ def test_compressed_story_shows_every_step_in_the_json_summary() -> None:
     assert all(len(r["actions"]) == 1 and r["actions"][0] in refused for r in mass), mass
     assert sum(summary["actions"].get(a, 0) for a in refused) == 6
     assert summary["breaker"]["open"] is True
-    assert summary["breaker"]["limit"] == 3
-    # sim-00007's DBE: reset, validated, returned to service by its recovery ladder
-    assert sorted(summary["cordoned_nodes"]) == ["sim-00011", "sim-00013"]
+    assert summary["breaker"]["limit"] == 6
+    # sim-00007's DBE: reset, validated, returned to service by its recovery ladder; the rack stays dark
+    assert sorted(summary["cordoned_nodes"]) == [
+        "sim-00000",
+        "sim-00001",
+        "sim-00002",
+        "sim-00011",
+        "sim-00013",
+    ]
     assert summary["incidents"]["unexpected"] == []
     assert summary["interrupted"] is False
 

@@ -7,9 +7,11 @@ the way the agent would, so the timing the demo promises is checked without wait
 
 from __future__ import annotations
 
+import collections
 import pathlib
 
 import pytest
+import yaml
 
 from healer.demo import stage
 from healer.rules import engine, loader
@@ -84,11 +86,18 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
     for rule in ("ecc-dbe-new", "xid-fatal", "nvlink-crc-storm", "node-silent"):
         assert rule in seen, f"{rule} never fired"
     cordon_nodes = {n for r in ("ecc-dbe-new", "nvlink-crc-storm", "node-silent") for _, n, _, _ in seen[r]}
-    assert len(cordon_nodes) == 3
+    assert len(cordon_nodes) == 7, "3 single-node cordons and rack r7's 4 nodes: the demo's breaker limit"
     before_mass = [t for r in ("nvlink-crc-storm", "node-silent") for _, _, _, t in seen[r]]
-    assert max(before_mass) < 139, "the 3 single-node cordons must come before the mass fault (t=140)"
+    assert max(before_mass) < 139, "the 7 cordons must come before the mass fault (t=140)"
+    # rack r7's power loss: its 4 nodes' node-silent fire within the shared-cause window, one incident
+    inventory = stage.inventory(stage.load_scenario(None), 32)
+    rack = [t for _, n, _, t in seen["node-silent"] if inventory[n] == {"rack": "r7"}]
+    assert len(rack) == 4, rack
+    assert max(rack) - min(rack) < 60, rack
     mass = [x for x in seen["xid-fatal"] if x[3] >= 140]
     assert len({n for _, n, _, _ in mass}) == 8
+    by_rack = collections.Counter(inventory[n]["rack"] for n in {n for _, n, _, _ in mass})
+    assert max(by_rack.values()) < 3, f"the driver roll-out must not look like a rack's fault: {by_rack}"
     expected = {
         "gpu-temp-near-slowdown", "ecc-dbe-new", "xid-fatal", "row-remap-pending", "nvlink-crc-storm",
         "nvlink-replay-recovery", "node-silent", "recovery-action-reset", "rdma-port-rate-below-peers",
@@ -98,6 +107,19 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
     faulted = {(n, g) for r in ("xid-fatal", "row-remap-pending") for _, n, g, _ in seen[r]}
     assert {(n, g) for _, n, g, _ in seen["recovery-action-reset"]} <= faulted
     assert set(seen) == expected, "no other rule of the pack may fire on the healthy part of the fleet"
+
+
+def test_the_demo_admits_its_fleet_from_an_inventory_with_racks(tmp_path: pathlib.Path) -> None:
+    from healer.demo import runner
+
+    s = runner.settings_for(runner.Options(), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
+    assert s.controller.admission == "file"
+    assert s.controller.inventory_file is not None
+    nodes = yaml.safe_load(pathlib.Path(s.controller.inventory_file).read_text())["nodes"]
+    assert len(nodes) == 32
+    assert nodes["sim-00000"] == {"rack": "r0"}
+    assert nodes["sim-00031"] == {"rack": "r7"}
+    assert (s.controller.breaker_max_nodes, s.controller.breaker_max_percent) == (7, 25.0)
 
 
 def test_the_demo_controller_scores_with_the_default_model(tmp_path: pathlib.Path) -> None:

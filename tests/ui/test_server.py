@@ -313,3 +313,36 @@ async def test_the_gpu_panel_shows_its_nodes_rdma_ports(tmp_path: pathlib.Path) 
     down = next(p for p in shown["ib"] if p["device"] == "mlx5_3")
     assert (down["state"], down["phys_state"], down["rate_gbps"]) == (1, 2, 10.0)
     assert (shown["none"], shown["old"]) == ([], None)
+
+
+def test_the_map_groups_by_the_inventorys_failure_domains_and_the_labels_file_wins(
+    tmp_path: pathlib.Path,
+) -> None:
+    """#27: with admission ``file`` the inventory's domains are the page's labels before any incident."""
+    (tmp_path / "inventory.yaml").write_text(
+        "nodes: {gpu01: {rack: r1, pdu: p1}, gpu02: {rack: r1}, gpu03: {rack: r2}, gpu04: {}}\n"
+    )
+    (tmp_path / "labels.yaml").write_text("gpu02: {rack: r9}\n")
+    s = config.Settings.model_validate(
+        {
+            "controller": {"admission": "file", "inventory_file": str(tmp_path / "inventory.yaml")},
+            "ui": {"labels_file": str(tmp_path / "labels.yaml"), "group_by": ["pdu", "rack"]},
+        }
+    )
+    labels = server.page_labels(s)
+    assert labels["gpu01"] == {"rack": "r1", "pdu": "p1"}
+    assert labels["gpu02"] == {"rack": "r9"}
+    assert labels.get("gpu04", {}) == {}
+    lv = live.Live(fleet.Fleet(1, ring_len=2, capacity=4), board.Board(), group_by=("pdu", "rack"))
+    lv.extra_labels = labels
+    for name in ("gpu01", "gpu02", "gpu03", "gpu04"):
+        lv.fleet.declare([name])
+    groups = dict(lv.groups())
+    assert {k: [lv.fleet.names[r] for r in v] for k, v in groups.items()} == {
+        "pdu=p1": ["gpu01"],
+        "rack=r2": ["gpu03"],
+        "rack=r9": ["gpu02"],
+        "unlabelled": ["gpu04"],
+    }
+    other = config.Settings.model_validate({"controller": {"admission": "first-seen"}})
+    assert server.page_labels(other) == {}
