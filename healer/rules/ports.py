@@ -60,28 +60,10 @@ class PortState:
             if name in old_col:
                 self.latest[i] = old_latest[old_col[name]]
         self._getter = operator.attrgetter(*self.fields) if self.fields else None
-        old_hist, self.history = self.history, {}
-        for metric, kinds in wins.items():
-            prev = old_hist.get(metric)
-            hist = windows.History(
-                self.col[metric],
-                prev.last_value if prev else np.full((self.cap, self.slots), np.nan),
-                prev.last_valid_ts if prev else np.full((self.cap, self.slots), -np.inf),
-                {},
-            )
-            for kind, spans in kinds.items():
-                width = max(min(spans) / self.buckets_per_window, max(spans) / self.max_buckets)
-                size = math.ceil(max(spans) / width) + 1
-                old = prev.rings.get(kind) if prev else None
-                if old is not None and old.width_s == width and len(old.ids) == size:
-                    hist.rings[kind] = old
-                else:
-                    init = math.nan if kind in windows.NAN_INIT else 0.0
-                    data = np.full((size, self.cap, self.slots), init)
-                    hist.rings[kind] = windows.Ring(
-                        kind, width, np.full(size, -(2**62), dtype=np.int64), data
-                    )
-            self.history[metric] = hist
+        self.history = windows.histories(
+            wins, self.col, self.history, (self.cap, self.slots),
+            buckets_per_window=self.buckets_per_window, max_buckets=self.max_buckets,
+        )  # fmt: skip
 
     # -- ingest (FleetState hands over the ports of the frames it accepted, in its own order)
     def apply(self, items: list[tuple[int, float, Sequence[Any] | None, bool | None]]) -> None:

@@ -17,7 +17,6 @@ one ``attrgetter`` call and queues the row; the numpy work happens once per batc
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -106,28 +105,10 @@ class FleetState:
         # attribute lookup on a pydantic model) the __dict__ of a GpuSample.
         self._getter = operator.attrgetter("index", *self._raw) if self._raw else _index_only
         self._dict_getter = operator.itemgetter("index", *self._raw) if self._raw else _index_only_dict
-        old_hist, self.history = self.history, {}
-        for metric, kinds in needs.windows.items():
-            prev = old_hist.get(metric)
-            hist = windows.History(
-                self.col[metric],
-                prev.last_value if prev else np.full((self.cap, self.gpus), np.nan),
-                prev.last_valid_ts if prev else np.full((self.cap, self.gpus), -np.inf),
-                {},
-            )
-            for kind, spans in kinds.items():
-                width = max(min(spans) / self.buckets_per_window, max(spans) / self.max_buckets)
-                size = math.ceil(max(spans) / width) + 1
-                old = prev.rings.get(kind) if prev else None
-                if old is not None and old.width_s == width and len(old.ids) == size:
-                    hist.rings[kind] = old
-                else:
-                    init = math.nan if kind in windows.NAN_INIT else 0.0
-                    data = np.full((size, self.cap, self.gpus), init)
-                    hist.rings[kind] = windows.Ring(
-                        kind, width, np.full(size, -(2**62), dtype=np.int64), data
-                    )
-            self.history[metric] = hist
+        self.history = windows.histories(
+            needs.windows, self.col, self.history, (self.cap, self.gpus),
+            buckets_per_window=self.buckets_per_window, max_buckets=self.max_buckets,
+        )  # fmt: skip
         self.needs = needs
         self.ports.set_needs(needs.port_columns, needs.port_windows)
 

@@ -86,6 +86,41 @@ class History:
     rings: dict[str, Ring]
 
 
+def histories(
+    wins: Mapping[str, Mapping[str, tuple[float, ...]]],
+    col: Mapping[str, int],
+    old: Mapping[str, History],
+    shape: tuple[int, int],
+    *,
+    buckets_per_window: int,
+    max_buckets: int,
+) -> dict[str, History]:
+    """The windows the rules read (metric -> kind -> spans), as ``History`` over ``shape`` (rows x
+    slots: GPUs or ports): a metric's last value and every ring whose bucket width and size are unchanged
+    are kept from ``old``, so a rule reload loses no history it can still use."""
+    out: dict[str, History] = {}
+    for metric, kinds in wins.items():
+        prev = old.get(metric)
+        hist = History(
+            col[metric],
+            prev.last_value if prev else np.full(shape, np.nan),
+            prev.last_valid_ts if prev else np.full(shape, -np.inf),
+            {},
+        )
+        for kind, spans in kinds.items():
+            width = max(min(spans) / buckets_per_window, max(spans) / max_buckets)
+            size = math.ceil(max(spans) / width) + 1
+            ring = prev.rings.get(kind) if prev else None
+            if ring is not None and ring.width_s == width and len(ring.ids) == size:
+                hist.rings[kind] = ring
+            else:
+                init = math.nan if kind in NAN_INIT else 0.0
+                data = np.full((size, *shape), init)
+                hist.rings[kind] = Ring(kind, width, np.full(size, -(2**62), dtype=np.int64), data)
+        out[metric] = hist
+    return out
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Needs:
     """What the loaded rules read: instant columns and (metric → kind → windows)."""
