@@ -30,7 +30,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import book, decide, kv, ladder, shell
+from healer.controller import book, decide, kv, ladder, shared_cause, shell
 from healer.rules import engine
 from healer.schemas import incidents
 
@@ -231,6 +231,8 @@ class Recovery:
                 p.reboot_requested = True  # counted by every shard's max_concurrent_reboots from now
                 await self._save(rec)
             return await self._reboot_progress(rec, late)
+        if action.status == "skipped" and action.facts.get(shared_cause.RECOVERED_FACT):
+            return ladder.Outcome.RECOVERED, action.detail  # held by its domain, then came back by itself
         return ladder.outcome_of(p.kind, action.status), action.detail
 
     async def _reboot_progress(self, rec: Record, late: bool) -> tuple[ladder.Outcome | None, str]:

@@ -256,17 +256,33 @@ class IncidentShell:
                 members=len(f.members),
             )  # fmt: skip
             await self.publish(inc, "opened")
+            await self._mark_members(inc, f)
         for inc, f in todo.grow:
             inc.evidence = {
                 **inc.evidence,
                 **shared_cause.evidence(f, shared_cause.members_of(inc), shared_cause.member_incidents(inc)),
             }
             await self.publish(inc, "updated")
+            await self._mark_members(inc, f)
         for inc in todo.resolve:
             inc.state = "resolved"
             inc.resolved_at = now
             inc.evidence = {**inc.evidence, "outcome": "domain recovered"}
             await self.publish(inc, "resolved")
+
+    async def _mark_members(self, domain: book.Incident, f: shared_cause.Finding) -> None:
+        """Each member incident names the domain incident that holds its repairs (``held_by_incident``),
+        from the moment it is a member: a repair planned later (a ladder's reboot after a long drain),
+        even after the domain recovered, is then known as needless once the member has recovered."""
+        ids = set(f.incidents)
+        for inc in self.book.all():
+            if inc.id in ids and inc.evidence.get("held_by_incident") != domain.id:
+                inc.evidence = {
+                    **inc.evidence,
+                    "held_by_incident": domain.id,
+                    "held_by_shared_cause": str(domain.evidence.get("domain")),
+                }
+                await self.publish(inc, "updated")
 
     async def count_repeat(self, node: str, gpu: int | None, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""

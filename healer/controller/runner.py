@@ -163,9 +163,8 @@ class ActionRunner:
         mode = self.cs.mode
         spec = actions.kind(action.kind)
         if shared_cause.needless(inc, action.kind, action.on_resolve):
-            return decide.Verdict.settle(
-                "skipped", "the node recovered while its domain was suspected: returned without it"
-            )
+            action.facts = {**action.facts, shared_cause.RECOVERED_FACT: "true"}  # the ladder returns it
+            return decide.Verdict.settle("skipped", shared_cause.RECOVERED_DETAIL)
         if not action.on_resolve:
             domain = shared_cause.holding(inc.node, action.kind, self.book.open.values())
             if domain is not None:

@@ -12,10 +12,14 @@ spine) wins over those it covers.
 A ``shared-cause`` incident (node ``<key>.<value>``) names the domain, the suspected component, the rule
 and its members (evidence ``members``, ``member_incidents``); its opening is on the feed like every
 incident, so it notifies. While it is open, its members' repairs that presume the node itself is broken
-(``HELD_KINDS``: GPU reset, reboot, hardware replacement) wait; containment (cordon, drain, migrate,
-notify) and the return to service still run, so a member that recovers on its own is returned without a
-reboot. A member faulting later with the same rule joins it. It resolves when every member's incident
-has resolved (the domain recovered). Pure: the incident shell applies what these functions return.
+(the action catalogue's ``held_by_shared_cause`` kinds: GPU reset, reboot, hardware replacement) wait;
+containment (cordon, drain, migrate, notify) and the return to service still run. A member that
+recovers on its own (its signals stop firing) is returned without its held repair: ``needless`` skips it,
+and a recovery ladder goes straight to the return to service (``ladder.Outcome.RECOVERED``); every
+member incident names its domain incident (``held_by_incident``) from the moment it joins, so a repair
+planned after the domain recovered is known as needless too. A member faulting later with the same rule
+joins it. It resolves when no member's signal fires any more (the domain recovered). Pure: the
+incident shell applies what these functions return.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from collections.abc import Iterable, Sequence
 
 from healer import config
 from healer.controller import book, topology
+from healer.rules import actions
 
 RULE_ID = "shared-cause"
-HELD_KINDS: frozenset[str] = frozenset({"reset_gpu", "reboot_node", "hardware_replacement"})
-"""Repairs a shared-cause incident holds on its members (they presume the node itself is broken)."""
+RECOVERED_DETAIL = "the node recovered while its domain was suspected: returned without it"
+RECOVERED_FACT = "recovered_while_held"
+"""The fact a skipped held repair carries (``PlannedAction.facts``): the recovery ladder reads it."""
 IGNORED_RULES: frozenset[str] = frozenset({RULE_ID, "circuit-breaker"})
 
 
@@ -180,16 +186,23 @@ def evidence(f: Finding, before: Sequence[str] = (), before_ids: Sequence[str] =
 
 def holding(node: str, kind: str, open_incidents: Iterable[book.Incident]) -> book.Incident | None:
     """The open shared-cause incident that holds ``kind`` on ``node``, or None."""
-    if kind not in HELD_KINDS:
+    if not actions.spec(kind).held_by_shared_cause:
         return None
     return next((i for i in open_domain_incidents(open_incidents) if node in members_of(i)), None)
 
 
+def recovered(inc: book.Incident) -> bool:
+    """The node incident resolved, or none of its signals fires any more (a recovery ladder keeps the
+    incident open after its rule resolved, until the ladder ends)."""
+    return inc.state == "resolved" or not any(s.open for s in inc.signals)
+
+
 def needless(inc: book.Incident, kind: str, on_resolve: bool) -> bool:
-    """A repair a shared-cause incident held on ``inc``, which has resolved since: never run it."""
+    """A repair a shared-cause incident held on ``inc``, whose node has recovered on its own since (while
+    the domain was suspected, or after): never run it; the node is returned without it."""
     return (
-        kind in HELD_KINDS
+        actions.spec(kind).held_by_shared_cause
         and not on_resolve
-        and inc.state == "resolved"
         and bool(inc.evidence.get("held_by_incident"))
+        and recovered(inc)
     )

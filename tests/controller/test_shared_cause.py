@@ -162,6 +162,9 @@ async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolve
     await firing.add("gpu-e")  # a later member: its repair waits
     await until(lambda: (i := of(ctl, "gpu-e")) is not None and i.evidence.get("held_by_incident") == dom.id)
     await until(lambda: "gpu-e" in shared_cause.members_of(dom))
+    await until(
+        lambda: any("held by shared-cause" in a.detail for a in of(ctl, "gpu-e").actions)  # type: ignore[union-attr]
+    )
     held = of(ctl, "gpu-e")
     assert held is not None
     reset = next(a for a in held.actions if a.kind == "reset_gpu")
@@ -217,3 +220,61 @@ async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
     await firing.recover()
     await until(lambda: dom.state == "resolved", timeout=40)
     assert [e.change for e in harness.feed.events if e.data.node == "pdu.p1"].count("opened") == 1
+
+
+XID_LADDER = XID_RESET.replace("actions: [cordon, reset_gpu]", "actions: [cordon]") + (
+    "ladders:\n  - id: xid-recovery\n    rules: [xid-lost]\n    steps: [reset_gpu, reboot_node]\n"
+    "    soak: 0s\n    dcgm_level: 0\n    repeat_limit: {count: 3, within: 30d}\n"
+)
+
+
+def test_the_catalogue_says_which_repairs_a_domain_incident_holds() -> None:
+    from healer.rules import actions
+
+    held = {k for k, spec in actions.CATALOG.items() if spec.held_by_shared_cause}
+    assert held == {"reset_gpu", "reboot_node", "hardware_replacement"}
+    assert not any(actions.CATALOG[k].held_by_shared_cause for k in ("cordon", "drain", "migrate", "notify"))
+
+
+async def test_members_that_recover_on_their_own_are_returned_by_their_ladder_without_a_reset_or_reboot(
+    harness: Harness, tmp_path: pathlib.Path, firing: Firing
+) -> None:
+    (harness.rules / "xid.yaml").write_text(XID_LADDER)
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  gpu-{n}: {{switch: leaf-01}}\n" for n in "abc"))
+    actuator, gpu = testing.RecordingActuator(), testing.RecordingGpuActuator()
+    ctl = await harness.controller(
+        actuator, gpu, admission="file", inventory_file=str(inventory), breaker_max_percent=100,
+        shared_cause_min_nodes=3, shared_cause_window_s=60,
+    )  # fmt: skip
+    await until(lambda: ctl.leader)
+    for n in "abc":
+        await firing.add(f"gpu-{n}")
+    await until(lambda: of(ctl, "switch.leaf-01") is not None)
+    members = {n: of(ctl, f"gpu-{n}") for n in "abc"}
+    # each member is contained (cordoned), its ladder's first rung (the GPU reset) held by the domain
+    await until(
+        lambda: all(
+            i is not None
+            and any(a.kind == "reset_gpu" and "held by shared-cause" in a.detail for a in i.actions)
+            for i in members.values()
+        ),
+        timeout=20,
+    )
+    assert {r.node for r in actuator.executed("cordon")} == {"gpu-a", "gpu-b", "gpu-c"}
+
+    await firing.recover()  # the leaf is back: every member recovers by itself
+    await until(lambda: all(i is not None and i.state == "resolved" for i in members.values()), timeout=30)
+    for inc in members.values():
+        assert inc is not None
+        assert inc.evidence["outcome"] == "recovered"
+        reset = next(a for a in inc.actions if a.kind == "reset_gpu")
+        assert reset.status == "skipped"
+        assert reset.facts.get(shared_cause.RECOVERED_FACT) == "true"
+        returned = next(a for a in inc.actions if a.kind == "return_to_service")
+        assert returned.status == "done"
+        assert not any(a.kind == "reboot_node" for a in inc.actions), "the ladder never got to a reboot"
+    assert {r.node for r in actuator.executed("uncordon")} == {"gpu-a", "gpu-b", "gpu-c"}, "all returned"
+    assert gpu.requests == [], "no GPU reset (nor validation) was asked of any node agent"
+    assert not any(r.kind == "reboot_node" for r in actuator.requests), "no reboot was issued"
+    await until(lambda: "resolved" in harness.feed.changes("switch.leaf-01"))
