@@ -235,7 +235,7 @@ class IncidentShell:
         if not self.cs.shared_cause_window_s:
             return
         current = list(self.book.open.values())
-        window = self.cs.shared_cause_window_s
+        window = shared_cause.longest_window_s(self.cs)
         recent = any(
             now - i.opened_at <= window and i.rule_id not in shared_cause.IGNORED_RULES for i in current
         )

@@ -2,12 +2,13 @@
 fault of the domain (a leaf switch, a PDU, a CDU), not N node faults.
 
 Built on correlation (``decide.correlate`` joins one node's firings into one incident); this joins
-nodes. ``findings`` looks at the open node incidents opened within ``shared_cause_window_s``: where at
-least ``shared_cause_min_nodes`` nodes of one domain (``shared_cause_keys``, or every topology key)
-have incidents of the same rule (the same kind of signal: silent, IB link down, inlet rise, power
-loss), that domain is suspected. Of the domains that explain the same nodes the smallest is named (a
-leaf switch rather than its spine); a domain that explains more of them (two leaves' worth under one
-spine) wins over those it covers.
+nodes. ``findings`` looks at the open node incidents opened within their rule's window: where at least
+the rule's minimum count of nodes of one domain (``shared_cause_keys``, or every topology key) have
+incidents of the same rule (the same kind of signal: silent, IB link down, inlet rise, power loss),
+that domain is suspected. The window and the count are ``shared_cause_window_s`` and
+``shared_cause_min_nodes``, or the rule's entry in ``shared_cause_rules`` (``terms``). Of the domains
+that explain the same nodes the smallest is named (a leaf switch rather than its spine); a domain that
+explains more of them (two leaves' worth under one spine) wins over those it covers.
 
 A ``shared-cause`` incident (node ``<key>.<value>``) names the domain, the suspected component, the rule
 and its members (evidence ``members``, ``member_incidents``); its opening is on the feed like every
@@ -25,6 +26,7 @@ incident shell applies what these functions return.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import re
 from collections.abc import Iterable, Sequence
 
@@ -60,6 +62,38 @@ class Finding:
         return name if name[0].isalnum() else "d" + name
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Terms:
+    """One rule's shared-cause window and minimum count (``controller.shared_cause_rules``)."""
+
+    window_s: float
+    min_nodes: int
+
+
+def terms(rule_id: str, settings: config.ControllerSettings) -> Terms:
+    """``rule_id``'s terms: an exact ``shared_cause_rules`` entry, else the longest matching glob, else
+    the fleet-wide ``shared_cause_window_s`` / ``shared_cause_min_nodes``; a field left unset in the
+    entry is the fleet-wide value. With ``shared_cause_window_s`` 0, nothing is a shared cause."""
+    rules = settings.shared_cause_rules
+    entry = rules.get(rule_id)
+    if entry is None:
+        globs = [g for g in rules if fnmatch.fnmatchcase(rule_id, g)]
+        entry = rules[max(globs, key=lambda g: (len(g), g))] if globs else None
+    window = settings.shared_cause_window_s
+    if window and entry is not None and entry.window_s is not None:
+        window = entry.window_s
+    count = entry.min_nodes if entry is not None and entry.min_nodes is not None else None
+    return Terms(window, count or settings.shared_cause_min_nodes)
+
+
+def longest_window_s(settings: config.ControllerSettings) -> float:
+    """The longest window of any rule (the shell's cheap "anything recent?" check)."""
+    if not settings.shared_cause_window_s:
+        return 0.0
+    windows = [r.window_s for r in settings.shared_cause_rules.values() if r.window_s is not None]
+    return max([settings.shared_cause_window_s, *windows])
+
+
 def findings(
     open_incidents: Iterable[book.Incident],
     believed: topology.Topology,
@@ -73,17 +107,19 @@ def findings(
     for inc in open_incidents:
         if inc.rule_id in IGNORED_RULES or inc.state == "resolved":
             continue
-        if now - inc.opened_at > settings.shared_cause_window_s:
+        window = terms(inc.rule_id, settings).window_s
+        if not window or now - inc.opened_at > window:
             continue
         recent.setdefault(inc.rule_id, {}).setdefault(inc.node, inc.id)
     keys = settings.shared_cause_keys or believed.keys()
     found: list[Finding] = []
     for rule_id, nodes in sorted(recent.items()):
+        least = terms(rule_id, settings).min_nodes
         candidates: list[Finding] = []
         for key in keys:
             for value, members in believed.groups(key).items():
                 hit = sorted(n for n in members if n in nodes)
-                if len(hit) >= settings.shared_cause_min_nodes:
+                if len(hit) >= least:
                     ids = tuple(nodes[n] for n in hit)
                     candidates.append(Finding(key, value, rule_id, tuple(hit), ids, len(members)))
         found.extend(_most_specific(candidates))
@@ -158,7 +194,7 @@ def new_incident(
         node=f.node,
         summary=(
             f"{f.key} {f.value} suspected: {len(f.members)} of its {f.size} nodes fired {f.rule_id} within "
-            f"{settings.shared_cause_window_s:g}s ({', '.join(f.members)[:400]}). Their GPU resets and "
+            f"{terms(f.rule_id, settings).window_s:g}s ({', '.join(f.members)[:400]}). Their GPU resets and "
             "reboots wait while this is open; containment still runs."
         ),
         evidence=evidence(f),

@@ -278,3 +278,31 @@ async def test_members_that_recover_on_their_own_are_returned_by_their_ladder_wi
     assert gpu.requests == [], "no GPU reset (nor validation) was asked of any node agent"
     assert not any(r.kind == "reboot_node" for r in actuator.requests), "no reboot was issued"
     await until(lambda: "resolved" in harness.feed.changes("switch.leaf-01"))
+
+
+def test_each_kind_of_signal_may_have_its_own_window_and_count() -> None:
+    cs = config.ControllerSettings.model_validate(
+        {"shared_cause_window_s": 20, "shared_cause_min_nodes": 3,
+         "shared_cause_rules": {"node-silent": {"min_nodes": 2}, "inlet-*": {"window_s": 300},
+                                "inlet-rise-fast": {"window_s": 5, "min_nodes": 4}, "off": {"window_s": 0}}}
+    )  # fmt: skip
+    assert shared_cause.terms("ib-down", cs) == shared_cause.Terms(20, 3)  # the fleet-wide defaults
+    assert shared_cause.terms("node-silent", cs) == shared_cause.Terms(20, 2)  # unset window: fleet-wide
+    assert shared_cause.terms("inlet-rise", cs) == shared_cause.Terms(300, 3)  # a glob
+    assert shared_cause.terms("inlet-rise-fast", cs) == shared_cause.Terms(5, 4)  # an exact id wins
+    assert shared_cause.longest_window_s(cs) == 300
+    # two silent nodes of a leaf are enough; two IB-down nodes are not
+    two = [incident("a", "node-silent"), incident("b", "node-silent"), incident("a"), incident("b")]
+    assert [(f.rule_id, f.members) for f in shared_cause.findings(two, LEAVES, 105.0, cs)] == [
+        ("node-silent", ("a", "b"))
+    ]
+    # an inlet rise over three nodes within five minutes is one; IB down that long ago is not
+    slow = [incident(n, "inlet-rise", opened_at=100.0) for n in "abc"] + [incident(n) for n in "def"]
+    assert [f.rule_id for f in shared_cause.findings(slow, LEAVES, 250.0, cs)] == ["inlet-rise"]
+    assert shared_cause.findings([incident(n, "off") for n in "abc"], LEAVES, 100.0, cs) == []
+    dom = shared_cause.new_incident(shared_cause.findings(slow, LEAVES, 250.0, cs)[0], "d", 250.0, cs)
+    assert "within 300s" in dom.summary
+    off = config.ControllerSettings.model_validate(
+        {"shared_cause_window_s": 0, "shared_cause_rules": {"inlet-*": {"window_s": 300}}}
+    )
+    assert shared_cause.findings(slow, LEAVES, 250.0, off) == [], "0 turns it off for every rule"
