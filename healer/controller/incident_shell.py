@@ -258,10 +258,11 @@ class IncidentShell:
             await self.publish(inc, "opened")
             await self._mark_members(inc, f)
         for inc, f in todo.grow:
-            inc.evidence = {
-                **inc.evidence,
-                **shared_cause.evidence(f, shared_cause.members_of(inc), shared_cause.member_incidents(inc)),
-            }
+            before, before_ids = shared_cause.members_of(inc), shared_cause.member_incidents(inc)
+            if inc.domain is not None:  # the full lists (the evidence's strings are capped)
+                before, before_ids = inc.domain.members, inc.domain.member_incidents
+            inc.evidence = {**inc.evidence, **shared_cause.evidence(f, before, before_ids)}
+            inc.domain = shared_cause.domain(f, before, before_ids)
             await self.publish(inc, "updated")
             await self._mark_members(inc, f)
         for inc in todo.resolve:

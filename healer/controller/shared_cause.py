@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from healer import config
 from healer.controller import book, topology
 from healer.rules import actions
+from healer.schemas import incidents
 
 RULE_ID = "shared-cause"
 RECOVERED_DETAIL = "the node recovered while its domain was suspected: returned without it"
@@ -141,6 +142,8 @@ def _most_specific(candidates: Sequence[Finding]) -> list[Finding]:
 
 
 def members_of(inc: book.Incident) -> list[str]:
+    if inc.domain is not None and inc.domain.member_count == len(inc.domain.members):
+        return list(inc.domain.members)
     return [n for n in str(inc.evidence.get("members") or "").split(",") if n]
 
 
@@ -198,6 +201,7 @@ def new_incident(
             "reboots wait while this is open; containment still runs."
         ),
         evidence=evidence(f),
+        domain=domain(f),
         mode=settings.mode,
         opened_at=now,
         updated_at=now,
@@ -218,6 +222,18 @@ def evidence(f: Finding, before: Sequence[str] = (), before_ids: Sequence[str] =
         "member_count": len(members),
         "domain_size": f.size,
     }
+
+
+def domain(f: Finding, before: Sequence[str] = (), before_ids: Sequence[str] = ()) -> incidents.Domain:
+    """The structured domain the feed carries (``data.domain``, v2), beside the flat ``evidence``."""
+    members = list(dict.fromkeys([*before, *f.members]))
+    ids = list(dict.fromkeys([*before_ids, *f.incidents]))
+    cap = incidents.DOMAIN_MEMBERS_MAX
+    return incidents.Domain(
+        key=f.key[:128], value=f.value[:253], suspected=f"{f.key} {f.value}"[:512],
+        signal_rule=f.rule_id[:128], members=members[:cap], member_incidents=ids[:cap],
+        member_count=len(members), size=f.size,
+    )  # fmt: skip
 
 
 def holding(node: str, kind: str, open_incidents: Iterable[book.Incident]) -> book.Incident | None:

@@ -187,6 +187,14 @@ async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolve
     opened = [e for e in harness.feed.events if e.data.node == "switch.leaf-01" and e.change == "opened"]
     assert len(opened) == 1, "one domain incident"
     assert opened[0].data.evidence["members"] == "gpu-a,gpu-b,gpu-c"
+    assert opened[0].data.schema_ == "healer.incident.v2"
+    assert opened[0].data.domain is not None
+    assert (opened[0].data.domain.key, opened[0].data.domain.value) == ("switch", "leaf-01")
+    assert opened[0].data.domain.members == ["gpu-a", "gpu-b", "gpu-c"]
+    assert opened[0].data.domain.suspected == "switch leaf-01"
+    grown = [e for e in harness.feed.events if e.data.node == "switch.leaf-01" and e.change == "updated"]
+    assert any(e.data.domain is not None and "gpu-e" in e.data.domain.members for e in grown)
+    assert all(e.data.domain is None for e in harness.feed.events if e.data.node == "gpu-d"), "v1 stays v1"
     assert "resolved" in harness.feed.changes("switch.leaf-01")
     assert not any(r.kind == "reset_gpu" for r in actuator.requests), "no repair reached an actuator"
 
