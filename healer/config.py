@@ -438,6 +438,11 @@ class ControllerSettings(_Group):
     domain_labels: dict[str, str] = pydantic.Field(default_factory=dict)
     """Domain key -> scheduler label name, for ``admission: scheduler`` (e.g. ``{rack:
     example.com/rack}``); every ``topology.kubernetes.io/<key>`` label is domain ``<key>`` anyway."""
+    domain_features: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Domain key -> Slurm node feature prefix, for ``admission: scheduler`` with Slurm (e.g. ``{pdu:
+    pdu_}``: a node with feature ``pdu_p3`` is in domain ``pdu`` ``p3``); a feature ``<key>=<value>``
+    (``Features=h100,rack=r07`` in slurm.conf) is domain ``<key>`` anyway. A scheduler label
+    (``domain_labels``, ``topology.kubernetes.io/*``) naming the same key wins."""
     admission_refresh_s: float = pydantic.Field(default=10.0, gt=0)
     """With ``admission: scheduler``: the scheduler is asked about names that reported but are not
     admitted at most this often (one node list call for all of them)."""
