@@ -108,8 +108,8 @@ class Live:
         missing = {
             s.data.node
             for s in self.board.open.values()
-            if s.data.node not in f.index and s.data.node != board_mod.FLEET_NODE
-        }
+            if s.data.node not in f.index and s.data.node != board_mod.FLEET_NODE and s.data.domain is None
+        }  # a domain incident's node (``switch.leaf-07``) is no node: it is drawn over its members
         now = time.time() if now is None else now
         if self.admitted is not None and now - self._admitted_at >= ADMITTED_EVERY_S:
             self._admitted_at = now
