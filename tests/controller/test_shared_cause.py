@@ -225,6 +225,22 @@ async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
     await until(
         lambda: (i := of(second, "gpu-d")) is not None and i.evidence.get("held_by_incident") == dom.id
     )
+
+    def held_by_the_new_leader() -> bool:  # every member's repair, old members' and the new one's
+        members = [of(second, f"gpu-{n}") for n in "abcd"]
+        return all(
+            i is not None
+            and any(
+                a.kind == "reset_gpu" and a.status is None and "held by shared-cause" in a.detail
+                for a in i.actions
+            )
+            for i in members
+        )
+
+    await until(held_by_the_new_leader, timeout=20)
+    assert shared_cause.members_of(dom) == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
+    assert dom.domain is not None
+    assert dom.domain.members == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"], "the structured members, from KV"
     await firing.recover()
     await until(lambda: dom.state == "resolved", timeout=40)
     assert [e.change for e in harness.feed.events if e.data.node == "pdu.p1"].count("opened") == 1
