@@ -205,6 +205,22 @@ class Recovery:
         history = await self._history(rec.state)
         repeats = history.apart_from(rec.state.started_at, decide.EPISODE_S)
         step = ladder.next_step(rec.state, outcome, now, repeats, detail)
+        if (
+            step.kind is ladder.StepKind.REPLACE
+            and rec.state.phase is ladder.Phase.CONTAINING
+            and inc is not None
+        ):
+            # Straight from containment to a replacement (contact support, a repeat offender): that too
+            # waits while the node's failure domain is suspected, and is never done once it recovered.
+            if shared_cause.needless(inc, "hardware_replacement", False):
+                step = ladder.next_step(
+                    rec.state, ladder.Outcome.RECOVERED, now, repeats, shared_cause.RECOVERED_DETAIL
+                )
+            elif shared_cause.holding(inc.node, "hardware_replacement", self.book.open.values()) is not None:
+                inc.evidence["ladder.next"] = f"hardware_replacement: held by its domain ({step.reason})"[
+                    :1000
+                ]
+                return  # asked again next tick
         await self._take(rec, inc, step, history, now)
         if stop is not None:
             await self.store.delete(STOP_PREFIX + rec.state.incident_id)

@@ -98,7 +98,7 @@ _PHASE_STEP = {
     Phase.RETURNING: StepKind.RETURN_TO_SERVICE,
 }
 _EXPECTED: dict[Phase, frozenset[Outcome]] = {
-    Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED}),
+    Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED, Outcome.RECOVERED}),
     Phase.RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
     Phase.REBOOTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
     Phase.VALIDATING: frozenset({Outcome.PASSED, Outcome.VALIDATION_FAILED, Outcome.FAILED}),
@@ -254,6 +254,10 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
     if outcome not in _EXPECTED[state.phase]:
         raise ValueError(f"outcome {outcome.value!r} cannot follow phase {state.phase.name}")
     if state.phase is Phase.CONTAINING:
+        if outcome is Outcome.RECOVERED:  # a replacement held by the node's domain, then it came back
+            nxt = _moved(state, Phase.RETURNING, outcome, now, detail)
+            why = "recovered on its own while its domain was suspected: returned without a replacement"
+            return Step(StepKind.RETURN_TO_SERVICE, nxt, why, deadline=now + RETURN_BUDGET_S)
         if outcome is Outcome.FAILED and "reboot_node" in state.steps:
             nxt = _moved(state, Phase.REBOOTING, outcome, now, detail, rung=state.steps.index("reboot_node"))
             why = "containment did not finish; a scheduler reboot drains by itself"

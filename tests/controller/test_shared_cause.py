@@ -330,3 +330,38 @@ def test_each_kind_of_signal_may_have_its_own_window_and_count() -> None:
         {"shared_cause_window_s": 0, "shared_cause_rules": {"inlet-*": {"window_s": 300}}}
     )
     assert shared_cause.findings(slow, LEAVES, 250.0, off) == [], "0 turns it off for every rule"
+
+
+XID_SUPPORT = XID_RESET.replace("actions: [cordon, reset_gpu]", "actions: [cordon]") + (
+    "ladders:\n  - id: xid-support\n    rules: [xid-lost]\n    contact_support: true\n"
+)
+
+
+async def test_a_members_replacement_waits_for_its_domain_and_is_never_opened_once_it_recovered(
+    harness: Harness, tmp_path: pathlib.Path, firing: Firing
+) -> None:
+    (harness.rules / "xid.yaml").write_text(XID_SUPPORT)
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  gpu-{n}: {{pdu: p1}}\n" for n in "abc"))
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(
+        actuator, admission="file", inventory_file=str(inventory), breaker_max_percent=100,
+        shared_cause_min_nodes=3, shared_cause_window_s=60,
+    )  # fmt: skip
+    await until(lambda: ctl.leader)
+    firing.nodes.extend(f"gpu-{n}" for n in "abc")
+    await asyncio.gather(*(xid(harness, f"gpu-{n}") for n in "abc"))  # the PDU's three nodes at once
+    await until(lambda: of(ctl, "pdu.p1") is not None)
+    await until(
+        lambda: all(
+            (i := of(ctl, f"gpu-{n}")) is not None
+            and "held by its domain" in str(i.evidence.get("ladder.next"))
+            for n in "abc"
+        ),
+        timeout=20,
+    )
+    await firing.recover()
+    await until(
+        lambda: {r.node for r in actuator.executed("uncordon")} == {"gpu-a", "gpu-b", "gpu-c"}, timeout=30
+    )
+    assert not [e for e in harness.feed.events if e.data.rule_id == "hardware-replacement"], "no replacement"
