@@ -230,12 +230,13 @@ class ActionRunner:
             f"held by shared-cause incident {domain.id}: {domain.evidence.get('suspected')} suspected; "
             f"{action.kind} waits until the domain recovers"
         )
-        if inc.evidence.get("held_by_incident") != domain.id:
-            inc.evidence.update(
-                held_by_incident=domain.id, held_by_shared_cause=str(domain.evidence.get("domain"))
-            )
+        if action.detail != reason:  # once per held action, not every tick it waits
             self.log.warning(
                 "controller.shared_cause_hold", incident_id=inc.id, node=inc.node, kind=action.kind
+            )
+        if inc.evidence.get("held_by_incident") != domain.id:  # usually named already when it joined
+            inc.evidence.update(
+                held_by_incident=domain.id, held_by_shared_cause=str(domain.evidence.get("domain"))
             )
             await self.shell.publish(inc, "updated")
         return decide.Verdict.wait(reason)
