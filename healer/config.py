@@ -302,6 +302,17 @@ class DomainLimit(_Group):
     """At most this percentage of any one domain of this key (never fewer than one node)."""
 
 
+class SharedCauseRule(_Group):
+    """Shared-cause detection for one kind of signal: the rules whose id matches (#27). A field left
+    unset is the fleet-wide ``shared_cause_window_s`` / ``shared_cause_min_nodes``."""
+
+    window_s: float | None = pydantic.Field(default=None, ge=0)
+    """Nodes of one domain opening incidents of this rule within this long make a shared cause (a node
+    going silent with its PDU is seconds; a coolant rise over a row can take minutes); 0: never."""
+    min_nodes: int | None = pydantic.Field(default=None, ge=2)
+    """How many nodes of one domain with this rule make a shared cause."""
+
+
 class ControllerSettings(_Group):
     rules_dir: str = "rules"
     """Directory of rule files (*.yaml); watched and hot-reloaded."""
@@ -383,9 +394,14 @@ class ControllerSettings(_Group):
     open incidents of the same rule within this long, healer opens one ``shared-cause`` incident naming
     the domain as the suspected component and holds its members' repairs (GPU reset, reboot, hardware
     replacement; containment such as a cordon or drain still runs) until the domain recovers; 0 turns
-    it off."""
+    it off. This is the window of every rule without its own in ``shared_cause_rules``."""
     shared_cause_min_nodes: int = pydantic.Field(default=3, ge=2)
-    """How many nodes of one domain make a shared cause."""
+    """How many nodes of one domain make a shared cause (every rule without its own count in
+    ``shared_cause_rules``)."""
+    shared_cause_rules: dict[str, SharedCauseRule] = pydantic.Field(default_factory=dict)
+    """The window and the count per kind of signal, by rule id or a glob of rule ids (e.g. ``{node-silent:
+    {window_s: 20, min_nodes: 4}, "inlet-*": {window_s: 300}}``): an exact id wins, then the longest
+    matching glob; a rule matched by none uses ``shared_cause_window_s`` and ``shared_cause_min_nodes``."""
     shared_cause_keys: list[str] = pydantic.Field(default_factory=list)
     """Domain keys looked at for shared causes (e.g. ``[switch, pdu, rack, cooling_loop]``); empty: every
     key of the topology."""
@@ -422,6 +438,11 @@ class ControllerSettings(_Group):
     domain_labels: dict[str, str] = pydantic.Field(default_factory=dict)
     """Domain key -> scheduler label name, for ``admission: scheduler`` (e.g. ``{rack:
     example.com/rack}``); every ``topology.kubernetes.io/<key>`` label is domain ``<key>`` anyway."""
+    domain_features: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Domain key -> Slurm node feature prefix, for ``admission: scheduler`` with Slurm (e.g. ``{pdu:
+    pdu_}``: a node with feature ``pdu_p3`` is in domain ``pdu`` ``p3``); a feature ``<key>=<value>``
+    (``Features=h100,rack=r07`` in slurm.conf) is domain ``<key>`` anyway. A scheduler label
+    (``domain_labels``, ``topology.kubernetes.io/*``) naming the same key wins."""
     admission_refresh_s: float = pydantic.Field(default=10.0, gt=0)
     """With ``admission: scheduler``: the scheduler is asked about names that reported but are not
     admitted at most this often (one node list call for all of them)."""

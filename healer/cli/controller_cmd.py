@@ -152,8 +152,9 @@ async def run_controller(
             await ctl.start()
             # the status page, when ui.enabled (docs/ui.md), with the anomaly model's components
             page = await hook.maybe_start(
-                bus, s, anomaly=ctl if s.controller.model else None, admitted=_admitted(ctl)
-            )
+                bus, s, anomaly=ctl if s.controller.model else None, admitted=_admitted(ctl),
+                labels=_domains(ctl),
+            )  # fmt: skip
             await stop.wait()
             if page is not None:
                 await page.stop()
@@ -169,6 +170,13 @@ def _admitted(ctl: Any) -> Any:
     """The controller's admitted nodes, for its status page (``controller.admission``)."""
     gate = getattr(ctl, "admission", None)
     return (lambda: set(gate.admitted)) if gate is not None and hasattr(gate, "admitted") else None
+
+
+def _domains(ctl: Any) -> Any:
+    """The controller's failure domains by node (``Admission.topology()``), for its status page's map:
+    the same source as the admitted fleet (#27)."""
+    gate = getattr(ctl, "admission", None)
+    return (lambda: gate.topology().domains) if gate is not None and hasattr(gate, "topology") else None
 
 
 def _controller(args: argparse.Namespace) -> int:

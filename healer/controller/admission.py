@@ -10,9 +10,9 @@ Three checks stand between the bus and the fleet state, before anything is alloc
   (``unknown_node``) and never counts toward the breaker's fleet size. A node may report at most
   ``max_gpus_per_node`` GPUs (``too_many_gpus``), so one frame cannot widen the fleet state.
 - **The topology comes with the fleet** (``controller.topology``, #27): the inventory file's labels, or
-  the scheduler's node labels, give each admitted node its failure domains (rack, switch, ...), read
-  in the same call that admits it; ``controller.topology_file`` (Slurm's ``topology.conf``) adds the
-  switch tree. ``topology()`` is the topology of the admitted fleet only.
+  the scheduler's node labels and Slurm node features, give each admitted node its failure domains
+  (rack, switch, ...), read in the same call that admits it; ``controller.topology_file`` (Slurm's
+  ``topology.conf``) adds the switch tree. ``topology()`` is the topology of the admitted fleet only.
 - **Time comes from the controller's clock.** A node's ``ts`` further than ``max_clock_skew_s`` from the
   receive time is counted as skewed; the message is still used, but ordering, freshness, silence and
   quiet periods are judged on receive time everywhere, so a bad clock neither silences nor replays a node.
@@ -209,7 +209,9 @@ class Admission:
             return  # the inventory file's labels are the topology
         for node, node_labels in labels.items():
             if node in self.admitted:
-                self.domains[node] = topology.domains_from_labels(node_labels, self.cs.domain_labels)
+                self.domains[node] = topology.domains_from_scheduler(
+                    node_labels, self.cs.domain_labels, self.cs.domain_features
+                )
 
     def topology(self) -> topology.Topology:
         """The failure domains of the admitted fleet: the source's labels, then the switch tree."""

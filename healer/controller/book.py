@@ -108,6 +108,8 @@ class Incident(pydantic.BaseModel):
     """When it became a node incident (enough GPUs of its node fired)."""
     node_gpus: int = 0
     """(node-wide) The GPUs its node reported when it became node-wide."""
+    domain: incidents.Domain | None = None
+    """(shared-cause) Its failure domain and members, on the feed as ``data.domain`` (v2, #27)."""
 
     @pydantic.model_validator(mode="after")
     def _first_signal(self) -> Incident:
@@ -152,6 +154,8 @@ class Incident(pydantic.BaseModel):
             actions=self.records(),
             labels=self.labels,
             mode=self.mode,
+            domain=self.domain,
+            schema=incidents.SCHEMA if self.domain is None else incidents.SCHEMA_V2,
         )
 
 

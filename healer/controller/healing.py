@@ -30,7 +30,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import book, decide, kv, ladder, shell
+from healer.controller import book, decide, kv, ladder, shared_cause, shell
 from healer.rules import engine
 from healer.schemas import incidents
 
@@ -205,6 +205,22 @@ class Recovery:
         history = await self._history(rec.state)
         repeats = history.apart_from(rec.state.started_at, decide.EPISODE_S)
         step = ladder.next_step(rec.state, outcome, now, repeats, detail)
+        if (
+            step.kind is ladder.StepKind.REPLACE
+            and rec.state.phase is ladder.Phase.CONTAINING
+            and inc is not None
+        ):
+            # Straight from containment to a replacement (contact support, a repeat offender): that too
+            # waits while the node's failure domain is suspected, and is never done once it recovered.
+            if shared_cause.needless(inc, "hardware_replacement", False):
+                step = ladder.next_step(
+                    rec.state, ladder.Outcome.RECOVERED, now, repeats, shared_cause.RECOVERED_DETAIL
+                )
+            elif shared_cause.holding(inc.node, "hardware_replacement", self.book.open.values()) is not None:
+                inc.evidence["ladder.next"] = f"hardware_replacement: held by its domain ({step.reason})"[
+                    :1000
+                ]
+                return  # asked again next tick
         await self._take(rec, inc, step, history, now)
         if stop is not None:
             await self.store.delete(STOP_PREFIX + rec.state.incident_id)
@@ -231,6 +247,8 @@ class Recovery:
                 p.reboot_requested = True  # counted by every shard's max_concurrent_reboots from now
                 await self._save(rec)
             return await self._reboot_progress(rec, late)
+        if action.status == "skipped" and action.facts.get(shared_cause.RECOVERED_FACT):
+            return ladder.Outcome.RECOVERED, action.detail  # held by its domain, then came back by itself
         return ladder.outcome_of(p.kind, action.status), action.detail
 
     async def _reboot_progress(self, rec: Record, late: bool) -> tuple[ladder.Outcome | None, str]:

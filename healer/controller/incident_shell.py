@@ -235,7 +235,7 @@ class IncidentShell:
         if not self.cs.shared_cause_window_s:
             return
         current = list(self.book.open.values())
-        window = self.cs.shared_cause_window_s
+        window = shared_cause.longest_window_s(self.cs)
         recent = any(
             now - i.opened_at <= window and i.rule_id not in shared_cause.IGNORED_RULES for i in current
         )
@@ -256,17 +256,34 @@ class IncidentShell:
                 members=len(f.members),
             )  # fmt: skip
             await self.publish(inc, "opened")
+            await self._mark_members(inc, f)
         for inc, f in todo.grow:
-            inc.evidence = {
-                **inc.evidence,
-                **shared_cause.evidence(f, shared_cause.members_of(inc), shared_cause.member_incidents(inc)),
-            }
+            before, before_ids = shared_cause.members_of(inc), shared_cause.member_incidents(inc)
+            if inc.domain is not None:  # the full lists (the evidence's strings are capped)
+                before, before_ids = inc.domain.members, inc.domain.member_incidents
+            inc.evidence = {**inc.evidence, **shared_cause.evidence(f, before, before_ids)}
+            inc.domain = shared_cause.domain(f, before, before_ids)
             await self.publish(inc, "updated")
+            await self._mark_members(inc, f)
         for inc in todo.resolve:
             inc.state = "resolved"
             inc.resolved_at = now
             inc.evidence = {**inc.evidence, "outcome": "domain recovered"}
             await self.publish(inc, "resolved")
+
+    async def _mark_members(self, domain: book.Incident, f: shared_cause.Finding) -> None:
+        """Each member incident names the domain incident that holds its repairs (``held_by_incident``),
+        from the moment it is a member: a repair planned later (a ladder's reboot after a long drain),
+        even after the domain recovered, is then known as needless once the member has recovered."""
+        ids = set(f.incidents)
+        for inc in self.book.all():
+            if inc.id in ids and inc.evidence.get("held_by_incident") != domain.id:
+                inc.evidence = {
+                    **inc.evidence,
+                    "held_by_incident": domain.id,
+                    "held_by_shared_cause": str(domain.evidence.get("domain")),
+                }
+                await self.publish(inc, "updated")
 
     async def count_repeat(self, node: str, gpu: int | None, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""

@@ -70,6 +70,9 @@ class Outcome(enum.StrEnum):
     PASSED = "passed"
     VALIDATION_FAILED = "validation_failed"
     RETURNED = "returned"
+    RECOVERED = "recovered"
+    """The node recovered on its own while a shared-cause incident held this rung (#27): it is returned
+    to service without the reset or reboot (no rung ran, so it is no recovery in the GPU's history)."""
     STOPPED = "stopped"
     """An operator stopped the ladder (``detail`` says who)."""
 
@@ -95,9 +98,9 @@ _PHASE_STEP = {
     Phase.RETURNING: StepKind.RETURN_TO_SERVICE,
 }
 _EXPECTED: dict[Phase, frozenset[Outcome]] = {
-    Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED}),
-    Phase.RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED}),
-    Phase.REBOOTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED}),
+    Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED, Outcome.RECOVERED}),
+    Phase.RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
+    Phase.REBOOTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
     Phase.VALIDATING: frozenset({Outcome.PASSED, Outcome.VALIDATION_FAILED, Outcome.FAILED}),
     Phase.RETURNING: frozenset({Outcome.RETURNED, Outcome.FAILED}),
 }
@@ -251,6 +254,10 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
     if outcome not in _EXPECTED[state.phase]:
         raise ValueError(f"outcome {outcome.value!r} cannot follow phase {state.phase.name}")
     if state.phase is Phase.CONTAINING:
+        if outcome is Outcome.RECOVERED:  # a replacement held by the node's domain, then it came back
+            nxt = _moved(state, Phase.RETURNING, outcome, now, detail)
+            why = "recovered on its own while its domain was suspected: returned without a replacement"
+            return Step(StepKind.RETURN_TO_SERVICE, nxt, why, deadline=now + RETURN_BUDGET_S)
         if outcome is Outcome.FAILED and "reboot_node" in state.steps:
             nxt = _moved(state, Phase.REBOOTING, outcome, now, detail, rung=state.steps.index("reboot_node"))
             why = "containment did not finish; a scheduler reboot drains by itself"
@@ -270,6 +277,11 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
             return _replace(state, outcome, now, detail, why)
         return _rung_step(_moved(state, _RUNG_PHASE[state.steps[0]], outcome, now, detail, rung=0), now, "")
     if state.phase in (Phase.RESETTING, Phase.REBOOTING):
+        if outcome is Outcome.RECOVERED:
+            held = state.steps[state.rung]
+            nxt = _moved(state, Phase.RETURNING, outcome, now, detail, rung=state.rung - 1)  # it never ran
+            why = f"recovered on its own while its domain was suspected: returned without {held}"
+            return Step(StepKind.RETURN_TO_SERVICE, nxt, why, deadline=now + RETURN_BUDGET_S)
         if outcome is Outcome.DONE:
             nxt = _moved(state, Phase.VALIDATING, outcome, now, detail)
             return Step(

@@ -163,9 +163,8 @@ class ActionRunner:
         mode = self.cs.mode
         spec = actions.kind(action.kind)
         if shared_cause.needless(inc, action.kind, action.on_resolve):
-            return decide.Verdict.settle(
-                "skipped", "the node recovered while its domain was suspected: returned without it"
-            )
+            action.facts = {**action.facts, shared_cause.RECOVERED_FACT: "true"}  # the ladder returns it
+            return decide.Verdict.settle("skipped", shared_cause.RECOVERED_DETAIL)
         if not action.on_resolve:
             domain = shared_cause.holding(inc.node, action.kind, self.book.open.values())
             if domain is not None:
@@ -231,12 +230,13 @@ class ActionRunner:
             f"held by shared-cause incident {domain.id}: {domain.evidence.get('suspected')} suspected; "
             f"{action.kind} waits until the domain recovers"
         )
-        if inc.evidence.get("held_by_incident") != domain.id:
-            inc.evidence.update(
-                held_by_incident=domain.id, held_by_shared_cause=str(domain.evidence.get("domain"))
-            )
+        if action.detail != reason:  # once per held action, not every tick it waits
             self.log.warning(
                 "controller.shared_cause_hold", incident_id=inc.id, node=inc.node, kind=action.kind
+            )
+        if inc.evidence.get("held_by_incident") != domain.id:  # usually named already when it joined
+            inc.evidence.update(
+                held_by_incident=domain.id, held_by_shared_cause=str(domain.evidence.get("domain"))
             )
             await self.shell.publish(inc, "updated")
         return decide.Verdict.wait(reason)

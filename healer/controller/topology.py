@@ -9,6 +9,10 @@ is allowed. They come from the same place as the admitted fleet (``controller.ad
 - ``admission: scheduler``: the scheduler's node labels (``domains_from_labels``): every
   ``topology.kubernetes.io/<key>`` label becomes domain ``<key>``, and ``controller.domain_labels`` maps
   further domain keys to label names (``{rack: example.com/rack}``);
+- ``admission: scheduler`` with Slurm: the node's features (``domains_from_features``, from the
+  ``features`` label the Slurm actuator gives): a feature ``<key>=<value>`` (``rack=r07``) is domain
+  ``<key>``, and ``controller.domain_features`` maps domain keys to feature prefixes (``{pdu: pdu_}``:
+  feature ``pdu_p3`` is domain ``pdu`` = ``p3``);
 - with either, Slurm's ``topology.conf`` (``controller.topology_file``, topology/tree or
   topology/block; ``parse_topology_conf``): a node's leaf switch is domain ``switch``, the switch above
   it ``switch_l2``, and so on up the tree; a block is domain ``block``.
@@ -30,6 +34,8 @@ import yaml
 
 from healer import errors
 
+FEATURES_LABEL = "features"
+"""The scheduler label holding a Slurm node's features, comma-separated (``SlurmActuator.node_labels``)."""
 K8S_TOPOLOGY_PREFIX = "topology.kubernetes.io/"
 """Kubernetes' well-known topology labels; each becomes the domain named after the prefix."""
 MAX_HOSTLIST = 65536
@@ -235,6 +241,32 @@ def domains_from_labels(labels: Mapping[str, str], keys: Mapping[str, str]) -> d
         if label in labels:
             out[key] = labels[label]
     return out
+
+
+def domains_from_features(features: str, prefixes: Mapping[str, str]) -> dict[str, str]:
+    """A node's domains from its Slurm features (``h100,rack=r07,pdu_p3``): each ``<key>=<value>``
+    feature as domain ``<key>``, and each ``prefixes`` entry (domain key -> feature prefix) whose prefix
+    starts a feature as that key with the rest of the feature. The first feature naming a key wins."""
+    out: dict[str, str] = {}
+    for feature in (f.strip() for f in features.split(",")):
+        key, eq, value = feature.partition("=")
+        if eq and key and value:
+            out.setdefault(key, value)
+        for domain, prefix in prefixes.items():
+            if prefix and feature.startswith(prefix) and len(feature) > len(prefix):
+                out.setdefault(domain, feature[len(prefix) :])
+    return out
+
+
+def domains_from_scheduler(
+    labels: Mapping[str, str], keys: Mapping[str, str], prefixes: Mapping[str, str]
+) -> dict[str, str]:
+    """A node's domains from everything its scheduler says: its features (Slurm), then its labels
+    (Kubernetes labels, ``controller.domain_labels``), which win."""
+    return {
+        **domains_from_features(labels.get(FEATURES_LABEL, ""), prefixes),
+        **domains_from_labels(labels, keys),
+    }
 
 
 # -- the believed topology -------------------------------------------------------------------------

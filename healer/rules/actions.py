@@ -100,6 +100,11 @@ class ActionKind:
     """Lifts a cordon: only healer's own, and only while no other open incident holds the node."""
     reboots: bool = False
     """Reboots the node: at most ``max_concurrent_reboots`` at once."""
+    held_by_shared_cause: bool = False
+    """A repair that presumes the node itself is broken (GPU reset, reboot, hardware replacement): while
+    a shared-cause incident suspects the node's failure domain (a leaf switch, a PDU) it waits, and a
+    member that recovers on its own is returned without it (#27). Containment (cordon, drain, migrate,
+    notify) is safe and never held."""
     stronger: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
     """Two joined rules asking for this kind with different parameters: the stronger of the two (None:
     the first, a missing parameter filled from the other)."""
@@ -154,6 +159,7 @@ CATALOG: Final[dict[str, ActionKind]] = {
             "reset_gpu", ResetParams,
             "reset the GPU once idle (a recovery-ladder step; named in a rule it is only recorded)",
             actuator=Actuator.GPU, per_gpu=True, runs_in_ladder_only=True, stronger=_sooner_reset,
+            held_by_shared_cause=True,
         ),
         ActionKind(
             "inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)",
@@ -166,7 +172,7 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ActionKind(
             "reboot_node", NoParams, "reboot the node through the scheduler (Slurm scontrol reboot)",
             actuator=_SCHEDULER, scheduler_verb="reboot_node", takes_out_of_service=True,
-            ladder_only=True, reboots=True,
+            ladder_only=True, reboots=True, held_by_shared_cause=True,
         ),
         ActionKind(
             "return_to_service", NoParams, "lift healer's own cordon once validation passed",
@@ -174,7 +180,7 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ),
         ActionKind(
             "hardware_replacement", ReasonParams, "the node stays out until its GPU is replaced",
-            takes_out_of_service=True, ladder_only=True,
+            takes_out_of_service=True, ladder_only=True, held_by_shared_cause=True,
         ),
     )
 }  # fmt: skip
@@ -190,6 +196,10 @@ TAKES_OUT_OF_SERVICE: Final[frozenset[str]] = frozenset(
     k.name for k in CATALOG.values() if k.takes_out_of_service
 )
 """Action kinds that take capacity out of service."""
+HELD_BY_SHARED_CAUSE: Final[frozenset[str]] = frozenset(
+    k.name for k in CATALOG.values() if k.held_by_shared_cause
+)
+"""Repairs a shared-cause domain incident holds on its members (``ActionKind.held_by_shared_cause``)."""
 
 
 def per_gpu(name: str) -> bool:

@@ -35,11 +35,16 @@ KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str | tuple[str, ...]] = {
 
 def encode(model: pydantic.BaseModel) -> bytes:
     """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``). A NodeFrame leaves its
-    v2 fields out while they are null, so a v1 frame is exactly what a v1 decoder accepts."""
+    v2 fields out while they are null, so a v1 frame is exactly what a v1 decoder accepts; an incident
+    leaves ``domain`` out while it is null (v1) likewise."""
     if isinstance(model, telemetry.NodeFrame):
         unset = {f for f in _V2_FIELDS if getattr(model, f) is None}
         if unset:
             return model.model_dump_json(by_alias=True, exclude=unset).encode()
+    if isinstance(model, incidents.IncidentEvent) and model.data.domain is None:
+        return model.model_dump_json(by_alias=True, exclude={"data": {"domain"}}).encode()
+    if isinstance(model, incidents.IncidentData) and model.domain is None:
+        return model.model_dump_json(by_alias=True, exclude={"domain"}).encode()
     return model.model_dump_json(by_alias=True).encode()
 
 

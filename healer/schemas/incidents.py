@@ -4,6 +4,13 @@
 the type, as CloudEvents recommends); ``data.schema`` repeats it for consumers that only keep the data.
 ``id`` is unique and doubles as the ``Nats-Msg-Id``, so receivers can deduplicate. The envelope accepts
 and keeps extension attributes and ``dataschema``; ``data`` itself is strict (a new field is a new version).
+
+``healer.incident.v2`` is v1 plus ``domain`` (#27): a shared-cause domain incident's failure domain, its
+suspected component and its members, structured. Only domain incidents carry it; every other incident is
+v1, byte for byte what it was (``codec.encode`` leaves ``domain`` out while it is null), and a domain
+incident keeps its flat ``evidence`` (``domain``, ``members`` as a comma string ...) as before. The
+``type`` stays ``...v1``: the envelope and the changes mean what they meant. A decoder of this version
+takes v1 and v2.
 """
 
 from __future__ import annotations
@@ -19,6 +26,10 @@ import pydantic
 from healer.schemas import base, cloudevent, telemetry
 
 SCHEMA: Final = "healer.incident.v1"
+SCHEMA_V2: Final = "healer.incident.v2"
+"""v1 plus ``domain``: what a shared-cause domain incident is sent as."""
+DOMAIN_MEMBERS_MAX: Final = 4096
+"""Members listed in ``Domain.members`` at most (``member_count`` is the true count)."""
 TYPE_PREFIX = "io.healer.incident."
 
 Change = Literal["opened", "updated", "action", "resolved", "escalated"]
@@ -107,10 +118,33 @@ class ActionRecord(pydantic.BaseModel):
     at: float
 
 
+class Domain(pydantic.BaseModel):
+    """A shared-cause incident's failure domain (v2): which domain, what is suspected, who is in it."""
+
+    model_config = base.CONFIG
+
+    key: str = pydantic.Field(max_length=128, description="the domain key: rack, switch, pdu, ...")
+    value: str = pydantic.Field(max_length=253, description="the domain: r07, leaf-07, ...")
+    suspected: str = pydantic.Field(max_length=512, description="the suspected shared component")
+    signal_rule: str = pydantic.Field(max_length=128, description="the rule its members fired")
+    members: list[str] = pydantic.Field(
+        default_factory=list,
+        max_length=DOMAIN_MEMBERS_MAX,
+        description="the member nodes, in the order they joined",
+    )
+    member_incidents: list[str] = pydantic.Field(
+        default_factory=list, max_length=DOMAIN_MEMBERS_MAX, description="the members' incident ids"
+    )
+    member_count: int = pydantic.Field(ge=0, description="members (also beyond the list's limit)")
+    size: int = pydantic.Field(ge=0, description="nodes in the domain")
+
+
 class IncidentData(pydantic.BaseModel):
     model_config = base.CONFIG
 
-    schema_: Literal["healer.incident.v1"] = pydantic.Field(default=SCHEMA, alias="schema")
+    schema_: Literal["healer.incident.v1", "healer.incident.v2"] = pydantic.Field(
+        default=SCHEMA, alias="schema"
+    )
     incident_id: str = pydantic.Field(max_length=128)
     rule_id: str = pydantic.Field(max_length=128)
     severity: Severity
@@ -123,6 +157,14 @@ class IncidentData(pydantic.BaseModel):
     actions: list[ActionRecord] = pydantic.Field(default_factory=list)
     labels: dict[str, str] = pydantic.Field(default_factory=dict)
     mode: Mode
+    domain: Domain | None = None
+    """(v2) A shared-cause incident's domain and members; absent from every other incident."""
+
+    @pydantic.model_validator(mode="after")
+    def _domain_is_v2(self) -> IncidentData:
+        if self.domain is not None and self.schema_ != SCHEMA_V2:
+            raise ValueError(f"'domain' needs schema {SCHEMA_V2}")
+        return self
 
 
 class IncidentEvent(cloudevent.CloudEvent):

@@ -109,6 +109,7 @@ class Shown:
             "actions": [a.model_dump() for a in d.actions],
             "labels": d.labels,
             "mode": d.mode,
+            "domain": d.domain.model_dump() if d.domain is not None else None,
             "opened": self.opened,
             "updated": self.updated,
             "timeline": self.timeline,
@@ -168,6 +169,7 @@ class Board:
         self.recent.append(line)
         if d.labels:
             self.node_labels[d.node] = {**self.node_labels.get(d.node, {}), **d.labels}
+        self._label_members(d)
         self._remember(d, at, ev.change)
         step = {"time": at, "change": ev.change, "summary": d.summary, "actions": len(d.actions)}
         if d.state == "resolved":
@@ -291,6 +293,8 @@ class Board:
                 ],
                 labels=doc.get("labels") or {},
                 mode=doc["mode"],
+                domain=doc.get("domain"),
+                schema=incidents.SCHEMA_V2 if doc.get("domain") else incidents.SCHEMA,
             )
         except (KeyError, TypeError, ValueError):
             return False
@@ -307,8 +311,17 @@ class Board:
         self.open[data.incident_id] = Shown(data, opened=opened, updated=updated, timeline=[step])
         if data.labels:
             self.node_labels[data.node] = {**self.node_labels.get(data.node, {}), **data.labels}
+        self._label_members(data)
         self.version += 1
         return True
+
+    def _label_members(self, d: incidents.IncidentData) -> None:
+        """A domain incident's members carry its domain as a label (``switch: leaf-07``), so the map can
+        group by it (``ui.group_by``) even where the page has no topology of its own (#27)."""
+        if d.domain is None:
+            return
+        for node in d.domain.members:
+            self.node_labels[node] = {**self.node_labels.get(node, {}), d.domain.key: d.domain.value}
 
     def rules_rejected(self, ev: incidents.RulesRejectedEvent) -> dict[str, Any]:
         d = ev.data

@@ -9,8 +9,10 @@ fresh snapshot instead. Incident changes, feed lines and safety changes go out a
 
 Every node the page knows of is on the map from the first snapshot: those that sent frames, those with an
 incident, and the admitted fleet (``admitted``: the controller's admission when the page runs inside it,
-else ``controller.inventory_file``), the silent ones drawn silent (grey). Node marks (cordoned, drained,
-excluded) travel with the snapshot and, when they change, with the next ``cells`` message.
+else ``controller.inventory_file``), the silent ones drawn silent (grey). They are grouped by their
+labels: those of their incidents, and the failure domains (``label_source``: the controller's own
+topology when the page runs inside it, else the inventory file and ``topology.conf``). Node marks
+(cordoned, drained, excluded) travel with the snapshot and, when they change, with the next ``cells`` message.
 
 Each browser has a bounded queue: one that cannot keep up is disconnected (its ``EventSource``
 reconnects by itself and starts again from a snapshot), so a slow client never grows this process.
@@ -22,7 +24,7 @@ import asyncio
 import base64
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -83,6 +85,12 @@ class Live:
         self.clients: set[Client] = set()
         self.extra_labels: dict[str, dict[str, str]] = {}
         """Labels from a file or from the controller (``healer.ui.server``), beside those from incidents."""
+        self.static_labels: dict[str, dict[str, str]] = {}
+        """(with ``label_source``) The labels read from files (``server.page_labels``), which win."""
+        self.label_source: Callable[[], Mapping[str, Mapping[str, str]]] | None = None
+        """The controller's failure domains by node (its ``Admission.topology()``: inventory, scheduler
+        labels and features, ``topology.conf``), asked every ``ADMITTED_EVERY_S`` into ``extra_labels``."""
+        self._labels_at = -float("inf")
         self._sent_temp: npt.NDArray[np.uint8] = np.zeros((0, fleet.gpus), np.uint8)
         self._sent_health: npt.NDArray[np.uint8] = np.zeros((0, fleet.gpus), np.uint8)
         self._sent_layout: tuple[int, tuple[tuple[str, tuple[int, ...]], ...]] | None = None
@@ -100,14 +108,19 @@ class Live:
         missing = {
             s.data.node
             for s in self.board.open.values()
-            if s.data.node not in f.index and s.data.node != board_mod.FLEET_NODE
-        }
+            if s.data.node not in f.index and s.data.node != board_mod.FLEET_NODE and s.data.domain is None
+        }  # a domain incident's node (``switch.leaf-07``) is no node: it is drawn over its members
         now = time.time() if now is None else now
         if self.admitted is not None and now - self._admitted_at >= ADMITTED_EVERY_S:
             self._admitted_at = now
             missing.update(n for n in self.admitted() if n not in f.index)
         if missing:
             f.declare(missing)
+        if self.label_source is not None and now - self._labels_at >= ADMITTED_EVERY_S:
+            self._labels_at = now
+            live = self.label_source()
+            fixed = self.static_labels
+            self.extra_labels = {n: {**live.get(n, {}), **fixed.get(n, {})} for n in {*live, *fixed}}
 
     # --- the picture -------------------------------------------------------------------------------
 

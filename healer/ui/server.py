@@ -142,18 +142,29 @@ def inventory(cs: config.ControllerSettings) -> Callable[[], Iterable[str]] | No
 
 
 def page_labels(settings: config.Settings) -> dict[str, dict[str, str]]:
-    """The labels the map groups by (``ui.group_by``) before any incident: each node's failure domains
-    from ``controller.inventory_file`` when ``controller.admission`` is ``file`` (#27; ``rack``, ``pdu``,
-    ``switch`` ...), then ``ui.labels_file``'s, which win."""
+    """The labels the map groups by (``ui.group_by``) before any incident, from the files the
+    controller's admission reads too (#27): each node's failure domains from ``controller.inventory_file``
+    when ``controller.admission`` is ``file`` (``rack``, ``pdu`` ...), then its switches from
+    ``controller.topology_file`` (Slurm's ``topology.conf``, any admission), then ``ui.labels_file``'s,
+    which win. Inside the controller the page also gets the controller's own topology (``start``'s
+    ``labels``: the scheduler's labels and features too)."""
+    from healer.controller import topology
+
     cs = settings.controller
     domains: dict[str, dict[str, str]] = {}
     if cs.admission == "file" and cs.inventory_file:
-        from healer.controller import topology
-
         try:
             domains = topology.read_inventory(cs.inventory_file).domains
         except errors.PermanentError as e:
             log.warning("ui.inventory_unreadable", error=str(e), kept=0)
+    if cs.topology_file:
+        try:
+            parsed = topology.read_topology_file(cs.topology_file)
+        except errors.PermanentError as e:
+            log.warning("ui.topology_unreadable", error=str(e))
+        else:
+            for node, switches in parsed.domains.items():
+                domains[node] = {**domains.get(node, {}), **switches}
     files = load_labels(settings.ui.labels_file)
     return {n: {**domains.get(n, {}), **files.get(n, {})} for n in {*domains, *files}}
 
@@ -412,8 +423,9 @@ async def start(
     admitted: Callable[[], Iterable[str]] | None = None,
 ) -> Running:
     """The status page on ``bus``: what ``healer ui`` runs, and the one call ``healer controller`` makes
-    when ``ui.enabled`` (passing the controller's node labels, its admitted nodes and, when it has them,
-    anomaly components). Without ``admitted``, the admitted fleet is ``controller.inventory_file`` when
+    when ``ui.enabled`` (passing its failure domains by node as ``labels``, its admitted nodes and, when
+    it has them, anomaly components): the admitted fleet and its topology from the controller's one
+    ``Admission``. Without ``admitted``, the admitted fleet is ``controller.inventory_file`` when
     ``controller.admission`` is ``file``. Stop it with ``await running.stop()``; the bus stays the
     caller's."""
     ui = settings.ui
@@ -431,9 +443,8 @@ async def start(
         admitted=admitted or inventory(settings.controller),
         links={"grafana": ui.grafana_url},
     )  # fmt: skip
-    live.extra_labels = page_labels(settings)
-    if labels is not None:
-        live.extra_labels = {**live.extra_labels, **{n: dict(v) for n, v in labels().items()}}
+    live.extra_labels = live.static_labels = page_labels(settings)
+    live.label_source = labels  # the controller's topology, asked again every ADMITTED_EVERY_S
     src = sources_mod.Sources(
         bus, subjects.Subjects(settings.nats.prefix), live, feed_window_s=ui.feed_window_s, push_s=ui.push_s
     )

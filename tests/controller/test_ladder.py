@@ -100,6 +100,26 @@ def test_a_contact_support_ladder_goes_straight_to_replacement() -> None:
     assert not steps[-1].state.attempted_recovery
 
 
+@pytest.mark.parametrize("before", [[Out.CONTAINED], [Out.CONTAINED, Out.FAILED]])
+def test_a_node_that_recovered_while_its_domain_held_the_rung_is_returned_without_it(
+    before: list[Out],
+) -> None:
+    """#27: a shared-cause incident held the reset (or, after a failed reset, the reboot); the node came
+    back by itself: straight to the return to service, and the held rung counts as no recovery."""
+    steps = _walk(_start(), *before, Out.RECOVERED, Out.RETURNED)
+    assert [s.kind for s in steps][-2:] == [K.RETURN_TO_SERVICE, K.NONE]
+    assert steps[-1].state.phase is P.RETURNED
+    assert "returned without" in steps[-2].reason
+    assert steps[-1].state.attempted_recovery == (len(before) > 1), "only a rung that ran counts"
+
+
+def test_a_replacement_held_by_a_domain_returns_the_node_once_it_recovered() -> None:
+    cs = recovery.Ladder(id="cs", rules=("row-remap-failure",), steps=(), contact_support=True)
+    steps = _walk(_start(cs), Out.RECOVERED, Out.RETURNED)
+    assert [s.kind for s in steps] == [K.CONTAIN, K.RETURN_TO_SERVICE, K.NONE]
+    assert not steps[-1].state.attempted_recovery
+
+
 def test_a_reboot_only_ladder_starts_with_the_reboot() -> None:
     rb = recovery.Ladder(id="rb", rules=("gpu-lost-event",), steps=("reboot_node",))
     steps = _walk(_start(rb), Out.CONTAINED, Out.DONE, Out.VALIDATION_FAILED)

@@ -162,6 +162,9 @@ async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolve
     await firing.add("gpu-e")  # a later member: its repair waits
     await until(lambda: (i := of(ctl, "gpu-e")) is not None and i.evidence.get("held_by_incident") == dom.id)
     await until(lambda: "gpu-e" in shared_cause.members_of(dom))
+    await until(
+        lambda: any("held by shared-cause" in a.detail for a in of(ctl, "gpu-e").actions)  # type: ignore[union-attr]
+    )
     held = of(ctl, "gpu-e")
     assert held is not None
     reset = next(a for a in held.actions if a.kind == "reset_gpu")
@@ -184,6 +187,14 @@ async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolve
     opened = [e for e in harness.feed.events if e.data.node == "switch.leaf-01" and e.change == "opened"]
     assert len(opened) == 1, "one domain incident"
     assert opened[0].data.evidence["members"] == "gpu-a,gpu-b,gpu-c"
+    assert opened[0].data.schema_ == "healer.incident.v2"
+    assert opened[0].data.domain is not None
+    assert (opened[0].data.domain.key, opened[0].data.domain.value) == ("switch", "leaf-01")
+    assert opened[0].data.domain.members == ["gpu-a", "gpu-b", "gpu-c"]
+    assert opened[0].data.domain.suspected == "switch leaf-01"
+    grown = [e for e in harness.feed.events if e.data.node == "switch.leaf-01" and e.change == "updated"]
+    assert any(e.data.domain is not None and "gpu-e" in e.data.domain.members for e in grown)
+    assert all(e.data.domain is None for e in harness.feed.events if e.data.node == "gpu-d"), "v1 stays v1"
     assert "resolved" in harness.feed.changes("switch.leaf-01")
     assert not any(r.kind == "reset_gpu" for r in actuator.requests), "no repair reached an actuator"
 
@@ -214,6 +225,143 @@ async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
     await until(
         lambda: (i := of(second, "gpu-d")) is not None and i.evidence.get("held_by_incident") == dom.id
     )
+
+    def held_by_the_new_leader() -> bool:  # every member's repair, old members' and the new one's
+        members = [of(second, f"gpu-{n}") for n in "abcd"]
+        return all(
+            i is not None
+            and any(
+                a.kind == "reset_gpu" and a.status is None and "held by shared-cause" in a.detail
+                for a in i.actions
+            )
+            for i in members
+        )
+
+    await until(held_by_the_new_leader, timeout=20)
+    assert shared_cause.members_of(dom) == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
+    assert dom.domain is not None
+    assert dom.domain.members == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"], "the structured members, from KV"
     await firing.recover()
     await until(lambda: dom.state == "resolved", timeout=40)
     assert [e.change for e in harness.feed.events if e.data.node == "pdu.p1"].count("opened") == 1
+
+
+XID_LADDER = XID_RESET.replace("actions: [cordon, reset_gpu]", "actions: [cordon]") + (
+    "ladders:\n  - id: xid-recovery\n    rules: [xid-lost]\n    steps: [reset_gpu, reboot_node]\n"
+    "    soak: 0s\n    dcgm_level: 0\n    repeat_limit: {count: 3, within: 30d}\n"
+)
+
+
+def test_the_catalogue_says_which_repairs_a_domain_incident_holds() -> None:
+    from healer.rules import actions
+
+    held = {k for k, spec in actions.CATALOG.items() if spec.held_by_shared_cause}
+    assert held == {"reset_gpu", "reboot_node", "hardware_replacement"}
+    assert not any(actions.CATALOG[k].held_by_shared_cause for k in ("cordon", "drain", "migrate", "notify"))
+
+
+async def test_members_that_recover_on_their_own_are_returned_by_their_ladder_without_a_reset_or_reboot(
+    harness: Harness, tmp_path: pathlib.Path, firing: Firing
+) -> None:
+    (harness.rules / "xid.yaml").write_text(XID_LADDER)
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  gpu-{n}: {{switch: leaf-01}}\n" for n in "abc"))
+    actuator, gpu = testing.RecordingActuator(), testing.RecordingGpuActuator()
+    ctl = await harness.controller(
+        actuator, gpu, admission="file", inventory_file=str(inventory), breaker_max_percent=100,
+        shared_cause_min_nodes=3, shared_cause_window_s=60,
+    )  # fmt: skip
+    await until(lambda: ctl.leader)
+    for n in "abc":
+        await firing.add(f"gpu-{n}")
+    await until(lambda: of(ctl, "switch.leaf-01") is not None)
+    members = {n: of(ctl, f"gpu-{n}") for n in "abc"}
+    # each member is contained (cordoned), its ladder's first rung (the GPU reset) held by the domain
+    await until(
+        lambda: all(
+            i is not None
+            and any(a.kind == "reset_gpu" and "held by shared-cause" in a.detail for a in i.actions)
+            for i in members.values()
+        ),
+        timeout=20,
+    )
+    assert {r.node for r in actuator.executed("cordon")} == {"gpu-a", "gpu-b", "gpu-c"}
+
+    await firing.recover()  # the leaf is back: every member recovers by itself
+    await until(lambda: all(i is not None and i.state == "resolved" for i in members.values()), timeout=30)
+    for inc in members.values():
+        assert inc is not None
+        assert inc.evidence["outcome"] == "recovered"
+        reset = next(a for a in inc.actions if a.kind == "reset_gpu")
+        assert reset.status == "skipped"
+        assert reset.facts.get(shared_cause.RECOVERED_FACT) == "true"
+        returned = next(a for a in inc.actions if a.kind == "return_to_service")
+        assert returned.status == "done"
+        assert not any(a.kind == "reboot_node" for a in inc.actions), "the ladder never got to a reboot"
+    assert {r.node for r in actuator.executed("uncordon")} == {"gpu-a", "gpu-b", "gpu-c"}, "all returned"
+    assert gpu.requests == [], "no GPU reset (nor validation) was asked of any node agent"
+    assert not any(r.kind == "reboot_node" for r in actuator.requests), "no reboot was issued"
+    await until(lambda: "resolved" in harness.feed.changes("switch.leaf-01"))
+
+
+def test_each_kind_of_signal_may_have_its_own_window_and_count() -> None:
+    cs = config.ControllerSettings.model_validate(
+        {"shared_cause_window_s": 20, "shared_cause_min_nodes": 3,
+         "shared_cause_rules": {"node-silent": {"min_nodes": 2}, "inlet-*": {"window_s": 300},
+                                "inlet-rise-fast": {"window_s": 5, "min_nodes": 4}, "off": {"window_s": 0}}}
+    )  # fmt: skip
+    assert shared_cause.terms("ib-down", cs) == shared_cause.Terms(20, 3)  # the fleet-wide defaults
+    assert shared_cause.terms("node-silent", cs) == shared_cause.Terms(20, 2)  # unset window: fleet-wide
+    assert shared_cause.terms("inlet-rise", cs) == shared_cause.Terms(300, 3)  # a glob
+    assert shared_cause.terms("inlet-rise-fast", cs) == shared_cause.Terms(5, 4)  # an exact id wins
+    assert shared_cause.longest_window_s(cs) == 300
+    # two silent nodes of a leaf are enough; two IB-down nodes are not
+    two = [incident("a", "node-silent"), incident("b", "node-silent"), incident("a"), incident("b")]
+    assert [(f.rule_id, f.members) for f in shared_cause.findings(two, LEAVES, 105.0, cs)] == [
+        ("node-silent", ("a", "b"))
+    ]
+    # an inlet rise over three nodes within five minutes is one; IB down that long ago is not
+    slow = [incident(n, "inlet-rise", opened_at=100.0) for n in "abc"] + [incident(n) for n in "def"]
+    assert [f.rule_id for f in shared_cause.findings(slow, LEAVES, 250.0, cs)] == ["inlet-rise"]
+    assert shared_cause.findings([incident(n, "off") for n in "abc"], LEAVES, 100.0, cs) == []
+    dom = shared_cause.new_incident(shared_cause.findings(slow, LEAVES, 250.0, cs)[0], "d", 250.0, cs)
+    assert "within 300s" in dom.summary
+    off = config.ControllerSettings.model_validate(
+        {"shared_cause_window_s": 0, "shared_cause_rules": {"inlet-*": {"window_s": 300}}}
+    )
+    assert shared_cause.findings(slow, LEAVES, 250.0, off) == [], "0 turns it off for every rule"
+
+
+XID_SUPPORT = XID_RESET.replace("actions: [cordon, reset_gpu]", "actions: [cordon]") + (
+    "ladders:\n  - id: xid-support\n    rules: [xid-lost]\n    contact_support: true\n"
+)
+
+
+async def test_a_members_replacement_waits_for_its_domain_and_is_never_opened_once_it_recovered(
+    harness: Harness, tmp_path: pathlib.Path, firing: Firing
+) -> None:
+    (harness.rules / "xid.yaml").write_text(XID_SUPPORT)
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  gpu-{n}: {{pdu: p1}}\n" for n in "abc"))
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(
+        actuator, admission="file", inventory_file=str(inventory), breaker_max_percent=100,
+        shared_cause_min_nodes=3, shared_cause_window_s=60,
+    )  # fmt: skip
+    await until(lambda: ctl.leader)
+    firing.nodes.extend(f"gpu-{n}" for n in "abc")
+    await asyncio.gather(*(xid(harness, f"gpu-{n}") for n in "abc"))  # the PDU's three nodes at once
+    await until(lambda: of(ctl, "pdu.p1") is not None)
+    await until(
+        lambda: all(
+            (i := of(ctl, f"gpu-{n}")) is not None
+            and "held by its domain" in str(i.evidence.get("ladder.next"))
+            for n in "abc"
+        ),
+        timeout=20,
+    )
+    await firing.recover()
+    await until(
+        lambda: {r.node for r in actuator.executed("uncordon")} == {"gpu-a", "gpu-b", "gpu-c"}, timeout=30
+    )
+    assert not [e for e in harness.feed.events if e.data.rule_id == "hardware-replacement"], "no replacement"

@@ -101,6 +101,20 @@ def test_kubernetes_topology_labels_and_configured_keys_become_domains() -> None
     }
 
 
+def test_slurm_features_become_domains_by_key_value_and_by_configured_prefix() -> None:
+    features = "h100,nvlink,rack=r07,pdu_p3,rack=r99,=x,cooling=,pdu_"
+    assert topology.domains_from_features(features, {"pdu": "pdu_", "row": "row-"}) == {
+        "rack": "r07",  # the first feature naming a key wins
+        "pdu": "p3",
+    }
+    assert topology.domains_from_features("", {"pdu": "pdu_"}) == {}
+    labels = {"features": "rack=r07,pdu_p3", "acme/rack": "r1", "partition": "gpu"}
+    assert topology.domains_from_scheduler(labels, {"rack": "acme/rack"}, {"pdu": "pdu_"}) == {
+        "rack": "r1",  # a scheduler label wins over a feature
+        "pdu": "p3",
+    }
+
+
 def _admission(cs: config.ControllerSettings, scheduler: object | None = None) -> admission.Admission:
     return admission.Admission(
         cs,

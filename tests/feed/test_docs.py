@@ -46,3 +46,13 @@ def test_every_data_field_is_documented() -> None:
         assert f"| `{name}` |" in text, name
     for name in incidents.IncidentEvent.model_fields:
         assert f"| `{name}` |" in text, name
+
+
+def test_the_documented_domain_incident_is_valid_v2_data() -> None:
+    (block,) = re.findall(r"```json5\n(.*?)\n```", DOC.read_text(), flags=re.DOTALL)
+    data = incidents.IncidentData.model_validate(orjson.loads(block))
+    assert data.schema_ == incidents.SCHEMA_V2
+    assert data.domain is not None
+    assert ",".join(data.domain.members) == data.evidence["members"]
+    for name in incidents.Domain.model_fields:
+        assert f"`{name}`" in DOC.read_text(), name

@@ -180,6 +180,35 @@ def test_incident_event_is_a_cloudevent() -> None:
     assert codec.decode_incident(codec.encode(ev)).change == "opened"
 
 
+def test_a_domain_incident_is_v2_with_its_domain_and_every_other_incident_stays_v1() -> None:
+    plain = incidents.IncidentData(
+        incident_id="inc-1", rule_id="ib-down", severity="major", node="n1", state="open", summary="s",
+        mode="enforce",
+    )  # fmt: skip
+    doc = json.loads(
+        codec.encode(incidents.build(event_id="e", cluster="c", change="opened", data=plain, ts=1e9))
+    )
+    assert doc["data"]["schema"] == "healer.incident.v1"
+    assert "domain" not in doc["data"], "a v1 incident is what a v1 decoder accepts"
+    assert "domain" not in json.loads(codec.encode(plain))
+    domain = incidents.Domain(
+        key="switch", value="leaf-07", suspected="switch leaf-07", signal_rule="ib-down",
+        members=["n1", "n2", "n3"], member_incidents=["i1", "i2", "i3"], member_count=3, size=16,
+    )  # fmt: skip
+    data = plain.model_copy(
+        update={"schema_": incidents.SCHEMA_V2, "domain": domain, "node": "switch.leaf-07"}
+    )
+    ev = incidents.build(event_id="e", cluster="c", change="opened", data=data, ts=1e9)
+    doc = json.loads(codec.encode(ev))
+    assert doc["type"] == "io.healer.incident.opened.v1", "the envelope is unchanged"
+    assert doc["data"]["schema"] == "healer.incident.v2"
+    assert doc["data"]["domain"]["members"] == ["n1", "n2", "n3"]
+    assert codec.decode_incident(codec.encode(ev)).data.domain == domain
+    v1_with_domain = dict(doc, data={**doc["data"], "schema": "healer.incident.v1"})
+    with pytest.raises(errors.DecodeError):
+        codec.decode_incident(json.dumps(v1_with_domain))
+
+
 def test_event_and_command_round_trip() -> None:
     ev = events.new("n1", "xid", gpu_index=2, xid=79, message="fell off the bus")
     assert codec.decode_event(codec.encode(ev)) == ev

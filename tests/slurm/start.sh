@@ -66,7 +66,9 @@ ResumeTimeout=60
 InactiveLimit=0
 TopologyPlugin=topology/tree
 GresTypes=gpu
-NodeName=gpu[01-04] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$slurmd_base-$((slurmd_base + 3)) CPUs=1 RealMemory=100 Gres=gpu:8 Feature=h100,nvlink State=UNKNOWN
+# Failure domains from node features (#27): rack=r01 / rack=r02 as key=value, the PDU by a prefix.
+NodeName=gpu[01-02] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$slurmd_base-$((slurmd_base + 1)) CPUs=1 RealMemory=100 Gres=gpu:8 Feature=h100,nvlink,rack=r01,pdu_p1 State=UNKNOWN
+NodeName=gpu[03-04] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((slurmd_base + 2))-$((slurmd_base + 3)) CPUs=1 RealMemory=100 Gres=gpu:8 Feature=h100,nvlink,rack=r02,pdu_p1 State=UNKNOWN
 PartitionName=gpu Nodes=gpu[01-04] Default=YES MaxTime=INFINITE State=UP
 PartitionName=train Nodes=gpu[01-02] MaxTime=INFINITE State=UP
 CONF

@@ -227,9 +227,11 @@ async def test_a_reason_with_shell_and_scontrol_syntax_arrives_verbatim(
 
 
 async def test_node_labels_are_partitions_and_active_features(actuator: slurm.SlurmActuator) -> None:
-    """start.sh gives every node features h100,nvlink; gpu01-02 are also in partition train."""
+    """start.sh gives every node features h100,nvlink (and a rack and a PDU, #27); gpu01-02 are also in
+    partition train."""
     labels = await actuator.node_labels(["gpu01", "gpu03", "not-a-node"])
     assert set(labels) == {"gpu01", "gpu03"}
     assert set(labels["gpu01"]["partition"].split(",")) == {"gpu", "train"}
     assert labels["gpu03"]["partition"] == "gpu"
-    assert {labels[n]["features"] for n in labels} == {"h100,nvlink"}
+    assert labels["gpu01"]["features"] == "h100,nvlink,rack=r01,pdu_p1"
+    assert labels["gpu03"]["features"] == "h100,nvlink,rack=r02,pdu_p1"

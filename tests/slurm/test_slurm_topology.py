@@ -7,6 +7,7 @@ fabric ladder's reboots are held: no node reboots."""
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 from collections.abc import AsyncIterator
 
@@ -18,6 +19,7 @@ from healer.actuators import slurm
 from healer.agent import runner
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
+from healer.cli import main as cli_main
 from healer.controller import service, shared_cause, topology
 from healer.telemetry import rdma, sim
 from tests.slurm.cluster import SlurmCluster
@@ -51,6 +53,36 @@ def test_slurm_prints_back_the_switch_tree_healer_reads(cluster: SlurmCluster) -
     assert from_slurm.domains == from_file.domains
     assert from_file.domains["gpu02"] == {"switch": "leaf-01", "switch_l2": "spine-1"}
     assert from_file.domains["gpu04"]["switch"] == "leaf-02"
+
+
+def test_fleet_show_on_slurm_prints_node_features_and_the_switch_tree_as_one_topology(
+    cluster: SlurmCluster,  # noqa: F811
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Item 1 of #27 on the real scheduler: ``sinfo --json`` admits the nodes and gives their features
+    (``rack=r01`` as key=value, ``pdu_p1`` through ``domain_features``), ``topology.conf`` their switches,
+    and ``healer fleet show`` prints the one topology the controller's ``Admission`` builds from both."""
+    settings = tmp_path / "healer.yaml"
+    settings.write_text(
+        yaml.safe_dump(
+            {
+                "controller": {
+                    "admission": "scheduler", "actuator": "slurm", "domain_features": {"pdu": "pdu_"},
+                    "topology_file": str(cluster.conf.parent / "topology.conf"),
+                },
+                "actuators": {"slurm_conf": str(cluster.conf)},
+            }
+        )
+    )  # fmt: skip
+    assert cli_main(["fleet", "show", "--config", str(settings), *cluster.nodes, "not-in-slurm"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["nodes"] == 4, "the nodes sinfo lists, not the name it does not"
+    assert doc["domains"]["rack"] == {"r01": ["gpu01", "gpu02"], "r02": ["gpu03", "gpu04"]}
+    assert doc["domains"]["pdu"] == {"p1": ["gpu01", "gpu02", "gpu03", "gpu04"]}
+    assert doc["domains"]["switch"] == {"leaf-01": ["gpu01", "gpu02", "gpu03"], "leaf-02": ["gpu04"]}
+    assert cli_main(["fleet", "show", "--config", str(settings), "--by", "rack", "gpu03"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"key": "rack", "domains": {"r02": ["gpu03"]}}
 
 
 @pytest.fixture
@@ -108,6 +140,7 @@ async def test_a_leaf_switch_loss_on_slurm_is_one_domain_incident_and_no_reboots
     try:
         await eventually("every node admitted by sinfo", lambda: ctl.admission.admitted == set(cluster.nodes))
         assert ctl.admission.topology().of("gpu01")["switch"] == "leaf-01"
+        assert ctl.admission.topology().of("gpu01")["rack"] == "r01", "a feature rack=r01 is a domain"
         down = (SYSFS / "cx7-ib-link-down.txt").read_text()
         for node in ("gpu01", "gpu02", "gpu03"):  # leaf-01 lost: every node under it loses its link
             rdma.write_tree(down, roots[node])

@@ -346,3 +346,62 @@ def test_the_map_groups_by_the_inventorys_failure_domains_and_the_labels_file_wi
     }
     other = config.Settings.model_validate({"controller": {"admission": "first-seen"}})
     assert server.page_labels(other) == {}
+
+
+def test_the_page_groups_by_the_controllers_own_topology_and_the_switch_tree(tmp_path: pathlib.Path) -> None:
+    """#27: the page's domains come from the source the admitted fleet comes from: inside the
+    controller its ``Admission.topology()`` (scheduler labels and Slurm features too), asked again as it
+    changes; standalone, ``controller.topology_file`` beside the inventory. The labels file still wins."""
+    import types
+
+    import structlog
+
+    from healer.cli import controller_cmd
+    from healer.controller import admission
+    from healer.controller import metrics as metrics_mod
+
+    topo = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "topology.conf"
+    (tmp_path / "labels.yaml").write_text("gpu02: {rack: r9}\n")
+    s = config.Settings.model_validate(
+        {
+            "controller": {
+                "admission": "scheduler",
+                "topology_file": str(topo),
+                "domain_features": {"pdu": "pdu_"},
+            },
+            "ui": {"labels_file": str(tmp_path / "labels.yaml"), "group_by": ["rack", "switch"]},
+        }
+    )
+    standalone = server.page_labels(s)
+    assert standalone["gpu01"]["switch"] == "leaf-01", "topology.conf reaches the standalone page"
+    assert standalone["gpu02"] == {**standalone["gpu02"], "rack": "r9"}
+
+    class Slurmish:
+        async def node_labels(self, nodes: list[str]) -> dict[str, dict[str, str]]:
+            known = {"gpu01": "h100,rack=r01,pdu_p1", "gpu02": "h100,rack=r01,pdu_p1", "gpu05": "rack=r02"}
+            return {n: {"features": known[n]} for n in nodes if n in known}
+
+    adm = admission.Admission(
+        s.controller, metrics_mod.ControllerMetrics(), scheduler=Slurmish(), log=structlog.get_logger()
+    )
+    source = controller_cmd._domains(types.SimpleNamespace(admission=adm))
+    assert source is not None
+    lv = live.Live(fleet.Fleet(1, ring_len=2, capacity=8), board.Board(), group_by=("rack", "switch"))
+    lv.static_labels = standalone
+    lv.label_source = source
+    lv.fleet.declare(["gpu01", "gpu02", "gpu05"])
+
+    def shown(now: float) -> dict[str, list[str]]:
+        lv.sync_nodes(now)
+        return {k: [lv.fleet.names[r] for r in v] for k, v in lv.groups()}
+
+    assert shown(100.0) == {"switch=leaf-01": ["gpu01"], "rack=r9": ["gpu02"], "switch=leaf-02": ["gpu05"]}
+    for name in ("gpu01", "gpu02", "gpu05"):
+        adm.admits(name)
+    asyncio.run(adm.refresh())  # the scheduler admits them: their features are domains now
+    assert shown(100.0 + live.ADMITTED_EVERY_S) == {
+        "rack=r01": ["gpu01"], "rack=r02": ["gpu05"], "rack=r9": ["gpu02"],
+    }  # fmt: skip
+    assert adm.topology().of("gpu01") == {
+        "rack": "r01", "pdu": "p1", "switch": "leaf-01", "switch_l2": "spine-1", "switch_l3": "core",
+    }  # fmt: skip

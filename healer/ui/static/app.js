@@ -14,6 +14,7 @@
   // A node's frame on the map: healer holds it cordoned or drained, or an operator excluded it.
   const MARK = { drained: "#f06fd8", cordoned: "#36c5d6", excluded: "#c8ced6" };
   const SELECTED = "#ffffff";
+  const DOMAIN = "#ff9f1c";  // a shared-cause domain incident's outline over its member nodes (#27)
   const $ = (id) => document.getElementById(id);
   const canvas = $("map"), ctx = canvas.getContext("2d");
 
@@ -87,6 +88,15 @@
       if (!present.has(m)) continue;
       const s = el("span", "mark", `${m} (frame)`); s.style.setProperty("--c", MARK[m]); box.append(s);
     }
+    if (domainIncidents().length) {
+      const s = el("span", "mark", "suspected domain (dashed outline)"); s.style.setProperty("--c", DOMAIN); box.append(s);
+    }
+  }
+  function domainIncidents() {
+    return [...S.incidents.values()].filter((i) => i.domain && i.state !== "resolved");
+  }
+  function domainsOf(node) {
+    return domainIncidents().filter((i) => i.domain.members.includes(node));
   }
 
   // --- layout and drawing ----------------------------------------------------------------------------
@@ -97,10 +107,10 @@
     const cols = Math.min(g, 4), rows = Math.ceil(g / cols);
     const tileW = cols * c + (cols - 1) * (gap > 1 ? 1 : 0) + gap * 2 + 2, tileH = rows * c + (rows - 1) * (gap > 1 ? 1 : 0) + gap * 2 + 2;
     const width = Math.max(300, $("map-wrap").clientWidth);
-    const perRow = Math.max(1, Math.floor(width / tileW));
+    const perRow = Math.max(1, Math.floor((width - 8) / tileW));
     // One group: the whole width. Many (racks): near-square blocks packed in shelves, left to right.
-    const head = 18, space = 12, blocks = [];
-    let x = 0, y = 0, shelf = 0;
+    const head = 18, space = 12, margin = 4, blocks = [];
+    let x = margin, y = 0, shelf = 0;
     for (const [name, members] of S.groups) {
       let cols = perRow;
       if (S.groups.length > 1) {
@@ -108,7 +118,7 @@
         cols = Math.min(perRow, Math.max(cols, Math.ceil(130 / tileW), 1));
       }
       const lines = Math.ceil(members.length / cols), w = cols * tileW, h = head + lines * tileH;
-      if (x > 0 && x + w > width) { x = 0; y += shelf + 6; shelf = 0; }
+      if (x > margin && x + w > width) { x = margin; y += shelf + 6; shelf = 0; }
       blocks.push({ name, members, x, y, top: y + head, cols, lines });
       x += w + space; shelf = Math.max(shelf, h);
     }
@@ -175,8 +185,42 @@
       ctx.fillStyle = c;
       for (const i of list) { const r = cellRect(i); if (r) ctx.fillRect(r[0], r[1], r[2], r[3]); }
     }
+    drawDomains();
     S.renderMs = performance.now() - t0;
     legend();
+  }
+
+  // A shared-cause domain incident drawn over its members: in each block that holds some of them, a
+  // dashed outline around those tiles; a block that is the domain itself gets its header in that colour.
+  function drawDomains() {
+    const L = S.layout, row = new Map(S.nodes.map((n, r) => [n, r]));
+    S.domainBoxes = [];
+    for (const inc of domainIncidents()) {
+      const members = new Set(inc.domain.members.filter((n) => row.has(n)).map((n) => row.get(n)));
+      const named = `${inc.domain.key}=${inc.domain.value}`;
+      for (const b of L.blocks) {
+        const rows = b.members.filter((r) => members.has(r));
+        if (!rows.length) continue;
+        let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+        for (const r of rows) {
+          const x = S.pos[r * 2], y = S.pos[r * 2 + 1];
+          x0 = Math.min(x0, x); y0 = Math.min(y0, y); x1 = Math.max(x1, x + L.tileW - 2); y1 = Math.max(y1, y + L.tileH - 2);
+        }
+        const box = { id: inc.id, block: b.name, x: x0 - 2.5, y: y0 - 2.5, w: x1 - x0 + 5, h: y1 - y0 + 5, nodes: rows.map((r) => S.nodes[r]) };
+        ctx.strokeStyle = DOMAIN; ctx.lineWidth = 2; ctx.setLineDash([5, 3]);
+        ctx.strokeRect(box.x, box.y, box.w, box.h);
+        ctx.setLineDash([]);
+        if (b.name === named) {  // the header only (not the outline), kept within the block's width
+          const w = b.cols * L.tileW;
+          ctx.clearRect(b.x, b.y, w, 14);
+          ctx.save(); ctx.beginPath(); ctx.rect(b.x, b.y, w, 14); ctx.clip();
+          ctx.fillStyle = DOMAIN;
+          ctx.fillText(`${b.name}  (${b.members.length}) suspected`, b.x, b.y + 2);
+          ctx.restore();
+        }
+        S.domainBoxes.push(box);
+      }
+    }
   }
 
   // --- side panels -----------------------------------------------------------------------------------
@@ -230,6 +274,14 @@
       top.append(el("span", "sev", inc.severity), el("span", "where", where(inc.node, inc.gpu)), el("span", "rule", inc.rule),
         el("span", "muted", `${inc.state === "escalated" ? "ESCALATED · " : ""}${ago(inc.opened)}${inc.mode !== "enforce" ? ` · ${inc.mode}` : ""}`));
       li.append(top, el("div", "summary", short(inc.summary, 240)));
+      if (inc.domain) {
+        li.classList.add("domain");
+        const m = el("div", "members");
+        m.append(el("span", "muted", `${inc.domain.suspected} · ${inc.domain.member_count} of ${inc.domain.size} nodes: `));
+        for (const n of inc.domain.members.slice(0, 40)) m.append(nodeButton(n, null));
+        if (inc.domain.member_count > 40) m.append(el("span", "muted", ` … and ${inc.domain.member_count - 40} more`));
+        li.append(m);
+      }
       const chips = el("div");
       for (const a of inc.actions) chips.append(el("span", `chip ${a.status}`, `${a.kind}: ${a.status}`));
       li.append(chips);
@@ -467,7 +519,8 @@
     const h = hit(ev), tip = $("tip");
     if (!h) { tip.hidden = true; return; }
     const i = h[0] * S.gpus + h[1], t = S.temp[i], marks = S.marks[S.nodes[h[0]]];
-    tip.textContent = `${S.nodes[h[0]]} / GPU ${h[1]}\n${HEALTH[S.health[i]][0]} · ${t === NO_TEMP ? "–" : `${t} °C`}${marks && marks.length ? `\n${marks.join(", ")}` : ""}`;
+    const doms = domainsOf(S.nodes[h[0]]).map((d) => `${d.domain.suspected} suspected (${d.rule})`);
+    tip.textContent = `${S.nodes[h[0]]} / GPU ${h[1]}\n${HEALTH[S.health[i]][0]} · ${t === NO_TEMP ? "–" : `${t} °C`}${marks && marks.length ? `\n${marks.join(", ")}` : ""}${doms.length ? `\n${doms.join("\n")}` : ""}`;
     const wrap = $("map-section").getBoundingClientRect();
     tip.style.left = `${ev.clientX - wrap.left + 12}px`; tip.style.top = `${ev.clientY - wrap.top + 12}px`;
     tip.hidden = false;
@@ -507,7 +560,7 @@
   function onIncident(d) {
     if (d.state === "resolved" || d.timeline === undefined) S.incidents.delete(d.id); else S.incidents.set(d.id, d);
     renderIncidents();
-    if (S.mode === "anomaly") drawAll();
+    if (S.mode === "anomaly" || d.domain || S.domainBoxes?.some((b) => b.id === d.id)) drawAll();
   }
   function connect() {
     const es = new EventSource("/api/events");
@@ -545,6 +598,17 @@
     healthColours: HEALTH.map((h) => h[1]),
     redraw() { drawAll(); return S.renderMs; },
     markColours: MARK,
+    domainColour: DOMAIN,
+    domainBoxes() { return S.domainBoxes || []; },
+    pixelAt(x, y) {
+      const dpr = window.devicePixelRatio || 1;
+      const probe = document.createElement("canvas");
+      probe.width = probe.height = 1;
+      const pctx = probe.getContext("2d", { willReadFrequently: true });
+      pctx.drawImage(canvas, Math.floor(x * dpr), Math.floor(y * dpr), 1, 1, 0, 0, 1, 1);
+      const p = pctx.getImageData(0, 0, 1, 1).data;
+      return `#${[p[0], p[1], p[2]].map((v) => v.toString(16).padStart(2, "0")).join("")}`;
+    },
     framePixel(node) {
       const row = S.nodes.indexOf(node);
       if (row < 0 || S.pos[row * 2] < 0) return null;
