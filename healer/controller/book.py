@@ -1,10 +1,15 @@
-"""Incidents: what the controller knows is wrong, keyed by (rule, node, gpu), kept in KV ``healer-state``.
+"""Incidents: what the controller knows is wrong, keyed by (rule, node, gpu, port), kept in KV
+``healer-state``.
 
 One fault often fires several rules at once (a double-bit ECC error: the DBE counter and XID 48). The
 controller joins such firings into one incident (``decide.correlate``): each rule's firing is a
 ``Signal`` of the incident, the first one the signal that opened it. The book finds an incident by any
 of its signals' keys, and the signals are stored with the incident, so a restarted or newly elected
 controller keeps the join and resolves the incident only when every signal has resolved.
+
+A port-scope rule's firing names its RDMA port (``mlx5_0/1``), the key's fourth part: a port fault is
+one incident for its node and port, and two faulty ports of one node are two incidents. An incident
+stored before ports existed has no ``port`` and loads as a node or GPU incident (``port`` None).
 
 An incident is written to KV before anything is published or done about it, and every change bumps its
 ``seq``; feed event ids are ``<incident id>.<seq>``, so a controller that crashes between writing and
@@ -28,7 +33,8 @@ log = structlog.get_logger(__name__)
 
 PREFIX = "incident."
 
-Key = tuple[str, str, int | None]
+Key = tuple[str, str, int | None, str | None]
+"""(rule id, node, GPU index or None, RDMA port or None): ``engine.Firing.key``."""
 
 
 class PlannedAction(pydantic.BaseModel):
@@ -59,6 +65,8 @@ class Signal(pydantic.BaseModel):
     gpu_index: int | None = None
     """The firing's GPU (None for a node-scope rule)."""
     gpu_uuid: str | None = None
+    port: str | None = None
+    """The firing's RDMA port (``mlx5_0/1``; a port-scope rule), None otherwise."""
     since: float = 0.0
     """When it opened or joined the incident."""
     last_seen_firing: float = 0.0
@@ -70,7 +78,7 @@ class Signal(pydantic.BaseModel):
     evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
 
     def key(self, node: str) -> Key:
-        return (self.rule_id, node, self.gpu_index)
+        return (self.rule_id, node, self.gpu_index, self.port)
 
     @property
     def open(self) -> bool:
@@ -85,6 +93,10 @@ class Incident(pydantic.BaseModel):
     node: str
     gpu_index: int | None = None
     gpu_uuid: str | None = None
+    port: str | None = None
+    """The RDMA port this incident is about (``mlx5_0/1``): opened by a port-scope rule's firing; only
+    that port's firings join it (``decide.correlate``). None for a node or GPU incident. On the feed it
+    is the label ``port`` (``incidents.PORT_LABEL``) and the subject's ``/port/<device>/<port>``."""
     state: incidents.IncidentState = "open"
     summary: str = ""
     evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
@@ -115,7 +127,7 @@ class Incident(pydantic.BaseModel):
     def _first_signal(self) -> Incident:
         if not self.signals:
             first = Signal(
-                rule_id=self.rule_id, gpu_index=self.gpu_index, gpu_uuid=self.gpu_uuid,
+                rule_id=self.rule_id, gpu_index=self.gpu_index, gpu_uuid=self.gpu_uuid, port=self.port,
                 since=self.opened_at, last_seen_firing=self.last_seen_firing, evidence=dict(self.evidence),
             )  # fmt: skip
             self.signals.append(first)
@@ -152,7 +164,7 @@ class Incident(pydantic.BaseModel):
             summary=self.summary[:4096],
             evidence=self.evidence,
             actions=self.records(),
-            labels=self.labels,
+            labels=self.labels if self.port is None else {**self.labels, incidents.PORT_LABEL: self.port},
             mode=self.mode,
             domain=self.domain,
             schema=incidents.SCHEMA if self.domain is None else incidents.SCHEMA_V2,

@@ -40,7 +40,7 @@ class Closer:
         incidents_book: book.Book,
         *,
         publish: Callable[[book.Incident, incidents.Change], Awaitable[None]],
-        release: Callable[[str, str, int | None], None],
+        release: Callable[[str, str, int | None, str | None], None],
         clock: Callable[[], float],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
@@ -71,7 +71,7 @@ class Closer:
                 "close_reason": str(who.get("reason", ""))[:500],
             }
             for signal in inc.signals:
-                self.release(signal.rule_id, inc.node, signal.gpu_index)
+                self.release(signal.rule_id, inc.node, signal.gpu_index, signal.port)
             for action in inc.actions:  # nothing more runs: the person decides what happens next
                 if action.status is None:
                     action.status, action.detail, action.at = (

@@ -4,7 +4,8 @@ Three kinds of decision live here. **Incident changes**: what a rule firing does
 (open one, refresh its evidence, resolve it and queue its on_resolve actions, or nothing), the repeat-fault
 escalation of a new incident, and the escalation ladder (a power cap that did not help becomes a cordon).
 **Correlation**: whether a new firing is another signal of a fault that already has an incident (the
-same GPU, or the same node for a node-scope rule, within ``correlate_window_s``), and what joining it
+same GPU, the same RDMA port for a port-scope rule, or the same node for a node-scope rule, within
+``correlate_window_s``), and what joining it
 changes (``correlate``, ``join``): one incident per fault, its actions the union of the rules' actions.
 **Node-wide faults**: a GPU rule with ``node_wide`` opens a GPU incident that other GPUs of its node
 firing rules of the same group join; once ``node_wide.threshold`` of the node's GPUs did, it is one node
@@ -292,9 +293,18 @@ def gate(attempt: Attempt, checks: Iterable[Check] = GATES) -> Verdict:
     return ALLOW
 
 
+HANDED_OVER = "cordon.handed_over_by"
+"""Evidence of an incident that inherited healer's cordon of its node from another incident: that one
+resolved while this one still held the node (its uncordon skipped), so this one's uncordon lifts it."""
+LADDER_JOINED = "ladder.joined"
+"""Evidence of an incident whose node already walks a recovery ladder for another incident (that
+incident's id): it follows that ladder instead of starting its own (``healing``: one ladder per node)."""
+
+
 def cordon_ours(inc: book.Incident) -> bool:
-    """Healer's own scheduler action (other than an uncordon) on this incident is done."""
-    return any(
+    """Healer's own scheduler action (other than an uncordon) on this incident is done, or the incident
+    inherited healer's cordon of the node (``HANDED_OVER``)."""
+    return bool(inc.evidence.get(HANDED_OVER)) or any(
         (spec := actions.kind(a.kind)) is not None
         and spec.scheduler_verb not in (None, "uncordon")
         and a.status == "done"
@@ -302,14 +312,23 @@ def cordon_ours(inc: book.Incident) -> bool:
     )
 
 
-def held_elsewhere(inc: book.Incident, others: Iterable[book.Incident]) -> bool:
-    """Another open incident on the node has taken it out of service."""
-    return any(
-        other.id != inc.id
-        and other.node == inc.node
-        and any(a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in incidents.OK for a in other.actions)
+def holding(inc: book.Incident, others: Iterable[book.Incident]) -> list[book.Incident]:
+    """The other open incidents on the node that have taken it out of service, apart from those that
+    follow this incident's recovery ladder (it ends them: ``LADDER_JOINED``)."""
+    return [
+        other
         for other in others
-    )
+        if other.id != inc.id
+        and other.node == inc.node
+        and other.state != "resolved"
+        and other.evidence.get(LADDER_JOINED) != inc.id
+        and any(a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in incidents.OK for a in other.actions)
+    ]
+
+
+def held_elsewhere(inc: book.Incident, others: Iterable[book.Incident]) -> bool:
+    """Another open incident on the node has taken it out of service (``holding``)."""
+    return bool(holding(inc, others))
 
 
 # -- incident changes ------------------------------------------------------------------------------
@@ -399,6 +418,7 @@ def new_incident(
     """The incident a firing opens; the ``repeats``-th fault episode on a GPU is escalated for inspection."""
     rule = f.rule
     where = f"node {f.node}" + (f" GPU {f.gpu}" if f.gpu is not None else "")
+    where += f" port {f.port}" if f.port is not None else ""
     group = group_of(rule) if f.gpu is not None else None
     planned = [
         # other GPUs of the node may join a node-wide group's incident: its per-GPU actions name their GPU
@@ -418,6 +438,7 @@ def new_incident(
         node=f.node,
         gpu_index=f.gpu,
         gpu_uuid=f.gpu_uuid,
+        port=f.port,
         summary=summary + (up.note if up else ""),
         evidence=dict(f.evidence),
         labels=dict(rule.labels),
@@ -462,8 +483,8 @@ def holds(rule: ruleset.Rule) -> bool:
 
 def signal_of(f: engine.Firing, now: float) -> book.Signal:
     return book.Signal(
-        rule_id=f.rule.id, gpu_index=f.gpu, gpu_uuid=f.gpu_uuid, since=now, last_seen_firing=now,
-        holds=holds(f.rule), evidence=dict(f.evidence),
+        rule_id=f.rule.id, gpu_index=f.gpu, gpu_uuid=f.gpu_uuid, port=f.port, since=now,
+        last_seen_firing=now, holds=holds(f.rule), evidence=dict(f.evidence),
     )  # fmt: skip
 
 
@@ -518,12 +539,17 @@ def correlate(
     A GPU firing of a ``node_wide`` rule first joins its node's incident of the same group: the
     node-wide one whenever it opened, else one opened less than ``node_wide.within`` ago (about another
     GPU, which the join may make node-wide). Otherwise candidates are the node's open incidents opened
-    less than ``window_s`` ago (0 turns this correlation off). A GPU firing joins the newest one about
-    the same GPU; failing that, the node's only GPU-less incident that is not node-wide (a node-scope
-    signal such as ``gpus_missing`` that fired first: the incident then takes the GPU). A node-scope
-    firing joins the node's only candidate; with two or more it cannot tell which fault it belongs to
-    and opens its own."""
+    less than ``window_s`` ago (0 turns this correlation off). A port firing (a port-scope rule) joins
+    only the newest one about the same port: two faulty ports of a node are two incidents. A GPU firing
+    joins the newest one about the same GPU; failing that, the node's only GPU-less incident that is
+    neither node-wide nor a port's (a node-scope signal such as ``gpus_missing`` that fired first: the
+    incident then takes the GPU). A node-scope firing joins the node's only candidate (a port incident
+    too: ``rdma-ports-missing`` beside the one port that is down); with two or more it cannot tell which
+    fault it belongs to and opens its own."""
     on_node = [i for i in open_incidents if i.node == f.node and i.state != "resolved"]
+    if f.port is not None:
+        same_port = [i for i in on_node if i.port == f.port and 0 <= now - i.opened_at < window_s]
+        return max(same_port, key=lambda i: i.opened_at) if same_port else None
     group = group_of(f.rule)
     if group is not None and f.gpu is not None and f.rule.node_wide is not None:
         within_s = f.rule.node_wide.within_s
@@ -541,7 +567,7 @@ def correlate(
     same = [i for i in recent if same_gpu(i, f)]
     if same:
         return max(same, key=lambda i: i.opened_at)
-    gpuless = [i for i in recent if i.gpu_index is None and i.node_wide_at is None]
+    gpuless = [i for i in recent if i.gpu_index is None and i.node_wide_at is None and i.port is None]
     return gpuless[0] if len(gpuless) == 1 else None
 
 

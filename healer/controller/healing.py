@@ -71,17 +71,21 @@ class Pending:
 class Record:
     state: ladder.LadderState
     pending: Pending
+    followers: list[str] = dataclasses.field(default_factory=list)
+    """Incidents on the same node whose rule has the same ladder, opened while this one walks it: they
+    follow it (one ladder per node: two ports down reboot the node once) and end as it ends."""
 
     def to_json(self) -> dict[str, Any]:
         pending = dataclasses.asdict(self.pending)
         pending["kind"] = self.pending.kind.value
-        return {"state": self.state.to_json(), "pending": pending}
+        return {"state": self.state.to_json(), "pending": pending, "followers": list(self.followers)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Record:
         pending = dict(doc["pending"])
         pending["kind"] = ladder.StepKind(pending["kind"])
-        return cls(ladder.LadderState.from_json(doc["state"]), Pending(**pending))
+        followers = [str(f) for f in doc.get("followers", [])]
+        return cls(ladder.LadderState.from_json(doc["state"]), Pending(**pending), followers)
 
 
 def history_key(node: str, gpu: int | None) -> str:
@@ -141,8 +145,9 @@ class Recovery:
         return any(inc.id == rec.state.incident_id for inc in self.book.all())
 
     def holds(self, incident_id: str) -> bool:
-        """A ladder in flight owns the incident's end (its rule resolving does not close it)."""
-        return incident_id in self.ladders
+        """A ladder in flight owns the incident's end (its rule resolving does not close it), the
+        incidents that follow it too."""
+        return incident_id in self.ladders or any(incident_id in r.followers for r in self.ladders.values())
 
     async def rule_resolved(self, inc: book.Incident) -> None:
         """The incident's rule resolved while its ladder runs: noted, the ladder still decides the end."""
@@ -160,6 +165,16 @@ class Recovery:
         if lad is None:
             return
         inc.evidence["ladder"] = lad.id
+        lead = next(
+            (r for r in self.ladders.values() if r.state.node == inc.node and r.state.ladder_id == lad.id),
+            None,
+        )
+        if lead is not None:  # one ladder per node: this incident follows the one in flight
+            lead.followers.append(inc.id)
+            await self._save(lead)
+            inc.evidence[decide.LADDER_JOINED] = lead.state.incident_id
+            inc.evidence["ladder.phase"] = lead.state.phase.name.lower()
+            return
         if self.cs.mode == "dry-run":
             lines = ladder.plan(lad)
             inc.evidence["ladder.plan"] = " | ".join(lines)[:4000]
@@ -328,8 +343,24 @@ class Recovery:
         self.ladders.pop(state.incident_id, None)
         self.reserved.discard(state.node)
         await self.store.delete(PREFIX + state.incident_id)
+        for follower_id in rec.followers:
+            follower = next((i for i in self.book.all() if i.id == follower_id), None)
+            if follower is not None and follower.state != "resolved":
+                await self._end(follower, state, step, None, now)
         if inc is None:
             return
+        await self._end(inc, state, step, history, now)
+
+    async def _end(
+        self,
+        inc: book.Incident,
+        state: ladder.LadderState,
+        step: ladder.Step,
+        history: ladder.History | None,
+        now: float,
+    ) -> None:
+        """End ``inc`` as its ladder ended (``history`` None: a follower, which opens no replacement of
+        its own; the ladder's own incident does, for the node)."""
         inc.evidence["ladder.phase"] = state.phase.name.lower()
         inc.evidence.pop("ladder.next", None)
         if state.phase is ladder.Phase.STOPPED:
@@ -343,9 +374,10 @@ class Recovery:
             await self.shell.publish(inc, "action")
             return
         if state.phase is ladder.Phase.REPLACEMENT:
-            replacement = await self._replacement(inc, state, step.reason, history, now)
             inc.evidence["outcome"] = "hardware_replacement"
-            inc.evidence["replacement"] = replacement.id
+            if history is not None:
+                replacement = await self._replacement(inc, state, step.reason, history, now)
+                inc.evidence["replacement"] = replacement.id
             if not inc.evidence.get("ladder.rule_resolved"):
                 # Still firing: it resolves on its rule's terms; its uncordon is then skipped, because
                 # the replacement incident holds the node out of service.
@@ -357,7 +389,7 @@ class Recovery:
         inc.state = "resolved"
         inc.resolved_at = now
         for signal in inc.signals:  # every rule that joined the fault, not only the first
-            self.engine.release(signal.rule_id, inc.node, signal.gpu_index)
+            self.engine.release(signal.rule_id, inc.node, signal.gpu_index, signal.port)
         await self.shell.publish(inc, "resolved")
 
     async def _replacement(
@@ -377,6 +409,7 @@ class Recovery:
         telemetry = self.engine.summary(inc.node, inc.gpu_index, now)
         bundle = ladder.evidence(state, history, facts, [dict(inc.evidence)], telemetry)
         where = f"node {inc.node}" + (f" GPU {inc.gpu_index}" if inc.gpu_index is not None else "")
+        where += f" port {inc.port}" if inc.port is not None else ""
         rep = book.Incident(
             id=book.new_id(),
             rule_id=REPLACEMENT_RULE,

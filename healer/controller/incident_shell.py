@@ -140,7 +140,7 @@ class IncidentShell:
         self.metrics.incident_changes.labels(change).inc()
         self.log.info(
             "incident." + change, incident_id=inc.id, rule_id=inc.rule_id, node=inc.node, gpu=inc.gpu_index,
-            severity=inc.severity,
+            port=inc.port, severity=inc.severity,
         )  # fmt: skip
 
     def spawn(self, inc: book.Incident) -> None:

@@ -123,7 +123,7 @@ class Leadership:
                 restored = self.engine.restore(
                     signal.rule_id, inc.node, signal.gpu_index, since=signal.since,
                     last=max(signal.last_seen_firing, inc.updated_at),
-                    evidence=signal.evidence, gpu_uuid=signal.gpu_uuid,
+                    evidence=signal.evidence, gpu_uuid=signal.gpu_uuid, port=signal.port,
                 )  # fmt: skip
                 if not restored:
                     self.log.warning(

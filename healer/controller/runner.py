@@ -124,6 +124,8 @@ class ActionRunner:
             action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
             self.metrics.actions.labels(action.kind, status).inc()
             await self.shell.publish(inc, "action")
+            if status == "skipped":
+                await self._hand_over(inc, action)
             if action.ladder:
                 continue  # the recovery ladder reads the outcome and takes the next step
             if status in incidents.FAILED and not inc.escalated:
@@ -133,6 +135,20 @@ class ActionRunner:
                 return
         if inc.state == "resolved":
             await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
+
+    async def _hand_over(self, inc: book.Incident, action: book.PlannedAction) -> None:
+        """An uncordon skipped because other open incidents still hold the node: healer's cordon passes
+        to them, so the last of them to end lifts it (a node stays out while any incident on it is
+        open, and does not stay out after the last)."""
+        undo = actions.spec(action.kind)
+        if not (undo.undoes_cordon and (action.on_resolve or undo.ladder_only)) or not decide.cordon_ours(
+            inc
+        ):
+            return
+        for other in decide.holding(inc, self.book.open.values()):
+            if not other.evidence.get(decide.HANDED_OVER):
+                other.evidence[decide.HANDED_OVER] = inc.id
+                await self.book.save(other)
 
     def _attempt(self, inc: book.Incident, action: book.PlannedAction, now: float) -> decide.Attempt:
         """The snapshot the gates decide on, without the cooldown and rate window (read from KV only

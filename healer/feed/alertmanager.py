@@ -4,7 +4,8 @@ Alertmanager is where routing, grouping, silences, inhibition and the PagerDuty/
 live, so healer hands it alerts rather than reimplementing them. One incident is one alert:
 
 - labels (its identity): ``alertname`` = the rule id, ``node``, ``gpu`` (the NVML index; absent for a
-  node-level incident), ``severity`` (Alertmanager's ``info | warning | critical``, from
+  node-level incident), ``port`` (a port incident's RDMA port, ``mlx5_0/1``; absent otherwise),
+  ``severity`` (Alertmanager's ``info | warning | critical``, from
   ``incidents.SEVERITY_LEVELS``), ``healer_severity`` (healer's own), ``cluster``;
 - annotations: ``summary``, ``evidence`` (JSON), ``incident_id``, ``state``, ``actions``, ``mode`` when not
   ``enforce``, and ``link`` (also ``generatorURL``) when ``feed.alertmanager_link`` is set;
@@ -79,6 +80,9 @@ def labels_for(ev: incidents.IncidentEvent) -> dict[str, str]:
     }
     if d.gpu_index is not None:
         labels["gpu"] = str(d.gpu_index)
+    port = incidents.port_of(d)
+    if port is not None:
+        labels["port"] = port
     return labels
 
 

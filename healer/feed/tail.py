@@ -98,7 +98,8 @@ def _iso(ts: datetime | None) -> str:
 
 
 def render(item: envelope.Item) -> str:
-    """One line: time, change, severity, node[/gpuN], rule, summary, actions (and the mode if not enforce)."""
+    """One line: time, change, severity, node[/gpuN | /port/<device>/<port>], rule, summary, actions (and
+    the mode if not enforce)."""
     ev = item.incident
     if item.rules_rejected is not None:
         return _render_rejected(item.rules_rejected)
@@ -107,6 +108,8 @@ def render(item: envelope.Item) -> str:
         return f"{_iso(env.time)} {env.type} {env.subject or '-'} id={env.id}"
     d = ev.data
     where = d.node if d.gpu_index is None else f"{d.node}/gpu{d.gpu_index}"
+    port = incidents.port_of(d)
+    where += f"/port/{port}" if port is not None else ""
     summary = " ".join(d.summary.split())
     line = f"{_iso(ev.time)} {ev.change:<9} {d.severity:<8} {where} {d.rule_id} {summary}"
     if d.actions:

@@ -1,7 +1,8 @@
 """The engine the controller drives: ingest telemetry and events, evaluate every rule for the fleet, and
 report transitions with the evidence behind them.
 
-Per (rule, node, GPU) a condition rule is inactive → pending (condition true, waiting ``for``) →
+Per (rule, node, GPU), (rule, node) or (rule, node, RDMA port), as the rule's scope says, a condition
+rule is inactive → pending (condition true, waiting ``for``) →
 firing → resolving (resolve condition true, waiting ``resolve.for``) → resolved. The default resolve
 condition is "``when`` is definitely false", so a reading that goes missing neither fires nor resolves.
 ``cooldown`` keeps a resolved target from firing again too soon. A target whose firing ended while its
@@ -34,13 +35,16 @@ log = structlog.get_logger(__name__)
 Status = Literal["fired", "firing", "resolved"]
 Evidence = dict[str, float | int | str | bool | None]
 _INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
+Key = tuple[str, str, int | None, str | None]
+"""A firing's target: (rule id, node, GPU index or None, port name such as ``mlx5_0/1`` or None)."""
 FORGOTTEN = "node forgotten: silent longer than its retention"
 """The evidence ``reason`` of a firing resolved because its node was forgotten (``forget_silent``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Firing:
-    """One transition or ongoing firing of a rule on one target (a GPU, or a node when ``gpu`` is None)."""
+    """One transition or ongoing firing of a rule on one target: a GPU, a node (``gpu`` and ``port``
+    None) or an RDMA port of a port-scope rule (``port``: ``mlx5_0/1``)."""
 
     rule: ruleset.Rule
     node: str
@@ -51,14 +55,15 @@ class Firing:
     at: float
     evidence: Evidence
     gpu_uuid: str | None = None
+    port: str | None = None
 
     @property
     def rule_id(self) -> str:
         return self.rule.id
 
     @property
-    def key(self) -> tuple[str, str, int | None]:
-        return (self.rule.id, self.node, self.gpu)
+    def key(self) -> Key:
+        return (self.rule.id, self.node, self.gpu, self.port)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,8 +105,8 @@ class Engine:
         self.state = fleet_state.FleetState(rules, **state_options)
         self._tracks: dict[str, _Track] = {}
         self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
-        self._active: dict[tuple[str, str, int | None], _EventFiring] = {}
-        self._restores: dict[tuple[str, str, int | None], tuple[float, float]] = {}
+        self._active: dict[Key, _EventFiring] = {}
+        self._restores: dict[Key, tuple[float, float]] = {}
         """Restored condition firings waiting for a frame: key → (since, the node's newest frame then)."""
         self._repeats = repeats.Counter()
         self.rule_errors = 0
@@ -138,7 +143,8 @@ class Engine:
                 since = float(track.fired_at[i, j])
                 uuid = self.state.gpu_info[i].get(j, (None, None))[1] if gpu is not None else None
                 name = self.state.names[i]
-                gone.append(Firing(rule, name, gpu, "resolved", since, at, dict(reason), uuid))
+                port = self.state.ports.name(i, j) if rule.scope == "port" else None
+                gone.append(Firing(rule, name, gpu, "resolved", since, at, dict(reason), uuid, port))
         for key, active in self._active.items():
             if key[0] not in new or not same(new[key[0]]):
                 since = active.since
@@ -185,6 +191,7 @@ class Engine:
         last: float,
         evidence: Evidence,
         gpu_uuid: str | None = None,
+        port: str | None = None,
     ) -> bool:
         """Take back a firing a previous process reported (a controller restart or a new leader), so it
         resolves by the rule's own terms instead of staying open forever. An event rule's firing is
@@ -196,7 +203,9 @@ class Engine:
         rule = self.rules.by_id(rule_id)
         if rule is None:
             return False
-        key = (rule_id, node, gpu if rule.scope == "gpu" else None)
+        key = (rule_id, node, gpu if rule.scope == "gpu" else None, port if rule.scope == "port" else None)
+        if rule.scope == "port" and key[3] is None:
+            return False
         if rule.on_event is not None:
             if rule.resolve_for_s > 0:
                 self._active.setdefault(key, _EventFiring(since, last, dict(evidence), gpu_uuid))
@@ -249,10 +258,10 @@ class Engine:
         seen = int(st.seen[n].sum())
         return max(seen, 0 if math.isnan(expected) else int(expected))
 
-    def release(self, rule_id: str, node: str, gpu: int | None) -> None:
+    def release(self, rule_id: str, node: str, gpu: int | None, port: str | None = None) -> None:
         """Forget that a firing is active, without resolving it: its incident was closed by someone else
         (a recovery ladder that returned the node to service). The fault showing again fires anew."""
-        key = (rule_id, node, gpu)
+        key = (rule_id, node, gpu, port)
         self._active.pop(key, None)
         self._restores.pop(key, None)
         track = self._tracks.get(rule_id)
@@ -260,6 +269,11 @@ class Engine:
         if track is None or n is None or n >= track.state.shape[0]:
             return
         col = gpu if gpu is not None and gpu < track.state.shape[1] else 0
+        if port is not None:
+            slot = self.state.ports.slot(n, port)
+            if slot is None or slot >= track.state.shape[1]:
+                return
+            col = slot
         track.state[n, col] = _INACTIVE
         track.rearm[n, col] = True
         track.busy = True
@@ -267,7 +281,7 @@ class Engine:
     def _apply_restores(self) -> None:
         st = self.state
         for key, (since, known) in list(self._restores.items()):
-            rule_id, node, gpu = key
+            rule_id, node, gpu, port = key
             rule = self.rules.by_id(rule_id)
             n = st.node_index(node)
             if rule is None or rule.on_event is not None:
@@ -277,9 +291,12 @@ class Engine:
                 continue  # not reported since the restore: wait
             if gpu is not None and (gpu >= st.gpus or not st.seen[n, gpu]):
                 continue
+            slot = st.ports.slot(n, port) if port is not None else None
+            if port is not None and slot is None:
+                continue  # the port has not been reported since: wait
             del self._restores[key]
-            track = self._track(rule, st.gpus if rule.scope == "gpu" else 1)
-            j = gpu if gpu is not None else 0
+            track = self._track(rule, self._width(rule))
+            j = gpu if gpu is not None else slot if slot is not None else 0
             if track.state[n, j] == _INACTIVE:
                 track.state[n, j], track.since[n, j], track.fired_at[n, j] = _FIRING, since, since
                 track.busy = True
@@ -309,7 +326,8 @@ class Engine:
                     gpu = j if rule.scope == "gpu" else None
                     uuid = st.gpu_info[n].get(j, (None, None))[1] if gpu is not None else None
                     since = float(track.fired_at[n, j])
-                    out.append(Firing(rule, name, gpu, "resolved", since, now, dict(reason), uuid))
+                    port = st.ports.name(n, j) if rule.scope == "port" else None
+                    out.append(Firing(rule, name, gpu, "resolved", since, now, dict(reason), uuid, port))
                 track.state[n], track.since[n], track.fired_at[n] = _INACTIVE, 0.0, 0.0
                 track.rearm[n] = False
                 track.cool_until[n] = -np.inf
@@ -347,12 +365,17 @@ class Engine:
     def _evaluate_rule(self, rule: ruleset.Rule, ev: evaluation.Evaluator, now: float) -> list[Firing]:
         st = self.state
         n = st.n
-        width = st.gpus if rule.scope == "gpu" else 1
+        width = self._width(rule)
         track = self._track(rule, width)
         assert rule.when is not None
         value, evidence = ev.condition(rule.when, rule.when_text)
         value = np.broadcast_to(value, (n, width))
-        exists = st.seen[:n] if rule.scope == "gpu" else np.ones((n, 1), dtype=bool)
+        if rule.scope == "gpu":
+            exists = st.seen[:n]
+        elif rule.scope == "port":
+            exists = st.ports.known[:n]
+        else:
+            exists = np.ones((n, 1), dtype=bool)
         applies = exists if track.mask is None else exists & track.mask[:n]
         cond = (value == 1) & applies
         if not track.busy and not cond.any():
@@ -397,7 +420,7 @@ class Engine:
             rows, cols = np.nonzero(mask)
             # Evidence for every firing slot at once: one fancy index per evidence value (values
             # compared per GPU inside a node-scope aggregation are not the node's evidence).
-            port_hits = evidence.get(evaluation.PORT_HITS)
+            port_hits = evidence.get(evaluation.PORT_HITS) if rule.scope != "port" else None
             columns = {
                 label: np.broadcast_to(arr, (n, width))[rows, cols].tolist()
                 for label, v in evidence.items()
@@ -413,8 +436,15 @@ class Engine:
                     facts["ports"] = st.ports.names(i, port_hits[i])
                 gpu = j if rule.scope == "gpu" else None
                 uuid = info[i].get(j, (None, None))[1] if gpu is not None else None
-                out.append(Firing(rule, names[i], gpu, status, since_list[k], now, facts, uuid))
+                port = st.ports.name(i, j) if rule.scope == "port" else None
+                out.append(Firing(rule, names[i], gpu, status, since_list[k], now, facts, uuid, port))
         return out
+
+    def _width(self, rule: ruleset.Rule) -> int:
+        """Targets per node row: the GPU slots, the port slots, or 1 (the node)."""
+        if rule.scope == "gpu":
+            return self.state.gpus
+        return self.state.ports.slots if rule.scope == "port" else 1
 
     def _track(self, rule: ruleset.Rule, width: int) -> _Track:
         st = self.state
@@ -443,7 +473,7 @@ class Engine:
         for i, name in enumerate(st.names):
             if not rule.match.node_ok(name, st.labels[i]):
                 continue
-            if rule.scope == "node":
+            if rule.scope != "gpu":
                 models = [m for m, _ in st.gpu_info[i].values()]
                 mask[i] = rule.match.model is None or any(rule.match.model_ok(m) for m in models)
             elif rule.match.model is None:
@@ -476,7 +506,7 @@ class Engine:
                 if burst is None:
                     continue  # not a burst (yet)
                 evidence.update(burst)
-            key = (rule.id, event.node, gpu)
+            key: Key = (rule.id, event.node, gpu, None)
             active = self._active.get(key)
             if active is not None:  # quiet periods run on the evaluator's clock, never the node's ts
                 active.last, active.evidence = max(active.last, now), evidence

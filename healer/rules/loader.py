@@ -18,6 +18,7 @@ import yaml
 
 from healer import durations
 from healer.rules import actions, parser, recovery, ruleset, spec, tree
+from healer.schemas import incidents
 
 RULE_SUFFIXES = (".yaml", ".yml")
 MAX_NODES = 100_000
@@ -247,6 +248,14 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
             f.at(_child(node, "for") or node, "'for' does not apply to on_event rules (events fire at once)")
         if s.on_event.xid is not None and s.on_event.kind not in ("xid", "sxid"):
             f.at(_child(node, "on_event") or node, "'xid' only applies to on_event kind xid or sxid")
+    if s.scope == "port" and s.on_event is not None:
+        f.at(
+            _child(node, "scope") or node,
+            "no node event names an RDMA port: an on_event rule has scope gpu or node",
+        )
+    if incidents.PORT_LABEL in s.labels:
+        reserved = f"label {incidents.PORT_LABEL!r} is the controller's"
+        f.at(_child(node, "labels") or node, f"{reserved} (a port-scope rule's incident names its port)")
     repeat = _repeat(f, node, s)
     node_wide = _node_wide(f, node, s)
     acts = _actions(f, _child(node, "actions"), s.actions)

@@ -2,8 +2,9 @@
 
 Names are resolved against the metric catalog, function arities and argument kinds are checked, and a
 rule's scope decides which levels are allowed: a node-scope rule must aggregate GPU metrics
-(``max(temp_c)``), and RDMA port metrics are always aggregated over the node's ports
-(``count(port_state != 4)``), GPU and port values never meeting in one operation. Syntax errors stop
+(``max(temp_c)``), RDMA port metrics are aggregated over the node's ports (``count(port_state != 4)``)
+except in a port-scope rule, which reads them one port at a time (``port_state != 4``) beside node
+metrics and never GPU ones, and GPU and port values never meet in one operation. Syntax errors stop
 the parse; every other problem is collected so that ``healer rules check`` reports them all at once.
 Errors carry the offset inside the expression.
 """
@@ -268,7 +269,15 @@ def parse(src: str, scope: tree.Level = "gpu", *, condition: bool = True) -> Par
                     f"e.g. max({src[node.pos : node.end]})",
                     node,
                 )
-    if root.level == "port":
+    if scope == "port":
+        for node in tree.walk(root):
+            if isinstance(node, tree.Ref | tree.Range) and node.level == "gpu":
+                p.problem(
+                    f"GPU metric {src[node.pos : node.end]!r} in a port-scope rule: a port rule reads "
+                    "port and node metrics; put GPU conditions in a gpu- or node-scope rule",
+                    node,
+                )
+    elif root.level == "port":
         for node in tree.walk(root):
             if (
                 isinstance(node, tree.Ref | tree.Range)
@@ -278,7 +287,7 @@ def parse(src: str, scope: tree.Level = "gpu", *, condition: bool = True) -> Par
                 text = src[node.pos : node.end]
                 p.problem(
                     f"port metric {text!r} is one value per RDMA port: aggregate it over the node's "
-                    f"ports, e.g. count({text} ...) or max({text}), in a node-scope rule",
+                    f"ports, e.g. count({text} ...) or max({text}), in a node-scope rule, or use scope port",
                     node,
                 )
     return Parsed(root, p.problems)

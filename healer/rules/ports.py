@@ -1,11 +1,13 @@
 """PortState: what the rule engine remembers of the nodes' RDMA ports, beside FleetState's GPUs.
 
 Rules read ports at *port level*: one value per (node, port slot), the slot being the place a port
-name (``mlx5_0/1``) took when the node first reported it. Like GPU metrics in a node-scope rule, port
-metrics are aggregated over the node's ports (``count(port_state != 4)``, ``max(rate(port_symbol_error
-[5m]))``), so a port fault is one incident per node and rule, and the evidence names the ports that
-made it fire (``ports``: ``mlx5_3/1``). Rows are FleetState's node rows (FleetState feeds and grows this
-state), so port-level and node-level values line up without a lookup.
+name (``mlx5_0/1``) took when the node first reported it. A port-scope rule (``scope: port``) reads
+them one port at a time (``port_state != 4``) and fires per (node, port): a port fault is one incident
+for that node and port, its firing naming the port (``Firing.port``). Elsewhere, like GPU metrics in a
+node-scope rule, port metrics are aggregated over the node's ports (``count(port_state != 4)``,
+``max(port_rate_gbps)``), and the evidence names the ports that made it fire (``ports``:
+``mlx5_3/1``). Rows are FleetState's node rows (FleetState feeds and grows this state), so port-level
+and node-level values line up without a lookup.
 
 Instant values and range functions work as for GPUs: the newest value per slot (NaN when the port is
 absent from the node's newest frame: an HCA that vanished reads as unknown, and ``ports_present``
@@ -35,6 +37,11 @@ class PortState:
         self.max_buckets = max_buckets
         self.slot_of: list[dict[str, int]] = [{} for _ in range(cap)]
         """Per node row: port name → slot."""
+        self.name_of: list[list[str]] = [[] for _ in range(cap)]
+        """Per node row: slot → port name (the reverse of ``slot_of``)."""
+        self.known = np.zeros((cap, 1), dtype=bool)
+        """The slots a port of the node took (ever reported since the node was first seen): the
+        targets of a port-scope rule, which holds a port that vanished from sysfs as unknown."""
         self.present = np.full(cap, np.nan)
         """Ports in the node's newest frame; NaN: its frames carry no ports (an agent not reading them)."""
         self.fabric_manager = np.full(cap, np.nan)
@@ -85,8 +92,10 @@ class PortState:
             for p in ports or ():
                 if f"{p.device}/{p.port}" not in slots:
                     slots[f"{p.device}/{p.port}"] = len(slots)
+                    self.name_of[n].append(f"{p.device}/{p.port}")
             if len(slots) > self.slots:
                 self.grow(self.cap, len(slots))
+            self.known[n, : len(slots)] = True
         nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
         ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
         grid = np.full((len(items), self.slots, len(self.col)), np.nan)
@@ -129,6 +138,14 @@ class PortState:
                     out = out / window_s
         return np.where(seen & recent, out, np.nan)
 
+    def name(self, n: int, slot: int) -> str | None:
+        """The port of node row ``n`` in ``slot`` (``mlx5_0/1``); None for a slot it never used."""
+        names = self.name_of[n]
+        return names[slot] if slot < len(names) else None
+
+    def slot(self, n: int, name: str) -> int | None:
+        return self.slot_of[n].get(name)
+
     def names(self, n: int, hit: npt.NDArray[np.bool_]) -> str:
         """The ports of node row ``n`` whose slots are set in ``hit`` (evidence), in slot order."""
         by_slot = {j: name for name, j in self.slot_of[n].items()}
@@ -137,6 +154,8 @@ class PortState:
     # -- bookkeeping
     def forget(self, n: int) -> None:
         self.slot_of[n] = {}
+        self.name_of[n] = []
+        self.known[n] = False
         self.present[n] = np.nan
         self.fabric_manager[n] = np.nan
         self.seen[n] = False
@@ -148,7 +167,7 @@ class PortState:
                 ring.data[:, n] = ring.init
 
     def nbytes(self) -> int:
-        arrays = [self.present, self.fabric_manager, self.seen, self.latest]
+        arrays = [self.present, self.fabric_manager, self.seen, self.known, self.latest]
         for hist in self.history.values():
             arrays += [hist.last_value, hist.last_valid_ts]
             arrays += [a for r in hist.rings.values() for a in (r.ids, r.data)]
@@ -165,6 +184,8 @@ class PortState:
             return out
 
         self.slot_of += [{} for _ in range(cap - self.cap)]
+        self.name_of += [[] for _ in range(cap - self.cap)]
+        self.known = pad(self.known, 0, 1, False)
         self.present = pad(self.present, 0, None, np.nan)
         self.fabric_manager = pad(self.fabric_manager, 0, None, np.nan)
         self.seen = pad(self.seen, 0, 1, False)

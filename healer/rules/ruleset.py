@@ -105,7 +105,7 @@ class NodeWide:
 class Rule:
     id: str
     severity: incidents.Severity
-    scope: Literal["gpu", "node"]
+    scope: Literal["gpu", "node", "port"]
     description: str = ""
     match: Match = Match()
     when: tree.Node | None = None

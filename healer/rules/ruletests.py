@@ -5,7 +5,7 @@ nodes (GPU count, model, series per GPU in promtool notation, RDMA ports and ser
 events) and expectations: at a time, exactly which rules are firing where, optionally with their
 actions and severity, and (``incidents:``) how they group into incidents: a ``node_wide`` group on
 enough of a node's GPUs is one node incident ``{rule, node, gpus}`` (healer.rules.nodewide), every
-other firing its own. Unspecified metrics
+other firing its own (a port-scope rule's ``{rule, node, port}``). Unspecified metrics
 read as a healthy GPU of the node's model (baseline.py). Frames are built as ``NodeFrame`` objects and
 go through ``Engine.ingest`` / ``evaluate`` exactly as in the controller.
 """
@@ -65,6 +65,9 @@ class FiringOut(_M):
     rule: str
     node: str | None = None
     gpu: int | None = None
+    port: str | None = None
+    """A port-scope rule's port (``mlx5_3/1``: port<k> of a test node is ``mlx5_<k>/1``); unchecked
+    when absent, null for a firing with no port."""
     actions: list[str] | None = None
     severity: str | None = None
 
@@ -76,6 +79,8 @@ class IncidentOut(_M):
     """A GPU incident's GPU; absent (or null) with ``gpus`` for a node-wide one."""
     gpus: list[int] | None = None
     """A node-wide incident: the GPUs that fired."""
+    port: str | None = None
+    """A port incident's port (``mlx5_3/1``); unchecked when absent."""
 
 
 class Expect(_M):
@@ -346,6 +351,8 @@ def _incident_matches(want: IncidentOut, got: engine.Firing | nodewide.NodeGroup
         return False
     if isinstance(got, nodewide.NodeGroup):
         return want.gpu is None and (want.gpus is None or sorted(want.gpus) == list(got.gpus))
+    if "port" in want.model_fields_set and want.port != got.port:
+        return False
     return want.gpus is None and ("gpu" not in want.model_fields_set or want.gpu == got.gpu)
 
 
@@ -353,7 +360,8 @@ def _fmt_incident(g: engine.Firing | nodewide.NodeGroup) -> str:
     if isinstance(g, nodewide.NodeGroup):
         return f"{{rule: {g.rule_id}, node: {g.node}, gpus: [{', '.join(map(str, g.gpus))}]}}"
     gpu = "" if g.gpu is None else f", gpu: {g.gpu}"
-    return f"{{rule: {g.rule_id}, node: {g.node}{gpu}}}"
+    port = "" if g.port is None else f", port: {g.port}"
+    return f"{{rule: {g.rule_id}, node: {g.node}{gpu}{port}}}"
 
 
 def _matches(want: FiringOut, got: engine.Firing) -> bool:
@@ -362,6 +370,8 @@ def _matches(want: FiringOut, got: engine.Firing) -> bool:
     if want.node is not None and want.node != got.node:
         return False
     if "gpu" in want.model_fields_set and want.gpu != got.gpu:
+        return False
+    if "port" in want.model_fields_set and want.port != got.port:
         return False
     if want.actions is not None and want.actions != got.rule.action_kinds:
         return False
@@ -374,4 +384,5 @@ def _fmt_want(w: FiringOut | IncidentOut) -> str:
 
 def _fmt_got(f: engine.Firing) -> str:
     gpu = "" if f.gpu is None else f", gpu: {f.gpu}"
+    gpu += "" if f.port is None else f", port: {f.port}"
     return f"{{rule: {f.rule_id}, node: {f.node}{gpu}, actions: [{', '.join(f.rule.action_kinds)}]}}"

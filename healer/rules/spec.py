@@ -120,8 +120,10 @@ class NodeWideSpec(_Spec):
 class RuleSpec(_Spec):
     id: str = pydantic.Field(pattern=ID_PATTERN, max_length=128, description="unique across all files")
     description: str = pydantic.Field(default="", max_length=2000, description="what and why; cite sources")
-    scope: Literal["gpu", "node"] = pydantic.Field(
-        default="gpu", description="one firing per GPU or per node"
+    scope: Literal["gpu", "node", "port"] = pydantic.Field(
+        default="gpu",
+        description="one firing per GPU, per node, or per RDMA port (port metrics per port, node "
+        "metrics and aggregations alike for each of the node's ports; one incident per node and port)",
     )
     match: MatchSpec = pydantic.Field(default_factory=MatchSpec)
     when: str | None = pydantic.Field(default=None, description="condition over telemetry (or on_event)")

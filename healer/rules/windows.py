@@ -131,7 +131,8 @@ class Needs:
     """Port metrics read (rules/ports.py): metric → PortSample field."""
     port_windows: Mapping[str, Mapping[str, tuple[float, ...]]] = dataclasses.field(default_factory=dict)
     reads_ports: bool = False
-    """Some rule reads a port metric or ``ports_present``: FleetState keeps the frames' ports."""
+    """Some rule reads a port metric or ``ports_present``, or has scope port: FleetState keeps the
+    frames' ports."""
 
 
 def needs_of(rules: ruleset.RuleSet) -> Needs:
@@ -162,12 +163,16 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
         m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items() if m not in port_cols
     }
     port_wins = {m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items() if m in port_cols}
-    reads = bool(port_cols) or any(
-        isinstance(node, tree.Ref) and node.name in ("ports_present", "fabric_manager_up")
-        for rule in rules.rules
-        for root in (rule.when, rule.resolve_when)
-        if root is not None
-        for node in tree.walk(root)
+    reads = (
+        bool(port_cols)
+        or any(rule.scope == "port" for rule in rules.rules)
+        or any(
+            isinstance(node, tree.Ref) and node.name in ("ports_present", "fabric_manager_up")
+            for rule in rules.rules
+            for root in (rule.when, rule.resolve_when)
+            if root is not None
+            for node in tree.walk(root)
+        )
     )
     return Needs(tuple(ordered), gpu_wins, port_cols, port_wins, reads)
 

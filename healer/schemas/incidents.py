@@ -30,6 +30,10 @@ SCHEMA_V2: Final = "healer.incident.v2"
 """v1 plus ``domain``: what a shared-cause domain incident is sent as."""
 DOMAIN_MEMBERS_MAX: Final = 4096
 """Members listed in ``Domain.members`` at most (``member_count`` is the true count)."""
+PORT_LABEL: Final = "port"
+"""The label of a port incident (``labels.port``: ``mlx5_0/1``, ``<device>/<port>`` as in sysfs): a
+port-scope rule's incident is about one RDMA port of its node. A label, not a field of ``data``, so
+``v1`` stays complete; the subject names the port too (``subject_of``)."""
 TYPE_PREFIX = "io.healer.incident."
 
 Change = Literal["opened", "updated", "action", "resolved", "escalated"]
@@ -174,7 +178,7 @@ class IncidentEvent(cloudevent.CloudEvent):
     type: str = pydantic.Field(
         pattern=r"^io\.healer\.incident\.(opened|updated|action|resolved|escalated)\.v1$"
     )
-    subject: str = pydantic.Field(description="node/<node>[/gpu/<index>]")
+    subject: str = pydantic.Field(description="node/<node>[/gpu/<index> | /port/<device>/<port>]")
     time: datetime
     data: IncidentData
 
@@ -189,8 +193,17 @@ def event_type(change: Change) -> str:
     return f"{TYPE_PREFIX}{change}.v1"
 
 
-def subject_of(node: str, gpu_index: int | None) -> str:
+def subject_of(node: str, gpu_index: int | None, port: str | None = None) -> str:
+    """``node/<node>``, ``node/<node>/gpu/<index>``, or for a port incident
+    ``node/<node>/port/<device>/<port>`` (``node/gpu-a17/port/mlx5_0/1``)."""
+    if port:
+        return f"node/{node}/port/{port}"
     return f"node/{node}" if gpu_index is None else f"node/{node}/gpu/{gpu_index}"
+
+
+def port_of(data: IncidentData) -> str | None:
+    """The RDMA port a port incident is about (``labels.port``), None for a node or GPU incident."""
+    return data.labels.get(PORT_LABEL) or None
 
 
 def build(*, event_id: str, cluster: str, change: Change, data: IncidentData, ts: float) -> IncidentEvent:
@@ -198,7 +211,7 @@ def build(*, event_id: str, cluster: str, change: Change, data: IncidentData, ts
         id=event_id,
         source=f"healer://{cluster}/controller",
         type=event_type(change),
-        subject=subject_of(data.node, data.gpu_index),
+        subject=subject_of(data.node, data.gpu_index, port_of(data)),
         time=datetime.fromtimestamp(ts, tz=UTC),
         data=data,
     )

@@ -103,6 +103,7 @@ class Shown:
             "node": d.node,
             "gpu": d.gpu_index,
             "gpu_uuid": d.gpu_uuid,
+            "port": incidents.port_of(d),
             "state": d.state,
             "summary": d.summary,
             "evidence": d.evidence,
@@ -161,14 +162,16 @@ class Board:
             "severity": d.severity,
             "node": d.node,
             "gpu": d.gpu_index,
+            "port": incidents.port_of(d),
             "rule": d.rule_id,
             "summary": d.summary,
             "incident": d.incident_id,
             "actions": [f"{a.kind}:{a.status}" for a in d.actions],
         }
         self.recent.append(line)
-        if d.labels:
-            self.node_labels[d.node] = {**self.node_labels.get(d.node, {}), **d.labels}
+        node_labels = {k: v for k, v in d.labels.items() if k != incidents.PORT_LABEL}  # the incident's own
+        if node_labels:
+            self.node_labels[d.node] = {**self.node_labels.get(d.node, {}), **node_labels}
         self._label_members(d)
         self._remember(d, at, ev.change)
         step = {"time": at, "change": ev.change, "summary": d.summary, "actions": len(d.actions)}
@@ -203,7 +206,8 @@ class Board:
         entry = hist.get(d.incident_id)
         if entry is None:
             entry = hist[d.incident_id] = {
-                "id": d.incident_id, "rule": d.rule_id, "gpu": d.gpu_index, "opened": at, "resolved": None,
+                "id": d.incident_id, "rule": d.rule_id, "gpu": d.gpu_index, "port": incidents.port_of(d),
+                "opened": at, "resolved": None,
             }  # fmt: skip
             while len(hist) > HISTORY_MAX:
                 hist.popitem(last=False)
@@ -291,7 +295,10 @@ class Board:
                     for a in doc.get("actions") or []
                     if a.get("status") is not None
                 ],
-                labels=doc.get("labels") or {},
+                labels={
+                    **(doc.get("labels") or {}),
+                    **({incidents.PORT_LABEL: doc["port"]} if doc.get("port") else {}),
+                },
                 mode=doc["mode"],
                 domain=doc.get("domain"),
                 schema=incidents.SCHEMA_V2 if doc.get("domain") else incidents.SCHEMA,

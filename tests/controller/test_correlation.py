@@ -24,8 +24,8 @@ rules:
     actions: [cordon, migrate, inspect]
     resolve: {for: 4s}
 """
-DBE_KEY = ("ecc-dbe", "n1", 1)
-XID_KEY = ("xid-fatal", "n1", 1)
+DBE_KEY = ("ecc-dbe", "n1", 1, None)
+XID_KEY = ("xid-fatal", "n1", 1, None)
 
 
 async def xid(harness: Harness, node: str, gpu: int, code: int = 48, uuid: str | None = None) -> None:

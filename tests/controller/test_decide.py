@@ -336,7 +336,7 @@ def test_a_gpu_signal_joins_a_gpu_less_incident_and_gives_it_its_gpu() -> None:
     assert j.gpu == (4, "GPU-d")
     incident_shell.apply_join(missing, j)
     assert (missing.gpu_index, missing.gpu_uuid) == (4, "GPU-d")
-    assert missing.key == ("gpu-missing", "n1", None), "still found by the signal that opened it"
+    assert missing.key == ("gpu-missing", "n1", None, None), "still found by the signal that opened it"
     assert missing.summary.endswith("joined by xid-fatal (GPU 4)")
     two = [opened(MISSING, gpu=None), opened(DBE, gpu=None)]
     assert decide.correlate(fire(XID, gpu=4), two, 101.0, 120.0) is None
@@ -354,7 +354,7 @@ def test_a_joined_incident_has_the_highest_severity_every_signal_and_each_action
     assert inc.summary.endswith("; joined by xid-fatal")
     assert inc.labels == {"category": "memory"}, "the first rule's labels win"
     assert [s.rule_id for s in inc.signals] == ["ecc-dbe-new", "xid-fatal"]
-    assert inc.keys == [("ecc-dbe-new", "n1", 1), ("xid-fatal", "n1", 1)]
+    assert inc.keys == [("ecc-dbe-new", "n1", 1, None), ("xid-fatal", "n1", 1, None)]
 
 
 def test_actions_already_carried_out_are_kept_and_pending_ones_take_the_stronger_parameters() -> None:
@@ -424,14 +424,14 @@ async def test_the_book_finds_a_joined_incident_by_every_signal_and_forgets_all_
     b = book.Book(store)
     inc = joined(opened(), fire(XID))
     await b.save(inc)
-    assert b.get(("ecc-dbe-new", "n1", 1)) is inc
-    assert b.get(("xid-fatal", "n1", 1)) is inc
+    assert b.get(("ecc-dbe-new", "n1", 1, None)) is inc
+    assert b.get(("xid-fatal", "n1", 1, None)) is inc
     assert list(b.open.values()) == [inc]
     assert b.by_severity()["critical"] == 1
     restarted = book.Book(store)
     await restarted.load()
-    assert restarted.get(("xid-fatal", "n1", 1)) is not None, "the join is kept in KV"
+    assert restarted.get(("xid-fatal", "n1", 1, None)) is not None, "the join is kept in KV"
     inc.state = "resolved"
     await b.save(inc)
-    assert b.get(("ecc-dbe-new", "n1", 1)) is None
-    assert b.get(("xid-fatal", "n1", 1)) is None
+    assert b.get(("ecc-dbe-new", "n1", 1, None)) is None
+    assert b.get(("xid-fatal", "n1", 1, None)) is None

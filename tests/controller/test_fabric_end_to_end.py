@@ -1,5 +1,5 @@
 """End to end: an agent reading a recorded sysfs tree with a port down, a real nats-server, and a controller
-running the fabric rule (with a short hold): one incident for the node naming the port, the node
+running the fabric rule (with a short hold): one incident for the node and port, naming the port, the node
 cordoned; the port back up, the incident resolves and the node is uncordoned."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import yaml
 from healer import testing
 from healer.agent import runner
 from healer.bus import nats as natsbus
+from healer.schemas import incidents
 from healer.telemetry import rdma, sim
 from tests.controller.conftest import Harness
 
@@ -64,9 +65,10 @@ async def test_a_port_down_on_the_node_is_one_incident_naming_the_port_and_it_re
         stop.set()
         await asyncio.wait_for(task, 10)
         await bus.close()
-    opened = [e.data for e in harness.feed.events if e.change == "opened"]
-    assert len(opened) == 1, "one incident for the node, not one per frame or port reading"
-    incident = opened[0]
+    events = [e for e in harness.feed.events if e.change == "opened"]
+    assert len(events) == 1, "one incident for the node and port, not one per frame or port reading"
+    incident = events[0].data
     assert (incident.rule_id, incident.node, incident.gpu_index) == ("rdma-port-down", "n1", None)
-    assert incident.evidence["ports"] == "mlx5_3/1"
+    assert incidents.port_of(incident) == "mlx5_3/1"
+    assert events[0].subject == "node/n1/port/mlx5_3/1"
     assert [r.node for r in actuator.executed("cordon")] == ["n1"]

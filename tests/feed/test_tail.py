@@ -183,6 +183,11 @@ def test_render_shows_time_change_severity_where_rule_summary_actions_and_mode()
     )
     node_level = tail.render(envelope.classify(codec.encode(helpers.event(5, gpu_index=None))))
     assert " gpu-node-1 ecc-uncorrectable " in node_level
+    port = helpers.event(6, gpu_index=None)
+    port = port.model_copy(update={"data": port.data.model_copy(update={"labels": {"port": "mlx5_3/1"}})})
+    assert " gpu-node-1/port/mlx5_3/1 ecc-uncorrectable " in tail.render(
+        envelope.classify(codec.encode(port))
+    )
 
 
 def test_json_line_is_the_stored_event_on_one_line() -> None:

@@ -168,3 +168,102 @@ def test_the_checker_refuses_port_values_that_are_not_aggregated_or_mixed_with_g
 def test_port_aggregations_in_a_gpu_rule_are_node_values() -> None:
     parsed = parser.parse("temp_c > 80 and count(port_state != 4) > 0", "gpu")
     assert parsed.problems == []
+
+
+# -- scope: port -----------------------------------------------------------------------------------
+PORT_DOWN = """
+rules:
+  - id: port-down
+    scope: port
+    when: port_state != 4
+    severity: major
+"""
+
+
+def test_a_port_scope_rule_fires_once_per_faulty_port_naming_it(tmp_path: pathlib.Path) -> None:
+    eng = rules(PORT_DOWN)
+    eng.ingest(frame("n1", T0, ports_of("cx7-ib-two-ports-down.txt", tmp_path)))
+    eng.ingest(frame("n2", T0, ports_of("cx7-ib-healthy.txt", tmp_path)))
+    fired = eng.evaluate(T0)
+    assert [(f.node, f.gpu, f.port, f.status) for f in fired] == [
+        ("n1", None, "mlx5_3/1", "fired"), ("n1", None, "mlx5_6/1", "fired"),
+    ]  # fmt: skip
+    assert fired[0].key == ("port-down", "n1", None, "mlx5_3/1")
+    assert fired[0].evidence == {"port_state": 1.0}, "the port's own values, no ports list"
+    eng.ingest(frame("n1", T0 + 10, ports_of("cx7-ib-link-down.txt", tmp_path)))  # mlx5_6/1 is back
+    later = eng.evaluate(T0 + 10)
+    assert [(f.port, f.status) for f in later] == [("mlx5_3/1", "firing"), ("mlx5_6/1", "resolved")]
+
+
+def test_a_port_scope_rule_restores_and_releases_by_port(tmp_path: pathlib.Path) -> None:
+    eng = rules(PORT_DOWN)
+    assert eng.restore("port-down", "n1", None, since=T0 - 60, last=T0 - 1, evidence={}, port="mlx5_3/1")
+    assert not eng.restore("port-down", "n1", None, since=T0, last=T0, evidence={}), (
+        "a port rule needs the port"
+    )
+    eng.ingest(frame("n1", T0, ports_of("cx7-ib-link-down.txt", tmp_path)))
+    (f,) = eng.evaluate(T0)
+    assert (f.port, f.status, f.since) == ("mlx5_3/1", "firing", T0 - 60), "restored, not fired anew"
+    eng.release("port-down", "n1", None, "mlx5_3/1")
+    eng.ingest(frame("n1", T0 + 1, ports_of("cx7-ib-link-down.txt", tmp_path)))
+    assert eng.evaluate(T0 + 1) == [], "released: the same old fault does not fire again"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("temp_c > 80", "in a port-scope rule"),
+        ("port_state != 4 and max(temp_c) > 80", "in a port-scope rule"),
+    ],
+)
+def test_a_port_scope_rule_reads_port_and_node_metrics_never_gpu_ones(text: str, message: str) -> None:
+    parsed = parser.parse(text, "port")
+    assert any(message in p.message for p in parsed.problems), [p.message for p in parsed.problems]
+    assert parser.parse("port_state != 4 and port_rate_gbps < max(port_rate_gbps)", "port").problems == []
+
+
+def test_the_loader_refuses_an_event_port_rule_and_a_port_label() -> None:
+    loaded = loader.load_text(
+        """
+rules:
+  - id: p
+    scope: port
+    on_event: {kind: xid}
+    severity: major
+    resolve: {for: 1m}
+  - id: q
+    scope: node
+    when: count(port_state != 4) > 0
+    labels: {port: mlx5_0/1}
+    severity: major
+""",
+        "t.yaml",
+    )
+    messages = [str(e) for e in loaded.errors]
+    assert any("no node event names an RDMA port" in m for m in messages), messages
+    assert any("label 'port' is the controller's" in m for m in messages), messages
+
+
+def test_rule_tests_check_the_port_of_a_firing(tmp_path: pathlib.Path) -> None:
+    from healer.rules import ruletests
+
+    (tmp_path / "r.yaml").write_text(PORT_DOWN)
+    case = """
+rule_files: [r.yaml]
+interval: 30s
+tests:
+  - name: t
+    nodes:
+      n1: {{ports: 4, series: {{port2: {{port_state: '1x4'}}}}}}
+    expect:
+      - at: 30s
+        firing: [{{rule: port-down, node: n1, port: {port}}}]
+        incidents: [{{rule: port-down, node: n1, port: {port}}}]
+"""
+    (tmp_path / "right_test.yaml").write_text(case.format(port="mlx5_2/1"))
+    (tmp_path / "wrong_test.yaml").write_text(case.format(port="mlx5_1/1"))
+    (right,) = ruletests.run_file(tmp_path / "right_test.yaml")
+    assert right.ok, right.failures
+    (wrong,) = ruletests.run_file(tmp_path / "wrong_test.yaml")
+    assert len(wrong.failures) == 2
+    assert "unexpected: {rule: port-down, node: n1, port: mlx5_2/1" in wrong.failures[0]

@@ -57,7 +57,10 @@
     b.addEventListener("click", (ev) => { ev.stopPropagation(); showNode(node, gpu ?? null); });
     return b;
   }
-  function where(node, gpu) { return gpu === null || gpu === undefined ? node : `${node}/gpu${gpu}`; }
+  function where(node, gpu, port) {
+    if (port) return `${node} port ${port}`;
+    return gpu === null || gpu === undefined ? node : `${node}/gpu${gpu}`;
+  }
 
   // --- colours ---------------------------------------------------------------------------------------
   function ramp(f) { // 0..1 -> blue .. green .. yellow .. red
@@ -271,7 +274,7 @@
       const li = el("li", `incident sev-${inc.severity}${open.has(inc.id) ? " open" : ""}`);
       li.dataset.id = inc.id; li.dataset.node = inc.node; li.dataset.gpu = inc.gpu === null ? "" : inc.gpu;
       const top = el("div", "top");
-      top.append(el("span", "sev", inc.severity), el("span", "where", where(inc.node, inc.gpu)), el("span", "rule", inc.rule),
+      top.append(el("span", "sev", inc.severity), el("span", "where", where(inc.node, inc.gpu, inc.port)), el("span", "rule", inc.rule),
         el("span", "muted", `${inc.state === "escalated" ? "ESCALATED · " : ""}${ago(inc.opened)}${inc.mode !== "enforce" ? ` · ${inc.mode}` : ""}`));
       li.append(top, el("div", "summary", short(inc.summary, 240)));
       if (inc.domain) {
@@ -346,7 +349,7 @@
   function addFeed(line, front) {
     const list = $("feed");
     const li = el("li", `sev-${line.severity}`);
-    li.append(el("span", "muted", `${hhmmss(line.time)} `), el("span", "change", line.change), el("span", "", ` ${line.node ? where(line.node, line.gpu) : ""} ${line.rule} `), el("span", "muted", short(line.summary, 120)));
+    li.append(el("span", "muted", `${hhmmss(line.time)} `), el("span", "change", line.change), el("span", "", ` ${line.node ? where(line.node, line.gpu, line.port) : ""} ${line.rule} `), el("span", "muted", short(line.summary, 120)));
     li.title = line.summary;
     if (front) list.prepend(li); else list.append(li);
     while (list.children.length > 100) list.lastChild.remove();
@@ -418,7 +421,7 @@
     hist.replaceChildren();
     for (const i of n.incidents.slice(0, 30)) {
       const li = el("li", `sev-${i.severity}`);
-      li.append(el("span", "muted", `${hhmmss(i.opened)} `), el("span", "sevtext", i.severity), el("span", "", ` ${i.rule}${i.gpu !== null ? ` gpu${i.gpu}` : ""} `),
+      li.append(el("span", "muted", `${hhmmss(i.opened)} `), el("span", "sevtext", i.severity), el("span", "", ` ${i.rule}${i.gpu !== null ? ` gpu${i.gpu}` : ""}${i.port ? ` port ${i.port}` : ""} `),
         el("span", "muted", i.resolved ? `resolved ${ago(i.resolved)}` : i.state));
       li.title = i.summary;
       hist.append(li);

@@ -1,0 +1,101 @@
+"""Port incidents without NATS or a clock: the key's port part, correlation by port, the cordon's
+hand-over, what the feed and the Alertmanager bridge say about the port, and old KV incidents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from healer import config
+from healer.bus import memory
+from healer.controller import book, decide, kv
+from healer.feed import alertmanager
+from healer.rules import actions, engine, ruleset
+from healer.schemas import incidents
+
+SETTINGS = config.ControllerSettings()
+DOWN = ruleset.Rule(
+    id="rdma-port-down", severity="major", scope="port", description="port down",
+    labels={"category": "fabric"}, actions=(actions.build("cordon", None),),
+)  # fmt: skip
+ERRORS = ruleset.Rule(
+    id="rdma-port-errors", severity="major", scope="port", actions=(actions.build("cordon", None),)
+)
+MISSING = ruleset.Rule(
+    id="rdma-ports-missing", severity="major", scope="node", actions=(actions.build("cordon", None),)
+)
+XID = ruleset.Rule(id="xid-fatal", severity="critical", scope="gpu", actions=(actions.build("cordon", None),))
+
+
+def fire(
+    rule: ruleset.Rule, port: str | None = None, gpu: int | None = None, **evidence: Any
+) -> engine.Firing:
+    return engine.Firing(rule, "n1", gpu, "fired", 100.0, 100.0, dict(evidence), None, port)
+
+
+def opened(f: engine.Firing, incident_id: str = "inc-1") -> book.Incident:
+    return decide.new_incident(f, incident_id, 100.0, "enforce", 1, SETTINGS)
+
+
+def test_a_port_firing_opens_an_incident_keyed_and_named_by_its_port() -> None:
+    f = fire(DOWN, "mlx5_3/1", port_state=1)
+    assert f.key == ("rdma-port-down", "n1", None, "mlx5_3/1")
+    inc = opened(f)
+    assert inc.port == "mlx5_3/1"
+    assert inc.key == f.key
+    assert inc.summary.startswith("rdma-port-down on node n1 port mlx5_3/1")
+    data = inc.data()
+    assert incidents.port_of(data) == "mlx5_3/1"
+    assert data.labels == {"category": "fabric", "port": "mlx5_3/1"}
+    ev = incidents.build(event_id="e", cluster="c", change="opened", data=data, ts=1.7e9)
+    assert ev.subject == "node/n1/port/mlx5_3/1"
+    assert alertmanager.labels_for(ev)["port"] == "mlx5_3/1"
+    node = opened(fire(MISSING), "inc-2").data()
+    assert incidents.port_of(node) is None
+    assert "port" not in alertmanager.labels_for(
+        incidents.build(event_id="e", cluster="c", change="opened", data=node, ts=1.7e9)
+    )
+
+
+def test_a_port_firing_joins_only_an_incident_on_the_same_port() -> None:
+    a = opened(fire(DOWN, "mlx5_3/1"), "inc-a")
+    assert decide.correlate(fire(DOWN, "mlx5_6/1"), [a], 110.0, 120.0) is None, "two ports: two incidents"
+    assert decide.correlate(fire(ERRORS, "mlx5_3/1"), [a], 110.0, 120.0) is a
+    node_inc = opened(fire(MISSING), "inc-n")
+    assert decide.correlate(fire(DOWN, "mlx5_3/1"), [node_inc], 110.0, 120.0) is None
+    assert decide.correlate(fire(XID, gpu=1), [a], 110.0, 120.0) is None, (
+        "a GPU fault never takes a port's incident"
+    )
+    assert decide.correlate(fire(MISSING), [a], 110.0, 120.0) is a, "the node's one candidate"
+    b = opened(fire(DOWN, "mlx5_6/1"), "inc-b")
+    assert decide.correlate(fire(MISSING), [a, b], 110.0, 120.0) is None
+
+
+def test_a_skipped_uncordon_hands_the_cordon_to_the_incidents_still_holding_the_node() -> None:
+    a, b = opened(fire(DOWN, "mlx5_3/1"), "inc-a"), opened(fire(DOWN, "mlx5_6/1"), "inc-b")
+    a.actions[0].status, b.actions[0].status = "done", "already-done"
+    assert decide.cordon_ours(a)
+    assert not decide.cordon_ours(b), "its cordon found the node drained already"
+    assert decide.holding(a, [a, b]) == [b]
+    b.evidence[decide.HANDED_OVER] = a.id
+    assert decide.cordon_ours(b)
+    b.evidence[decide.LADDER_JOINED] = a.id
+    assert decide.holding(a, [a, b]) == [], "an incident following a's ladder does not hold a's return"
+
+
+async def test_incidents_stored_before_ports_load_as_node_or_gpu_incidents() -> None:
+    store = kv.Store(memory.MemoryBus().add_bucket("state"))
+    old = opened(fire(XID, gpu=1), "inc-old").model_dump(mode="json")
+    del old["port"]
+    for s in old["signals"]:
+        del s["port"]
+    await store.put(book.PREFIX + "inc-old", old)
+    port = opened(fire(DOWN, "mlx5_3/1"), "inc-port")
+    await store.put(book.PREFIX + "inc-port", port.model_dump(mode="json"))
+    b = book.Book(store)
+    assert await b.load() == 2
+    loaded = b.get(("xid-fatal", "n1", 1, None))
+    assert loaded is not None
+    assert loaded.port is None
+    again = b.get(("rdma-port-down", "n1", None, "mlx5_3/1"))
+    assert again is not None
+    assert again.id == "inc-port"
