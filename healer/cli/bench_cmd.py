@@ -34,6 +34,12 @@ def register(sub: Any) -> None:
         default=1,
         help="run the latency controller as shard 0 of this many (default %(default)s)",
     )
+    c.add_argument(
+        "--xid-events",
+        type=int,
+        default=20,
+        help="fatal XID events for XID-to-action latency (default %(default)s)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
 
@@ -50,4 +56,5 @@ def _controller(args: argparse.Namespace) -> int:
         args.json,
         args.rounds,
         args.latency_shards,
+        args.xid_events,
     )

@@ -8,8 +8,9 @@ model); a bad one is counted and logged at most once per 10 s, drops with the me
 (``drops.DropLog``). Events come from a durable JetStream consumer, pulled only while this process leads;
 each is checked against admission (the subject's node, the body's node, the admitted fleet) and kept
 unacknowledged until the tick that evaluated it has recorded its decisions in KV (``take_acks``,
-``ack``). At step-down what was pulled and not acknowledged goes back to the stream at once
-(``hand_back``).
+``ack``). An event that matches an event rule sets ``arrived``: the ticker evaluates it and acts on it
+at once, between ticks (healer/controller/tick.py). At step-down what was pulled and not acknowledged
+goes back to the stream at once (``hand_back``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class Ingest:
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
         self.unacked: list[Any] = []
+        self.arrived = asyncio.Event()
+        """Set when a pulled event matched an event rule: the ticker evaluates it at once, between ticks
+        (``tick.Ticker.arrivals``), instead of at the next tick."""
         self._received_at = -math.inf
         self._bad_frames = throttle.Throttled(log, "controller.bad_frame")
         """Bad frames are counted each (``_decode_errors_total``) and logged at most once per 10 s."""
@@ -240,6 +244,8 @@ class Ingest:
                 self.engine.ingest_event(event)
                 self.metrics.events.inc()
                 self.unacked.append(m)
+            if self.engine.events_waiting:
+                self.arrived.set()
             self.metrics.events_pending.set(len(self.unacked))
 
     def take_acks(self) -> list[Any]:

@@ -40,6 +40,11 @@ class ControllerMetrics:
         self.events = prom.Counter(
             "healer_controller_events_ingested_total", "NodeEvents ingested", registry=r
         )
+        self.arrivals = prom.Counter(
+            "healer_controller_event_arrivals_total",
+            "events evaluated and acted on as they arrived, between ticks",
+            registry=r,
+        )
         self.decode_errors = prom.Counter(
             "healer_controller_decode_errors_total", "rejected messages", ["kind", "reason"], registry=r
         )

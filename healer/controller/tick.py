@@ -5,12 +5,15 @@ firings of nodes silent past ``node_retention_s``, and folds ingest's counters i
 leader it then hands each firing to the incident shell, retries pending actions, escalates, advances the
 recovery ladders, and only then acknowledges the events it evaluated (a failed tick keeps them for the
 next tick or the next leader). A standby evaluates too (warm state) and acts on nothing.
+
+Between ticks, an event that matched an event rule (``ingest.arrived``) is evaluated at once
+(``arrivals``): a fatal XID opens its incident and starts its first action when it arrives, through the
+same incident shell as a tick's firings, instead of up to ``tick_s`` later.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -73,8 +76,51 @@ class Ticker:
             now = loop.time()
             if next_t < now:
                 next_t = now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), timeout=next_t - now)
+            while not self.stop.is_set() and await self._wait_arrival(next_t - loop.time()):
+                try:
+                    async with self.turn:
+                        await self.arrivals()
+                except errors.HealerError as e:
+                    self.log.error("controller.arrivals_failed", error=str(e))
+                except Exception:  # as for a tick: one bad incident must not stop the controller
+                    self.log.exception("controller.arrivals_crashed")
+
+    async def _wait_arrival(self, timeout: float) -> bool:
+        """Until the next tick is due (False), an event arrives (True) or the controller stops (False)."""
+        arrived = self.ingest.arrived
+        if not arrived.is_set() and timeout > 0:
+            waits = [asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(arrived.wait())]
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+        if arrived.is_set() and not self.stop.is_set():
+            arrived.clear()
+            return True
+        return False
+
+    async def arrivals(self) -> None:
+        """Events as they arrive, between ticks: the event rules' new firings go to the incident shell at
+        once (the same ``handle`` a tick calls, so the same gates, fencing and breaker), then the events
+        are acknowledged. Condition rules, retries, escalation and ladders wait for the tick."""
+        now = self.clock()
+        acks = self.ingest.take_acks()
+        firings = self.engine.evaluate_arrivals(now)
+        if not self.role.leader:
+            self.ingest.keep(acks)  # a standby's engine keeps them warm; the leader acts
+            return
+        try:
+            for f in firings:
+                await self.shell.handle(f, now)
+            await self.shell.correlate_domains(now)  # as in a tick: its holds apply to what follows
+            self.feed.kick()
+        except BaseException:
+            self.ingest.keep(acks)
+            raise
+        self.metrics.arrivals.inc()
+        await self.ingest.ack(acks)
 
     async def tick(self) -> None:
         now = self.clock()

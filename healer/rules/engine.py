@@ -362,6 +362,18 @@ class Engine:
         out += self._evaluate_events(now)
         return out
 
+    @property
+    def events_waiting(self) -> bool:
+        """Events queued that match an event rule and were not evaluated yet."""
+        return bool(self._queued)
+
+    def evaluate_arrivals(self, now: float) -> list[Firing]:
+        """The events queued since the last evaluation, at once (the controller calls this as they
+        arrive, between ticks): their ``fired`` and ``firing`` transitions, exactly what the next
+        ``evaluate`` would have reported for them. Quiet periods and resolutions of event firings are
+        left to ``evaluate``, which reports the ongoing ones every tick as before."""
+        return self._fire_queued(now)
+
     def _evaluate_rule(self, rule: ruleset.Rule, ev: evaluation.Evaluator, now: float) -> list[Firing]:
         st = self.state
         n = st.n
@@ -484,6 +496,24 @@ class Engine:
         return mask
 
     def _evaluate_events(self, now: float) -> list[Firing]:
+        out = self._fire_queued(now)
+        rules = {r.id: r for r in self.rules.event_rules}
+        reported = {f.key for f in out}
+        for key, active in list(self._active.items()):
+            rule = rules[key[0]]
+            if now - active.last >= rule.resolve_for_s:
+                del self._active[key]
+                status: Status = "resolved"
+            elif key in reported:
+                continue
+            else:
+                status = "firing"
+            out.append(
+                Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
+            )
+        return out
+
+    def _fire_queued(self, now: float) -> list[Firing]:
         out: list[Firing] = []
         queued, self._queued = self._queued, []
         for rule, event in queued:
@@ -517,20 +547,6 @@ class Engine:
             if rule.resolve_for_s > 0:
                 self._active[key] = _EventFiring(now, now, evidence, event.gpu_uuid)
             out.append(Firing(rule, event.node, gpu, "fired", now, now, evidence, event.gpu_uuid))
-        rules = {r.id: r for r in self.rules.event_rules}
-        reported = {f.key for f in out}
-        for key, active in list(self._active.items()):
-            rule = rules[key[0]]
-            if now - active.last >= rule.resolve_for_s:
-                del self._active[key]
-                status: Status = "resolved"
-            elif key in reported:
-                continue
-            else:
-                status = "firing"
-            out.append(
-                Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
-            )
         return out
 
 

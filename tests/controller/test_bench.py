@@ -10,8 +10,9 @@ from healer import bench
 
 async def test_the_controller_benchmark_measures_every_figure_it_reports() -> None:
     report = await bench.run(
-        nodes=40, seconds=1.0, latency_nodes=20, faults=2, rules_dir="rules", rounds=1, latency_shards=2
-    )
+        nodes=40, seconds=1.0, latency_nodes=20, faults=2, rules_dir="rules", rounds=1, latency_shards=2,
+        xid_events=3,
+    )  # fmt: skip
     assert report.bare_frames_per_s > 0
     assert report.bare_frames_per_cpu_s > 0
     assert report.controller_frames_per_s > 0
@@ -24,3 +25,7 @@ async def test_the_controller_benchmark_measures_every_figure_it_reports() -> No
     assert report.latency_p50_s is not None
     assert 0 < report.latency_p50_s < 5
     assert report.frame_bytes > 5000
+    assert report.xid_acted == 3, "every XID on shard 0's nodes got its first action"
+    assert report.xid_first_kinds == {"cordon": 3}
+    assert report.xid_p50_s is not None
+    assert report.xid_p99_s is not None
