@@ -147,6 +147,8 @@ class Ingest:
         self.engine.ingest(frame, at=now)
         if self.learning.scorer is not None:
             self.learning.scorer.observe(frame, at=now)
+        if self.learning.failslow is not None:
+            self.learning.failslow.observe(frame)
         self.nodes.add(node)
         self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
         if isinstance(frame, telemetry.NodeFrame):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from healer import config, errors
-from healer.controller import kv
+from healer.controller import kv, stragglers
 from healer.controller import metrics as controller_metrics
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
@@ -36,6 +36,8 @@ class Learning:
         self.scored_at = 0.0
         self.saved_at = time.monotonic()
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
+        self.failslow = stragglers.FailSlow() if cs.stragglers else None
+        """Fail-slow detection (docs/fail-slow.md): on unless ``controller.stragglers`` is off."""
         if cs.model:
             from healer.anomaly import scoring
 

@@ -8,7 +8,7 @@ whatever the input. Consumers count the reasons (``DecodeStats``) and carry on.
 from __future__ import annotations
 
 import collections
-from typing import Final, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import orjson
 import pydantic
@@ -35,9 +35,12 @@ KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str | tuple[str, ...]] = {
 
 def encode(model: pydantic.BaseModel) -> bytes:
     """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``). A NodeFrame leaves its
-    v2 fields out while they are null, so a v1 frame is exactly what a v1 decoder accepts."""
+        v2 fields out while they are null, and ``gpus[].jobs`` while every GPU's is null, so a frame without
+    them is exactly what an older decoder accepts."""
     if isinstance(model, telemetry.NodeFrame):
-        unset = {f for f in _V2_FIELDS if getattr(model, f) is None}
+        unset: dict[str, Any] = {f: True for f in _V2_FIELDS if getattr(model, f) is None}
+        if all(g.jobs is None for g in model.gpus):
+            unset["gpus"] = {"__all__": {"jobs"}}
         if unset:
             return model.model_dump_json(by_alias=True, exclude=unset).encode()
     return model.model_dump_json(by_alias=True).encode()
