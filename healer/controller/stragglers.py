@@ -33,7 +33,7 @@ from typing import Final
 import numpy as np
 
 from healer.controller import jobs
-from healer.schemas import telemetry
+from healer.schemas import stepreport, telemetry
 
 LOAD_UTIL_PCT: Final = 50.0
 """A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
@@ -383,6 +383,7 @@ class FailSlow:
     def __init__(self, settings: Settings | None = None) -> None:
         self.jobs = jobs.JobIndex()
         self.scorer = Scorer(settings)
+        self.steps = StepTimes()
         self.last_cost_s = 0.0
 
     def observe(self, frame: telemetry.FrameView) -> None:
@@ -404,4 +405,99 @@ class FailSlow:
         found = self.scorer.stragglers.get((node, gpu)) or self.scorer.stragglers.get((node, None))
         if found is None:
             return {}
-        return {**found.evidence, "straggler.test": found.test}
+        out: dict[str, float | str] = {**found.evidence, "straggler.test": found.test}
+        if found.job is not None:
+            said = self.steps.summary(found.job, node, gpu)
+            slow = self.steps.slowdown(found.job)
+            if said is not None and slow is not None:
+                out["straggler.steps"] = said
+                out["straggler.job_slowdown_pct"] = round(100 * slow[0], 1)
+                out["straggler.slower_since"] = slow[1]
+        return out
+
+
+STEP_WINDOW_S: Final = 120.0
+"""Step times are compared over this window (the job's median step time in it)."""
+STEP_BASELINE_WINDOWS: Final = 3
+STEP_SLOWER: Final = 0.05
+"""A job whose median step time is this much (5 %) above its baseline runs slower."""
+
+
+@dataclasses.dataclass
+class _JobSteps:
+    window: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    compute: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    where: dict[int, tuple[str | None, int | None]] = dataclasses.field(default_factory=dict)
+    baseline_s: float | None = None
+    medians: list[float] = dataclasses.field(default_factory=list)
+    current_s: float | None = None
+    slower_since: float | None = None
+    started: float = 0.0
+    outlier: int | None = None
+
+
+class StepTimes:
+    """Per job: the median step time per window against the job's own first windows (its baseline),
+    since when it is slower, and which rank is the outlier (largest compute time, when reported)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, _JobSteps] = {}
+        self.accepted = 0
+
+    def observe(self, report: stepreport.StepReport) -> None:
+        js = self.jobs.setdefault(report.job, _JobSteps(started=report.ts))
+        js.window.setdefault(report.rank, []).append(report.step_time_s)
+        if report.compute_s is not None:
+            js.compute.setdefault(report.rank, []).append(report.compute_s)
+        js.where[report.rank] = (report.node, report.gpu)
+        self.accepted += 1
+        if report.ts - js.started >= STEP_WINDOW_S:
+            self._close(js, report.ts)
+
+    def _close(self, js: _JobSteps, now: float) -> None:
+        times = [t for ts in js.window.values() for t in ts]
+        if times:
+            js.current_s = float(np.median(times))
+            if js.baseline_s is None:
+                js.medians.append(js.current_s)
+                if len(js.medians) >= STEP_BASELINE_WINDOWS:
+                    js.baseline_s = float(np.median(js.medians))
+            elif js.current_s > js.baseline_s * (1 + STEP_SLOWER):
+                js.slower_since = js.slower_since or js.started
+            else:
+                js.slower_since = None
+        if js.compute:
+            per_rank = {r: float(np.median(v)) for r, v in js.compute.items()}
+            js.outlier = max(per_rank, key=lambda r: per_rank[r])
+        js.window, js.compute, js.started = {}, {}, now
+
+    def slowdown(self, job: str) -> tuple[float, float] | None:
+        """(fraction slower than the baseline, since when) for a job that runs slower, else None."""
+        js = self.jobs.get(job)
+        if js is None or js.baseline_s is None or js.current_s is None or js.slower_since is None:
+            return None
+        return js.current_s / js.baseline_s - 1, js.slower_since
+
+    def rank_on(self, job: str, node: str, gpu: int | None) -> int | None:
+        js = self.jobs.get(job)
+        if js is None:
+            return None
+        for rank, (n, g) in js.where.items():
+            if n == node and (gpu is None or g is None or g == gpu):
+                return rank
+        return None
+
+    def summary(self, job: str, node: str, gpu: int | None) -> str | None:
+        """ "job X runs N % slower since T; rank R on node/GPU G is the outlier" (None: not slower)."""
+        slow = self.slowdown(job)
+        if slow is None:
+            return None
+        fraction, since = slow
+        js = self.jobs[job]
+        rank = js.outlier if js.outlier is not None else self.rank_on(job, node, gpu)
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+        text = f"job {job} runs {round(100 * fraction)} % slower since {at}"
+        if rank is not None:
+            n, g = js.where.get(rank, (node, gpu))
+            text += f"; rank {rank} on {n or node}/GPU {g if g is not None else '?'} is the outlier"
+        return text

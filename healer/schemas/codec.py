@@ -15,7 +15,7 @@ import pydantic
 import pydantic_core
 
 from healer import errors
-from healer.schemas import commands, events, fastwire, incidents, telemetry
+from healer.schemas import commands, events, fastwire, incidents, stepreport, telemetry
 
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest document accepted (a 256-GPU frame is ~270 KB); anything bigger is hostile or broken."""
@@ -30,6 +30,7 @@ KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str | tuple[str, ...]] = {
     events.NodeEvent: events.SCHEMA,
     commands.Command: commands.SCHEMA,
     commands.CommandResult: commands.RESULT_SCHEMA,
+    stepreport.StepReport: stepreport.SCHEMA,
 }
 
 
@@ -164,6 +165,10 @@ def decode_command(data: bytes | str) -> commands.Command:
 
 def decode_command_result(data: bytes | str) -> commands.CommandResult:
     return _decode(commands.CommandResult, "command_result", data)
+
+
+def decode_step(data: bytes | str) -> stepreport.StepReport:
+    return _decode(stepreport.StepReport, "step", data)
 
 
 def decode_incident(data: bytes | str) -> incidents.IncidentEvent:
