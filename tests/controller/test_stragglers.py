@@ -35,7 +35,7 @@ def run(fs: stragglers.FailSlow, make: object, minutes: int) -> list[dict[str, d
     out = []
     for t in range(minutes * 60):
         for f in make(t):  # type: ignore[operator]
-            fs.observe(f)
+            fs.observe(f.model_copy(update={"ts": 1.0 + t}))
         v = fs.tick(float(t))
         if v is not None:
             out.append(v)
@@ -161,6 +161,14 @@ def test_a_whole_node_lagging_its_jobs_other_nodes_is_a_node_straggler() -> None
     assert all(v == 1.0 for v in verdicts[-1]["n2"].values())
     assert all(v == 0.0 for n in ("n0", "n1", "n3") for v in verdicts[-1][n].values())
     assert fs.explain("n2", 0)["straggler.job"] == "big"
+
+
+def test_a_nodes_frames_are_folded_at_most_every_sample_every_s() -> None:
+    scorer = stragglers.Scorer(stragglers.Settings(sample_every_s=5.0))
+    for t in range(60):
+        scorer.observe(frame("n1", [gpu(0)], ts=1000.0 + t))
+    scorer._fold_pending()
+    assert scorer._samples[0] == 12
 
 
 def test_group_medians_match_numpy_per_group() -> None:
