@@ -36,7 +36,9 @@ class Learning:
         self.scored_at = 0.0
         self.saved_at = time.monotonic()
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
-        self.failslow = stragglers.FailSlow() if cs.stragglers else None
+        window = cs.straggler_window_s
+        fs = stragglers.Settings(window_s=window, sample_every_s=window / 12)
+        self.failslow = stragglers.FailSlow(fs) if cs.stragglers else None
         """Fail-slow detection (docs/fail-slow.md): on unless ``controller.stragglers`` is off."""
         if cs.model:
             from healer.anomaly import scoring
