@@ -33,23 +33,16 @@ from typing import Final
 import numpy as np
 
 from healer.controller import jobs
-from healer.schemas import stepreport, telemetry
+from healer.schemas import fields, stepreport, telemetry
 
 LOAD_UTIL_PCT: Final = 50.0
 """A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
-REASONS: Final = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-"""NVML clocks event reasons (nvmlClocksEventReason*), bit → name."""
-CAUSE_BITS: Final = 0x8 | 0x20 | 0x40 | 0x80
+_WHY = fields.ClocksEventReason
+REASONS: Final = {int(r): str(r.name).lower() for r in _WHY if r is not _WHY.GPU_IDLE}
+"""NVML clocks event reasons (schemas/fields.py ``ClocksEventReason``), bit → name."""
+CAUSE_BITS: Final = int(
+    _WHY.HW_SLOWDOWN | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _WHY.HW_POWER_BRAKE_SLOWDOWN
+)
 """Reasons that name a hardware cause of low clocks (not the power cap every busy GPU meets)."""
 FIELDS: Final = ("clock", "power", "link_down", "reasons")
 PENDING_MAX: Final = 1 << 16
