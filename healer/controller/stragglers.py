@@ -19,7 +19,8 @@ A GPU (node) becomes a straggler after ``persist`` lagging windows in a row; a w
 loaded samples neither counts nor resets. The verdict feeds the rules as ``straggler_score`` (1/0), so
 the incident shell, gates, ladder and the default pack's ``gpu-straggler`` rule handle it like any
 fault; ``evidence`` gives the incident its job, its peers' median, and the cause the telemetry names
-(clock reasons decoded, a down-trained link). Pipeline stages or a rank 0 that logs do different
+(clock reasons decoded, a down-trained link; an RDMA port of the node trained down, erroring or
+congested in the last 10 minutes, ``PortWatch``). Pipeline stages or a rank 0 that logs do different
 work at the same clock, so the clock, not power or utilisation, is the test.
 """
 
@@ -397,6 +398,64 @@ def _median_by(c: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+PORT_ERRORS: Final = (
+    "symbol_error", "link_downed", "port_rcv_errors", "port_xmit_discards", "local_link_integrity_errors",
+)  # fmt: skip
+PORT_CONGESTION: Final = "port_xmit_wait"
+PORT_BASE_S: Final = 600.0
+"""A node's port counters are compared with what they were up to this long ago (then the base moves)."""
+
+
+class PortWatch:
+    """Per node: its RDMA ports' rates and how their error and congestion counters moved lately, for the
+    straggler incident's evidence (a port trained down, erroring or congested on the straggler's node)."""
+
+    def __init__(self) -> None:
+        self._base: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}
+        self._last: dict[str, dict[str, dict[str, int]]] = {}
+        self._rate: dict[str, dict[str, float]] = {}
+
+    def observe(self, frame: telemetry.FrameView) -> None:
+        ports = getattr(frame, "ports", None)
+        if not ports:
+            return
+        now: dict[str, dict[str, int]] = {}
+        rates: dict[str, float] = {}
+        for p in ports:
+            name = f"{p.device}/{p.port}"
+            now[name] = {
+                k: v for k in (*PORT_ERRORS, PORT_CONGESTION) if (v := getattr(p, k, None)) is not None
+            }
+            if p.rate_gbps is not None:
+                rates[name] = float(p.rate_gbps)
+        self._last[frame.node], self._rate[frame.node] = now, rates
+        base = self._base.get(frame.node)
+        if base is None or frame.ts - base[0] >= PORT_BASE_S:
+            self._base[frame.node] = (frame.ts, now)
+
+    def evidence(self, node: str) -> dict[str, float | str]:
+        out: dict[str, float | str] = {}
+        rates = self._rate.get(node, {})
+        top = max(rates.values(), default=0.0)
+        slow = sorted(name for name, r in rates.items() if r < top)
+        if slow:
+            out["straggler.ports_down_trained"] = ",".join(f"{n}@{rates[n]:g}G/{top:g}G" for n in slow)
+        base = self._base.get(node, (0.0, {}))[1]
+        erroring, waiting = [], []
+        for name, counters in self._last.get(node, {}).items():
+            before = base.get(name, {})
+            rose = sum(max(0, counters.get(k, 0) - before.get(k, 0)) for k in PORT_ERRORS if k in before)
+            if rose:
+                erroring.append(f"{name}+{rose}")
+            if PORT_CONGESTION in before and counters.get(PORT_CONGESTION, 0) > before[PORT_CONGESTION]:
+                waiting.append(name)
+        if erroring:
+            out["straggler.ports_erroring"] = ",".join(sorted(erroring))
+        if waiting:
+            out["straggler.ports_congested"] = ",".join(sorted(waiting))
+        return out
+
+
 class FailSlow:
     """The controller's fail-slow part: the job index, the scorer, and what each straggler's incident
     says. Frames come in through ``observe`` (ingest); ``tick`` scores at each window's end."""
@@ -405,11 +464,13 @@ class FailSlow:
         self.jobs = jobs.JobIndex()
         self.scorer = Scorer(settings)
         self.steps = StepTimes()
+        self.ports = PortWatch()
         self.last_cost_s = 0.0
 
     def observe(self, frame: telemetry.FrameView) -> None:
         if self.scorer.observe(frame):
             self.jobs.observe_frame(frame)
+            self.ports.observe(frame)
 
     def tick(self, now: float) -> dict[str, dict[int, float]] | None:
         """Per node, per GPU: the straggler verdicts at a window's end (None between)."""
@@ -426,7 +487,19 @@ class FailSlow:
         found = self.scorer.stragglers.get((node, gpu)) or self.scorer.stragglers.get((node, None))
         if found is None:
             return {}
-        out: dict[str, float | str] = {**found.evidence, "straggler.test": found.test}
+        out: dict[str, float | str] = {
+            **found.evidence,
+            "straggler.test": found.test,
+            **self.ports.evidence(node),
+        }
+        causes = [str(out.get("straggler.cause", ""))] if out.get("straggler.cause") else []
+        causes += [
+            k.removeprefix("straggler.")
+            for k in ("straggler.ports_down_trained", "straggler.ports_erroring", "straggler.ports_congested")
+            if k in out
+        ]
+        if causes:
+            out["straggler.cause"] = ",".join(causes)
         if found.job is not None:
             said = self.steps.summary(found.job, node, gpu)
             slow = self.steps.slowdown(found.job)

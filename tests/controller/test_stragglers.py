@@ -181,3 +181,28 @@ def test_group_medians_match_numpy_per_group() -> None:
         assert np.isclose(med[c], np.median(v))
         assert size[c] == v.size
         assert np.isclose(mad[c], np.median(np.abs(v - np.median(v))))
+
+
+def test_a_port_trained_down_and_erroring_on_the_stragglers_node_is_named_in_its_cause() -> None:
+    from healer.schemas import fabric
+
+    fs = stragglers.FailSlow()
+
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        ports = [
+            fabric.PortSample(device="mlx5_0", port=1, rate_gbps=400.0, symbol_error=0, port_xmit_wait=10),
+            fabric.PortSample(
+                device="mlx5_1", port=1, rate_gbps=200.0, symbol_error=3 * t, port_xmit_wait=10 + 50 * t
+            ),
+        ]
+        slow = {3: {"clock": 1530.0, "power": 560.0}}
+        f = job_frames("n1", "j1", slow)
+        return [f.model_copy(update={"ports": ports, "schema_": telemetry.SCHEMA_V2})]
+
+    verdicts = run(fs, make, 4)
+    assert verdicts[-1]["n1"][3] == 1.0
+    why = fs.explain("n1", 3)
+    assert why["straggler.ports_down_trained"] == "mlx5_1/1@200G/400G"
+    assert str(why["straggler.ports_erroring"]).startswith("mlx5_1/1+")
+    assert why["straggler.ports_congested"] == "mlx5_1/1"
+    assert why["straggler.cause"] == "ports_down_trained,ports_erroring,ports_congested"
