@@ -72,3 +72,18 @@ async def test_a_clock_limited_gpu_opens_one_straggler_incident_and_drains_its_n
     await conftest.until(lambda: any(r.kind == "cordon" for r in actuator.requests))
     assert [r.kind for r in actuator.requests if r.node == "gpu-01"][:1] == ["cordon"]
     assert not any(r.kind == "migrate" for r in actuator.requests)
+
+
+class SlurmLike(testing.RecordingActuator):
+    """A scheduler actuator that lists its jobs as ``squeue --json`` does (``SlurmActuator.jobs``)."""
+
+    async def jobs(self) -> dict[str, dict[str, object]]:
+        return {"41": {"job_state": ["RUNNING"], "nodes": "gpu[01-02]"}}
+
+
+async def test_the_controller_reads_job_placements_from_its_scheduler(harness: Harness) -> None:
+    ctl = await harness.controller(SlurmLike(), jobs_refresh_s=0.1)
+    failslow = ctl.learning.failslow
+    assert failslow is not None
+    await conftest.until(lambda: failslow.jobs.job_of("gpu02", 3) == "41")
+    assert failslow.jobs.job_of("gpu03", 0) is None
