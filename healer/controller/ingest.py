@@ -191,6 +191,8 @@ class Ingest:
         for node in forgotten.nodes:
             self.nodes.discard(node)
             self.power_limits.pop(node, None)
+            if self.learning.failslow is not None:
+                self.learning.failslow.forget_node(node)
             self.metrics.nodes_forgotten.inc()
             self.log.info("controller.node_forgotten", node=node, retention_s=self.cs.node_retention_s)
         return forgotten.resolved

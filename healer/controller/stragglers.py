@@ -271,7 +271,7 @@ class Scorer:
         streak = self._streak[:n]
         streak[valid & lag] += 1
         streak[valid & ~lag] = 0
-        confirmed = streak >= s.persist
+        confirmed = (streak >= s.persist) & valid  # a window without load shows 0; the rule's resolve waits
         self.stragglers = {}
         for i in np.flatnonzero(confirmed).tolist():
             node, gpu = self._keys[i]
@@ -433,6 +433,10 @@ class PortWatch:
         if base is None or frame.ts - base[0] >= PORT_BASE_S:
             self._base[frame.node] = (frame.ts, now)
 
+    def forget_node(self, node: str) -> None:
+        for d in (self._base, self._last, self._rate):
+            d.pop(node, None)
+
     def evidence(self, node: str) -> dict[str, float | str]:
         out: dict[str, float | str] = {}
         rates = self._rate.get(node, {})
@@ -471,6 +475,11 @@ class FailSlow:
         if self.scorer.observe(frame):
             self.jobs.observe_frame(frame)
             self.ports.observe(frame)
+
+    def forget_node(self, node: str) -> None:
+        """A node silent past retention: its jobs and ports are forgotten (its scorer slots stay, idle)."""
+        self.jobs.forget_node(node)
+        self.ports.forget_node(node)
 
     def tick(self, now: float) -> dict[str, dict[int, float]] | None:
         """Per node, per GPU: the straggler verdicts at a window's end (None between)."""
