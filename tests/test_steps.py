@@ -104,3 +104,16 @@ def test_the_straggler_incident_says_how_much_slower_the_job_runs_and_which_rank
     assert why["straggler.steps"] == (
         "job 4711 runs 20 % slower since 2027-01-15T08:10:00Z; rank 5 on gpu-07/GPU 5 is the outlier"
     )
+
+
+def test_the_client_imports_nothing_outside_the_standard_library() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, healer.steps; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], check=True, capture_output=True, text=True
+        ).stdout.split()
+    )
+    assert loaded.isdisjoint({"pydantic", "numpy", "nats", "orjson", "msgspec", "structlog", "yaml"})
