@@ -331,6 +331,16 @@ class ControllerSettings(_Group):
     anomaly_save_s: float = pydantic.Field(default=300.0, gt=0)
     """How often the leader saves what the anomaly model learned about this fleet (per-GPU and per-node
     baselines) to KV ``anomaly.state``; also at shutdown. A restarted controller starts from it."""
+    stragglers: bool = True
+    """Fail-slow detection (docs/fail-slow.md): compare each loaded GPU with its job's other GPUs (or its
+    own history) every minute; rules read the verdict as ``straggler_score``. Off: it reads 0."""
+    straggler_window_s: float = pydantic.Field(default=60.0, gt=0)
+    """The fail-slow scorer's window: GPUs are compared once per window and a straggler is confirmed
+    after 3 lagging windows in a row; a node's frames are folded every twelfth of it."""
+    jobs_refresh_s: float = pydantic.Field(default=60.0, ge=0)
+    """How often the job placements (which job runs on which node) are read from the scheduler actuator
+    (Slurm ``squeue --json``; Kubernetes pods requesting ``nvidia.com/gpu``) for the fail-slow peer
+    groups; 0: never (the agents' job-mapping directories alone)."""
     reload_check_s: float = pydantic.Field(default=2.0, gt=0)
     """How often the rules directory is checked for changes."""
     labels_refresh_s: float = pydantic.Field(default=300.0, ge=0)

@@ -139,6 +139,12 @@ class KubernetesActuator:
                 out[node] = {str(k): str(v) for k, v in labels.items()}
         return out
 
+    async def pods(self) -> list[dict[str, Any]]:
+        """Every pod of the cluster (one ``list pods`` call): the job index reads which run on GPUs
+        (controller/jobs.py ``placements_from_pods``)."""
+        listed = await self._api("list_pod_for_all_namespaces")
+        return list(listed.get("items") or [])
+
     # -- API calls ----------------------------------------------------------------------------------
 
     def _core(self) -> k8s_client.CoreV1Api:

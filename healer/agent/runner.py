@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import pathlib
 import time
 import uuid
@@ -235,10 +236,21 @@ class Agent:
         self.metrics.fabric_manager_up.labels(fabricmanager.COMM).set(1 if up else 0)
         return up
 
+    def _with_jobs(self, sample: source.Sample) -> source.Sample:
+        """Each GPU's job ids from the job-mapping directory (``agent.job_map_dir``), so the controller
+        can compare a GPU with the other GPUs of its job (docs/fail-slow.md); ``[]`` for a GPU without
+        a job file."""
+        jobs = self.metrics.gpu.jobs()
+        cap = telemetry.JOBS_MAX
+        gpus = [g.model_copy(update={"jobs": jobs.get(g.index, [])[:cap]}) for g in sample.gpus]
+        return dataclasses.replace(sample, gpus=gpus)
+
     def _sample(self) -> tuple[source.Sample, list[fabric.PortSample] | None]:
         """One worker-thread hop for the GPUs and the RDMA ports. A port reader that fails as a whole
         costs this frame its ports (counted, logged), never the GPUs' readings."""
         sample = self.source.sample()
+        if self.metrics.gpu.job_map_dir is not None:
+            sample = self._with_jobs(sample)
         if self.ports is None:
             return sample, None
         errors_before = self.ports.read_errors

@@ -51,6 +51,14 @@ class Subjects:
     def command(self, node: str) -> str:
         return f"{self.prefix}.cmd.{escape_node(node)}"
 
+    def steps(self, job: str) -> str:
+        """A training job's step times (schemas/stepreport.py; ``healer.steps`` publishes them)."""
+        return f"{self.prefix}.steps.{escape_node(job)}"
+
+    @property
+    def all_steps(self) -> str:
+        return f"{self.prefix}.steps.*"
+
     def incident(self, change: IncidentChange, node: str) -> str:
         return f"{self.prefix}.incidents.{change}.{escape_node(node)}"
 

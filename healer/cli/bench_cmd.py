@@ -1,4 +1,5 @@
-"""``healer bench controller``: measured throughput and latency (see healer/bench.py)."""
+"""``healer bench controller``: measured throughput and latency (see healer/bench.py); ``healer bench
+stragglers``: the fail-slow scorer's figures (controller/straggler_eval.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,21 @@ def register(sub: Any) -> None:
     )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
+    st = bsub.add_parser(
+        "stragglers",
+        help="fail-slow scorer on the shared independent fleet: false stragglers, detection, CPU share",
+    )
+    st.add_argument("--generator", required=True, help="path of the independent fleet's gen.py")
+    st.add_argument("--nodes", type=int, default=50, help="nodes per run (default %(default)s)")
+    st.add_argument("--hours", type=float, default=6.0, help="simulated hours per run (default %(default)s)")
+    st.add_argument(
+        "--seeds",
+        default="1000,1001",
+        help="comma-separated seeds; < 1000 only for tuning (default %(default)s)",
+    )
+    st.add_argument("--faults", type=int, default=0, help="fail-slow faults injected per run (default none)")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_stragglers)
 
 
 def _controller(args: argparse.Namespace) -> int:
@@ -58,3 +74,10 @@ def _controller(args: argparse.Namespace) -> int:
         args.latency_shards,
         args.xid_events,
     )
+
+
+def _stragglers(args: argparse.Namespace) -> int:
+    from healer.controller import straggler_eval
+
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    return straggler_eval.main(args.generator, args.nodes, args.hours, seeds, args.faults, args.json)

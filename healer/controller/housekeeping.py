@@ -1,6 +1,7 @@
 """Housekeeping, every ``reload_check_s``: what changes slowly and is read from elsewhere.
 
-Node labels from the scheduler (for rules' ``match.labels``, every ``labels_refresh_s``), the admitted
+Node labels from the scheduler (for rules' ``match.labels``, every ``labels_refresh_s``), job placements
+(for the fail-slow peer groups, every ``jobs_refresh_s``), the admitted
 fleet, the rule pack (``reload``), JetStream's storage (``storage``, every ``storage.CHECK_S``), and, on
 the leader, the maintenance exclusions, the breaker's gauge and its incident (resolved once the breaker
 is closed), the incidents a person closed (``closing``), and what the anomaly model learned (every
@@ -19,7 +20,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import admission, closing, learning, policy, reload, role, runner, storage
+from healer.controller import admission, closing, jobs, learning, policy, reload, role, runner, storage
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -66,6 +67,7 @@ class Housekeeping:
         self.stop = stop
         self.log = log
         self._labels_at = -math.inf
+        self._jobs_at = -math.inf
 
     async def run(self) -> None:
         while not self.stop.is_set():
@@ -74,6 +76,7 @@ class Housekeeping:
             if self.stop.is_set():
                 return
             await self.refresh_labels()
+            await self.refresh_jobs()
             await self.admission.refresh()
             await self.storage.maybe_check()
             try:
@@ -90,6 +93,24 @@ class Housekeeping:
                         await self.learning.save()
             except errors.HealerError as e:
                 self.log.warning("controller.housekeeping_failed", error=str(e))
+
+    async def refresh_jobs(self) -> None:
+        """Which job runs on which node, from the scheduler (``squeue --json``; GPU pods), every
+        ``jobs_refresh_s``, for the fail-slow peer groups. On failure the previous placements stay."""
+        failslow = self.learning.failslow
+        now = time.monotonic()
+        if failslow is None or not self.cs.jobs_refresh_s or now - self._jobs_at < self.cs.jobs_refresh_s:
+            return
+        self._jobs_at = now
+        try:
+            if hasattr(self.scheduler, "pods"):
+                pods = await asyncio.wait_for(self.scheduler.pods(), self.cs.labels_timeout_s)
+                failslow.jobs.set_scheduled("kubernetes", jobs.placements_from_pods(pods))
+            elif hasattr(self.scheduler, "jobs"):
+                listed = await asyncio.wait_for(self.scheduler.jobs(), self.cs.labels_timeout_s)
+                failslow.jobs.set_scheduled("slurm", jobs.placements_from_squeue(listed))
+        except (errors.HealerError, TimeoutError) as e:
+            self.log.warning("controller.jobs_failed", error=str(e) or repr(e), kept="previous placements")
 
     async def refresh_labels(self) -> None:
         """Node labels for rules' ``match.labels``, from the scheduler (Kubernetes labels, Slurm

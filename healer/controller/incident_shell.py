@@ -206,6 +206,8 @@ class IncidentShell:
         ):
             why = self.learning.explain(f.node, f.gpu)
             inc.evidence.update({f"anomaly.{k}": v for k, v in why.items()})  # which component, against what
+        if self.learning.failslow is not None and "straggler_score" in (f.rule.when_text or ""):
+            inc.evidence.update(self.learning.failslow.explain(f.node, f.gpu))  # job, peers, cause
         await self.recovery.opened(inc, now)
         await self.publish(inc, "opened")
         if inc.escalated:

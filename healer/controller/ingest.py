@@ -87,6 +87,7 @@ class Ingest:
         self._bad_events = throttle.Throttled(log, "controller.bad_event")
         self.telemetry_bus: bus_base.Bus = bus
         self.frames_sub: bus_base.Subscription
+        self.steps_sub: bus_base.Subscription | None = None
         self._subscribed = False
         self._frames_dropped = 0
         self._drops = drops.DropLog(log)
@@ -107,13 +108,29 @@ class Ingest:
                 self.screen_frame, self.cs.frames_per_node, int(self.cs.frames_buffer_mib * 2**20)
             ),
         )
+        if self.learning.failslow is not None:
+            self.steps_sub = await self.bus.subscribe(self.subjects.all_steps, self.on_step)
         self._subscribed = True
+
+    async def on_step(self, msg: bus_base.Msg) -> None:
+        """A training job's step time (``healer.steps``); a bad one is counted and logged, like a frame."""
+        if self.learning.failslow is None:
+            return
+        try:
+            report = codec.decode_step(msg.data)
+        except errors.DecodeError as e:
+            self.count_bad(e)
+            self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
+            return
+        self.learning.failslow.steps.observe(report)
 
     async def close(self) -> None:
         if self._subscribed:  # stopped after a start that got this far
             self._subscribed = False
             with contextlib.suppress(errors.HealerError):  # the connection may be gone already
                 await self.frames_sub.unsubscribe()
+                if self.steps_sub is not None:
+                    await self.steps_sub.unsubscribe()
         await self.events.close()
         if self.telemetry_bus is not self.bus:
             await self.telemetry_bus.close()
@@ -151,6 +168,8 @@ class Ingest:
         self.engine.ingest(frame, at=now)
         if self.learning.scorer is not None:
             self.learning.scorer.observe(frame, at=now)
+        if self.learning.failslow is not None:
+            self.learning.failslow.observe(frame)
         self.nodes.add(node)
         self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
         if isinstance(frame, telemetry.NodeFrame):
@@ -176,6 +195,8 @@ class Ingest:
         for node in forgotten.nodes:
             self.nodes.discard(node)
             self.power_limits.pop(node, None)
+            if self.learning.failslow is not None:
+                self.learning.failslow.forget_node(node)
             self.metrics.nodes_forgotten.inc()
             self.log.info("controller.node_forgotten", node=node, retention_s=self.cs.node_retention_s)
         return forgotten.resolved

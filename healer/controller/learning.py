@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from healer import config, errors
-from healer.controller import kv
+from healer.controller import kv, stragglers
 from healer.controller import metrics as controller_metrics
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
@@ -36,6 +36,10 @@ class Learning:
         self.scored_at = 0.0
         self.saved_at = time.monotonic()
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
+        window = cs.straggler_window_s
+        fs = stragglers.Settings(window_s=window, sample_every_s=window / 12)
+        self.failslow = stragglers.FailSlow(fs) if cs.stragglers else None
+        """Fail-slow detection (docs/fail-slow.md): on unless ``controller.stragglers`` is off."""
         if cs.model:
             from healer.anomaly import scoring
 

@@ -1,6 +1,7 @@
 """The tick: once per ``tick_s``, every rule over the shard's fleet at once, and what follows.
 
-Each tick scores the anomaly model (every ``anomaly_interval_s``), evaluates the rules, resolves the
+Each tick scores the anomaly model (every ``anomaly_interval_s``) and the fail-slow scorer (at the end
+of each of its windows), evaluates the rules, resolves the
 firings of nodes silent past ``node_retention_s``, and folds ingest's counters into the metrics. On the
 leader it then hands each firing to the incident shell, retries pending actions, escalates, advances the
 recovery ladders, and only then acknowledges the events it evaluated (a failed tick keeps them for the
@@ -129,6 +130,10 @@ class Ticker:
         if scores is not None:
             for node, per_gpu in scores.items():
                 self.engine.set_anomaly_scores(node, per_gpu)
+        verdicts = self.learning.failslow.tick(now) if self.learning.failslow is not None else None
+        if verdicts is not None:
+            for node, per_gpu in verdicts.items():
+                self.engine.set_straggler_scores(node, per_gpu)
         firings = self.engine.evaluate(now) + self.ingest.forget_silent(now)
         self.metrics.lag.fold()
         self.ingest.account()

@@ -307,6 +307,9 @@ class Engine:
     def set_anomaly_scores(self, node: str, scores: Mapping[int, float]) -> None:
         self.state.set_anomaly_scores(node, scores)
 
+    def set_straggler_scores(self, node: str, scores: Mapping[int, float]) -> None:
+        self.state.set_straggler_scores(node, scores)
+
     def forget_silent(self, now: float, retention_s: float) -> Forgotten:
         """Forget every node silent longer than ``retention_s`` (its state row is reused). What its
         rules had firing comes back as ``resolved`` with ``evidence["reason"] == FORGOTTEN``, so the

@@ -131,6 +131,15 @@ EXTERNAL: Final = {
         "external",
         False,
     ),
+    "straggler_score": Metric(
+        "straggler_score",
+        "gpu",
+        "gauge",
+        "fail-slow scorer: 1 while the GPU (or its node) persistently lags its job's peers or its own "
+        "history under load (docs/fail-slow.md), else 0",
+        "external",
+        False,
+    ),
 }
 
 ALL: Final[dict[str, Metric]] = {**SAMPLE, **DERIVED, **NODE, **EXTERNAL, **PORT}

@@ -181,6 +181,8 @@ def _run_case(rules: Any, case: Case, interval: str | float) -> list[str]:
                 eng.ingest(frame)
                 if plan.anomaly:
                     eng.set_anomaly_scores(plan.name, plan.anomaly_at(i))
+                if plan.straggler:
+                    eng.set_straggler_scores(plan.name, plan.external_at(plan.straggler, i))
         firing = [f for f in eng.evaluate(T0 + t) if f.status != "resolved"]
         while k < len(expects) and expects[k][0] < t + step - 1e-9:
             failures += _compare(expects[k][1], firing)
@@ -200,6 +202,7 @@ class _Plan:
         self.fabric_manager = series.expand(node.fabric_manager) if node.fabric_manager else None
         self.gpu_series: dict[int, dict[str, list[float | None]]] = {}
         self.anomaly: dict[int, list[float | None]] = {}
+        self.straggler: dict[int, list[float | None]] = {}
         self.port_series: dict[int, dict[str, list[float | None]]] = {}
         for key, metric_series in node.series.items():
             if key == "ports" or key.startswith("port"):
@@ -208,9 +211,10 @@ class _Plan:
             targets = range(node.gpus) if key == "all" else [_gpu_key(key, node.gpus)]
             for name_, text in metric_series.items():
                 values = series.expand(text)
-                if name_ == "anomaly_score":
+                if name_ in ("anomaly_score", "straggler_score"):
+                    external = self.anomaly if name_ == "anomaly_score" else self.straggler
                     for g in targets:
-                        self.anomaly[g] = values
+                        external[g] = values
                     continue
                 if name_ != "present":
                     metric = metrics.resolve(name_)
@@ -290,8 +294,11 @@ class _Plan:
         )
 
     def anomaly_at(self, i: int) -> dict[int, float]:
+        return self.external_at(self.anomaly, i)
+
+    def external_at(self, external: dict[int, list[float | None]], i: int) -> dict[int, float]:
         out = {}
-        for g, values in self.anomaly.items():
+        for g, values in external.items():
             v = _at(values, i)
             if v is not None:
                 out[g] = v

@@ -74,6 +74,7 @@ class FleetState:
         self.expected = np.full(self.cap, np.nan)
         self.seen = np.zeros((self.cap, self.gpus), dtype=bool)
         self.anomaly = np.zeros((self.cap, self.gpus))
+        self.straggler = np.zeros((self.cap, self.gpus))
         self.needs = windows.Needs((), {})
         self.ports = ports.PortState(self.cap, buckets_per_window=buckets_per_window, max_buckets=max_buckets)
         """The nodes' RDMA ports, for rules that read port metrics (rows are this state's node rows)."""
@@ -125,6 +126,14 @@ class FleetState:
         for g, score in scores.items():
             if 0 <= g < self.gpus:
                 self.anomaly[n, g] = score
+
+    def set_straggler_scores(self, node: str, scores: Mapping[int, float]) -> None:
+        """The fail-slow scorer's verdict per GPU index of a node (controller/stragglers.py): 1 for a
+        confirmed straggler, 0 otherwise."""
+        n = self._node(node)
+        for g, score in scores.items():
+            if 0 <= g < self.gpus:
+                self.straggler[n, g] = score
 
     # -- ingest
     def ingest(self, frame: telemetry.FrameView, at: float | None = None) -> None:
@@ -243,7 +252,8 @@ class FleetState:
                 v = np.maximum(self.expected[:n] - self.present[:n], 0.0)
             return np.where(fresh, v[:, None], np.nan)
         if metric.source == "external":
-            return np.where(fresh & self.seen[:n], self.anomaly[:n], np.nan)
+            external = self.anomaly if name == "anomaly_score" else self.straggler
+            return np.where(fresh & self.seen[:n], external[:n], np.nan)
         if metric.source == "port":
             return self.ports.instant(name, n, fresh)
         plane = self.latest[self.col[name], :n]
@@ -282,6 +292,7 @@ class FleetState:
             self.expected,
             self.seen,
             self.anomaly,
+            self.straggler,
             self.latest,
         ]
         for hist in self.history.values():
@@ -334,6 +345,7 @@ class FleetState:
         self.present[n] = self.expected[n] = np.nan
         self.seen[n] = False
         self.anomaly[n] = 0.0
+        self.straggler[n] = 0.0
         self.latest[:, n] = np.nan
         self.ports.forget(n)
         for hist in self.history.values():
@@ -361,6 +373,7 @@ class FleetState:
         self.expected = pad(self.expected, 0, None, np.nan)
         self.seen = pad(self.seen, 0, 1, False)
         self.anomaly = pad(self.anomaly, 0, 1, 0.0)
+        self.straggler = pad(self.straggler, 0, 1, 0.0)
         self.latest = pad(self.latest, 1, 2, np.nan)
         for hist in self.history.values():
             hist.last_value = pad(hist.last_value, 0, 1, np.nan)

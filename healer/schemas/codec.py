@@ -8,14 +8,14 @@ whatever the input. Consumers count the reasons (``DecodeStats``) and carry on.
 from __future__ import annotations
 
 import collections
-from typing import Final, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import orjson
 import pydantic
 import pydantic_core
 
 from healer import errors
-from healer.schemas import commands, events, fastwire, incidents, telemetry
+from healer.schemas import commands, events, fastwire, incidents, stepreport, telemetry
 
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest document accepted (a 256-GPU frame is ~270 KB); anything bigger is hostile or broken."""
@@ -30,15 +30,19 @@ KNOWN_SCHEMAS: dict[type[pydantic.BaseModel], str | tuple[str, ...]] = {
     events.NodeEvent: events.SCHEMA,
     commands.Command: commands.SCHEMA,
     commands.CommandResult: commands.RESULT_SCHEMA,
+    stepreport.StepReport: stepreport.SCHEMA,
 }
 
 
 def encode(model: pydantic.BaseModel) -> bytes:
     """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``). A NodeFrame leaves its
-    v2 fields out while they are null, so a v1 frame is exactly what a v1 decoder accepts; an incident
-    leaves ``domain`` out while it is null (v1) likewise."""
+    v2 fields out while they are null, and ``gpus[].jobs`` while every GPU's is null, so a frame without
+    them is exactly what an older decoder accepts; an incident leaves ``domain`` out while it is null (v1)
+    likewise."""
     if isinstance(model, telemetry.NodeFrame):
-        unset = {f for f in _V2_FIELDS if getattr(model, f) is None}
+        unset: dict[str, Any] = {f: True for f in _V2_FIELDS if getattr(model, f) is None}
+        if all(g.jobs is None for g in model.gpus):
+            unset["gpus"] = {"__all__": {"jobs"}}
         if unset:
             return model.model_dump_json(by_alias=True, exclude=unset).encode()
     if isinstance(model, incidents.IncidentEvent) and model.data.domain is None:
@@ -166,6 +170,10 @@ def decode_command(data: bytes | str) -> commands.Command:
 
 def decode_command_result(data: bytes | str) -> commands.CommandResult:
     return _decode(commands.CommandResult, "command_result", data)
+
+
+def decode_step(data: bytes | str) -> stepreport.StepReport:
+    return _decode(stepreport.StepReport, "step", data)
 
 
 def decode_incident(data: bytes | str) -> incidents.IncidentEvent:

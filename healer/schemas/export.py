@@ -8,7 +8,7 @@ from typing import Any
 
 import pydantic
 
-from healer.schemas import commands, events, incidents, telemetry
+from healer.schemas import commands, events, incidents, stepreport, telemetry
 
 DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "node-frame.v1.json": telemetry.NodeFrame,
@@ -18,6 +18,7 @@ DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "command-result.v1.json": commands.CommandResult,
     "incident-event.v1.json": incidents.IncidentEvent,
     "rules-rejected-event.v1.json": incidents.RulesRejectedEvent,
+    "step-report.v1.json": stepreport.StepReport,
 }
 
 

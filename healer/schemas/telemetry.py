@@ -5,6 +5,9 @@ never a stand-in for "unknown value", and a lost GPU is an absent entry plus a `
 sample full of ``None``. Counters are cumulative exactly as NVML reports them; consumers derive rates and
 handle resets.
 
+``GpuSample.jobs`` (the job ids on the GPU, from the agent's job-mapping directory) is an optional,
+additive field of both versions; an agent leaves it out while it has no mapping to report.
+
 Versions: ``healer.telemetry.v2`` is v1 plus the optional ``ports`` (the node's RDMA ports,
 schemas/fabric.py) and ``fabric_manager_up``. A decoder of this version takes both; an agent sends v2
 only when it has one of them to report (a v1 frame stays byte for byte what it was), so controllers are
@@ -45,6 +48,8 @@ LINKS_MAX: Final = 256
 PCIE_GEN_MAX: Final = 32
 PCIE_WIDTH_MAX: Final = 64
 """PCIe generation and lane width (gen 6, x16 today)."""
+JOBS_MAX: Final = 16
+"""Job ids on one GPU (a GPU shared by MPS or time-slicing runs a few)."""
 
 
 class GpuSample(pydantic.BaseModel):
@@ -131,6 +136,12 @@ class GpuSample(pydantic.BaseModel):
     )
     fabric_status: int | None = pydantic.Field(
         default=None, ge=0, description="nvmlReturn_t of the fabric registration once completed (0 success)"
+    )
+    jobs: list[str] | None = pydantic.Field(
+        default=None,
+        max_length=JOBS_MAX,
+        description="scheduler job ids running on this GPU, from the agent's job-mapping directory "
+        "(agent.job_map_dir); null: not read, []: no job. Additive and optional in v1 and v2",
     )
 
 

@@ -146,6 +146,7 @@ def controller_permissions(subj: subjects_mod.Subjects, name: str) -> Permission
         ),
         subscribe=(
             subj.all_telemetry,
+            subj.all_steps,
             subj.all_events,
             subj.all_commands,
             subj.all_incidents,

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from healer import config
-from healer.agent import runner
+from healer.agent import metrics, runner
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.schemas import codec, commands, events, telemetry
@@ -242,3 +242,32 @@ async def test_frames_are_buffered_and_bounded_while_disconnected(
     await bus.idle()
     assert [f.seq for f in got.frames] == [2, 3, 4, 5], "oldest dropped, the rest in order"
     await bus.close()
+
+
+async def test_frames_carry_each_gpus_jobs_from_the_job_mapping_directory(
+    bus: base.Bus, subj: subjects.Subjects, tmp_path: pathlib.Path
+) -> None:
+    job_map = tmp_path / "jobs"
+    job_map.mkdir()
+    (job_map / "0").write_text("4711\n")
+    (job_map / "3").write_text("4711\n4712\n")
+    got = Frames()
+    await bus.subscribe(subj.all_telemetry, got)
+    await bus.flush()
+    agent = runner.Agent(
+        node="n1",
+        source=sim.SimSource("n1", seed=1),
+        bus=bus,
+        state_dir=tmp_path / "state",
+        interval_s=0.05,
+        metrics=metrics.AgentMetrics(job_map_dir=job_map),
+    )
+    run = Running(agent)
+    try:
+        frames = await got.wait(lambda fs: len(fs) >= 1)
+    finally:
+        await run.close()
+    jobs = {g.index: g.jobs for g in frames[0].gpus}
+    assert jobs[0] == ["4711"]
+    assert jobs[3] == ["4711", "4712"]
+    assert jobs[1] == []  # no file: no job on that GPU

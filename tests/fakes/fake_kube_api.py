@@ -214,6 +214,9 @@ class FakeKubeAPI:
         mirror: bool = False,
         phase: str = "Running",
         pdb_refusals: int = 0,
+        gpus: int = 0,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> None:
         metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}"}
         if owner_kind:
@@ -228,11 +231,18 @@ class FakeKubeAPI:
             ]
         if mirror:
             metadata["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+        if annotations:
+            metadata["annotations"] = {**metadata.get("annotations", {}), **annotations}
+        if labels:
+            metadata["labels"] = dict(labels)
+        container: dict[str, Any] = {"name": "main", "image": "busybox"}
+        if gpus:
+            container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
         self.pods[(namespace, name)] = {
             "kind": "Pod",
             "apiVersion": "v1",
             "metadata": metadata,
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
+            "spec": {"nodeName": node, "containers": [container]},
             "status": {"phase": phase},
         }
         if pdb_refusals:

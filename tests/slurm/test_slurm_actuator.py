@@ -10,6 +10,7 @@ import pytest
 
 from healer import config
 from healer.actuators import base, slurm
+from healer.controller import jobs
 from tests.slurm.cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -235,3 +236,27 @@ async def test_node_labels_are_partitions_and_active_features(actuator: slurm.Sl
     assert labels["gpu03"]["partition"] == "gpu"
     assert labels["gpu01"]["features"] == "h100,nvlink,rack=r01,pdu_p1"
     assert labels["gpu03"]["features"] == "h100,nvlink,rack=r02,pdu_p1"
+
+
+async def test_squeue_places_a_two_node_job_on_both_its_nodes(
+    cluster: SlurmCluster, actuator: slurm.SlurmActuator
+) -> None:
+    job_id = submit(cluster, "-N", "2")
+    placements = jobs.placements_from_squeue(await actuator.jobs())
+    nodes = sorted(p.node for p in placements if p.job == job_id)
+    assert len(nodes) == 2
+    assert set(nodes) <= set(cluster.nodes)
+    index = jobs.JobIndex()
+    index.set_scheduled("slurm", placements)
+    assert {index.job_of(n, 0) for n in nodes} == {job_id}
+
+
+async def test_a_stragglers_drain_lets_the_running_job_finish_on_the_node(
+    cluster: SlurmCluster, actuator: slurm.SlurmActuator
+) -> None:
+    job_id = submit(cluster)
+    node = job_state(cluster, job_id)[1]
+    outcome = await actuator.apply(request("cordon", node, summary="gpu-straggler on GPU 5"))
+    assert outcome.status == "done", outcome
+    assert node_line(cluster, node)[0] == "draining"  # no new job lands; the running one goes on
+    assert job_state(cluster, job_id) == ("RUNNING", node)

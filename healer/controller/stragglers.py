@@ -1,0 +1,606 @@
+"""Fail-slow detection: the GPU or node that persistently lags its job's peers under load (#28).
+
+A synchronous job runs at the speed of its slowest rank, so a GPU that clocks 15 % low, or whose link
+trained down, costs the whole job. Every second's readings are folded, for loaded samples only
+(``util_gpu_pct >= LOAD_UTIL_PCT``: checkpoints, init phases and idle gaps do not count), into a window
+of ``window_s``. At each window's end, all GPUs at once (numpy, no Python loop per GPU):
+
+- peer test, for a job with at least ``min_peers`` GPUs: the robust z-score of the GPU's mean SM clock
+  ratio (clock / max clock) against its job's median and MAD. The GPU lags when it is at least
+  ``min_deficit`` below the median, ``z <= -z_min``, and it draws less power than its peers (a healthy
+  chip that hits its power cap clocks low *at the same power*; a faulty one clocks low at less);
+- own history, for a GPU in a smaller job (or none): the same test against an exponentially weighted
+  mean of its own past windows, once ``history_windows`` windows are in;
+- link evidence, any job size: a PCIe link below its generation or width, or NVLink links down, in
+  most of the window's loaded samples.
+
+A node lags its job's nodes (a job on ``min_nodes`` nodes or more) when its GPUs' median clock does.
+A GPU (node) becomes a straggler after ``persist`` lagging windows in a row; a window with too few
+loaded samples neither counts nor resets. The verdict feeds the rules as ``straggler_score`` (1/0), so
+the incident shell, gates, ladder and the default pack's ``gpu-straggler`` rule handle it like any
+fault; ``evidence`` gives the incident its job, its peers' median, and the cause the telemetry names
+(clock reasons decoded, a down-trained link; an RDMA port of the node trained down, erroring or
+congested in the last 10 minutes, ``PortWatch``). Pipeline stages or a rank 0 that logs do different
+work at the same clock, so the clock, not power or utilisation, is the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import numpy as np
+
+from healer.controller import jobs
+from healer.schemas import fields, stepreport, telemetry
+
+LOAD_UTIL_PCT: Final = 50.0
+"""A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
+_WHY = fields.ClocksEventReason
+REASONS: Final = {int(r): str(r.name).lower() for r in _WHY if r is not _WHY.GPU_IDLE}
+"""NVML clocks event reasons (schemas/fields.py ``ClocksEventReason``), bit → name."""
+CAUSE_BITS: Final = int(
+    _WHY.HW_SLOWDOWN | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _WHY.HW_POWER_BRAKE_SLOWDOWN
+)
+"""Reasons that name a hardware cause of low clocks (not the power cap every busy GPU meets)."""
+FIELDS: Final = ("clock", "power", "link_down", "reasons")
+PENDING_MAX: Final = 1 << 16
+"""GPU readings held as Python tuples before they are folded into the arrays."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    window_s: float = 60.0
+    persist: int = 3
+    """Lagging windows in a row before a straggler is confirmed (3 x 60 s: found within 5 minutes)."""
+    min_loaded: float = 0.5
+    """Share of a window's samples that must be loaded for the window to give a verdict."""
+    min_peers: int = 4
+    min_nodes: int = 3
+    min_deficit: float = 0.08
+    """Clock ratio below the reference by this fraction (8 %) or more to lag."""
+    z_min: float = 4.0
+    mad_floor: float = 0.01
+    power_margin: float = 0.02
+    """The GPU's power ratio (power / limit) must be below its peers' (own history's) by this much: a
+    healthy chip at its power cap clocks low at the same power as its peers, a faulty one at less."""
+    sample_every_s: float = 5.0
+    """A node's frames are folded at most this often (the window's statistics need no more; it keeps
+    the per-frame cost of 10,000 nodes at 1 Hz under 5 % of a core)."""
+    history_windows: int = 10
+    history_alpha: float = 0.05
+    link_share: float = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class Straggler:
+    node: str
+    gpu: int | None
+    """None: the whole node lags its job's other nodes."""
+    job: str | None
+    test: str
+    """``peers``, ``history``, ``link`` or ``nodes``."""
+    evidence: dict[str, float | str]
+
+
+class Scorer:
+    """Folds frames per GPU slot, scores at each window's end; ``stragglers`` is the confirmed set."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.s = settings or Settings()
+        self._slot: dict[tuple[str, int], int] = {}
+        self._keys: list[tuple[str, int]] = []
+        self._sum = np.zeros((len(FIELDS), 0))
+        self._reasons = np.zeros(0, dtype=np.int64)
+        self._loaded = np.zeros(0)
+        self._samples = np.zeros(0)
+        self._streak = np.zeros(0, dtype=np.int64)
+        self._hist = np.full((2, 0), np.nan)
+        self._hist_n = np.zeros(0, dtype=np.int64)
+        self._hist_job: list[str | None] = []
+        self._node_streak: dict[tuple[str, str], int] = {}
+        self._node_slots: dict[str, dict[int, int]] = {}
+        self._node_last: dict[str, float] = {}
+        self._pending: list[tuple[int, float, float, float, float, int]] = []
+        """(slot, loaded, clock ratio, power ratio, link down, reasons) per reading since the last fold."""
+        self.window_start: float | None = None
+        self.stragglers: dict[tuple[str, int | None], Straggler] = {}
+
+    def _grow(self, n: int) -> None:
+        size = self._loaded.size
+        if n <= size:
+            return
+        extra = max(n - size, size, 64)
+        self._sum = np.pad(self._sum, ((0, 0), (0, extra)))
+        self._reasons = np.pad(self._reasons, (0, extra))
+        self._loaded = np.pad(self._loaded, (0, extra))
+        self._samples = np.pad(self._samples, (0, extra))
+        self._streak = np.pad(self._streak, (0, extra))
+        self._hist = np.pad(self._hist, ((0, 0), (0, extra)), constant_values=np.nan)
+        self._hist_n = np.pad(self._hist_n, (0, extra))
+
+    def slot(self, node: str, gpu: int) -> int:
+        i = self._slot.get((node, gpu))
+        if i is None:
+            i = self._slot[(node, gpu)] = len(self._keys)
+            self._keys.append((node, gpu))
+            self._hist_job.append(None)
+            self._grow(i + 1)
+        return i
+
+    def observe(self, frame: telemetry.FrameView) -> bool:
+        """One frame's GPUs into the current window (Python lists here, folded into the arrays when the
+        window is scored: a numpy scalar update costs more than the whole reading); False when the
+        node's last folded frame is less than ``sample_every_s`` old (skipped)."""
+        node = frame.node
+        last = self._node_last.get(node)
+        if last is not None and 0 <= frame.ts - last < self.s.sample_every_s:
+            return False
+        self._node_last[node] = frame.ts
+        slots = self._node_slots.get(node)
+        if slots is None:
+            slots = self._node_slots[node] = {}
+        pending = self._pending
+        if len(pending) >= PENDING_MAX:
+            self._fold_pending()
+            pending = self._pending
+        for g in frame.gpus:
+            i = slots.get(g.index)
+            if i is None:
+                i = slots[g.index] = self.slot(node, g.index)
+            util, clock, clock_max = g.util_gpu_pct, g.sm_clock_mhz, g.sm_clock_max_mhz
+            power, limit = g.power_w, g.power_limit_w
+            if util is None or util < LOAD_UTIL_PCT or not clock or not clock_max or not power or not limit:
+                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0))
+                continue
+            gen, gen_max = getattr(g, "pcie_gen", None), getattr(g, "pcie_gen_max", None)
+            up, total = getattr(g, "nvlink_links_up", None), getattr(g, "nvlink_links_total", None)
+            width, width_max = getattr(g, "pcie_width", None), getattr(g, "pcie_width_max", None)
+            down = (
+                (gen is not None and gen_max is not None and gen < gen_max)
+                or (up is not None and total is not None and up < total)
+                or (width is not None and width_max is not None and width < width_max)
+            )
+            pending.append(
+                (i, 1.0, clock / clock_max, power / limit, 1.0 if down else 0.0, g.clocks_event_reasons or 0)
+            )
+        return True
+
+    def _fold_pending(self) -> None:
+        if not self._pending:
+            return
+        cols = np.array(self._pending, dtype=np.float64).T
+        self._pending = []
+        idx = cols[0].astype(np.int64)
+        np.add.at(self._samples, idx, 1.0)
+        np.add.at(self._loaded, idx, cols[1])
+        for row in range(3):
+            np.add.at(self._sum[row], idx, cols[2 + row])
+        np.bitwise_or.at(self._reasons, idx, cols[5].astype(np.int64))
+
+    def observe_arrays(
+        self,
+        idx: np.ndarray,
+        util: np.ndarray,
+        clock_ratio: np.ndarray,
+        power_ratio: np.ndarray,
+        reasons: np.ndarray,
+        link_down: np.ndarray,
+    ) -> None:
+        """A whole fleet's readings at once (benchmarks, the evaluation): slots ``idx``."""
+        self._samples[idx] += 1
+        ok = (util >= LOAD_UTIL_PCT) & np.isfinite(clock_ratio) & np.isfinite(power_ratio)
+        j = idx[ok]
+        self._loaded[j] += 1
+        self._sum[0, j] += clock_ratio[ok]
+        self._sum[1, j] += power_ratio[ok]
+        self._sum[2, j] += link_down[ok]
+        self._reasons[j] |= reasons[ok]
+
+    def due(self, now: float) -> bool:
+        if self.window_start is None:
+            self.window_start = now
+        return now - self.window_start >= self.s.window_s
+
+    def score(self, now: float, job_of: Mapping[tuple[str, int], str | None]) -> list[Straggler]:
+        """Close the window: the new verdicts (``stragglers`` updated); the next window starts at ``now``."""
+        self._fold_pending()
+        n = len(self._keys)
+        s = self.s
+        loaded, samples = self._loaded[:n], self._samples[:n]
+        valid = (samples > 0) & (loaded >= s.min_loaded * np.maximum(samples, 1))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = self._sum[:, :n] / loaded
+        clock, power, link = mean[0], mean[1], mean[2]
+        jobs = [job_of.get(k) for k in self._keys]
+        codes, job_names = _codes(jobs, valid)
+        lag = np.zeros(n, dtype=bool)
+        test = np.full(n, "", dtype=object)
+        ref_clock = np.full(n, np.nan)
+        ref_power = np.full(n, np.nan)
+        z = np.full(n, np.nan)
+        # peers: median and MAD per job, vectorised by sorting on the job code
+        # (one more entry, NaN / 0, at the end: code -1, no job, reads it)
+        med, mad, size = (
+            np.append(a, fill)
+            for a, fill in zip(_group_median_mad(codes, clock), (np.nan, np.nan, 0), strict=True)
+        )
+        pmed = np.append(_group_median_mad(codes, power)[0], np.nan)
+        big = (codes >= 0) & (size[codes] >= s.min_peers)
+        c = codes
+        ref_clock[big], ref_power[big] = med[c[big]], pmed[c[big]]
+        z[big] = (clock[big] - ref_clock[big]) / np.maximum(1.4826 * mad[c[big]], s.mad_floor)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            peer_lag = (
+                big
+                & (z <= -s.z_min)
+                & (1 - clock / ref_clock >= s.min_deficit)
+                & (power <= ref_power - s.power_margin)
+            )
+            # own history: a small job's GPUs, and a GPU whose whole job lags (a node-wide slowdown of
+            # a one-node job has no healthy peer); it starts again when the slot's job changes
+            for i, job in enumerate(jobs):
+                if self._hist_job[i] != job:
+                    self._hist_job[i] = job
+                    self._hist_n[i] = 0
+            hist_clock, hist_power = self._hist[0, :n], self._hist[1, :n]
+            warm = valid & (self._hist_n[:n] >= s.history_windows) & ~peer_lag
+            hist_lag = (
+                warm & (1 - clock / hist_clock >= s.min_deficit) & (power <= hist_power - s.power_margin)
+            )
+        ref_clock[hist_lag], ref_power[hist_lag] = hist_clock[hist_lag], hist_power[hist_lag]
+        deficit = 1 - clock / ref_clock
+        lag = peer_lag | hist_lag
+        test[peer_lag & lag] = "peers"
+        test[hist_lag & lag] = "history"
+        link_lag = valid & (link >= s.link_share)
+        test[link_lag & ~lag] = "link"
+        lag |= link_lag
+        # learn the history from windows that did not lag
+        learn = valid & ~lag
+        a = s.history_alpha
+        first = learn & (self._hist_n[:n] == 0)
+        rest = learn & ~first
+        for row, values in ((0, clock), (1, power)):
+            h = self._hist[row, :n]
+            h[first] = values[first]
+            h[rest] = (1 - a) * h[rest] + a * values[rest]
+        self._hist_n[:n][learn] += 1
+        streak = self._streak[:n]
+        streak[valid & lag] += 1
+        streak[valid & ~lag] = 0
+        confirmed = (streak >= s.persist) & valid  # a window without load shows 0; the rule's resolve waits
+        self.stragglers = {}
+        for i in np.flatnonzero(confirmed).tolist():
+            node, gpu = self._keys[i]
+            ev: dict[str, float | str] = {
+                "straggler.clock_ratio": round(float(clock[i]), 4),
+                "straggler.power_ratio": round(float(power[i]), 4),
+                "straggler.windows": int(streak[i]),
+            }
+            if np.isfinite(ref_clock[i]):
+                ev["straggler.reference_clock_ratio"] = round(float(ref_clock[i]), 4)
+                ev["straggler.clock_deficit_pct"] = round(100 * float(deficit[i]), 1)
+            if np.isfinite(z[i]):
+                ev["straggler.z"] = round(float(z[i]), 2)
+                ev["straggler.peers"] = int(size[c[i]])
+            if jobs[i] is not None:
+                ev["straggler.job"] = str(jobs[i])
+            cause = describe_cause(int(self._reasons[i]), float(link[i]) >= s.link_share)
+            if cause:
+                ev["straggler.cause"] = cause
+            self.stragglers[(node, gpu)] = Straggler(node, gpu, jobs[i], str(test[i]), ev)
+        self._node_test(codes, job_names, clock, valid, confirmed)
+        self._reset(now)
+        return list(self.stragglers.values())
+
+    def _node_test(
+        self,
+        codes: np.ndarray,
+        job_names: Sequence[str],
+        clock: np.ndarray,
+        valid: np.ndarray,
+        confirmed: np.ndarray,
+    ) -> None:
+        """Whole nodes against their job's other nodes (jobs on ``min_nodes`` nodes or more)."""
+        per: dict[tuple[int, str], list[float]] = {}
+        for i in np.flatnonzero(valid & (codes >= 0)).tolist():
+            per.setdefault((int(codes[i]), self._keys[i][0]), []).append(float(clock[i]))
+        by_job: dict[int, dict[str, float]] = {}
+        for (code, node), values in per.items():
+            by_job.setdefault(code, {})[node] = float(np.median(values))
+        seen: set[tuple[str, str]] = set()
+        for code, nodes in by_job.items():
+            if len(nodes) < self.s.min_nodes:
+                continue
+            arr = np.array(list(nodes.values()))
+            med = float(np.median(arr))
+            mad = max(1.4826 * float(np.median(np.abs(arr - med))), self.s.mad_floor)
+            for node, v in nodes.items():
+                key = (job_names[code], node)
+                seen.add(key)
+                lagging = (v - med) / mad <= -self.s.z_min and 1 - v / med >= self.s.min_deficit
+                self._node_streak[key] = self._node_streak.get(key, 0) + 1 if lagging else 0
+                if self._node_streak[key] >= self.s.persist:
+                    ev: dict[str, float | str] = {
+                        "straggler.job": job_names[code],
+                        "straggler.node_clock_ratio": round(v, 4),
+                        "straggler.reference_clock_ratio": round(med, 4),
+                        "straggler.nodes": len(nodes),
+                    }
+                    self.stragglers[(node, None)] = Straggler(node, None, job_names[code], "nodes", ev)
+        for key in [k for k in self._node_streak if k not in seen]:
+            del self._node_streak[key]
+
+    def _reset(self, now: float) -> None:
+        self._sum[:] = 0.0
+        self._reasons[:] = 0
+        self._loaded[:] = 0.0
+        self._samples[:] = 0.0
+        self.window_start = now
+
+    def scores(self) -> dict[str, dict[int, float]]:
+        """Per node, per GPU: 1 for a straggler (a lagging node: all its GPUs), else 0."""
+        out: dict[str, dict[int, float]] = {}
+        for node, gpu in self._keys:
+            out.setdefault(node, {})[gpu] = 0.0
+        for found in self.stragglers.values():
+            if found.gpu is None:
+                out[found.node] = dict.fromkeys(out.get(found.node, {}), 1.0)
+            else:
+                out.setdefault(found.node, {})[found.gpu] = 1.0
+        return out
+
+
+def describe_cause(reasons: int, link_down: bool) -> str:
+    """What the telemetry names as the cause: clock reasons that point at hardware, a down-trained link."""
+    parts = [name for bit, name in REASONS.items() if reasons & bit & CAUSE_BITS]
+    if link_down:
+        parts.append("link_down_trained")
+    return ",".join(parts)
+
+
+def _codes(jobs: Sequence[str | None], valid: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    names: dict[str, int] = {}
+    out = np.full(len(jobs), -1, dtype=np.int64)
+    for i, job in enumerate(jobs):
+        if job is not None and valid[i]:
+            out[i] = names.setdefault(job, len(names))
+    return out, list(names)
+
+
+def _group_median_mad(codes: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group code (>= 0): median, MAD and size of ``x``, by one sort (no loop over groups)."""
+    k = int(codes.max()) + 1 if codes.size and codes.max() >= 0 else 0
+    med, mad, size = np.full(k, np.nan), np.full(k, np.nan), np.zeros(k, dtype=np.int64)
+    if k == 0:
+        return med, mad, size
+    m = codes >= 0
+    c, v = codes[m], x[m]
+    med = _median_by(c, v, k)
+    mad = _median_by(c, np.abs(v - med[c]), k)
+    size = np.bincount(c, minlength=k)
+    return med, mad, size
+
+
+def _median_by(c: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
+    order = np.lexsort((v, c))
+    cs, vs = c[order], v[order]
+    size = np.bincount(cs, minlength=k)
+    start = np.concatenate(([0], np.cumsum(size)[:-1]))
+    lo = start + (size - 1) // 2
+    hi = start + size // 2
+    out = np.full(k, np.nan)
+    ok = size > 0
+    out[ok] = (vs[lo[ok]] + vs[hi[ok]]) / 2
+    return out
+
+
+PORT_ERRORS: Final = (
+    "symbol_error", "link_downed", "port_rcv_errors", "port_xmit_discards", "local_link_integrity_errors",
+)  # fmt: skip
+PORT_CONGESTION: Final = "port_xmit_wait"
+PORT_BASE_S: Final = 600.0
+"""A node's port counters are compared with what they were up to this long ago (then the base moves)."""
+
+
+class PortWatch:
+    """Per node: its RDMA ports' rates and how their error and congestion counters moved lately, for the
+    straggler incident's evidence (a port trained down, erroring or congested on the straggler's node)."""
+
+    def __init__(self) -> None:
+        self._base: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}
+        self._last: dict[str, dict[str, dict[str, int]]] = {}
+        self._rate: dict[str, dict[str, float]] = {}
+
+    def observe(self, frame: telemetry.FrameView) -> None:
+        ports = getattr(frame, "ports", None)
+        if not ports:
+            return
+        now: dict[str, dict[str, int]] = {}
+        rates: dict[str, float] = {}
+        for p in ports:
+            name = f"{p.device}/{p.port}"
+            now[name] = {
+                k: v for k in (*PORT_ERRORS, PORT_CONGESTION) if (v := getattr(p, k, None)) is not None
+            }
+            if p.rate_gbps is not None:
+                rates[name] = float(p.rate_gbps)
+        self._last[frame.node], self._rate[frame.node] = now, rates
+        base = self._base.get(frame.node)
+        if base is None or frame.ts - base[0] >= PORT_BASE_S:
+            self._base[frame.node] = (frame.ts, now)
+
+    def forget_node(self, node: str) -> None:
+        for d in (self._base, self._last, self._rate):
+            d.pop(node, None)
+
+    def evidence(self, node: str) -> dict[str, float | str]:
+        out: dict[str, float | str] = {}
+        rates = self._rate.get(node, {})
+        top = max(rates.values(), default=0.0)
+        slow = sorted(name for name, r in rates.items() if r < top)
+        if slow:
+            out["straggler.ports_down_trained"] = ",".join(f"{n}@{rates[n]:g}G/{top:g}G" for n in slow)
+        base = self._base.get(node, (0.0, {}))[1]
+        erroring, waiting = [], []
+        for name, counters in self._last.get(node, {}).items():
+            before = base.get(name, {})
+            rose = sum(max(0, counters.get(k, 0) - before.get(k, 0)) for k in PORT_ERRORS if k in before)
+            if rose:
+                erroring.append(f"{name}+{rose}")
+            if PORT_CONGESTION in before and counters.get(PORT_CONGESTION, 0) > before[PORT_CONGESTION]:
+                waiting.append(name)
+        if erroring:
+            out["straggler.ports_erroring"] = ",".join(sorted(erroring))
+        if waiting:
+            out["straggler.ports_congested"] = ",".join(sorted(waiting))
+        return out
+
+
+class FailSlow:
+    """The controller's fail-slow part: the job index, the scorer, and what each straggler's incident
+    says. Frames come in through ``observe`` (ingest); ``tick`` scores at each window's end."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.jobs = jobs.JobIndex()
+        self.scorer = Scorer(settings)
+        self.steps = StepTimes()
+        self.ports = PortWatch()
+        self.last_cost_s = 0.0
+
+    def observe(self, frame: telemetry.FrameView) -> None:
+        if self.scorer.observe(frame):
+            self.jobs.observe_frame(frame)
+            self.ports.observe(frame)
+
+    def forget_node(self, node: str) -> None:
+        """A node silent past retention: its jobs and ports are forgotten (its scorer slots stay, idle)."""
+        self.jobs.forget_node(node)
+        self.ports.forget_node(node)
+
+    def tick(self, now: float) -> dict[str, dict[int, float]] | None:
+        """Per node, per GPU: the straggler verdicts at a window's end (None between)."""
+        if not self.scorer.due(now):
+            return None
+        started = time.process_time()
+        job_of = {key: self.jobs.job_of(*key) for key in self.scorer._keys}
+        self.scorer.score(now, job_of)
+        self.last_cost_s = time.process_time() - started
+        return self.scorer.scores()
+
+    def explain(self, node: str, gpu: int | None) -> dict[str, float | str]:
+        """The evidence of the straggler at (node, gpu), or of its node (empty when none)."""
+        found = self.scorer.stragglers.get((node, gpu)) or self.scorer.stragglers.get((node, None))
+        if found is None:
+            return {}
+        out: dict[str, float | str] = {
+            **found.evidence,
+            "straggler.test": found.test,
+            **self.ports.evidence(node),
+        }
+        causes = [str(out.get("straggler.cause", ""))] if out.get("straggler.cause") else []
+        causes += [
+            k.removeprefix("straggler.")
+            for k in ("straggler.ports_down_trained", "straggler.ports_erroring", "straggler.ports_congested")
+            if k in out
+        ]
+        if causes:
+            out["straggler.cause"] = ",".join(causes)
+        if found.job is not None:
+            said = self.steps.summary(found.job, node, gpu)
+            slow = self.steps.slowdown(found.job)
+            if said is not None and slow is not None:
+                out["straggler.steps"] = said
+                out["straggler.job_slowdown_pct"] = round(100 * slow[0], 1)
+                out["straggler.slower_since"] = slow[1]
+        return out
+
+
+STEP_WINDOW_S: Final = 120.0
+"""Step times are compared over this window (the job's median step time in it)."""
+STEP_BASELINE_WINDOWS: Final = 3
+STEP_SLOWER: Final = 0.05
+"""A job whose median step time is this much (5 %) above its baseline runs slower."""
+
+
+@dataclasses.dataclass
+class _JobSteps:
+    window: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    compute: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    where: dict[int, tuple[str | None, int | None]] = dataclasses.field(default_factory=dict)
+    baseline_s: float | None = None
+    medians: list[float] = dataclasses.field(default_factory=list)
+    current_s: float | None = None
+    slower_since: float | None = None
+    started: float = 0.0
+    outlier: int | None = None
+
+
+class StepTimes:
+    """Per job: the median step time per window against the job's own first windows (its baseline),
+    since when it is slower, and which rank is the outlier (largest compute time, when reported)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, _JobSteps] = {}
+        self.accepted = 0
+
+    def observe(self, report: stepreport.StepReport) -> None:
+        js = self.jobs.setdefault(report.job, _JobSteps(started=report.ts))
+        js.window.setdefault(report.rank, []).append(report.step_time_s)
+        if report.compute_s is not None:
+            js.compute.setdefault(report.rank, []).append(report.compute_s)
+        js.where[report.rank] = (report.node, report.gpu)
+        self.accepted += 1
+        if report.ts - js.started >= STEP_WINDOW_S:
+            self._close(js, report.ts)
+
+    def _close(self, js: _JobSteps, now: float) -> None:
+        times = [t for ts in js.window.values() for t in ts]
+        if times:
+            js.current_s = float(np.median(times))
+            if js.baseline_s is None:
+                js.medians.append(js.current_s)
+                if len(js.medians) >= STEP_BASELINE_WINDOWS:
+                    js.baseline_s = float(np.median(js.medians))
+            elif js.current_s > js.baseline_s * (1 + STEP_SLOWER):
+                js.slower_since = js.slower_since or js.started
+            else:
+                js.slower_since = None
+        if js.compute:
+            per_rank = {r: float(np.median(v)) for r, v in js.compute.items()}
+            js.outlier = max(per_rank, key=lambda r: per_rank[r])
+        js.window, js.compute, js.started = {}, {}, now
+
+    def slowdown(self, job: str) -> tuple[float, float] | None:
+        """(fraction slower than the baseline, since when) for a job that runs slower, else None."""
+        js = self.jobs.get(job)
+        if js is None or js.baseline_s is None or js.current_s is None or js.slower_since is None:
+            return None
+        return js.current_s / js.baseline_s - 1, js.slower_since
+
+    def rank_on(self, job: str, node: str, gpu: int | None) -> int | None:
+        js = self.jobs.get(job)
+        if js is None:
+            return None
+        for rank, (n, g) in js.where.items():
+            if n == node and (gpu is None or g is None or g == gpu):
+                return rank
+        return None
+
+    def summary(self, job: str, node: str, gpu: int | None) -> str | None:
+        """ "job X runs N % slower since T; rank R on node/GPU G is the outlier" (None: not slower)."""
+        slow = self.slowdown(job)
+        if slow is None:
+            return None
+        fraction, since = slow
+        js = self.jobs[job]
+        rank = js.outlier if js.outlier is not None else self.rank_on(job, node, gpu)
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+        text = f"job {job} runs {round(100 * fraction)} % slower since {at}"
+        if rank is not None:
+            n, g = js.where.get(rank, (node, gpu))
+            text += f"; rank {rank} on {n or node}/GPU {g if g is not None else '?'} is the outlier"
+        return text

@@ -1,0 +1,208 @@
+"""The fail-slow scorer (controller/stragglers.py): which GPU or node lags its job, and what does not."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from healer.controller import stragglers
+from healer.schemas import telemetry
+
+
+def gpu(
+    index: int, *, clock: float = 1800.0, power: float = 650.0, util: float = 100.0, **kw: object
+) -> telemetry.GpuSample:
+    return telemetry.GpuSample.model_validate(
+        {
+            "index": index,
+            "util_gpu_pct": util,
+            "sm_clock_mhz": clock,
+            "sm_clock_max_mhz": 1980.0,
+            "power_w": power,
+            "power_limit_w": 700.0,
+            "clocks_event_reasons": 0,
+            **kw,
+        }
+    )
+
+
+def frame(node: str, gpus: list[telemetry.GpuSample], ts: float = 1.0) -> telemetry.NodeFrame:
+    return telemetry.NodeFrame(
+        node=node, ts=ts, seq=0, boot_id="b", agent_version="t", source="sim", gpus=gpus
+    )
+
+
+def run(fs: stragglers.FailSlow, make: object, minutes: int) -> list[dict[str, dict[int, float]]]:
+    out = []
+    for t in range(minutes * 60):
+        for f in make(t):  # type: ignore[operator]
+            fs.observe(f.model_copy(update={"ts": 1.0 + t}))
+        v = fs.tick(float(t))
+        if v is not None:
+            out.append(v)
+    return out
+
+
+def job_frames(node: str, job: str, slow: dict[int, dict[str, float]] | None = None) -> telemetry.NodeFrame:
+    slow = slow or {}
+    return frame(node, [gpu(g, jobs=[job], **slow.get(g, {})) for g in range(8)])
+
+
+def test_a_gpu_clocking_low_at_less_power_is_a_straggler_after_three_windows() -> None:
+    fs = stragglers.FailSlow()
+    verdicts = run(
+        fs,
+        lambda t: [
+            job_frames("n1", "j1", {2: {"clock": 1530.0, "power": 560.0, "clocks_event_reasons": 0x8}})
+        ],
+        5,
+    )
+    assert [v["n1"][2] for v in verdicts[:4]] == [0.0, 0.0, 1.0, 1.0]
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8) if g != 2)
+    why = fs.explain("n1", 2)
+    assert why["straggler.job"] == "j1"
+    assert why["straggler.test"] == "peers"
+    assert why["straggler.cause"] == "hw_slowdown"
+    assert why["straggler.clock_deficit_pct"] == 15.0
+
+
+def test_a_healthy_gpu_at_its_power_cap_clocking_lower_is_not_a_straggler() -> None:
+    fs = stragglers.FailSlow()
+    # the same power as its peers (all at the cap), 10 % lower clock: a hotter chip, not a fault
+    verdicts = run(
+        fs,
+        lambda t: [
+            job_frames("n1", "j1", {5: {"clock": 1620.0, "power": 650.0, "clocks_event_reasons": 0x4}})
+        ],
+        5,
+    )
+    assert all(v["n1"][5] == 0.0 for v in verdicts)
+
+
+def test_checkpoints_and_idle_gaps_do_not_count() -> None:
+    fs = stragglers.FailSlow()
+
+    # every other minute the job checkpoints (low utilisation), when GPU 1 (rank 0, writing it) clocks
+    # and draws far less than the others; under load it is like its peers
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        ckpt = (t // 60) % 2 == 1 or t % 60 < 20
+        return [
+            frame(
+                "n1",
+                [
+                    gpu(
+                        g,
+                        jobs=["j1"],
+                        util=5.0,
+                        clock=900.0 if g == 1 else 1800.0,
+                        power=150.0 if g == 1 else 300.0,
+                    )
+                    if ckpt
+                    else gpu(g, jobs=["j1"])
+                    for g in range(8)
+                ],
+            )
+        ]
+
+    verdicts = run(fs, make, 10)
+    assert len(verdicts) == 9
+    assert all(v["n1"][1] == 0.0 for v in verdicts)
+
+
+def test_a_straggler_is_still_found_when_checkpoints_interrupt_its_windows() -> None:
+    fs = stragglers.FailSlow()
+
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        ckpt = (t // 60) % 2 == 1
+        slow = {} if ckpt else {"clock": 1500.0, "power": 520.0}
+        return [
+            frame(
+                "n1",
+                [
+                    gpu(g, jobs=["j1"], **({"util": 5.0} if ckpt else {}), **(slow if g == 1 else {}))
+                    for g in range(8)
+                ],
+            )
+        ]
+
+    verdicts = run(fs, make, 8)
+    assert verdicts[-1]["n1"][1] == 1.0  # three loaded windows, with checkpoint windows between them
+
+
+def test_a_gpu_without_enough_peers_is_compared_with_its_own_history() -> None:
+    fs = stragglers.FailSlow()
+
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        slow = t >= 15 * 60
+        return [
+            frame(
+                "n1",
+                [gpu(0, jobs=["small"], clock=1500.0 if slow else 1800.0, power=520.0 if slow else 650.0)],
+            )
+        ]
+
+    verdicts = run(fs, make, 20)
+    assert [v["n1"][0] for v in verdicts][:15] == [0.0] * 15
+    assert verdicts[-1]["n1"][0] == 1.0
+    assert fs.explain("n1", 0)["straggler.test"] == "history"
+
+
+def test_a_down_trained_link_under_load_is_a_straggler_with_its_cause() -> None:
+    fs = stragglers.FailSlow()
+    verdicts = run(fs, lambda t: [job_frames("n1", "j1", {4: {"pcie_gen": 3, "pcie_gen_max": 5}})], 4)
+    assert verdicts[-1]["n1"][4] == 1.0
+    assert fs.explain("n1", 4)["straggler.cause"] == "link_down_trained"
+
+
+def test_a_whole_node_lagging_its_jobs_other_nodes_is_a_node_straggler() -> None:
+    fs = stragglers.FailSlow()
+    nodes = [f"n{i}" for i in range(4)]
+    slow = {g: {"clock": 1550.0, "power": 560.0} for g in range(8)}
+    verdicts = run(fs, lambda t: [job_frames(n, "big", slow if n == "n2" else None) for n in nodes], 4)
+    assert all(v == 1.0 for v in verdicts[-1]["n2"].values())
+    assert all(v == 0.0 for n in ("n0", "n1", "n3") for v in verdicts[-1][n].values())
+    assert fs.explain("n2", 0)["straggler.job"] == "big"
+
+
+def test_a_nodes_frames_are_folded_at_most_every_sample_every_s() -> None:
+    scorer = stragglers.Scorer(stragglers.Settings(sample_every_s=5.0))
+    for t in range(60):
+        scorer.observe(frame("n1", [gpu(0)], ts=1000.0 + t))
+    scorer._fold_pending()
+    assert scorer._samples[0] == 12
+
+
+def test_group_medians_match_numpy_per_group() -> None:
+    rng = np.random.default_rng(1)
+    codes = rng.integers(-1, 5, 200)
+    x = rng.normal(size=200)
+    med, mad, size = stragglers._group_median_mad(codes, x)
+    for c in range(5):
+        v = x[codes == c]
+        assert np.isclose(med[c], np.median(v))
+        assert size[c] == v.size
+        assert np.isclose(mad[c], np.median(np.abs(v - np.median(v))))
+
+
+def test_a_port_trained_down_and_erroring_on_the_stragglers_node_is_named_in_its_cause() -> None:
+    from healer.schemas import fabric
+
+    fs = stragglers.FailSlow()
+
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        ports = [
+            fabric.PortSample(device="mlx5_0", port=1, rate_gbps=400.0, symbol_error=0, port_xmit_wait=10),
+            fabric.PortSample(
+                device="mlx5_1", port=1, rate_gbps=200.0, symbol_error=3 * t, port_xmit_wait=10 + 50 * t
+            ),
+        ]
+        slow = {3: {"clock": 1530.0, "power": 560.0}}
+        f = job_frames("n1", "j1", slow)
+        return [f.model_copy(update={"ports": ports, "schema_": telemetry.SCHEMA_V2})]
+
+    verdicts = run(fs, make, 4)
+    assert verdicts[-1]["n1"][3] == 1.0
+    why = fs.explain("n1", 3)
+    assert why["straggler.ports_down_trained"] == "mlx5_1/1@200G/400G"
+    assert str(why["straggler.ports_erroring"]).startswith("mlx5_1/1+")
+    assert why["straggler.ports_congested"] == "mlx5_1/1"
+    assert why["straggler.cause"] == "ports_down_trained,ports_erroring,ports_congested"
