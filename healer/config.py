@@ -313,6 +313,66 @@ class SharedCauseRule(_Group):
     """How many nodes of one domain with this rule make a shared cause."""
 
 
+class PowerBudget(_Group):
+    """A power budget for one failure domain (#30): the GPUs of the domain together stay under it."""
+
+    key: str = pydantic.Field(min_length=1, max_length=63)
+    """The domain key of the topology (``rack``, ``pdu``, ``row``, any key)."""
+    value: str = pydantic.Field(min_length=1, max_length=253)
+    """The domain (``r7``): the nodes whose ``key`` label has this value."""
+    breaker_kw: float | None = pydantic.Field(default=None, gt=0, le=100000)
+    """Source ``breaker``: the breaker's rating in kW; the budget is ``breaker_kw x derating``."""
+    derating: float = pydantic.Field(default=0.8, gt=0, le=1)
+    """Fraction of the breaker's rating that may be drawn continuously (0.8: the NEC's 80 % rule)."""
+    contract_kw: float | None = pydantic.Field(default=None, gt=0, le=100000)
+    """Source ``contract``: the budget in kW as agreed (a colocation contract). Exactly one of
+    ``breaker_kw`` or ``contract_kw``."""
+    gpu_share: float = pydantic.Field(default=1.0, gt=0, le=1)
+    """The part of the budget the GPUs may draw (the rest is CPUs, fans, network: healer sees only GPU
+    power)."""
+    hold_s: float = pydantic.Field(default=10.0, ge=0, le=3600)
+    """The domain must be over its budget this long before limits are lowered (a short spike is not
+    capped: breakers trip on sustained load)."""
+    hysteresis_percent: float = pydantic.Field(default=5.0, ge=0, le=50)
+    """Caps aim this far under the budget, and limits are raised again only while the domain, with the
+    next step fully drawn, stays this far under it: no cap / restore oscillation."""
+    restore_after_s: float = pydantic.Field(default=120.0, ge=0)
+    """Headroom must last this long before the first restore step, and between steps."""
+    restore_step_percent: float = pydantic.Field(default=10.0, gt=0, le=100)
+    """Each restore step raises a capped GPU's limit by this percentage of its default limit."""
+    policy: Literal["proportional", "priority"] = "proportional"
+    """proportional: every GPU gives up the same share of what it draws above its minimum limit;
+    priority: lower-priority GPUs are capped first (to their minimum), higher ones only if that is not
+    enough."""
+    priority_label: str = "priority"
+    """The node label (Slurm QOS or partition, Kubernetes priority class, as a node label) whose value
+    ranks a node's GPUs under ``policy: priority``."""
+    priorities: dict[str, int] = pydantic.Field(default_factory=dict)
+    """Rank of each ``priority_label`` value (higher: capped later); a node without the label, or with a
+    value not listed, ranks 0."""
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> PowerBudget:
+        if (self.breaker_kw is None) == (self.contract_kw is None):
+            raise ValueError("a power budget takes exactly one of 'breaker_kw' or 'contract_kw'")
+        return self
+
+    @property
+    def source(self) -> Literal["breaker", "contract"]:
+        return "breaker" if self.breaker_kw is not None else "contract"
+
+    @property
+    def domain(self) -> str:
+        return f"{self.key}={self.value}"
+
+    @property
+    def gpu_budget_w(self) -> float:
+        """What the domain's GPUs may draw together, in W."""
+        kw = self.breaker_kw * self.derating if self.breaker_kw is not None else self.contract_kw
+        assert kw is not None
+        return kw * 1000.0 * self.gpu_share
+
+
 class ControllerSettings(_Group):
     rules_dir: str = "rules"
     """Directory of rule files (*.yaml); watched and hot-reloaded."""
@@ -384,6 +444,9 @@ class ControllerSettings(_Group):
     breaker's window, counted in the breaker's KV document); beyond it the action waits and the
     incident names the domain and the limit. Unlike the fleet-wide breaker it opens nothing: a rack at
     its limit does not stop remediation elsewhere. Empty: no per-domain limit."""
+    power_budgets: list[PowerBudget] = pydantic.Field(default_factory=list)
+    """Power budgets per failure domain (#30; docs/power-budgets.md): e.g. ``[{key: rack, value: r7,
+    breaker_kw: 60, derating: 0.8}]``. Empty: no budget."""
     action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
     """A power cap on the same node for another incident waits at least this long (no flapping)."""
     actions_per_minute: int = pydantic.Field(default=60, ge=1)

@@ -3,7 +3,8 @@
 One ``step(dt)`` advances the whole fleet: workloads set utilisation, power follows utilisation and is
 capped by the power limit (and by thermal regulation when cooling is short), temperature follows power
 through a first-order thermal model on top of the node inlet and each GPU's cooling efficiency, clocks
-drop with the matching NVML ``clocks_event_reasons`` bits, and cumulative counters advance by the fault
+drop with the matching NVML ``clocks_event_reasons`` bits (a power cap: with the cube root of the
+dynamic power left, as at the top of a real GPU's DVFS curve), and cumulative counters advance by the fault
 rates the injector has set. Nothing here builds a pydantic model; ``frames`` turns the arrays into
 NodeFrame JSON. Faults act by writing to the public arrays (``cool_factor``, ``sbe_rate``, ``present``
 ...) and by calling ``emit_event``.
@@ -240,7 +241,8 @@ class Fleet:
         ratio = np.clip((p - self.p_idle) / dyn_wanted, 0.0, 1.0)
         limited = busy & (ratio < 0.999)
         clock = np.where(busy, self.sm_max, self.sm_idle)
-        clock = np.where(limited, np.maximum(self.sm_idle, self.sm_max * np.sqrt(ratio)), clock)
+        # Near the top of the DVFS curve dynamic power goes roughly with f·V² and V with f: f ∝ P^(1/3) (#30).
+        clock = np.where(limited, np.maximum(self.sm_idle, self.sm_max * np.cbrt(ratio)), clock)
         self.sm_clock = clock
         why = fields.ClocksEventReason
         reasons = np.where(busy, 0, int(why.GPU_IDLE))

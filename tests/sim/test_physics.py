@@ -160,3 +160,15 @@ def test_unknown_fault_parameter_is_rejected_by_name() -> None:
         faults.validate_params("ecc_sbe_storm", {"rate": 1})
     with pytest.raises(ValueError, match="unknown fault kind"):
         faults.validate_params("meltdown", {})
+
+
+def test_a_power_cap_lowers_the_sm_clock_with_the_cube_root_of_the_dynamic_power_left() -> None:
+    fl = _fleet()
+    _run(fl, 60)
+    fl.set_power_limit(0, 0, 400.0)
+    _run(fl, 30)
+    wanted = (fl.p_full[0, 0] - fl.p_idle[0, 0]) * fl.util[0, 0] / 100.0
+    ratio = (fl.power[0, 0] - fl.p_idle[0, 0]) / wanted
+    assert fl.util[0, 0] >= 1.0
+    assert ratio < 0.9
+    assert abs(fl.sm_clock[0, 0] - profiles.H100.sm_clock_max_mhz * ratio ** (1 / 3)) < 1.0

@@ -1,0 +1,280 @@
+"""Power budgets per failure domain (#30): the decision, pure.
+
+A rack, PDU or row has a budget (``controller.power_budgets``; a breaker's rating x derating, or a
+contract). ``step`` looks at one domain's live GPU readings against it once per tick and returns the
+new state and the power-limit changes; it changes nothing itself (the shell sends the changes through
+the usual gates, fencing and the breaker's counting, and keeps ``DomainState`` in KV so a new leader
+carries on).
+
+- **Over.** The GPUs' summed power over the (effective) budget for ``hold_s`` → caps: limits that bring
+  the domain to ``hysteresis_percent`` under the budget, never below a GPU's minimum limit and never
+  above what it is already limited to. ``proportional``: every GPU sheds the same share of what it draws
+  above its minimum; ``priority``: the lowest rank is taken to its minimum first, then the next.
+- **Headroom.** Under the budget by the hysteresis, with the next step of every GPU its cap holds
+  now assumed fully drawn, for ``restore_after_s`` → each capped GPU rises by
+  ``restore_step_percent`` of its default limit; a GPU back at the limit it had before healer
+  capped it is released. A step that would take the domain back over waits, so a steady load sees
+  no cap / restore cycles.
+- **Demand response.** ``shed_to_w`` until ``shed_until`` replaces the budget when lower (a utility's
+  demand-response request; no subject or CLI feeds it yet); when it ends the normal restore follows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+
+from healer import config
+
+AT_LIMIT = 0.97
+"""A GPU drawing this fraction of its limit or more is held by it (its demand may be higher)."""
+
+Gpu = tuple[str, int]
+"""(node, GPU index)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reading:
+    """One GPU of the domain, from its newest frame."""
+
+    node: str
+    gpu: int
+    power_w: float
+    limit_w: float
+    min_w: float
+    default_w: float
+    rank: int = 0
+    """Priority (higher is capped later), from the node's ``priority_label``."""
+
+
+class Phase(enum.IntEnum):
+    UNDER = 0
+    """Within the budget; nothing capped."""
+    OVER = 1
+    """Over the budget, waiting out ``hold_s``."""
+    CAPPED = 2
+    """healer holds some limits of the domain down."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DomainState:
+    """What must survive failover (a KV document per domain)."""
+
+    over_since: float | None = None
+    headroom_since: float | None = None
+    last_change: float | None = None
+    original_w: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """``"<node>/<gpu>"`` → the limit the GPU had before healer first capped it."""
+    capped_w: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """``"<node>/<gpu>"`` → the limit healer set last."""
+    cycles: tuple[float, ...] = ()
+    """When each cap cycle began (a cycle: from first cap to full release)."""
+    shed_to_w: float | None = None
+    shed_until: float | None = None
+
+    def dump(self) -> dict[str, object]:
+        return {
+            "over_since": self.over_since, "headroom_since": self.headroom_since,
+            "last_change": self.last_change, "original_w": dict(self.original_w),
+            "capped_w": dict(self.capped_w), "cycles": list(self.cycles), "shed_to_w": self.shed_to_w,
+            "shed_until": self.shed_until,
+        }  # fmt: skip
+
+    @classmethod
+    def load(cls, doc: Mapping[str, object]) -> DomainState:
+        def num(name: str) -> float | None:
+            v = doc.get(name)
+            return float(v) if isinstance(v, (int, float)) else None
+
+        def watts(name: str) -> dict[str, float]:
+            v = doc.get(name)
+            if not isinstance(v, Mapping):
+                return {}
+            return {str(k): float(w) for k, w in v.items() if isinstance(w, (int, float))}
+
+        cycles = doc.get("cycles")
+        return cls(
+            over_since=num("over_since"), headroom_since=num("headroom_since"),
+            last_change=num("last_change"), original_w=watts("original_w"), capped_w=watts("capped_w"),
+            cycles=tuple(float(c) for c in cycles if isinstance(c, (int, float)))
+            if isinstance(cycles, list) else (),
+            shed_to_w=num("shed_to_w"), shed_until=num("shed_until"),
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change:
+    node: str
+    gpu: int
+    from_w: float
+    to_w: float
+    release: bool = False
+    """Back to the limit the GPU had before: ``restore_power_limit``, not a new cap."""
+
+    @property
+    def kind(self) -> str:
+        return "restore_power_limit" if self.release else "power_limit"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    state: DomainState
+    changes: tuple[Change, ...]
+    phase: Phase
+    total_w: float
+    budget_w: float
+    """The budget in force (a demand-response shed when lower)."""
+
+
+def key_of(node: str, gpu: int) -> str:
+    return f"{node}/{gpu}"
+
+
+def budget_now(budget: config.PowerBudget, state: DomainState, now: float) -> float:
+    """The budget in force: the configured one, or a running demand-response shed when lower."""
+    base = budget.gpu_budget_w
+    if state.shed_to_w is not None and state.shed_until is not None and now < state.shed_until:
+        return min(base, state.shed_to_w)
+    return base
+
+
+def shed(state: DomainState, to_w: float, until: float) -> DomainState:
+    """A demand-response request: hold ``to_w`` until ``until``."""
+    return dataclasses.replace(state, shed_to_w=to_w, shed_until=until)
+
+
+def step(readings: Sequence[Reading], budget: config.PowerBudget, state: DomainState, now: float) -> Decision:
+    """One tick of one domain (see the module docstring)."""
+    if state.shed_until is not None and now >= state.shed_until:
+        state = dataclasses.replace(state, shed_to_w=None, shed_until=None)
+    limit_w = budget_now(budget, state, now)
+    total = sum(r.power_w for r in readings)
+    margin = budget.hysteresis_percent / 100.0
+    if total > limit_w:
+        over_since = state.over_since if state.over_since is not None else now
+        state = dataclasses.replace(state, over_since=over_since, headroom_since=None)
+        if now - over_since < budget.hold_s:
+            return Decision(state, (), Phase.OVER if not state.capped_w else Phase.CAPPED, total, limit_w)
+        target = limit_w * (1.0 - margin)
+        changes = _caps(readings, total - target, budget)
+        return _applied(state, changes, readings, now, total, limit_w)
+    state = dataclasses.replace(state, over_since=None)
+    if not state.capped_w:
+        return Decision(dataclasses.replace(state, headroom_since=None), (), Phase.UNDER, total, limit_w)
+    changes = _restores(readings, budget, state, limit_w * (1.0 - margin), total)
+    if not changes:
+        state = dataclasses.replace(state, headroom_since=None)
+        return Decision(state, (), Phase.CAPPED, total, limit_w)
+    since = state.headroom_since if state.headroom_since is not None else now
+    state = dataclasses.replace(state, headroom_since=since)
+    last = state.last_change if state.last_change is not None else since
+    if now - since < budget.restore_after_s or now - last < budget.restore_after_s:
+        return Decision(state, (), Phase.CAPPED, total, limit_w)
+    return _applied(state, changes, readings, now, total, limit_w)
+
+
+def _caps(readings: Sequence[Reading], shed_w: float, budget: config.PowerBudget) -> list[Change]:
+    """New limits shedding ``shed_w`` from what the GPUs draw, by the budget's policy."""
+    if shed_w <= 0:
+        return []
+    want: dict[Gpu, float] = {}
+    groups: list[list[Reading]] = [list(readings)]
+    if budget.policy == "priority":
+        ranks = sorted({r.rank for r in readings})
+        groups = [[r for r in readings if r.rank == k] for k in ranks]
+    left = shed_w
+    for group in groups:
+        spare = sum(max(0.0, r.power_w - r.min_w) for r in group)
+        if spare <= 0:
+            continue
+        share = min(1.0, left / spare)
+        for r in group:
+            want[(r.node, r.gpu)] = r.power_w - share * max(0.0, r.power_w - r.min_w)
+        left -= share * spare
+        if left <= 1e-9:
+            break
+    out = []
+    for r in readings:
+        w = want.get((r.node, r.gpu))
+        if w is None:
+            continue
+        w = max(r.min_w, round(w, 1))
+        if w < r.limit_w - 0.5:
+            out.append(Change(r.node, r.gpu, r.limit_w, w))
+    return out
+
+
+def _restores(
+    readings: Sequence[Reading],
+    budget: config.PowerBudget,
+    state: DomainState,
+    ceiling_w: float,
+    total: float,
+) -> list[Change]:
+    """The next restore step of every capped GPU, if the domain stays under ``ceiling_w`` with every
+    raised GPU that its cap holds now (``AT_LIMIT``) drawing its whole new limit."""
+    out: list[Change] = []
+    rise = 0.0
+    for r in readings:
+        k = key_of(r.node, r.gpu)
+        if k not in state.capped_w:
+            continue
+        original = state.original_w.get(k, r.default_w)
+        to = min(original, r.limit_w + budget.restore_step_percent / 100.0 * r.default_w)
+        if r.power_w >= r.limit_w * AT_LIMIT:  # held by its cap: it will draw the whole step
+            rise += max(0.0, to - r.power_w)
+        out.append(Change(r.node, r.gpu, r.limit_w, round(to, 1), release=to >= original - 0.5))
+    if total + rise > ceiling_w:
+        return []
+    return out
+
+
+def _applied(
+    state: DomainState,
+    changes: Sequence[Change],
+    readings: Sequence[Reading],
+    now: float,
+    total: float,
+    limit_w: float,
+) -> Decision:
+    if not changes:
+        return Decision(state, (), Phase.CAPPED if state.capped_w else Phase.OVER, total, limit_w)
+    original = dict(state.original_w)
+    capped = dict(state.capped_w)
+    cycles = state.cycles
+    if not capped:
+        cycles = (*cycles, now)
+    for c in changes:
+        k = key_of(c.node, c.gpu)
+        if c.release:
+            capped.pop(k, None)
+            original.pop(k, None)
+            continue
+        original.setdefault(k, c.from_w)
+        capped[k] = c.to_w
+    state = dataclasses.replace(
+        state, original_w=original, capped_w=capped, cycles=cycles, last_change=now, over_since=None
+    )
+    return Decision(state, tuple(changes), Phase.CAPPED if capped else Phase.UNDER, total, limit_w)
+
+
+def readings_of(
+    frames: Mapping[str, Sequence[Mapping[str, object]]],
+    members: Sequence[str],
+    labels: Mapping[str, Mapping[str, str]],
+    budget: config.PowerBudget,
+) -> list[Reading]:
+    """The domain's GPUs from each member node's newest GpuSample dicts (a GPU without a power reading,
+    limit or minimum is left out: it can be neither counted nor capped)."""
+    out = []
+    for node in members:
+        rank = budget.priorities.get(labels.get(node, {}).get(budget.priority_label, ""), 0)
+        for g in frames.get(node, ()):
+            vals = [g.get(n) for n in ("power_w", "power_limit_w", "power_min_w", "power_default_w")]
+            idx = g.get("index")
+            if not isinstance(idx, int) or not all(isinstance(v, (int, float)) for v in vals):
+                continue
+            p, lim, lo, dflt = (float(v) for v in vals)  # type: ignore[arg-type]
+            out.append(Reading(node, idx, p, lim, lo, dflt, rank))
+    return out

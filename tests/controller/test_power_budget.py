@@ -1,0 +1,148 @@
+"""Power budgets per domain (#30): the pure decision and its targets in a closed loop."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from healer import config
+from healer.controller import power_budget, power_eval
+
+R = power_budget.Reading
+
+
+def _budget(**kw: object) -> config.PowerBudget:
+    base: dict[str, object] = {"key": "rack", "value": "r1", "contract_kw": 2.0, "hold_s": 10.0}
+    base.update(kw)
+    return config.PowerBudget.model_validate(base)
+
+
+def _rack(power_w: float, n: int = 4, limit_w: float = 700.0, rank: int = 0) -> list[power_budget.Reading]:
+    return [R("n1", i, power_w, limit_w, 200.0, 700.0, rank) for i in range(n)]
+
+
+def test_a_budget_takes_exactly_one_source_and_a_breaker_is_derated() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        config.PowerBudget(key="rack", value="r1")
+    with pytest.raises(pydantic.ValidationError):
+        config.PowerBudget(key="rack", value="r1", breaker_kw=10, contract_kw=5)
+    b = config.PowerBudget(key="rack", value="r1", breaker_kw=60, derating=0.8, gpu_share=0.5)
+    assert b.source == "breaker"
+    assert b.gpu_budget_w == pytest.approx(24000.0)
+
+
+def test_over_budget_is_capped_only_after_the_hold_time_and_lands_under_it_by_the_hysteresis() -> None:
+    b = _budget()  # 2000 W for 4 GPUs drawing 650 W each = 2600 W
+    state = power_budget.DomainState()
+    d = power_budget.step(_rack(650.0), b, state, 100.0)
+    assert d.phase is power_budget.Phase.OVER
+    assert not d.changes
+    d = power_budget.step(_rack(650.0), b, d.state, 109.0)
+    assert not d.changes, "a spike shorter than hold_s is not capped"
+    d = power_budget.step(_rack(650.0), b, d.state, 110.0)
+    assert d.phase is power_budget.Phase.CAPPED
+    assert len(d.changes) == 4
+    assert sum(c.to_w for c in d.changes) == pytest.approx(2000.0 * 0.95, abs=1.0)
+    assert all(c.kind == "power_limit" and c.from_w == 700.0 for c in d.changes)
+    assert d.state.original_w == {f"n1/{i}": 700.0 for i in range(4)}
+
+
+def test_a_short_excursion_resets_the_hold() -> None:
+    b = _budget()
+    d = power_budget.step(_rack(650.0), b, power_budget.DomainState(), 0.0)
+    d = power_budget.step(_rack(400.0), b, d.state, 5.0)
+    d = power_budget.step(_rack(650.0), b, d.state, 12.0)
+    assert not d.changes
+    assert d.state.over_since == 12.0
+
+
+def test_proportional_sheds_by_what_each_gpu_draws_above_its_minimum_and_never_below_it() -> None:
+    b = _budget(contract_kw=0.9)
+    readings = [R("n1", 0, 700.0, 700.0, 200.0, 700.0), R("n1", 1, 300.0, 700.0, 200.0, 700.0)]
+    d = power_budget.step(readings, b, power_budget.DomainState(over_since=0.0), 20.0)
+    by_gpu = {c.gpu: c.to_w for c in d.changes}
+    # shed 145 W (to 855 W): 500 W of spare above min on GPU 0, 100 W on GPU 1 -> 5/6 and 1/6 of it
+    assert by_gpu[0] == pytest.approx(700 - 145 * 5 / 6, abs=0.2)
+    assert by_gpu[1] == pytest.approx(300 - 145 / 6, abs=0.2)
+    tiny = _budget(contract_kw=0.1)
+    d = power_budget.step(readings, tiny, power_budget.DomainState(over_since=0.0), 20.0)
+    assert {c.to_w for c in d.changes} == {200.0}, "never below each GPU's minimum limit"
+
+
+def test_priority_caps_the_lowest_rank_first() -> None:
+    b = _budget(contract_kw=2.2, policy="priority")
+    readings = _rack(650.0, n=2, rank=0) + [R("n2", i, 650.0, 700.0, 200.0, 700.0, 5) for i in range(2)]
+    d = power_budget.step(readings, b, power_budget.DomainState(over_since=0.0), 20.0)
+    low = {c.gpu: c.to_w for c in d.changes if c.node == "n1"}
+    assert len(low) == 2
+    assert not [c for c in d.changes if c.node == "n2"], "the high rank keeps its limit"
+    assert sum(low.values()) + 1300.0 == pytest.approx(2200 * 0.95, abs=1.0)
+
+
+def test_readings_rank_nodes_by_their_priority_label() -> None:
+    b = _budget(policy="priority", priority_label="slurm.qos", priorities={"high": 10})
+    frames = {"n1": [{"index": 0, "power_w": 500.0, "power_limit_w": 700.0, "power_min_w": 200.0,
+                      "power_default_w": 700.0}, {"index": 1, "power_w": None}]}  # fmt: skip
+    got = power_budget.readings_of(frames, ["n1", "n2"], {"n1": {"slurm.qos": "high"}}, b)
+    assert got == [R("n1", 0, 500.0, 700.0, 200.0, 700.0, 10)], "a GPU without a power reading is left out"
+
+
+def test_restore_is_stepwise_waits_for_headroom_and_never_takes_the_domain_back_over() -> None:
+    b = _budget(restore_after_s=60.0, restore_step_percent=10.0)
+    d = power_budget.step(_rack(650.0), b, power_budget.DomainState(over_since=0.0), 10.0)
+    state = d.state
+    capped = _rack(475.0, limit_w=475.0)
+    # at steady load, a step (+70 W each, fully drawn) would cross the ceiling: nothing, ever
+    for t in range(11, 2000, 5):
+        d = power_budget.step(capped, b, state, float(t))
+        assert not d.changes
+        state = d.state
+    # the jobs' load drops: the limits come back in steps, one every restore_after_s
+    light = _rack(300.0, limit_w=475.0)
+    d = power_budget.step(light, b, state, 2000.0)
+    assert not d.changes, "headroom must last restore_after_s"
+    d = power_budget.step(light, b, d.state, 2060.0)
+    assert [c.to_w for c in d.changes] == [545.0] * 4
+    assert not any(c.release for c in d.changes)
+    d = power_budget.step(_rack(300.0, limit_w=545.0), b, d.state, 2070.0)
+    assert not d.changes, "one step per restore_after_s"
+    t, limit = 2120.0, 545.0
+    while d.state.capped_w:
+        d = power_budget.step(_rack(300.0, limit_w=limit), b, d.state, t)
+        if d.changes:
+            limit = d.changes[0].to_w
+        t += 60.0
+    assert limit == 700.0
+    assert all(c.release and c.kind == "restore_power_limit" for c in d.changes)
+    assert d.phase is power_budget.Phase.UNDER
+    assert d.state.original_w == {}
+    assert len(d.state.cycles) == 1
+
+
+def test_demand_response_lowers_the_budget_until_it_ends() -> None:
+    b = _budget(contract_kw=3.0)
+    state = power_budget.shed(power_budget.DomainState(), 1500.0, until=100.0)
+    assert power_budget.budget_now(b, state, 50.0) == 1500.0
+    d = power_budget.step(_rack(650.0), b, state, 0.0)
+    d = power_budget.step(_rack(650.0), b, d.state, 10.0)
+    assert sum(c.to_w for c in d.changes) == pytest.approx(1500 * 0.95, abs=1.0)
+    d = power_budget.step(_rack(350.0, limit_w=356.0), b, d.state, 100.0)
+    assert d.budget_w == 3000.0
+    assert d.state.shed_to_w is None
+
+
+def test_the_state_survives_a_round_trip_through_its_kv_document() -> None:
+    d = power_budget.step(_rack(650.0), _budget(), power_budget.DomainState(over_since=0.0), 10.0)
+    s = power_budget.shed(d.state, 1000.0, 99.0)
+    assert power_budget.DomainState.load(s.dump()) == s
+    assert power_budget.DomainState.load({"capped_w": "junk", "cycles": [1, "x"]}).cycles == (1.0,)
+
+
+@pytest.mark.parametrize("policy", ["proportional", "priority"])
+def test_the_targets_hold_on_a_ramping_rack(policy: str) -> None:
+    r = power_eval.run(nodes=4, seconds=900, policy=policy)
+    assert r.under_after_hold_s <= 10
+    assert r.over_2pct_beyond_hold_s == 0
+    assert r.loss_ratio <= 1.2
+    assert r.cycles_per_10min <= 1
+    assert r.ok()
