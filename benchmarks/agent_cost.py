@@ -33,11 +33,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import prometheus_client
 import structlog
 
-from healer.agent import metrics as metrics_mod
-from healer.agent import runner
+from healer.agent import daemon, exposition
 from healer.bus import embedded, memory, subjects
 from healer.schemas import telemetry
-from healer.telemetry import nvml, rdma, sim, source
+from healer.sim import node_source
+from healer.telemetry import nvml, rdma, source
 from tests.fakes import fake_pynvml
 
 BUDGET_MS = 10.0
@@ -59,7 +59,7 @@ async def measure(src: source.TelemetrySource, frames: int, ports: rdma.PortRead
 
     await bus.subscribe(subj.all_telemetry, count)
     with tempfile.TemporaryDirectory() as state:
-        agent = runner.Agent(
+        agent = daemon.Agent(
             node="bench-node", source=src, bus=bus, state_dir=state, gpus_expected=8, ports=ports
         )
         src.open()
@@ -80,8 +80,8 @@ async def measure(src: source.TelemetrySource, frames: int, ports: rdma.PortRead
 
 def scrape_cost(scrapes: int) -> tuple[float, int]:
     """(ms CPU per scrape of the agent's registry with 8 GPUs' readings, bytes per scrape)."""
-    metrics = metrics_mod.AgentMetrics()
-    src = sim.SimSource("bench-node", gpus=8, seed=1)
+    metrics = exposition.AgentMetrics()
+    src = node_source.SimSource("bench-node", gpus=8, seed=1)
     frame = telemetry.NodeFrame(
         node="bench-node",
         ts=1.0,
@@ -144,7 +144,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     fake = fake_pynvml.FakeNvml(8).module()
     rows = [
-        ("sim", asyncio.run(measure(sim.SimSource("bench-node", gpus=8, seed=1), args.frames))),
+        ("sim", asyncio.run(measure(node_source.SimSource("bench-node", gpus=8, seed=1), args.frames))),
         ("nvml (fake pynvml)", asyncio.run(measure(nvml.NvmlSource("bench-node", nvml=fake), args.frames))),
     ]
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -158,9 +158,11 @@ def main() -> None:
     print("(target: < 10 ms CPU per frame, < 80 MB RSS)")
     with tempfile.TemporaryDirectory() as tree:
         rdma.write_tree((FIXTURES / "cx7-ib-healthy.txt").read_text(), tree)
-        plain = asyncio.run(measure(sim.SimSource("bench-node", gpus=8, seed=1), args.frames))
+        plain = asyncio.run(measure(node_source.SimSource("bench-node", gpus=8, seed=1), args.frames))
         reader = rdma.PortReader(tree)
-        with_ports = asyncio.run(measure(sim.SimSource("bench-node", gpus=8, seed=1), args.frames, reader))
+        with_ports = asyncio.run(
+            measure(node_source.SimSource("bench-node", gpus=8, seed=1), args.frames, reader)
+        )
         assert len(reader.read()) == 8
     added = with_ports - plain
     print(

@@ -23,7 +23,7 @@ import orjson
 from healer.anomaly import scoring
 from healer.rules import engine, loader
 from healer.schemas import codec, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0
@@ -37,7 +37,7 @@ def templates(variants: int) -> list[dict[str, object]]:
     """Decoded-JSON frame documents of simulated nodes (the wire shape), to vary per node cheaply."""
     out = []
     for v in range(variants):
-        gpus = sim.SimSource(f"v{v}", gpus=8, seed=v).sample().gpus
+        gpus = node_source.SimSource(f"v{v}", gpus=8, seed=v).sample().gpus
         frame = telemetry.NodeFrame(
             node=f"v{v}", ts=T0, seq=0, boot_id="mem", agent_version="mem", source="sim",
             gpus_expected=8, gpus=gpus,

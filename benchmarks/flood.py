@@ -45,7 +45,7 @@ from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, events, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 
 XID_RULE = """
 rules:
@@ -80,7 +80,7 @@ async def flooder(url: str, seconds: float, rate: float = 0.0) -> None:
 async def publisher(url: str, nodes: int, seconds: float) -> None:
     """Real nodes: ``nodes`` 8-GPU frames per second (one per node), for ``seconds``."""
     bus = await natsbus.NatsBus.connect(url, name="nodes")
-    sources = [sim.SimSource(f"real-{i:03d}", gpus=8, seed=i) for i in range(nodes)]
+    sources = [node_source.SimSource(f"real-{i:03d}", gpus=8, seed=i) for i in range(nodes)]
     sent = 0
     deadline = time.monotonic() + seconds
     next_t = time.monotonic()

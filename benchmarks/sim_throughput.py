@@ -18,9 +18,10 @@ import pathlib
 import tempfile
 import time
 
+from healer.agent import sim_fleet
 from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.sim import live, recording, scenarios
+from healer.sim import recording, scenarios
 
 RECORD_TARGET = 50_000
 LIVE_TARGET_NODES = 2_000
@@ -46,7 +47,7 @@ async def bench_live(nodes: int, ticks: int, url: str) -> float:
     subj = subjects.Subjects("bench")
     bus = await natsbus.NatsBus.connect(url, name="bench")
     sim = scenarios.build(scenarios.load("mixed"), nodes=nodes, gpus=8, seed=1, start_ts=time.time())
-    fleet = live.LiveFleet(sim, bus, subj, interval_s=1.0)
+    fleet = sim_fleet.LiveFleet(sim, bus, subj, interval_s=1.0)
     sim.take_events()  # no events stream on this prefix: measure the frame path
     await fleet.start()
     await fleet.tick(1.0)

@@ -29,7 +29,7 @@ import orjson
 
 from healer import config
 from healer.schemas import codec, incidents, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 from healer.ui import board, fleet, live, server
 
 FLAGS = (
@@ -41,7 +41,7 @@ FLAGS = (
 
 def encoded_frames(nodes: int, gpus: int, temps: np.ndarray, now: float) -> list[tuple[str, bytes]]:
     """Real NodeFrame JSON per node (16 GPU sample sets shared, temperatures per node)."""
-    base = [sim.SimSource(f"v{v}", gpus=gpus, seed=v).sample().gpus for v in range(16)]
+    base = [node_source.SimSource(f"v{v}", gpus=gpus, seed=v).sample().gpus for v in range(16)]
     out = []
     for i in range(nodes):
         node = f"gpu-{i:05d}"

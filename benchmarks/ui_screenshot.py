@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from healer import logs
-from healer.demo import runner
+from healer.demo import session
 
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -34,9 +34,9 @@ async def shoot(args: argparse.Namespace) -> None:
 
     urls: list[str] = []
     stop = asyncio.Event()
-    opts = runner.Options(duration_s=args.at + 60)
+    opts = session.Options(duration_s=args.at + 60)
     demo = asyncio.create_task(
-        runner.run(
+        session.run(
             opts, stop=stop, say=lambda line: urls.extend(line.split()[-1:] if "status page" in line else [])
         )
     )

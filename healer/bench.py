@@ -40,13 +40,13 @@ from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, events, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 
 TS_MARK = b"1111111111.25"
 
 
 def _templates(nodes: int, faulty: set[int]) -> list[tuple[str, bytes, bytes | None]]:
-    gpus = sim.SimSource("bench", gpus=8, seed=1).sample().gpus
+    gpus = node_source.SimSource("bench", gpus=8, seed=1).sample().gpus
     bad = [g.model_copy(update={"ecc_dbe_volatile": 1}) if g.index == 3 else g for g in gpus]
     out = []
     for i in range(nodes):

@@ -71,11 +71,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "healer.feed", "healer.security", "healer.testing",
     ),
     "top": (
-        "healer.agent", "healer.controller", "healer.sim.live", "healer.demo", "healer.bench", "healer.ui",
-        "healer.cli", "healer.__main__",
+        "healer.agent", "healer.controller", "healer.demo", "healer.bench", "healer.ui", "healer.cli",
+        "healer.__main__",
     ),
 }  # fmt: skip
-"""docs/architecture.md's layer table (the longest matching prefix decides: ``healer.sim.live`` is top)."""
+"""docs/architecture.md's layer table (the longest matching prefix decides)."""
 RANK = {"bottom": 0, "middle": 1, "top": 2}
 
 
@@ -130,8 +130,8 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: pathlib.Path) -> None:
     (tmp_path / "m.py").write_text("def f():\n    from healer.controller import service\n")
     assert healer_imports(tmp_path / "m.py") == {"healer.controller.service"}
     assert layer_of("healer.controller.service") == "top"
-    assert layer_of("healer.sim.live") == "top"
-    assert layer_of("healer.sim.fleet") == "middle"
+    assert layer_of("healer.agent.sim_fleet") == "top"
+    assert layer_of("healer.sim.physics") == "middle"
     assert layer_of("healer.schemas.codec") == "bottom"
 
 
@@ -155,3 +155,28 @@ def test_no_module_imports_two_modules_of_one_name() -> None:
             by_name.setdefault(m.rsplit(".", 1)[-1], set()).add(m)
         clashes += [f"{me}: {sorted(v)}" for k, v in by_name.items() if len(v) > 1 and k not in SHARED_NAMES]
     assert sorted(clashes) == []
+
+
+def test_every_module_name_is_used_once() -> None:
+    """A name says which module: ``runner``, ``metrics`` or ``engine`` in two packages made readers and
+    imports guess (#25). Only ``SHARED_NAMES`` repeat."""
+    by_name: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        by_name.setdefault(path.stem, []).append(module_name(path))
+    repeated = {k: sorted(v) for k, v in by_name.items() if len(v) > 1 and k not in SHARED_NAMES}
+    assert repeated == {}
+
+
+def test_no_module_is_imported_under_a_mod_alias() -> None:
+    """``from healer.x import y as y_mod`` hid a name clash; with every module name used once there is
+    none to hide."""
+    aliased = []
+    for path in [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                aliased += [
+                    f"{path.name}: {a.name} as {a.asname}"
+                    for a in node.names
+                    if a.asname and a.asname.endswith("_mod")
+                ]
+    assert aliased == []

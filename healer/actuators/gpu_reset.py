@@ -28,10 +28,11 @@ from collections.abc import Callable
 
 import structlog
 
+import healer
 from healer import config, errors
 from healer.actuators import base
 from healer.bus import base as bus_base
-from healer.bus import subjects as subjects_mod
+from healer.bus import subjects
 from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
@@ -43,14 +44,14 @@ class GpuRecoveryActuator:
     def __init__(
         self,
         bus: bus_base.Bus,
-        subjects: subjects_mod.Subjects | None = None,
+        subjects: subjects.Subjects | None = None,
         settings: config.ActuatorSettings | None = None,
         *,
         issuer: str = "controller",
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.bus = bus
-        self.subjects = subjects or subjects_mod.Subjects()
+        self.subjects = subjects or healer.bus.subjects.Subjects()  # the parameter shadows the module
         self.settings = settings or config.ActuatorSettings()
         self.issuer = issuer
         self._clock = clock

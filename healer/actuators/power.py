@@ -24,10 +24,11 @@ from typing import Protocol
 
 import structlog
 
+import healer
 from healer import config, errors, logs
 from healer.actuators import base
 from healer.bus import base as bus_base
-from healer.bus import subjects as subjects_mod
+from healer.bus import subjects
 from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
@@ -60,7 +61,7 @@ class PowerActuator:
         self,
         bus: bus_base.Bus,
         readings: PowerReadings,
-        subjects: subjects_mod.Subjects | None = None,
+        subjects: subjects.Subjects | None = None,
         settings: config.ActuatorSettings | None = None,
         *,
         issuer: str = "controller",
@@ -70,7 +71,7 @@ class PowerActuator:
     ) -> None:
         self.bus = bus
         self.readings = readings
-        self.subjects = subjects or subjects_mod.Subjects()
+        self.subjects = subjects or healer.bus.subjects.Subjects()  # the parameter shadows the module
         self.settings = settings or config.ActuatorSettings()
         self.issuer = issuer
         self._clock = clock

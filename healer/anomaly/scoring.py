@@ -113,7 +113,7 @@ class Scorer:
 
     def export_state(self) -> dict[str, Any]:
         """Everything learned about this fleet, JSON-able (``thermal.ThermalState.export``): save it
-        (``healer.anomaly.state.save``) and ``import_state`` it after a restart or failover."""
+        (``healer.anomaly.scorer_state.save``) and ``import_state`` it after a restart or failover."""
         return self.thermal.export()
 
     def import_state(self, state: dict[str, Any]) -> int:

@@ -28,8 +28,7 @@ from nats.js import api as js_api
 from nats.js import kv as js_kv
 
 from healer import config, errors
-from healer.bus import base
-from healer.bus import fair as fair_mod
+from healer.bus import base, fair
 
 log = structlog.get_logger(__name__)
 SLOW_CONSUMER_LOG_S = 10.0
@@ -342,7 +341,7 @@ class _FairPending(asyncio.Queue):  # type: ignore[type-arg]
         super().__init__(maxsize=0)
 
     def _init(self, maxsize: int) -> None:
-        self._queue: fair_mod.FairQueue[Any] = fair_mod.FairQueue(
+        self._queue: fair.FairQueue[Any] = fair.FairQueue(
             self._fair_spec.per_source, self._fair_spec.max_bytes,
             size=lambda m: len(m.data) + MSG_OVERHEAD_BYTES,
         )  # fmt: skip

@@ -26,7 +26,7 @@ from nats.js import api
 
 from healer import config, errors
 from healer.bus import nats as natsbus
-from healer.bus import subjects as subjects_mod
+from healer.bus import subjects
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +42,7 @@ class Plan:
     buckets: list[api.KeyValueConfig]
 
 
-def plan(subjects: subjects_mod.Subjects, settings: config.NatsSettings) -> Plan:
+def plan(subjects: subjects.Subjects, settings: config.NatsSettings) -> Plan:
     replicas = settings.replicas
     return Plan(
         streams=[
@@ -110,9 +110,7 @@ PLACEMENT_PENDING = {10005}
 temporary, it resolves when the peer is back."""
 
 
-async def ensure(
-    bus: natsbus.NatsBus, subjects: subjects_mod.Subjects, settings: config.NatsSettings
-) -> Plan:
+async def ensure(bus: natsbus.NatsBus, subjects: subjects.Subjects, settings: config.NatsSettings) -> Plan:
     """Create or update every stream and bucket; returns what it made sure of."""
     wanted = plan(subjects, settings)
     try:

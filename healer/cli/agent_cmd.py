@@ -12,16 +12,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from healer import config, errors, health, logs
-from healer.agent import metrics as metrics_mod
-from healer.agent import runner
+from healer.agent import daemon, exposition
 from healer.bus import base, provision, subjects
 from healer.cli import common, lazy
 from healer.telemetry import fabricmanager, rdma, source
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
-    from healer.telemetry import sim
+    from healer.sim import node_source
 else:
-    sim = lazy.module("healer.telemetry.sim")
+    node_source = lazy.module("healer.sim.node_source")
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +63,7 @@ def build_source(
 ) -> tuple[source.TelemetrySource, source.EventWatcher | None]:
     if s.source == "sim":
         try:
-            return sim.SimSource(node, gpus=s.sim_gpus), None
+            return node_source.SimSource(node, gpus=s.sim_gpus), None
         except ModuleNotFoundError as e:  # an agent-only install: the simulator is the `sim` extra
             raise common.SettingsError(
                 f"agent.source sim needs {e.name}: pip install 'healer[sim]' (GPU nodes use source nvml)"
@@ -85,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     s = settings_from(args)
     logs.configure(s.log.level, s.log.format)
     node = s.agent.node or socket.gethostname()
-    metrics = metrics_mod.AgentMetrics(job_map_dir=s.agent.job_map_dir)
+    metrics = exposition.AgentMetrics(job_map_dir=s.agent.job_map_dir)
     beat = health.Health(metrics.registry)
     if s.agent.metrics_port:
         try:
@@ -125,7 +124,7 @@ async def _main(
     node: str,
     src: source.TelemetrySource,
     watcher: source.EventWatcher | None,
-    metrics: metrics_mod.AgentMetrics,
+    metrics: exposition.AgentMetrics,
     beat: health.Health,
     stop: asyncio.Event,
     *,
@@ -152,7 +151,7 @@ async def _main(
             return health.Verdict({**verdict.checks, "nats": why})
         return verdict
 
-    agent = runner.Agent(
+    agent = daemon.Agent(
         node=node,
         source=src,
         connect=connect,

@@ -23,8 +23,7 @@ from healer.schemas import incidents
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.actuators import factory
-    from healer.controller import admission, healing, kv, policy, service
-    from healer.controller import metrics as metrics_mod
+    from healer.controller import admission, healing, kv, metrics, policy, service
     from healer.rules import loader
     from healer.ui import hook
 else:
@@ -34,7 +33,7 @@ else:
     policy = lazy.module("healer.controller.policy")
     healing = lazy.module("healer.controller.healing")
     service = lazy.module("healer.controller.service")
-    metrics_mod = lazy.module("healer.controller.metrics")
+    metrics = lazy.module("healer.controller.metrics")
     loader = lazy.module("healer.rules.loader")
     hook = lazy.module("healer.ui.hook")
 
@@ -124,7 +123,7 @@ def _connecting(url: str) -> health.Verdict:
 async def run_controller(
     s: config.Settings,
     stop: asyncio.Event,
-    metrics: metrics_mod.ControllerMetrics,
+    metrics: metrics.ControllerMetrics,
     beat: health.Health | None = None,
 ) -> None:
     """Connect (retrying until ``stop``), provision, run the controller until ``stop``, stop it."""
@@ -183,9 +182,9 @@ def _controller(args: argparse.Namespace) -> int:
     s = _settings(args)
     logs.configure(s.log.level, s.log.format)
     _check_rules(s.controller.rules_dir)
-    metrics = metrics_mod.ControllerMetrics()
-    _check_admission(s, metrics)
-    beat = health.Health(metrics.registry)
+    meters = metrics.ControllerMetrics()
+    _check_admission(s, meters)
+    beat = health.Health(meters.registry)
     if s.controller.metrics_port:
         port = s.controller.metrics_port
         try:
@@ -193,7 +192,7 @@ def _controller(args: argparse.Namespace) -> int:
         except errors.PermanentError as e:
             raise common.SettingsError(str(e)) from e
     try:
-        common.run(lambda stop: run_controller(s, stop, metrics, beat))
+        common.run(lambda stop: run_controller(s, stop, meters, beat))
     except errors.HealerError as e:
         log.error("controller.fatal", error=str(e))
         raise
@@ -212,7 +211,7 @@ def _check_rules(rules_dir: str) -> None:
         )
 
 
-def _check_admission(s: config.Settings, metrics: metrics_mod.ControllerMetrics) -> None:
+def _check_admission(s: config.Settings, metrics: metrics.ControllerMetrics) -> None:
     """An admission the actuator cannot serve (``scheduler`` with the log actuator, ``file`` without a
     readable inventory) is found before NATS is tried, with the controller's own check."""
     try:

@@ -14,9 +14,9 @@ from healer import errors, logs
 from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
-    from healer.demo import runner, stage, view, watch
+    from healer.demo import session, stage, view, watch
 else:
-    runner = lazy.module("healer.demo.runner")
+    session = lazy.module("healer.demo.session")
     stage = lazy.module("healer.demo.stage")
     view = lazy.module("healer.demo.view")
     watch = lazy.module("healer.demo.watch")
@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     live_view = not args.json and sys.stdout.isatty()
     held = io.StringIO()  # under the live view, errors are held and printed after it
     logs.configure("error", stream=held if live_view else None)
-    opts = runner.Options(
+    opts = session.Options(
         duration_s=args.duration,
         nodes=args.nodes,
         gpus=args.gpus_per_node,
@@ -96,19 +96,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _main(opts: runner.Options, on_tick: runner.Tick, say: Any) -> dict[str, Any]:
+async def _main(opts: session.Options, on_tick: session.Tick, say: Any) -> dict[str, Any]:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        return await runner.run(opts, stop=stop, on_tick=on_tick, say=say)
+        return await session.run(opts, stop=stop, on_tick=on_tick, say=say)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
-def _printer(say: Any, every_s: float = 15.0) -> runner.Tick:
+def _printer(say: Any, every_s: float = 15.0) -> session.Tick:
     last = [0.0]
 
     def tick(obs: watch.Observer, now: float) -> None:
@@ -121,7 +121,7 @@ def _printer(say: Any, every_s: float = 15.0) -> runner.Tick:
     return tick
 
 
-def _with_live_view(opts: runner.Options) -> dict[str, Any]:
+def _with_live_view(opts: session.Options) -> dict[str, Any]:
     from rich.console import Console
     from rich.live import Live
 

@@ -21,12 +21,11 @@ from healer.cli import common, lazy
 
 if TYPE_CHECKING:
     from healer.actuators import factory
-    from healer.controller import admission
-    from healer.controller import metrics as metrics_mod
+    from healer.controller import admission, metrics
 else:
     factory = lazy.module("healer.actuators.factory")
     admission = lazy.module("healer.controller.admission")
-    metrics_mod = lazy.module("healer.controller.metrics")
+    metrics = lazy.module("healer.controller.metrics")
 
 
 def register(sub: Any) -> None:
@@ -58,7 +57,7 @@ def _show(args: argparse.Namespace) -> int:
         scheduler = factory.scheduler(s)
         adm = admission.Admission(
             s.controller,
-            metrics_mod.ControllerMetrics(),
+            metrics.ControllerMetrics(),
             scheduler=scheduler,
             log=structlog.get_logger("healer.fleet"),
         )

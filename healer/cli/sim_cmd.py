@@ -23,10 +23,11 @@ from healer.bus import provision, subjects
 from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
-    from healer.sim import engine, live, recording, replay, scenarios, truth
+    from healer.agent import sim_fleet
+    from healer.sim import recording, replay, scenarios, simulation, truth
 else:
-    engine = lazy.module("healer.sim.engine")
-    live = lazy.module("healer.sim.live")
+    simulation = lazy.module("healer.sim.simulation")
+    sim_fleet = lazy.module("healer.agent.sim_fleet")
     recording = lazy.module("healer.sim.recording")
     replay = lazy.module("healer.sim.replay")
     scenarios = lazy.module("healer.sim.scenarios")
@@ -103,7 +104,7 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     return run
 
 
-def _build(args: argparse.Namespace, **kw: Any) -> engine.Simulation:
+def _build(args: argparse.Namespace, **kw: Any) -> simulation.Simulation:
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise errors.PermanentError("--nodes and --gpus-per-node must be at least 1")
     if args.interval <= 0:
@@ -173,7 +174,7 @@ async def _live_main(args: argparse.Namespace, s: config.Settings, stop: asyncio
     try:
         if args.provision:
             await provision.ensure(bus, subj, s.nats)
-        runner = live.LiveFleet(sim, bus, subj, interval_s=args.interval, truth_sink=sink)
+        runner = sim_fleet.LiveFleet(sim, bus, subj, interval_s=args.interval, truth_sink=sink)
         await runner.start()
         stats = await runner.run(args.duration or None, stop)
         await runner.close()

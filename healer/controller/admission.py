@@ -32,8 +32,7 @@ from typing import Any, Literal, cast
 
 from healer import config, errors, logs
 from healer.actuators import base as actuators
-from healer.controller import metrics as metrics_mod
-from healer.controller import topology
+from healer.controller import metrics, topology
 from healer.schemas import events, telemetry
 
 Reason = Literal["identity_mismatch", "unknown_node", "too_many_gpus"]
@@ -59,7 +58,7 @@ class Admission:
     def __init__(
         self,
         cs: config.ControllerSettings,
-        metrics: metrics_mod.ControllerMetrics,
+        metrics: metrics.ControllerMetrics,
         *,
         scheduler: object,
         log: Any,

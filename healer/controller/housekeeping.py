@@ -20,7 +20,7 @@ import structlog
 
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller import admission, closing, jobs, learning, policy, reload, role, runner, storage
+from healer.controller import action_runner, admission, closing, jobs, learning, policy, reload, role, storage
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -31,7 +31,7 @@ class Housekeeping:
         cs: config.ControllerSettings,
         *,
         storage: storage.StorageWatch,
-        actions: runner.ActionRunner,
+        actions: action_runner.ActionRunner,
         closer: closing.Closer,
         scheduler: actuators.Actuator,
         nodes: set[str],

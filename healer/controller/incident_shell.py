@@ -18,20 +18,20 @@ import structlog
 from healer import config, errors
 from healer.actuators import base as actuators
 from healer.controller import (
+    action_runner,
     admission,
     blast,
     book,
     decide,
+    feed_publisher,
     healing,
     kv,
     learning,
     lease,
     policy,
     role,
-    runner,
     shared_cause,
 )
-from healer.controller import feed as feed_publisher
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 from healer.schemas import incidents
@@ -106,7 +106,7 @@ class IncidentShell:
         self.metrics = metrics
         self.clock = clock
         self.log = log
-        self.actions = runner.ActionRunner(
+        self.actions = action_runner.ActionRunner(
             cs, scheduler=scheduler, power=power, gpu=gpu, lease=lease, breaker=breaker,
             dry_breaker=dry_breaker, exclusions=exclusions, limits=limits, book=book, metrics=metrics,
             shell=self, clock=clock, stop=stop, log=log,

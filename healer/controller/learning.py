@@ -90,7 +90,7 @@ class Learning:
         scorer = self.learning_scorer()
         if scorer is None:
             return
-        from healer.anomaly import state as anomaly_state
+        from healer.anomaly import scorer_state as anomaly_state
 
         try:
             saved = await anomaly_state.load(self.state)
@@ -105,7 +105,7 @@ class Learning:
         self.saved_at = time.monotonic()
         if scorer is None:
             return
-        from healer.anomaly import state as anomaly_state
+        from healer.anomaly import scorer_state as anomaly_state
 
         try:
             shards = await anomaly_state.save(self.state, scorer.export_state())

@@ -2,7 +2,7 @@
 
 A domain of ``nodes`` x 8 GPUs whose jobs ramp from idle to full over ``ramp_s`` and then hold, with a
 budget below what they draw at full load. Each second the GPUs draw ``min(demand, limit)`` (healer's
-simulator's power rule, healer.sim.fleet) and ``power_budget.step`` decides; a GPU's throughput goes
+simulator's power rule, healer.sim.physics) and ``power_budget.step`` decides; a GPU's throughput goes
 with its SM clock, the cube root of the dynamic power it is allowed (the simulator's DVFS rule). The
 report says:
 

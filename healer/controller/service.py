@@ -43,6 +43,7 @@ from healer.controller import (
     admission,
     book,
     closing,
+    feed_publisher,
     housekeeping,
     incident_shell,
     ingest,
@@ -57,7 +58,6 @@ from healer.controller import (
     storage,
     tick,
 )
-from healer.controller import feed as feed_publisher
 from healer.controller import metrics as controller_metrics
 
 log = structlog.get_logger(__name__)

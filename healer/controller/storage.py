@@ -17,9 +17,8 @@ from collections.abc import Callable
 import structlog
 
 from healer import errors
-from healer.bus import base
-from healer.bus import subjects as subjects_mod
-from healer.controller import metrics as metrics_mod
+from healer.bus import base, subjects
+from healer.controller import metrics
 
 CHECK_S = 30.0
 """Seconds between two reads of the store (a few JetStream API requests each)."""
@@ -27,7 +26,7 @@ REPEAT_S = 600.0
 """A problem that lasts is logged again this often."""
 
 
-def streams_of(subjects: subjects_mod.Subjects) -> list[str]:
+def streams_of(subjects: subjects.Subjects) -> list[str]:
     """healer's streams, KV buckets included (a bucket is the stream ``KV_<bucket>``)."""
     return [
         subjects.stream_telemetry, subjects.stream_events, subjects.stream_incidents,
@@ -39,8 +38,8 @@ class StorageWatch:
     def __init__(
         self,
         bus: base.Bus,
-        subjects: subjects_mod.Subjects,
-        metrics: metrics_mod.ControllerMetrics,
+        subjects: subjects.Subjects,
+        metrics: metrics.ControllerMetrics,
         log: structlog.typing.FilteringBoundLogger,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

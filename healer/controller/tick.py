@@ -21,8 +21,7 @@ from collections.abc import Callable
 import structlog
 
 from healer import config, errors
-from healer.controller import book, incident_shell, ingest, learning, role
-from healer.controller import feed as feed_publisher
+from healer.controller import book, feed_publisher, incident_shell, ingest, learning, role
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 

@@ -21,7 +21,7 @@ import shutil
 import yaml
 
 from healer import errors
-from healer.sim import engine, scenarios
+from healer.sim import scenarios, simulation
 
 
 class SetupError(errors.PermanentError):
@@ -152,7 +152,7 @@ def load_scenario(path: str | None) -> scenarios.Scenario:
 
 def build_fleet(
     sc: scenarios.Scenario, *, nodes: int, gpus: int, seed: int, start_ts: float, warmup_s: float = WARMUP_S
-) -> engine.Simulation:
+) -> simulation.Simulation:
     """The simulation, warmed up so that its clock reads ``start_ts`` and its first fault is still ahead.
 
     Each GPU that a ``cooling_degradation`` fault targets gets nominal cooling (the simulator otherwise
@@ -193,7 +193,7 @@ def inventory(sc: scenarios.Scenario, nodes: int) -> dict[str, dict[str, str]]:
     return {n: ({"rack": f"r{i // sc.rack_size}"} if sc.rack_size else {}) for i, n in enumerate(names)}
 
 
-def story_nodes(sim: engine.Simulation) -> list[str]:
+def story_nodes(sim: simulation.Simulation) -> list[str]:
     """Node names of the scheduled faults, in order of their start (first appearance)."""
     names: list[str] = []
     for _, _, fault in sorted(sim.injector.pending, key=lambda p: (p[0], p[1])):

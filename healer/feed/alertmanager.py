@@ -35,8 +35,7 @@ import structlog
 
 import healer
 from healer import config, errors, tasks
-from healer.bus import base
-from healer.bus import subjects as subjects_mod
+from healer.bus import base, subjects
 from healer.feed import envelope, forward, tail, webhook
 from healer.schemas import incidents
 
@@ -196,7 +195,7 @@ class AlertmanagerSink:
     def __init__(
         self,
         bus: base.Bus,
-        subj: subjects_mod.Subjects,
+        subj: subjects.Subjects,
         url: str,
         settings: config.FeedSettings,
         *,

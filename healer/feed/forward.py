@@ -30,8 +30,7 @@ import structlog
 import tenacity
 
 from healer import buildinfo, config, errors, tasks
-from healer.bus import base
-from healer.bus import subjects as subjects_mod
+from healer.bus import base, subjects
 from healer.feed import envelope, webhook
 from healer.schemas import codec
 
@@ -98,7 +97,7 @@ class Forwarder:
     def __init__(
         self,
         bus: base.Bus,
-        subj: subjects_mod.Subjects,
+        subj: subjects.Subjects,
         url: str,
         settings: config.FeedSettings,
         *,

@@ -21,8 +21,7 @@ import orjson
 import structlog
 
 from healer import durations, errors
-from healer.bus import base
-from healer.bus import subjects as subjects_mod
+from healer.bus import base, subjects
 from healer.feed import envelope
 from healer.schemas import codec, incidents
 
@@ -68,11 +67,11 @@ class Query:
     change: str | None = None
     min_severity: str | None = None
 
-    def filter_subject(self, subj: subjects_mod.Subjects) -> str:
+    def filter_subject(self, subj: subjects.Subjects) -> str:
         """Node and change filters as one subject the server filters on."""
         if self.node is None and self.change is None:
             return subj.all_incidents
-        node = subjects_mod.escape_node(self.node) if self.node is not None else "*"
+        node = subjects.escape_node(self.node) if self.node is not None else "*"
         return f"{subj.prefix}.incidents.{self.change or '*'}.{node}"
 
     @property
@@ -142,7 +141,7 @@ OnBad = Callable[[str, int, errors.DecodeError], None]
 
 async def read(
     bus: base.Bus,
-    subj: subjects_mod.Subjects,
+    subj: subjects.Subjects,
     query: Query,
     on_item: OnItem,
     on_bad: OnBad,

@@ -447,7 +447,7 @@ class Engine:
                 facts: Evidence = {
                     label: (None if math.isnan(xs[k]) else xs[k]) for label, xs in columns.items()
                 }
-                if port_hits is not None:  # the ports behind a port aggregation (rules/ports.py)
+                if port_hits is not None:  # the ports behind a port aggregation (rules/port_state.py)
                     facts["ports"] = st.ports.names(i, port_hits[i])
                 gpu = j if rule.scope == "gpu" else None
                 uuid = info[i].get(j, (None, None))[1] if gpu is not None else None

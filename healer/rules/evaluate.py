@@ -22,7 +22,7 @@ Value = Any  # numpy array or float
 PORT_HITS: Final = "@ports"
 """Evidence key of the (nodes, port slots) mask of the ports that made a port aggregation what it is
 (the slots ``count`` counted, the slots holding ``max``/``min``, the non-zero ones of ``sum``/``avg``);
-the engine turns it into the port names (rules/ports.py), never a value of its own."""
+the engine turns it into the port names (rules/port_state.py), never a value of its own."""
 _CMP: Final[dict[str, Callable[[Any, Any], Any]]] = {
     "==": operator.eq,
     "!=": operator.ne,

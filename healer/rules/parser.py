@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from healer import durations, errors
-from healer.rules import lexer, metrics, tree
+from healer.rules import lexer, metric_catalog, tree
 
 Problem = lexer.SyntaxProblem
 
@@ -120,10 +120,10 @@ class _Parser:
     def reference(self, tok: lexer.Token) -> tree.Node:
         if self.tok.text == "[":
             return self.range(tok)
-        if tok.text == metrics.TELEMETRY:
+        if tok.text == metric_catalog.TELEMETRY:
             self.problem("'telemetry' only appears as absent(telemetry[window])", tok.pos)
             return tree.Num(tok.pos, tok.end, "num", "node", 0.0)
-        metric = metrics.resolve(tok.text)
+        metric = metric_catalog.resolve(tok.text)
         if metric is None:
             self.problem(f"unknown metric {tok.text!r}{_suggest(tok.text)}", tok.pos)
             return tree.Num(tok.pos, tok.end, "num", "gpu", 0.0)
@@ -142,9 +142,9 @@ class _Parser:
             raise Problem(str(e), dur.pos) from None
         if window_s <= 0:
             self.problem("a window must be longer than 0s", dur.pos)
-        if tok.text == metrics.TELEMETRY:
-            return tree.Range(tok.pos, close.end, "num", "node", metrics.TELEMETRY, window_s)
-        metric = metrics.resolve(tok.text)
+        if tok.text == metric_catalog.TELEMETRY:
+            return tree.Range(tok.pos, close.end, "num", "node", metric_catalog.TELEMETRY, window_s)
+        metric = metric_catalog.resolve(tok.text)
         if metric is None:
             self.problem(f"unknown metric {tok.text!r}{_suggest(tok.text)}", tok.pos)
             return tree.Range(tok.pos, close.end, "num", "gpu", "temp_c", window_s)
@@ -193,9 +193,9 @@ def _range_call(p: _Parser, pos: int, end: int, func: str, arg: tree.Node) -> tr
     if not isinstance(arg, tree.Range):
         p.problem(f"{func}() takes a range such as {func}(metric[5m])", arg)
         return tree.Num(pos, end, "num", arg.level, 0.0)
-    if arg.name == metrics.TELEMETRY and func != "absent":
+    if arg.name == metric_catalog.TELEMETRY and func != "absent":
         p.problem("'telemetry' only appears as absent(telemetry[window])", arg)
-    metric = metrics.ALL.get(arg.name)
+    metric = metric_catalog.ALL.get(arg.name)
     if func in ("rate", "increase") and metric is not None and metric.kind != "counter":
         p.problem(
             f"{func}() is for counters; {arg.name} is a {metric.kind}: use delta() or *_over_time()", arg
@@ -236,7 +236,7 @@ _CALLS: dict[str, Callable[[_Parser, int, int, tree.Node], tree.Node]] = {
 def _suggest(name: str) -> str:
     import difflib
 
-    close = difflib.get_close_matches(name, [*metrics.ALL, *metrics.DCGM_ALIASES], n=1)
+    close = difflib.get_close_matches(name, [*metric_catalog.ALL, *metric_catalog.DCGM_ALIASES], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

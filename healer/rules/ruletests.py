@@ -20,7 +20,7 @@ import pydantic
 import yaml
 
 from healer import durations
-from healer.rules import baseline, engine, loader, metrics, nodewide, series
+from healer.rules import baseline, engine, loader, metric_catalog, nodewide, series
 from healer.schemas import events, fabric, telemetry
 
 T0 = 1_700_000_000.0
@@ -217,7 +217,7 @@ class _Plan:
                         external[g] = values
                     continue
                 if name_ != "present":
-                    metric = metrics.resolve(name_)
+                    metric = metric_catalog.resolve(name_)
                     if metric is None or metric.source != "sample":
                         raise ValueError(f"{name}.{key}: {name_!r} is not a GpuSample metric")
                     name_ = metric.name
@@ -235,7 +235,7 @@ class _Plan:
         for name_, text in metric_series.items():
             values = series.expand(text)
             if name_ != "present":
-                metric = metrics.resolve(name_)
+                metric = metric_catalog.resolve(name_)
                 if metric is None or metric.source != "port" or metric.field is None:
                     raise ValueError(f"{self.name}.{key}: {name_!r} is not a port metric")
                 name_ = metric.field
@@ -270,7 +270,7 @@ class _Plan:
             if values.pop("present", 1) == 0:
                 continue
             for name, value in list(values.items()):
-                field = metrics.SAMPLE.get(name)
+                field = metric_catalog.SAMPLE.get(name)
                 if value is not None and field is not None and field.kind == "bool":
                     values[name] = bool(value)
                 elif value is not None and field is not None and isinstance(self.base.get(name), int):

@@ -25,14 +25,14 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from healer.rules import metrics, ports, ruleset, windows
+from healer.rules import metric_catalog, port_state, ruleset, windows
 from healer.schemas import fields, telemetry
 
 log = structlog.get_logger(__name__)
 F64 = npt.NDArray[np.float64]
 _Item = tuple[int, float, float, list[tuple[Any, ...]], int | None, Any]
 """A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected,
-and its (RDMA ports, fabric_manager_up) (None when no rule reads them; rules/ports.py).
+and its (RDMA ports, fabric_manager_up) (None when no rule reads them; rules/port_state.py).
 Frames are ordered by the accounted-at time (the controller's receive time), never by the node's ``ts``:
 one frame with a clock ten years ahead must not make every later frame look old."""
 
@@ -76,7 +76,9 @@ class FleetState:
         self.anomaly = np.zeros((self.cap, self.gpus))
         self.straggler = np.zeros((self.cap, self.gpus))
         self.needs = windows.Needs((), {})
-        self.ports = ports.PortState(self.cap, buckets_per_window=buckets_per_window, max_buckets=max_buckets)
+        self.ports = port_state.PortState(
+            self.cap, buckets_per_window=buckets_per_window, max_buckets=max_buckets
+        )
         """The nodes' RDMA ports, for rules that read port metrics (rows are this state's node rows)."""
         self.latest = np.full((0, self.cap, self.gpus), np.nan)
         self.col: dict[str, int] = {}
@@ -101,7 +103,7 @@ class FleetState:
         for name, i in self.col.items():
             if name in old_col:
                 self.latest[i] = old_latest[old_col[name]]
-        self._raw = [c for c in needs.columns if metrics.ALL[c].source == "sample"]
+        self._raw = [c for c in needs.columns if metric_catalog.ALL[c].source == "sample"]
         # Both read the same fields: attributes of the controller's msgspec structs, or (faster than
         # attribute lookup on a pydantic model) the __dict__ of a GpuSample.
         self._getter = operator.attrgetter("index", *self._raw) if self._raw else _index_only
@@ -238,7 +240,7 @@ class FleetState:
 
     def instant(self, name: str, now: float) -> F64:
         n, fresh = self.n, self.fresh(now)
-        metric = metrics.ALL[name]
+        metric = metric_catalog.ALL[name]
         if metric.source == "node":
             if name == "gpus_expected":
                 v = self.expected[:n]
@@ -262,10 +264,10 @@ class FleetState:
     def window(self, func: str, name: str, window_s: float, now: float) -> F64:
         n = self.n
         seen = self.seen[:n]
-        if name == metrics.TELEMETRY:
+        if name == metric_catalog.TELEMETRY:
             last = self.last_ts[:n]  # a node that never sent a frame is unknown, not silent
             return np.where(np.isfinite(last), (now - last > window_s).astype(np.float64), np.nan)[:, None]
-        if metrics.ALL[name].source == "port":
+        if metric_catalog.ALL[name].source == "port":
             return self.ports.window(func, name, window_s, now, n)
         hist = self.history[name]
         recent = hist.last_valid_ts[:n] >= now - window_s

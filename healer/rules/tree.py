@@ -2,7 +2,7 @@
 
 Every node knows its value type (``num`` or ``bool``, booleans being 0/1) and its level: ``const``
 (the same everywhere), ``node`` (one value per node), ``gpu`` (one per GPU) or ``port`` (one per RDMA
-port of the node; rules/ports.py). The parser fills both in
+port of the node; rules/port_state.py). The parser fills both in
 and refuses mixtures that cannot mean anything, so evaluation never meets a type error at run time.
 """
 

@@ -16,7 +16,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from healer.rules import metrics, ruleset, tree
+from healer.rules import metric_catalog, ruleset, tree
 
 F64 = npt.NDArray[np.float64]
 KIND_OF: Final = {
@@ -128,7 +128,7 @@ class Needs:
     columns: tuple[str, ...]
     windows: Mapping[str, Mapping[str, tuple[float, ...]]]
     port_columns: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """Port metrics read (rules/ports.py): metric → PortSample field."""
+    """Port metrics read (rules/port_state.py): metric → PortSample field."""
     port_windows: Mapping[str, Mapping[str, tuple[float, ...]]] = dataclasses.field(default_factory=dict)
     reads_ports: bool = False
     """Some rule reads a port metric or ``ports_present``, or has scope port: FleetState keeps the
@@ -141,7 +141,7 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
     for rule in rules.rules:
         for root in (rule.when, rule.resolve_when):
             for node in tree.walk(root) if root is not None else []:
-                if isinstance(node, tree.Ref) and metrics.ALL[node.name].source in (
+                if isinstance(node, tree.Ref) and metric_catalog.ALL[node.name].source in (
                     "sample",
                     "derived",
                     "port",
@@ -149,16 +149,18 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
                     cols[node.name] = None
                 elif isinstance(node, tree.Call) and isinstance(node.args[0], tree.Range):
                     rng = node.args[0]
-                    if rng.name == metrics.TELEMETRY:
+                    if rng.name == metric_catalog.TELEMETRY:
                         continue
                     cols[rng.name] = None
                     per_kind = wins.setdefault(rng.name, {})
                     for kind in KIND_OF[node.func]:
                         per_kind.setdefault(kind, set()).add(rng.window_s)
-    if any(metrics.ALL[c].source == "derived" for c in cols):
+    if any(metric_catalog.ALL[c].source == "derived" for c in cols):
         cols.setdefault("clocks_event_reasons", None)
-    ordered = [c for c in metrics.SAMPLE if c in cols] + [c for c in metrics.DERIVED if c in cols]
-    port_cols = {c: metrics.PORT[c].field or c for c in metrics.PORT if c in cols}
+    ordered = [c for c in metric_catalog.SAMPLE if c in cols] + [
+        c for c in metric_catalog.DERIVED if c in cols
+    ]
+    port_cols = {c: metric_catalog.PORT[c].field or c for c in metric_catalog.PORT if c in cols}
     gpu_wins = {
         m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items() if m not in port_cols
     }

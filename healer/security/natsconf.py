@@ -34,7 +34,7 @@ import pydantic
 import yaml
 
 from healer import errors
-from healer.bus import subjects as subjects_mod
+from healer.bus import subjects
 
 Role = Literal["node", "controller", "feed"]
 
@@ -55,7 +55,7 @@ class Inventory(pydantic.BaseModel):
     """Controller identities (replicas may share one; separate ones make revocation finer)."""
     feeds: list[str] = pydantic.Field(default_factory=list)
     """Read-only incident feed consumers (webhook forwarder, ``healer incidents tail``, SIEM)."""
-    prefix: str = subjects_mod.DEFAULT_PREFIX
+    prefix: str = subjects.DEFAULT_PREFIX
     """Subject prefix of this fleet (``NatsSettings.prefix``)."""
     account: str = "HEALER"
     """NATS account every healer identity lives in (JetStream enabled)."""
@@ -90,7 +90,7 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
         raise errors.PermanentError(f"nodes file {path}: expected a list of node names or a mapping")
     try:
         inv = Inventory.model_validate(raw)
-        subjects_mod.Subjects(inv.prefix)
+        subjects.Subjects(inv.prefix)
     except (pydantic.ValidationError, ValueError) as e:
         raise errors.PermanentError(f"nodes file {path}: {e}") from e
     return inv
@@ -120,7 +120,7 @@ def _js_api(*tokens: str) -> str:
     return ".".join(("$JS.API", *tokens))
 
 
-def node_permissions(subj: subjects_mod.Subjects, node: str) -> Permissions:
+def node_permissions(subj: subjects.Subjects, node: str) -> Permissions:
     """Publish its own frames (core) and events (JetStream publish: a request whose ack comes back on
     the node's inbox), receive its own commands, answer them, and read the leases bucket's messages (to
     check a higher fencing token against the real lease before persisting it)."""
@@ -131,7 +131,7 @@ def node_permissions(subj: subjects_mod.Subjects, node: str) -> Permissions:
     )
 
 
-def controller_permissions(subj: subjects_mod.Subjects, name: str) -> Permissions:
+def controller_permissions(subj: subjects.Subjects, name: str) -> Permissions:
     """Read everything healer publishes; publish commands and incidents; own the JetStream assets
     (provisioning, consumers, KV state and leases)."""
     return Permissions(
@@ -155,7 +155,7 @@ def controller_permissions(subj: subjects_mod.Subjects, name: str) -> Permission
     )
 
 
-def feed_permissions(subj: subjects_mod.Subjects, name: str) -> Permissions:
+def feed_permissions(subj: subjects.Subjects, name: str) -> Permissions:
     """Read the incident feed through a JetStream consumer on the incidents stream, and nothing else:
     no core subscription on any healer subject, no API call on another stream."""
     stream = subj.stream_incidents
@@ -299,7 +299,7 @@ def generate(
     ``seed_dir`` is where identities will find their seed at run time (written into their settings
     fragment); by default the seed's path in ``out_dir``.
     """
-    subj = subjects_mod.Subjects(inventory.prefix)
+    subj = subjects.Subjects(inventory.prefix)
     out = pathlib.Path(out_dir)
     creds = out / "creds"
     creds.mkdir(parents=True, exist_ok=True)

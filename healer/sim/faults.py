@@ -16,8 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from healer import errors
-from healer.sim import fleet as fleet_mod
-from healer.sim import profiles
+from healer.sim import physics, profiles
 
 Scope = Literal["gpu", "node"]
 
@@ -55,15 +54,15 @@ class Fault:
         }
 
 
-Action = Callable[[fleet_mod.Fleet, Fault], None]
-Tick = Callable[[fleet_mod.Fleet, Fault, float], None]
+Action = Callable[[physics.Fleet, Fault], None]
+Tick = Callable[[physics.Fleet, Fault, float], None]
 
 
-def _nothing(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _nothing(fl: physics.Fleet, f: Fault) -> None:
     return None
 
 
-def no_tick(fl: fleet_mod.Fleet, f: Fault, t: float) -> None:
+def no_tick(fl: physics.Fleet, f: Fault, t: float) -> None:
     return None
 
 
@@ -92,7 +91,7 @@ def _ramp(f: Fault, t: float) -> float:
 
 
 def _xid(xid: int, message: str, *, crash: bool = False, recovery: int | None = None) -> Action:
-    def start(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def start(fl: physics.Fleet, f: Fault) -> None:
         fl.emit_event(f.node, "xid", gpu=f.gpu, xid=xid, message=f"Xid {xid}: {message}")
         if recovery is not None and f.gpu is not None:
             fl.recovery[f.node, f.gpu] = recovery
@@ -103,7 +102,7 @@ def _xid(xid: int, message: str, *, crash: bool = False, recovery: int | None = 
 
 
 def _chain(*actions: Action) -> Action:
-    def run(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def run(fl: physics.Fleet, f: Fault) -> None:
         for action in actions:
             action(fl, f)
 
@@ -111,46 +110,46 @@ def _chain(*actions: Action) -> Action:
 
 
 def _count(*names: str) -> Action:
-    def start(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def start(fl: physics.Fleet, f: Fault) -> None:
         for name in names:
             fl.counters[name][f.node, _g(f)] += 1
 
     return start
 
 
-def _cooling_tick(fl: fleet_mod.Fleet, f: Fault, t: float) -> None:
+def _cooling_tick(fl: physics.Fleet, f: Fault, t: float) -> None:
     fl.cool_factor[f.node, _g(f)] = 1.0 - (1.0 - f.params["final_efficiency"]) * _ramp(f, t)
 
 
-def _inlet_tick(fl: fleet_mod.Fleet, f: Fault, t: float) -> None:
+def _inlet_tick(fl: physics.Fleet, f: Fault, t: float) -> None:
     fl.inlet_delta[f.node] = f.params["delta_c"] * _ramp(f, t)
 
 
-def _inlet_stop(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _inlet_stop(fl: physics.Fleet, f: Fault) -> None:
     fl.inlet_delta[f.node] = 0.0
 
 
 def _set_rate(attr: str, param: str) -> tuple[Action, Action]:
-    def start(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def start(fl: physics.Fleet, f: Fault) -> None:
         getattr(fl, attr)[f.node, _g(f)] = f.params[param]
 
-    def stop(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def stop(fl: physics.Fleet, f: Fault) -> None:
         getattr(fl, attr)[f.node, _g(f)] = 0.0
 
     return start, stop
 
 
-def _nvlink_crc_tick(fl: fleet_mod.Fleet, f: Fault, t: float) -> None:
+def _nvlink_crc_tick(fl: physics.Fleet, f: Fault, t: float) -> None:
     fl.nvlink_crc_rate[f.node, _g(f)] = f.params["peak_rate_per_s"] * _ramp(f, t)
 
 
-def _nvlink_down(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _nvlink_down(fl: physics.Fleet, f: Fault) -> None:
     n, g = f.node, _g(f)
     fl.nvlink_up[n, g] = max(0, int(fl.nvlink_up[n, g]) - int(f.params["links"]))
     fl.counters["nvlink_recovery_errors"][n, g] += 1
 
 
-def _pcie_downtrain(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _pcie_downtrain(fl: physics.Fleet, f: Fault) -> None:
     n, g = f.node, _g(f)
     if f.params["gen"] > 0:
         fl.pcie_gen[n, g] = min(int(f.params["gen"]), int(fl.pcie_gen_max[n, g]))
@@ -158,13 +157,13 @@ def _pcie_downtrain(fl: fleet_mod.Fleet, f: Fault) -> None:
         fl.pcie_width[n, g] = min(int(f.params["width"]), int(fl.pcie_width_max[n, g]))
 
 
-def _fell_off(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _fell_off(fl: physics.Fleet, f: Fault) -> None:
     fl.present[f.node, _g(f)] = False
     fl.emit_event(f.node, "gpu_lost", gpu=f.gpu, message="GPU is lost (NVML_ERROR_GPU_IS_LOST)")
 
 
 def _remap(pending: bool = False, failure: bool = False) -> Action:
-    def start(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def start(fl: physics.Fleet, f: Fault) -> None:
         if pending:
             fl.remap_pending[f.node, _g(f)] = True
         if failure:
@@ -173,47 +172,47 @@ def _remap(pending: bool = False, failure: bool = False) -> Action:
     return start
 
 
-def _silent_start(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _silent_start(fl: physics.Fleet, f: Fault) -> None:
     fl.silent[f.node] = True
 
 
-def _silent_stop(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _silent_stop(fl: physics.Fleet, f: Fault) -> None:
     fl.restart_agent(f.node)
 
 
 def _brake(on: bool) -> Action:
-    def run(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def run(fl: physics.Fleet, f: Fault) -> None:
         fl.brake[f.node, :] = on
 
     return run
 
 
-def _ports(fl: fleet_mod.Fleet, f: Fault) -> tuple[Any, int]:
+def _ports(fl: physics.Fleet, f: Fault) -> tuple[Any, int]:
     """The fleet's ports and the fault's port index (``port`` parameter)."""
     if fl.ports is None:
         raise errors.PermanentError(f"{f.kind}: the fleet has no RDMA ports (set the scenario's ports)")
     return fl.ports, int(f.params["port"]) % fl.ports.ports
 
 
-def _port_flap(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _port_flap(fl: physics.Fleet, f: Fault) -> None:
     p, port = _ports(fl, f)
     p.flap(f.node, port, fl.t, f.params["down_s"])
 
 
-def _port_downtrain(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _port_downtrain(fl: physics.Fleet, f: Fault) -> None:
     p, port = _ports(fl, f)
     p.downtrain(f.node, port, f.params["rate_gbps"])
 
 
 def _port_symbols(on: bool) -> Action:
-    def run(fl: fleet_mod.Fleet, f: Fault) -> None:
+    def run(fl: physics.Fleet, f: Fault) -> None:
         p, port = _ports(fl, f)
         p.symbol_burst(f.node, port, f.params["rate_per_s"] if on else 0.0)
 
     return run
 
 
-def _hca_missing(fl: fleet_mod.Fleet, f: Fault) -> None:
+def _hca_missing(fl: physics.Fleet, f: Fault) -> None:
     p, port = _ports(fl, f)
     p.hca_missing(f.node, port)
 

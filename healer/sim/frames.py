@@ -79,7 +79,7 @@ class Encoder:
         ports: Any = None,
     ) -> list[tuple[int, bytes]]:
         """Frames of ``nodes`` (indices), with their ``seq`` and ``boot_ids`` (both indexed by node);
-        ``ports``: the fleet's RDMA ports (sim/ports.py), which make the frames v2."""
+        ``ports``: the fleet's RDMA ports (sim/hca.py), which make the frames v2."""
         if not len(nodes):
             return []
         floats = np.stack(

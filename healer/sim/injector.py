@@ -13,8 +13,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from healer.sim import faults
-from healer.sim import fleet as fleet_mod
+from healer.sim import faults, physics
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,7 +30,7 @@ class Injector:
 
     def __init__(
         self,
-        fl: fleet_mod.Fleet,
+        fl: physics.Fleet,
         scheduled: Sequence[faults.Fault],
         random_specs: Sequence[RandomSpec] = (),
         *,

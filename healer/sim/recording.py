@@ -28,7 +28,7 @@ import orjson
 
 from healer import errors
 from healer.schemas import telemetry
-from healer.sim import engine, fleet, frames
+from healer.sim import frames, physics, simulation
 
 FORMAT: Final = "healer-sim-recording/1"
 TARGET_CHUNK_VALUES: Final = 2_000_000
@@ -65,7 +65,7 @@ class Writer:
     def __init__(
         self,
         path: str | pathlib.Path,
-        sim: engine.Simulation,
+        sim: simulation.Simulation,
         *,
         interval_s: float,
         extra_meta: dict[str, Any] | None = None,
@@ -207,7 +207,7 @@ class Recording:
                     ts=float(arrays["ts"][k]),
                     nodes=np.flatnonzero(arrays["report"][k]),
                     seq=arrays["seq"][k],
-                    boot_ids=[fleet.boot_id(run_id, i, boots[i]) for i in range(n)],
+                    boot_ids=[physics.boot_id(run_id, i, boots[i]) for i in range(n)],
                     columns={name: arrays[name][k] for name in frames.DYNAMIC_FIELDS},
                 )
 
@@ -227,7 +227,7 @@ class Recording:
 
 
 def record(
-    sim: engine.Simulation,
+    sim: simulation.Simulation,
     path: str | pathlib.Path,
     *,
     duration_s: float,

@@ -21,7 +21,7 @@ import yaml
 
 from healer import errors
 from healer.schemas import telemetry
-from healer.sim import engine, faults, fleet, frames, injector, ports, profiles, variation
+from healer.sim import faults, frames, hca, injector, physics, profiles, simulation, variation
 
 WorkloadKind = Literal["training", "inference", "idle"]
 
@@ -92,7 +92,7 @@ class Scenario(_Model):
     variation: VariationBlock = pydantic.Field(default_factory=VariationBlock)
     """How unlike a tidy fleet this one is (healer/sim/variation.py; all off by default)."""
     ports: int = pydantic.Field(default=0, ge=0, le=16)
-    """RDMA ports per node (InfiniBand NDR, 400 Gb/s; sim/ports.py); 0: frames carry none (v1)."""
+    """RDMA ports per node (InfiniBand NDR, 400 Gb/s; sim/hca.py); 0: frames carry none (v1)."""
     rack_size: int = pydantic.Field(default=0, ge=0)
     """Nodes per rack, in index order (racks ``r0``, ``r1``, ...): the failure-domain label ``rack`` that
     ``healer demo`` writes into the controller's inventory (#27); 0: no racks."""
@@ -207,7 +207,7 @@ def build(
     fault_rate_multiplier: float | None = None,
     names: list[str] | None = None,
     source: telemetry.Source = "sim",
-) -> engine.Simulation:
+) -> simulation.Simulation:
     """A ready simulation of ``nodes`` x ``gpus`` for scenario ``sc``.
 
     ``run_id`` goes into boot ids, GPU UUIDs and event ids; it defaults to one derived from the seed
@@ -229,7 +229,7 @@ def build(
         picks = pool_pick[np.arange(nodes) * vary.model_pools // nodes]
     node_profiles = [profiles.PROFILES[keys[i]] for i in picks]
     names = names or node_names(nodes)
-    fl = fleet.Fleet(
+    fl = physics.Fleet(
         names,
         gpus,
         node_profiles,
@@ -242,7 +242,7 @@ def build(
         vary=vary,
     )
     if sc.ports:
-        fl.ports = ports.Ports(nodes, sc.ports, np.random.default_rng([seed, 0x9047]))
+        fl.ports = hca.Ports(nodes, sc.ports, np.random.default_rng([seed, 0x9047]))
     scheduled = _schedule(sc, nodes, gpus, start, setup_rng)
     specs = [
         injector.RandomSpec(e.kind, e.rate_per_gpu_hour, faults.validate_params(e.kind, e.params))
@@ -251,7 +251,7 @@ def build(
     multiplier = sc.fault_rate_multiplier if fault_rate_multiplier is None else fault_rate_multiplier
     inj = injector.Injector(fl, scheduled, specs, multiplier=multiplier, rng=np.random.default_rng(fault_ss))
     encoder = frames.Encoder(names, fl.static(), source=source)
-    return engine.Simulation(fl, inj, encoder)
+    return simulation.Simulation(fl, inj, encoder)
 
 
 def fresh_run_id() -> str:

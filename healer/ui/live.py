@@ -31,8 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from healer.ui import board as board_mod
-from healer.ui import fleet as fleet_mod
+from healer.ui import board, fleet
 
 HEALTH_OK = 0
 HEALTH_GPU_MISSING = 5
@@ -66,8 +65,8 @@ class Live:
 
     def __init__(
         self,
-        fleet: fleet_mod.Fleet,
-        board: board_mod.Board,
+        fleet: fleet.Fleet,
+        board: board.Board,
         *,
         group_by: tuple[str, ...] = ("rack", "partition"),
         stale_after_s: float = 30.0,
@@ -108,7 +107,7 @@ class Live:
         missing = {
             s.data.node
             for s in self.board.open.values()
-            if s.data.node not in f.index and s.data.node != board_mod.FLEET_NODE and s.data.domain is None
+            if s.data.node not in f.index and s.data.node != board.FLEET_NODE and s.data.domain is None
         }  # a domain incident's node (``switch.leaf-07``) is no node: it is drawn over its members
         now = time.time() if now is None else now
         if self.admitted is not None and now - self._admitted_at >= ADMITTED_EVERY_S:
@@ -146,7 +145,7 @@ class Live:
             row = f.index.get(d.node)
             if row is None:
                 continue
-            code = board_mod.SEVERITY_CODE.get(d.severity, 1)
+            code = board.SEVERITY_CODE.get(d.severity, 1)
             if d.gpu_index is None:
                 out[row] = np.maximum(out[row], code)
             elif 0 <= d.gpu_index < g:

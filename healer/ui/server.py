@@ -36,10 +36,7 @@ from aiohttp import web
 from healer import config, errors
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.ui import board as board_mod
-from healer.ui import fleet as fleet_mod
-from healer.ui import live as live_mod
-from healer.ui import sources as sources_mod
+from healer.ui import board, fleet, live, sources
 
 log = structlog.get_logger(__name__)
 
@@ -182,7 +179,7 @@ def load_labels(path: str | None) -> dict[str, dict[str, str]]:
 
 
 def build_app(
-    live: live_mod.Live,
+    live: live.Live,
     ui: config.UiSettings,
     anomaly: AnomalySource | None = None,
     stopping: asyncio.Event | None = None,
@@ -280,37 +277,37 @@ def build_app(
         data = live.fleet.node(name)
         if data is None:
             raise web.HTTPNotFound(text=f"no node {name!r}\n")
-        board = live.board
+        open_board = live.board
         seen_at = data.get("seen_at")
         age = time.time() - seen_at if isinstance(seen_at, float | int) else None
         stale = age is None or age > live.stale_after_s
         open_by_gpu: dict[int | None, str] = {}
-        for s in board.open.values():
+        for s in open_board.open.values():
             if s.data.node == name:
                 g = s.data.gpu_index
-                worse = board_mod.SEVERITY_CODE.get(s.data.severity, 1)
-                if worse > board_mod.SEVERITY_CODE.get(open_by_gpu.get(g, ""), 0):
+                worse = board.SEVERITY_CODE.get(s.data.severity, 1)
+                if worse > board.SEVERITY_CODE.get(open_by_gpu.get(g, ""), 0):
                     open_by_gpu[g] = s.data.severity
         gpus: list[dict[str, Any]] = data["gpus"]
         for row in gpus:
             row["state"] = "stale" if stale else ("present" if row["present"] else "missing")
             row["severity"] = open_by_gpu.get(row["gpu"])
             row["grafana"] = grafana_link(ui.grafana_url, name, row["gpu"])
-        versions = board.versions.get(name, {})
+        versions = open_board.versions.get(name, {})
         data.update(
             stale=stale,
             age_s=None if age is None else round(age, 1),
             stale_after_s=live.stale_after_s,
-            marks=board.node_marks().get(name, []),
-            exclusion=board.exclusions.get(name),
-            labels={**board.node_labels.get(name, {}), **live.extra_labels.get(name, {})},
+            marks=open_board.node_marks().get(name, []),
+            exclusion=open_board.exclusions.get(name),
+            labels={**open_board.node_labels.get(name, {}), **live.extra_labels.get(name, {})},
             node_severity=open_by_gpu.get(None),
             driver=versions.get("driver"),
             vbios=versions.get("vbios"),
             versions_note=None if versions else NO_VERSIONS,
-            xids=sorted(board.xids.get(name, ()), key=lambda x: x["time"], reverse=True),
-            incidents=board.node_history(name),
-            open=[s.as_json() for s in board.open.values() if s.data.node == name],
+            xids=sorted(open_board.xids.get(name, ()), key=lambda x: x["time"], reverse=True),
+            incidents=open_board.node_history(name),
+            open=[s.as_json() for s in open_board.open.values() if s.data.node == name],
             grafana=grafana_link(ui.grafana_url, name),
             ports=None,  # the node's fabric ports, when healer publishes them (a later change)
         )
@@ -368,8 +365,8 @@ def build_app(
 @dataclasses.dataclass
 class Running:
     url: str
-    live: live_mod.Live
-    sources: sources_mod.Sources | None
+    live: live.Live
+    sources: sources.Sources | None
     runner: web.AppRunner
     stopping: asyncio.Event
 
@@ -384,10 +381,10 @@ class Running:
 
 
 async def serve(
-    live: live_mod.Live,
+    live: live.Live,
     ui: config.UiSettings,
     *,
-    sources: sources_mod.Sources | None = None,
+    sources: sources.Sources | None = None,
     anomaly: AnomalySource | None = None,
 ) -> Running:
     """Listen (sources already built, started here); ``PermanentError`` on a busy port or a bad host."""
@@ -430,12 +427,12 @@ async def start(
     caller's."""
     ui = settings.ui
     check(ui)
-    live = live_mod.Live(
-        fleet_mod.Fleet(
+    view = live.Live(
+        fleet.Fleet(
             settings.controller.gpus_per_node, ui.ring_len, max_nodes=ui.max_nodes,
             history_len=ui.history_len, history_step_s=ui.history_step_s,
         ),
-        board_mod.Board(),
+        board.Board(),
         group_by=ui.group_by,
         stale_after_s=ui.stale_after_s,
         temp_deadband_c=ui.temp_deadband_c,
@@ -443,9 +440,9 @@ async def start(
         admitted=admitted or inventory(settings.controller),
         links={"grafana": ui.grafana_url},
     )  # fmt: skip
-    live.extra_labels = live.static_labels = page_labels(settings)
-    live.label_source = labels  # the controller's topology, asked again every ADMITTED_EVERY_S
-    src = sources_mod.Sources(
-        bus, subjects.Subjects(settings.nats.prefix), live, feed_window_s=ui.feed_window_s, push_s=ui.push_s
+    view.extra_labels = view.static_labels = page_labels(settings)
+    view.label_source = labels  # the controller's topology, asked again every ADMITTED_EVERY_S
+    src = sources.Sources(
+        bus, subjects.Subjects(settings.nats.prefix), view, feed_window_s=ui.feed_window_s, push_s=ui.push_s
     )
-    return await serve(live, ui, sources=src, anomaly=anomaly)
+    return await serve(view, ui, sources=src, anomaly=anomaly)

@@ -29,7 +29,7 @@ from healer.bus import base, kvwatch, subjects
 from healer.bus import nats as natsbus
 from healer.feed import envelope, tail
 from healer.schemas import codec
-from healer.ui import live as live_mod
+from healer.ui import live
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +44,7 @@ class Sources:
         self,
         bus: natsbus.NatsBus,
         subj: subjects.Subjects,
-        live: live_mod.Live,
+        live: live.Live,
         *,
         feed_window_s: float = 3600.0,
         push_s: float = 1.0,

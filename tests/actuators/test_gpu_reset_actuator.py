@@ -10,7 +10,7 @@ import pytest
 
 from healer import config, errors
 from healer.actuators import base, gpu_reset
-from healer.agent import runner
+from healer.agent import daemon
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.schemas import telemetry
@@ -30,7 +30,7 @@ async def frames(nats_bus: natsbus.NatsBus, subj: subjects.Subjects) -> test_age
 @pytest.fixture
 async def agent(
     nats_bus: natsbus.NatsBus, tmp_path: pathlib.Path, frames: test_agent.Frames
-) -> AsyncIterator[tuple[runner.Agent, fake_pynvml.FakeNvml]]:
+) -> AsyncIterator[tuple[daemon.Agent, fake_pynvml.FakeNvml]]:
     fake = fake_pynvml.FakeNvml(gpus=2)
 
     def reset(index: int, uuid: str, timeout_s: float) -> str:
@@ -40,7 +40,7 @@ async def agent(
             raise errors.PermanentError(str(e)) from e
 
     src = nvml.NvmlSource("n1", nvml=fake.module(), reset_command=reset)
-    ag = runner.Agent(node="n1", source=src, bus=nats_bus, state_dir=tmp_path, interval_s=0.05)
+    ag = daemon.Agent(node="n1", source=src, bus=nats_bus, state_dir=tmp_path, interval_s=0.05)
     run = test_agent.Running(ag)
     try:
         await frames.wait(lambda fs: len(fs) >= 1)  # sampling: validation has a frame to read
@@ -75,7 +75,7 @@ def req(kind: base.ActionKind, token: int, **kw: object) -> base.ActionRequest:
 async def test_reset_then_validate_over_real_nats(
     nats_bus: natsbus.NatsBus,
     subj: subjects.Subjects,
-    agent: tuple[runner.Agent, fake_pynvml.FakeNvml],
+    agent: tuple[daemon.Agent, fake_pynvml.FakeNvml],
     frames: test_agent.Frames,
 ) -> None:
     _, fake = agent
@@ -105,7 +105,7 @@ async def test_reset_then_validate_over_real_nats(
 
 
 async def test_a_token_that_is_no_leases_never_resets(
-    nats_bus: natsbus.NatsBus, subj: subjects.Subjects, agent: tuple[runner.Agent, fake_pynvml.FakeNvml]
+    nats_bus: natsbus.NatsBus, subj: subjects.Subjects, agent: tuple[daemon.Agent, fake_pynvml.FakeNvml]
 ) -> None:
     _, fake = agent
     token = await test_agent.hold_lease(nats_bus, subj)
@@ -116,7 +116,7 @@ async def test_a_token_that_is_no_leases_never_resets(
 
 
 async def test_dry_run_plans_the_command_and_sends_nothing(
-    nats_bus: natsbus.NatsBus, agent: tuple[runner.Agent, fake_pynvml.FakeNvml]
+    nats_bus: natsbus.NatsBus, agent: tuple[daemon.Agent, fake_pynvml.FakeNvml]
 ) -> None:
     _, fake = agent
     out = await actuator(nats_bus).apply(req("reset_gpu", 1, gpu_index=0, dry_run=True))

@@ -16,7 +16,7 @@ from healer.agent import execution
 from healer.bus import base as bus_base
 from healer.bus import memory, subjects
 from healer.schemas import codec
-from healer.telemetry import sim
+from healer.sim import node_source
 from tests.actuators import test_kube_actuator as kube_tests
 from tests.fakes import fake_kube_api
 
@@ -45,7 +45,7 @@ def api() -> Iterator[fake_kube_api.FakeKubeAPI]:
 async def host() -> AsyncIterator[tuple[memory.MemoryBus, Host]]:
     bus = memory.MemoryBus()
     h = Host()
-    src = sim.SimSource("gpu-a", gpus=2)
+    src = node_source.SimSource("gpu-a", gpus=2)
     executor = execution.CommandExecutor(
         "gpu-a", src, None, gpu_indices=lambda: [0, 1], gpu=src, reboot=h.reboot
     )
@@ -120,7 +120,7 @@ async def test_an_agent_that_cannot_reboot_leaves_no_mark(
 ) -> None:
     assert (await actuator.apply(kube_tests.req("cordon"))).status == "done"
     lonely = memory.MemoryBus()
-    src = sim.SimSource("gpu-a", gpus=1)
+    src = node_source.SimSource("gpu-a", gpus=1)
     ex = execution.CommandExecutor("gpu-a", src, None, gpu=src)  # no agent.reboot_command
 
     async def on_command(msg: bus_base.Msg) -> None:

@@ -15,13 +15,14 @@ from healer.agent import execution
 from healer.bus import base as bus_base
 from healer.bus import memory, subjects
 from healer.schemas import codec
-from healer.telemetry import sim, source
+from healer.sim import node_source
+from healer.telemetry import source
 
 
 class IgnoringDriver:
     """A GPU whose driver accepts a new limit and silently keeps the old one."""
 
-    def __init__(self, inner: sim.SimSource) -> None:
+    def __init__(self, inner: node_source.SimSource) -> None:
         self.inner = inner
 
     def power_limits(self, index: int) -> source.PowerLimits:
@@ -65,8 +66,8 @@ async def bus() -> AsyncIterator[memory.MemoryBus]:
 
 
 @pytest.fixture
-def gpu() -> sim.SimSource:
-    return sim.SimSource("n1", gpus=2)
+def gpu() -> node_source.SimSource:
+    return node_source.SimSource("n1", gpus=2)
 
 
 async def serve_agent(bus: memory.MemoryBus, control: execution.PowerControl) -> execution.CommandExecutor:
@@ -96,7 +97,9 @@ def req(kind: base.ActionKind = "power_limit", **kw: object) -> base.ActionReque
     )
 
 
-async def test_a_power_cap_is_done_once_telemetry_shows_it(bus: memory.MemoryBus, gpu: sim.SimSource) -> None:
+async def test_a_power_cap_is_done_once_telemetry_shows_it(
+    bus: memory.MemoryBus, gpu: node_source.SimSource
+) -> None:
     await serve_agent(bus, gpu)
     outcome = await actuator(bus, LiveReadings(gpu), FakeTime()).apply(req(params={"watts": 450}))
     assert outcome.status == "done", outcome
@@ -105,7 +108,9 @@ async def test_a_power_cap_is_done_once_telemetry_shows_it(bus: memory.MemoryBus
     assert gpu.power_limits(0).current_w == 700
 
 
-async def test_restore_returns_the_limit_healer_found(bus: memory.MemoryBus, gpu: sim.SimSource) -> None:
+async def test_restore_returns_the_limit_healer_found(
+    bus: memory.MemoryBus, gpu: node_source.SimSource
+) -> None:
     gpu.set_power_limit(1, 650)
     await serve_agent(bus, gpu)
     act = actuator(bus, LiveReadings(gpu), FakeTime())
@@ -116,7 +121,7 @@ async def test_restore_returns_the_limit_healer_found(bus: memory.MemoryBus, gpu
     assert gpu.power_limits(1).current_w == 650
 
 
-async def test_an_unchanged_reading_is_a_failure(bus: memory.MemoryBus, gpu: sim.SimSource) -> None:
+async def test_an_unchanged_reading_is_a_failure(bus: memory.MemoryBus, gpu: node_source.SimSource) -> None:
     driver = IgnoringDriver(gpu)
     await serve_agent(bus, driver)
     outcome = await actuator(bus, LiveReadings(driver), FakeTime()).apply(req(params={"watts": 450}))
@@ -125,14 +130,16 @@ async def test_an_unchanged_reading_is_a_failure(bus: memory.MemoryBus, gpu: sim
     assert item.detail == "not confirmed: agent set 450 W but telemetry still shows 700 W"
 
 
-async def test_no_reply_from_the_agent_is_a_failure(bus: memory.MemoryBus, gpu: sim.SimSource) -> None:
+async def test_no_reply_from_the_agent_is_a_failure(
+    bus: memory.MemoryBus, gpu: node_source.SimSource
+) -> None:
     outcome = await actuator(bus, LiveReadings(gpu), FakeTime()).apply(req(params={"watts": 450}))
     assert outcome.status == "failed-temporary"
     assert "no responders" in outcome.detail
 
 
 async def test_a_stale_fencing_token_is_refused_by_the_agent(
-    bus: memory.MemoryBus, gpu: sim.SimSource
+    bus: memory.MemoryBus, gpu: node_source.SimSource
 ) -> None:
     executor = await serve_agent(bus, gpu)
     executor.fencing_token = 9
@@ -145,7 +152,7 @@ async def test_a_stale_fencing_token_is_refused_by_the_agent(
 
 
 async def test_an_agent_that_cannot_check_a_new_token_is_a_temporary_failure(
-    bus: memory.MemoryBus, gpu: sim.SimSource
+    bus: memory.MemoryBus, gpu: node_source.SimSource
 ) -> None:
     """The agent checks a new fencing token against the lease in KV; while it cannot read it, the cap
     is not refused for good but tried again (a refusal would escalate the incident and stop there)."""
@@ -165,7 +172,7 @@ async def test_an_agent_that_cannot_check_a_new_token_is_a_temporary_failure(
 
 
 async def test_a_cap_below_the_minimum_is_clamped_and_said_so(
-    bus: memory.MemoryBus, gpu: sim.SimSource
+    bus: memory.MemoryBus, gpu: node_source.SimSource
 ) -> None:
     await serve_agent(bus, gpu)
     outcome = await actuator(bus, LiveReadings(gpu), FakeTime()).apply(req(params={"percent_of_default": 10}))
@@ -173,7 +180,7 @@ async def test_a_cap_below_the_minimum_is_clamped_and_said_so(
     assert outcome.items[0].detail.startswith("700 W -> 200 W; clamped from 70 W")
 
 
-async def test_dry_run_sends_nothing(bus: memory.MemoryBus, gpu: sim.SimSource) -> None:
+async def test_dry_run_sends_nothing(bus: memory.MemoryBus, gpu: node_source.SimSource) -> None:
     await serve_agent(bus, gpu)
     outcome = await actuator(bus, LiveReadings(gpu), FakeTime()).apply(
         req(params={"watts": 450}, dry_run=True)
@@ -185,7 +192,9 @@ async def test_dry_run_sends_nothing(bus: memory.MemoryBus, gpu: sim.SimSource) 
     assert gpu.power_limits(1).current_w == 700
 
 
-async def test_bad_parameters_are_a_permanent_failure(bus: memory.MemoryBus, gpu: sim.SimSource) -> None:
+async def test_bad_parameters_are_a_permanent_failure(
+    bus: memory.MemoryBus, gpu: node_source.SimSource
+) -> None:
     outcome = await actuator(bus, LiveReadings(gpu), FakeTime()).apply(req(params={}))
     assert outcome.status == "failed-permanent"
     assert "exactly one of watts or percent_of_default" in outcome.detail
@@ -202,7 +211,7 @@ class CountingReadings(LiveReadings):
         self.rejected.append(reason)
 
 
-async def serve_forger(bus: memory.MemoryBus, gpu: sim.SimSource, **override: object) -> None:
+async def serve_forger(bus: memory.MemoryBus, gpu: node_source.SimSource, **override: object) -> None:
     """An agent on n1's command subject that executes the command but answers with ``override`` applied."""
     executor = execution.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])
 
@@ -222,7 +231,7 @@ async def serve_forger(bus: memory.MemoryBus, gpu: sim.SimSource, **override: ob
     ],
 )
 async def test_a_reply_from_another_node_or_for_another_command_is_not_believed(
-    bus: memory.MemoryBus, gpu: sim.SimSource, override: dict[str, object], reason: str
+    bus: memory.MemoryBus, gpu: node_source.SimSource, override: dict[str, object], reason: str
 ) -> None:
     await serve_forger(bus, gpu, **override)
     readings = CountingReadings(gpu)
@@ -235,7 +244,7 @@ async def test_a_reply_from_another_node_or_for_another_command_is_not_believed(
 
 
 async def test_a_bare_refusal_without_the_command_id_is_still_heard(
-    bus: memory.MemoryBus, gpu: sim.SimSource
+    bus: memory.MemoryBus, gpu: node_source.SimSource
 ) -> None:
     """An agent that cannot decode a command answers a refusal without its id: believed, nothing done."""
     executor = execution.CommandExecutor("n1", gpu, None, gpu_indices=lambda: [0, 1])

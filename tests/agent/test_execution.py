@@ -11,7 +11,8 @@ import pytest
 from healer import errors
 from healer.agent import execution
 from healer.schemas import commands
-from healer.telemetry import sim, source
+from healer.sim import node_source
+from healer.telemetry import source
 
 
 def cmd(
@@ -32,22 +33,22 @@ def cmd(
 
 
 @pytest.fixture
-def power() -> sim.SimSource:
-    return sim.SimSource("n1", gpus=2)
+def power() -> node_source.SimSource:
+    return node_source.SimSource("n1", gpus=2)
 
 
 def executor(power: execution.PowerControl, path: pathlib.Path | None) -> execution.CommandExecutor:
     return execution.CommandExecutor("n1", power, path, gpu_indices=lambda: [0, 1])
 
 
-def test_whole_node_cap_applies_to_every_gpu(power: sim.SimSource) -> None:
+def test_whole_node_cap_applies_to_every_gpu(power: node_source.SimSource) -> None:
     res = executor(power, None).execute(cmd("set_power_limit", watts=500))
     assert res.status == "applied"
     assert [(c.index, c.applied_w) for c in res.gpus] == [(0, 500.0), (1, 500.0)]
     assert power.power_limits(1).current_w == 500.0
 
 
-def test_repeated_command_id_is_answered_not_rerun(power: sim.SimSource) -> None:
+def test_repeated_command_id_is_answered_not_rerun(power: node_source.SimSource) -> None:
     ex = executor(power, None)
     first = ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, cid="same"))
     power.set_power_limit(0, 650)  # an operator acts in between
@@ -56,7 +57,7 @@ def test_repeated_command_id_is_answered_not_rerun(power: sim.SimSource) -> None
     assert power.power_limits(0).current_w == 650.0
 
 
-def test_stale_token_is_refused_and_newer_token_accepted(power: sim.SimSource) -> None:
+def test_stale_token_is_refused_and_newer_token_accepted(power: node_source.SimSource) -> None:
     ex = executor(power, None)
     assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=10)).status == "applied"
     stale = ex.execute(cmd("restore_power_limit", gpu_index=0, token=9))
@@ -66,14 +67,14 @@ def test_stale_token_is_refused_and_newer_token_accepted(power: sim.SimSource) -
     assert ex.execute(cmd("restore_power_limit", gpu_index=0, token=11)).status == "applied"
 
 
-def test_expired_and_misaddressed_commands_are_refused(power: sim.SimSource) -> None:
+def test_expired_and_misaddressed_commands_are_refused(power: node_source.SimSource) -> None:
     ex = executor(power, None)
     assert "expired" in ex.execute(cmd("set_power_limit", watts=500, ttl=-1)).detail
     assert "delivered to" in ex.execute(cmd("set_power_limit", watts=500, node="n2")).detail
     assert power.power_limits(0).current_w == 700.0
 
 
-def test_restore_survives_an_agent_restart(power: sim.SimSource, tmp_path: pathlib.Path) -> None:
+def test_restore_survives_an_agent_restart(power: node_source.SimSource, tmp_path: pathlib.Path) -> None:
     state = tmp_path / "power.json"
     power.set_power_limit(0, 650)  # the operator's limit before healer
     executor(power, state).execute(cmd("set_power_limit", gpu_index=0, percent_of_default=50, token=3))
@@ -86,7 +87,7 @@ def test_restore_survives_an_agent_restart(power: sim.SimSource, tmp_path: pathl
     assert json.loads(state.read_text())["originals"] == {}
 
 
-def test_second_cap_keeps_the_first_original(power: sim.SimSource) -> None:
+def test_second_cap_keeps_the_first_original(power: node_source.SimSource) -> None:
     ex = executor(power, None)
     ex.execute(cmd("set_power_limit", gpu_index=0, watts=600, token=1))
     ex.execute(cmd("set_power_limit", gpu_index=0, watts=400, token=2))
@@ -94,7 +95,7 @@ def test_second_cap_keeps_the_first_original(power: sim.SimSource) -> None:
     assert power.power_limits(0).current_w == 700.0
 
 
-def test_restore_leaves_a_limit_an_operator_changed_after_healer(power: sim.SimSource) -> None:
+def test_restore_leaves_a_limit_an_operator_changed_after_healer(power: node_source.SimSource) -> None:
     ex = executor(power, None)
     ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=1))
     power.set_power_limit(0, 450)
@@ -104,12 +105,12 @@ def test_restore_leaves_a_limit_an_operator_changed_after_healer(power: sim.SimS
     assert power.power_limits(0).current_w == 450.0
 
 
-def test_restore_with_nothing_held_is_already_done(power: sim.SimSource) -> None:
+def test_restore_with_nothing_held_is_already_done(power: node_source.SimSource) -> None:
     res = executor(power, None).execute(cmd("restore_power_limit", gpu_index=1))
     assert res.status == "already"
 
 
-def test_nvml_refusal_is_reported_as_failed(power: sim.SimSource) -> None:
+def test_nvml_refusal_is_reported_as_failed(power: node_source.SimSource) -> None:
     class Locked:
         def power_limits(self, index: int) -> source.PowerLimits:
             return source.PowerLimits(700, 700, 200, 700)
@@ -122,7 +123,9 @@ def test_nvml_refusal_is_reported_as_failed(power: sim.SimSource) -> None:
     assert "permanent: NVML: insufficient permissions" in res.detail
 
 
-def test_unreadable_state_file_starts_empty_and_logs(power: sim.SimSource, tmp_path: pathlib.Path) -> None:
+def test_unreadable_state_file_starts_empty_and_logs(
+    power: node_source.SimSource, tmp_path: pathlib.Path
+) -> None:
     from structlog import testing
 
     state = tmp_path / "power.json"
@@ -141,7 +144,7 @@ def test_command_model_rejects_ambiguous_targets() -> None:
 
 
 def test_a_new_token_beyond_every_live_lease_is_refused_and_not_persisted(
-    power: sim.SimSource, tmp_path: pathlib.Path
+    power: node_source.SimSource, tmp_path: pathlib.Path
 ) -> None:
     """A controller credential used from elsewhere sent fencing_token=1e15, which the agent persisted,
     locking the real leader out of the node's power control (restore included)."""
@@ -158,7 +161,7 @@ def test_a_new_token_beyond_every_live_lease_is_refused_and_not_persisted(
     assert restore.status == "applied", "the real leader keeps control"
 
 
-def test_a_new_token_is_refused_while_the_lease_cannot_be_read(power: sim.SimSource) -> None:
+def test_a_new_token_is_refused_while_the_lease_cannot_be_read(power: node_source.SimSource) -> None:
     ex = executor(power, None)
     unreadable = execution.LiveTokens(frozenset(), error="KV unreachable")
     res = ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), unreadable)
@@ -169,7 +172,7 @@ def test_a_new_token_is_refused_while_the_lease_cannot_be_read(power: sim.SimSou
     assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), LIVE_3).status == "applied"
 
 
-def test_a_token_already_seen_needs_no_lease(power: sim.SimSource) -> None:
+def test_a_token_already_seen_needs_no_lease(power: node_source.SimSource) -> None:
     ex = executor(power, None)
     assert ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=3), LIVE_3).status == "applied"
     again = cmd("restore_power_limit", gpu_index=0, token=3)

@@ -7,11 +7,10 @@ import pathlib
 import prometheus_client
 from prometheus_client import parser
 
-from healer.agent import gpu_metrics, runner
-from healer.agent import metrics as metrics_mod
+from healer.agent import daemon, exposition, gpu_metrics
 from healer.bus import subjects
 from healer.schemas import dcgm, events, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 from tests import conftest
 
 DCGM_EXPORTER_DEFAULTS = {
@@ -51,7 +50,7 @@ NOT_READ_BY_HEALER = {
 
 
 def _frame(gpus: int = 2) -> telemetry.NodeFrame:
-    sample = sim.SimSource("gpu-07", gpus=gpus, seed=5).sample()
+    sample = node_source.SimSource("gpu-07", gpus=gpus, seed=5).sample()
     return telemetry.NodeFrame(
         node="gpu-07", ts=1.0, seq=0, boot_id="b", agent_version="t", source="sim", gpus=sample.gpus
     )
@@ -67,7 +66,7 @@ def _scrape(registry: prometheus_client.CollectorRegistry) -> dict[str, list[tup
 
 
 def test_every_reading_is_served_under_its_dcgm_name_with_dcgm_exporter_labels() -> None:
-    metrics = metrics_mod.AgentMetrics()
+    metrics = exposition.AgentMetrics()
     frame = _frame()
     metrics.gpu.observe(frame)
     got = _scrape(metrics.registry)
@@ -94,7 +93,7 @@ def test_every_reading_is_served_under_its_dcgm_name_with_dcgm_exporter_labels()
 
 
 def test_a_reading_the_gpu_does_not_support_has_no_series() -> None:
-    metrics = metrics_mod.AgentMetrics()
+    metrics = exposition.AgentMetrics()
     frame = _frame(1)
     gpu = frame.gpus[0].model_copy(update={"mem_temp_c": None})
     metrics.gpu.observe(frame.model_copy(update={"gpus": [gpu]}))
@@ -104,7 +103,7 @@ def test_a_reading_the_gpu_does_not_support_has_no_series() -> None:
 
 
 def test_the_last_xid_of_each_gpu_is_served_as_dcgm_exporter_does() -> None:
-    metrics = metrics_mod.AgentMetrics()
+    metrics = exposition.AgentMetrics()
     metrics.gpu.observe(_frame())
     metrics.gpu.observe_event(events.new("gpu-07", "xid", gpu_index=1, xid=79, message="fell off the bus"))
     got = dict((lb["gpu"], v) for lb, v in _scrape(metrics.registry)["DCGM_FI_DEV_XID_ERRORS"])
@@ -144,7 +143,9 @@ def test_the_catalogue_covers_dcgm_exporter_s_defaults_that_healer_reads() -> No
 async def test_the_agent_serves_what_it_sampled(tmp_path: pathlib.Path) -> None:
     subj = subjects.Subjects()
     bus = conftest.make_memory_bus(subj)
-    agent = runner.Agent(node="n1", source=sim.SimSource("n1", gpus=2, seed=2), bus=bus, state_dir=tmp_path)
+    agent = daemon.Agent(
+        node="n1", source=node_source.SimSource("n1", gpus=2, seed=2), bus=bus, state_dir=tmp_path
+    )
     await agent.tick()
     got = _scrape(agent.metrics.registry)
     assert sorted(lb["gpu"] for lb, _ in got["DCGM_FI_DEV_POWER_USAGE"]) == ["0", "1"]

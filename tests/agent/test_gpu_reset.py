@@ -16,7 +16,8 @@ import pytest
 from healer import errors
 from healer.agent import execution, host, validation
 from healer.schemas import commands, events
-from healer.telemetry import nvml, sim
+from healer.sim import node_source
+from healer.telemetry import nvml
 from tests.fakes import fake_pynvml
 
 
@@ -157,13 +158,13 @@ def test_reset_needs_one_gpu_and_no_watts() -> None:
 
 
 def test_a_source_without_reset_refuses() -> None:
-    src = sim.SimSource("n1", gpus=2)
+    src = node_source.SimSource("n1", gpus=2)
     ex = execution.CommandExecutor("n1", src, None)
     assert ex.execute(cmd("reset_gpu", gpu_index=0)).status == "refused"
 
 
 def test_the_simulated_node_resets_by_the_fleets_model_and_refuses_a_lost_gpu() -> None:
-    src = sim.SimSource("n1", gpus=2)
+    src = node_source.SimSource("n1", gpus=2)
     fleet = src.simulation.fleet
     fleet.counters["ecc_dbe_volatile"][0, 1] = 4
     fleet.remap_pending[0, 1] = True

@@ -7,7 +7,7 @@ import pathlib
 import prometheus_client
 from prometheus_client import parser
 
-from healer.agent import metrics as metrics_mod
+from healer.agent import exposition
 from healer.schemas import telemetry
 from healer.telemetry import rdma
 
@@ -16,7 +16,7 @@ FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
 
 def scrape(fixture: str, tmp_path: pathlib.Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     root = rdma.write_tree((FIXTURES / fixture).read_text(), tmp_path / "sys")
-    metrics = metrics_mod.AgentMetrics()
+    metrics = exposition.AgentMetrics()
     frame = telemetry.NodeFrame(
         node="n1", ts=1.0, seq=0, boot_id="b", agent_version="t", source="sim", gpus=[],
         ports=rdma.PortReader(root).read(), schema=telemetry.SCHEMA_V2,
@@ -54,7 +54,7 @@ def test_roce_ports_add_their_netdev_flaps_and_driver_counters(tmp_path: pathlib
 
 
 def test_a_node_without_ports_serves_no_port_series() -> None:
-    metrics = metrics_mod.AgentMetrics()
+    metrics = exposition.AgentMetrics()
     metrics.ports.observe(
         telemetry.NodeFrame(node="n1", ts=1.0, seq=0, boot_id="b", agent_version="t", source="sim", gpus=[])
     )

@@ -9,11 +9,12 @@ import time
 import pytest
 
 from healer import config
-from healer.agent import metrics, runner
+from healer.agent import daemon, exposition
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.schemas import codec, commands, events, telemetry
-from healer.telemetry import nvml, sim
+from healer.sim import node_source
+from healer.telemetry import nvml
 from tests import conftest
 from tests.conftest import sample
 from tests.fakes import fake_pynvml
@@ -40,7 +41,7 @@ class Frames:
 
 
 class Running:
-    def __init__(self, agent: runner.Agent) -> None:
+    def __init__(self, agent: daemon.Agent) -> None:
         self.agent = agent
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(agent.run(self.stop))
@@ -56,9 +57,9 @@ async def test_frames_arrive_valid_with_increasing_seq(
     got = Frames()
     await bus.subscribe(subj.all_telemetry, got)
     await bus.flush()
-    agent = runner.Agent(
+    agent = daemon.Agent(
         node="gpu-01.cluster.local",
-        source=sim.SimSource("gpu-01.cluster.local", seed=1),
+        source=node_source.SimSource("gpu-01.cluster.local", seed=1),
         bus=bus,
         state_dir=tmp_path,
         interval_s=0.05,
@@ -80,8 +81,8 @@ async def test_agent_start_and_stop_events_are_stored(
     subj: subjects.Subjects, tmp_path: pathlib.Path
 ) -> None:
     bus = conftest.make_memory_bus(subj)
-    agent = runner.Agent(
-        node="n1", source=sim.SimSource("n1", gpus=2), bus=bus, state_dir=tmp_path, interval_s=0.05
+    agent = daemon.Agent(
+        node="n1", source=node_source.SimSource("n1", gpus=2), bus=bus, state_dir=tmp_path, interval_s=0.05
     )
     run = Running(agent)
     await asyncio.sleep(0.2)
@@ -102,8 +103,12 @@ async def test_events_during_an_outage_arrive_exactly_once(
     await observer.close()
     fast = config.NatsSettings(url=nats_server.url, reconnect_wait_s=0.1, connect_timeout_s=1)
     agent_bus = await natsbus.NatsBus.connect(nats_server.url, name="agent", nats_settings=fast)
-    agent = runner.Agent(
-        node="n1", source=sim.SimSource("n1", gpus=2), bus=agent_bus, state_dir=tmp_path, interval_s=0.05
+    agent = daemon.Agent(
+        node="n1",
+        source=node_source.SimSource("n1", gpus=2),
+        bus=agent_bus,
+        state_dir=tmp_path,
+        interval_s=0.05,
     )
     run = Running(agent)
     try:
@@ -162,15 +167,15 @@ async def hold_lease(bus: natsbus.NatsBus, subj: subjects.Subjects) -> int:
 async def test_power_command_round_trip_over_real_nats(
     kind: str, nats_bus: natsbus.NatsBus, subj: subjects.Subjects, tmp_path: pathlib.Path
 ) -> None:
-    src: sim.SimSource | nvml.NvmlSource
+    src: node_source.SimSource | nvml.NvmlSource
     if kind == "sim":
-        src = sim.SimSource("n1", gpus=4, seed=3)
+        src = node_source.SimSource("n1", gpus=4, seed=3)
     else:
         src = nvml.NvmlSource("n1", nvml=fake_pynvml.FakeNvml(4).module())
     got = Frames()
     await nats_bus.subscribe(subj.all_telemetry, got)
     await nats_bus.flush()
-    agent = runner.Agent(node="n1", source=src, bus=nats_bus, state_dir=tmp_path, interval_s=0.05)
+    agent = daemon.Agent(node="n1", source=src, bus=nats_bus, state_dir=tmp_path, interval_s=0.05)
     run = Running(agent)
     try:
         frames = await got.wait(lambda fs: len(fs) >= 1)
@@ -228,8 +233,8 @@ async def test_frames_are_buffered_and_bounded_while_disconnected(
     bus = conftest.make_memory_bus(subj)
     got = Frames()
     await bus.subscribe(subj.all_telemetry, got)
-    agent = runner.Agent(
-        node="n1", source=sim.SimSource("n1", gpus=1), bus=bus, state_dir=tmp_path, buffer_frames=3
+    agent = daemon.Agent(
+        node="n1", source=node_source.SimSource("n1", gpus=1), bus=bus, state_dir=tmp_path, buffer_frames=3
     )
     await agent._ensure_connected()
     bus.set_connected(False)
@@ -254,13 +259,13 @@ async def test_frames_carry_each_gpus_jobs_from_the_job_mapping_directory(
     got = Frames()
     await bus.subscribe(subj.all_telemetry, got)
     await bus.flush()
-    agent = runner.Agent(
+    agent = daemon.Agent(
         node="n1",
-        source=sim.SimSource("n1", seed=1),
+        source=node_source.SimSource("n1", seed=1),
         bus=bus,
         state_dir=tmp_path / "state",
         interval_s=0.05,
-        metrics=metrics.AgentMetrics(job_map_dir=job_map),
+        metrics=exposition.AgentMetrics(job_map_dir=job_map),
     )
     run = Running(agent)
     try:

@@ -14,17 +14,17 @@ import prometheus_client as prom
 import pytest
 from prometheus_client import parser as prom_parser
 
-from healer.agent import metrics as metrics_mod
-from healer.agent import runner, watcher_metrics
+from healer.agent import daemon, exposition, watcher_metrics
 from healer.schemas import events
-from healer.telemetry import kernel_log, sim, watchers, xid
+from healer.sim import node_source
+from healer.telemetry import kernel_log, watchers, xid
 from tests.fakes import fake_pynvml as fp
 from tests.telemetry import test_kmsg as tk
 
 GET_S = 10.0  # an upper bound for a queue get, never a duration being measured
 
 
-def _scrape(m: metrics_mod.AgentMetrics) -> dict[str, float]:
+def _scrape(m: exposition.AgentMetrics) -> dict[str, float]:
     """Every watcher series, as ``name{source}`` or ``name``, from the exposition text."""
     out: dict[str, float] = {}
     for family in prom_parser.text_string_to_metric_families(prom.generate_latest(m.registry).decode()):
@@ -42,20 +42,20 @@ def node(tmp_path: pathlib.Path) -> Iterator[tk.Node]:
     n.src.close()
 
 
-def _watched(node: tk.Node, *extra: xid.XidWatcher) -> tuple[metrics_mod.AgentMetrics, watchers.Combined]:
+def _watched(node: tk.Node, *extra: xid.XidWatcher) -> tuple[exposition.AgentMetrics, watchers.Combined]:
     kmsg_watcher = kernel_log.KmsgWatcher(
         "n1", state_dir=node.state, path=node.log, resolve=node.src.gpu_at, boot_id_path=node.boot,
         poll_s=0.02,
     )  # fmt: skip
     combined = watchers.Combined([*extra, kmsg_watcher])
-    m = metrics_mod.AgentMetrics()
+    m = exposition.AgentMetrics()
     m.watchers.attach(combined)
     combined.start(node.got.put)
     return m, combined
 
 
 def test_a_healthy_agent_serves_every_watcher_series_at_zero() -> None:
-    got = _scrape(metrics_mod.AgentMetrics())
+    got = _scrape(exposition.AgentMetrics())
     by_source = [f"{name}_total{{{s}}}" for _, name, _ in watcher_metrics.BY_SOURCE for s in ("nvml", "kmsg")]
     kmsg_only = [f"{name}_total" for _, name, _ in watcher_metrics.KMSG]
     assert got == dict.fromkeys(by_source + kmsg_only, 0.0)
@@ -105,7 +105,7 @@ def test_an_xid_seen_by_nvml_and_the_log_counts_one_duplicate_of_the_logs_copy(n
 def test_an_nvml_xid_replaced_by_the_logs_line_counts_as_an_nvml_duplicate() -> None:
     stub, got = tk.Stub(), []
     combined = watchers.Combined([stub], window_s=5.0, hold_s=60.0)
-    m = metrics_mod.AgentMetrics()
+    m = exposition.AgentMetrics()
     m.watchers.attach(combined)
     combined.start(got.append)
     stub.emit(events.new("n1", "xid", gpu_index=2, xid=13, source="nvml"))
@@ -170,7 +170,7 @@ def test_a_failed_read_reopens_the_log_without_replaying_it(
 
 def test_an_unreadable_kmsg_is_a_failure_on_metrics(tmp_path: pathlib.Path) -> None:
     w = kernel_log.KmsgWatcher("n1", state_dir=tmp_path, path=tmp_path / "missing")
-    m = metrics_mod.AgentMetrics()
+    m = exposition.AgentMetrics()
     m.watchers.attach(w)
     w.start(lambda e: None)
     w.stop()
@@ -180,7 +180,7 @@ def test_an_unreadable_kmsg_is_a_failure_on_metrics(tmp_path: pathlib.Path) -> N
 def test_a_failed_nvml_wait_is_counted_and_its_event_too() -> None:
     fake = fp.FakeNvml(4)
     w = xid.XidWatcher("n1", fake.module(), wait_ms=20)
-    m = metrics_mod.AgentMetrics()
+    m = exposition.AgentMetrics()
     m.watchers.attach(w)
     got: queue.Queue[events.NodeEvent] = queue.Queue()
     w.start(got.put)
@@ -202,12 +202,12 @@ def test_the_agent_serves_the_counts_of_the_watcher_it_runs(node: tk.Node, tmp_p
         poll_s=0.02,
     )  # fmt: skip
 
-    async def never() -> runner.base.Bus:
+    async def never() -> daemon.base.Bus:
         raise AssertionError("not connected in this test")
 
-    m = metrics_mod.AgentMetrics()
-    runner.Agent(
-        node="n1", source=sim.SimSource("n1"), connect=never, state_dir=tmp_path / "agent",
+    m = exposition.AgentMetrics()
+    daemon.Agent(
+        node="n1", source=node_source.SimSource("n1"), connect=never, state_dir=tmp_path / "agent",
         watcher=watchers.Combined([kmsg_watcher]), metrics=m,
     )  # fmt: skip
     kmsg_watcher.start(node.got.put)

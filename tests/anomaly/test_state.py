@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from healer.anomaly import scoring, state
+from healer.anomaly import scorer_state, scoring
 from healer.schemas import codec
 from healer.sim import recording
 
@@ -57,14 +57,14 @@ def _fed(trained: pathlib.Path, rec_path: pathlib.Path, minutes: float) -> tuple
 def test_a_restarted_scorer_picks_up_where_the_old_one_left_off(
     trained: pathlib.Path, healthy_recording: pathlib.Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(state, "SHARD_NODES", 3)  # the fixture's 8 nodes: three shards
+    monkeypatch.setattr(scorer_state, "SHARD_NODES", 3)  # the fixture's 8 nodes: three shards
     old, _ = _fed(trained, healthy_recording, 25)
     exported = old.export_state()
     assert old.thermal.ready.any()
     store = MemoryDocs()
-    assert asyncio.run(state.save(store, exported)) == 3
+    assert asyncio.run(scorer_state.save(store, exported)) == 3
     assert max(len(v) for v in store.data.values()) < 1_000_000
-    loaded = asyncio.run(state.load(store))
+    loaded = asyncio.run(scorer_state.load(store))
     assert loaded == orjson.loads(orjson.dumps(exported))
     new = scoring.load(trained)
     assert new.import_state(loaded) == len(old.window.node_names)
@@ -75,6 +75,6 @@ def test_a_restarted_scorer_picks_up_where_the_old_one_left_off(
 
 def test_nothing_saved_or_another_format_loads_as_nothing() -> None:
     store = MemoryDocs()
-    assert asyncio.run(state.load(store)) is None
-    asyncio.run(store.put(state.DEFAULT_KEY, {"format": "something-else/9"}))
-    assert asyncio.run(state.load(store)) is None
+    assert asyncio.run(scorer_state.load(store)) is None
+    asyncio.run(store.put(scorer_state.DEFAULT_KEY, {"format": "something-else/9"}))
+    assert asyncio.run(scorer_state.load(store)) is None

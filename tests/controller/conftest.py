@@ -16,7 +16,7 @@ from healer.bus import nats as natsbus
 from healer.controller import metrics as controller_metrics
 from healer.controller import service
 from healer.schemas import codec, incidents, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 from tests import conftest
 
 DBE_RULES = """
@@ -41,7 +41,7 @@ class Fleet:
         self.bus = bus
         self.subj = subjects.Subjects()
         self.nodes = nodes
-        self.sources = {n: sim.SimSource(n, gpus=2, seed=i) for i, n in enumerate(nodes)}
+        self.sources = {n: node_source.SimSource(n, gpus=2, seed=i) for i, n in enumerate(nodes)}
         self.overrides: dict[tuple[str, int], dict[str, Any]] = {}
         self.seq = 0
 

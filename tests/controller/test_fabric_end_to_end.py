@@ -10,10 +10,11 @@ import pathlib
 import yaml
 
 from healer import testing
-from healer.agent import runner
+from healer.agent import daemon
 from healer.bus import nats as natsbus
 from healer.schemas import incidents
-from healer.telemetry import rdma, sim
+from healer.sim import node_source
+from healer.telemetry import rdma
 from tests.controller.conftest import Harness
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -47,8 +48,8 @@ async def test_a_port_down_on_the_node_is_one_incident_naming_the_port_and_it_re
     await harness.controller(actuator)
     root = rdma.write_tree((FIXTURES / "cx7-ib-link-down.txt").read_text(), tmp_path / "sys")
     bus = await natsbus.NatsBus.connect(harness.srv.url, name="agent-n1")
-    agent = runner.Agent(
-        node="n1", source=sim.SimSource("n1", gpus=2), bus=bus, state_dir=tmp_path / "agent",
+    agent = daemon.Agent(
+        node="n1", source=node_source.SimSource("n1", gpus=2), bus=bus, state_dir=tmp_path / "agent",
         interval_s=0.1, ports=rdma.PortReader(root),
     )  # fmt: skip
     stop = asyncio.Event()

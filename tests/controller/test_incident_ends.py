@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from healer import cli, testing
-from healer.controller import book, closing, healing, runner
+from healer.controller import action_runner, book, closing, healing
 from healer.schemas import incidents
 from tests.controller.conftest import Fleet, Harness, metric, run_until, warm
 from tests.controller.test_healing import events, ladder_rules
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.nats
 
 
 def breaker_events(harness: Harness) -> list[incidents.IncidentEvent]:
-    return [e for e in harness.feed.events if e.data.rule_id == runner.BREAKER_RULE]
+    return [e for e in harness.feed.events if e.data.rule_id == action_runner.BREAKER_RULE]
 
 
 async def trip(harness: Harness, actuator: testing.RecordingActuator, ctl: object) -> Fleet:
@@ -63,7 +63,7 @@ async def test_a_breaker_incident_of_a_previous_leader_resolves_too(harness: Har
     await harness.crash(first)
     second = await harness.controller(actuator, breaker_max_percent=10.0)
     await run_until(fleet, lambda: second.leader, timeout=20)
-    assert any(i.rule_id == runner.BREAKER_RULE for i in second.book.open.values())
+    assert any(i.rule_id == action_runner.BREAKER_RULE for i in second.book.open.values())
     await second.breaker.reset(by="sre-on-call")
     await run_until(fleet, lambda: breaker_events(harness)[-1].change == "resolved")
     resolved = breaker_events(harness)[-1]

@@ -9,7 +9,7 @@ import pathlib
 import shutil
 
 from healer import testing
-from healer.agent import runner
+from healer.agent import daemon
 from healer.bus import nats as natsbus
 from healer.telemetry import kernel_log, nvml, watchers
 from tests.controller.conftest import Harness
@@ -49,7 +49,7 @@ async def test_a_kmsg_xid_line_becomes_the_right_incident_and_actions(
         "n1", state_dir=state, path=kmsg_file, resolve=src.gpu_at, boot_id_path=boot, poll_s=0.02
     )
     bus = await natsbus.NatsBus.connect(harness.srv.url, name="agent-n1")
-    agent = runner.Agent(
+    agent = daemon.Agent(
         node="n1", source=src, bus=bus, state_dir=state, interval_s=0.1,
         watcher=watchers.Combined([watcher]),
     )  # fmt: skip

@@ -13,12 +13,13 @@ import pytest
 
 from healer import testing
 from healer.actuators import power
+from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.controller import service
 from healer.feed import alertmanager
 from healer.schemas import incidents
-from healer.sim import live, scenarios
+from healer.sim import scenarios
 from tests.alertmanager.server import Alertmanager, real_alertmanager  # noqa: F401
 from tests.controller.conftest import Harness
 from tests.feed.test_forward import FAST
@@ -79,7 +80,7 @@ async def test_an_inlet_failure_is_one_node_incident_each_gpu_capped_and_restore
     sim = scenarios.build(sc, nodes=2, gpus=8, seed=3, start_ts=time.time(), run_id=scenarios.fresh_run_id())
     hot_node = next(name for name in sim.fleet.node_names if name.endswith("1"))
     fleet_bus = await natsbus.NatsBus.connect(harness.srv.url, name="fleet")
-    fleet = live.LiveFleet(sim, fleet_bus, subjects.Subjects())
+    fleet = sim_fleet.LiveFleet(sim, fleet_bus, subjects.Subjects())
     await fleet.start()
     ctl_bus = await natsbus.NatsBus.connect(harness.srv.url, name="controller-power")
     s = harness.settings(correlate_window_s=120.0, action_cooldown_s=600.0)

@@ -17,11 +17,12 @@ import yaml
 
 from healer import testing
 from healer.actuators import base
-from healer.agent import runner
+from healer.agent import daemon
 from healer.bus import nats as natsbus
 from healer.controller import decide
 from healer.schemas import incidents
-from healer.telemetry import rdma, sim
+from healer.sim import node_source
+from healer.telemetry import rdma
 from tests.controller.conftest import Harness
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -142,8 +143,8 @@ async def test_a_node_stays_cordoned_until_its_last_port_incident_ends(
     ctl = await harness.controller(sched)
     root = rdma.write_tree(tree("cx7-ib-two-ports-down.txt"), tmp_path / "sys")
     bus = await natsbus.NatsBus.connect(harness.srv.url, name="agent-n1")
-    agent = runner.Agent(
-        node="n1", source=sim.SimSource("n1", gpus=2), bus=bus, state_dir=tmp_path / "agent",
+    agent = daemon.Agent(
+        node="n1", source=node_source.SimSource("n1", gpus=2), bus=bus, state_dir=tmp_path / "agent",
         interval_s=0.1, ports=rdma.PortReader(root),
     )  # fmt: skip
     stop = asyncio.Event()

@@ -15,8 +15,7 @@ import structlog.testing
 from healer import cli, config, errors, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import kv, lease, policy, storage
-from healer.controller import metrics as metrics_mod
+from healer.controller import kv, lease, metrics, policy, storage
 from healer.schemas import codec, events
 from tests.conftest import sample
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until
@@ -137,7 +136,7 @@ async def test_without_byte_limits_the_full_store_is_named_in_one_line(small_sto
     assert "insufficient resources" in failed[0]["error"]
 
     watch = storage.StorageWatch(
-        h.bus, subjects.Subjects(), metrics_mod.ControllerMetrics(), structlog.get_logger()
+        h.bus, subjects.Subjects(), metrics.ControllerMetrics(), structlog.get_logger()
     )
     with structlog.testing.capture_logs() as logs:
         assert await watch.check() == problem

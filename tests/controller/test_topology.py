@@ -11,8 +11,7 @@ import structlog
 
 from healer import config, errors, testing
 from healer.cli import main as cli_main
-from healer.controller import admission, topology
-from healer.controller import metrics as metrics_mod
+from healer.controller import admission, metrics, topology
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures"
 
@@ -118,7 +117,7 @@ def test_slurm_features_become_domains_by_key_value_and_by_configured_prefix() -
 def _admission(cs: config.ControllerSettings, scheduler: object | None = None) -> admission.Admission:
     return admission.Admission(
         cs,
-        metrics_mod.ControllerMetrics(),
+        metrics.ControllerMetrics(),
         scheduler=scheduler or testing.RecordingActuator(),
         log=structlog.get_logger(),
     )

@@ -17,10 +17,9 @@ import structlog
 
 from healer import config, errors, testing
 from healer.bus import subjects
-from healer.controller import admission
-from healer.controller import metrics as metrics_mod
+from healer.controller import admission, metrics
 from healer.schemas import codec, events, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 from tests.conftest import sample, until
 from tests.controller.conftest import Fleet, Harness, metric, run_until
 from tests.controller.test_controller import LabelledScheduler
@@ -35,7 +34,7 @@ XID_RULES = (
 def frame(node: str, gpus: int = 2, **fields: Any) -> telemetry.NodeFrame:
     doc: dict[str, Any] = {
         "node": node, "ts": time.time(), "seq": 1, "boot_id": "b", "agent_version": "t", "source": "sim",
-        "gpus_expected": gpus, "gpus": sim.SimSource(node, gpus=gpus, seed=1).sample().gpus, **fields,
+        "gpus_expected": gpus, "gpus": node_source.SimSource(node, gpus=gpus, seed=1).sample().gpus, **fields,
     }  # fmt: skip
     return telemetry.NodeFrame(**doc)
 
@@ -136,9 +135,7 @@ async def test_scheduler_admission_admits_only_the_nodes_the_scheduler_lists(har
 def test_scheduler_admission_needs_a_scheduler_that_lists_nodes() -> None:
     cs = config.ControllerSettings(admission="scheduler", actuator="log")
     with pytest.raises(errors.PermanentError, match="admission 'first-seen'"):
-        admission.Admission(
-            cs, metrics_mod.ControllerMetrics(), scheduler=testing.RecordingActuator(), log=None
-        )
+        admission.Admission(cs, metrics.ControllerMetrics(), scheduler=testing.RecordingActuator(), log=None)
     assert config.ControllerSettings().admission == "scheduler", "the safe default"
 
 
@@ -212,13 +209,13 @@ async def test_incidents_of_a_forgotten_node_resolve_without_undoing_anything(ha
 
 def test_the_gpu_limit_is_never_below_the_configured_gpus_per_node() -> None:
     cs = config.ControllerSettings(admission="first-seen", gpus_per_node=32, max_gpus_per_node=16)
-    metrics = metrics_mod.ControllerMetrics()
-    check = admission.Admission(cs, metrics, scheduler=None, log=structlog.get_logger())
+    meters = metrics.ControllerMetrics()
+    check = admission.Admission(cs, meters, scheduler=None, log=structlog.get_logger())
     assert check.frame_ok("gpu-a", frame("gpu-a", gpus=32))
     assert not check.frame_ok("gpu-a", frame("gpu-a", gpus=33))
     assert (
         sample(
-            metrics.registry,
+            meters.registry,
             "healer_controller_messages_rejected_total",
             kind="frame",
             reason="too_many_gpus",

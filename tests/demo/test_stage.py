@@ -110,9 +110,9 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
 
 
 def test_the_demo_admits_its_fleet_from_an_inventory_with_racks(tmp_path: pathlib.Path) -> None:
-    from healer.demo import runner
+    from healer.demo import session
 
-    s = runner.settings_for(runner.Options(), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
+    s = session.settings_for(session.Options(), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
     assert s.controller.admission == "file"
     assert s.controller.inventory_file is not None
     nodes = yaml.safe_load(pathlib.Path(s.controller.inventory_file).read_text())["nodes"]
@@ -123,10 +123,10 @@ def test_the_demo_admits_its_fleet_from_an_inventory_with_racks(tmp_path: pathli
 
 
 def test_the_demo_controller_scores_with_the_default_model(tmp_path: pathlib.Path) -> None:
-    from healer.demo import runner
+    from healer.demo import session
 
-    s = runner.settings_for(runner.Options(), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
+    s = session.settings_for(session.Options(), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
     assert s.controller.model is not None
     assert (pathlib.Path(s.controller.model) / "card.json").is_file()
-    none = runner.settings_for(runner.Options(model=""), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
+    none = session.settings_for(session.Options(model=""), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
     assert none.controller.model is None

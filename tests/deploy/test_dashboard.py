@@ -10,7 +10,7 @@ from typing import Any
 
 import prometheus_client as prom
 
-from healer.agent import metrics as agent_metrics
+from healer.agent import exposition as agent_metrics
 from healer.controller import metrics as controller_metrics
 from healer.feed import forward
 from healer.schemas import dcgm

@@ -1,4 +1,4 @@
-"""Rules over RDMA ports: port metrics aggregated over a node's ports (rules/ports.py), one incident per
+"""Rules over RDMA ports: port metrics aggregated over a node's ports (rules/port_state.py), one incident per
 node and rule whose evidence names the ports, and what the checker refuses."""
 
 from __future__ import annotations

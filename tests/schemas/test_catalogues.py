@@ -7,20 +7,20 @@ import typing
 
 import pytest
 
-from healer.rules import baseline, metrics
+from healer.rules import baseline, metric_catalog
 from healer.schemas import datasheets, fields, incidents, telemetry
-from healer.sim import fleet, profiles
+from healer.sim import physics, profiles
 
 
 def test_every_counter_is_a_numeric_gpu_sample_field_and_the_rules_mark_exactly_those() -> None:
     assert set(fields.COUNTERS) <= set(telemetry.GpuSample.model_fields)
-    assert {m.name for m in metrics.SAMPLE.values() if m.kind == "counter"} == set(fields.COUNTERS)
+    assert {m.name for m in metric_catalog.SAMPLE.values() if m.kind == "counter"} == set(fields.COUNTERS)
 
 
 def test_the_simulator_advances_and_resets_the_catalogued_counters() -> None:
-    assert set(fleet.COUNTERS) == set(fields.ERROR_COUNTERS) - {"retired_pages"}
-    assert set(fleet.VOLATILE) == {n for n, c in fields.COUNTERS.items() if c.cleared_by == "gpu-reset"}
-    assert "ecc_dbe_aggregate" not in fleet.VOLATILE, "aggregate ECC survives a reset"
+    assert set(physics.COUNTERS) == set(fields.ERROR_COUNTERS) - {"retired_pages"}
+    assert set(physics.VOLATILE) == {n for n, c in fields.COUNTERS.items() if c.cleared_by == "gpu-reset"}
+    assert "ecc_dbe_aggregate" not in physics.VOLATILE, "aggregate ECC survives a reset"
 
 
 @pytest.mark.parametrize("sheet", list(datasheets.BY_MODEL.values()), ids=lambda s: s.model)
@@ -44,7 +44,7 @@ def test_the_clock_reason_bits_are_nvmls_own() -> None:
 
 def test_rules_and_simulator_read_the_same_clock_reason_bits() -> None:
     """The rules' 0/1 clock metrics are the catalogue's; the simulator keeps no bits of its own."""
-    assert {n for n, m in metrics.DERIVED.items() if m.kind == "bool"} == set(fields.CLOCK_BITS)
+    assert {n for n, m in metric_catalog.DERIVED.items() if m.kind == "bool"} == set(fields.CLOCK_BITS)
     bit, _ = fields.CLOCK_BITS["clocks_sw_power_cap"]
     assert bit == fields.ClocksEventReason.SW_POWER_CAP
     assert "sw_power_cap" not in {n.lower() for n in vars(profiles)}, "one definition, in fields.py"

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from healer import errors
 from healer.schemas import codec, commands, events, export, incidents, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def good_frame() -> telemetry.NodeFrame:
-    src = sim.SimSource("n1", gpus=8, seed=1)
+    src = node_source.SimSource("n1", gpus=8, seed=1)
     return telemetry.NodeFrame(
         node="n1", ts=1.7e9, seq=3, boot_id="b", agent_version="t", source="sim", gpus_expected=8,
         gpus=src.sample().gpus,

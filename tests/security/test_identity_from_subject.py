@@ -20,7 +20,7 @@ from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.schemas import codec, events, telemetry
 from healer.security import natsconf
-from healer.telemetry import sim
+from healer.sim import node_source
 from tests.conftest import until
 from tests.controller.conftest import metric
 
@@ -102,7 +102,7 @@ async def controller(
 def frame(node: str) -> telemetry.NodeFrame:
     return telemetry.NodeFrame(
         node=node, ts=time.time(), seq=1, boot_id="b", agent_version="t", source="sim", gpus_expected=2,
-        gpus=sim.SimSource(node, gpus=2, seed=1).sample().gpus,
+        gpus=node_source.SimSource(node, gpus=2, seed=1).sample().gpus,
     )  # fmt: skip
 
 

@@ -24,12 +24,12 @@ from nats.js import api as js_api
 from structlog.testing import capture_logs
 
 from healer import config, errors
-from healer.agent import runner
+from healer.agent import daemon
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.schemas import codec
 from healer.security import natsconf
-from healer.telemetry import sim
+from healer.sim import node_source
 from tests.agent import test_runner as agent_tests
 
 NODE_A = "gpu-a.dc1.example.com"
@@ -328,9 +328,9 @@ async def test_the_real_agent_works_under_its_node_identity(
     )
     with capture_logs() as logs:
         node_bus = await fleet.connect("node", NODE_A)
-        agent = runner.Agent(
-            node=NODE_A, source=sim.SimSource(NODE_A, gpus=2, seed=1), bus=node_bus, state_dir=tmp_path,
-            interval_s=0.05,
+        agent = daemon.Agent(
+            node=NODE_A, source=node_source.SimSource(NODE_A, gpus=2, seed=1), bus=node_bus,
+            state_dir=tmp_path, interval_s=0.05,
         )  # fmt: skip
         run = agent_tests.Running(agent)
         try:

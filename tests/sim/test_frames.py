@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from healer import errors
 from healer.schemas import codec
-from healer.sim import engine, frames, recording, scenarios
+from healer.sim import frames, recording, scenarios, simulation
 
 
-def _sim(name: str = "mixed", nodes: int = 16) -> engine.Simulation:
+def _sim(name: str = "mixed", nodes: int = 16) -> simulation.Simulation:
     return scenarios.build(scenarios.load(name), nodes=nodes, gpus=8, seed=5)
 
 

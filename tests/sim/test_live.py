@@ -10,9 +10,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from healer import errors
+from healer.agent import sim_fleet
 from healer.bus import base, subjects
 from healer.schemas import codec, commands
-from healer.sim import live, recording, replay, scenarios
+from healer.sim import recording, replay, scenarios
 from tests import conftest
 
 
@@ -34,7 +35,7 @@ async def test_live_fleet_publishes_frames_and_events_and_a_power_cap_cools_the_
 ) -> None:
     sc = scenarios.Scenario(name="t", workload={"training": 1.0})
     sim = scenarios.build(sc, nodes=3, gpus=4, seed=1, start_ts=time.time(), run_id=scenarios.fresh_run_id())
-    fleet_live = live.LiveFleet(sim, bus, subj, interval_s=1.0)
+    fleet_live = sim_fleet.LiveFleet(sim, bus, subj, interval_s=1.0)
     frames_seen, events_seen = conftest.Collector(), conftest.Collector()
     await bus.subscribe(subj.all_telemetry, frames_seen)
     await bus.subscribe(subj.all_events, events_seen)
@@ -81,7 +82,7 @@ async def test_live_fleet_refuses_garbage_and_a_silent_node_does_not_answer(
     bus: base.Bus, subj: subjects.Subjects
 ) -> None:
     sim = scenarios.build(scenarios.load("healthy"), nodes=2, gpus=2, seed=1, run_id=scenarios.fresh_run_id())
-    fleet_live = live.LiveFleet(sim, bus, subj)
+    fleet_live = sim_fleet.LiveFleet(sim, bus, subj)
     await fleet_live.start()
     await bus.flush()
     reply = await bus.request(subj.command("sim-00000"), b"{not json")
@@ -126,7 +127,7 @@ async def test_replay_republishes_the_recorded_frames_and_events(
 async def test_an_outage_drops_frames_but_keeps_events_for_later(subj: subjects.Subjects) -> None:
     mem = conftest.make_memory_bus(subj)
     sim = scenarios.build(scenarios.load("healthy"), nodes=2, gpus=2, seed=1, run_id="outage")
-    fleet_live = live.LiveFleet(sim, mem, subj)
+    fleet_live = sim_fleet.LiveFleet(sim, mem, subj)
     events_seen = conftest.Collector()
     await mem.subscribe(subj.all_events, events_seen)
     mem.set_connected(False)

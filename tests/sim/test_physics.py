@@ -7,11 +7,11 @@ import pytest
 
 from healer import errors
 from healer.schemas import fields
-from healer.sim import faults, fleet, profiles, scenarios, workloads
+from healer.sim import faults, physics, profiles, scenarios, workloads
 
 
-def _fleet(nodes: int = 2, kind: int = workloads.TRAINING, seed: int = 3) -> fleet.Fleet:
-    fl = fleet.Fleet(
+def _fleet(nodes: int = 2, kind: int = workloads.TRAINING, seed: int = 3) -> physics.Fleet:
+    fl = physics.Fleet(
         scenarios.node_names(nodes),
         8,
         [profiles.H100] * nodes,
@@ -26,7 +26,7 @@ def _fleet(nodes: int = 2, kind: int = workloads.TRAINING, seed: int = 3) -> fle
     return fl
 
 
-def _run(fl: fleet.Fleet, seconds: float, dt: float = 1.0) -> None:
+def _run(fl: physics.Fleet, seconds: float, dt: float = 1.0) -> None:
     for _ in range(int(seconds / dt)):
         fl.step(dt)
 
@@ -108,7 +108,7 @@ def test_counters_are_monotonic_and_gpu_reset_clears_only_volatile_ones() -> Non
     aggregate = int(c["ecc_sbe_aggregate"][0, 1])
     fl.remap_pending[0, 1] = True
     fl.reset_gpu(0, 1)
-    for name in fleet.VOLATILE:
+    for name in physics.VOLATILE:
         assert c[name][0, 1] == 0, name
     assert c["ecc_sbe_aggregate"][0, 1] == aggregate, "aggregate ECC survives a reset"
     assert not fl.remap_pending[0, 1], "a reset applies the pending row remap"
@@ -145,7 +145,7 @@ def test_power_limit_outside_the_envelope_or_on_a_lost_gpu_is_refused() -> None:
 
 
 def test_a100_profile_has_its_own_envelope() -> None:
-    fl = fleet.Fleet(
+    fl = physics.Fleet(
         ["a"], 4, [profiles.A100], seed=1, start_ts=1e9, run_id="t", workload_mix={"training": 1.0}
     )
     fl.work.kind[:] = workloads.TRAINING

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from healer import errors
-from healer.telemetry import sim, source
+from healer.sim import node_source
+from healer.telemetry import source
 
 
 class FakeClock:
@@ -26,7 +27,7 @@ def _run(src: source.TelemetrySource, clock: FakeClock, seconds: int) -> list[so
 
 def test_sim_source_reports_every_gpu_and_a_power_cap_cools_it() -> None:
     clock = FakeClock()
-    src: source.TelemetrySource = sim.SimSource("node-a", gpus=4, seed=1, clock=clock)
+    src: source.TelemetrySource = node_source.SimSource("node-a", gpus=4, seed=1, clock=clock)
     src.open()
     hot = _run(src, clock, 300)[-1]
     assert [g.index for g in hot.gpus] == [0, 1, 2, 3]
@@ -48,7 +49,7 @@ def test_sim_source_reports_every_gpu_and_a_power_cap_cools_it() -> None:
 
 def test_sim_source_with_a_scenario_loses_the_gpu_and_reports_the_events() -> None:
     clock = FakeClock()
-    src = sim.SimSource("node-b", gpus=8, seed=2, clock=clock, scenario="fell-off-bus")
+    src = node_source.SimSource("node-b", gpus=8, seed=2, clock=clock, scenario="fell-off-bus")
     assert all(s.events == [] for s in _run(src, clock, 30))
     clock.now += 60.0
     sample = src.sample()
@@ -58,5 +59,5 @@ def test_sim_source_with_a_scenario_loses_the_gpu_and_reports_the_events() -> No
 
 
 def test_sim_source_is_deterministic_per_node_name() -> None:
-    a, b = (sim.SimSource("same", gpus=2, clock=FakeClock()) for _ in range(2))
+    a, b = (node_source.SimSource("same", gpus=2, clock=FakeClock()) for _ in range(2))
     assert a.sample().gpus == b.sample().gpus

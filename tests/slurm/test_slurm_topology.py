@@ -16,12 +16,13 @@ import yaml
 
 from healer import config, testing
 from healer.actuators import slurm
-from healer.agent import runner
+from healer.agent import daemon
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.cli import main as cli_main
 from healer.controller import service, shared_cause, topology
-from healer.telemetry import rdma, sim
+from healer.sim import node_source
+from healer.telemetry import rdma
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.test_end_to_end import eventually
 from tests.slurm.test_slurm_actuator import cluster, node_line  # noqa: F401
@@ -131,9 +132,9 @@ async def test_a_leaf_switch_loss_on_slurm_is_one_domain_incident_and_no_reboots
     buses, tasks = [], []
     for node in cluster.nodes:
         bus = await natsbus.NatsBus.connect(nats_server.url, name=f"agent-{node}")
-        agent = runner.Agent(
-            node=node, source=sim.SimSource(node, gpus=2), bus=bus, state_dir=tmp_path / node / "agent",
-            interval_s=0.2, ports=rdma.PortReader(roots[node]),
+        agent = daemon.Agent(
+            node=node, source=node_source.SimSource(node, gpus=2), bus=bus,
+            state_dir=tmp_path / node / "agent", interval_s=0.2, ports=rdma.PortReader(roots[node]),
         )  # fmt: skip
         buses.append(bus)
         tasks.append(asyncio.create_task(agent.run(stop)))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pathlib
 
-from healer.agent import runner
+from healer.agent import daemon
 from healer.bus import base, memory, subjects
 from healer.schemas import codec, telemetry
-from healer.telemetry import fabricmanager, sim, source
+from healer.sim import node_source
+from healer.telemetry import fabricmanager, source
 
 
 def proc(tmp_path: pathlib.Path, processes: dict[int, str]) -> pathlib.Path:
@@ -52,7 +53,7 @@ def test_no_such_process_is_down(tmp_path: pathlib.Path) -> None:
     assert not fabricmanager.FabricManagerProbe(proc(tmp_path, {1: "systemd"})).running()
 
 
-class FabricSource(sim.SimSource):
+class FabricSource(node_source.SimSource):
     """A simulated NVSwitch node: every GPU has joined the NVLink fabric."""
 
     def sample(self) -> source.Sample:
@@ -71,7 +72,7 @@ async def frames_of(src: source.TelemetrySource, tmp_path: pathlib.Path, mode: s
 
     await bus.subscribe(subj.all_telemetry, keep)
     probe = fabricmanager.FabricManagerProbe(proc(tmp_path, {1: "systemd"}))
-    agent = runner.Agent(
+    agent = daemon.Agent(
         node="n1", source=src, bus=bus, state_dir=tmp_path / "state", fabric_manager=probe,
         fabric_manager_mode=mode,
     )  # fmt: skip
@@ -88,9 +89,9 @@ async def test_an_nvswitch_node_reports_its_fabric_manager_down_others_report_no
 ) -> None:
     nvswitch = await frames_of(FabricSource("n1", gpus=2), tmp_path / "a", "auto")
     assert (nvswitch.schema_, nvswitch.fabric_manager_up) == (telemetry.SCHEMA_V2, False)
-    plain = await frames_of(sim.SimSource("n1", gpus=2), tmp_path / "b", "auto")
+    plain = await frames_of(node_source.SimSource("n1", gpus=2), tmp_path / "b", "auto")
     assert (plain.schema_, plain.fabric_manager_up) == (telemetry.SCHEMA, None), "no fabric: not checked"
-    forced = await frames_of(sim.SimSource("n1", gpus=2), tmp_path / "c", "on")
+    forced = await frames_of(node_source.SimSource("n1", gpus=2), tmp_path / "c", "on")
     assert forced.fabric_manager_up is False
     off = await frames_of(FabricSource("n1", gpus=2), tmp_path / "d", "off")
     assert off.fabric_manager_up is None

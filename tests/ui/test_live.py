@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from healer.schemas import incidents, telemetry
-from healer.telemetry import sim
+from healer.sim import node_source
 from healer.ui import board, fleet, live
 
 NOW = 1_796_000_000.0
@@ -18,7 +18,9 @@ NOW = 1_796_000_000.0
 def frame(node: str, temps: list[float | None], expected: int | None = None) -> telemetry.NodeFrame:
     gpus = [
         g.model_copy(update={"temp_c": t})
-        for g, t in zip(sim.SimSource(node, gpus=len(temps), seed=1).sample().gpus, temps, strict=True)
+        for g, t in zip(
+            node_source.SimSource(node, gpus=len(temps), seed=1).sample().gpus, temps, strict=True
+        )
         if t is not None
     ]
     return telemetry.NodeFrame(

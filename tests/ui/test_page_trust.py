@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from healer.ui import live as live_mod
-from healer.ui import server
+from healer.ui import live, server
 from tests.ui import conftest as ui_conftest
 from tests.ui import scene
 from tests.ui.test_browser import Page
@@ -41,7 +40,7 @@ return a.right > b.left && b.right > a.left && a.bottom > b.top && b.bottom > a.
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[server.Running, live_mod.Live]]:
+async def served() -> AsyncIterator[tuple[server.Running, live.Live]]:
     lv, ui = scene.build(time.time())
     running = await server.serve(lv, ui, anomaly=scene.MissingScore())
     try:
@@ -58,9 +57,7 @@ async def shoot(driver: Any, tmp: pathlib.Path, name: str) -> None:
         shutil.copyfile(path, pathlib.Path(os.environ["HEALER_UI_SHOTS"]) / name)
 
 
-async def test_a_page_an_sre_trusts(
-    served: tuple[server.Running, live_mod.Live], tmp_path: pathlib.Path
-) -> None:
+async def test_a_page_an_sre_trusts(served: tuple[server.Running, live.Live], tmp_path: pathlib.Path) -> None:
     running, _lv = served
     driver = await asyncio.to_thread(ui_conftest.start_chromium, tmp_path, 1500, 1500)
     try:

@@ -236,7 +236,7 @@ async def test_the_controller_serves_the_page_when_ui_is_enabled(
     nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
     from healer.cli import controller_cmd
-    from healer.controller import metrics as metrics_mod
+    from healer.controller import metrics
 
     port = _free_port()
     (tmp_path / "rules").mkdir()
@@ -249,7 +249,7 @@ async def test_the_controller_serves_the_page_when_ui_is_enabled(
         ui=config.UiSettings(enabled=True, port=port),
     )
     stop = asyncio.Event()
-    task = asyncio.create_task(controller_cmd.run_controller(s, stop, metrics_mod.ControllerMetrics()))
+    task = asyncio.create_task(controller_cmd.run_controller(s, stop, metrics.ControllerMetrics()))
     try:
         async with aiohttp.ClientSession() as http:
             async with asyncio.timeout(15):
@@ -357,8 +357,7 @@ def test_the_page_groups_by_the_controllers_own_topology_and_the_switch_tree(tmp
     import structlog
 
     from healer.cli import controller_cmd
-    from healer.controller import admission
-    from healer.controller import metrics as metrics_mod
+    from healer.controller import admission, metrics
 
     topo = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "topology.conf"
     (tmp_path / "labels.yaml").write_text("gpu02: {rack: r9}\n")
@@ -382,7 +381,7 @@ def test_the_page_groups_by_the_controllers_own_topology_and_the_switch_tree(tmp
             return {n: {"features": known[n]} for n in nodes if n in known}
 
     adm = admission.Admission(
-        s.controller, metrics_mod.ControllerMetrics(), scheduler=Slurmish(), log=structlog.get_logger()
+        s.controller, metrics.ControllerMetrics(), scheduler=Slurmish(), log=structlog.get_logger()
     )
     source = controller_cmd._domains(types.SimpleNamespace(admission=adm))
     assert source is not None

@@ -16,8 +16,7 @@ import time
 import structlog
 
 from healer import errors
-from healer.bus import base
-from healer.bus import subjects as subjects_mod
+from healer.bus import base, subjects
 from healer.controller import book
 from healer.schemas import codec, incidents
 
@@ -25,7 +24,7 @@ log = structlog.get_logger(__name__)
 
 
 class FeedPublisher:
-    def __init__(self, bus: base.Bus, subjects: subjects_mod.Subjects, cluster: str) -> None:
+    def __init__(self, bus: base.Bus, subjects: subjects.Subjects, cluster: str) -> None:
         self.bus = bus
         self.subjects = subjects
         self.cluster = cluster

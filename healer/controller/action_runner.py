@@ -29,9 +29,7 @@ import structlog
 
 from healer import config, errors, tasks
 from healer.actuators import base as actuators
-from healer.controller import blast, book, decide, policy, shared_cause, shell
-from healer.controller import lease as lease_mod
-from healer.controller import metrics as metrics_mod
+from healer.controller import blast, book, decide, lease, metrics, policy, shared_cause, shell
 from healer.rules import actions
 from healer.schemas import incidents
 
@@ -51,13 +49,13 @@ class ActionRunner:
         scheduler: actuators.Actuator,
         power: actuators.Actuator | None,
         gpu: actuators.Actuator | None = None,
-        lease: lease_mod.Lease,
+        lease: lease.Lease,
         breaker: policy.Breaker,
         dry_breaker: policy.Breaker,
         exclusions: policy.Exclusions,
         limits: policy.Limits,
         book: book.Book,
-        metrics: metrics_mod.ControllerMetrics,
+        metrics: metrics.ControllerMetrics,
         shell: shell.Shell,
         clock: Callable[[], float],
         stop: asyncio.Event,

@@ -23,11 +23,8 @@ import structlog
 
 import healer
 from healer import errors, health, tasks
-from healer.agent import execution, host
-from healer.agent import metrics as metrics_mod
-from healer.agent import spool as spool_mod
-from healer.bus import base
-from healer.bus import subjects as subjects_mod
+from healer.agent import execution, exposition, host, spool
+from healer.bus import base, subjects
 from healer.schemas import codec, events, fabric, telemetry
 from healer.telemetry import fabricmanager, rdma, source
 
@@ -49,12 +46,12 @@ class Agent:
         state_dir: str | pathlib.Path,
         bus: base.Bus | None = None,
         connect: Connector | None = None,
-        subjects: subjects_mod.Subjects | None = None,
+        subjects: subjects.Subjects | None = None,
         interval_s: float = 1.0,
         gpus_expected: int | None = None,
         buffer_frames: int = 300,
         watcher: source.EventWatcher | None = None,
-        metrics: metrics_mod.AgentMetrics | None = None,
+        metrics: exposition.AgentMetrics | None = None,
         reboot_command: Sequence[str] | None = None,
         ports: rdma.PortReader | None = None,
         fabric_manager: fabricmanager.FabricManagerProbe | None = None,
@@ -67,7 +64,7 @@ class Agent:
         self.source = source
         self.bus = bus
         self._connect = connect
-        self.subjects = subjects or subjects_mod.Subjects()
+        self.subjects = subjects or healer.bus.subjects.Subjects()  # the parameter shadows the module
         self.interval_s = interval_s
         self.gpus_expected = gpus_expected
         self.watcher = watcher
@@ -76,14 +73,14 @@ class Agent:
         self.fabric_manager = fabric_manager if fabric_manager_mode != "off" else None
         self.fabric_manager_mode = fabric_manager_mode
         """``auto``: check once a GPU reports a fabric state; ``on``: always (config agent.fabric_manager)."""
-        self.metrics = metrics or metrics_mod.AgentMetrics()
+        self.metrics = metrics or exposition.AgentMetrics()
         if watcher is not None:
             self.metrics.watchers.attach(watcher)
         self.clock = clock
         self.boot_id = uuid.uuid4().hex
         self.seq = 0
         self.state_dir = pathlib.Path(state_dir)
-        self.spool = spool_mod.EventSpool(self.state_dir)
+        self.spool = spool.EventSpool(self.state_dir)
         self.frames: collections.deque[bytes] = collections.deque(maxlen=buffer_frames)
         self.executor = execution.CommandExecutor(
             node,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import orjson
 
 from healer.schemas import events, telemetry
-from healer.sim import engine, scenarios
+from healer.sim import scenarios, simulation
 from healer.telemetry import source
 
 DEFAULT_SCENARIO = scenarios.Scenario(name="sim-source", workload={"training": 1.0})
@@ -41,7 +41,7 @@ class SimSource:
         self._clock = clock
         if isinstance(scenario, str):
             scenario = scenarios.load(scenario)
-        self._sim: engine.Simulation = scenarios.build(
+        self._sim: simulation.Simulation = scenarios.build(
             scenario or DEFAULT_SCENARIO,
             nodes=1,
             gpus=gpus,
@@ -56,7 +56,7 @@ class SimSource:
         """Compute processes per GPU index, as a test or demo sets them (a reset is refused while any run)."""
 
     @property
-    def simulation(self) -> engine.Simulation:
+    def simulation(self) -> simulation.Simulation:
         """The one-node simulation behind this source (tests and demos reach into it)."""
         return self._sim
 

@@ -27,7 +27,7 @@ from healer import errors
 from healer.agent import execution
 from healer.bus import base, subjects
 from healer.schemas import codec, events, telemetry
-from healer.sim import engine, fleet, frames
+from healer.sim import frames, physics, simulation
 from healer.telemetry import source
 
 log = structlog.get_logger(__name__)
@@ -41,7 +41,7 @@ MAX_UNSENT_EVENTS = 100_000
 class NodePower:
     """One simulated node's GPUs as the executor's PowerControl."""
 
-    def __init__(self, fl: fleet.Fleet, node: int) -> None:
+    def __init__(self, fl: physics.Fleet, node: int) -> None:
         self._fleet = fl
         self._node = node
 
@@ -87,7 +87,7 @@ class Stats:
 class LiveFleet:
     def __init__(
         self,
-        sim: engine.Simulation,
+        sim: simulation.Simulation,
         bus: base.Bus,
         subj: subjects.Subjects,
         *,

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from healer.sim import fleet, frames, injector
+from healer.sim import frames, injector, physics
 
 
 class Simulation:
-    def __init__(self, fl: fleet.Fleet, inj: injector.Injector, encoder: frames.Encoder) -> None:
+    def __init__(self, fl: physics.Fleet, inj: injector.Injector, encoder: frames.Encoder) -> None:
         self.fleet = fl
         self.injector = inj
         self.encoder = encoder

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from healer import errors
 from healer.schemas import events as events_schema
 from healer.schemas import fields
-from healer.sim import ports, profiles, variation, workloads
+from healer.sim import hca, profiles, variation, workloads
 from healer.telemetry import source
 
 F64 = npt.NDArray[np.float64]
@@ -134,8 +134,8 @@ class Fleet:
         self.nvlink_crc_rate = np.zeros(shape)
         self.pcie_replay_rate = np.zeros(shape)
         self.silent = np.zeros(n, dtype=np.bool_)
-        self.ports: ports.Ports | None = None
-        """The nodes' RDMA ports (scenario ``ports``; sim/ports.py); None: frames carry no ports."""
+        self.ports: hca.Ports | None = None
+        """The nodes' RDMA ports (scenario ``ports``; sim/hca.py); None: frames carry no ports."""
         self.boot_no = np.zeros(n, dtype=np.int64)
         self.seq = np.zeros(n, dtype=np.int64)
         self.events: list[dict[str, Any]] = []

@@ -3,9 +3,10 @@
 Everything runs in this process except the nats-server (the embedded binary, a child process with its
 state in a temporary directory). Start order: server → streams and buckets → controller (enforce mode,
 the log actuator unless told otherwise, the power actuator that talks to the node agents) → observer →
-the simulated fleet (``healer.sim.live.LiveFleet``: frames, events and the agents' command executors, so
-a power cap really cools the simulated GPU). Stop order is the reverse, and it runs however the run ends:
-at the end of ``duration_s``, on ``stop`` (the CLI sets it on SIGINT / SIGTERM) or on an error.
+the simulated fleet (``healer.agent.sim_fleet.LiveFleet``: frames, events and the agents' command
+executors, so a power cap really cools the simulated GPU). Stop order is the reverse, and it runs however
+the run ends: at the end of ``duration_s``, on ``stop`` (the CLI sets it on SIGINT / SIGTERM) or on an
+error.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import yaml
 
 from healer import config, errors
 from healer.actuators import factory, gpu_reset, power
+from healer.agent import sim_fleet
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.demo import stage, watch
 from healer.schemas import codec
-from healer.sim import live, scenarios
+from healer.sim import scenarios
 
 log = structlog.get_logger(__name__)
 
@@ -134,9 +136,9 @@ async def _run_with_server(
     buses: list[natsbus.NatsBus] = []
     names: list[str] = []
     ctl: service.Controller | None = None
-    fleet: live.LiveFleet | None = None
+    fleet: sim_fleet.LiveFleet | None = None
     fleet_stop = asyncio.Event()
-    fleet_task: asyncio.Task[live.Stats] | None = None
+    fleet_task: asyncio.Task[sim_fleet.Stats] | None = None
     page: Any = None
     obs = watch.Observer(time.time())
     started = time.monotonic()
@@ -169,7 +171,7 @@ async def _run_with_server(
             sc, nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed, start_ts=time.time(), warmup_s=opts.warmup_s
         )
         obs.t0 = sim.t
-        fleet = live.LiveFleet(sim, await connect("healer-demo-fleet"), subj, truth_sink=obs.on_truth)
+        fleet = sim_fleet.LiveFleet(sim, await connect("healer-demo-fleet"), subj, truth_sink=obs.on_truth)
         await fleet.start()
         fleet_task = asyncio.create_task(fleet.run(stop=fleet_stop), name="demo-fleet")
         say(f"fleet: {opts.nodes} simulated nodes x {opts.gpus} GPUs, scenario {sc.name!r}")

@@ -6,7 +6,7 @@ in healer's units. Derived GPU metrics split the NVML clocks-event bitmask into 
 metrics describe the frame itself (``gpus_missing`` against ``gpus_expected``, ``ports_present``). Port
 metrics (level ``port``) are the numeric PortSample fields of the node's RDMA ports, named ``port_<field>``
 (``port_state``, ``port_rate_gbps``, ``port_symbol_error``; a field already named ``port_...`` keeps its
-name), read aggregated over the node's ports (rules/ports.py). ``anomaly_score`` is fed
+name), read aggregated over the node's ports (rules/port_state.py). ``anomaly_score`` is fed
 by the anomaly model and reads 0 until one is loaded. The rule checker resolves names here at load time.
 """
 
