@@ -34,7 +34,7 @@ from healer.schemas import base, incidents, telemetry
 
 log = structlog.get_logger(__name__)
 
-ActionKind = Literal[
+RequestKind = Literal[
     "power_limit",
     "restore_power_limit",
     "cordon",
@@ -45,8 +45,10 @@ ActionKind = Literal[
     "validate",
     "reboot_node",
 ]
-"""``reset_gpu`` and ``validate`` go to the node agent (actuators/gpu_reset.py), ``reboot_node`` to the
-scheduler (Slurm ``scontrol reboot``; Kubernetes through the agent): the recovery ladder's rungs."""
+"""What an actuator is asked to do: the catalogue's ``actions.REQUESTS`` (a scheduler's verb, else the
+action's own name; a test holds the two equal). ``reset_gpu`` and ``validate`` go to the node agent
+(actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``; Kubernetes through
+the agent): the recovery ladder's rungs."""
 Status = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
 ItemStatus = Literal[
     "done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned", "skipped"
@@ -84,7 +86,7 @@ class ActionRequest(pydantic.BaseModel):
     model_config = base.CONFIG
 
     incident_id: str = pydantic.Field(min_length=1, max_length=128)
-    kind: ActionKind
+    kind: RequestKind
     node: str = pydantic.Field(min_length=1, max_length=253, pattern=telemetry.NODE_PATTERN)
     """The node as telemetry names it; actuators map it to the scheduler's name (``NodeNames``)."""
     gpu_index: int | None = pydantic.Field(default=None, ge=0, le=255)

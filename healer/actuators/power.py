@@ -20,7 +20,7 @@ import asyncio
 import time
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import structlog
 
@@ -32,6 +32,12 @@ from healer.bus import subjects
 from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
+
+COMMANDS: Final[dict[str, commands.CommandAction]] = {
+    "power_limit": "set_power_limit",
+    "restore_power_limit": "restore_power_limit",
+}
+"""The agent's command for each request this actuator carries out."""
 
 
 class PowerReadings(Protocol):
@@ -107,11 +113,8 @@ class PowerActuator:
 
     def command(self, request: base.ActionRequest) -> commands.Command:
         """The command for a request (raises ValueError on bad parameters)."""
-        if request.kind == "power_limit":
-            action: commands.CommandAction = "set_power_limit"
-        elif request.kind == "restore_power_limit":
-            action = "restore_power_limit"
-        else:
+        action = COMMANDS.get(request.kind)
+        if action is None:
             raise errors.PermanentError(f"the power actuator does not do {request.kind}")
         params = request.params
         gpu = "all" if request.gpu_index is None else str(request.gpu_index)

@@ -202,11 +202,6 @@ class Lease:
         except errors.HealerError as e:
             self.log.warning("lease.release_failed", error=str(e))
 
-    async def holder_now(self) -> str | None:
-        """Who holds the lease in KV now (None: nobody)."""
-        doc = await self.store.get(self.key)
-        return str(doc.value.get("holder")) if doc else None
-
     async def keep(self, stop: asyncio.Event, on_change: Callable[[bool], None] | None = None) -> None:
         """Acquire when free, renew while held, until ``stop``; calls ``on_change(leader)`` on flips."""
         was = False

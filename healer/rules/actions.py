@@ -196,6 +196,13 @@ TAKES_OUT_OF_SERVICE: Final[frozenset[str]] = frozenset(
     k.name for k in CATALOG.values() if k.takes_out_of_service
 )
 """Action kinds that take capacity out of service."""
+REQUESTS: Final[frozenset[str]] = frozenset(
+    k.scheduler_verb or k.name
+    for k in CATALOG.values()
+    if k.actuator is not Actuator.NONE or k.published_only
+)
+"""What an actuator may be asked to do (``actuators.base.RequestKind``): a scheduler action's verb (a drain
+is a ``cordon`` request), else the kind's own name."""
 HELD_BY_SHARED_CAUSE: Final[frozenset[str]] = frozenset(
     k.name for k in CATALOG.values() if k.held_by_shared_cause
 )

@@ -30,10 +30,6 @@ class Datasheet:
     pcie_gen_max: int
     pcie_width_max: int
 
-    def figures(self) -> dict[str, float | int | str]:
-        """The figures as keyword arguments (the simulator's ``Profile`` takes them by the same names)."""
-        return dataclasses.asdict(self)
-
 
 H100: Final = Datasheet(
     model="NVIDIA H100 80GB HBM3",

@@ -80,7 +80,7 @@ class Fleet:
         so the recovery ladder's "N recoveries in a window" rule can be exercised on a simulated fleet."""
 
         def per_gpu(attr: str) -> F64:
-            vals = np.array([getattr(p, attr) for p in self.profiles], dtype=np.float64)
+            vals = np.array([p.figure(attr) for p in self.profiles], dtype=np.float64)
             return np.repeat(vals[:, None], gpus, axis=1)
 
         self.p_default, self.p_min, self.p_max = (
@@ -408,25 +408,26 @@ class Fleet:
         """The GpuSample fields that never change, per node and GPU."""
         out = []
         for i, prof in enumerate(self.profiles):
+            sheet = prof.sheet
             row = []
             for g in range(self.gpus):
                 row.append(
                     {
                         "index": g,
                         "uuid": self.uuids[i][g],
-                        "model": prof.model,
+                        "model": sheet.model,
                         "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
-                        "slowdown_temp_c": prof.slowdown_temp_c,
-                        "shutdown_temp_c": prof.shutdown_temp_c,
-                        "mem_max_temp_c": prof.mem_max_temp_c,
-                        "power_default_w": prof.power_default_w,
-                        "power_min_w": prof.power_min_w,
-                        "power_max_w": prof.power_max_w,
-                        "mem_total_mib": prof.mem_total_mib,
-                        "sm_clock_max_mhz": prof.sm_clock_max_mhz,
-                        "nvlink_links_total": prof.nvlink_links,
-                        "pcie_gen_max": prof.pcie_gen_max,
-                        "pcie_width_max": prof.pcie_width_max,
+                        "slowdown_temp_c": sheet.slowdown_temp_c,
+                        "shutdown_temp_c": sheet.shutdown_temp_c,
+                        "mem_max_temp_c": sheet.mem_max_temp_c,
+                        "power_default_w": sheet.power_default_w,
+                        "power_min_w": sheet.power_min_w,
+                        "power_max_w": sheet.power_max_w,
+                        "mem_total_mib": sheet.mem_total_mib,
+                        "sm_clock_max_mhz": sheet.sm_clock_max_mhz,
+                        "nvlink_links_total": sheet.nvlink_links,
+                        "pcie_gen_max": sheet.pcie_gen_max,
+                        "pcie_width_max": sheet.pcie_width_max,
                     }
                 )
             out.append(row)

@@ -15,29 +15,18 @@ from healer.schemas import datasheets
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Profile:
+    """A simulated board: its datasheet (``sheet``, the one catalogue the rules read too) and the physics
+    the simulator adds."""
+
     key: str
     """Short name used in scenario files (``H100``)."""
-    model: str
-    """Product name exactly as NVML reports it."""
-    power_default_w: float
-    power_min_w: float
-    power_max_w: float
+    sheet: datasheets.Datasheet
+    """Model name, limits and thresholds, as ``nvidia-smi -q`` reports them."""
     power_idle_w: float
     """Draw of a powered-on GPU with nothing running."""
     power_full_w: float
     """What the board would draw at 100 % utilisation with no cap (a bit above the default limit)."""
-    slowdown_temp_c: float
-    """Hardware slowdown threshold (clocks drop hard)."""
-    shutdown_temp_c: float
-    max_operating_temp_c: float
-    """Software thermal slowdown target: the driver holds the core here when cooling is short."""
-    mem_max_temp_c: float
-    mem_total_mib: float
-    sm_clock_max_mhz: float
     sm_clock_idle_mhz: float
-    nvlink_links: int
-    pcie_gen_max: int
-    pcie_width_max: int
     thermal_c_per_w: float
     """Steady-state core temperature rise above inlet per watt, at cooling efficiency 1."""
     thermal_tau_s: float
@@ -45,10 +34,15 @@ class Profile:
     hbm_offset_c: float
     """HBM runs this much warmer than the core at full load."""
 
+    def figure(self, name: str) -> float:
+        """A figure by name, the physics' or the datasheet's (``power_idle_w``, ``slowdown_temp_c``)."""
+        source = self if name in _PHYSICS else self.sheet
+        return float(getattr(source, name))
+
 
 H100: Final = Profile(
     key="H100",
-    **datasheets.H100.figures(),  # type: ignore[arg-type]
+    sheet=datasheets.H100,
     power_idle_w=70.0,
     power_full_w=720.0,
     sm_clock_idle_mhz=345.0,
@@ -60,8 +54,7 @@ H100: Final = Profile(
 H200: Final = dataclasses.replace(
     H100,
     key="H200",
-    model=datasheets.H200.model,
-    mem_total_mib=datasheets.H200.mem_total_mib,
+    sheet=datasheets.H200,
     power_idle_w=75.0,
     thermal_tau_s=35.0,
     hbm_offset_c=6.0,
@@ -69,7 +62,7 @@ H200: Final = dataclasses.replace(
 
 A100: Final = Profile(
     key="A100",
-    **datasheets.A100.figures(),  # type: ignore[arg-type]
+    sheet=datasheets.A100,
     power_idle_w=55.0,
     power_full_w=415.0,
     sm_clock_idle_mhz=210.0,
@@ -77,6 +70,8 @@ A100: Final = Profile(
     thermal_tau_s=30.0,
     hbm_offset_c=4.0,
 )
+
+_PHYSICS: Final = frozenset(f.name for f in dataclasses.fields(Profile)) - {"key", "sheet"}
 
 PROFILES: Final = {p.key: p for p in (H100, H200, A100)}
 """Profiles by scenario key."""

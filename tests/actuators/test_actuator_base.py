@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pathlib
 import time
+import typing
 
 import pytest
 import structlog
 
 from healer import config, errors
 from healer.actuators import base
+from healer.rules import actions
 
 FAST = config.ActuatorSettings(retry_attempts=3, retry_initial_delay_s=0.0, retry_max_delay_s=0.0)
 
@@ -120,3 +122,12 @@ async def test_log_actuator_only_logs_and_dry_run_says_so() -> None:
     assert planned.status == "planned"
     assert planned.plan == ["log notify node=gpu01 incident=inc-1"]
     assert [e["summary"] for e in logs if e["event"] == "actuator.logged"] == ["hot"]
+
+
+def test_the_request_kinds_are_the_catalogues() -> None:
+    """``RequestKind`` types what the action catalogue says actuators are asked (#25: one list of kinds,
+    not two that drift): every scheduler verb and every kind with an actuator, and notify."""
+    assert set(typing.get_args(base.RequestKind)) == actions.REQUESTS
+    assert "drain" not in actions.REQUESTS  # a drain asks for a cordon
+    assert "cordon" in actions.REQUESTS
+    assert "hardware_replacement" not in actions.REQUESTS  # recorded, never sent

@@ -59,7 +59,7 @@ def actuator(bus: natsbus.NatsBus) -> gpu_reset.GpuRecoveryActuator:
     return gpu_reset.GpuRecoveryActuator(bus, settings=settings)
 
 
-def req(kind: base.ActionKind, token: int, **kw: object) -> base.ActionRequest:
+def req(kind: base.RequestKind, token: int, **kw: object) -> base.ActionRequest:
     return base.ActionRequest.model_validate(
         {
             "incident_id": "inc-7",

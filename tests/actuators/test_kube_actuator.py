@@ -69,7 +69,7 @@ def actuator(
     actuator.close()
 
 
-def req(kind: base.ActionKind, node: str = "gpu-a", **kw: Any) -> base.ActionRequest:
+def req(kind: base.RequestKind, node: str = "gpu-a", **kw: Any) -> base.ActionRequest:
     return base.ActionRequest.model_validate(
         {"incident_id": "inc-7", "kind": kind, "node": node, "summary": "XID 79 on GPU 2", **kw}
     )

@@ -91,7 +91,7 @@ def actuator(
     )
 
 
-def req(kind: base.ActionKind = "power_limit", **kw: object) -> base.ActionRequest:
+def req(kind: base.RequestKind = "power_limit", **kw: object) -> base.ActionRequest:
     return base.ActionRequest.model_validate(
         {"incident_id": "inc-3", "kind": kind, "node": "n1", "gpu_index": 1, "summary": "hot", **kw}
     )

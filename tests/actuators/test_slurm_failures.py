@@ -27,7 +27,7 @@ def actuator(bin_dir: pathlib.Path, **kw: object) -> slurm.SlurmActuator:
     return slurm.SlurmActuator(settings)
 
 
-def req(kind: base.ActionKind = "cordon") -> base.ActionRequest:
+def req(kind: base.RequestKind = "cordon") -> base.ActionRequest:
     return base.ActionRequest(incident_id="inc-1", kind=kind, node="gpu01")
 
 

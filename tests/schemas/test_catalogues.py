@@ -30,9 +30,15 @@ def test_rules_and_simulator_read_the_same_datasheet(sheet: datasheets.Datasheet
     assert healthy["power_default_w"] == sheet.power_default_w
     assert healthy["mem_total_mib"] == sheet.mem_total_mib
     assert healthy["nvlink_links_total"] == sheet.nvlink_links
-    profile = next(p for p in profiles.PROFILES.values() if p.model == sheet.model)
-    as_profile = dataclasses.asdict(profile)
-    assert {k: as_profile[k] for k in sheet.figures()} == sheet.figures()
+    profile = next(p for p in profiles.PROFILES.values() if p.sheet.model == sheet.model)
+    assert profile.sheet is sheet
+    assert profile.figure("slowdown_temp_c") == sheet.slowdown_temp_c
+
+
+def test_a_profile_declares_no_datasheet_figure_again() -> None:
+    """The simulator's profile holds the datasheet; its own fields are physics only (#25)."""
+    own = {f.name for f in dataclasses.fields(profiles.Profile)}
+    assert own & {f.name for f in dataclasses.fields(datasheets.Datasheet)} == set()
 
 
 def test_the_clock_reason_bits_are_nvmls_own() -> None:

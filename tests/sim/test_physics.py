@@ -43,7 +43,7 @@ def test_temperature_rises_with_power_and_settles_with_a_time_constant() -> None
     assert fl.power[0].mean() > 600
     assert hot_c > idle_c + 30
     assert after_one_s - idle_c < 0.1 * (hot_c - idle_c), "temperature must lag power (first order)"
-    assert hot_c < profiles.H100.max_operating_temp_c
+    assert hot_c < profiles.H100.sheet.max_operating_temp_c
 
 
 def test_power_cap_lowers_power_and_clocks_and_cools_the_gpu() -> None:
@@ -55,7 +55,7 @@ def test_power_cap_lowers_power_and_clocks_and_cools_the_gpu() -> None:
     assert fl.power[0, 0] < 320
     assert fl.temp[0, 0] < before_c - 15
     assert fl.reasons[0, 0] & fields.ClocksEventReason.SW_POWER_CAP
-    assert fl.sm_clock[0, 0] < 0.8 * profiles.H100.sm_clock_max_mhz
+    assert fl.sm_clock[0, 0] < 0.8 * profiles.H100.sheet.sm_clock_max_mhz
     assert abs(fl.temp[0, 1] - other_c) < 4, "the other GPUs are untouched"
 
 
@@ -63,9 +63,9 @@ def test_short_cooling_holds_the_core_at_max_operating_temperature_with_sw_therm
     fl = _fleet()
     fl.cool_factor[0, 2] = 0.5
     _run(fl, 400)
-    assert abs(fl.temp[0, 2] - profiles.H100.max_operating_temp_c) <= 2
+    assert abs(fl.temp[0, 2] - profiles.H100.sheet.max_operating_temp_c) <= 2
     assert fl.reasons[0, 2] & fields.ClocksEventReason.SW_THERMAL_SLOWDOWN
-    assert fl.sm_clock[0, 2] < profiles.H100.sm_clock_max_mhz
+    assert fl.sm_clock[0, 2] < profiles.H100.sheet.sm_clock_max_mhz
     assert not fl.reasons[0, 3] & fields.ClocksEventReason.SW_THERMAL_SLOWDOWN
 
 
@@ -73,7 +73,7 @@ def test_hw_thermal_slowdown_bits_when_even_idle_power_overheats() -> None:
     fl = _fleet()
     fl.cool_factor[0, 0] = 0.05
     _run(fl, 400)
-    assert fl.temp[0, 0] >= profiles.H100.slowdown_temp_c
+    assert fl.temp[0, 0] >= profiles.H100.sheet.slowdown_temp_c
     bits = fields.ClocksEventReason.HW_THERMAL_SLOWDOWN | fields.ClocksEventReason.HW_SLOWDOWN
     assert fl.reasons[0, 0] & bits == bits
     assert fl.mem_temp[0, 0] > fl.temp[0, 0], "HBM tracks the core, a little warmer"
@@ -150,8 +150,8 @@ def test_a100_profile_has_its_own_envelope() -> None:
     )
     fl.work.kind[:] = workloads.TRAINING
     _run(fl, 200)
-    assert fl.power.max() <= profiles.A100.power_max_w + 20
-    assert fl.static()[0][0]["model"] == profiles.A100.model
+    assert fl.power.max() <= profiles.A100.sheet.power_max_w + 20
+    assert fl.static()[0][0]["model"] == profiles.A100.sheet.model
     assert (fl.nvlink_up == 12).all()
 
 
@@ -171,4 +171,4 @@ def test_a_power_cap_lowers_the_sm_clock_with_the_cube_root_of_the_dynamic_power
     ratio = (fl.power[0, 0] - fl.p_idle[0, 0]) / wanted
     assert fl.util[0, 0] >= 1.0
     assert ratio < 0.9
-    assert abs(fl.sm_clock[0, 0] - profiles.H100.sm_clock_max_mhz * ratio ** (1 / 3)) < 1.0
+    assert abs(fl.sm_clock[0, 0] - profiles.H100.sheet.sm_clock_max_mhz * ratio ** (1 / 3)) < 1.0

@@ -159,7 +159,7 @@ def test_healthy_fleet_is_not_flat_and_stays_below_thresholds(tmp_path: pathlib.
     run = Run(tmp_path / "r.npz", "healthy", nodes=16)
     assert not [e for e in run.events if e["kind"] != "agent_start"]
     temp, util = run.cols["temp_c"], run.cols["util_gpu_pct"]
-    assert temp.max() < profiles.H100.max_operating_temp_c
+    assert temp.max() < profiles.H100.sheet.max_operating_temp_c
     assert util.std() > 10
     assert np.median(np.abs(np.diff(util, axis=0))) > 0
     assert (run.cols["ecc_sbe_volatile"] == 0).all()
@@ -206,7 +206,7 @@ def test_scenario_file_is_loaded_and_bad_ones_are_explained(tmp_path: pathlib.Pa
     sim.step(11.0)
     (truth,) = sim.take_truth()
     assert (truth["node"], truth["gpu"], truth["kind"]) == ("sim-00001", 5, "gsp_timeout")
-    assert sim.encoder.static[0][0]["model"] == profiles.H200.model
+    assert sim.encoder.static[0][0]["model"] == profiles.H200.sheet.model
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nfaults:\n  - {kind: ecc_dbe, params: {rate_per_s: 3}}\n")
     with pytest.raises(errors.PermanentError, match="unknown parameter 'rate_per_s'"):

@@ -69,7 +69,7 @@ def actuator(cluster: SlurmCluster) -> slurm.SlurmActuator:
     return slurm.SlurmActuator(settings)
 
 
-def request(kind: base.ActionKind, node: str, **kw: object) -> base.ActionRequest:
+def request(kind: base.RequestKind, node: str, **kw: object) -> base.ActionRequest:
     return base.ActionRequest.model_validate(
         {"incident_id": "inc-42", "kind": kind, "node": node, "summary": "xid 79 on gpu 3", **kw}
     )
