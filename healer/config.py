@@ -8,6 +8,7 @@ config show`` prints the effective values.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -212,7 +213,8 @@ class AgentSettings(_Group):
     """How the recovery ladder's ``reset_port`` rung bounces a RoCE port (``link_layer`` Ethernet): argument
     lists run one after the other, never through a shell; ``{netdev}`` is the port's network device
     (found in sysfs, ``device/net/``), ``{device}`` and ``{port}`` the HCA and port (``mlx5_0``, ``1``).
-    ``ip link`` needs CAP_NET_ADMIN (docs/agent.md). An empty list: RoCE ports are never reset."""
+    ``ip link`` needs CAP_NET_ADMIN (docs/agent.md). An empty list: RoCE ports are never reset. In the
+    environment: JSON, ``[["ip", "link", "set", "dev", "{netdev}", "down"], [...]]``."""
     port_reset_infiniband: list[list[str]] = pydantic.Field(
         default_factory=lambda: [
             ["ibportstate", "-C", "{device}", "-P", "{port}", "-D", "0", "{port}", "reset"]
@@ -223,6 +225,17 @@ class AgentSettings(_Group):
     older than rdma-core's infiniband-diags refuse to reset a CA port). It needs access to the umad
     device (``/dev/infiniband/umad*``). The same placeholders as ``port_reset_ethernet``; an empty
     list: InfiniBand ports are never reset."""
+
+    @pydantic.field_validator("port_reset_ethernet", "port_reset_infiniband", mode="before")
+    @classmethod
+    def _json_in_env(cls, value: Any) -> Any:
+        """In the environment a list of argument lists is JSON (``[["ip", "link", ...], ...]``)."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError as e:
+                raise ValueError(f"not a JSON list of argument lists: {e}") from e
+        return value
 
     @pydantic.field_validator("port_reset_ethernet", "port_reset_infiniband")
     @classmethod

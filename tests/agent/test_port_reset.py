@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from healer import config
+from healer import config, errors
 from healer.agent import execution, link_reset
 from healer.schemas import codec, commands
 from healer.sim import node_source
@@ -213,3 +213,11 @@ def test_commands_name_ports_only_where_they_take_them() -> None:
         command(["mlx5_0 1"])
     plain = command([], action="validate")
     assert b'"ports"' not in codec.encode(plain), "left out while empty: what an older agent decodes"
+
+
+def test_the_bounce_commands_come_from_the_environment_as_json() -> None:
+    argv = ["ibportstate", "-C", "{device}", "-P", "{port}", "-D", "0", "{port}", "reset"]
+    s = config.load(env={"HEALER_AGENT_PORT_RESET_INFINIBAND": json.dumps([argv])})
+    assert s.agent.port_reset_infiniband == [argv]
+    with pytest.raises(errors.PermanentError, match="not a JSON list of argument lists"):
+        config.load(env={"HEALER_AGENT_PORT_RESET_ETHERNET": "ip link set dev {netdev} down"})
