@@ -329,8 +329,12 @@ class Recovery:
         if p.kind is ladder.StepKind.VALIDATE:
             params |= {"soak_since": rec.state.updated_at, "dcgm_level": p.dcgm_level}
         ports = self._ports(rec)
-        if ports and (actions.per_port(p.kind.value) or p.kind is ladder.StepKind.VALIDATE):
-            params["ports"] = ports  # the link reset bounces them; validation checks they are back
+        after_reset = rec.state.rung >= 0 and actions.per_port(rec.state.steps[rec.state.rung])
+        if ports and (actions.per_port(p.kind.value) or (p.kind is ladder.StepKind.VALIDATE and after_reset)):
+            # The link reset bounces them; the validation right after it checks they are back at their
+            # rate. Only an agent that answered reset_port is sent ports on validate: an older agent
+            # refuses the field, and a validation it refused after a reboot would end in replacement.
+            params["ports"] = ports
         inc.actions.append(book.PlannedAction(kind=p.kind.value, params=params, ladder=True))
         await self.shell.publish(inc, "updated")
         self.shell.spawn(inc)
