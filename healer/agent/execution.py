@@ -317,7 +317,9 @@ class CommandExecutor:
 
     def _reset_ports(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
         if self.ports is None:
-            detail = "permanent: this agent does not read RDMA ports (agent.rdma_ports is off)"
+            detail = (
+                "permanent: this agent cannot reset RDMA ports (agent.rdma_ports is off, or a simulated node)"
+            )
             return self._result(cmd, "failed", detail, [], remember=False)
         try:
             known = {p.name for p in self.ports.read_ports()}

@@ -184,7 +184,7 @@ def test_a_reset_is_refused_while_work_runs_and_without_a_port_reader(
     assert calls(log) == []
     plain = execution.CommandExecutor("n1", src, None).execute(command(["mlx5_3/1"], id="other"))
     assert plain.status == "failed"
-    assert "does not read RDMA ports" in plain.detail
+    assert "cannot reset RDMA ports" in plain.detail
 
 
 def test_the_default_bounce_commands_are_ip_link_and_ibportstate_by_direct_route(
