@@ -8,8 +8,10 @@ config show`` prints the effective values.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import re
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -141,6 +143,11 @@ class RetrySettings(_Group):
     """Attempts before giving up; 0 means keep trying until stopped."""
 
 
+PORT_RESET_PLACEHOLDERS = ("device", "port", "netdev")
+"""What a port reset command (``agent.port_reset_*``) may name: the HCA, the port number, the netdev."""
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
 class AgentSettings(_Group):
     node: str | None = None
     """This node's name as the schedulers know it; defaults to the host name."""
@@ -197,6 +204,51 @@ class AgentSettings(_Group):
     fabric_manager_pid_file: str | None = None
     """Fabric Manager's pid file, tried before a scan of ``proc_root`` (its systemd unit writes
     ``/var/run/nvidia-fabricmanager/nv-fabricmanager.pid``); unset: the scan alone."""
+    port_reset_ethernet: list[list[str]] = pydantic.Field(
+        default_factory=lambda: [
+            ["ip", "link", "set", "dev", "{netdev}", "down"],
+            ["ip", "link", "set", "dev", "{netdev}", "up"],
+        ]
+    )
+    """How the recovery ladder's ``reset_port`` rung bounces a RoCE port (``link_layer`` Ethernet): argument
+    lists run one after the other, never through a shell; ``{netdev}`` is the port's network device
+    (found in sysfs, ``device/net/``), ``{device}`` and ``{port}`` the HCA and port (``mlx5_0``, ``1``).
+    ``ip link`` needs CAP_NET_ADMIN (docs/agent.md). An empty list: RoCE ports are never reset. In the
+    environment: JSON, ``[["ip", "link", "set", "dev", "{netdev}", "down"], [...]]``."""
+    port_reset_infiniband: list[list[str]] = pydantic.Field(
+        default_factory=lambda: [
+            ["ibportstate", "-C", "{device}", "-P", "{port}", "-D", "0", "{port}", "reset"]
+        ]
+    )
+    """How ``reset_port`` bounces an InfiniBand port: by default infiniband-diags' ``ibportstate`` resets
+    the local HCA port by direct route (``-D 0``, the CA and port named with ``-C``/``-P``; releases
+    older than rdma-core's infiniband-diags refuse to reset a CA port). It needs access to the umad
+    device (``/dev/infiniband/umad*``). The same placeholders as ``port_reset_ethernet``; an empty
+    list: InfiniBand ports are never reset."""
+
+    @pydantic.field_validator("port_reset_ethernet", "port_reset_infiniband", mode="before")
+    @classmethod
+    def _json_in_env(cls, value: Any) -> Any:
+        """In the environment a list of argument lists is JSON (``[["ip", "link", ...], ...]``)."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError as e:
+                raise ValueError(f"not a JSON list of argument lists: {e}") from e
+        return value
+
+    @pydantic.field_validator("port_reset_ethernet", "port_reset_infiniband")
+    @classmethod
+    def _argv_templates(cls, value: list[list[str]]) -> list[list[str]]:
+        for argv in value:
+            if not argv or not argv[0]:
+                raise ValueError("each command is a non-empty argument list")
+            for arg in argv:
+                for name in _PLACEHOLDER.findall(arg):
+                    if name not in PORT_RESET_PLACEHOLDERS:
+                        known = ", ".join(f"{{{p}}}" for p in PORT_RESET_PLACEHOLDERS)
+                        raise ValueError(f"unknown placeholder {{{name}}} in {arg!r} (known: {known})")
+        return value
 
 
 class FeedSettings(_Group):
@@ -284,6 +336,10 @@ class ActuatorSettings(_Group):
     gpu_reset_timeout_s: float = pydantic.Field(default=120.0, gt=0, le=600)
     """The most a GPU reset may take on the node (``reset_gpu``'s ``timeout_s``); the reply is awaited
     this long plus ``power_reply_timeout_s``."""
+    port_reset_timeout_s: float = pydantic.Field(default=120.0, gt=0, le=600)
+    """The most a port link reset may take on the node (``reset_port``'s ``timeout_s``): the bounce, then
+    the wait for sysfs to read the port ACTIVE again (an InfiniBand port waits for the subnet manager
+    after it trained); the reply is awaited this long plus ``power_reply_timeout_s``."""
     validate_timeout_s: float = pydantic.Field(default=300.0, gt=0, le=600)
     """The most the node's validation may take (``dcgmi diag -r 1`` takes about a minute); the reply is
     awaited this long plus ``power_reply_timeout_s``."""

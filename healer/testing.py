@@ -45,9 +45,9 @@ class RecordingActuator:
 
 
 class RecordingGpuActuator:
-    """Stands in for the GPU recovery actuator (``reset_gpu``, ``validate`` through the node agent):
-    records every request and answers from ``script`` (per kind, the statuses of successive calls;
-    ``done`` once it runs out). ``on_done`` is called with each request that succeeded (a test's fleet
+    """Stands in for the node recovery actuator (``reset_gpu``, ``reset_port``, ``validate`` through the
+    node agent): records every request and answers from ``script`` (per kind, the statuses of successive
+    calls; ``done`` once it runs out). ``on_done`` is called with each request that succeeded (a test's fleet
     clears the fault a reset fixed). A validation reports the device facts in ``device``."""
 
     name = "gpu"

@@ -44,11 +44,12 @@ RequestKind = Literal[
     "reset_gpu",
     "validate",
     "reboot_node",
+    "reset_port",
 ]
 """What an actuator is asked to do: the catalogue's ``actions.REQUESTS`` (a scheduler's verb, else the
-action's own name; a test holds the two equal). ``reset_gpu`` and ``validate`` go to the node agent
-(actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``; Kubernetes through
-the agent): the recovery ladder's rungs."""
+action's own name; a test holds the two equal). ``reset_gpu``, ``reset_port`` and ``validate`` go to the
+node agent (actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``;
+Kubernetes through the agent): the recovery ladder's rungs."""
 Status = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
 ItemStatus = Literal[
     "done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned", "skipped"

@@ -1,4 +1,5 @@
-"""GPU recovery actuator: ``reset_gpu``, ``validate`` and ``reboot_node``, done by the node's own agent.
+"""Node recovery actuator: ``reset_gpu``, ``reset_port``, ``validate`` and ``reboot_node``, done by the
+node's own agent.
 
 Like the power actuator, each request becomes a fenced ``Command`` on ``healer.cmd.<node>`` (the
 leader's fencing token, an expiry of ``power_command_ttl_s``, the same id on every retry so the agent
@@ -10,12 +11,17 @@ Outcomes, as the recovery ladder (healer.controller.ladder) reads them:
 - ``reset_gpu``: ``done`` (reset), ``refused`` (work still on the GPU, or a stale token: ask later),
   ``failed-permanent`` (the reset failed: next rung), ``failed-temporary`` (no reply, or the agent
   could not check the lease);
+- ``reset_port`` (the ``ports`` parameter: the incident's RDMA ports, ``mlx5_0/1``): ``done`` once every
+  port was bounced and read ACTIVE again at its expected rate, ``failed-permanent`` when one did not come
+  back, the bounce failed or the agent does not know the port (next rung: the reboot), ``refused``
+  while work still runs; the reply is awaited ``port_reset_timeout_s`` plus ``power_reply_timeout_s``;
 - ``reboot_node`` (for Kubernetes, after healer's cordon and eviction; Slurm reboots through
   ``scontrol reboot``): ``done`` once the agent has started the reboot, ``refused`` where the agent has
   no ``agent.reboot_command`` or work still runs; no reply may mean the host went down first: the retry
   (same id) is answered from the agent's saved state after the boot;
 - ``validate``: ``done`` when every check passed, ``failed-permanent`` with one item per failed check
-  otherwise; the reply is awaited ``validate_timeout_s`` plus ``power_reply_timeout_s``.
+  otherwise (with ``ports``, each of them must be ACTIVE and LinkUp at its expected rate); the reply is
+  awaited ``validate_timeout_s`` plus ``power_reply_timeout_s``.
 
 A reset's success is not confirmed from telemetry here: the ladder's next step, ``validate``, is that
 confirmation (GPUs present, DBE 0, no pending remap, a quiet soak).
@@ -67,6 +73,8 @@ class GpuRecoveryActuator:
         async def work() -> base.ActionOutcome:
             if request.dry_run:
                 what = f"GPU {request.gpu_index}" if request.kind == "reset_gpu" else "the node"
+                if request.kind == "reset_port":
+                    what = "port " + ", ".join(command.ports)
                 return base.ActionOutcome(
                     status="planned",
                     detail=f"would {request.kind} {what} on {request.node}",
@@ -101,6 +109,12 @@ class GpuRecoveryActuator:
             action: commands.CommandAction = "reset_gpu"
             timeout_s: float | None = float(params.get("timeout_s") or self.settings.gpu_reset_timeout_s)
             suffix = f":{request.gpu_index}"
+        elif request.kind == "reset_port":
+            if not params.get("ports"):
+                raise errors.PermanentError("reset_port needs ports (the incident's port)")
+            action = "reset_port"
+            timeout_s = float(params.get("timeout_s") or self.settings.port_reset_timeout_s)
+            suffix = ""
         elif request.kind == "reboot_node":
             action = "reboot_node"
             timeout_s = None
@@ -124,6 +138,7 @@ class GpuRecoveryActuator:
             timeout_s=timeout_s,
             soak_since=params.get("soak_since"),
             dcgm_level=int(params.get("dcgm_level") or 0),
+            ports=[str(p) for p in params.get("ports") or ()] if action in ("reset_port", "validate") else [],
         )
 
 
@@ -155,6 +170,11 @@ def _outcome(
         return base.ActionOutcome(
             status=status, detail=detail, items=items, plan=plan, facts=_facts(report, request.gpu_index)
         )
+    if request.kind == "reset_port":
+        items = [
+            base.ItemResult(item=f"port {r.port}", status="done", detail=r.detail) for r in result.port_resets
+        ]
+        return base.ActionOutcome(status="done", detail=detail, items=items, plan=plan)
     item = base.ItemResult(item=f"gpu {request.gpu_index}", status="done", detail=result.detail)
     return base.ActionOutcome(status="done", detail=detail, items=[item], plan=plan)
 

@@ -54,6 +54,7 @@ class Agent:
         metrics: exposition.AgentMetrics | None = None,
         reboot_command: Sequence[str] | None = None,
         ports: rdma.PortReader | None = None,
+        port_control: execution.PortControl | None = None,
         fabric_manager: fabricmanager.FabricManagerProbe | None = None,
         fabric_manager_mode: str = "auto",
         clock: Callable[[], float] = time.time,
@@ -91,6 +92,7 @@ class Agent:
             gpu=source if callable(getattr(source, "reset_gpu", None)) else None,  # type: ignore[arg-type]
             health=self._health,
             reboot=host.rebooter(reboot_command) if reboot_command else None,
+            ports=port_control,
         )
         self._last_indices: list[int] = []
         self._last_gpus: list[telemetry.GpuSample] = []

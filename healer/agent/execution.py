@@ -19,7 +19,14 @@ Safety rules, in the order they are checked:
    compute processes run on any GPU; its answer is remembered and saved to disk *before* the host goes
    down, so the controller's retry after the reboot gets ``applied`` and no second reboot;
 6. ``validate`` reads the newest frame's GPUs and the events since ``soak_since`` (``Health``, given by
-   the runner) and, with ``dcgm_level`` > 0, runs ``dcgmi diag``; its verdict is ``result.validation``.
+   the runner) and, with ``dcgm_level`` > 0, runs ``dcgmi diag``; its verdict is ``result.validation``;
+   where the agent reads ports itself (``PortControl``) they are read fresh from sysfs, and each port the
+   command names must be ACTIVE and LinkUp at its expected rate;
+8. ``reset_port`` bounces the link of each port it names, one after the other (``PortControl``:
+   agent.link_reset), and waits for it to read ACTIVE again within the command's ``timeout_s``
+   (default ``PORT_RESET_TIMEOUT_S``). It is refused while compute processes run on any GPU, and when
+   a port is not one sysfs lists (nothing is bounced then; the result is ``failed``, permanent, so the
+   ladder moves on to the reboot); a port that does not come back fails it. Once done it is remembered.
 
 The executor is synchronous and shared by the real agent and the simulated fleet, so a simulated node
 answers exactly as a real one would.
@@ -49,6 +56,8 @@ TOLERANCE_W = 0.5
 RECENT_MAX = 256
 RESET_TIMEOUT_S = 120.0
 """A reset's time limit when the command names none (nvidia-smi --gpu-reset takes ~10-60 s)."""
+PORT_RESET_TIMEOUT_S = 60.0
+"""A port link reset's time limit, bounce and wait, when the command names none."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,6 +82,14 @@ class GpuControl(Protocol):
     def reset_gpu(self, index: int, timeout_s: float) -> str: ...
 
     def device_info(self, index: int) -> dict[str, str | None]: ...
+
+
+class PortControl(Protocol):
+    """What a port link reset needs (agent.link_reset.LinkResetter reads sysfs and runs the bounce)."""
+
+    def read_ports(self) -> list[fabric.PortSample]: ...
+
+    def reset_port(self, name: str, timeout_s: float) -> commands.PortReset: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,6 +120,7 @@ class CommandExecutor:
         health: Callable[[float | None], Health] | None = None,
         dcgm: DcgmRunner = validation.run_dcgmi,
         reboot: Callable[[], str] | None = None,
+        ports: PortControl | None = None,
     ) -> None:
         self.node = node
         self.power = power
@@ -113,6 +131,9 @@ class CommandExecutor:
         self.dcgm = dcgm
         self.reboot = reboot
         """Reboots this host (returns at once; the host goes down soon after); None: reboots are off."""
+        self.ports = ports
+        """Reads and resets the node's RDMA ports; None: reset_port is refused (validation then reads
+        the ports of the newest frame)."""
         self.state_path = state_path
         self.clock = clock
         self.gpu_indices = gpu_indices
@@ -184,6 +205,8 @@ class CommandExecutor:
             return self._validate(cmd, bound)
         if cmd.action == "reboot_node":
             return self._reboot(cmd, bound)
+        if cmd.action == "reset_port":
+            return self._reset_ports(cmd, bound)
         targets = self._targets(cmd)
         if not targets:
             return self._result(cmd, "refused", "no GPU to act on", [], remember=False)
@@ -238,10 +261,17 @@ class CommandExecutor:
                 cmd, "refused", "this agent cannot validate (no health view)", [], remember=False
             )
         health = self.health(cmd.soak_since)
+        ports = health.ports
+        if self.ports is not None:
+            try:
+                ports = self.ports.read_ports()  # fresh: a port that just came back is not missed
+            except OSError as e:
+                bound.warning("commands.ports_unreadable", error=str(e))
         dcgm = self.dcgm(cmd.dcgm_level, cmd.timeout_s) if cmd.dcgm_level else None
         report = validation.check(
-            health.gpus, health.expected, health.events, dcgm, cmd.dcgm_level, ports=health.ports
-        )
+            health.gpus, health.expected, health.events, dcgm, cmd.dcgm_level, ports=ports,
+            expect_ports=cmd.ports if ports is not None else (),
+        )  # fmt: skip
         report = report.model_copy(update={"devices": self._devices(health.gpus)})
         failed = [
             f"{c.name}{'' if c.gpu_index is None else f' gpu{c.gpu_index}'}"
@@ -256,15 +286,7 @@ class CommandExecutor:
         if self.reboot is None:
             detail = "this agent does not reboot its host (agent.reboot_command is unset)"
             return self._result(cmd, "refused", detail, [], remember=False)
-        busy: list[str] = []
-        if self.gpu is not None:
-            for index in self._targets(cmd):
-                try:
-                    pids = self.gpu.compute_processes(index)
-                except errors.HealerError:
-                    continue  # a lost GPU lists nothing: that is what the reboot is for
-                if pids:
-                    busy.append(f"GPU {index}: pids {', '.join(map(str, pids))}")
+        busy = self._busy(cmd)  # a lost GPU lists nothing: that is what the reboot is for
         if busy:
             detail = "compute processes still run: " + "; ".join(busy)
             return self._result(cmd, "refused", detail, [], remember=False)
@@ -279,6 +301,55 @@ class CommandExecutor:
             return self._result(cmd, "failed", f"permanent: {e}", [], remember=False)
         bound.warning("commands.rebooting", message=message)
         return result
+
+    def _busy(self, cmd: commands.Command) -> list[str]:
+        """The GPUs compute processes still run on (a lost GPU lists nothing)."""
+        busy: list[str] = []
+        if self.gpu is not None:
+            for index in self._targets(cmd):
+                try:
+                    pids = self.gpu.compute_processes(index)
+                except errors.HealerError:
+                    continue
+                if pids:
+                    busy.append(f"GPU {index}: pids {', '.join(map(str, pids))}")
+        return busy
+
+    def _reset_ports(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
+        if self.ports is None:
+            detail = (
+                "permanent: this agent cannot reset RDMA ports (agent.rdma_ports is off, or a simulated node)"
+            )
+            return self._result(cmd, "failed", detail, [], remember=False)
+        try:
+            known = {p.name for p in self.ports.read_ports()}
+        except OSError as e:
+            return self._result(cmd, "failed", f"temporary: ports unreadable: {e}", [], remember=False)
+        unknown = [p for p in cmd.ports if p not in known]
+        if unknown:
+            listed = ", ".join(sorted(known)) or "none"
+            detail = f"permanent: no such port {', '.join(unknown)} (sysfs lists {listed}); nothing was reset"
+            bound.warning("commands.port_reset_unknown", ports=unknown)
+            return self._result(cmd, "failed", detail[:4096], [], remember=False)
+        busy = self._busy(cmd)
+        if busy:
+            detail = "compute processes still run: " + "; ".join(busy)
+            return self._result(cmd, "refused", detail, [], remember=False)
+        timeout_s = cmd.timeout_s or PORT_RESET_TIMEOUT_S
+        started = self.clock()
+        reports: list[commands.PortReset] = []
+        for name in cmd.ports:
+            left = max(0.0, timeout_s - (self.clock() - started))  # shared: the controller waits timeout_s
+            reports.append(self.ports.reset_port(name, left))
+        bad = [r for r in reports if r.status != "applied"]
+        status: commands.ResultStatus = "failed" if bad else "applied"
+        detail = "; ".join(r.detail for r in (bad or reports))
+        if bad and not detail.startswith(("permanent:", "temporary:")):
+            detail = f"permanent: {detail}"
+        bound.warning(
+            "commands.ports_reset", status=status, ports=list(cmd.ports), failed=[r.port for r in bad]
+        )
+        return self._result(cmd, status, detail[:4096], [], remember=True, port_resets=reports)
 
     def _devices(self, gpus: list[telemetry.GpuSample]) -> list[commands.Device]:
         """Each answering GPU's identity, for a hardware replacement's evidence."""
@@ -336,6 +407,7 @@ class CommandExecutor:
         remember: bool,
         reset: commands.GpuReset | None = None,
         validation: commands.Validation | None = None,
+        port_resets: list[commands.PortReset] | None = None,
     ) -> commands.CommandResult:
         result = commands.CommandResult(
             command_id=cmd.id,
@@ -345,6 +417,7 @@ class CommandExecutor:
             gpus=changes,
             reset=reset,
             validation=validation,
+            port_resets=port_resets or [],
             ts=self.clock(),
         )
         if remember:

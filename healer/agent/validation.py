@@ -4,7 +4,8 @@
 where DCGM is installed, the parsed ``dcgmi diag`` report in; a ``commands.Validation`` out. A node passes
 when every expected GPU is present, none has a pending or failed row remap, volatile double-bit ECC is 0,
 no XID (or lost GPU) arrived during the soak, the readings are sane, every RDMA port the agent reads is
-ACTIVE (unless disabled), and ``dcgmi diag -r N`` passed.
+ACTIVE (unless disabled), each port a link reset bounced is ACTIVE and LinkUp at its expected rate
+(``expected_rate``: its fastest same-layer peer), and ``dcgmi diag -r N`` passed.
 
 ``run_dcgmi`` runs ``dcgmi diag -r N -j`` with a time limit and reads either JSON shape DCGM writes:
 3.x (``"DCGM GPU Diagnostic": {"test_categories": [{"tests": [{"name", "results": [{"status"}]}]}]}``,
@@ -19,7 +20,7 @@ import dataclasses
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from healer.schemas import commands, events, fabric, telemetry
@@ -46,10 +47,12 @@ def check(
     dcgm_level: int = 0,
     *,
     ports: Sequence[fabric.PortSample] | None = None,
+    expect_ports: Sequence[str] = (),
 ) -> commands.Validation:
     """``recent``: the events that arrived during the soak (already filtered by receive time); ``ports``:
-    the newest frame's RDMA ports (None: not read, no check). Every port an operator has not disabled
-    (physical state 3) must be ACTIVE, as the fabric rules (rules/fabric.yaml) expect."""
+    the node's RDMA ports (None: not read, no check). Every port an operator has not disabled
+    (physical state 3) must be ACTIVE, as the fabric rules (rules/fabric.yaml) expect; each port named
+    in ``expect_ports`` (a port link reset's) must be there, ACTIVE and LinkUp at its expected rate."""
     checks: list[commands.Check] = []
     present = {g.index for g in gpus}
     if expected is not None:
@@ -62,6 +65,12 @@ def check(
         down = [p.name for p in ports if p.phys_state != 3 and p.state != fabric.ACTIVE]
         detail = f"not ACTIVE: {', '.join(down)}" if down else f"{len(ports)} ports"
         checks.append(commands.Check(name="rdma_ports_active", ok=not down, detail=detail))
+        by_name = {p.name: p for p in ports}
+        for name in expect_ports:
+            port = by_name.get(name)
+            why = port_not_up(port, expected_rate(port, ports) if port is not None else None)
+            detail = f"{name}: {why}" if why else f"{name}: {describe(port)}"
+            checks.append(commands.Check(name="rdma_port_up", ok=not why, detail=detail[:2048]))
     bad = [e for e in recent if e.kind in ("xid", "gpu_lost")]
     detail = "; ".join(f"{e.kind} {e.xid or ''} gpu {e.gpu_index}".replace("  ", " ") for e in bad[:8])
     checks.append(commands.Check(name="quiet_soak", ok=not bad, detail=detail))
@@ -74,6 +83,41 @@ def check(
     return commands.Validation(
         passed=all(c.ok for c in checks), checks=checks, dcgm_level=dcgm_level, dcgm_ran=dcgm is not None
     )
+
+
+def expected_rate(port: fabric.PortSample, ports: Iterable[fabric.PortSample]) -> float | None:
+    """The rate ``port`` should run at: the fastest of the node's other ACTIVE, LinkUp ports of the
+    same link layer (the peers rules/fabric.yaml's rate rule compares with); None without such a peer."""
+    rates = [
+        p.rate_gbps
+        for p in ports
+        if p.name != port.name and p.link_layer == port.link_layer and p.state == fabric.ACTIVE
+        and p.phys_state == fabric.LINK_UP and p.rate_gbps is not None
+    ]  # fmt: skip
+    return max(rates) if rates else None
+
+
+def port_not_up(port: fabric.PortSample | None, expected_gbps: float | None) -> str:
+    """Why ``port`` is not back (not there, not ACTIVE, not LinkUp, slower than expected); "" when it is."""
+    if port is None:
+        return "gone from sysfs"
+    if port.state != fabric.ACTIVE or port.phys_state != fabric.LINK_UP:
+        return f"not up: {describe(port)}"
+    if expected_gbps is not None and (port.rate_gbps is None or port.rate_gbps < expected_gbps):
+        return f"at {port.rate_gbps} Gb/s, expected {expected_gbps:g} Gb/s"
+    return ""
+
+
+def describe(port: fabric.PortSample | None) -> str:
+    """``ACTIVE LinkUp 400 Gb/s``, as ibstat says it."""
+    if port is None:
+        return "gone"
+    state = fabric.PORT_STATES.get(port.state, str(port.state)) if port.state is not None else "?"
+    phys = (
+        fabric.PHYS_STATES.get(port.phys_state, str(port.phys_state)) if port.phys_state is not None else "?"
+    )
+    rate = f"{port.rate_gbps:g} Gb/s" if port.rate_gbps is not None else "rate ?"
+    return f"{state} {phys} {rate}"
 
 
 def _gpu_checks(g: telemetry.GpuSample) -> Iterator[commands.Check]:

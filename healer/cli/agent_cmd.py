@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from healer import config, errors, health, logs
-from healer.agent import daemon, exposition
+from healer.agent import daemon, exposition, link_reset
 from healer.bus import base, provision, subjects
 from healer.cli import common, lazy
 from healer.telemetry import fabricmanager, rdma, source
@@ -164,6 +164,11 @@ async def _main(
         metrics=metrics,
         reboot_command=s.agent.reboot_command,
         ports=rdma.PortReader(s.agent.sysfs_root) if s.agent.rdma_ports else None,
+        port_control=link_reset.LinkResetter(
+            s.agent.sysfs_root, ethernet=s.agent.port_reset_ethernet, infiniband=s.agent.port_reset_infiniband
+        )
+        if s.agent.rdma_ports
+        else None,
         fabric_manager=fabricmanager.FabricManagerProbe(
             s.agent.proc_root, pid_file=s.agent.fabric_manager_pid_file
         ),

@@ -31,7 +31,7 @@ import structlog
 from healer import config, errors
 from healer.actuators import base as actuators
 from healer.controller import book, decide, kv, ladder, shared_cause, shell
-from healer.rules import engine
+from healer.rules import actions, engine
 from healer.schemas import incidents
 
 PREFIX = "ladder."
@@ -176,7 +176,7 @@ class Recovery:
             inc.evidence["ladder.phase"] = lead.state.phase.name.lower()
             return
         if self.cs.mode == "dry-run":
-            lines = ladder.plan(lad)
+            lines = ladder.plan(lad, inc.port)
             inc.evidence["ladder.plan"] = " | ".join(lines)[:4000]
             for line in lines[1:]:
                 kind = line.split(" ", 1)[0]
@@ -185,8 +185,9 @@ class Recovery:
                 )
             return
         step = ladder.start(
-            lad, incident_id=inc.id, node=inc.node, gpu_uuid=inc.gpu_uuid, gpu_index=inc.gpu_index, now=now
-        )
+            lad, incident_id=inc.id, node=inc.node, gpu_uuid=inc.gpu_uuid, gpu_index=inc.gpu_index, now=now,
+            port=inc.port,
+        )  # fmt: skip
         rec = Record(step.state, Pending.of(step))
         inc.evidence["ladder.phase"] = step.state.phase.name.lower()
         await self._save(rec)
@@ -327,9 +328,26 @@ class Recovery:
         params: dict[str, Any] = {"reason": f"{p.reason} ({rec.state.ladder_id})"[:200]}
         if p.kind is ladder.StepKind.VALIDATE:
             params |= {"soak_since": rec.state.updated_at, "dcgm_level": p.dcgm_level}
+        ports = self._ports(rec)
+        after_reset = rec.state.rung >= 0 and actions.per_port(rec.state.steps[rec.state.rung])
+        if ports and (actions.per_port(p.kind.value) or (p.kind is ladder.StepKind.VALIDATE and after_reset)):
+            # The link reset bounces them; the validation right after it checks they are back at their
+            # rate. Only an agent that answered reset_port is sent ports on validate: an older agent
+            # refuses the field, and a validation it refused after a reboot would end in replacement.
+            params["ports"] = ports
         inc.actions.append(book.PlannedAction(kind=p.kind.value, params=params, ladder=True))
         await self.shell.publish(inc, "updated")
         self.shell.spawn(inc)
+
+    def _ports(self, rec: Record) -> list[str]:
+        """The RDMA ports of the ladder's incident and of the incidents that follow it (two ports down on
+        one node: one ladder bounces both)."""
+        ports = [rec.state.port] if rec.state.port is not None else []
+        for follower_id in rec.followers:
+            follower = next((i for i in self.book.all() if i.id == follower_id), None)
+            if follower is not None and follower.port is not None and follower.port not in ports:
+                ports.append(follower.port)
+        return ports
 
     async def _finish(
         self,

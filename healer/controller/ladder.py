@@ -1,10 +1,12 @@
 """The recovery ladder as a pure state machine: where a fault's recovery stands and what to do next.
 
-contain → reset the GPU → validate → return to service; the reset or its validation fails → reboot
-the node → validate → return; that fails too, or the GPU needed recovery ``repeat_count`` times within
-``repeat_within_s`` (this one included), or the ladder is NVIDIA's "contact support" class → hardware
-replacement: the node stays out. The rungs and limits come from the rule pack (healer.rules.recovery)
-and are copied into the state when a ladder starts, so a rule reload never changes a ladder in flight.
+contain → reset the GPU (a port fault: bounce the port's link) → validate → return to service; the
+reset or its validation fails → reboot the node → validate → return; that fails too, or the GPU needed
+recovery ``repeat_count`` times within ``repeat_within_s`` (this one included), or the ladder is
+NVIDIA's "contact support" class → hardware replacement: the node stays out. A ``reset_port`` rung is
+for an incident with a port (``mlx5_0/1``): one without (a node-scope fabric fault, an HCA gone) skips
+it. The rungs and limits come from the rule pack (healer.rules.recovery) and are copied into the state
+when a ladder starts, so a rule reload never changes a ladder in flight.
 
 No I/O here. The shell (the controller) calls ``start`` when an incident whose rule has a ladder opens,
 does what the returned ``Step`` says (the actuators), and calls ``next_step`` with what came of it; it
@@ -26,6 +28,10 @@ from healer.schemas import incidents
 
 RESET_BUDGET_S = 180.0
 """How long a GPU reset may take, from the command to the agent's answer (nvidia-smi needs ~10-60 s)."""
+PORT_RESET_BUDGET_S = 900.0
+"""How long a port link reset may take, from the command to the agent's answer (the bounce, training and
+the subnet manager's ACTIVE: seconds to a minute; the agent's own limit, ``port_reset_timeout_s``, is
+at most 600 s)."""
 REBOOT_BUDGET_S = 1800.0
 """How long a node reboot may take, from the scheduler's reboot to the node answering again."""
 VALIDATE_MARGIN_S = 600.0
@@ -52,6 +58,8 @@ class Phase(enum.IntEnum):
     """Terminal: the node stays out; a hardware_replacement incident is open."""
     STOPPED = 8
     """Terminal: an operator stopped the ladder; the node stays as it is."""
+    PORT_RESETTING = 9
+    """Bouncing the incident's port's link (``reset_port``)."""
 
 
 TERMINAL = frozenset({Phase.RETURNED, Phase.REPLACEMENT, Phase.STOPPED})
@@ -80,6 +88,7 @@ class Outcome(enum.StrEnum):
 class StepKind(enum.StrEnum):
     CONTAIN = "contain"
     RESET_GPU = "reset_gpu"
+    RESET_PORT = "reset_port"
     REBOOT_NODE = "reboot_node"
     VALIDATE = "validate"
     RETURN_TO_SERVICE = "return_to_service"
@@ -89,10 +98,21 @@ class StepKind(enum.StrEnum):
     """Nothing to do: the ladder is finished."""
 
 
-_RUNG_PHASE = {"reset_gpu": Phase.RESETTING, "reboot_node": Phase.REBOOTING}
+_RUNG_PHASE = {
+    "reset_gpu": Phase.RESETTING,
+    "reset_port": Phase.PORT_RESETTING,
+    "reboot_node": Phase.REBOOTING,
+}
+_RUNG_STEP = {
+    "reset_gpu": (StepKind.RESET_GPU, RESET_BUDGET_S),
+    "reset_port": (StepKind.RESET_PORT, PORT_RESET_BUDGET_S),
+    "reboot_node": (StepKind.REBOOT_NODE, REBOOT_BUDGET_S),
+}
+_RUNG_PHASES = frozenset(_RUNG_PHASE.values())
 _PHASE_STEP = {
     Phase.CONTAINING: StepKind.CONTAIN,
     Phase.RESETTING: StepKind.RESET_GPU,
+    Phase.PORT_RESETTING: StepKind.RESET_PORT,
     Phase.REBOOTING: StepKind.REBOOT_NODE,
     Phase.VALIDATING: StepKind.VALIDATE,
     Phase.RETURNING: StepKind.RETURN_TO_SERVICE,
@@ -100,6 +120,7 @@ _PHASE_STEP = {
 _EXPECTED: dict[Phase, frozenset[Outcome]] = {
     Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED, Outcome.RECOVERED}),
     Phase.RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
+    Phase.PORT_RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
     Phase.REBOOTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
     Phase.VALIDATING: frozenset({Outcome.PASSED, Outcome.VALIDATION_FAILED, Outcome.FAILED}),
     Phase.RETURNING: frozenset({Outcome.RETURNED, Outcome.FAILED}),
@@ -130,6 +151,8 @@ class LadderState:
     repeat_count: int
     repeat_within_s: float
     started_at: float
+    port: str | None = None
+    """The incident's RDMA port (``mlx5_0/1``) for a port fault: what ``reset_port`` bounces."""
     phase: Phase = Phase.CONTAINING
     rung: int = -1
     """Index into ``steps`` of the rung tried last; -1 before the first."""
@@ -221,6 +244,7 @@ def start(
     gpu_uuid: str | None,
     gpu_index: int | None,
     now: float,
+    port: str | None = None,
 ) -> Step:
     """A new ladder for an incident just opened: first, contain (the rule's own actions)."""
     state = LadderState(
@@ -236,6 +260,7 @@ def start(
         repeat_count=ladder.repeat_count,
         repeat_within_s=ladder.repeat_within_s,
         started_at=now,
+        port=port,
         updated_at=now,
     )
     return Step(
@@ -275,8 +300,15 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
                 f"recovery number {before + 1} of this GPU within {days:g} days (limit {state.repeat_count})"
             )
             return _replace(state, outcome, now, detail, why)
-        return _rung_step(_moved(state, _RUNG_PHASE[state.steps[0]], outcome, now, detail, rung=0), now, "")
-    if state.phase in (Phase.RESETTING, Phase.REBOOTING):
+        first = _runnable(state, 0)
+        if first is None:
+            return _replace(
+                state, outcome, now, detail, "no rung fits (reset_port needs the incident's port)"
+            )
+        return _rung_step(
+            _moved(state, _RUNG_PHASE[state.steps[first]], outcome, now, detail, rung=first), now, ""
+        )
+    if state.phase in _RUNG_PHASES:
         if outcome is Outcome.RECOVERED:
             held = state.steps[state.rung]
             nxt = _moved(state, Phase.RETURNING, outcome, now, detail, rung=state.rung - 1)  # it never ran
@@ -309,14 +341,17 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
     return _replace(state, outcome, now, detail, "the node could not be returned to service")
 
 
-def plan(ladder: recovery.Ladder) -> tuple[str, ...]:
-    """The whole ladder as dry-run shows it, one line per step."""
+def plan(ladder: recovery.Ladder, port: str | None = None) -> tuple[str, ...]:
+    """The whole ladder as dry-run shows it, one line per step (``port``: the incident's; without one,
+    a ``reset_port`` rung is skipped)."""
     lines = ["contain (the rule's actions)"]
     if ladder.contact_support:
         return (*lines, "hardware_replacement (NVIDIA: contact support)")
-    for i, rung in enumerate(ladder.steps):
-        on_fail = ladder.steps[i + 1] if i + 1 < len(ladder.steps) else "hardware_replacement"
-        lines.append(f"{rung} (refused or failed: {on_fail})")
+    rungs = [r for r in ladder.steps if r != "reset_port" or port is not None]
+    for i, rung in enumerate(rungs):
+        on_fail = rungs[i + 1] if i + 1 < len(rungs) else "hardware_replacement"
+        what = f"reset_port {port}" if rung == "reset_port" else rung
+        lines.append(f"{what} (refused or failed: {on_fail})")
         soak = f"{ladder.soak_s:g}s soak"
         dcgm = f", dcgmi diag -r {ladder.dcgm_level}" if ladder.dcgm_level else ""
         lines.append(f"validate ({soak}{dcgm}; pass: return_to_service, fail: {on_fail})")
@@ -365,10 +400,17 @@ def _moved(
     )
 
 
+def _runnable(state: LadderState, start: int) -> int | None:
+    """The first rung from ``start`` on that fits the incident (``reset_port`` needs its port)."""
+    for i in range(start, len(state.steps)):
+        if state.steps[i] != "reset_port" or state.port is not None:
+            return i
+    return None
+
+
 def _rung_step(state: LadderState, when: float, reason: str) -> Step:
     rung = state.steps[state.rung]
-    budget = RESET_BUDGET_S if rung == "reset_gpu" else REBOOT_BUDGET_S
-    kind = StepKind.RESET_GPU if rung == "reset_gpu" else StepKind.REBOOT_NODE
+    kind, budget = _RUNG_STEP[rung]
     return Step(
         kind,
         state,
@@ -379,10 +421,11 @@ def _rung_step(state: LadderState, when: float, reason: str) -> Step:
 
 
 def _next_rung(state: LadderState, outcome: Outcome, now: float, detail: str) -> Step:
-    nxt_rung = state.rung + 1
-    if nxt_rung >= len(state.steps):
+    nxt_rung = _runnable(state, state.rung + 1)
+    if nxt_rung is None:
         what = state.steps[state.rung]
-        return _replace(state, outcome, now, detail, f"{what} did not bring the GPU back ({outcome.value})")
+        back = f"port {state.port}" if state.port is not None else "the GPU"
+        return _replace(state, outcome, now, detail, f"{what} did not bring {back} back ({outcome.value})")
     nxt = _moved(state, _RUNG_PHASE[state.steps[nxt_rung]], outcome, now, detail, rung=nxt_rung)
     why = f"{state.steps[state.rung]} {outcome.value}; next rung: {state.steps[nxt_rung]}"
     return _rung_step(nxt, now, why)

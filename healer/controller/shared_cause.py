@@ -13,14 +13,14 @@ explains more of them (two leaves' worth under one spine) wins over those it cov
 A ``shared-cause`` incident (node ``<key>.<value>``) names the domain, the suspected component, the rule
 and its members (evidence ``members``, ``member_incidents``); its opening is on the feed like every
 incident, so it notifies. While it is open, its members' repairs that presume the node itself is broken
-(the action catalogue's ``held_by_shared_cause`` kinds: GPU reset, reboot, hardware replacement) wait;
-containment (cordon, drain, migrate, notify) and the return to service still run. A member that
-recovers on its own (its signals stop firing) is returned without its held repair: ``needless`` skips it,
-and a recovery ladder goes straight to the return to service (``ladder.Outcome.RECOVERED``); every
-member incident names its domain incident (``held_by_incident``) from the moment it joins, so a repair
-planned after the domain recovered is known as needless too. A member faulting later with the same rule
-joins it. It resolves when no member's signal fires any more (the domain recovered). Pure: the
-incident shell applies what these functions return.
+(the action catalogue's ``held_by_shared_cause`` kinds: GPU reset, port link reset, reboot, hardware
+replacement) wait; containment (cordon, drain, migrate, notify) and the return to service still run. A
+member that recovers on its own (its signals stop firing) is returned without its held repair:
+``needless`` skips it, and a recovery ladder goes straight to the return to service
+(``ladder.Outcome.RECOVERED``); every member incident names its domain incident (``held_by_incident``)
+from the moment it joins, so a repair planned after the domain recovered is known as needless too. A
+member faulting later with the same rule joins it. It resolves when no member's signal fires any more
+(the domain recovered). Pure: the incident shell applies what these functions return.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ counts those) and whether it has a per-node cooldown. The controller, ``healer a
 these facts from here. A rule names actions either bare (``cordon``) or with parameters
 (``power_limit: {percent_of_default: 80}``).
 
-The recovery ladder's steps (``reset_gpu``, ``validate``, ``reboot_node``, ``return_to_service``,
-``hardware_replacement``; healer.controller.healing) are actions of the incident too, run through the
-same gates; the ``ladder_only`` ones are added by the controller, never named in a rule.
+The recovery ladder's steps (``reset_gpu``, ``reset_port``, ``validate``, ``reboot_node``,
+``return_to_service``, ``hardware_replacement``; healer.controller.healing) are actions of the incident
+too, run through the same gates; the ``ladder_only`` ones are added by the controller, never named in a
+rule.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class Actuator(enum.Enum):
     POWER = "power"
     """The node agent, over the bus."""
     GPU = "gpu"
-    """The node agent's GPU recovery commands (reset, validate), over the bus (actuators.gpu_reset)."""
+    """The node agent's recovery commands (GPU reset, port link reset, validate), over the bus
+    (actuators.gpu_reset)."""
     NONE = "none"
     """Nobody: the controller records it (notify, hardware_replacement)."""
 
@@ -94,6 +96,9 @@ class ActionKind:
     fired, and its on_resolve counterpart runs for each GPU as that GPU's firing resolves."""
     published_only: bool = False
     """Needs no actuator: recording and publishing it on the incident is the whole action (notify)."""
+    per_port: bool = False
+    """Acts on RDMA ports of the node: the incident's own port (``mlx5_0/1``) and those of the incidents
+    following its ladder, passed to the actuator as the ``ports`` parameter."""
     runs_in_ladder_only: bool = False
     """Carried out only as a recovery-ladder step; named in a rule it is recorded as skipped (GPU reset)."""
     undoes_cordon: bool = False
@@ -101,7 +106,8 @@ class ActionKind:
     reboots: bool = False
     """Reboots the node: at most ``max_concurrent_reboots`` at once."""
     held_by_shared_cause: bool = False
-    """A repair that presumes the node itself is broken (GPU reset, reboot, hardware replacement): while
+    """A repair that presumes the node itself is broken (GPU reset, port link reset, reboot, hardware
+    replacement): while
     a shared-cause incident suspects the node's failure domain (a leaf switch, a PDU) it waits, and a
     member that recovers on its own is returned without it (#27). Containment (cordon, drain, migrate,
     notify) is safe and never held."""
@@ -170,6 +176,11 @@ CATALOG: Final[dict[str, ActionKind]] = {
             actuator=Actuator.GPU, ladder_only=True,
         ),
         ActionKind(
+            "reset_port", NoParams,
+            "bounce the incident's RDMA port's link and wait for it to be ACTIVE (a recovery-ladder step)",
+            actuator=Actuator.GPU, ladder_only=True, per_port=True, held_by_shared_cause=True,
+        ),
+        ActionKind(
             "reboot_node", NoParams, "reboot the node through the scheduler (Slurm scontrol reboot)",
             actuator=_SCHEDULER, scheduler_verb="reboot_node", takes_out_of_service=True,
             ladder_only=True, reboots=True, held_by_shared_cause=True,
@@ -207,6 +218,11 @@ HELD_BY_SHARED_CAUSE: Final[frozenset[str]] = frozenset(
     k.name for k in CATALOG.values() if k.held_by_shared_cause
 )
 """Repairs a shared-cause domain incident holds on its members (``ActionKind.held_by_shared_cause``)."""
+
+
+def per_port(name: str) -> bool:
+    """``name`` acts on the incident's RDMA ports (``ActionKind.per_port``)."""
+    return spec(name).per_port
 
 
 def per_gpu(name: str) -> bool:

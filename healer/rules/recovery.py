@@ -1,7 +1,8 @@
 """Recovery ladders as the rule pack declares them: which rules' incidents a ladder takes over, and its rungs.
 
-A ladder is what happens after containment (drain / cordon + migrate): each rung (``reset_gpu``, then
-``reboot_node``) is tried in order, each followed by validation; a rung that fails or whose validation
+A ladder is what happens after containment (drain / cordon + migrate): each rung (``reset_gpu`` or, for
+a port fault, ``reset_port``, the port's link bounced; then ``reboot_node``) is tried in order, each
+followed by validation; a rung that fails or whose validation
 fails leads to the next one; when the rungs run out, or the GPU needed recovery ``repeat_limit.count``
 times within ``repeat_limit.within``, or the ladder is NVIDIA's "contact support" class
 (``contact_support: true``, no rungs), the node stays out and a ``hardware_replacement`` incident opens.
@@ -14,6 +15,9 @@ ladders:
     soak: 10m
     dcgm_level: 1
     repeat_limit: {count: 2, within: 30d}
+  - id: fabric
+    rules: [rdma-port-down]
+    steps: [reset_port, reboot_node]     # an incident without a port (node scope) skips reset_port
 ```
 
 This module only describes the declaration (``LadderSpec`` is what the loader validates, with
@@ -30,8 +34,9 @@ import pydantic
 
 from healer import durations
 
-Rung = Literal["reset_gpu", "reboot_node"]
-RUNGS: tuple[Rung, ...] = ("reset_gpu", "reboot_node")
+Rung = Literal["reset_gpu", "reset_port", "reboot_node"]
+RUNGS: tuple[Rung, ...] = ("reset_gpu", "reset_port", "reboot_node")
+"""Every rung, smallest hammer first (the order a ladder's ``steps`` must keep)."""
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 DEFAULT_SOAK_S = 600.0
 """Validation's quiet soak: no XID for this long after the rung (the issue's default, 10 minutes)."""
@@ -77,11 +82,15 @@ class LadderSpec(pydantic.BaseModel):
         if len(set(self.steps)) != len(self.steps):
             raise ValueError("steps: each rung at most once")
         if self.steps and list(self.steps) != [r for r in RUNGS if r in self.steps]:
-            raise ValueError("steps: reset_gpu comes before reboot_node (the smaller hammer first)")
+            raise ValueError(
+                "steps: reset_gpu and reset_port come before reboot_node (the smaller hammer first)"
+            )
         if self.contact_support and self.steps:
             raise ValueError("a contact_support ladder has no steps (the GPU goes to replacement)")
         if not self.contact_support and not self.steps:
-            raise ValueError("a ladder needs steps (reset_gpu, reboot_node) or contact_support: true")
+            raise ValueError(
+                "a ladder needs steps (reset_gpu, reset_port, reboot_node) or contact_support: true"
+            )
         return self
 
 

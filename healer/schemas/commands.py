@@ -7,7 +7,7 @@ leader's late command can never undo its successor's work.
 
 from __future__ import annotations
 
-from typing import Final, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
 import pydantic
 
@@ -16,8 +16,13 @@ from healer.schemas import base, telemetry
 SCHEMA: Final = "healer.command.v1"
 RESULT_SCHEMA: Final = "healer.command_result.v1"
 
-CommandAction = Literal["set_power_limit", "restore_power_limit", "reset_gpu", "validate", "reboot_node"]
+CommandAction = Literal[
+    "set_power_limit", "restore_power_limit", "reset_gpu", "validate", "reboot_node", "reset_port"
+]  # fmt: skip
 RESET_TIMEOUT_MAX_S: Final = 600.0
+PORT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/[0-9]{1,3}$"
+"""An RDMA port as ``<device>/<port>`` (``mlx5_0/1``, ``fabric.PortSample.name``)."""
+PORTS_MAX: Final = 64
 ResultStatus = Literal["applied", "already", "refused", "failed"]
 
 
@@ -43,16 +48,28 @@ class Command(base.WireModel):
     dcgm_level: int = pydantic.Field(
         default=0, ge=0, le=4, description="validate: dcgmi diag -r level where DCGM is installed; 0: none"
     )
+    ports: list[Annotated[str, pydantic.Field(pattern=PORT_PATTERN)]] = pydantic.Field(
+        default_factory=list,
+        max_length=PORTS_MAX,
+        description="reset_port: the RDMA ports to bounce (`mlx5_0/1`); validate: ports that must be "
+        "ACTIVE and LinkUp at their expected rate, read from sysfs",
+    )
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> Self:
-        if self.action in ("reset_gpu", "validate", "reboot_node"):
+        if self.ports and self.action not in ("reset_port", "validate"):
+            raise ValueError(f"{self.action} takes no ports")
+        if self.action in ("reset_gpu", "validate", "reboot_node", "reset_port"):
             if self.watts is not None or self.percent_of_default is not None:
                 raise ValueError(f"{self.action} takes no watts or percent_of_default")
             if self.action == "reset_gpu" and self.gpu_index is None:
                 raise ValueError("reset_gpu needs gpu_index (one GPU at a time)")
-            if self.action == "reboot_node" and self.gpu_index is not None:
-                raise ValueError("reboot_node reboots the whole node: no gpu_index")
+            if self.action in ("reboot_node", "reset_port") and self.gpu_index is not None:
+                raise ValueError(f"{self.action} acts on the node's ports or the node: no gpu_index")
+            if self.action == "reset_port" and not self.ports:
+                raise ValueError("reset_port needs ports (`mlx5_0/1`)")
+            if len(set(self.ports)) != len(self.ports):
+                raise ValueError("ports: each port at most once")
         elif self.action == "set_power_limit":
             if (self.watts is None) == (self.percent_of_default is None):
                 raise ValueError("set_power_limit needs exactly one of watts or percent_of_default")
@@ -87,6 +104,24 @@ class GpuReset(pydantic.BaseModel):
     pids: list[int] = pydantic.Field(default_factory=list, max_length=1024, description="compute processes")
     duration_s: float | None = None
     detail: str = ""
+
+
+class PortReset(pydantic.BaseModel):
+    """What came of one port's link reset (``reset_port``): the bounce, then the port as sysfs read last."""
+
+    model_config = base.CONFIG
+
+    port: str = pydantic.Field(max_length=80, description="`mlx5_0/1`")
+    status: ResultStatus
+    link_layer: str | None = pydantic.Field(default=None, max_length=32)
+    state: int | None = pydantic.Field(default=None, ge=0, le=15, description="PortState read last")
+    phys_state: int | None = pydantic.Field(default=None, ge=0, le=15, description="PortPhysicalState")
+    rate_gbps: float | None = pydantic.Field(default=None, ge=0)
+    expected_rate_gbps: float | None = pydantic.Field(
+        default=None, ge=0, description="the rate it had to come back at (its fastest same-layer peer)"
+    )
+    duration_s: float | None = None
+    detail: str = pydantic.Field(default="", max_length=2048)
 
 
 class Check(pydantic.BaseModel):
@@ -135,4 +170,6 @@ class CommandResult(base.WireModel):
     gpus: list[PowerChange] = pydantic.Field(default_factory=list, max_length=256)
     reset: GpuReset | None = None
     validation: Validation | None = None
+    port_resets: list[PortReset] = pydantic.Field(default_factory=list, max_length=PORTS_MAX)
+    """``reset_port``: one item per port, in the command's order."""
     ts: float

@@ -91,7 +91,7 @@ MODEL: Final[dict[str, Recovery]] = {
     ),
     "port_symbol_burst": Recovery(0.0, 0.2, None, "symbol errors are signal integrity: physical"),
     "hca_missing": Recovery(
-        0.0, 0.7, "fabric-reboot",
+        0.0, 0.7, "fabric",
         "an HCA gone after a firmware fault usually re-enumerates at boot; one that does not is the "
         "card or its slot",
     ),

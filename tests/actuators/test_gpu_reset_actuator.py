@@ -130,3 +130,24 @@ async def test_reset_without_a_gpu_is_a_bad_request(nats_bus: natsbus.NatsBus) -
     out = await actuator(nats_bus).apply(req("reset_gpu", 1))
     assert out.status == "failed-permanent"
     assert "needs a GPU" in out.detail
+
+
+async def test_a_port_reset_request_becomes_a_fenced_command_naming_its_ports(
+    nats_bus: natsbus.NatsBus,
+) -> None:
+    act = actuator(nats_bus)
+    ports = {"ports": ["mlx5_3/1", "mlx5_6/1"]}
+    cmd = act.command(req("reset_port", 5, params=ports))
+    assert (cmd.action, cmd.ports, cmd.gpu_index, cmd.fencing_token) == (
+        "reset_port",
+        ports["ports"],
+        None,
+        5,
+    )
+    assert cmd.timeout_s == config.ActuatorSettings().port_reset_timeout_s
+    assert act.command(req("validate", 5, params=ports)).ports == ports["ports"]
+    planned = await act.apply(req("reset_port", 5, params=ports, dry_run=True))
+    assert planned.detail == "would reset_port port mlx5_3/1, mlx5_6/1 on n1"
+    missing = await act.apply(req("reset_port", 5))
+    assert missing.status == "failed-permanent"
+    assert "reset_port needs ports" in missing.detail

@@ -77,7 +77,7 @@ def test_validation_needs_every_port_active_unless_disabled(tmp_path: pathlib.Pa
     assert "rdma_ports_active" not in {c.name for c in report.checks}, "ports not read: no check"
 
 
-def test_the_fabric_rules_that_take_a_node_out_walk_the_reboot_ladder() -> None:
+def test_the_fabric_rules_that_take_a_node_out_walk_the_link_reset_then_reboot_ladder() -> None:
     from healer.rules import loader
 
     pack = loader.load_paths([pathlib.Path(__file__).resolve().parents[2] / "rules"]).ruleset
@@ -85,4 +85,5 @@ def test_the_fabric_rules_that_take_a_node_out_walk_the_reboot_ladder() -> None:
     for rule in ("rdma-port-down", "rdma-ports-missing-8x400g"):
         ladder = pack.ladder_for(rule)
         assert ladder is not None
-        assert tuple(ladder.steps) == ("reboot_node",)
+        assert ladder.id == "fabric"
+        assert tuple(ladder.steps) == ("reset_port", "reboot_node")

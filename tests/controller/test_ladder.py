@@ -202,3 +202,84 @@ def test_the_evidence_bundle_carries_the_device_and_the_steps_taken() -> None:
     assert [s["phase"] for s in bundle["steps_taken"]] == ["containing", "resetting", "rebooting"]
     assert bundle["triggering_events"] == [{"kind": "xid", "xid": 48}]
     assert json.loads(json.dumps(bundle)) == bundle
+
+
+# -- the port link-reset rung (#26) -------------------------------------------------------------------
+FABRIC = recovery.Ladder(
+    id="fabric", rules=("rdma-port-down",), steps=("reset_port", "reboot_node"), dcgm_level=0
+)
+
+
+def _port_start(port: str | None = "mlx5_3/1") -> ladder.Step:
+    return ladder.start(
+        FABRIC, incident_id="inc-p", node="ib01", gpu_uuid=None, gpu_index=None, now=1000.0, port=port
+    )
+
+
+def test_a_port_fault_bounces_its_link_validates_and_returns_without_a_reboot() -> None:
+    steps = _walk(_port_start(), Out.CONTAINED, Out.DONE, Out.PASSED, Out.RETURNED)
+    assert [s.kind for s in steps] == [K.CONTAIN, K.RESET_PORT, K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
+    assert steps[1].state.phase is P.PORT_RESETTING
+    assert steps[1].deadline == steps[1].state.updated_at + ladder.PORT_RESET_BUDGET_S
+    assert steps[2].reason == "validate after reset_port"
+    assert steps[-1].state.phase is P.RETURNED
+    assert steps[-1].state.port == "mlx5_3/1"
+
+
+@pytest.mark.parametrize("failure", [[Out.FAILED], [Out.DONE, Out.VALIDATION_FAILED], [Out.DONE, Out.FAILED]])
+def test_a_port_that_does_not_come_back_leads_to_the_reboot(failure: list[Out]) -> None:
+    steps = _walk(_port_start(), Out.CONTAINED, *failure)
+    assert steps[-1].kind is K.REBOOT_NODE
+    assert steps[-1].state.phase is P.REBOOTING
+    assert steps[-1].reason.startswith("reset_port ")
+    assert steps[-1].reason.endswith("; next rung: reboot_node")
+    back = _walk(steps[-1], Out.DONE, Out.PASSED, Out.RETURNED)
+    assert [s.kind for s in back[1:]] == [K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
+    assert back[-1].state.attempted_recovery
+
+
+def test_a_reboot_that_does_not_bring_the_port_back_ends_in_replacement_naming_the_port() -> None:
+    steps = _walk(_port_start(), Out.CONTAINED, Out.FAILED, Out.DONE, Out.VALIDATION_FAILED)
+    assert steps[-1].kind is K.REPLACE
+    assert "reboot_node did not bring port mlx5_3/1 back" in steps[-1].reason
+
+
+def test_a_refused_port_reset_is_asked_again_later() -> None:
+    steps = _walk(_port_start(), Out.CONTAINED, Out.REFUSED)
+    assert steps[-1].kind is K.RESET_PORT
+    assert steps[-1].not_before == steps[-1].state.updated_at + ladder.REFUSAL_RETRY_S
+
+
+def test_an_incident_without_a_port_skips_the_port_reset_and_reboots() -> None:
+    steps = _walk(_port_start(port=None), Out.CONTAINED)
+    assert steps[-1].kind is K.REBOOT_NODE
+    assert steps[-1].state.rung == 1
+    only = recovery.Ladder(id="p", rules=("r",), steps=("reset_port",))
+    start = ladder.start(only, incident_id="i", node="n", gpu_uuid=None, gpu_index=None, now=1.0)
+    step = ladder.next_step(start.state, Out.CONTAINED, 2.0, EMPTY)
+    assert step.kind is K.REPLACE
+    assert "reset_port needs the incident's port" in step.reason
+
+
+def test_a_port_ladder_survives_a_round_trip_through_kv_json() -> None:
+    step = _walk(_port_start(), Out.CONTAINED)[-1]
+    doc = json.loads(json.dumps(step.state.to_json()))
+    assert doc["phase"] == "PORT_RESETTING"
+    again = ladder.LadderState.from_json(doc)
+    assert again == step.state
+    older = {k: v for k, v in doc.items() if k != "port"}  # a state stored before ports had a rung
+    assert ladder.LadderState.from_json(older).port is None
+
+
+def test_a_rule_file_keeps_reset_port_before_the_reboot() -> None:
+    spec = recovery.LadderSpec(id="f", rules=["r"], steps=["reset_port", "reboot_node"])
+    assert recovery.build(spec, "f.yaml", 1).steps == ("reset_port", "reboot_node")
+    with pytest.raises(ValueError, match="reset_port come before reboot_node"):
+        recovery.LadderSpec(id="f", rules=["r"], steps=["reboot_node", "reset_port"])
+
+
+def test_dry_run_plans_the_port_reset_only_for_an_incident_with_a_port() -> None:
+    with_port = ladder.plan(FABRIC, "mlx5_3/1")
+    assert with_port[1] == "reset_port mlx5_3/1 (refused or failed: reboot_node)"
+    assert with_port[3] == "reboot_node (refused or failed: hardware_replacement)"
+    assert not [line for line in ladder.plan(FABRIC) if line.startswith("reset_port")]

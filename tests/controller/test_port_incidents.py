@@ -1,7 +1,8 @@
 """A port fault is one incident for its node and port (rules/fabric.yaml's port-scope rules), end to end
 on a real nats-server: a node with two ports down (a recorded ConnectX-7 sysfs tree) is two incidents,
 each naming its port on the feed, with one cordon and one recovery ladder for the node (the second
-incident follows the first one's ladder: the node reboots once); without a ladder, the node stays
+incident follows the first one's ladder: one link reset bounces both ports, and when it fails the node
+reboots once); without a ladder, the node stays
 cordoned until the last of its port incidents has ended, and is returned then."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ async def until(predicate: Callable[[], bool], polls: int = 1200) -> None:
 
 def port_down_rules(*, ladder: bool) -> str:
     """rules/fabric.yaml's rdma-port-down as shipped (scope port), its holds shortened to fit a test;
-    with ``ladder``, rules/ladders.yaml's fabric-reboot with no soak."""
+    with ``ladder``, rules/ladders.yaml's fabric ladder with no soak."""
     doc = yaml.safe_load((REPO / "rules" / "fabric.yaml").read_text())
     (rule,) = [r for r in doc["rules"] if r["id"] == "rdma-port-down"]
     assert rule["scope"] == "port"
@@ -54,7 +55,7 @@ def port_down_rules(*, ladder: bool) -> str:
     out: dict[str, object] = {"rules": [rule]}
     if ladder:
         ladders = yaml.safe_load((REPO / "rules" / "ladders.yaml").read_text())["ladders"]
-        (fabric,) = [lad for lad in ladders if lad["id"] == "fabric-reboot"]
+        (fabric,) = [lad for lad in ladders if lad["id"] == "fabric"]
         fabric["rules"], fabric["soak"] = ["rdma-port-down"], "0s"
         out["ladders"] = [fabric]
     return yaml.safe_dump(out)
@@ -101,7 +102,8 @@ async def test_two_ports_down_are_two_incidents_one_cordon_and_one_ladder_throug
     (harness.rules / "fabric.yaml").write_text(port_down_rules(ladder=True))
     root = rdma.write_tree(tree("cx7-ib-two-ports-down.txt"), tmp_path / "sys")
     sched = Drains(on_reboot=lambda: rdma.write_tree(tree("cx7-ib-healthy.txt"), root))
-    ctl = await harness.controller(sched, gpu=testing.RecordingGpuActuator())
+    gpu = testing.RecordingGpuActuator(script={"reset_port": ["failed-permanent"]})
+    ctl = await harness.controller(sched, gpu=gpu)
     agent = subprocess.Popen(  # noqa: ASYNC220 - started once, then only awaited on
         [sys.executable, "-m", "healer", "agent", "--nats", harness.srv.url, "--node", "ib-node",
          "--source", "sim", "--sim-gpus", "2", "--interval", "0.1", "--state-dir", str(tmp_path / "state")],
@@ -119,6 +121,9 @@ async def test_two_ports_down_are_two_incidents_one_cordon_and_one_ladder_throug
     assert all(e.data.node == "ib-node" and e.data.gpu_index is None for e in opened)
     lead, follower = sorted(opened, key=lambda e: "ladder.joined" in e.data.evidence)
     assert follower.data.evidence[decide.LADDER_JOINED] == lead.data.incident_id, "it follows the ladder"
+    (reset,) = [r for r in gpu.requests if r.kind == "reset_port"]
+    assert reset.incident_id == lead.data.incident_id
+    assert sorted(reset.params["ports"]) == PORTS, "one link reset for both ports of the node"
     assert [r.kind for r in sched.executed("reboot_node")] == ["reboot_node"], "the node reboots once"
     assert [(k, s) for k, s, _ in sched.drains if k == "cordon"] == [
         ("cordon", "done"),

@@ -256,7 +256,7 @@ def test_the_catalogue_says_which_repairs_a_domain_incident_holds() -> None:
     from healer.rules import actions
 
     held = {k for k, spec in actions.CATALOG.items() if spec.held_by_shared_cause}
-    assert held == {"reset_gpu", "reboot_node", "hardware_replacement"}
+    assert held == {"reset_gpu", "reset_port", "reboot_node", "hardware_replacement"}
     assert not any(actions.CATALOG[k].held_by_shared_cause for k in ("cordon", "drain", "migrate", "notify"))
 
 

@@ -65,13 +65,13 @@ def test_bad_ladders_report_every_error_with_its_position() -> None:
     lines = [(line, col) for line, col, _ in errs]
     messages = " | ".join(m for _, _, m in errs)
     assert (8, 5) in lines
-    assert "reset_gpu comes before reboot_node" in messages
+    assert "reset_gpu and reset_port come before reboot_node" in messages
     assert (14, 11) in lines
     assert "soak" in messages
     assert (15, 5) in lines
     assert "a contact_support ladder has no steps" in messages
     assert (19, 5) in lines
-    assert "needs steps (reset_gpu, reboot_node) or contact_support: true" in messages
+    assert "needs steps (reset_gpu, reset_port, reboot_node) or contact_support: true" in messages
     assert (23, 13) in lines
     assert "steps.0" in messages
     assert (24, 5) in lines
