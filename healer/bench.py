@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 import structlog
 
-from healer import config, testing
+from healer import config, errors, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller import service
@@ -238,7 +238,9 @@ async def xid_latency(
     ctl = await service.build(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
     await ctl.start()
     seconds = 60.0 + 0.3 * events_n
-    proc, _ = _start_publisher(url, nodes, seconds, 1.0, 0, shards)
+    # keep the queue referenced while the publisher runs: dropped, it unlinks the semaphore the spawned
+    # child is still unpickling (FileNotFoundError in the child, and no frames at all)
+    proc, queue = _start_publisher(url, nodes, seconds, 1.0, 0, shards)
     names = [f"gpu-{i:05d}" for i in range(nodes) if service.shard_of(f"gpu-{i:05d}", shards) == 0]
     victims = names[:: max(1, len(names) // max(1, events_n))][:events_n]
     # leading, and every victim admitted (first seen) before its XID: one for a node not seen yet waits
@@ -247,6 +249,15 @@ async def xid_latency(
         if ctl.role.took_over and set(victims) <= ctl.ingest.nodes:
             break
         await asyncio.sleep(0.1)
+    else:
+        proc.terminate()
+        await ctl.stop()
+        await bus.close()
+        seen = len(set(victims) & ctl.ingest.nodes)
+        raise errors.PermanentError(
+            f"XID bench: {seen} of {len(victims)} nodes seen after 60 s (leader: {ctl.role.took_over}); "
+            "the publisher did not run"
+        )
     await asyncio.sleep(2.0)
     subj = subjects.Subjects()
     sent: dict[str, float] = {}
@@ -261,6 +272,7 @@ async def xid_latency(
         await asyncio.sleep(0.1)
     proc.terminate()
     await asyncio.to_thread(proc.join, 10)
+    queue.close()
     await ctl.stop()
     await bus.close()
     kinds: dict[str, int] = {}
