@@ -77,6 +77,8 @@ class Ingest:
         self.nodes: set[str] = set()
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
+        self.newest: dict[str, telemetry.FrameView] = {}
+        """Per node: its newest frame, kept only with ``power_budgets`` set (``power_shell`` reads it)."""
         self.unacked: list[Any] = []
         self.arrived = asyncio.Event()
         """Set when a pulled event matched an event rule: the ticker evaluates it at once, between ticks
@@ -172,6 +174,8 @@ class Ingest:
             self.learning.failslow.observe(frame)
         self.nodes.add(node)
         self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
+        if self.cs.power_budgets:
+            self.newest[node] = frame
         if isinstance(frame, telemetry.NodeFrame):
             self.metrics.frames_lax.inc()
         self.metrics.frames.inc()
@@ -195,6 +199,7 @@ class Ingest:
         for node in forgotten.nodes:
             self.nodes.discard(node)
             self.power_limits.pop(node, None)
+            self.newest.pop(node, None)
             if self.learning.failslow is not None:
                 self.learning.failslow.forget_node(node)
             self.metrics.nodes_forgotten.inc()

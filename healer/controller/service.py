@@ -13,6 +13,7 @@ This module only builds the controller and starts and stops it; each role has a 
   stopped (actions recorded as done are never repeated, every action carries the new fencing token);
 - ``housekeeping`` and ``reload`` — labels, admission, exclusions, the rule pack;
 - ``learning`` — the anomaly model and what it learned, kept in KV;
+- ``power_shell`` — power budgets per failure domain (#30), capped and restored through the same actions;
 - ``readiness`` — /readyz.
 
 Every long-lived task (lease keeper, leadership, event puller, tick, housekeeping, feed) is supervised
@@ -52,6 +53,7 @@ from healer.controller import (
     learning,
     lease,
     policy,
+    power_shell,
     readiness,
     reload,
     role,
@@ -178,6 +180,10 @@ class Controller:
             book=self.book, feed=self.feed, role=self.role, turn=turn, metrics=metrics, clock=clock,
             stop=stop, log=lg,
         )  # fmt: skip
+        self.power_budgets = power_shell.PowerShell(
+            cs, state=state, book=self.book, ingest=self.ingest, admission=self.admission,
+            shell=self.incidents, role=self.role, turn=turn, metrics=metrics, clock=clock, stop=stop, log=lg,
+        )  # fmt: skip
         self.readiness = readiness.Readiness(
             cs, bus=bus, engine=self.engine, learning=self.learning, role=self.role,
             supervisor=self.supervisor, metrics=metrics,
@@ -196,6 +202,8 @@ class Controller:
         self.supervisor.supervise("ticks", self.ticker.run)
         self.supervisor.supervise("housekeeping", self.housekeeping.run)
         self.supervisor.supervise("feed", lambda: self.feed.run(self._stop))
+        if self.cs.power_budgets:
+            self.supervisor.supervise("power", self.power_budgets.run)
         self.log.info("controller.started", rules=len(rules), mode=self.cs.mode)
 
     async def stop(self) -> None:
