@@ -60,6 +60,13 @@ def kv_key(budget: config.PowerBudget) -> str:
     return KV_PREFIX + shared_cause.domain_node(budget.key, budget.value)
 
 
+def source_of(b: config.PowerBudget) -> str:
+    """Where a budget comes from, as people read it."""
+    if b.breaker_kw is not None:
+        return f"breaker {b.breaker_kw:g} kW x derating {b.derating:g} x gpu_share {b.gpu_share:g}"
+    return f"contract {b.contract_kw:g} kW x gpu_share {b.gpu_share:g}"
+
+
 def gpu_dicts(frame: object) -> list[dict[str, object]]:
     """What ``power_budget.readings_of`` reads of one frame's GPUs."""
     out = []
@@ -246,13 +253,9 @@ class PowerShell:
         self, budget: config.PowerBudget, members: Sequence[str], decision: power_budget.Decision
     ) -> dict[str, float | int | str | bool | None]:
         s = decision.state
-        source = (
-            f"breaker {budget.breaker_kw:g} kW x derating {budget.derating:g}"
-            if budget.breaker_kw is not None else f"contract {budget.contract_kw:g} kW"
-        )  # fmt: skip
         return {
             "domain": budget.domain, "domain_key": budget.key, "domain_value": budget.value,
-            "source": f"{source} x gpu_share {budget.gpu_share:g}", "policy": budget.policy,
+            "source": source_of(budget), "policy": budget.policy,
             "budget_w": round(budget.gpu_budget_w, 1), "budget_in_force_w": round(decision.budget_w, 1),
             "draw_w": round(decision.total_w, 1), "capped_gpus": len(s.capped_w), "members": len(members),
             "shed_to_w": s.shed_to_w, "shed_until": s.shed_until, "cycles": len(s.cycles),

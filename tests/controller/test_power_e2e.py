@@ -1,16 +1,23 @@
-"""A rack over its power budget, end to end (#30): the simulator's fleet (two nodes of four GPUs, every job
-training at full load) publishes frames on a real nats-server and answers power commands through the
-agents' own executor; a controller with a budget for ``rack=r1`` below the rack's draw caps its GPUs
-through the real power actuator (confirmed from telemetry), as one domain incident on the feed with the
-per-GPU limits as evidence; when the jobs end it restores every limit, step by step, and resolves."""
+"""Power budgets end to end (#30): the simulator's fleet (two nodes of four GPUs, every job training at
+full load) publishes frames on a real nats-server and answers power commands through the agents' own
+executor; a controller with a budget for ``rack=r1`` caps its GPUs through the real power actuator
+(confirmed from telemetry), as one domain incident on the feed with the per-GPU limits as evidence, and
+restores every limit, step by step, when the load drops or a demand-response shed ends. The shed and
+the status go through the real ``healer power`` command."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import pathlib
+import sys
 import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
+import pytest
 
 from healer import testing
 from healer.actuators import power
@@ -18,12 +25,13 @@ from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.controller import power_budget, power_shell, service
-from healer.schemas import incidents
+from healer.schemas import budgets, codec, incidents
 from healer.sim import scenarios, simulation, workloads
 from tests.controller.conftest import Harness
 
 STEP_S = 1.0
 """Simulated seconds per fleet tick (one every 0.2 s of the controller's clock)."""
+GPUS = 8
 
 
 def domain_events(harness: Harness) -> list[incidents.IncidentEvent]:
@@ -38,68 +46,79 @@ def steady(sim: simulation.Simulation, kind: int) -> None:
     work.ckpt_phase[:] = workloads.CHECKPOINT_LENGTH_S + 1.0
 
 
-async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_when_load_drops(
-    harness: Harness, tmp_path: pathlib.Path
-) -> None:
+class Rig:
+    def __init__(
+        self, harness: Harness, sim: simulation.Simulation, fleet: sim_fleet.LiveFleet, full_w: float
+    ) -> None:
+        self.harness = harness
+        self.sim = sim
+        self.fleet = fleet
+        self.full_w = full_w
+        self.ctl: service.Controller
+
+    async def start(self, tmp_path: pathlib.Path, **budget: Any) -> service.Controller:
+        inventory = tmp_path / "nodes.yaml"
+        inventory.write_text(
+            "nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in self.sim.fleet.node_names)
+        )
+        s = self.harness.settings(
+            admission="file", inventory_file=str(inventory),
+            power_budgets=[{
+                "key": "rack", "value": "r1", "hold_s": 1.0, "restore_after_s": 1.0,
+                "restore_step_percent": 25.0, "hysteresis_percent": 5.0, **budget,
+            }],
+        )  # fmt: skip
+        bus = await natsbus.NatsBus.connect(self.harness.srv.url, name="controller-power")
+        self.ctl = await service.build(
+            s, bus, scheduler=testing.RecordingActuator(),
+            power=lambda c: power.PowerActuator(bus, c, c.subjects, s.actuators),
+        )  # fmt: skip
+        await self.ctl.start()
+        self.harness.controllers.append((self.ctl, bus))
+        return self.ctl
+
+    async def until(self, done: Callable[[], bool], timeout: float = 60.0) -> None:
+        """The fleet ticks (frames published, commands answered) until ``done``."""
+        async with asyncio.timeout(timeout):
+            while not done():
+                await self.fleet.tick(STEP_S)
+                await asyncio.sleep(0.2)
+
+    def caps_done(self) -> bool:
+        ev = domain_events(self.harness)
+        acts = ev[-1].data.actions if ev else []
+        return sum(a.kind == "power_limit" and a.status == "done" for a in acts) >= GPUS
+
+    def resolved(self) -> bool:
+        return any(e.change == "resolved" for e in domain_events(self.harness))
+
+    def all_at_default(self) -> bool:
+        return all(
+            (pl := self.sim.fleet.power_limits(n, g)).current_w == pl.default_w
+            for n in range(2)
+            for g in range(4)
+        )
+
+
+@pytest.fixture
+async def rig(harness: Harness) -> AsyncIterator[Rig]:
     sc = scenarios.Scenario.model_validate({"name": "power", "workload": {"training": 1.0}})
     sim = scenarios.build(sc, nodes=2, gpus=4, seed=5, start_ts=time.time(), run_id=scenarios.fresh_run_id())
-    names = sim.fleet.node_names
     steady(sim, workloads.TRAINING)
     for _ in range(20):  # utilisation settles at full load
         sim.step(STEP_S)
-    full_w = float(sim.fleet.power.sum())
-    budget_kw = round(0.8 * full_w / 1000.0, 3)
-    inventory = tmp_path / "nodes.yaml"
-    inventory.write_text("nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in names))
-    s = harness.settings(
-        admission="file", inventory_file=str(inventory),
-        power_budgets=[{
-            "key": "rack", "value": "r1", "contract_kw": budget_kw, "hold_s": 1.0, "restore_after_s": 1.0,
-            "restore_step_percent": 25.0, "hysteresis_percent": 5.0,
-        }],
-    )  # fmt: skip
     fleet_bus = await natsbus.NatsBus.connect(harness.srv.url, name="fleet")
     fleet = sim_fleet.LiveFleet(sim, fleet_bus, subjects.Subjects())
     await fleet.start()
-    ctl_bus = await natsbus.NatsBus.connect(harness.srv.url, name="controller-power")
-    ctl = await service.build(
-        s, ctl_bus, scheduler=testing.RecordingActuator(),
-        power=lambda c: power.PowerActuator(ctl_bus, c, c.subjects, s.actuators),
-    )  # fmt: skip
-    await ctl.start()
-    harness.controllers.append((ctl, ctl_bus))
-    budget_w = budget_kw * 1000.0
-    capped_draw: list[float] = []
     try:
-
-        def caps_done() -> bool:
-            ev = domain_events(harness)
-            acts = ev[-1].data.actions if ev else []
-            return sum(a.kind == "power_limit" and a.status == "done" for a in acts) >= 8
-
-        async with asyncio.timeout(60):
-            while not caps_done():
-                await fleet.tick(STEP_S)
-                await asyncio.sleep(0.2)
-        for _ in range(5):  # the capped rack, a few seconds on
-            await fleet.tick(STEP_S)
-            await asyncio.sleep(0.2)
-            capped_draw.append(float(sim.fleet.power.sum()))
-        assert ctl.power_budgets.views["rack=r1"].phase is power_budget.Phase.CAPPED
-        stored = await ctl.state.get(power_shell.kv_key(s.controller.power_budgets[0]))
-        assert stored is not None
-        assert len(stored.value["capped_w"]) == 8, "the state is in KV for a new leader"
-
-        steady(sim, workloads.IDLE)  # the jobs end: the rack has headroom
-        async with asyncio.timeout(90):
-            while not any(e.change == "resolved" for e in domain_events(harness)):
-                await fleet.tick(STEP_S)
-                await asyncio.sleep(0.2)
+        yield Rig(harness, sim, fleet, float(sim.fleet.power.sum()))
     finally:
         await fleet.close()
         await fleet_bus.close()
 
-    events = domain_events(harness)
+
+def assert_one_restored_episode(rig: Rig) -> incidents.IncidentData:
+    events = domain_events(rig.harness)
     assert [e.change for e in events].count("opened") == 1, "one domain incident for the episode"
     assert all(e.data.incident_id == events[0].data.incident_id for e in events)
     final = events[-1].data
@@ -108,21 +127,109 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     assert final.schema_ == incidents.SCHEMA_V2
     assert final.domain is not None
     assert (final.domain.key, final.domain.value) == ("rack", "r1")
+    names = rig.sim.fleet.node_names
     assert sorted(final.domain.members) == sorted(names)
     assert final.evidence["domain"] == "rack=r1"
     assert final.evidence["outcome"] == "restored"
     assert all(f"gpu.{n}.{g}" in final.evidence for n in names for g in range(4)), "per-GPU evidence"
     assert all(a.status == "done" for a in final.actions if a.kind == "power_limit")
     restores = [a for a in final.actions if a.kind == "restore_power_limit"]
-    assert len(restores) == 8, "each GPU released once"
+    assert len(restores) == GPUS, "each GPU released once"
     assert all(a.status == "done" for a in restores)
     assert all(a.detail.startswith(tuple(names)) for a in final.actions), "each record names its GPU"
-    assert max(capped_draw) <= budget_w * 1.02, f"capped under the budget: {capped_draw} vs {budget_w}"
-    for n in range(2):
-        for g in range(4):
-            pl = sim.fleet.power_limits(n, g)
-            assert pl.current_w == pl.default_w, "every GPU back at the limit it had"
-    assert not [e for e in harness.feed.events if e.data.rule_id != power_budget.RULE_ID], "nothing else"
-    stored = await ctl.state.get(power_shell.kv_key(s.controller.power_budgets[0]))
+    assert rig.all_at_default(), "every GPU back at the limit it had"
+    assert not [e for e in rig.harness.feed.events if e.data.rule_id != power_budget.RULE_ID], "nothing else"
+    return final
+
+
+async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_when_load_drops(
+    rig: Rig, tmp_path: pathlib.Path
+) -> None:
+    budget_kw = round(0.8 * rig.full_w / 1000.0, 3)
+    ctl = await rig.start(tmp_path, contract_kw=budget_kw)
+    await rig.until(rig.caps_done)
+    capped_draw = []
+    for _ in range(5):  # the capped rack, a few seconds on
+        await rig.fleet.tick(STEP_S)
+        await asyncio.sleep(0.2)
+        capped_draw.append(float(rig.sim.fleet.power.sum()))
+    assert ctl.power_budgets.views["rack=r1"].phase is power_budget.Phase.CAPPED
+    stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
+    assert stored is not None
+    assert len(stored.value["capped_w"]) == GPUS, "the state is in KV for a new leader"
+
+    steady(rig.sim, workloads.IDLE)  # the jobs end: the rack has headroom
+    await rig.until(rig.resolved, timeout=90)
+    assert_one_restored_episode(rig)
+    assert max(capped_draw) <= budget_kw * 1000 * 1.02, (
+        f"capped under the budget: {capped_draw} vs {budget_kw}"
+    )
+    stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
     assert stored is not None
     assert stored.value["capped_w"] == {}
+
+
+async def healer(url: str, *args: str) -> tuple[int, str]:
+    """The real ``healer`` command, as a person runs it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "healer", *args, "--nats", url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def while_ticking(rig: Rig, work: Any) -> Any:
+    """Await ``work`` while the fleet keeps publishing (the controller keeps stepping meanwhile)."""
+    task = asyncio.ensure_future(work)
+    with contextlib.suppress(TimeoutError):
+        await rig.until(task.done, timeout=30)
+    return await task
+
+
+async def test_a_demand_response_shed_caps_the_rack_then_restores_it_when_it_ends(
+    rig: Rig, tmp_path: pathlib.Path
+) -> None:
+    ctl = await rig.start(tmp_path, contract_kw=round(1.3 * rig.full_w / 1000.0, 3))  # well under budget
+    url = rig.harness.srv.url
+    await rig.until(lambda: ctl.leader and "rack=r1" in ctl.power_budgets.views)
+    rc, out = await while_ticking(rig, healer(url, "power", "status", "--json"))
+    assert rc == 0, out
+    [before] = json.loads(out)["budgets"]
+    assert before["phase"] == "under"
+    assert before["gpus"] == GPUS
+    assert before["draw_w"] == pytest.approx(rig.full_w, rel=0.1)
+
+    shed_kw = round(0.75 * rig.full_w / 1000.0, 3)
+    shed = ("power", "shed", "--domain", "rack=r1")
+    rc, out = await while_ticking(rig, healer(url, *shed, "--to", str(shed_kw), "--for", "30m"))
+    assert rc == 0, out
+    assert "holding" in out
+    await rig.until(rig.caps_done)
+    capped = float(rig.sim.fleet.power.sum())
+    assert capped <= shed_kw * 1000 * 1.02, "held under the shed"
+    rc, out = await while_ticking(rig, healer(url, "power", "status"))
+    assert rc == 0, out
+    assert "rack=r1  capped" in out
+    assert "shed to" in out
+    stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
+    assert stored is not None
+    assert stored.value["shed_to_w"] == pytest.approx(shed_kw * 1000), "the shed is in KV for a new leader"
+    assert not rig.resolved()
+
+    rc, out = await while_ticking(rig, healer(url, *shed, "--cancel"))  # the utility's event is over
+    assert rc == 0, out
+    await rig.until(rig.resolved, timeout=90)  # at full load, restored under the rack's own budget
+    final = assert_one_restored_episode(rig)
+    assert final.evidence["shed_to_w"] is None
+
+    rc, out = await while_ticking(rig, healer(url, "power", "shed", "--domain", "rack=r9", "--to", "1"))
+    assert rc == 1, "a domain without a budget is refused"
+    assert "no power budget for 'rack=r9'" in out
+    bad = await rig.harness.bus.request(
+        ctl.subjects.power_shed, b'{"schema": "healer.power_shed.v1"}', timeout=5
+    )
+    result = codec.decode_shed_result(bad.data)
+    assert not result.ok, "a request that does not decode is answered, not dropped"
+    assert isinstance(result, budgets.ShedResult)
