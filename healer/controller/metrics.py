@@ -182,6 +182,24 @@ class ControllerMetrics:
             ["domain"],
             registry=r,
         )
+        self.energy_domain = prom.Counter(
+            "healer_controller_energy_joules_total",
+            "energy drawn by a failure domain's GPUs (NVML energy counters; controller.energy_accounting)",
+            ["domain"],
+            registry=r,
+        )
+        self.energy_job = prom.Counter(
+            "healer_controller_job_energy_joules_total",
+            "energy drawn by a job's GPUs (NVML energy counters; controller.energy_accounting); a job not"
+            " seen for an hour leaves the exposition",
+            ["job"],
+            registry=r,
+        )
+        self.energy_jobs_dropped = prom.Counter(
+            "healer_controller_energy_jobs_dropped_total",
+            "GPU energy readings not counted to their job: more jobs than the energy meter's cap at once",
+            registry=r,
+        )
         self.domain_holds = prom.Counter(
             "healer_controller_domain_holds_total",
             "actions held because a failure domain was at its controller.domain_limits limit",

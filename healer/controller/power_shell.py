@@ -74,8 +74,17 @@ def gpu_dicts(frame: object) -> list[dict[str, object]]:
         out.append({
             "index": g.index, "power_w": g.power_w, "power_limit_w": g.power_limit_w,
             "power_min_w": getattr(g, "power_min_w", None), "power_default_w": g.power_default_w,
+            "sm_clock_mhz": g.sm_clock_mhz,
         })  # fmt: skip
     return out
+
+
+def mean_clock(frames: Mapping[str, Sequence[Mapping[str, object]]]) -> float | None:
+    """The domain's GPUs' mean SM clock (MHz), or None without clock readings."""
+    clocks = [
+        float(v) for gs in frames.values() for g in gs if isinstance(v := g.get("sm_clock_mhz"), int | float)
+    ]
+    return round(sum(clocks) / len(clocks), 1) if clocks else None
 
 
 def planned(
@@ -138,6 +147,10 @@ class PowerShell:
         self.states: dict[str, power_budget.DomainState] | None = None
         """Each budget's state by domain (``rack=r7``) while this process leads; None: not loaded."""
         self.views: dict[str, DomainView] = {}
+        self.meter = ingest.energy
+        self.measure_after: set[str] = set()
+        """Domains whose last step lowered limits: once its actions are done, the draw and SM clock after
+        it go into the incident (``draw_after_w``, ``sm_clock_after_mhz``): the cost of the cap."""
         self.lock = asyncio.Lock()
         """Held by a step and by a demand-response request (both change a domain's state)."""
 
@@ -215,10 +228,18 @@ class PowerShell:
         if not readings or self.pending(inc):
             self._show(budget, reporting, readings, state, inc, now)
             return
+        clock = mean_clock(frames)
+        if inc is not None and budget.domain in self.measure_after:  # the step's limits hold now: its cost
+            self.measure_after.discard(budget.domain)
+            after = {"draw_after_w": round(sum(r.power_w for r in readings), 1), **self.energy(budget, inc)}
+            if clock is not None:
+                after["sm_clock_after_mhz"] = clock
+            inc.evidence = {**inc.evidence, **after}
+            await self.shell.publish(inc, "updated")
         decision = power_budget.step(readings, budget, state, now)
         await self.save(budget, decision.state)
         if decision.changes:
-            inc = await self._record(budget, reporting, decision, inc, now)
+            inc = await self._record(budget, reporting, decision, inc, now, clock)
         elif inc is not None and not decision.state.capped_w:
             await self._resolve(inc, decision, now)
             inc = None
@@ -268,6 +289,7 @@ class PowerShell:
         decision: power_budget.Decision,
         inc: book.Incident | None,
         now: float,
+        clock: float | None = None,
     ) -> book.Incident:
         """The step's changes as the domain incident's actions: opened with the first, updated after."""
         caps = [c for c in decision.changes if not c.release]
@@ -298,6 +320,8 @@ class PowerShell:
             )  # fmt: skip
             change = "opened"
             self.metrics.power_episodes.labels(budget.domain).inc()
+            if self.meter is not None:
+                inc.evidence["energy_start_j"] = round(self.meter.joules(budget.domain), 1)
         inc.summary = summary
         gpus = {k: v for k, v in inc.evidence.items() if k.startswith("gpu.")}
         for c in decision.changes:
@@ -306,7 +330,17 @@ class PowerShell:
             )
             params: dict[str, object] = {} if c.release else {"watts": c.to_w}
             inc.actions.append(book.PlannedAction(kind=c.kind, params=params, node=c.node, gpu_index=c.gpu))
-        inc.evidence = {**self.evidence(budget, members, decision), **gpus}
+        kept = {k: v for k, v in inc.evidence.items() if k == "energy_start_j"}
+        inc.evidence = {
+            **kept,
+            **self.evidence(budget, members, decision),
+            **self.energy(budget, inc),
+            **gpus,
+        }
+        if clock is not None:
+            inc.evidence["sm_clock_before_mhz"] = clock  # the GPUs' mean SM clock before this step
+        if caps:
+            self.measure_after.add(budget.domain)  # and after it, once its limits hold
         self.log.warning(
             "power.step", incident_id=inc.id, domain=budget.domain, draw_w=round(decision.total_w),
             budget_w=round(decision.budget_w), caps=len(caps), changes=len(decision.changes),
@@ -325,11 +359,21 @@ class PowerShell:
         )
         inc.evidence = {
             **inc.evidence,
+            **self.energy(self.budget(str(inc.evidence.get("domain"))), inc),
             "outcome": "restored",
             "capped_gpus": 0,
             "draw_w": round(decision.total_w, 1),
         }
         await self.shell.publish(inc, "resolved")
+
+    def energy(
+        self, budget: config.PowerBudget | None, inc: book.Incident
+    ) -> dict[str, float | int | str | bool | None]:
+        """The domain's energy since the incident opened (``energy_accounting``), in kWh."""
+        start = inc.evidence.get("energy_start_j")
+        if self.meter is None or budget is None or not isinstance(start, int | float):
+            return {}
+        return {"energy_kwh": round((self.meter.joules(budget.domain) - float(start)) / 3.6e6, 4)}
 
     # -- demand response ---------------------------------------------------------------------------
     async def shed(self, domain: str, to_w: float | None, until: float) -> DomainView:

@@ -24,10 +24,11 @@ from healer.actuators import power
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import power_budget, power_shell, service
+from healer.controller import jobs, power_budget, power_shell, service
 from healer.schemas import budgets, codec, incidents
 from healer.sim import scenarios, simulation, workloads
-from tests.controller.conftest import Harness
+from tests import conftest
+from tests.controller.conftest import Harness, metric
 
 STEP_S = 1.0
 """Simulated seconds per fleet tick (one every 0.2 s of the controller's clock)."""
@@ -56,7 +57,9 @@ class Rig:
         self.full_w = full_w
         self.ctl: service.Controller
 
-    async def start(self, tmp_path: pathlib.Path, **budget: Any) -> service.Controller:
+    async def start(
+        self, tmp_path: pathlib.Path, controller: dict[str, Any] | None = None, **budget: Any
+    ) -> service.Controller:
         inventory = tmp_path / "nodes.yaml"
         inventory.write_text(
             "nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in self.sim.fleet.node_names)
@@ -66,7 +69,7 @@ class Rig:
             power_budgets=[{
                 "key": "rack", "value": "r1", "hold_s": 1.0, "restore_after_s": 1.0,
                 "restore_step_percent": 25.0, "hysteresis_percent": 5.0, **budget,
-            }],
+            }], **(controller or {}),
         )  # fmt: skip
         bus = await natsbus.NatsBus.connect(self.harness.srv.url, name="controller-power")
         self.ctl = await service.build(
@@ -146,8 +149,17 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     rig: Rig, tmp_path: pathlib.Path
 ) -> None:
     budget_kw = round(0.8 * rig.full_w / 1000.0, 3)
-    ctl = await rig.start(tmp_path, contract_kw=budget_kw)
+    ctl = await rig.start(tmp_path, {"energy_accounting": True}, contract_kw=budget_kw)
+    names = rig.sim.fleet.node_names
+    assert ctl.learning.failslow is not None
+    ctl.learning.failslow.jobs.set_scheduled("slurm", [jobs.Placement("job-1", names[0])])  # as squeue says
+    await rig.until(lambda: ctl.ingest.energy is not None and bool(ctl.ingest.energy.last))
+    energy_from = float(rig.sim.fleet.energy.sum())  # the simulator's own counters: the truth
     await rig.until(rig.caps_done)
+    await rig.until(lambda: "sm_clock_after_mhz" in domain_events(rig.harness)[-1].data.evidence)
+    cost = domain_events(rig.harness)[-1].data.evidence
+    assert float(cost["sm_clock_after_mhz"] or 0) < float(cost["sm_clock_before_mhz"] or 0), "clocks drop"
+    assert float(cost["draw_after_w"] or 0) <= budget_kw * 1000 * 1.02
     capped_draw = []
     for _ in range(5):  # the capped rack, a few seconds on
         await rig.fleet.tick(STEP_S)
@@ -160,7 +172,17 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
 
     steady(rig.sim, workloads.IDLE)  # the jobs end: the rack has headroom
     await rig.until(rig.resolved, timeout=90)
-    assert_one_restored_episode(rig)
+    final = assert_one_restored_episode(rig)
+    assert float(final.evidence["energy_kwh"] or 0) > 0, "the episode's energy on the feed"
+    meter = ctl.ingest.energy
+    assert meter is not None
+    truth = float(rig.sim.fleet.energy.sum()) - energy_from
+    last_w = float(rig.sim.fleet.energy.sum())  # the last frame ingested, and folded into the counters
+    await conftest.until(lambda: abs(sum(meter.last.values()) - last_w) < 1.0 and not meter.by_domain)
+    counted = metric(ctl.metrics, "energy_joules_total", domain="rack=r1")
+    assert counted == pytest.approx(truth, rel=0.05), "the rack's energy, as the GPUs' counters say"
+    job = metric(ctl.metrics, "job_energy_joules_total", job="job-1")
+    assert 0.3 * counted < job < 0.7 * counted, "job-1 ran on one of the two nodes"
     assert max(capped_draw) <= budget_kw * 1000 * 1.02, (
         f"capped under the budget: {capped_draw} vs {budget_kw}"
     )
