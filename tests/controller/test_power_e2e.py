@@ -71,7 +71,8 @@ class Rig:
                 "restore_step_percent": 25.0, "hysteresis_percent": 5.0, **budget,
             }], **(controller or {}),
         )  # fmt: skip
-        bus = await natsbus.NatsBus.connect(self.harness.srv.url, name="controller-power")
+        name = f"controller-power-{len(self.harness.controllers)}"
+        bus = await natsbus.NatsBus.connect(self.harness.srv.url, name=name)
         self.ctl = await service.build(
             s, bus, scheduler=testing.RecordingActuator(),
             power=lambda c: power.PowerActuator(bus, c, c.subjects, s.actuators),
@@ -189,6 +190,29 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
     assert stored is not None
     assert stored.value["capped_w"] == {}
+
+
+async def test_a_new_leader_carries_the_episode_on_from_kv_and_restores_what_the_old_one_capped(
+    rig: Rig, tmp_path: pathlib.Path
+) -> None:
+    budget_kw = round(0.8 * rig.full_w / 1000.0, 3)
+    first = await rig.start(tmp_path, contract_kw=budget_kw)
+    await rig.until(lambda: first.leader)
+    second = await rig.start(tmp_path, contract_kw=budget_kw)
+    await rig.until(rig.caps_done)
+    assert first.leader
+    assert not second.leader
+    assert second.power_budgets.states is None, "a standby keeps no state of its own"
+    await rig.harness.crash(first)  # SIGKILL: no lease release, nothing saved on the way out
+
+    steady(rig.sim, workloads.IDLE)  # load drops while the new leader takes over
+    await rig.until(rig.resolved, timeout=90)
+    assert second.leader
+    final = assert_one_restored_episode(rig)  # the same incident, restored by the new leader
+    assert final.evidence["cycles"] == 1, "one cap cycle: the new leader did not start another"
+    assert second.lease.token is not None
+    for n in range(2):  # the agents last obeyed the new leader's fencing token: it sent the restores
+        assert rig.fleet.executor(n).fencing_token == second.lease.token
 
 
 async def healer(url: str, *args: str) -> tuple[int, str]:
