@@ -215,6 +215,29 @@ async def test_a_new_leader_carries_the_episode_on_from_kv_and_restores_what_the
         assert rig.fleet.executor(n).fencing_token == second.lease.token
 
 
+async def test_a_dry_run_plans_the_episode_once_and_touches_no_gpu(rig: Rig, tmp_path: pathlib.Path) -> None:
+    ctl = await rig.start(tmp_path, {"mode": "dry-run"}, contract_kw=round(0.8 * rig.full_w / 1000.0, 3))
+
+    def planned(kind: str) -> int:
+        ev = domain_events(rig.harness)
+        return sum(a.kind == kind and a.status == "planned" for a in (ev[-1].data.actions if ev else []))
+
+    await rig.until(lambda: planned("power_limit") >= GPUS)
+    for _ in range(15):  # several hold times at full load: the planned caps are taken as holding
+        await rig.fleet.tick(STEP_S)
+        await asyncio.sleep(0.2)
+    assert planned("power_limit") == GPUS, "planned once, not again every hold time"
+    assert rig.all_at_default(), "a dry run changes no GPU"
+    assert ctl.power_budgets.views["rack=r1"].phase is power_budget.Phase.CAPPED
+
+    steady(rig.sim, workloads.IDLE)
+    await rig.until(rig.resolved, timeout=90)
+    assert planned("restore_power_limit") == GPUS
+    assert rig.all_at_default()
+    [opened] = [e for e in domain_events(rig.harness) if e.change == "opened"]
+    assert opened.data.mode == "dry-run"
+
+
 async def healer(url: str, *args: str) -> tuple[int, str]:
     """The real ``healer`` command, as a person runs it."""
     proc = await asyncio.create_subprocess_exec(
