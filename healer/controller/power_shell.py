@@ -183,7 +183,9 @@ class PowerShell:
     async def save(self, budget: config.PowerBudget, state: power_budget.DomainState) -> None:
         assert self.states is not None
         if self.states.get(budget.domain) != state:
-            await self.store.put(kv_key(budget), state.dump())
+            await self.store.put(
+                kv_key(budget), {**state.dump(), "domain": budget.domain}
+            )  # the page reads it
             self.states[budget.domain] = state
 
     async def tick(self, now: float) -> None:
