@@ -46,6 +46,7 @@ from healer.controller import (
     power_budget,
     role,
     shared_cause,
+    stragglers,
     topology,
 )
 from healer.controller import metrics as controller_metrics
@@ -85,6 +86,35 @@ def mean_clock(frames: Mapping[str, Sequence[Mapping[str, object]]]) -> float | 
         float(v) for gs in frames.values() for g in gs if isinstance(v := g.get("sm_clock_mhz"), int | float)
     ]
     return round(sum(clocks) / len(clocks), 1) if clocks else None
+
+
+KEPT = ("energy_start_j", "capped_at")
+"""Evidence a step keeps from the incident's first cap."""
+JOBS_MAX = 20
+"""At most this many jobs' step times in a power-budget incident's evidence."""
+
+
+def job_cost(
+    steps: stragglers.StepTimes,
+    running: Sequence[str],
+    capped_at: float | None,
+    evidence: Mapping[str, object],
+) -> dict[str, float | int | str | bool | None]:
+    """What a cap cost the domain's jobs, from their step reports (``healer.steps.<job>``): each job's
+    median step time in its last window before the first cap (``step_s_before.<job>``), and in its last
+    window that began after it (``step_s_capped.<job>``; ``step_s_cost.<job>``: capped / before - 1)."""
+    out: dict[str, float | int | str | bool | None] = {}
+    for job in sorted(set(running))[:JOBS_MAX]:
+        js = steps.jobs.get(job)
+        if js is None or js.current_s is None:
+            continue
+        before = evidence.get(f"step_s_before.{job}")
+        if capped_at is None:
+            out[f"step_s_before.{job}"] = round(js.current_s, 4)  # the first cap: the last window before
+        elif isinstance(before, int | float) and js.started - stragglers.STEP_WINDOW_S >= capped_at:
+            out[f"step_s_capped.{job}"] = round(js.current_s, 4)
+            out[f"step_s_cost.{job}"] = round(js.current_s / float(before) - 1.0, 4)
+    return out
 
 
 def planned(
@@ -332,13 +362,11 @@ class PowerShell:
             )
             params: dict[str, object] = {} if c.release else {"watts": c.to_w}
             inc.actions.append(book.PlannedAction(kind=c.kind, params=params, node=c.node, gpu_index=c.gpu))
-        kept = {k: v for k, v in inc.evidence.items() if k == "energy_start_j"}
+        kept = {k: v for k, v in inc.evidence.items() if k in KEPT or k.startswith("step_s_")}
         inc.evidence = {
-            **kept,
-            **self.evidence(budget, members, decision),
-            **self.energy(budget, inc),
-            **gpus,
-        }
+            **kept, **self.evidence(budget, members, decision), **self.energy(budget, inc), **gpus,
+            **self.cost(decision.changes, inc, now),
+        }  # fmt: skip
         if clock is not None:
             inc.evidence["sm_clock_before_mhz"] = clock  # the GPUs' mean SM clock before this step
         if caps:
@@ -362,11 +390,31 @@ class PowerShell:
         inc.evidence = {
             **inc.evidence,
             **self.energy(self.budget(str(inc.evidence.get("domain"))), inc),
+            **self.cost((), inc, now),
             "outcome": "restored",
             "capped_gpus": 0,
             "draw_w": round(decision.total_w, 1),
         }
         await self.shell.publish(inc, "resolved")
+
+    def cost(
+        self, changes: Sequence[power_budget.Change], inc: book.Incident, now: float
+    ) -> dict[str, float | int | str | bool | None]:
+        """The jobs' step times before the first cap and under it (``job_cost``); ``capped_at`` set once."""
+        fs = self.ingest.learning.failslow
+        if fs is None:
+            return {}
+        at = inc.evidence.get("capped_at")
+        capped_at = float(at) if isinstance(at, int | float) else None
+        running = [j for c in changes if (j := fs.jobs.job_of(c.node, c.gpu)) is not None]
+        if capped_at is not None:  # and the jobs measured at the first cap
+            running += [
+                k.removeprefix("step_s_before.") for k in inc.evidence if k.startswith("step_s_before.")
+            ]
+        out = job_cost(fs.steps, running, capped_at, inc.evidence)
+        if capped_at is None and any(not c.release for c in changes):
+            out["capped_at"] = now
+        return out
 
     def energy(
         self, budget: config.PowerBudget | None, inc: book.Incident
