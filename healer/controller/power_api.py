@@ -114,6 +114,8 @@ class PowerApi:
             detail = (
                 f"{req.domain}: holding {req.to_kw:g} kW ({to_w or 0:.0f} W for its GPUs) for {req.for_s:g} s"
             )
+            if budget is not None and (to_w or 0) >= budget.gpu_budget_w:
+                detail += f"; its own budget ({budget.gpu_budget_w:.0f} W) is lower and stays in force"
         return budgets.ShedResult(ok=True, detail=detail, status=status_of(view))
 
     async def on_status(self, msg: bus_base.Msg) -> None:

@@ -296,6 +296,9 @@ async def test_a_demand_response_shed_caps_the_rack_then_restores_it_when_it_end
     rc, out = await while_ticking(rig, healer(url, "power", "shed", "--domain", "rack=r9", "--to", "1"))
     assert rc == 1, "a domain without a budget is refused"
     assert "no power budget for 'rack=r9'" in out
+    rc, out = await while_ticking(rig, healer(url, *shed, "--to", "100000", "--for", "1m"))
+    assert rc == 0, out
+    assert "its own budget" in out, "a shed above the budget says it changes nothing"
     bad = await rig.harness.bus.request(
         ctl.subjects.power_shed, b'{"schema": "healer.power_shed.v1"}', timeout=5
     )
