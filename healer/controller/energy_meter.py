@@ -45,6 +45,8 @@ class EnergyMeter:
         self.by_job: dict[str, float] = {}
         self.job_seen: dict[str, float] = {}
         self.total_j: dict[str, float] = {}
+        self.job_total_j: dict[str, float] = {}
+        """Every job's joules since this process started (``job_joules``; dropped with the job)."""
         """Every domain's joules since this process started (what ``joules`` reads; kept past ``fold``)."""
         self.dropped_jobs = 0
         self._dropped_folded = 0
@@ -97,6 +99,7 @@ class EnergyMeter:
             self.total_j[d] = self.total_j.get(d, 0.0) + j
         for job, j in self.by_job.items():
             self.metrics.energy_job.labels(job).inc(j)
+            self.job_total_j[job] = self.job_total_j.get(job, 0.0) + j
         self.by_domain.clear()
         self.by_job.clear()
         if self.dropped_jobs > self._dropped_folded:
@@ -106,8 +109,15 @@ class EnergyMeter:
             log.warning("controller.energy_jobs_dropped", readings=new, jobs=len(self.job_seen), cap=MAX_JOBS)
         for job in [j for j, seen in self.job_seen.items() if now - seen > JOB_TTL_S]:
             del self.job_seen[job]
+            self.job_total_j.pop(job, None)
             with contextlib.suppress(KeyError):  # never folded: no series yet
                 self.metrics.energy_job.remove(job)
+
+    def job_joules(self, job: str) -> float | None:
+        """The job's joules counted so far, or None for a job not counted."""
+        if job not in self.job_seen:
+            return None
+        return self.job_total_j.get(job, 0.0) + self.by_job.get(job, 0.0)
 
     def joules(self, domain: str) -> float:
         """The domain's joules counted so far (folded and not yet folded)."""

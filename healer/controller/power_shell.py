@@ -89,6 +89,7 @@ def mean_clock(frames: Mapping[str, Sequence[Mapping[str, object]]]) -> float | 
 
 
 KEPT = ("energy_start_j", "capped_at")
+KEPT_PREFIXES = ("step_s_", "energy_start_j.", "energy_kwh.")
 """Evidence a step keeps from the incident's first cap."""
 JOBS_MAX = 20
 """At most this many jobs' step times in a power-budget incident's evidence."""
@@ -362,7 +363,7 @@ class PowerShell:
             )
             params: dict[str, object] = {} if c.release else {"watts": c.to_w}
             inc.actions.append(book.PlannedAction(kind=c.kind, params=params, node=c.node, gpu_index=c.gpu))
-        kept = {k: v for k, v in inc.evidence.items() if k in KEPT or k.startswith("step_s_")}
+        kept = {k: v for k, v in inc.evidence.items() if k in KEPT or k.startswith(KEPT_PREFIXES)}
         inc.evidence = {
             **kept, **self.evidence(budget, members, decision), **self.energy(budget, inc), **gpus,
             **self.cost(decision.changes, inc, now),
@@ -409,11 +410,23 @@ class PowerShell:
         running = [j for c in changes if (j := fs.jobs.job_of(c.node, c.gpu)) is not None]
         if capped_at is not None:  # and the jobs measured at the first cap
             running += [
-                k.removeprefix("step_s_before.") for k in inc.evidence if k.startswith("step_s_before.")
+                k.split(".", 1)[1]
+                for k in inc.evidence
+                if k.startswith(("step_s_before.", "energy_start_j."))
             ]
         out = job_cost(fs.steps, running, capped_at, inc.evidence)
         if capped_at is None and any(not c.release for c in changes):
             out["capped_at"] = now
+        if self.meter is not None:  # each job's energy since the first cap (``energy_kwh.<job>``)
+            for job in sorted(set(running))[:JOBS_MAX]:
+                joules = self.meter.job_joules(job)
+                start = inc.evidence.get(f"energy_start_j.{job}")
+                if joules is None:
+                    continue
+                if capped_at is None:
+                    out[f"energy_start_j.{job}"] = round(joules, 1)
+                elif isinstance(start, int | float):
+                    out[f"energy_kwh.{job}"] = round((joules - float(start)) / 3.6e6, 4)
         return out
 
     def energy(

@@ -69,8 +69,11 @@ def test_a_gpus_energy_goes_to_its_job_and_a_job_silent_for_an_hour_leaves_the_e
     em.fold(1.0)
     assert metric(m, "job_energy_joules_total", job="job-7") == pytest.approx(20.0), "GPU 1 only"
     assert metric(m, "job_energy_joules_total", job="job-8") == pytest.approx(40.0), "the node's job"
+    assert em.job_joules("job-7") == pytest.approx(20.0)
+    assert em.job_joules("job-unknown") is None
     em.fold(1.0 + energy_meter.JOB_TTL_S + 1)
     assert m.registry.get_sample_value("healer_controller_job_energy_joules_total", {"job": "job-7"}) is None
+    assert em.job_joules("job-7") is None, "forgotten with its series"
 
 
 def test_jobs_beyond_the_cap_are_not_counted_and_the_drop_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:

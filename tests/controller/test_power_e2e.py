@@ -175,6 +175,12 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     await rig.until(rig.resolved, timeout=90)
     final = assert_one_restored_episode(rig)
     assert float(final.evidence["energy_kwh"] or 0) > 0, "the episode's energy on the feed"
+    job_kwh = float(final.evidence["energy_kwh.job-1"] or 0)
+    assert (
+        0.3 * float(final.evidence["energy_kwh"] or 0)
+        < job_kwh
+        < 0.7 * float(final.evidence["energy_kwh"] or 0)
+    )
     meter = ctl.ingest.energy
     assert meter is not None
     truth = float(rig.sim.fleet.energy.sum()) - energy_from
