@@ -184,6 +184,8 @@ class PowerShell:
         it go into the incident (``draw_after_w``, ``sm_clock_after_mhz``): the cost of the cap."""
         self.lock = asyncio.Lock()
         """Held by a step and by a demand-response request (both change a domain's state)."""
+        for b in cs.power_budgets:  # every budget's series from the start, at 0
+            metrics.power_episodes.labels(b.domain)
 
     def budget(self, domain: str) -> config.PowerBudget | None:
         return next((b for b in self.cs.power_budgets if b.domain == domain), None)
