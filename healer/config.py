@@ -503,6 +503,14 @@ class ControllerSettings(_Group):
     power_budgets: list[PowerBudget] = pydantic.Field(default_factory=list)
     """Power budgets per failure domain (#30; docs/power-budgets.md): e.g. ``[{key: rack, value: r7,
     breaker_kw: 60, derating: 0.8}]``. Empty: no budget."""
+    energy_accounting: bool = False
+    """Energy per failure domain and per job (#30; docs/power-budgets.md) from the frames' NVML energy
+    counters: ``healer_controller_energy_joules_total{domain}`` and
+    ``healer_controller_job_energy_joules_total{job}`` on /metrics, and the energy of a power-budget
+    episode in its incident's evidence. Off: nothing is counted (a few microseconds per frame saved)."""
+    energy_keys: list[str] = pydantic.Field(default_factory=list)
+    """With ``energy_accounting``: the topology keys whose domains are counted (``[rack, pdu]``); empty:
+    every key of the admitted topology."""
     action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
     """A power cap on the same node for another incident waits at least this long (no flapping)."""
     actions_per_minute: int = pydantic.Field(default=60, ge=1)

@@ -56,6 +56,21 @@ class Subjects:
         return f"{self.prefix}.steps.{escape_node(job)}"
 
     @property
+    def power_shed(self) -> str:
+        """Demand response (#30): ask a budget's domain to hold a lower budget for a time (request/reply,
+        ``schemas/budgets.py``; the leader answers)."""
+        return f"{self.prefix}.power.shed"
+
+    @property
+    def power_status(self) -> str:
+        """Every power budget, its live draw, state and shed (request/reply; the leader answers)."""
+        return f"{self.prefix}.power.status"
+
+    @property
+    def all_power(self) -> str:
+        return f"{self.prefix}.power.*"
+
+    @property
     def all_steps(self) -> str:
         return f"{self.prefix}.steps.*"
 

@@ -26,6 +26,7 @@ GROUPS = [
     "healer.cli.agent_cmd",
     "healer.cli.controller_cmd",
     "healer.cli.fleet_cmd",
+    "healer.cli.power_cmd",
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
     "healer.cli.feed_cmd",

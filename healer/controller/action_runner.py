@@ -153,16 +153,17 @@ class ActionRunner:
         once the local gates allow)."""
         undo = actions.spec(action.kind)
         uncordon = undo.undoes_cordon and (action.on_resolve or undo.ladder_only)
+        node = action.node or inc.node
         return decide.Attempt(
             kind=action.kind,
             params=action.params,
             on_resolve=action.on_resolve,
-            node=inc.node,
+            node=node,
             incident_id=inc.id,
             now=now,
             mode=self.cs.mode,
             settings=self.cs,
-            excluded=self.exclusions.nodes.get(inc.node),
+            excluded=self.exclusions.nodes.get(node),
             limits=decide.LimitsView(),
             lease_valid=self.lease.token is not None and self.lease.valid(),
             cordon_ours=uncordon and decide.cordon_ours(inc),
@@ -176,18 +177,19 @@ class ActionRunner:
         now = self.clock()
         mode = self.cs.mode
         spec = actions.kind(action.kind)
+        node = action.node or inc.node  # a domain incident's action acts on one of its members
         if shared_cause.needless(inc, action.kind, action.on_resolve):
             action.facts = {**action.facts, shared_cause.RECOVERED_FACT: "true"}  # the ladder returns it
             return decide.Verdict.settle("skipped", shared_cause.RECOVERED_DETAIL)
         if not action.on_resolve:
-            domain = shared_cause.holding(inc.node, action.kind, self.book.open.values())
+            domain = shared_cause.holding(node, action.kind, self.book.open.values())
             if domain is not None:
                 return await self._shared_cause_held(domain, inc, action)
         attempt = self._attempt(inc, action, now)
         verdict = decide.gate(attempt, decide.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
-            limits = await self.limits.view(action.kind, inc.node, now)
-            rebooting = await self.shell.reboots(inc.node) if actions.spec(action.kind).reboots else 0
+            limits = await self.limits.view(action.kind, node, now)
+            rebooting = await self.shell.reboots(node) if actions.spec(action.kind).reboots else 0
             attempt = dataclasses.replace(attempt, limits=limits, reboots_elsewhere=rebooting)
             verdict = decide.gate(attempt, decide.STORED_GATES)
         if not verdict.allowed:
@@ -197,7 +199,7 @@ class ActionRunner:
         if spec.takes_out_of_service:
             breaker = self.breaker if mode == "enforce" else self.dry_breaker
             fleet = self.shell.fleet_size()
-            admission = await breaker.admit(inc.node, fleet, inc.id, self.shell.domains(inc.node))
+            admission = await breaker.admit(node, fleet, inc.id, self.shell.domains(node))
             if admission.held is not None:
                 return await self._domain_held(admission.held, inc)
             if admission.tripped:
@@ -210,7 +212,7 @@ class ActionRunner:
         request = actuators.ActionRequest(
             incident_id=inc.id,
             kind=spec.scheduler_verb or action.kind,
-            node=inc.node,
+            node=node,
             gpu_index=action.gpu_index if action.gpu_index is not None else inc.gpu_index,
             params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
             summary=(action.params.get("reason") or inc.summary)[:1024],
@@ -223,7 +225,7 @@ class ActionRunner:
         )
         if actuator is None:
             return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
-        await self.limits.record(action.kind, inc.node, inc.id, now)
+        await self.limits.record(action.kind, node, inc.id, now)
         outcome = await actuator.apply(request)
         if outcome.status == "failed-temporary":
             action.attempts += 1
@@ -234,6 +236,8 @@ class ActionRunner:
         detail = record.detail
         if outcome.dry_run and outcome.plan:
             detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
+        if action.node is not None:  # the feed's record names the member and GPU it acted on
+            detail = f"{node} gpu {request.gpu_index}: {detail}"
         return decide.Verdict.settle(outcome.status, detail)
 
     async def _shared_cause_held(

@@ -56,6 +56,9 @@ class PlannedAction(pydantic.BaseModel):
     gpu_index: int | None = None
     """The GPU this action acts on when it is not the incident's own: a per-GPU action (a power cap) of
     a node-wide incident, one for each GPU that fired (None: the incident's GPU, or the whole node)."""
+    node: str | None = None
+    """The node this action acts on when it is not the incident's own: a power-budget domain incident's
+    per-GPU limit changes (#30) act on the domain's member nodes (None: the incident's node)."""
 
 
 class Signal(pydantic.BaseModel):

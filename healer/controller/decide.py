@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from healer import config
-from healer.controller import blast, book
+from healer.controller import blast, book, power_budget
 from healer.rules import actions, engine, ruleset
 from healer.schemas import incidents
 
@@ -773,6 +773,7 @@ def ladder_step(inc: book.Incident, now: float, settings: config.ControllerSetti
     capped = any(a.kind == "power_limit" and a.status in incidents.TOOK_EFFECT for a in inc.actions)
     if (
         capped
+        and inc.rule_id != power_budget.RULE_ID  # a domain's budget cap is the remedy, not a failed one
         and inc.state == "open"
         and not any(a.kind == "cordon" for a in inc.actions)
         and now - inc.opened_at > settings.power_cap_escalate_s

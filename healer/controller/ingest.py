@@ -28,7 +28,7 @@ import structlog
 from healer import config, errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.controller import admission, drops, learning, role, throttle
+from healer.controller import admission, drops, energy_meter, learning, role, throttle
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 from healer.schemas import codec, events, telemetry
@@ -39,6 +39,8 @@ EVENTS_ACK_WAIT_S = 60.0
 """The events consumer's ack wait: an event delivered and not acknowledged is redelivered after it."""
 FETCH_LOG_S = 10.0
 """At most one ``controller.events_fetch_failed`` line per this many seconds (all are counted)."""
+ENERGY_TOPOLOGY_S = 30.0
+"""How often the energy meter re-reads which domains each node counts into."""
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -77,6 +79,11 @@ class Ingest:
         self.nodes: set[str] = set()
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
+        self.newest: dict[str, telemetry.FrameView] = {}
+        """Per node: its newest frame, kept only with ``power_budgets`` set (``power_shell`` reads it)."""
+        self.energy = energy_meter.EnergyMeter(metrics, cs.energy_keys) if cs.energy_accounting else None
+        """Energy per domain and job (``controller.energy_accounting``), from every frame ingested."""
+        self._topology_at = -math.inf
         self.unacked: list[Any] = []
         self.arrived = asyncio.Event()
         """Set when a pulled event matched an event rule: the ticker evaluates it at once, between ticks
@@ -172,6 +179,11 @@ class Ingest:
             self.learning.failslow.observe(frame)
         self.nodes.add(node)
         self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
+        if self.cs.power_budgets:
+            self.newest[node] = frame
+        if self.energy is not None:
+            fs = self.learning.failslow
+            self.energy.observe(frame, fs.jobs.job_of if fs is not None else None, now)
         if isinstance(frame, telemetry.NodeFrame):
             self.metrics.frames_lax.inc()
         self.metrics.frames.inc()
@@ -195,6 +207,9 @@ class Ingest:
         for node in forgotten.nodes:
             self.nodes.discard(node)
             self.power_limits.pop(node, None)
+            self.newest.pop(node, None)
+            if self.energy is not None:
+                self.energy.forget_node(node)
             if self.learning.failslow is not None:
                 self.learning.failslow.forget_node(node)
             self.metrics.nodes_forgotten.inc()
@@ -204,6 +219,12 @@ class Ingest:
     def account(self) -> None:
         """Once per tick: the frames buffer, frames dropped and reconnects since the last tick."""
         self.metrics.frames_pending.set(self.frames_sub.pending)
+        if self.energy is not None:
+            now = self.clock()
+            if now - self._topology_at >= ENERGY_TOPOLOGY_S:  # a new node's domains, an inventory change
+                self._topology_at = now
+                self.energy.set_topology(self.admission.topology().domains)
+            self.energy.fold(now)
         self.metrics.frames_dropped.inc(self.frames_sub.dropped - self._frames_dropped)
         self._frames_dropped = self.frames_sub.dropped
         self._drops.report(dropped=self._frames_dropped, bad=self._bad_frames.total)

@@ -18,7 +18,7 @@ import contextlib
 
 import structlog
 
-from healer.controller import book, healing, ingest, policy, role, shared_cause, shell
+from healer.controller import book, healing, ingest, policy, power_budget, role, shared_cause, shell
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -118,6 +118,8 @@ class Leadership:
                 continue  # the breaker's incident, a replacement: a person closes them
             if inc.rule_id == shared_cause.RULE_ID:
                 continue  # a domain incident resolves with its members (incident_shell.correlate_domains)
+            if inc.rule_id == power_budget.RULE_ID:
+                continue  # resolves when its domain is restored (power_shell)
             # A signal resolved already (or that never resolves) leaves the engine nothing to follow.
             for signal in (s for s in inc.signals if s.open):
                 restored = self.engine.restore(

@@ -158,6 +158,48 @@ class ControllerMetrics:
             "shared-cause domain incidents opened (several nodes of one failure domain faulting together)",
             registry=r,
         )
+        self.power_draw = prom.Gauge(
+            "healer_controller_power_draw_watts",
+            "a power-budget domain's GPUs' summed power draw at the last step (controller.power_budgets)",
+            ["domain"],
+            registry=r,
+        )
+        self.power_budget = prom.Gauge(
+            "healer_controller_power_budget_watts",
+            "what a power-budget domain's GPUs may draw now (the budget, or a lower demand-response shed)",
+            ["domain"],
+            registry=r,
+        )
+        self.power_capped = prom.Gauge(
+            "healer_controller_power_capped_gpus",
+            "GPUs of a power-budget domain held under healer's limit now",
+            ["domain"],
+            registry=r,
+        )
+        self.power_episodes = prom.Counter(
+            "healer_controller_power_episodes_total",
+            "power-budget incidents opened (a domain over its budget for its hold time, capped)",
+            ["domain"],
+            registry=r,
+        )
+        self.energy_domain = prom.Counter(
+            "healer_controller_energy_joules_total",
+            "energy drawn by a failure domain's GPUs (NVML energy counters; controller.energy_accounting)",
+            ["domain"],
+            registry=r,
+        )
+        self.energy_job = prom.Counter(
+            "healer_controller_job_energy_joules_total",
+            "energy drawn by a job's GPUs (NVML energy counters; controller.energy_accounting); a job not"
+            " seen for an hour leaves the exposition",
+            ["job"],
+            registry=r,
+        )
+        self.energy_jobs_dropped = prom.Counter(
+            "healer_controller_energy_jobs_dropped_total",
+            "GPU energy readings not counted to their job: more jobs than the energy meter's cap at once",
+            registry=r,
+        )
         self.domain_holds = prom.Counter(
             "healer_controller_domain_holds_total",
             "actions held because a failure domain was at its controller.domain_limits limit",

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 
 from healer import config
 
+RULE_ID = "power-budget"
+"""The rule id of a domain's power-budget incident (one per cap episode; ``power_shell`` opens it)."""
 AT_LIMIT = 0.97
 """A GPU drawing this fraction of its limit or more is held by it (its demand may be higher)."""
 

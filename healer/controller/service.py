@@ -13,6 +13,8 @@ This module only builds the controller and starts and stops it; each role has a 
   stopped (actions recorded as done are never repeated, every action carries the new fencing token);
 - ``housekeeping`` and ``reload`` — labels, admission, exclusions, the rule pack;
 - ``learning`` — the anomaly model and what it learned, kept in KV;
+- ``power_shell`` / ``power_api`` — power budgets per failure domain (#30), capped and restored through the
+  same actions; demand response and status on ``healer.power.shed`` / ``healer.power.status``;
 - ``readiness`` — /readyz.
 
 Every long-lived task (lease keeper, leadership, event puller, tick, housekeeping, feed) is supervised
@@ -52,6 +54,8 @@ from healer.controller import (
     learning,
     lease,
     policy,
+    power_api,
+    power_shell,
     readiness,
     reload,
     role,
@@ -178,6 +182,14 @@ class Controller:
             book=self.book, feed=self.feed, role=self.role, turn=turn, metrics=metrics, clock=clock,
             stop=stop, log=lg,
         )  # fmt: skip
+        self.power_budgets = power_shell.PowerShell(
+            cs, state=state, book=self.book, ingest=self.ingest, admission=self.admission,
+            shell=self.incidents, role=self.role, turn=turn, metrics=metrics, clock=clock, stop=stop, log=lg,
+        )  # fmt: skip
+        self.power_api = power_api.PowerApi(
+            bus, self.subjects, shell=self.power_budgets, role=self.role, holder=self.holder, metrics=metrics,
+            clock=clock, log=lg,
+        )  # fmt: skip
         self.readiness = readiness.Readiness(
             cs, bus=bus, engine=self.engine, learning=self.learning, role=self.role,
             supervisor=self.supervisor, metrics=metrics,
@@ -190,12 +202,15 @@ class Controller:
         self.metrics.rules_loaded.set(len(rules))
         await self.learning.restore()
         await self.ingest.subscribe()
+        await self.power_api.subscribe()
         self.supervisor.supervise("lease", lambda: self.lease.keep(self._stop, self.role.on_lease))
         self.supervisor.supervise("leadership", self.leadership.run)
         self.supervisor.supervise("events", self.ingest.pull_events)
         self.supervisor.supervise("ticks", self.ticker.run)
         self.supervisor.supervise("housekeeping", self.housekeeping.run)
         self.supervisor.supervise("feed", lambda: self.feed.run(self._stop))
+        if self.cs.power_budgets:
+            self.supervisor.supervise("power", self.power_budgets.run)
         self.log.info("controller.started", rules=len(rules), mode=self.cs.mode)
 
     async def stop(self) -> None:
@@ -215,6 +230,7 @@ class Controller:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.feed.flush(), timeout=6.0)
         await self.ingest.close()
+        await self.power_api.close()
         self.metrics.leader.set(0)
         self.log.info("controller.stopped")
 

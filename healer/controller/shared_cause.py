@@ -59,8 +59,14 @@ class Finding:
     @property
     def node(self) -> str:
         """The incident's ``node``: ``<key>.<value>``, in the characters a node name may have."""
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{self.key}.{self.value}")
-        return name if name[0].isalnum() else "d" + name
+        return domain_node(self.key, self.value)
+
+
+def domain_node(key: str, value: str) -> str:
+    """A domain incident's ``node`` (shared-cause, power-budget): ``<key>.<value>``, in the characters a
+    node name (and a KV key) may have."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{key}.{value}")
+    return name if name[0].isalnum() else "d" + name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import pydantic
 import pydantic_core
 
 from healer import errors
-from healer.schemas import commands, events, fastwire, incidents, stepreport, telemetry
+from healer.schemas import budgets, commands, events, fastwire, incidents, stepreport, telemetry
 
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest document accepted (a 256-GPU frame is ~270 KB); anything bigger is hostile or broken."""
@@ -175,6 +175,18 @@ def decode_command(data: bytes | str) -> commands.Command:
 
 def decode_command_result(data: bytes | str) -> commands.CommandResult:
     return _decode(commands.CommandResult, "command_result", data)
+
+
+def decode_shed(data: bytes | str) -> budgets.ShedRequest:
+    return _decode(budgets.ShedRequest, "power_shed", data)
+
+
+def decode_shed_result(data: bytes | str) -> budgets.ShedResult:
+    return _decode(budgets.ShedResult, "power_shed_result", data)
+
+
+def decode_power_status(data: bytes | str) -> budgets.PowerStatus:
+    return _decode(budgets.PowerStatus, "power_status", data)
 
 
 def decode_step(data: bytes | str) -> stepreport.StepReport:

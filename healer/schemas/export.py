@@ -8,7 +8,7 @@ from typing import Any
 
 import pydantic
 
-from healer.schemas import commands, events, incidents, stepreport, telemetry
+from healer.schemas import budgets, commands, events, incidents, stepreport, telemetry
 
 DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "node-frame.v1.json": telemetry.NodeFrame,
@@ -19,6 +19,9 @@ DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "incident-event.v1.json": incidents.IncidentEvent,
     "rules-rejected-event.v1.json": incidents.RulesRejectedEvent,
     "step-report.v1.json": stepreport.StepReport,
+    "power-shed.v1.json": budgets.ShedRequest,
+    "power-shed-result.v1.json": budgets.ShedResult,
+    "power-status.v1.json": budgets.PowerStatus,
 }
 
 

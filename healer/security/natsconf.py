@@ -133,11 +133,12 @@ def node_permissions(subj: subjects.Subjects, node: str) -> Permissions:
 
 def controller_permissions(subj: subjects.Subjects, name: str) -> Permissions:
     """Read everything healer publishes; publish commands and incidents; own the JetStream assets
-    (provisioning, consumers, KV state and leases)."""
+    (provisioning, consumers, KV state and leases); answer power-budget requests (``healer.power.*``)."""
     return Permissions(
         publish=(
             subj.all_commands,
             subj.all_incidents,
+            subj.all_power,  # `healer power shed|status` run with the controller's credential
             _js_api(">"),
             "$JS.ACK.>",
             "$JS.FC.>",
@@ -150,8 +151,10 @@ def controller_permissions(subj: subjects.Subjects, name: str) -> Permissions:
             subj.all_events,
             subj.all_commands,
             subj.all_incidents,
+            subj.all_power,
             subj.inbox("controller", name) + ".>",
         ),
+        allow_responses=True,  # the leader answers healer.power.shed / .status requests
     )
 
 

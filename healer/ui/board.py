@@ -131,6 +131,8 @@ class Board:
         """Ids of incidents the feed has resolved (bounded), so that a late KV seed cannot revive them."""
         self.breaker: dict[str, Any] = {"open": False, "entries": []}
         self.exclusions: dict[str, dict[str, Any]] = {}
+        self.power: dict[str, dict[str, Any]] = {}
+        """Power budgets' states by KV key suffix (``rack.r7``), from the controller's KV (#30)."""
         self.node_labels: dict[str, dict[str, str]] = {}
         self.rejected_rules: dict[str, Any] | None = None
         self.history: collections.OrderedDict[str, collections.OrderedDict[str, dict[str, Any]]] = (
@@ -365,9 +367,30 @@ class Board:
             self.exclusions[node] = doc
         self.version += 1
 
+    def set_power(self, key: str, doc: dict[str, Any] | None) -> None:
+        """A power budget's state from KV (``power.<key>.<value>``, #30): what healer holds down, a shed."""
+        if doc is None:
+            self.power.pop(key, None)
+        else:
+            self.power[key] = doc
+        self.version += 1
+
+    def power_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for key, doc in sorted(self.power.items()):
+            capped = doc.get("capped_w")
+            rows.append({
+                "domain": str(doc.get("domain") or key),
+                "capped_gpus": len(capped) if isinstance(capped, dict) else 0,
+                "shed_to_w": doc.get("shed_to_w"), "shed_until": doc.get("shed_until"),
+                "cycles": len(doc.get("cycles") or []),
+            })  # fmt: skip
+        return rows
+
     def safety(self) -> dict[str, Any]:
         b = self.breaker
         return {
+            "power": self.power_rows(),
             "breaker": {
                 "open": bool(b.get("open")),
                 "reason": b.get("reason"),

@@ -4,8 +4,9 @@
   controller), decoded with the controller's strict fast path;
 - the incident feed: ``healer.feed.tail``'s ephemeral ordered consumer, from ``feed_window_s`` ago, then
   following (incidents, their timelines, the recent feed);
-- the controller's KV bucket: ``healer.bus.kvwatch`` (current values, then changes) for the breaker and
-  the exclusions, and, once at start, the open incidents the feed window does not reach;
+- the controller's KV bucket: ``healer.bus.kvwatch`` (current values, then changes) for the breaker,
+  the exclusions and the power budgets' states (GPUs capped, a demand-response shed), and, once at
+  start, the open incidents the feed window does not reach;
 - the events stream: an ordered consumer from ``feed_window_s`` ago, then following, for each node's XID
   history (the per-node view). A page without read access to it (a feed identity) logs that once and
   shows no XIDs; the rest works.
@@ -36,6 +37,7 @@ log = structlog.get_logger(__name__)
 BREAKER_KEY = "breaker"
 EXCLUDE_PREFIX = "exclude."
 INCIDENT_PREFIX = "incident."
+POWER_PREFIX = "power."
 """The controller's KV keys (healer.controller.policy / incidents); read here, never written."""
 
 
@@ -169,6 +171,8 @@ class Sources:
                 board.set_breaker(doc)
             elif change.key.startswith(EXCLUDE_PREFIX):
                 board.set_exclusion(change.key.removeprefix(EXCLUDE_PREFIX), doc)
+            elif change.key.startswith(POWER_PREFIX):
+                board.set_power(change.key.removeprefix(POWER_PREFIX), doc)
             elif change.key.startswith(INCIDENT_PREFIX):
                 if not ready and doc is not None and board.seed(doc):
                     shown = board.open.get(str(doc.get("id")))

@@ -114,6 +114,8 @@ ONE_SHOT = [
     ["breaker", "status"],
     ["exclude", "list"],
     ["nats", "provision"],
+    ["power", "status"],
+    ["power", "shed", "--domain", "rack=r7", "--to", "40"],
 ]
 
 

@@ -68,7 +68,16 @@ def _processes(tmp: pathlib.Path) -> Iterator[dict[str, int]]:
         with embedded.EmbeddedServer(tmp / "nats") as nats:
             url = nats.url
             config = tmp / "healer.yaml"
-            config.write_text("controller:\n  tick_s: 0.5\n  admission: first-seen\n")
+            # The power row: both nodes in rack r1 with a budget above their draw, energy counted, and
+            # agent-a's GPU 0 running job-7 (its job-mapping directory, as a Slurm prolog writes it).
+            (tmp / "nodes.yaml").write_text("nodes:\n  gpu-a: {rack: r1}\n  gpu-b: {rack: r1}\n")
+            (tmp / "jobs").mkdir()
+            (tmp / "jobs" / "0").write_text("job-7\n")
+            config.write_text(
+                "controller:\n  tick_s: 0.5\n  admission: file\n"
+                f"  inventory_file: {tmp / 'nodes.yaml'}\n  energy_accounting: true\n"
+                "  power_budgets: [{key: rack, value: r1, contract_kw: 100}]\n"
+            )
             # The fabric row: agent-a an InfiniBand node with a running Fabric Manager (a /proc with its
             # process), agent-b a RoCE node, both as recorded sysfs trees (tests/fixtures/sysfs).
             fixtures = ROOT / "tests" / "fixtures" / "sysfs"
@@ -82,6 +91,7 @@ def _processes(tmp: pathlib.Path) -> Iterator[dict[str, int]]:
                 **os.environ,
                 "HEALER_AGENT_FABRIC_MANAGER": "on",
                 "HEALER_AGENT_PROC_ROOT": str(tmp / "proc"),
+                "HEALER_AGENT_JOB_MAP_DIR": str(tmp / "jobs"),
             }
             commands = {
                 "controller": [

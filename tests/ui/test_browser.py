@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from healer import config, testing
-from healer.bus import embedded
+from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
+from healer.controller import kv, power_budget, power_shell
 from healer.ui import server
 from tests.controller import conftest as ctl
 from tests.ui import conftest as ui_conftest
@@ -210,3 +211,34 @@ async def _is(page: Page, node: str, gpu: int, colour: str) -> bool:
 
 async def _not(value: Any) -> bool:
     return not await value
+
+
+async def test_a_capped_rack_and_its_shed_show_in_the_safety_panel(
+    stack: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    h: ctl.Harness = stack["harness"]
+    store = kv.Store(await h.bus.key_value(subjects.Subjects().kv_state))
+    budget = config.PowerBudget(key="rack", value="r1", contract_kw=3)
+    state = power_budget.DomainState(
+        capped_w={"gpu-a01/0": 400.0, "gpu-a02/1": 400.0}, shed_to_w=2500.0, shed_until=time.time() + 900
+    )
+    driver = await asyncio.to_thread(ui_conftest.start_chromium, tmp_path)
+    try:
+        page = Page(driver)
+        await asyncio.to_thread(driver.get, stack["ui"].url)
+        await page.until(
+            "the snapshot", lambda: page.js("return window.healerUi && window.healerUi.state.ready")
+        )
+        assert await page.js("return document.getElementById('power').textContent") == ""
+        await store.put(power_shell.kv_key(budget), {**state.dump(), "domain": budget.domain})  # as the shell
+        text = await page.until(
+            "the power line", lambda: page.js("return document.getElementById('power').textContent")
+        )
+        assert "power rack=r1: 2 GPU(s) capped" in text
+        assert "demand response: 2.5 kW" in text
+        await store.put(power_shell.kv_key(budget), power_budget.DomainState().dump())  # restored
+        await page.until(
+            "the line gone", lambda: page.js("return document.getElementById('power').textContent === ''")
+        )
+    finally:
+        await asyncio.to_thread(driver.quit)

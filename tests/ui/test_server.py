@@ -18,7 +18,7 @@ import pytest
 from healer import cli, config, errors
 from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller import book, kv, policy
+from healer.controller import book, kv, policy, power_budget, power_shell
 from healer.ui import board, fleet, live, server
 from tests.controller import conftest as ctl_conftest
 
@@ -197,6 +197,30 @@ async def test_breaker_and_exclusions_are_pushed_from_kv_and_old_incidents_are_s
         safety = await stream.next("safety")
         assert safety["breaker"]["open"]
         assert safety["breaker"]["reason"] == "too many"
+
+
+@pytest.mark.nats
+async def test_a_power_budgets_caps_and_shed_are_pushed_from_kv(page: dict[str, Any]) -> None:
+    store: kv.Store = page["store"]
+    async with aiohttp.ClientSession() as http, http.get(page["ui"].url + "api/events") as r:
+        stream = Stream(r)
+        await stream.next("snapshot")
+        budget = config.PowerBudget(key="rack", value="r7", contract_kw=40)
+        state = power_budget.DomainState(
+            capped_w={"gpu-1/0": 500.0, "gpu-1/1": 500.0},
+            original_w={"gpu-1/0": 700.0, "gpu-1/1": 700.0},
+            cycles=(1.0,),
+            shed_to_w=28000.0,
+            shed_until=time.time() + 600,
+        )
+        await store.put(power_shell.kv_key(budget), {**state.dump(), "domain": budget.domain})  # as the shell
+        safety = await stream.next("safety")
+        while not safety["power"]:
+            safety = await stream.next("safety")
+        assert safety["power"] == [
+            {"domain": "rack=r7", "capped_gpus": 2, "shed_to_w": 28000.0,
+             "shed_until": pytest.approx(time.time() + 600, abs=30), "cycles": 1}
+        ]  # fmt: skip
 
 
 @pytest.mark.nats

@@ -240,6 +240,15 @@
       if (b.nodes.length > 60) list.append(el("span", "muted", ` … and ${b.nodes.length - 60} more`));
       box.append(list);
     }
+    const pw = $("power");
+    pw.replaceChildren();
+    for (const p of safety.power || []) { // power budgets (#30): what healer holds down, a shed
+      const shed = p.shed_to_w !== null && p.shed_to_w !== undefined && p.shed_until && p.shed_until * 1000 > Date.now();
+      if (!p.capped_gpus && !shed) continue;
+      const parts = [`power ${p.domain}: ${p.capped_gpus} GPU(s) capped to its budget`];
+      if (shed) parts.push(`demand response: ${num(p.shed_to_w / 1000, 1)} kW for its GPUs until ${hhmmss(p.shed_until)} UTC`);
+      pw.append(el("div", "power-capped", parts.join(" · ")));
+    }
     const ex = $("exclusions");
     ex.replaceChildren();
     S.excluded = new Set(safety.exclusions.map((e) => e.node));
