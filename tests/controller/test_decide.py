@@ -243,10 +243,11 @@ def test_the_catalogue_says_who_runs_each_action() -> None:
     )
     assert {k for k, a in actions.CATALOG.items() if a.actuator is actions.Actuator.GPU} == {
         "reset_gpu",
+        "reset_port",
         "validate",
     }
     assert set(actions.CATALOG) - set(actions.RULE_KINDS) == {
-        "validate", "reboot_node", "return_to_service", "hardware_replacement",
+        "validate", "reset_port", "reboot_node", "return_to_service", "hardware_replacement",
     }  # fmt: skip
     with pytest.raises(ValueError, match="recovery-ladder step"):
         actions.build("reboot_node", None)
