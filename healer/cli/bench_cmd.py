@@ -47,7 +47,13 @@ def register(sub: Any) -> None:
         "stragglers",
         help="fail-slow scorer on the shared independent fleet: false stragglers, detection, CPU share",
     )
-    st.add_argument("--generator", required=True, help="path of the independent fleet's gen.py")
+    fleet = st.add_mutually_exclusive_group(required=True)
+    fleet.add_argument("--generator", help="path of the independent fleet's gen.py")
+    fleet.add_argument(
+        "--simulator",
+        action="store_true",
+        help="healer's own simulator instead: multi-node jobs (1-8 nodes), clock-limited GPUs (a hypothesis)",
+    )
     st.add_argument("--nodes", type=int, default=50, help="nodes per run (default %(default)s)")
     st.add_argument("--hours", type=float, default=6.0, help="simulated hours per run (default %(default)s)")
     st.add_argument(
@@ -80,4 +86,6 @@ def _stragglers(args: argparse.Namespace) -> int:
     from healer.controller import straggler_eval
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    return straggler_eval.main(args.generator, args.nodes, args.hours, seeds, args.faults, args.json)
+    return straggler_eval.main(
+        None if args.simulator else args.generator, args.nodes, args.hours, seeds, args.faults, args.json
+    )

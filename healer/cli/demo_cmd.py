@@ -25,7 +25,8 @@ DESCRIPTION = """\
 Starts an embedded nats-server, the controller (enforce mode, default rule pack, log actuator unless
 --actuator slurm) and a simulated fleet (32 nodes x 8 GPUs) running a scripted scenario: a GPU overheats
 and is power-capped until it cools, a DBE / XID 48 gets its node cordoned and its work migrated, NVLink CRC
-errors and a silent node get cordoned, then a mass fault trips the circuit breaker. A live view shows it
+errors and a silent node get cordoned, a GPU that clocks low and slows its 4-node job is named as a
+straggler and its node drained, then a mass fault trips the circuit breaker. A live view shows it
 on a terminal (plain lines otherwise); the run ends with a summary. Everything it started is stopped at
 the end or on Ctrl-C."""
 

@@ -28,7 +28,7 @@ import pathlib
 import sys
 import time
 from types import ModuleType
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -161,6 +161,115 @@ def run_seed(
     }
 
 
+SIM_SCENARIO: Final = {
+    "name": "bench-stragglers",
+    "workload": {"training": 0.8, "inference": 0.1, "idle": 0.1},
+    "job_nodes": (1, 8),
+    "variation": {
+        "split_share": 0.2,
+        "iteration_period_s": (0.5, 10.0),
+        "iteration_low_frac": (0.5, 0.9),
+        "checkpoint_period_s": (1200.0, 2400.0),
+        "checkpoint_s": (20.0, 180.0),
+        "restarts_per_hour": (0.1, 1.0),
+    },
+}
+"""healer's own simulator for ``--simulator``: jobs on 1 to 8 nodes (gangs of consecutive nodes), a
+fifth of the single nodes split 4+4, training power oscillating every 0.5-10 s, checkpoints, restarts."""
+
+
+def run_sim_seed(
+    nodes: int, hours: float, seed: int, faults: int, settings: stragglers.Settings
+) -> dict[str, Any]:
+    """One run on healer's own simulator (``SIM_SCENARIO``) with ``faults`` clock-limited GPUs
+    (``clock_limit``, 10-20 %, whose jobs wait for them, on every node of the job), as ``run_seed``."""
+    from healer.sim import scenarios
+
+    rng = np.random.default_rng(seed + 7919)
+    chosen = [int(x) for x in rng.choice(nodes, size=min(faults, nodes), replace=False)] if faults else []
+    plan = [
+        Fault(
+            kind="clock_limited_gpu",
+            node=n,
+            gpu=int(rng.integers(0, 8)),
+            onset_s=float(rng.uniform(1800.0, max(1900.0, hours * 3600.0 - 900.0))),
+            magnitude=float(rng.uniform(0.10, 0.20)),
+        )
+        for n in chosen
+    ]
+    entries = [
+        {
+            "kind": "clock_limit",
+            "at_s": f.onset_s,
+            "nodes": [f.node],
+            "gpu": f.gpu,
+            "params": {"drop": f.magnitude},
+        }
+        for f in plan
+    ]
+    sc = scenarios.Scenario.model_validate({**SIM_SCENARIO, "faults": entries})
+    sim = scenarios.build(sc, nodes=nodes, gpus=8, seed=seed)
+    fl = sim.fleet
+    scorer = stragglers.Scorer(settings)
+    names = [f"n{i}" for i in range(nodes)]
+    keys = [(names[i], g) for i in range(nodes) for g in range(8)]
+    idx = np.array([scorer.slot(*k) for k in keys])
+    t, cost_s, steps, interval = 0.0, 0.0, int(hours * 3600 / 5.0), 5.0
+    last_episode: dict[tuple[str, int | None], float] = {}
+    confirmed_before: set[tuple[str, int | None]] = set()
+    episodes = 0
+    for _ in range(steps):
+        sim.step(interval)
+        t += interval
+        util = fl.util
+        for f in plan:
+            if t >= f.onset_s and f.loaded_s is None and util[f.node, f.gpu or 0] >= stragglers.LOAD_UTIL_PCT:
+                f.loaded_s = t - f.onset_s
+        link = (fl.pcie_gen < fl.pcie_gen_max) | (fl.nvlink_up < fl.nvlink_total)
+        started = time.process_time()
+        scorer.observe_arrays(
+            idx,
+            util.ravel(),
+            (fl.sm_clock / fl.sm_max).ravel(),
+            (fl.power / fl.power_limit).ravel(),
+            fl.reasons.ravel(),
+            link.ravel().astype(np.float64),
+        )
+        if scorer.due(t):
+            jobs = fl.job.ravel().tolist()
+            job_of = {k: (None if j < 0 else f"j{j}") for k, j in zip(keys, jobs, strict=True)}
+            scorer.score(t, job_of)
+            cost_s += time.process_time() - started
+            now_confirmed = set(scorer.stragglers)
+            for key in now_confirmed - confirmed_before:
+                node_i = int(key[0][1:])
+                fault = next((f for f in plan if f.node == node_i and t >= f.onset_s), None)
+                if fault is not None and _names(fault, key):
+                    if fault.found_s is None:
+                        fault.found_s = t - fault.onset_s
+                    continue
+                if fault is not None:
+                    continue  # another GPU of a faulty node: not counted as healthy
+                if t - last_episode.get(key, -math.inf) >= EPISODE_S:
+                    episodes += 1
+                    last_episode[key] = t
+            confirmed_before = now_confirmed
+        else:
+            cost_s += time.process_time() - started
+    healthy_node_s = nodes * hours * 3600.0 - sum(hours * 3600.0 - f.onset_s for f in plan)
+    return {
+        "seed": seed,
+        "nodes": nodes,
+        "hours": hours,
+        "gpus": nodes * 8,
+        "false_episodes": episodes,
+        "healthy_node_days": healthy_node_s / 86400.0,
+        "faults": [dataclasses.asdict(f) for f in plan],
+        "cpu_s": cost_s,
+        "sim_s": hours * 3600.0,
+    }
+
+
 def _names(fault: Fault, key: tuple[str, int | None]) -> bool:
     if fault.kind == "clock_limited_node":
         return True  # the node, or any of its GPUs (the rule folds them into one node incident)
@@ -218,24 +327,31 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(
-    generator: str,
+    generator: str | None,
     nodes: int,
     hours: float,
     seeds: list[int],
     faults: int,
     as_json: bool = False,
 ) -> int:
+    """``generator`` None: healer's own simulator (``run_sim_seed``): a hypothesis, not an independent
+    fleet."""
     import json
 
-    gen = load_generator(generator)
     settings = stragglers.Settings()
-    results = [run_seed(gen, nodes, hours, s, faults, settings) for s in seeds]
+    if generator is None:
+        results = [run_sim_seed(nodes, hours, s, faults, settings) for s in seeds]
+        fleet = "healer's own simulator (multi-node jobs of 1-8 nodes; its physics, a hypothesis)"
+    else:
+        gen = load_generator(generator)
+        results = [run_seed(gen, nodes, hours, s, faults, settings) for s in seeds]
+        fleet = "shared independent H100 generator"
     summary = summarize(results)
     if as_json:
-        print(json.dumps({"summary": summary, "runs": results}, indent=2))
+        print(json.dumps({"fleet": fleet, "summary": summary, "runs": results}, indent=2))
         return 0
     tuning = "tuning seeds (< 1000)" if all(s < 1000 for s in seeds) else "final seeds (>= 1000)"
-    print(f"fleet: shared independent H100 generator, {nodes} nodes x {hours:g} h, seeds {seeds} ({tuning})")
+    print(f"fleet: {fleet}, {nodes} nodes x {hours:g} h, seeds {seeds} ({tuning})")
     print(
         f"false stragglers: {summary['false_stragglers']} in {summary['healthy_node_days']} healthy node-days"
         f" ({summary['false_per_1000_node_days']} per 1,000;"

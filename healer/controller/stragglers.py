@@ -402,6 +402,9 @@ PORT_ERRORS: Final = (
     "symbol_error", "link_downed", "port_rcv_errors", "port_xmit_discards", "local_link_integrity_errors",
 )  # fmt: skip
 PORT_CONGESTION: Final = "port_xmit_wait"
+CONGESTED_WAIT_PER_S: Final = 1e7
+"""A port is congested when its ``port_xmit_wait`` rises this fast (ticks a second, the default pack's
+``rdma-port-congested`` threshold): a healthy busy port's counter rises too, far slower."""
 PORT_BASE_S: Final = 600.0
 """A node's port counters are compared with what they were up to this long ago (then the base moves)."""
 
@@ -414,6 +417,7 @@ class PortWatch:
         self._base: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}
         self._last: dict[str, dict[str, dict[str, int]]] = {}
         self._rate: dict[str, dict[str, float]] = {}
+        self._last_ts: dict[str, float] = {}
 
     def observe(self, frame: telemetry.FrameView) -> None:
         ports = getattr(frame, "ports", None)
@@ -429,12 +433,13 @@ class PortWatch:
             if p.rate_gbps is not None:
                 rates[name] = float(p.rate_gbps)
         self._last[frame.node], self._rate[frame.node] = now, rates
+        self._last_ts[frame.node] = frame.ts
         base = self._base.get(frame.node)
         if base is None or frame.ts - base[0] >= PORT_BASE_S:
             self._base[frame.node] = (frame.ts, now)
 
     def forget_node(self, node: str) -> None:
-        for d in (self._base, self._last, self._rate):
+        for d in (self._base, self._last, self._rate, self._last_ts):
             d.pop(node, None)
 
     def evidence(self, node: str) -> dict[str, float | str]:
@@ -444,14 +449,16 @@ class PortWatch:
         slow = sorted(name for name, r in rates.items() if r < top)
         if slow:
             out["straggler.ports_down_trained"] = ",".join(f"{n}@{rates[n]:g}G/{top:g}G" for n in slow)
-        base = self._base.get(node, (0.0, {}))[1]
+        base_ts, base = self._base.get(node, (0.0, {}))
+        span = self._last_ts.get(node, base_ts) - base_ts
         erroring, waiting = [], []
         for name, counters in self._last.get(node, {}).items():
             before = base.get(name, {})
             rose = sum(max(0, counters.get(k, 0) - before.get(k, 0)) for k in PORT_ERRORS if k in before)
             if rose:
                 erroring.append(f"{name}+{rose}")
-            if PORT_CONGESTION in before and counters.get(PORT_CONGESTION, 0) > before[PORT_CONGESTION]:
+            wait = counters.get(PORT_CONGESTION, 0) - before.get(PORT_CONGESTION, 0)
+            if PORT_CONGESTION in before and span > 0 and wait >= CONGESTED_WAIT_PER_S * span:
                 waiting.append(name)
         if erroring:
             out["straggler.ports_erroring"] = ",".join(sorted(erroring))

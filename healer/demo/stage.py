@@ -18,10 +18,11 @@ import importlib.resources
 import pathlib
 import shutil
 
+import numpy as np
 import yaml
 
 from healer import errors
-from healer.sim import scenarios, simulation
+from healer.sim import faults, scenarios, simulation, workloads
 
 
 class SetupError(errors.PermanentError):
@@ -157,7 +158,9 @@ def build_fleet(
 
     Each GPU that a ``cooling_degradation`` fault targets gets nominal cooling (the simulator otherwise
     draws every GPU's cooling within ±4 %): the story's timing (hot enough to fire, cool enough under an
-    80 % cap to resolve) is tuned for nominal cooling and must not depend on the seed.
+    80 % cap to resolve) is tuned for nominal cooling and must not depend on the seed. Likewise the job a
+    fail-slow fault slows does not checkpoint during the story (a checkpoint is no load: the straggler
+    scorer would wait it out, past the demo's end).
     """
     shifted = [
         f.model_copy(
@@ -177,9 +180,16 @@ def build_fleet(
         start_ts=start_ts - warmup_s,
         run_id=scenarios.fresh_run_id(),
     )
+    work = sim.fleet.work
     for _, _, fault in sim.injector.pending:
         if fault.kind == "cooling_degradation" and fault.gpu is not None:
             sim.fleet.cool_base[fault.node, fault.gpu] = 1.0
+        if fault.kind in faults.FAIL_SLOW_KINDS and isinstance(work, workloads.Workloads):
+            # the slowed job's last checkpoint ended as the demo starts: its next is half an hour away
+            gang = [fault.node] if work.gang is None else np.flatnonzero(work.gang == work.gang[fault.node])
+            work.ckpt_phase[gang] = (
+                workloads.CHECKPOINT_LENGTH_S + 1.0 - warmup_s
+            ) % workloads.CHECKPOINT_PERIOD_S
     steps = int(warmup_s)
     for _ in range(steps):
         sim.step(warmup_s / steps if steps else 0.0)

@@ -18,6 +18,8 @@ from healer.schemas import incidents, telemetry
 
 BREAKER_RULE = "circuit-breaker"
 SHARED_CAUSE_RULE = "shared-cause"
+STRAGGLER_RULE = "gpu-straggler"
+"""The fail-slow incident (#28): its line names the job and the cause."""
 """A domain's incident (#27): node ``<key>.<value>``, matched to no single fault, so never unexpected."""
 OK = incidents.TOOK_EFFECT
 INFORM_ONLY = ("notify",)
@@ -70,6 +72,21 @@ class Fault:
     visible_at: float
 
 
+def _straggler(d: incidents.IncidentData) -> str:
+    """ " - job J, clock N % below the median of its job's P GPUs, cause C" (a straggler), else ""."""
+    ev = d.evidence
+    if d.rule_id != STRAGGLER_RULE or "straggler.job" not in ev:
+        return ""
+    out = f" - job {ev['straggler.job']}"
+    if "straggler.clock_deficit_pct" in ev:
+        out += f", clock {ev['straggler.clock_deficit_pct']} % below"
+        peers = ev.get("straggler.peers")
+        out += f" the median of its job's {peers} GPUs" if peers is not None else " its own history"
+    if ev.get("straggler.cause"):
+        out += f", cause {ev['straggler.cause']}"
+    return out
+
+
 class Observer:
     def __init__(self, t0: float) -> None:
         self.t0 = t0
@@ -120,7 +137,7 @@ class Observer:
         where = d.node + (f" GPU {d.gpu_index}" if d.gpu_index is not None else "")
         change = ev.change
         if change == "opened":
-            self._say(at, f"incident opened: {d.rule_id} ({d.severity}) on {where}")
+            self._say(at, f"incident opened: {d.rule_id} ({d.severity}) on {where}{_straggler(d)}")
         elif change == "resolved":
             inc.resolved_at = at
             self._say(at, f"incident resolved: {d.rule_id} on {where}")
@@ -286,5 +303,8 @@ class Observer:
             "nvlink_cordoned": has(row("nvlink_crc_rising"), "cordon"),
             "silent_node_cordoned": has(row("node_silent"), "cordon"),
             "rack_power_loss_one_incident": [d["node"][:5] for d in self.domain_incidents()] == ["rack."],
+            "straggler_named_and_drained": bool(row("clock_limit"))
+            and all(STRAGGLER_RULE in r["rules"] for r in row("clock_limit"))
+            and has(row("clock_limit"), "cordon"),
             "breaker_tripped": bool(self.breaker.get("open")),
         }

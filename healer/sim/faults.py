@@ -1,5 +1,9 @@
 """What can go wrong with a simulated GPU, and the ground truth written for every injected fault.
 
+Fail-slow kinds (``clock_limit``, ``nvlink_degraded``, ``pcie_downtrain`` with a ``slowdown``,
+``port_congestion``, ``job_slowdown``) slow a GPU's compute or communication; the fleet makes every GPU
+of its job wait for the slowest rank (``Fleet.wait``), as a synchronous job does.
+
 Each fault kind has a scope (one GPU or the whole node), documented parameters with defaults, what it
 does to the fleet arrays when it starts, on every step while it lasts, and when it ends, and the
 moment its signature first becomes visible in telemetry or events (``visible_at``). The kind names are
@@ -16,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from healer import errors
-from healer.sim import physics, profiles
+from healer.sim import hca, physics, profiles
 
 Scope = Literal["gpu", "node"]
 
@@ -155,6 +159,51 @@ def _pcie_downtrain(fl: physics.Fleet, f: Fault) -> None:
         fl.pcie_gen[n, g] = min(int(f.params["gen"]), int(fl.pcie_gen_max[n, g]))
     if f.params["width"] > 0:
         fl.pcie_width[n, g] = min(int(f.params["width"]), int(fl.pcie_width_max[n, g]))
+
+
+def _clock_limit(on: bool) -> Action:
+    def run(fl: physics.Fleet, f: Fault) -> None:
+        fl.clock_cap[f.node, _g(f)] = 1.0 - f.params["drop"] if on else 1.0
+
+    return run
+
+
+def _slow_while(down: Callable[[physics.Fleet, int, int], bool]) -> Tick:
+    """A tick: the GPU communicates ``slowdown`` slower while its link is ``down`` (a reset or reboot
+    that retrains the link ends it)."""
+
+    def tick(fl: physics.Fleet, f: Fault, t: float) -> None:
+        n, g = f.node, _g(f)
+        fl.comm_speed[n, g] = 1.0 - f.params["slowdown"] if down(fl, n, g) else 1.0
+
+    return tick
+
+
+def _pcie_down(fl: physics.Fleet, n: int, g: int) -> bool:
+    return bool(fl.pcie_gen[n, g] < fl.pcie_gen_max[n, g] or fl.pcie_width[n, g] < fl.pcie_width_max[n, g])
+
+
+def _nvlink_degraded(fl: physics.Fleet, f: Fault) -> None:
+    n, g = f.node, _g(f)
+    fl.nvlink_up[n, g] = max(0, int(fl.nvlink_up[n, g]) - int(f.params["links"]))
+
+
+def _node_slow(fl: physics.Fleet, f: Fault, t: float) -> None:
+    fl.comm_speed[f.node, :] = 1.0 - f.params["slowdown"]
+
+
+def _node_fast(fl: physics.Fleet, f: Fault) -> None:
+    fl.comm_speed[f.node, :] = 1.0
+
+
+def _congestion(on: bool) -> Action:
+    def run(fl: physics.Fleet, f: Fault) -> None:
+        p, port = _ports(fl, f)
+        p.wait_rate[f.node, port] = f.params["wait_per_s"] if on else hca.WAIT_PER_S
+        if not on:
+            _node_fast(fl, f)
+
+    return run
 
 
 def _fell_off(fl: physics.Fleet, f: Fault) -> None:
@@ -298,9 +347,12 @@ KINDS: Final[dict[str, Kind]] = {
     ),
     "pcie_downtrain": Kind(
         "gpu",
-        {"gen": 3.0, "width": 8.0},
+        {"gen": 3.0, "width": 8.0, "slowdown": 0.0},
         start=_pcie_downtrain,
-        description="the PCIe link trains below its maximum (gen and width; 0 leaves one unchanged)",
+        tick=_slow_while(_pcie_down),
+        description="the PCIe link trains below its maximum (gen and width; 0 leaves one unchanged); "
+        "with slowdown > 0 the GPU communicates that much slower while the link is down, and its "
+        "whole job waits for it (fail-slow)",
     ),
     "pcie_replay_storm": Kind(
         "gpu",
@@ -346,6 +398,44 @@ KINDS: Final[dict[str, Kind]] = {
         stop=_brake(False),
         description="hardware power brake on every GPU of the node: clocks and power collapse",
     ),
+    "clock_limit": Kind(
+        "gpu",
+        {"drop": 0.15, "duration_s": 0.0},
+        start=_clock_limit(True),
+        stop=_clock_limit(False),
+        description="fail-slow: a bad power stage holds the GPU's SM clock `drop` (0.1-0.2) below its "
+        "maximum under load, with the HW slowdown reason and the dynamic power of the lower clock "
+        "(its cube); the GPU's job runs at its speed and the healthy peers wait at lower power; a "
+        "GPU reset clears it",
+    ),
+    "nvlink_degraded": Kind(
+        "gpu",
+        {"links": 1.0, "slowdown": 0.1},
+        start=_nvlink_degraded,
+        tick=_slow_while(lambda fl, n, g: bool(fl.nvlink_up[n, g] < fl.nvlink_total[n, g])),
+        description="fail-slow: `links` NVLinks drop out without an XID (the job keeps running over "
+        "fewer links): the GPU communicates `slowdown` slower and its whole job waits for it, until a "
+        "reset retrains the links",
+    ),
+    "port_congestion": Kind(
+        "node",
+        {"port": 0.0, "wait_per_s": 2e7, "slowdown": 0.1, "duration_s": 1800.0},
+        start=_congestion(True),
+        tick=_node_slow,
+        stop=_congestion(False),
+        description="fail-slow: RDMA port `port` of the node is congested for duration_s: "
+        "port_xmit_wait rises by wait_per_s, the node's GPUs communicate `slowdown` slower and the "
+        "job's other nodes wait for them (needs scenario ports)",
+    ),
+    "job_slowdown": Kind(
+        "node",
+        {"slowdown": 0.15, "duration_s": 600.0},
+        tick=_node_slow,
+        stop=_node_fast,
+        description="fail-slow without a culprit GPU: the node's ranks wait on their host (a data "
+        "loader, storage) `slowdown` of the time for duration_s, and every GPU of the job, on every "
+        "node of it, waits with them at lower power; no GPU's clock lags, so no straggler is named",
+    ),
     "port_flap": Kind(
         "node",
         {"port": 0.0, "down_s": 20.0},
@@ -376,8 +466,12 @@ KINDS: Final[dict[str, Kind]] = {
     ),
 }
 """Every fault kind by its stable name."""
-PORT_KINDS: Final = frozenset({"port_flap", "port_downtrain", "port_symbol_burst", "hca_missing"})
+PORT_KINDS: Final = frozenset(
+    {"port_flap", "port_downtrain", "port_symbol_burst", "hca_missing", "port_congestion"}
+)
 """The kinds that act on the fleet's RDMA ports (a scenario with ``ports``)."""
+FAIL_SLOW_KINDS: Final = frozenset({"clock_limit", "nvlink_degraded", "port_congestion", "job_slowdown"})
+"""The kinds that slow a job without stopping it (#28; ``pcie_downtrain`` with a ``slowdown`` too)."""
 
 
 def validate_params(kind: str, params: Mapping[str, Any]) -> dict[str, float]:

@@ -44,7 +44,11 @@ INT_FIELDS: Final = (
     "recovery_action",
 )
 BOOL_FIELDS: Final = ("row_remap_pending", "row_remap_failure")
-DYNAMIC_FIELDS: Final = (*(f for f, _ in FLOAT_FIELDS), *WHOLE_FIELDS, *INT_FIELDS, *BOOL_FIELDS, "present")
+JOB_FIELD: Final = "job"
+"""The GPU's job number (-1: no job), written as ``jobs: ["<run id>-j<number>"]`` (``[]``: none)."""
+DYNAMIC_FIELDS: Final = (
+    *(f for f, _ in FLOAT_FIELDS), *WHOLE_FIELDS, *INT_FIELDS, *BOOL_FIELDS, "present", JOB_FIELD,
+)  # fmt: skip
 """Everything that changes from frame to frame (``present`` = the GPU answers on the bus)."""
 
 AGENT_VERSION: Final = "healer-sim/0.1"
@@ -60,8 +64,11 @@ class Encoder:
         *,
         source: telemetry.Source = "sim",
         agent_version: str = AGENT_VERSION,
+        job_prefix: str = "",
     ) -> None:
         self.node_names = list(node_names)
+        self.job_prefix = job_prefix
+        self._job_ids: dict[int, list[str]] = {-1: []}
         self.static = [[dict(g) for g in row] for row in static]
         self.gpus = len(static[0]) if static else 0
         self.source = source
@@ -89,6 +96,8 @@ class Encoder:
         ints = np.stack(whole + [cols[f][nodes] for f in INT_FIELDS], axis=-1).tolist()
         bools = np.stack([cols[f][nodes] for f in BOOL_FIELDS], axis=-1).tolist()
         present = cols["present"][nodes].tolist()
+        job_col = cols.get(JOB_FIELD)
+        jobs = None if job_col is None else job_col[nodes].tolist()
         seqs = seq[nodes].tolist()
         ts = round(ts, 3)
         out = []
@@ -103,6 +112,8 @@ class Encoder:
                 d.update(zip(fnames, frow[g]))  # noqa: B905 - lengths fixed by construction
                 d.update(zip(inames, irow[g]))  # noqa: B905
                 d.update(zip(bnames, brow[g]))  # noqa: B905
+                if jobs is not None:
+                    d["jobs"] = self._job(jobs[k][g])
                 gpus.append(d)
             doc: dict[str, Any] = {
                 "schema": telemetry.SCHEMA,
@@ -120,6 +131,14 @@ class Encoder:
                 doc["ports"] = ports.docs(n)
             out.append((n, orjson.dumps(doc)))
         return out
+
+    def _job(self, no: int) -> list[str]:
+        ids = self._job_ids.get(no)
+        if ids is None:
+            if len(self._job_ids) > 100_000:
+                self._job_ids = {-1: []}
+            ids = self._job_ids[no] = [f"{self.job_prefix}-j{no}"]
+        return list(ids)
 
 
 def encode_event(event: Mapping[str, Any]) -> bytes:

@@ -13,7 +13,7 @@ NodeFrame JSON. Faults act by writing to the public arrays (``cool_factor``, ``s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,8 @@ COUNTERS = tuple(n for n in fields.ERROR_COUNTERS if n != "retired_pages")
 """The error counters simulated (pre-Ampere page retirement is not), from ``healer.schemas.fields``."""
 VOLATILE = tuple(n for n in COUNTERS if n in fields.CLEARED_BY_RESET)
 """Counters a GPU reset or driver reload clears (aggregate ECC and remapped rows persist)."""
+WAIT_POWER: Final = 0.3
+"""Share of its dynamic power a rank draws while it waits for the job's slowest rank (NCCL spins)."""
 
 
 def boot_id(run_id: str, node: int, boot_no: int) -> str:
@@ -55,6 +57,7 @@ class Fleet:
         inlet_c: float = 25.0,
         inlet_spread_c: float = 2.0,
         vary: variation.Drawn | None = None,
+        gang: npt.NDArray[np.intp] | None = None,
     ) -> None:
         n = len(node_names)
         self.node_names = list(node_names)
@@ -71,10 +74,12 @@ class Fleet:
         self.work: workloads.Workloads | workloads.VariedWorkloads
         if self.vary.varied_jobs:
             self.work = workloads.VariedWorkloads(
-                n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts, self.vary
+                n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts, self.vary, gang
             )
         else:
-            self.work = workloads.Workloads(n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts)
+            self.work = workloads.Workloads(
+                n, gpus, workload_mix, np.random.default_rng(work_ss), start_ts, gang
+            )
         self.fault_history: dict[tuple[int, int | None], list[tuple[float, str]]] = {}
         """Per GPU (node, gpu; gpu None for a node-scope fault): (start time, kind) of every fault it had,
         so the recovery ladder's "N recoveries in a window" rule can be exercised on a simulated fleet."""
@@ -133,6 +138,15 @@ class Fleet:
         self.sbe_rate = np.zeros(shape)
         self.nvlink_crc_rate = np.zeros(shape)
         self.pcie_replay_rate = np.zeros(shape)
+        self.clock_cap = np.ones(shape)
+        """Fail-slow: the share of its maximum SM clock a GPU can reach under load (a bad power stage:
+        HW slowdown); its dynamic power follows the clock's cube, as on the DVFS curve."""
+        self.comm_speed = np.ones(shape)
+        """Fail-slow: how fast a GPU's communication runs (a down-trained link, a congested port: < 1)."""
+        self.wait = np.zeros(shape)
+        """Each GPU's share of time waiting for the slowest rank of its job (set by ``physics``)."""
+        self.job = self.work.jobs()
+        """Each GPU's job number (-1: no job); frames carry it as ``jobs``."""
         self.silent = np.zeros(n, dtype=np.bool_)
         self.ports: hca.Ports | None = None
         """The nodes' RDMA ports (scenario ``ports``; sim/hca.py); None: frames carry no ports."""
@@ -228,14 +242,13 @@ class Fleet:
         p = np.where(hw_thermal, self.p_idle + 0.25 * (p - self.p_idle), p)
         p = np.where(self.brake, self.p_idle + 0.3 * (p - self.p_idle), p)
         busy = util >= 1.0
+        self.job = self.work.jobs()
+        slow = self._fail_slow()
+        if slow is not None:
+            # a clock-limited GPU: its dynamic power at the lower clock (f ∝ P^(1/3), below)
+            p = np.minimum(p, self.p_idle + (wanted - self.p_idle) * self.clock_cap**3)
         p = p + rng.normal(0.0, 1.0, p.shape) * np.where(busy, 4.0, 1.0)
         p = np.maximum(p, self.p_idle * 0.5)
-        self.power = p
-        decay = 1.0 - np.exp(-dt / self.tau_s)
-        self.temp += (inlet + p * r - self.temp) * decay
-        hbm_target = self.temp + self.hbm_off * (p / self.p_default) + 1.0
-        self.mem_temp += (hbm_target - self.mem_temp) * np.minimum(1.0, 2.0 * decay)
-        self.energy += p * dt
 
         dyn_wanted = np.maximum(wanted - self.p_idle, 1e-6)
         ratio = np.clip((p - self.p_idle) / dyn_wanted, 0.0, 1.0)
@@ -244,12 +257,24 @@ class Fleet:
         # Near the top of the DVFS curve dynamic power goes roughly with f·V² and V with f: f ∝ P^(1/3) (#30).
         clock = np.where(limited, np.maximum(self.sm_idle, self.sm_max * np.cbrt(ratio)), clock)
         self.sm_clock = clock
+        if slow is not None:
+            # ranks that wait for the slowest one spin at WAIT_POWER of their dynamic power meanwhile;
+            # their clock, measured while computing, stays where it was
+            p = np.where(busy, p - (p - self.p_idle) * self.wait * (1.0 - WAIT_POWER), p)
+        self.power = p
+        decay = 1.0 - np.exp(-dt / self.tau_s)
+        self.temp += (inlet + p * r - self.temp) * decay
+        hbm_target = self.temp + self.hbm_off * (p / self.p_default) + 1.0
+        self.mem_temp += (hbm_target - self.mem_temp) * np.minimum(1.0, 2.0 * decay)
+        self.energy += p * dt
         why = fields.ClocksEventReason
         reasons = np.where(busy, 0, int(why.GPU_IDLE))
         reasons |= np.where(power_capped & ~sw_thermal & ~hw_thermal, int(why.SW_POWER_CAP), 0)
         reasons |= np.where(sw_thermal, int(why.SW_THERMAL_SLOWDOWN), 0)
         reasons |= np.where(hw_thermal, int(why.HW_THERMAL_SLOWDOWN | why.HW_SLOWDOWN), 0)
         reasons |= np.where(self.brake, int(why.HW_POWER_BRAKE_SLOWDOWN | why.HW_SLOWDOWN), 0)
+        if slow is not None:
+            reasons |= np.where(busy & (self.clock_cap < 1.0), int(why.HW_SLOWDOWN), 0)
         self.reasons = reasons.astype(np.int64)
         mem_util, mem_frac = self.work.mem_util_factor(), self.work.mem_fraction()
         self.util_mem = util * (mem_util if mem_util.ndim == 2 else mem_util[:, None])
@@ -257,6 +282,28 @@ class Fleet:
             500.0, self.mem_total * (mem_frac if mem_frac.ndim == 2 else mem_frac[:, None])
         )
         self._advance_counters(dt)
+
+    def _fail_slow(self) -> F64 | None:
+        """Each GPU's speed (clock cap x communication speed), and ``wait`` from it, when any GPU is
+        slow; None (and no wait) otherwise. A synchronous job runs at its slowest rank's speed S: a rank
+        computing at its clock cap c waits 1 - S / c of the time (the slowest one computes throughout;
+        one slowed by its link waits as long as its peers do)."""
+        if (self.clock_cap >= 1.0).all() and (self.comm_speed >= 1.0).all():
+            if self.wait.any():
+                self.wait[:] = 0.0
+            return None
+        speed: F64 = self.clock_cap * self.comm_speed
+        job = self.job.ravel()
+        in_job = job >= 0
+        job_speed = np.ones(speed.size)
+        if in_job.any():
+            ids, inverse = np.unique(job[in_job], return_inverse=True)
+            slowest = np.ones(ids.size)
+            np.minimum.at(slowest, inverse, speed.ravel()[in_job])
+            job_speed[in_job] = slowest[inverse]
+        mine = np.where(in_job, job_speed, speed.ravel()).reshape(speed.shape)
+        self.wait = np.clip(1.0 - mine / np.maximum(self.clock_cap, 1e-6), 0.0, 1.0)
+        return speed
 
     def _advance_counters(self, dt: float) -> None:
         c = self.counters
@@ -325,6 +372,8 @@ class Fleet:
         self.brake[node, gpu] = False
         self.nvlink_up[node, gpu] = self.nvlink_total[node, gpu]
         self.power_limit[node, gpu] = self.p_default[node, gpu]
+        self.clock_cap[node, gpu] = 1.0
+        self.comm_speed[node, gpu] = 1.0
 
     def record_fault(self, node: int, gpu: int | None, ts: float, kind: str) -> None:
         self.fault_history.setdefault((node, gpu), []).append((ts, kind))
@@ -400,6 +449,7 @@ class Fleet:
             "row_remap_pending": self.remap_pending,
             "row_remap_failure": self.remap_failure,
             "present": self.present,
+            "job": self.job,
         }
         cols.update(self.counters)
         return cols

@@ -5,7 +5,8 @@ A recording is one zip file (numpy's ``.npz`` layout, so ``numpy.load`` opens it
 - ``meta.json``: format version, node names, GPUs per node, the static GpuSample fields per GPU, run
   id, seed, scenario, interval, start time, and the list of chunks;
 - ``c000000/<field>.npy`` ...: each dynamic field as an array (steps, nodes, gpus), already rounded the
-  way frames round it, plus ``ts`` (steps,), ``report`` (steps, nodes: did the agent send a frame),
+  way frames round it (``job``: each GPU's job number, -1 none; absent from older recordings, whose frames
+  then carry no ``jobs``), plus ``ts`` (steps,), ``report`` (steps, nodes: did the agent send a frame),
   ``seq`` and ``boot_no`` (steps, nodes);
 - ``events.jsonl`` (NodeEvents in order) and ``truth.jsonl`` (ground truth, one fault per line).
 
@@ -42,6 +43,7 @@ _DTYPES: Final[dict[str, type[np.generic]]] = {
     **dict.fromkeys(frames.INT_FIELDS, np.int64),
     "clocks_event_reasons": np.int32,
     **dict.fromkeys((*frames.BOOL_FIELDS, "present"), np.bool_),
+    frames.JOB_FIELD: np.int64,
 }
 _DECIMALS: Final = dict(frames.FLOAT_FIELDS)
 
@@ -193,9 +195,14 @@ class Recording:
 
     def chunks(self, fields: Sequence[str] = frames.DYNAMIC_FIELDS) -> Iterator[dict[str, npt.NDArray[Any]]]:
         """Each chunk's arrays: ``fields`` plus ``ts``, ``report``, ``seq``, ``boot_no``."""
+        stored = set(self._zf.namelist())
         for chunk in self.meta["chunks"]:
             names = (*fields, "ts", "report", "seq", "boot_no")
-            yield {name: self._load(f"{chunk['prefix']}/{name}.npy") for name in names}
+            yield {
+                name: self._load(path)
+                for name in names
+                if (path := f"{chunk['prefix']}/{name}.npy") in stored or name != frames.JOB_FIELD
+            }
 
     def steps(self) -> Iterator[Step]:
         run_id = self.meta["run_id"]
@@ -208,13 +215,17 @@ class Recording:
                     nodes=np.flatnonzero(arrays["report"][k]),
                     seq=arrays["seq"][k],
                     boot_ids=[physics.boot_id(run_id, i, boots[i]) for i in range(n)],
-                    columns={name: arrays[name][k] for name in frames.DYNAMIC_FIELDS},
+                    columns={name: arrays[name][k] for name in frames.DYNAMIC_FIELDS if name in arrays},
                 )
 
     def frames(self, source: telemetry.Source = "sim") -> Iterator[tuple[float, list[tuple[int, bytes]]]]:
         """Per step: its time and the NodeFrames (node index, JSON bytes) sent in it."""
         encoder = frames.Encoder(
-            self.node_names, self.meta["static"], source=source, agent_version=self.meta["agent_version"]
+            self.node_names,
+            self.meta["static"],
+            source=source,
+            agent_version=self.meta["agent_version"],
+            job_prefix=self.meta["run_id"],
         )
         for step in self.steps():
             yield step.ts, encoder.encode(step.columns, step.nodes, step.seq, step.boot_ids, step.ts)

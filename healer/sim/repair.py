@@ -79,6 +79,20 @@ MODEL: Final[dict[str, Recovery]] = {
     "node_silent": Recovery(0.0, 0.9, None, "host maintenance or a hung host: a reboot brings most back"),
     "cooling_degradation": Recovery(0.0, 0.0, None, "thermal interface or fan: mechanical, a person"),
     "inlet_failure": Recovery(0.0, 0.0, None, "facility cooling: nothing on the node fixes it"),
+    "clock_limit": Recovery(
+        0.2, 0.3, "reset-then-reboot",
+        "a clock held low by a bad power stage (HW slowdown) is hardware; a reset or a reboot clears the "
+        "odd firmware-held throttle, most need the board replaced",
+    ),
+    "nvlink_degraded": Recovery(
+        0.6, 0.7, "reset-then-reboot",
+        "links that dropped out retrain at reset, as for XID 74; one that stays dark is a cable, "
+        "connector or NVSwitch",
+    ),
+    "port_congestion": Recovery(
+        0.0, 0.0, None, "congestion is the fabric's or the traffic's: nothing on the node fixes it"
+    ),
+    "job_slowdown": Recovery(0.0, 0.0, None, "the job's own stall (data, storage): not the node's fault"),
     "port_flap": Recovery(
         0.0, 0.3, None,
         "a link that fails its error recovery and retrains is mostly a cable, transceiver or switch "

@@ -48,7 +48,11 @@ async def replay(
     start_ts = float(rec.meta["start_ts"])
     offset = clock() - start_ts if rebase else 0.0
     encoder = frames.Encoder(
-        names, rec.meta["static"], source="replay", agent_version=rec.meta["agent_version"]
+        names,
+        rec.meta["static"],
+        source="replay",
+        agent_version=rec.meta["agent_version"],
+        job_prefix=rec.meta["run_id"],
     )
     evts = sorted(rec.events(), key=lambda e: e["ts"])
     next_event = 0

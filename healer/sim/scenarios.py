@@ -1,10 +1,11 @@
 """Scenario files: which GPUs the fleet has, what runs on it, and which faults to inject when.
 
 A scenario is a YAML file (schema below, documented in docs/simulator.md); the built-in ones (``healthy``,
-``overheat``, ``ecc``, ``nvlink``, ``pcie``, ``fell-off-bus``, ``mixed``, ``realistic``) ship as package
-data in ``healer/sim/scenarios/``. ``load`` accepts a built-in name or a path; ``build`` turns a
-scenario plus fleet size and seed into a ready ``engine.Simulation``. Everything random is drawn from
-generators spawned from the one seed, so the same seed gives the same fleet, faults and telemetry.
+``overheat``, ``ecc``, ``nvlink``, ``pcie``, ``fell-off-bus``, ``mixed``, ``realistic``, ``fabric``,
+``failslow``) ship as package data in ``healer/sim/scenarios/``. ``load`` accepts a built-in name or a
+path; ``build`` turns a scenario plus fleet size and seed into a ready ``simulation.Simulation``. Everything
+random is drawn from generators spawned from the one seed, so the same seed gives the same fleet, faults
+and telemetry.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import yaml
 
 from healer import errors
 from healer.schemas import telemetry
-from healer.sim import faults, frames, hca, injector, physics, profiles, simulation, variation
+from healer.sim import faults, frames, hca, injector, physics, profiles, simulation, variation, workloads
 
 WorkloadKind = Literal["training", "inference", "idle"]
 
@@ -93,9 +94,21 @@ class Scenario(_Model):
     """How unlike a tidy fleet this one is (healer/sim/variation.py; all off by default)."""
     ports: int = pydantic.Field(default=0, ge=0, le=16)
     """RDMA ports per node (InfiniBand NDR, 400 Gb/s; sim/hca.py); 0: frames carry none (v1)."""
+    job_nodes: int | tuple[int, int] = 1
+    """Nodes per job (#28): consecutive nodes form gangs of this many (a ``[min, max]`` range: drawn per
+    gang) that run one job together (same kind, start, end, checkpoints and iteration phase), so a
+    fail-slow fault on one node slows the job on all of them; 1: every node runs its own jobs."""
     rack_size: int = pydantic.Field(default=0, ge=0)
     """Nodes per rack, in index order (racks ``r0``, ``r1``, ...): the failure-domain label ``rack`` that
     ``healer demo`` writes into the controller's inventory (#27); 0: no racks."""
+
+    @pydantic.field_validator("job_nodes")
+    @classmethod
+    def _job_nodes(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
+        lo, hi = (v, v) if isinstance(v, int) else v
+        if not 1 <= lo <= hi:
+            raise ValueError(f"job_nodes: want 1 <= min <= max, got {v}")
+        return v
 
     @pydantic.field_validator("models")
     @classmethod
@@ -229,6 +242,11 @@ def build(
         picks = pool_pick[np.arange(nodes) * vary.model_pools // nodes]
     node_profiles = [profiles.PROFILES[keys[i]] for i in picks]
     names = names or node_names(nodes)
+    gang = None
+    if sc.job_nodes != 1:
+        lo, hi = (sc.job_nodes, sc.job_nodes) if isinstance(sc.job_nodes, int) else sc.job_nodes
+        gang_rng = np.random.default_rng([seed, 0x70B5])
+        gang = workloads.gangs([int(x) for x in gang_rng.integers(lo, hi + 1, nodes)], nodes)
     fl = physics.Fleet(
         names,
         gpus,
@@ -240,6 +258,7 @@ def build(
         inlet_c=sc.inlet_c,
         inlet_spread_c=sc.inlet_spread_c,
         vary=vary,
+        gang=gang,
     )
     if sc.ports:
         fl.ports = hca.Ports(nodes, sc.ports, np.random.default_rng([seed, 0x9047]))
@@ -250,7 +269,7 @@ def build(
     ]
     multiplier = sc.fault_rate_multiplier if fault_rate_multiplier is None else fault_rate_multiplier
     inj = injector.Injector(fl, scheduled, specs, multiplier=multiplier, rng=np.random.default_rng(fault_ss))
-    encoder = frames.Encoder(names, fl.static(), source=source)
+    encoder = frames.Encoder(names, fl.static(), source=source, job_prefix=run)
     return simulation.Simulation(fl, inj, encoder)
 
 

@@ -5,6 +5,11 @@ Each node runs one job at a time (a node is the scheduling unit on HGX machines)
 busy and quiet on its own) or ``idle``. Jobs end after an exponentially distributed time and the next
 kind is drawn from the scenario's mix. A fault that kills the job (an XID 79 or 95) makes the node idle
 until the scheduler gives it new work. Everything is vectorised over the whole fleet.
+
+Every job has a number (``job_no``, -1: idle), which the frames carry as the GPU's ``jobs``. With
+gangs (the scenario's ``job_nodes``), consecutive nodes run one job together: the gang's first node
+draws the job and its others copy it (the same kind, end, checkpoint and iteration phase: a synchronous
+multi-node job), and a fault that kills the job on one node ends it on every node of the gang.
 """
 
 from __future__ import annotations
@@ -30,15 +35,35 @@ UTIL_TAU_S: Final = 3.0
 BURST_SWITCH_PER_S: Final = 1.0 / 20.0
 
 F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+def gangs(sizes: list[int], nodes: int) -> npt.NDArray[np.intp]:
+    """Each node's gang leader (the gang's first node) for consecutive gangs of ``sizes`` (cycled)."""
+    leader = np.arange(nodes, dtype=np.intp)
+    i, k = 0, 0
+    while i < nodes:
+        size = max(1, sizes[k % len(sizes)]) if sizes else 1
+        leader[i : i + size] = i
+        i, k = i + size, k + 1
+    return leader
 
 
 class Workloads:
     """Per-node job state and the utilisation it asks of every GPU."""
 
     def __init__(
-        self, nodes: int, gpus: int, mix: Mapping[str, float], rng: np.random.Generator, now: float
+        self,
+        nodes: int,
+        gpus: int,
+        mix: Mapping[str, float],
+        rng: np.random.Generator,
+        now: float,
+        gang: npt.NDArray[np.intp] | None = None,
     ) -> None:
         self.nodes = nodes
+        self.gang = gang if gang is not None and (gang != np.arange(nodes)).any() else None
+        """Each node's gang leader; None: every node runs its own jobs."""
         self.gpus = gpus
         self._rng = rng
         self._t0 = now
@@ -53,7 +78,21 @@ class Workloads:
         self.ckpt_phase = rng.random(nodes) * CHECKPOINT_PERIOD_S
         self.busy = rng.random((nodes, gpus)) < 0.5
         self.gpu_offset = rng.normal(0.0, 1.5, (nodes, gpus))
+        self.job_no: I64 = np.arange(nodes, dtype=np.int64)
+        self._next_job = nodes
+        self._gang_mirror()
         self.util = self.target(now)
+
+    def _gang_mirror(self) -> None:
+        """A gang's members run their leader's job."""
+        if self.gang is not None:
+            for arr in (self.kind, self.end_t, self.ckpt_phase, self.job_no):
+                arr[:] = arr[self.gang]
+
+    def jobs(self) -> I64:
+        """Each GPU's job number (-1: idle)."""
+        out: I64 = np.where(self.kind == IDLE, -1, self.job_no)[:, None].repeat(self.gpus, axis=1)
+        return out
 
     def _draw_kinds(self, n: int) -> npt.NDArray[np.int8]:
         return self._kinds[self._rng.choice(len(self._kinds), size=n, p=self._weights)]
@@ -64,9 +103,11 @@ class Workloads:
         return out
 
     def crash(self, node: int, now: float) -> None:
-        """The node's job died; the node sits idle until the scheduler hands out new work."""
-        self.kind[node] = IDLE
-        self.end_t[node] = now + MIN_DURATION_S
+        """The node's job died (on every node of its gang); they sit idle until the scheduler hands
+        out new work."""
+        where: Any = node if self.gang is None else self.gang == self.gang[node]
+        self.kind[where] = IDLE
+        self.end_t[where] = now + MIN_DURATION_S
 
     def target(self, now: float) -> F64:
         """Utilisation (percent) each GPU is asked for at ``now``."""
@@ -79,11 +120,17 @@ class Workloads:
 
     def step(self, now: float, dt: float) -> F64:
         """Advance jobs to ``now`` and return each GPU's utilisation (percent, 0..100)."""
-        done = np.flatnonzero(self.end_t <= now)
+        ended = self.end_t <= now
+        if self.gang is not None:
+            ended &= self.gang == np.arange(self.nodes)
+        done = np.flatnonzero(ended)
         if done.size:
             new = self._draw_kinds(done.size)
             self.kind[done] = new
             self.end_t[done] = now + self._draw_durations(new)
+            self.job_no[done] = self._next_job + np.arange(done.size)
+            self._next_job += done.size
+            self._gang_mirror()
         flip = self._rng.random(self.busy.shape) < min(1.0, BURST_SWITCH_PER_S * dt)
         self.busy ^= flip
         target = self.target(now)
@@ -118,8 +165,11 @@ class VariedWorkloads:
         rng: np.random.Generator,
         now: float,
         v: variation.Drawn,
+        gang: npt.NDArray[np.intp] | None = None,
     ) -> None:
         self.nodes, self.gpus = nodes, gpus
+        self.gang = gang if gang is not None and (gang != np.arange(nodes)).any() else None
+        """Each node's gang leader (a gang's nodes are not split); None: every node its own jobs."""
         self._rng = rng
         self._v = v
         kinds = [KINDS[k] for k in mix]
@@ -129,6 +179,9 @@ class VariedWorkloads:
         self._kinds = np.array(kinds, dtype=np.int8)
         self._weights = weights / weights.sum()
         self.split = rng.random(nodes) < v.split_share
+        if self.gang is not None:
+            counts = np.bincount(self.gang, minlength=nodes)
+            self.split &= counts[self.gang] == 1
         half = (np.arange(gpus)[None, :] >= gpus // 2) & self.split[:, None]
         self.half = half.astype(np.intp)
         shape = (nodes, 2)
@@ -141,6 +194,8 @@ class VariedWorkloads:
         self.iter_low = np.ones(shape)
         self.iter_phase = np.zeros(shape)
         self.pause_until = np.full(shape, -np.inf)
+        self.job_no: I64 = np.arange(nodes * 2, dtype=np.int64).reshape(shape)
+        self._next_job = nodes * 2
         self._new_jobs(np.ones(shape, dtype=np.bool_))
         self._mirror()
         self.busy = rng.random((nodes, gpus)) < 0.5
@@ -180,12 +235,23 @@ class VariedWorkloads:
             self.iter_low,
             self.iter_phase,
             self.pause_until,
+            self.job_no,
         ):
             arr[one, 1] = arr[one, 0]
+            if self.gang is not None:
+                arr[:, 0] = arr[self.gang, 0]
+                arr[:, 1] = np.where(self.split, arr[:, 1], arr[:, 0])
+
+    def jobs(self) -> I64:
+        """Each GPU's job number (-1: idle)."""
+        out: I64 = np.where(self.kind == IDLE, -1, self.job_no)
+        per_gpu: I64 = self._per_gpu(out)
+        return per_gpu
 
     def crash(self, node: int, now: float) -> None:
-        self.kind[node] = IDLE
-        self.end_t[node] = now + MIN_DURATION_S
+        where: Any = node if self.gang is None else self.gang == self.gang[node]
+        self.kind[where] = IDLE
+        self.end_t[where] = now + MIN_DURATION_S
 
     def _per_gpu(self, arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return np.take_along_axis(arr, self.half, axis=1)
@@ -212,11 +278,15 @@ class VariedWorkloads:
     def step(self, now: float, dt: float) -> F64:
         rng = self._rng
         done = self.end_t <= now
+        if self.gang is not None:
+            done &= (self.gang == np.arange(self.nodes))[:, None]
         if done.any():
             new = self._draw_kinds((int(done.sum()),))
             self.kind[done] = new
             self.end_t[done] = now + self._draw_durations(new)
             self._new_jobs(done)
+            self.job_no[done] = self._next_job + np.arange(int(done.sum()))
+            self._next_job += int(done.sum())
         if self._v.restarts_per_hour > 0:
             stop = (self.kind == TRAINING) & (
                 rng.random(self.kind.shape) < self._v.restarts_per_hour * dt / 3600

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from healer.controller import straggler_eval
+from healer.controller import straggler_eval, stragglers
 
 
 def test_the_share_lower_bound_is_clopper_pearson() -> None:
@@ -31,3 +31,12 @@ def test_the_summary_counts_faults_found_within_five_minutes_only() -> None:
         "clock_limited_node": "0/1",
     }
     assert s["false_per_1000_node_days"] == pytest.approx(111.11, abs=0.01)
+
+
+def test_on_healers_own_simulator_it_names_clock_limited_gpus_of_multi_node_jobs() -> None:
+    run = straggler_eval.run_sim_seed(16, 2.0, 3, 4, stragglers.Settings())
+    found = [f for f in run["faults"] if f["found_s"] is not None and f["found_s"] <= straggler_eval.DETECT_S]
+    assert len(run["faults"]) == 4
+    assert len(found) >= 3, run["faults"]
+    assert run["false_episodes"] == 0
+    assert straggler_eval.SIM_SCENARIO["job_nodes"] == (1, 8)

@@ -190,9 +190,16 @@ def test_a_port_trained_down_and_erroring_on_the_stragglers_node_is_named_in_its
 
     def make(t: int) -> list[telemetry.NodeFrame]:
         ports = [
-            fabric.PortSample(device="mlx5_0", port=1, rate_gbps=400.0, symbol_error=0, port_xmit_wait=10),
+            # a healthy busy port's wait counter rises too, far slower than a congested one's
             fabric.PortSample(
-                device="mlx5_1", port=1, rate_gbps=200.0, symbol_error=3 * t, port_xmit_wait=10 + 50 * t
+                device="mlx5_0", port=1, rate_gbps=400.0, symbol_error=0, port_xmit_wait=10 + 2000 * t
+            ),
+            fabric.PortSample(
+                device="mlx5_1",
+                port=1,
+                rate_gbps=200.0,
+                symbol_error=3 * t,
+                port_xmit_wait=10 + 20_000_000 * t,
             ),
         ]
         slow = {3: {"clock": 1530.0, "power": 560.0}}

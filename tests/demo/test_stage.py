@@ -13,6 +13,7 @@ import pathlib
 import pytest
 import yaml
 
+from healer.controller import stragglers
 from healer.demo import stage
 from healer.rules import engine, loader
 from healer.schemas import codec, events
@@ -86,7 +87,9 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
     for rule in ("ecc-dbe-new", "xid-fatal", "nvlink-crc-storm", "node-silent"):
         assert rule in seen, f"{rule} never fired"
     cordon_nodes = {n for r in ("ecc-dbe-new", "nvlink-crc-storm", "node-silent") for _, n, _, _ in seen[r]}
-    assert len(cordon_nodes) == 7, "3 single-node cordons and rack r7's 4 nodes: the demo's breaker limit"
+    # 3 single-node cordons and rack r7's 4 nodes; the straggler's cordon (the fail-slow scorer, not
+    # played here: tests/demo/test_demo_run.py) makes 8, the demo's breaker limit
+    assert len(cordon_nodes) == 7
     before_mass = [t for r in ("nvlink-crc-storm", "node-silent") for _, _, _, t in seen[r]]
     assert max(before_mass) < 139, "the 7 cordons must come before the mass fault (t=140)"
     # rack r7's power loss: its 4 nodes' node-silent fire within the shared-cause window, one incident
@@ -103,6 +106,9 @@ def test_demo_story_fits_in_the_default_duration(seed: int, tmp_path: pathlib.Pa
         "nvlink-replay-recovery", "node-silent", "recovery-action-reset", "rdma-port-rate-below-peers",
     }  # fmt: skip
     assert {n for _, n, _, _ in seen["rdma-port-rate-below-peers"]} == {"sim-00009"}, "the down-trained port"
+    # the straggler's HW slowdown (a bad power stage) is a power warning too, after its 2 minutes
+    assert {(n, g) for _, n, g, _ in seen["power-hw-slowdown-sustained"]} == {("sim-00022", 3)}
+    expected.add("power-hw-slowdown-sustained")
     # The driver's recovery action (a reset) comes with the GSP timeouts and the row remap, nowhere else.
     faulted = {(n, g) for r in ("xid-fatal", "row-remap-pending") for _, n, g, _ in seen[r]}
     assert {(n, g) for _, n, g, _ in seen["recovery-action-reset"]} <= faulted
@@ -119,7 +125,8 @@ def test_the_demo_admits_its_fleet_from_an_inventory_with_racks(tmp_path: pathli
     assert len(nodes) == 32
     assert nodes["sim-00000"] == {"rack": "r0"}
     assert nodes["sim-00031"] == {"rack": "r7"}
-    assert (s.controller.breaker_max_nodes, s.controller.breaker_max_percent) == (7, 25.0)
+    assert (s.controller.breaker_max_nodes, s.controller.breaker_max_percent) == (8, 25.0)
+    assert s.controller.straggler_window_s == session.STRAGGLER_WINDOW_S
 
 
 def test_the_demo_controller_scores_with_the_default_model(tmp_path: pathlib.Path) -> None:
@@ -130,3 +137,27 @@ def test_the_demo_controller_scores_with_the_default_model(tmp_path: pathlib.Pat
     assert (pathlib.Path(s.controller.model) / "card.json").is_file()
     none = session.settings_for(session.Options(model=""), "nats://127.0.0.1:1", tmp_path / "rules", tmp_path)
     assert none.controller.model is None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_demo_straggler_is_named_before_the_mass_fault_and_no_other(seed: int) -> None:
+    from healer.demo import session
+
+    window = session.STRAGGLER_WINDOW_S
+    fs = stragglers.FailSlow(stragglers.Settings(window_s=window, sample_every_s=window / 12))
+    t0 = 1_900_000_000.0
+    sim = stage.build_fleet(stage.load_scenario(None), nodes=32, gpus=8, seed=seed, start_ts=t0)
+    named_at = None
+    for _ in range(139):
+        sim.step(1.0)
+        for _, data in sim.frames():
+            fs.observe(codec.decode_frame(data))
+        fs.tick(sim.t)
+        if fs.scorer.stragglers and named_at is None:
+            named_at = sim.t - t0
+    assert set(fs.scorer.stragglers) == {("sim-00022", 3)}
+    assert named_at is not None
+    assert named_at < 90, "named within about a minute of the fault (t=10)"
+    (found,) = fs.scorer.stragglers.values()
+    assert found.job == f"{sim.fleet.run_id}-j{sim.fleet.job[22, 3]}"
+    assert {int(j) for j in sim.fleet.job[20:24].ravel()} == {int(sim.fleet.job[22, 3])}, "a 4-node job"

@@ -114,6 +114,22 @@ SIGNATURES: dict[str, Check] = {
     "power_brake": lambda r, rec, w, n, g: bool(
         (r.cols["clocks_event_reasons"][w[-1], n] & fields.ClocksEventReason.HW_POWER_BRAKE_SLOWDOWN).all()
     ),
+    "clock_limit": lambda r, rec, w, n, g: (
+        bool(
+            np.median(r.cols["sm_clock_mhz"][w, n, g])
+            <= (1 - 0.8 * rec["params"]["drop"]) * profiles.H100.sm_clock_max_mhz
+        )
+        and bool((r.cols["clocks_event_reasons"][w, n, g] & fields.ClocksEventReason.HW_SLOWDOWN).all())
+        and not r.xids(rec)
+    ),
+    "nvlink_degraded": lambda r, rec, w, n, g: (
+        bool((r.cols["nvlink_links_up"][w, n, g] < 18).all()) and not r.xids(rec)
+    ),
+    "job_slowdown": lambda r, rec, w, n, g: (
+        # the node's GPUs wait (less power) at full clock
+        bool(np.median(r.cols["sm_clock_mhz"][w, n]) >= 1900)
+        and bool(np.median(r.cols["power_w"][w, n]) < np.median(r.cols["power_w"][w]))
+    ),
 }
 
 
@@ -141,7 +157,7 @@ EXPECTED = {
     "nvlink": {"nvlink_crc_rising", "nvlink_down"},
     "pcie": {"pcie_downtrain", "pcie_replay_storm"},
     "fell-off-bus": {"fell_off_bus"},
-    "mixed": set(faults.KINDS) - faults.PORT_KINDS,
+    "mixed": set(faults.KINDS) - faults.PORT_KINDS - faults.FAIL_SLOW_KINDS,
 }
 
 
@@ -220,4 +236,5 @@ def test_scenario_file_is_loaded_and_bad_ones_are_explained(tmp_path: pathlib.Pa
 
 
 def test_builtin_scenarios_are_all_listed() -> None:
-    assert set(scenarios.builtin_names()) == {*EXPECTED, "realistic", "fabric"}  # fabric: test_sim_ports.py
+    # fabric: test_sim_ports.py; failslow: test_sim_failslow.py
+    assert set(scenarios.builtin_names()) == {*EXPECTED, "realistic", "fabric", "failslow"}
