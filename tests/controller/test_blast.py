@@ -9,9 +9,9 @@ import pathlib
 import pytest
 
 from healer import config, testing
+from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.bus import provision, subjects
-from healer.controller import blast, decide, kv, policy, topology
+from healer.controller import blast, decide, kv, policy, service, topology
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import Harness, metric
@@ -112,9 +112,9 @@ def test_entries_past_the_window_no_longer_count() -> None:
 
 
 async def test_the_domain_count_lives_in_kv_and_a_restarted_controller_reads_it_back(
-    nats_server: object,
+    nats_server: embedded.EmbeddedServer,
 ) -> None:
-    url = nats_server.url  # type: ignore[attr-defined]
+    url = nats_server.url
     subj = subjects.Subjects()
     cs = settings(rack={"max_nodes": 2})
     first = await natsbus.NatsBus.connect(url, name="first")
@@ -150,8 +150,8 @@ async def xid(harness: Harness, node: str) -> None:
     await harness.bus.publish_durable(subjects.Subjects().events(node), codec.encode(event), msg_id=event.id)
 
 
-def held_by(ctl: object, node: str) -> object:
-    for inc in ctl.book.open.values():  # type: ignore[attr-defined]
+def held_by(ctl: service.Controller, node: str) -> object:
+    for inc in ctl.book.open.values():
         if inc.node == node:
             return inc.evidence.get("held_by_domain")
     return None
