@@ -20,7 +20,7 @@ test: lint unit
 lint: $(STAMP)
 	$(BIN)/ruff check healer tests benchmarks
 	$(BIN)/ruff format --check healer tests benchmarks
-	$(BIN)/mypy healer
+	$(BIN)/mypy healer tests
 
 unit: $(STAMP)
 	$(BIN)/pytest -q

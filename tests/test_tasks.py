@@ -11,9 +11,18 @@ import structlog
 from healer import tasks
 
 
-def scheduler(**kw: object) -> tuple[tasks.Scheduler, prom.CollectorRegistry]:
+def scheduler(
+    *, initial_delay_s: float = 0.2, max_delay_s: float = 5.0
+) -> tuple[tasks.Scheduler, prom.CollectorRegistry]:
     registry = prom.CollectorRegistry()
-    return tasks.Scheduler("test", tasks.failures_counter("healer_test", registry), **kw), registry  # type: ignore[arg-type]
+    failures = tasks.failures_counter("healer_test", registry)
+    jobs = tasks.Scheduler("test", failures, initial_delay_s=initial_delay_s, max_delay_s=max_delay_s)
+    return jobs, registry
+
+
+async def wait_for(event: asyncio.Event) -> None:
+    """``event.wait()`` as the ``Callable[[], Awaitable[None]]`` that ``supervise`` runs."""
+    await event.wait()
 
 
 def failures(registry: prom.CollectorRegistry, task: str) -> float:
@@ -105,7 +114,8 @@ def test_back_off_doubles_up_to_its_ceiling() -> None:
 async def test_close_cancels_and_awaits_every_task() -> None:
     jobs, registry = scheduler()
     forever = jobs.spawn("forever", asyncio.Event().wait())
-    jobs.supervise("loop", lambda: asyncio.Event().wait())
+    never = asyncio.Event()
+    jobs.supervise("loop", lambda: wait_for(never))
     await asyncio.sleep(0)
     await jobs.close()
     assert forever.cancelled()
@@ -119,7 +129,7 @@ async def test_a_started_task_has_its_failure_series_at_zero_before_any_failure(
     assert registry.get_sample_value("healer_test_task_failures_total", {"task": "once"}) is None
     done = jobs.spawn("once", asyncio.sleep(0))
     stop = asyncio.Event()
-    jobs.supervise("loop", stop.wait)
+    jobs.supervise("loop", lambda: wait_for(stop))
     await done
     assert registry.get_sample_value("healer_test_task_failures_total", {"task": "once"}) == 0.0
     assert registry.get_sample_value("healer_test_task_failures_total", {"task": "loop"}) == 0.0

@@ -15,7 +15,7 @@ from healer.cli import act_cmd
                                            ("kubernetes", "KubernetesActuator")])  # fmt: skip
 def test_controller_setting_picks_the_actuator(kind: str, cls: str) -> None:
     s = config.Settings(
-        controller=config.ControllerSettings(actuator=kind),  # type: ignore[arg-type]
+        controller=config.ControllerSettings(actuator=kind),
         actuators=config.ActuatorSettings(node_name_template="{short}"),
     )
     actuator = factory.scheduler(s)

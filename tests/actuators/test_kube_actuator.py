@@ -76,7 +76,8 @@ def req(kind: base.RequestKind, node: str = "gpu-a", **kw: Any) -> base.ActionRe
 
 
 def condition(node: dict[str, Any]) -> dict[str, Any]:
-    [cond] = [c for c in node["status"]["conditions"] if c["type"] == "GpuHealthy"]
+    conds: list[dict[str, Any]] = [c for c in node["status"]["conditions"] if c["type"] == "GpuHealthy"]
+    [cond] = conds
     return cond
 
 

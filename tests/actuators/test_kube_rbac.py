@@ -50,7 +50,7 @@ async def test_rbac_grants_exactly_the_calls_the_actuator_makes(
     actuator = make_actuator(api, tmp_path)
     try:
         for kind in ("cordon", "migrate", "uncordon"):
-            request = base.ActionRequest(incident_id="inc-1", kind=kind, node="gpu-a")  # type: ignore[arg-type]
+            request = base.ActionRequest(incident_id="inc-1", kind=kind, node="gpu-a")
             assert (await actuator.apply(request)).ok
         assert "gpu-a" in await actuator.node_labels(["gpu-a"])
     finally:

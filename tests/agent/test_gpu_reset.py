@@ -10,6 +10,7 @@ import os
 import pathlib
 import stat
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -42,36 +43,39 @@ def fake() -> fake_pynvml.FakeNvml:
 
 
 @pytest.fixture
-def source(fake: fake_pynvml.FakeNvml) -> nvml.NvmlSource:
-    calls: list[tuple[int, str, float]] = []
+def reset_calls() -> list[tuple[int, str, float]]:
+    """The (index, uuid, timeout_s) of each reset command ``source`` ran."""
+    return []
 
+
+@pytest.fixture
+def source(
+    fake: fake_pynvml.FakeNvml, reset_calls: list[tuple[int, str, float]]
+) -> Iterator[nvml.NvmlSource]:
     def reset(index: int, uuid: str, timeout_s: float) -> str:
-        calls.append((index, uuid, timeout_s))
+        reset_calls.append((index, uuid, timeout_s))
         try:
             return fake.gpu_reset(index)
         except RuntimeError as e:
             raise errors.PermanentError(str(e)) from e
 
     src = nvml.NvmlSource("n1", nvml=fake.module(), reset_command=reset)
-    src.reset_calls = calls  # type: ignore[attr-defined]
     src.open()
-    yield src  # type: ignore[misc]
+    yield src
     src.close()
 
 
-def executor(src: object, health: object = None) -> execution.CommandExecutor:
-    return execution.CommandExecutor(
-        "n1",
-        src,
-        None,
-        gpu_indices=lambda: [0, 1],
-        gpu=src,
-        health=health,  # type: ignore[arg-type]
-    )
+HealthRead = Callable[[float | None], execution.Health]
+
+
+def executor(
+    src: nvml.NvmlSource | node_source.SimSource, health: HealthRead | None = None
+) -> execution.CommandExecutor:
+    return execution.CommandExecutor("n1", src, None, gpu_indices=lambda: [0, 1], gpu=src, health=health)
 
 
 def test_a_reset_clears_volatile_dbe_and_applies_a_pending_remap(
-    fake: fake_pynvml.FakeNvml, source: nvml.NvmlSource
+    fake: fake_pynvml.FakeNvml, source: nvml.NvmlSource, reset_calls: list[tuple[int, str, float]]
 ) -> None:
     fake.gpus[1].ecc[(fake_pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, fake_pynvml.NVML_VOLATILE_ECC)] = 3
     fake.gpus[1].remapped_rows = (0, 1, 1, 0)
@@ -80,7 +84,7 @@ def test_a_reset_clears_volatile_dbe_and_applies_a_pending_remap(
     assert res.reset is not None
     assert res.reset.status == "applied"
     assert "successfully reset" in res.reset.detail
-    assert source.reset_calls == [(1, fake.gpus[1].uuid, 90.0)]  # type: ignore[attr-defined]
+    assert reset_calls == [(1, fake.gpus[1].uuid, 90.0)]
     after = {g.index: g for g in source.sample().gpus}[1]  # NVML is open again, handles renewed
     assert after.ecc_dbe_volatile == 0
     assert after.row_remap_pending is False
@@ -182,7 +186,7 @@ def test_the_simulated_node_resets_by_the_fleets_model_and_refuses_a_lost_gpu() 
 
 
 # -- validate --------------------------------------------------------------------------------------------
-def _health(source: nvml.NvmlSource, evs: list[events.NodeEvent] | None = None) -> object:
+def _health(source: nvml.NvmlSource, evs: list[events.NodeEvent] | None = None) -> HealthRead:
     def read(since: float | None) -> execution.Health:
         return execution.Health(source.sample().gpus, 2, list(evs or []))
 

@@ -15,7 +15,7 @@ import urllib.request
 
 from healer.bus import base, embedded
 from healer.bus import nats as natsbus
-from healer.schemas import codec, telemetry
+from healer.schemas import codec, fabric, telemetry
 from healer.telemetry import rdma
 from tests import conftest
 
@@ -72,5 +72,5 @@ async def test_agent_process_reads_the_recorded_tree_publishes_ports_and_follows
     assert agent.returncode == 0, out.decode()[-2000:]
 
 
-def _port(frame: telemetry.NodeFrame, name: str) -> telemetry.fabric.PortSample:
+def _port(frame: telemetry.NodeFrame, name: str) -> fabric.PortSample:
     return next(p for p in frame.ports or () if p.name == name)

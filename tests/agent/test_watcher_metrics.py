@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import parser as prom_parser
 
 from healer.agent import daemon, exposition, watcher_metrics
+from healer.bus import base
 from healer.schemas import events
 from healer.sim import node_source
 from healer.telemetry import kernel_log, watchers, xid
@@ -103,7 +104,7 @@ def test_an_xid_seen_by_nvml_and_the_log_counts_one_duplicate_of_the_logs_copy(n
 
 
 def test_an_nvml_xid_replaced_by_the_logs_line_counts_as_an_nvml_duplicate() -> None:
-    stub, got = tk.Stub(), []
+    stub, got = tk.Stub(), list[events.NodeEvent]()
     combined = watchers.Combined([stub], window_s=5.0, hold_s=60.0)
     m = exposition.AgentMetrics()
     m.watchers.attach(combined)
@@ -118,7 +119,7 @@ def test_an_nvml_xid_replaced_by_the_logs_line_counts_as_an_nvml_duplicate() -> 
 
 
 def test_a_kmsg_overrun_is_on_metrics(node: tk.Node, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_read, failed = os.read, []
+    real_read, failed = os.read, list[int]()
 
     def read(fd: int, n: int) -> bytes:
         if not failed:
@@ -126,7 +127,7 @@ def test_a_kmsg_overrun_is_on_metrics(node: tk.Node, monkeypatch: pytest.MonkeyP
             raise OSError(errno.EPIPE, "Broken pipe")  # what /dev/kmsg says when the ring wrapped
         return real_read(fd, n)
 
-    monkeypatch.setattr(kernel_log.os, "read", read)
+    monkeypatch.setattr(os, "read", read)  # the os.read that kernel_log calls
     m, combined = _watched(node)
     try:
         node.write(tk._record(5, 0x58, 13))
@@ -142,7 +143,7 @@ def test_a_kmsg_overrun_is_on_metrics(node: tk.Node, monkeypatch: pytest.MonkeyP
 def test_a_failed_read_reopens_the_log_without_replaying_it(
     node: tk.Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_read, fail = os.read, []
+    real_read, fail = os.read, list[bool]()
 
     def read(fd: int, n: int) -> bytes:
         if fail:
@@ -150,7 +151,7 @@ def test_a_failed_read_reopens_the_log_without_replaying_it(
             raise OSError(errno.EIO, "Input/output error")
         return real_read(fd, n)
 
-    monkeypatch.setattr(kernel_log.os, "read", read)
+    monkeypatch.setattr(os, "read", read)  # the os.read that kernel_log calls
     m, combined = _watched(node)
     try:
         node.write(tk._record(1, 0x18, 79))
@@ -202,7 +203,7 @@ def test_the_agent_serves_the_counts_of_the_watcher_it_runs(node: tk.Node, tmp_p
         poll_s=0.02,
     )  # fmt: skip
 
-    async def never() -> daemon.base.Bus:
+    async def never() -> base.Bus:
         raise AssertionError("not connected in this test")
 
     m = exposition.AgentMetrics()

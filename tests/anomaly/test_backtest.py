@@ -9,6 +9,7 @@ import io
 import json
 import pathlib
 import sys
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import orjson
@@ -173,7 +174,7 @@ def _frame(node: str, ts: float, power: float, energy: float) -> telemetry.Frame
     return codec.decode_frame_view(orjson.dumps(_doc(node, ts, gpus)))
 
 
-def _doc(node: str, ts: float, gpus: list[dict[str, object]]) -> dict[str, object]:
+def _doc(node: str, ts: float, gpus: Sequence[Mapping[str, object]]) -> dict[str, object]:
     return {
         "schema": "healer.telemetry.v1",
         "node": node,

@@ -127,7 +127,7 @@ def test_eval_counts_episodes_as_the_rule_pack_resolves_and_cools_them_down() ->
     # 20 high: two episodes
     pattern = [0.95] * 40 + [0.7] * 10 + [0.95] * 40 + [0.3] * 40 + [0.95] * 40 + [0.3] * 160 + [0.95] * 40
     scores = np.array(pattern)[:, None, None]
-    ts = 30.0 * np.arange(len(pattern))
+    ts = 30.0 * np.arange(len(pattern), dtype=np.float64)
     w = dataset.Windows(ts, np.zeros((len(ts), 1, 1, 1)), np.ones(scores.shape, bool), ["n"], [["m"]], "t")
     incidents, flags = evaluation.incidents_from_scores(scores, w, ep.hold_s, ep)
     assert [t for _, _, t, _ in incidents] == [120.0, 30 * 330 + 120.0]  # the last run, after its hold

@@ -11,7 +11,7 @@ STEPS, NODES, GPUS = 40, 2, 2
 
 
 def _windows() -> dataset.Windows:
-    ts = 1000.0 + 30.0 * np.arange(STEPS)
+    ts = 1000.0 + 30.0 * np.arange(STEPS, dtype=np.float64)
     valid = np.ones((STEPS, NODES, GPUS), dtype=np.bool_)
     feats = np.zeros((STEPS, NODES, GPUS, 1))
     return dataset.Windows(ts, feats, valid, ["n0", "n1"], [["H100", "H100"]] * NODES, "test")

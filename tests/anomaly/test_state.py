@@ -65,6 +65,7 @@ def test_a_restarted_scorer_picks_up_where_the_old_one_left_off(
     assert asyncio.run(scorer_state.save(store, exported)) == 3
     assert max(len(v) for v in store.data.values()) < 1_000_000
     loaded = asyncio.run(scorer_state.load(store))
+    assert loaded is not None
     assert loaded == orjson.loads(orjson.dumps(exported))
     new = scoring.load(trained)
     assert new.import_state(loaded) == len(old.window.node_names)

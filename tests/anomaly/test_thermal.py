@@ -5,7 +5,10 @@ state survives a JSON round trip."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pytest
 
@@ -23,14 +26,14 @@ class Node:
 
     def __init__(self, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
-        self.r = R * np.exp(rng.normal(0.0, 0.08, GPUS))
-        self.offset = np.r_[np.zeros(4), np.full(4, 1.5)]  # a pre-heated rear row
+        self.r: npt.NDArray[np.float64] = R * np.exp(rng.normal(0.0, 0.08, GPUS))
+        self.offset: npt.NDArray[np.float64] = np.r_[np.zeros(4), np.full(4, 1.5)]  # a pre-heated rear row
         self.inlet = 25.0
-        self.power = np.full(GPUS, 0.9)
-        self.extra = np.zeros(GPUS)
-        self.heated_by: np.ndarray | None = None
+        self.power: npt.NDArray[np.float64] = np.full(GPUS, 0.9)
+        self.extra: npt.NDArray[np.float64] = np.zeros(GPUS)
+        self.heated_by: npt.NDArray[np.float64] | None = None
 
-    def temp(self) -> np.ndarray:
+    def temp(self) -> npt.NDArray[np.float64]:
         p = self.power if self.heated_by is None else self.heated_by
         self.heated_by = self.power.copy()
         return self.inlet + self.offset + self.r * p + self.extra
@@ -40,7 +43,13 @@ def _state() -> thermal.ThermalState:
     return thermal.ThermalState(GPUS, ["H100"], [R], thermal.ThermalSettings(), edges=(4.0, 0.8, 4.0))
 
 
-def _run(st: thermal.ThermalState, node: Node, seconds: float, t0: float, change=None) -> list[thermal.Step]:
+def _run(
+    st: thermal.ThermalState,
+    node: Node,
+    seconds: float,
+    t0: float,
+    change: Callable[[Node, float], None] | None = None,
+) -> list[thermal.Step]:
     st.ensure(["n0"])
     out = []
     cls = np.zeros((1, GPUS), dtype=np.intp)

@@ -13,7 +13,7 @@ from healer.bus import nats as natsbus
 
 
 def test_a_flooding_source_sheds_its_own_oldest_frames_and_waits_its_turn() -> None:
-    q = fairqueue.FairQueue(per_source=2, max_bytes=10_000)
+    q = fairqueue.FairQueue[bytes](per_source=2, max_bytes=10_000)
     for i in range(1000):
         q.put("flood", b"x%d" % i)
     assert q.put("n1", b"frame-1") is None
@@ -26,7 +26,7 @@ def test_a_flooding_source_sheds_its_own_oldest_frames_and_waits_its_turn() -> N
 
 
 def test_each_source_keeps_its_order_and_turns_rotate() -> None:
-    q = fairqueue.FairQueue(per_source=4, max_bytes=10_000)
+    q = fairqueue.FairQueue[bytes](per_source=4, max_bytes=10_000)
     for i in range(3):
         q.put("a", b"a%d" % i)
         q.put("b", b"b%d" % i)
@@ -36,7 +36,7 @@ def test_each_source_keeps_its_order_and_turns_rotate() -> None:
 
 
 def test_the_backlog_is_bounded_in_bytes_and_refusals_are_counted() -> None:
-    q = fairqueue.FairQueue(per_source=4, max_bytes=100)
+    q = fairqueue.FairQueue[bytes](per_source=4, max_bytes=100)
     accepted = [q.put(f"ghost-{i}", b"y" * 30) for i in range(10)]
     assert accepted.count(None) == 3
     assert accepted.count(fairqueue.Shed.TOTAL) == 7

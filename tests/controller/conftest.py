@@ -126,8 +126,10 @@ class Harness:
         for c, bus in self.controllers:
             if c is ctl:
                 await asyncio.wait_for(bus.nc.close(), 10)
-                if c.ingest.telemetry_bus is not bus:
-                    await asyncio.wait_for(c.ingest.telemetry_bus.nc.close(), 10)
+                telemetry_bus = c.ingest.telemetry_bus
+                if telemetry_bus is not bus:
+                    assert isinstance(telemetry_bus, natsbus.NatsBus), "the harness's controllers run on NATS"
+                    await asyncio.wait_for(telemetry_bus.nc.close(), 10)
 
     async def close(self) -> None:
         for ctl, bus in self.controllers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from healer import testing
 from healer.bus import subjects
+from healer.controller import service
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import Fleet, Harness, metric, warm
@@ -15,9 +16,8 @@ XID_RULES = (
 )
 
 
-def _ticks(ctl: object) -> float:
-    samples = next(iter(ctl.metrics.tick.collect())).samples  # type: ignore[attr-defined]
-    return next(s.value for s in samples if s.name.endswith("_count"))
+def _ticks(ctl: service.Controller) -> float:
+    return metric(ctl.metrics, "tick_seconds_count")
 
 
 async def test_a_fatal_xid_is_cordoned_before_the_next_tick(harness: Harness) -> None:

@@ -111,9 +111,11 @@ async def test_killing_the_leader_of_each_stream_and_bucket_loses_nothing_and_re
         for s in streams:  # what the victim led (often more than this one) has a new leader
             await leader_of(h.bus, s, other_than=victim.name)
         elected = loop.time()
-        await run_until(
-            fleet, lambda i=i: {f"r{i}", f"x{i}"} <= {r.node for r in actuator.executed("cordon")}, timeout=30
-        )
+
+        def cordoned(i: int = i) -> bool:
+            return {f"r{i}", f"x{i}"} <= {r.node for r in actuator.executed("cordon")}
+
+        await run_until(fleet, cordoned, timeout=30)
         late.append(loop.time() - elected)
         await asyncio.to_thread(victim.start)
         await asyncio.to_thread(nats_cluster.wait_peers)

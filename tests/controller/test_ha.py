@@ -15,7 +15,7 @@ import structlog.testing
 from healer import config, errors, testing
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import book, decide, incident_shell, kv, lease, policy
+from healer.controller import book, decide, incident_shell, ingest, kv, lease, policy, service
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until, warm
@@ -256,11 +256,13 @@ async def test_events_from_an_outage_are_acted_on_within_seconds_of_reconnecting
     await asyncio.to_thread(harness.srv.stop)
     await asyncio.sleep(LEASE_TTL_S * 1.5)  # the outage: longer than the lease
     await asyncio.to_thread(harness.srv.start)
-    loop = asyncio.get_running_loop()
-    back = loop.time()
-    for node in ("n2", "n3"):  # what agents' spools send once the server is back
+    # No duration is asserted: every wait from here on gives up before a stranded event's redelivery
+    # (the events consumer's ack wait), so acting on both at all means neither was stranded.
+    nodes, publish_s, act_s = ("n2", "n3"), 10.0, 30.0
+    assert len(nodes) * publish_s + act_s < ingest.EVENTS_ACK_WAIT_S
+    for node in nodes:  # what agents' spools send once the server is back
         event = events.new(node, "xid", gpu_index=0, xid=79)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(publish_s):
             while True:
                 try:
                     await harness.bus.publish_durable(
@@ -269,8 +271,7 @@ async def test_events_from_an_outage_are_acted_on_within_seconds_of_reconnecting
                     break
                 except errors.TemporaryError:
                     await asyncio.sleep(0.1)
-    await run_until(fleet, lambda: {"n2", "n3"} <= opened(harness), timeout=30)
-    assert loop.time() - back < 5 * LEASE_TTL_S, "acted on within seconds, not after the 60 s ack wait"
+    await run_until(fleet, lambda: {"n2", "n3"} <= opened(harness), timeout=act_s)
 
 
 async def test_events_of_a_tick_that_failed_go_to_the_next_leader_at_once(
@@ -317,7 +318,7 @@ async def test_a_stuck_incident_feed_never_holds_up_the_quarantine(harness: Harn
         await gate.wait()  # as a publish to a stream with no leader: no answer yet
         return await real(subject, data, msg_id, timeout)
 
-    ctl.feed.bus = types.SimpleNamespace(publish_durable=stuck)  # type: ignore[assignment]
+    ctl.feed.bus = types.SimpleNamespace(publish_durable=stuck)
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: {r.kind for r in actuator.executed()} == {"cordon", "migrate"})
     assert "n1" not in opened(harness), "acted while the feed was still stuck"
@@ -391,7 +392,7 @@ async def test_a_flood_of_bad_frames_is_counted_logged_briefly_and_leadership_ho
     sent = 0
     with structlog.testing.capture_logs() as logs:
         started = loop.time()
-        xid_at = None
+        xid_sent = False
         while loop.time() - started < 4.0:
             for _ in range(500):
                 await flooder.publish(subject, b"{not json")
@@ -399,16 +400,18 @@ async def test_a_flood_of_bad_frames_is_counted_logged_briefly_and_leadership_ho
             await asyncio.sleep(0)
             if not ctl.leader:
                 lost.append(loop.time() - started)
-            if xid_at is None and loop.time() - started > 1.0:
+            if not xid_sent and loop.time() - started > 1.0:
                 event = events.new("n1", "xid", gpu_index=0, xid=79)
                 await harness.bus.publish_durable(
                     subjects.Subjects().events("n1"), codec.encode(event), msg_id=event.id
                 )
-                xid_at = loop.time()
+                xid_sent = True
+        assert xid_sent
         await flooder.flush(timeout=10)
+        # An XID delayed by a minute (the old failure) gives up this wait; no duration is asserted. The
+        # flooder shares this test's event loop, so the XID may wait for the flood to end; in its own
+        # process (benchmarks/flood.py) the latency is measured during the flood.
         await until(lambda: "n1" in opened(harness), timeout=10)
-        assert xid_at is not None
-        latency = loop.time() - xid_at
         await until(
             lambda: decode_errors(ctl) + metric(ctl.metrics, "frames_dropped_total") >= sent * 0.99,
             timeout=20,
@@ -418,14 +421,15 @@ async def test_a_flood_of_bad_frames_is_counted_logged_briefly_and_leadership_ho
     assert not [e for e in logs if e["event"] == "lease.lost"]
     bad_lines = [e for e in logs if e["event"] == "controller.bad_frame"]
     assert 1 <= len(bad_lines) <= 2, "one line per 10 s, with counts"
-    # The flooder shares this test's event loop, so the XID may wait for the flood to end; in its own
-    # process (benchmarks/flood.py) the latency is measured during the flood.
-    assert latency < 4.0 + 2 * LEASE_TTL_S
 
 
-def decode_errors(ctl: Any) -> float:
+def decode_errors(ctl: service.Controller) -> float:
+    """``healer_controller_decode_errors_total`` over all its (kind, reason) series, as a scrape reads it."""
     return sum(
-        s.value for s in next(iter(ctl.metrics.decode_errors.collect())).samples if s.name.endswith("_total")
+        s.value
+        for family in ctl.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "healer_controller_decode_errors_total"
     )
 
 
@@ -440,7 +444,11 @@ async def test_a_deleted_events_consumer_is_created_again(harness: Harness) -> N
             await harness.bus.js.delete_consumer(subj.stream_events, "healer-controller-s0")
         event = events.new(node, "xid", gpu_index=0, xid=79)
         await harness.bus.publish_durable(subj.events(node), codec.encode(event), msg_id=event.id)
-        await run_until(fleet, lambda node=node: node in opened(harness))
+
+        def seen(node: str = node) -> bool:
+            return node in opened(harness)
+
+        await run_until(fleet, seen)
 
 
 async def test_the_rate_limit_window_survives_a_restart(nats_bus: natsbus.NatsBus) -> None:

@@ -100,7 +100,9 @@ async def test_reset_validate_return_resolves_the_incident_recovered(harness: Ha
     assert [(r.kind, r.gpu_index) for r in gpu.executed()] == [("reset_gpu", 0), ("validate", 0)]
     validate = gpu.executed("validate")[0]
     assert validate.params["dcgm_level"] == 2
-    assert validate.params["soak_since"] >= gpu.executed("reset_gpu")[0].deadline - 600.0
+    reset_deadline = gpu.executed("reset_gpu")[0].deadline
+    assert reset_deadline is not None
+    assert validate.params["soak_since"] >= reset_deadline - 600.0
     state = await store(harness)
     assert await state.keys(healing.PREFIX) == []  # finished ladders leave KV
     history = await state.get(healing.history_key("n1", 0))

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from healer import cli, testing
-from healer.controller import action_runner, book, closing, healing
+from healer.controller import action_runner, book, closing, healing, service
 from healer.schemas import incidents
 from tests.controller.conftest import Fleet, Harness, metric, run_until, warm
 from tests.controller.test_healing import events, ladder_rules
@@ -21,10 +21,10 @@ def breaker_events(harness: Harness) -> list[incidents.IncidentEvent]:
     return [e for e in harness.feed.events if e.data.rule_id == action_runner.BREAKER_RULE]
 
 
-async def trip(harness: Harness, actuator: testing.RecordingActuator, ctl: object) -> Fleet:
+async def trip(harness: Harness, actuator: testing.RecordingActuator, ctl: service.Controller) -> Fleet:
     nodes = [f"n{i:02d}" for i in range(10)]
     fleet = Fleet(harness.bus, nodes)
-    await run_until(fleet, lambda: len(ctl.nodes) == 10)  # type: ignore[attr-defined]
+    await run_until(fleet, lambda: len(ctl.nodes) == 10)
     for node in nodes[:4]:  # 40 % of the fleet, the limit is 10 %: one node
         fleet.overrides[(node, 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: bool(breaker_events(harness)))

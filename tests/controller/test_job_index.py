@@ -43,7 +43,7 @@ def test_a_frame_with_jobs_round_trips_and_one_without_leaves_the_field_out() ->
 
 
 def test_squeue_node_lists_place_running_jobs_on_their_nodes() -> None:
-    listed = {
+    listed: dict[str, dict[str, object]] = {
         "41": {"job_state": ["RUNNING"], "nodes": "gpu[01-03],gpu07"},
         "42": {"job_state": ["PENDING"], "nodes": ""},
         "43": {"job_state": "RUNNING", "nodes": "login1"},

@@ -101,7 +101,11 @@ async def test_two_ports_down_are_two_incidents_one_cordon_and_one_ladder_throug
     (harness.rules / "dbe.yaml").unlink()
     (harness.rules / "fabric.yaml").write_text(port_down_rules(ladder=True))
     root = rdma.write_tree(tree("cx7-ib-two-ports-down.txt"), tmp_path / "sys")
-    sched = Drains(on_reboot=lambda: rdma.write_tree(tree("cx7-ib-healthy.txt"), root))
+
+    def reboot() -> None:  # the node comes back with both ports up
+        rdma.write_tree(tree("cx7-ib-healthy.txt"), root)
+
+    sched = Drains(on_reboot=reboot)
     gpu = testing.RecordingGpuActuator(script={"reset_port": ["failed-permanent"]})
     ctl = await harness.controller(sched, gpu=gpu)
     agent = subprocess.Popen(  # noqa: ASYNC220 - started once, then only awaited on

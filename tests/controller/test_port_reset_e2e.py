@@ -53,7 +53,11 @@ async def walk(
     root = rdma.write_tree(port_tests.tree("cx7-ib-link-down.txt"), tmp_path / "sys")
     script, log = tmp_path / "bounce.py", tmp_path / "calls"
     script.write_text(agent_tests.BOUNCE)
-    sched = port_tests.Drains(on_reboot=lambda: rdma.write_tree(port_tests.tree("cx7-ib-healthy.txt"), root))
+
+    def reboot() -> None:  # the node comes back with its port up
+        rdma.write_tree(port_tests.tree("cx7-ib-healthy.txt"), root)
+
+    sched = port_tests.Drains(on_reboot=reboot)
     settings = config.ActuatorSettings(port_reset_timeout_s=1.0, retry_attempts=1)
     await harness.controller(sched, gpu=gpu_reset.GpuRecoveryActuator(harness.bus, settings=settings))
     template = [[sys.executable, str(script), str(root), str(log), "{device}", "{port}", "-", bounce]]

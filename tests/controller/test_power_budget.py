@@ -81,8 +81,9 @@ def test_priority_caps_the_lowest_rank_first() -> None:
 
 def test_readings_rank_nodes_by_their_priority_label() -> None:
     b = _budget(policy="priority", priority_label="slurm.qos", priorities={"high": 10})
-    frames = {"n1": [{"index": 0, "power_w": 500.0, "power_limit_w": 700.0, "power_min_w": 200.0,
-                      "power_default_w": 700.0}, {"index": 1, "power_w": None}]}  # fmt: skip
+    Gpus = dict[str, list[dict[str, object]]]
+    frames: Gpus = {"n1": [{"index": 0, "power_w": 500.0, "power_limit_w": 700.0, "power_min_w": 200.0,
+                            "power_default_w": 700.0}, {"index": 1, "power_w": None}]}  # fmt: skip
     got = power_budget.readings_of(frames, ["n1", "n2"], {"n1": {"slurm.qos": "high"}}, b)
     assert got == [R("n1", 0, 500.0, 700.0, 200.0, 700.0, 10)], "a GPU without a power reading is left out"
 
@@ -93,8 +94,8 @@ def test_restore_is_stepwise_waits_for_headroom_and_never_takes_the_domain_back_
     state = d.state
     capped = _rack(475.0, limit_w=475.0)
     # at steady load, a step (+70 W each, fully drawn) would cross the ceiling: nothing, ever
-    for t in range(11, 2000, 5):
-        d = power_budget.step(capped, b, state, float(t))
+    for second in range(11, 2000, 5):
+        d = power_budget.step(capped, b, state, float(second))
         assert not d.changes
         state = d.state
     # the jobs' load drops: the limits come back in steps, one every restore_after_s

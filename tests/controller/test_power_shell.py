@@ -48,6 +48,9 @@ def test_a_dry_run_reads_each_gpu_as_if_its_planned_cap_held() -> None:
 
 
 def test_the_domains_clock_is_the_mean_of_the_gpus_that_report_one() -> None:
-    frames = {"a": [{"sm_clock_mhz": 1980.0}, {"sm_clock_mhz": None}], "b": [{"sm_clock_mhz": 1500}]}
+    frames: dict[str, list[dict[str, object]]] = {
+        "a": [{"sm_clock_mhz": 1980.0}, {"sm_clock_mhz": None}],
+        "b": [{"sm_clock_mhz": 1500}],
+    }
     assert power_shell.mean_clock(frames) == 1740.0
     assert power_shell.mean_clock({"a": [{"sm_clock_mhz": None}]}) is None

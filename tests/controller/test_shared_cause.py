@@ -13,7 +13,7 @@ import pytest
 
 from healer import config, testing
 from healer.bus import subjects
-from healer.controller import book, shared_cause, topology
+from healer.controller import book, service, shared_cause, topology
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import Harness
@@ -131,8 +131,8 @@ async def firing(harness: Harness) -> AsyncIterator[Firing]:
         await keeper.recover()  # also when the test failed: no task outlives it
 
 
-def of(ctl: object, node: str) -> book.Incident | None:
-    return next((i for i in ctl.book.all() if i.node == node), None)  # type: ignore[attr-defined]
+def of(ctl: service.Controller, node: str) -> book.Incident | None:
+    return next((i for i in ctl.book.all() if i.node == node), None)
 
 
 async def test_a_leaf_switch_loss_is_one_incident_that_holds_repairs_and_resolves_with_the_domain(

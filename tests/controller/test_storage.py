@@ -44,7 +44,7 @@ rules:
 
 
 def small_settings(url: str) -> config.NatsSettings:
-    return config.NatsSettings(url=url, lease_ttl_s=LEASE_TTL_S, **SMALL)  # type: ignore[arg-type]
+    return config.NatsSettings(url=url, lease_ttl_s=LEASE_TTL_S, **SMALL)
 
 
 class SmallStore(Harness):

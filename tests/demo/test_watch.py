@@ -69,13 +69,16 @@ def test_node_fault_matches_node_incidents_and_other_nodes_count_as_unexpected()
 def test_story_needs_the_overheat_incident_resolved_with_its_limit_restored() -> None:
     obs = watch.Observer(T0)
     obs.on_truth([_truth("f1", "cooling_degradation", "n1", 5, 1.0, 1.5)])
-    capped = [("power_limit", "done", 40.0)]
+    capped: list[tuple[str, incidents.ActionStatus, float]] = [("power_limit", "done", 40.0)]
     obs.on_incident(_event("opened", "a", "gpu-temp-near-slowdown", "n1", 5, 39.0))
     obs.on_incident(_event("action", "a", "gpu-temp-near-slowdown", "n1", 5, 40.0, capped))
     story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]
     assert story["overheat_capped"] is True
     assert story["overheat_resolved_and_restored"] is False
-    restored = [*capped, ("restore_power_limit", "done", 90.0)]
+    restored: list[tuple[str, incidents.ActionStatus, float]] = [
+        *capped,
+        ("restore_power_limit", "done", 90.0),
+    ]
     obs.on_incident(_event("resolved", "a", "gpu-temp-near-slowdown", "n1", 5, 89.0, capped, "resolved"))
     obs.on_incident(_event("action", "a", "gpu-temp-near-slowdown", "n1", 5, 90.0, restored, "resolved"))
     story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]

@@ -378,8 +378,8 @@ class FakeNvml:
             mod.NVMLError = NVMLError  # type: ignore[attr-defined]
             for name, cls in ERROR_CLASSES.items():
                 setattr(mod, name, cls)
-            for cls in STRUCTS:
-                setattr(mod, cls.__name__, cls)
+            for struct in STRUCTS:
+                setattr(mod, struct.__name__, struct)
             for name in dir(type(self)):
                 if name.startswith("nvml"):
                     setattr(mod, name, getattr(self, name))

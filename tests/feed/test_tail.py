@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from healer import errors
+from healer.bus import embedded
 from healer.bus import nats as natsbus
 from healer.feed import envelope, tail
 from healer.schemas import codec, incidents
@@ -149,8 +150,8 @@ async def test_garbage_is_counted_and_reported_not_fatal(nats_bus: natsbus.NatsB
     assert [e["seq"] for e in logs if e["event"] == "tail.rejected"] == [2, 3, 4, 5, 8]
 
 
-async def test_missing_stream_is_a_clear_permanent_error(nats_server: object) -> None:
-    bus = await natsbus.NatsBus.connect(nats_server.url)  # type: ignore[attr-defined]
+async def test_missing_stream_is_a_clear_permanent_error(nats_server: embedded.EmbeddedServer) -> None:
+    bus = await natsbus.NatsBus.connect(nats_server.url)
     try:
         with pytest.raises(errors.PermanentError, match="HEALER_INCIDENTS"):
             await tail.read(bus, helpers.SUBJ, tail.Query(), lambda _i: None, lambda *_: None)

@@ -7,9 +7,9 @@ import itertools
 import pathlib
 
 import numpy as np
-from rules_helpers import T0, frame
 
 from healer.rules import engine, loader
+from tests.rules.rules_helpers import T0, frame
 
 PACK = pathlib.Path(__file__).parents[2] / "rules" / "anomaly.yaml"
 

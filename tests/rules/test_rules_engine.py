@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import structlog
 import structlog.testing
-from rules_helpers import T0, frame, make_engine, rule
 
 from healer.rules import engine, evaluate, loader, windows
-from healer.schemas import events
+from healer.schemas import events, telemetry
+from tests.rules.rules_helpers import T0, frame, make_engine, rule
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def statuses(firings: list[engine.Firing]) -> set[tuple[str, str, int | None, st
     return {(f.rule_id, f.node, f.gpu, f.status) for f in firings}
 
 
-def value_of(expr: str, frames: list, now: float, *, scope: str = "gpu") -> float:
+def value_of(expr: str, frames: list[telemetry.NodeFrame], now: float, *, scope: str = "gpu") -> float:
     """Evaluate one numeric expression (as evidence of ``expr > -1e18``) on GPU 0 / the node."""
     eng = make_engine(rule(f"{expr} > -1e18 or {expr} <= -1e18", scope=scope))
     for f in frames:

@@ -5,7 +5,7 @@ exactly the JetStream calls they make."""
 from __future__ import annotations
 
 import pathlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 
 import pytest
 from structlog.testing import capture_logs
@@ -57,7 +57,7 @@ async def buses(
         await controller.close()
 
 
-def _denied(logs: list[dict[str, object]]) -> list[object]:
+def _denied(logs: Sequence[Mapping[str, object]]) -> list[object]:
     return [e["error"] for e in logs if e["event"] == "nats.permission_denied"]
 
 
@@ -99,6 +99,7 @@ async def test_forward_delivers_the_feed_as_a_feed_identity(
     with capture_logs() as logs:
         # the forwarder's own steps, without its endless loop: set up the durable consumer, pull, deliver, ack
         await fwd.ensure_consumer()
+        assert fwd.consumer is not None
         for _ in range(2):  # one in flight at a time (max_ack_pending 1)
             (msg,) = await fwd.consumer.fetch(1, timeout=5.0)
             await fwd._handle(msg)

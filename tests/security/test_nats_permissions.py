@@ -241,10 +241,11 @@ async def test_controller_holds_leases_and_state_in_kv_and_a_node_cannot_touch_t
     revision = await leases.put("leader", b"controller-0")
     assert (await leases.get("leader")).revision == revision
     watcher = await leases.watch("leader")
-    seen = await watcher.updates(timeout=5.0)
+    # nats-py leaves KeyValue.KeyWatcher's methods unannotated
+    seen = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
     assert seen is not None
     assert seen.value == b"controller-0"
-    await watcher.stop()
+    await watcher.stop()  # type: ignore[no-untyped-call]
     state = await controller.js.key_value(SUBJ.kv_state)
     await state.put("breaker", b"closed")
     with capture_logs() as logs:

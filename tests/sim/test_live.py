@@ -25,7 +25,7 @@ def _command(node: str, cid: str, **kw: object) -> bytes:
         fencing_token=1,
         issued_at=now,
         expires_at=now + 60,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
     return codec.encode(cmd)
 

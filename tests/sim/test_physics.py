@@ -100,17 +100,17 @@ def test_counters_are_monotonic_and_gpu_reset_clears_only_volatile_ones() -> Non
             last[name] = c.copy()
         assert (fl.energy > energy).all()
         energy = fl.energy.copy()
-    c = fl.counters
-    assert c["ecc_sbe_volatile"][0, 1] > 0
-    assert c["nvlink_crc_flit_errors"][0, 1] > 0
-    assert c["pcie_replay_count"][0, 1] > 0
-    assert c["ecc_sbe_volatile"][0, 0] == 0
-    aggregate = int(c["ecc_sbe_aggregate"][0, 1])
+    counts = fl.counters
+    assert counts["ecc_sbe_volatile"][0, 1] > 0
+    assert counts["nvlink_crc_flit_errors"][0, 1] > 0
+    assert counts["pcie_replay_count"][0, 1] > 0
+    assert counts["ecc_sbe_volatile"][0, 0] == 0
+    aggregate = int(counts["ecc_sbe_aggregate"][0, 1])
     fl.remap_pending[0, 1] = True
     fl.reset_gpu(0, 1)
     for name in physics.VOLATILE:
-        assert c[name][0, 1] == 0, name
-    assert c["ecc_sbe_aggregate"][0, 1] == aggregate, "aggregate ECC survives a reset"
+        assert counts[name][0, 1] == 0, name
+    assert counts["ecc_sbe_aggregate"][0, 1] == aggregate, "aggregate ECC survives a reset"
     assert not fl.remap_pending[0, 1], "a reset applies the pending row remap"
 
 

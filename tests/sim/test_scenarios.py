@@ -201,7 +201,7 @@ def test_realistic_without_a_multiplier_is_quiet_in_a_short_run() -> None:
 def test_same_seed_gives_same_frames_events_and_truth_and_another_seed_does_not() -> None:
     def run(seed: int) -> tuple[list[bytes], list[Any], list[Any]]:
         sim = scenarios.build(scenarios.load("mixed"), nodes=16, gpus=8, seed=seed)
-        out = []
+        out: list[bytes] = []
         for _ in range(150):
             sim.step(5.0)
             out.extend(b for _, b in sim.frames())

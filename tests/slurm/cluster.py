@@ -47,7 +47,7 @@ def _free_ports(count: int) -> int:
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
+            base: int = probe.getsockname()[1]
         if base + count > 65000:
             continue
         ok = True

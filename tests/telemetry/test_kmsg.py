@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from healer.schemas import events
-from healer.telemetry import kernel_log, kmsg, nvml, watchers, xid
+from healer.telemetry import kernel_log, kmsg, nvml, source, watchers, xid
 from tests.fakes import fake_pynvml as fp
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "kmsg"
@@ -225,7 +225,7 @@ def test_after_a_reboot_the_whole_ring_of_this_boot_is_read(node: Node) -> None:
 
 def test_an_overrun_is_counted_and_reading_goes_on(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     real_read = os.read
-    failed = []
+    failed: list[int] = []
 
     def read(fd: int, n: int) -> bytes:
         if not failed:
@@ -233,7 +233,7 @@ def test_an_overrun_is_counted_and_reading_goes_on(node: Node, monkeypatch: pyte
             raise OSError(errno.EPIPE, "Broken pipe")
         return real_read(fd, n)
 
-    monkeypatch.setattr(kernel_log.os, "read", read)
+    monkeypatch.setattr(os, "read", read)  # the os.read that kernel_log calls
     w = node.watcher()
     try:
         node.write(_record(5, 0x58, 13))
@@ -254,9 +254,9 @@ class Stub:
     """A watcher whose events the test hands in (``emit`` runs on the test's thread)."""
 
     def __init__(self) -> None:
-        self.sink: kernel_log.source.EventSink | None = None
+        self.sink: source.EventSink | None = None
 
-    def start(self, sink: kernel_log.source.EventSink) -> None:
+    def start(self, sink: source.EventSink) -> None:
         self.sink = sink
 
     def stop(self) -> None:
@@ -269,7 +269,7 @@ class Stub:
 
 def _combined(**kw: float) -> tuple[watchers.Combined, Stub, list[events.NodeEvent], list[float]]:
     now = [100.0]
-    stub, got = Stub(), []
+    stub, got = Stub(), list[events.NodeEvent]()
     combined = watchers.Combined([stub], clock=lambda: now[0], **kw)
     combined.start(got.append)
     return combined, stub, got, now
@@ -343,7 +343,7 @@ class _Unstarted:
         )  # fmt: skip
         self.stopped = False
 
-    def start(self, sink: kernel_log.source.EventSink) -> None:
+    def start(self, sink: source.EventSink) -> None:
         self.inner.start(sink)
 
     def stop(self) -> None:

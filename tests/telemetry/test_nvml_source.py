@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import hypothesis
 import pytest
@@ -43,7 +43,7 @@ def _frame(sample: source.Sample, expected: int | None) -> telemetry.NodeFrame:
     return codec.decode_frame(codec.encode(frame))
 
 
-def _unsupported_logs(logs: list[dict[str, object]], index: int, field: str) -> int:
+def _unsupported_logs(logs: Sequence[Mapping[str, object]], index: int, field: str) -> int:
     return sum(
         1
         for e in logs

@@ -223,7 +223,8 @@ def build(now: float, *, grafana_url: str | None = GRAFANA) -> tuple[live.Live, 
 
 
 class MissingScore:
-    """The controller's model has not scored this GPU yet: a component present, its value missing."""
+    """The controller's model has not scored this GPU yet: a component present, its value missing (NaN,
+    which the page's JSON carries as null)."""
 
-    def components(self, node: str, gpu: int) -> dict[str, float | None] | None:
-        return {"anomaly_score": None, "thermal_rise": 0.12} if node == HOT else None
+    def components(self, node: str, gpu: int) -> dict[str, float] | None:
+        return {"anomaly_score": float("nan"), "thermal_rise": 0.12} if node == HOT else None

@@ -59,7 +59,7 @@ class Page:
     async def until(self, what: str, check: Callable[[], Any], timeout: float = 10.0) -> Any:
         deadline = time.monotonic() + timeout
         while True:
-            value = await check()  # type: ignore[misc]
+            value = await check()
             if value:
                 return value
             if time.monotonic() > deadline:
@@ -67,9 +67,10 @@ class Page:
             await asyncio.sleep(0.2)
 
     async def pixel(self, node: str, gpu: int) -> str | None:
-        return await self.js(
+        color: str | None = await self.js(
             "return window.healerUi && window.healerUi.cellPixel(arguments[0], arguments[1])", node, gpu
         )
+        return color
 
     async def incident_rows(self, node: str, gpu: int) -> int:
         return int(await self.js(ROWS_JS, node, gpu))

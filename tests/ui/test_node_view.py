@@ -38,7 +38,9 @@ def test_history_keeps_bucket_means_over_an_hour_older_than_the_ring() -> None:
     assert isinstance(ts, list)
     assert now - ts[0] >= 3600, "an hour back, at least"
     assert len(ts) <= 125 + 90, "downsampled: bucket means, not every frame"
-    assert 120 <= s["history_points"] <= 125  # the newest buckets are the ring's, shown once
+    points = s["history_points"]
+    assert isinstance(points, int)
+    assert 120 <= points <= 125  # the newest buckets are the ring's, shown once
     assert ts == sorted(ts)
     # a bucket is the mean of its 30 frames: the history point at its middle equals the readings' mean there
     mid = ts[0]
