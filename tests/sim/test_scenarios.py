@@ -117,7 +117,7 @@ SIGNATURES: dict[str, Check] = {
     "clock_limit": lambda r, rec, w, n, g: (
         bool(
             np.median(r.cols["sm_clock_mhz"][w, n, g])
-            <= (1 - 0.8 * rec["params"]["drop"]) * profiles.H100.sm_clock_max_mhz
+            <= (1 - 0.8 * rec["params"]["drop"]) * profiles.H100.sheet.sm_clock_max_mhz
         )
         and bool((r.cols["clocks_event_reasons"][w, n, g] & fields.ClocksEventReason.HW_SLOWDOWN).all())
         and not r.xids(rec)

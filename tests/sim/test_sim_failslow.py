@@ -49,10 +49,10 @@ def test_frames_carry_each_gpus_job_and_a_gang_of_nodes_runs_one_job() -> None:
     # one fatal fault ends the job on every node of the gang: all four go idle and report no job
     sim.fleet.work.crash(1, sim.t)
     _steps(sim, 1)
-    decoded = {f.node: f for f in (codec.decode_frame(b) for _, b in sim.frames())}
+    by_name = {f.node: f for f in (codec.decode_frame(b) for _, b in sim.frames())}
     names = sim.fleet.node_names
-    assert all(g.jobs == [] for n in names[:4] for g in decoded[n].gpus)
-    assert all(g.jobs == list(by_node[4]) for n in names[4:] for g in decoded[n].gpus)
+    assert all(g.jobs == [] for n in names[:4] for g in by_name[n].gpus)
+    assert all(g.jobs == list(by_node[4]) for n in names[4:] for g in by_name[n].gpus)
 
 
 def test_without_job_nodes_every_node_runs_its_own_job_and_idle_gpus_report_none() -> None:
