@@ -175,11 +175,9 @@ async def _main(
         fabric_manager_mode=s.agent.fabric_manager,
     )
     log.info("agent.starting", node=node, source=src.kind, nats=s.nats.url, interval_s=s.agent.interval_s)
-    heartbeat = asyncio.create_task(beat.keep(ready), name="agent-health")
     try:
-        await agent.run(stop)
+        async with common.heartbeat("agent", beat, ready, agent.metrics.task_failures):
+            await agent.run(stop)
     finally:
-        heartbeat.cancel()
-        await asyncio.gather(heartbeat, return_exceptions=True)
         if agent.bus is not None:
             await agent.bus.close()

@@ -18,10 +18,10 @@ import argparse
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from healer import config, errors, sdnotify
+from healer import config, errors, health, sdnotify, tasks
 from healer.bus import nats as natsbus
 
 T = TypeVar("T")
@@ -150,3 +150,18 @@ def run(
                 loop.remove_signal_handler(sig)
 
     return asyncio.run(runner())
+
+
+@contextlib.asynccontextmanager
+async def heartbeat(
+    scope: str, beat: health.Health, ready: Callable[[], health.Verdict], failures: Any
+) -> AsyncIterator[None]:
+    """The process's heartbeat (``/livez``, ``/readyz``, systemd's watchdog) while the block runs, as an
+    owned task: a heartbeat that fails is logged once (``<scope>.task_failed``), counted
+    (``task_failures_total{task="health"}``) and restarted, never silently gone (#25)."""
+    jobs = tasks.Scheduler(scope, failures)
+    jobs.supervise("health", lambda: beat.keep(ready))
+    try:
+        yield
+    finally:
+        await jobs.close()

@@ -131,11 +131,12 @@ async def run_controller(
 
     beat = beat or health.Health(metrics.registry)
     ctl: service.Controller | None = None
-    heartbeat = asyncio.create_task(
-        beat.keep(lambda: ctl.ready() if ctl is not None else _connecting(s.nats.url)),
-        name="controller-health",
-    )
-    try:
+    async with common.heartbeat(
+        "controller",
+        beat,
+        lambda: ctl.ready() if ctl is not None else _connecting(s.nats.url),
+        metrics.task_failures,
+    ):
         bus = await common.until_stopped(common.connect(s, "healer-controller", service=True), stop)
         try:
             await provision.ensure(bus, subjects.Subjects(s.nats.prefix), s.nats)
@@ -160,9 +161,6 @@ async def run_controller(
             await ctl.stop()
         finally:
             await bus.close()
-    finally:
-        heartbeat.cancel()
-        await asyncio.gather(heartbeat, return_exceptions=True)
 
 
 def _admitted(ctl: Any) -> Any:

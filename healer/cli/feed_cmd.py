@@ -203,8 +203,7 @@ def run_sink(
                 nats=health.Check(bus.connected, "connected" if bus.connected else "disconnected")
             )
 
-        heartbeat = asyncio.create_task(beat.keep(ready), name=f"{name}-health")
-        try:
+        async with common.heartbeat(name, beat, ready, metrics.task_failures):
             bus = await common.until_stopped(
                 common.connect(s, f"healer-{name}-{feed.durable}", service=True), stop
             )
@@ -213,9 +212,6 @@ def run_sink(
             finally:
                 await bus.close()
                 log.info(f"{name}.stopped", durable=feed.durable)
-        finally:
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
 
     try:
         common.run(run)
