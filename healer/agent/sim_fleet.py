@@ -236,17 +236,20 @@ class LiveFleet:
         deadline = start
         await self._publish_events(self.sim.take_events())
         while not stop.is_set():
-            if duration_s is not None and loop.time() - start >= duration_s:
-                break
-            await self.tick()
+            # the simulated second is stepped once it has passed on the wall clock, so no frame, event
+            # or fault's truth record is stamped ahead of the time it is published (an event acted on at
+            # arrival would otherwise show as acted on before its fault started)
             deadline += self.interval_s
             delay = deadline - loop.time()
             if delay < 0:
                 self.stats.overruns += 1
                 deadline = loop.time()
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+            if stop.is_set() or (duration_s is not None and loop.time() - start > duration_s):
+                break
+            await self.tick()
         fl = self.sim.fleet
         for node in self.sim.reporting().tolist():
             fl.emit_event(node, "agent_stop", message="simulated agent stopped")

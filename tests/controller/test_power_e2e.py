@@ -24,7 +24,7 @@ from healer.actuators import power
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import jobs, power_budget, power_shell, service
+from healer.controller import power_budget, power_shell, service
 from healer.schemas import budgets, codec, incidents
 from healer.sim import scenarios, simulation, workloads
 from tests import conftest
@@ -153,8 +153,13 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     ctl = await rig.start(tmp_path, {"energy_accounting": True}, contract_kw=budget_kw)
     names = rig.sim.fleet.node_names
     assert ctl.learning.failslow is not None
-    ctl.learning.failslow.jobs.set_scheduled("slurm", [jobs.Placement("job-1", names[0])])  # as squeue says
     await rig.until(lambda: ctl.ingest.energy is not None and bool(ctl.ingest.energy.last))
+    index = ctl.learning.failslow.jobs
+    await rig.until(lambda: index.job_of(names[0], 0) is not None)
+    job_id = index.job_of(names[0], 0)  # the simulated node's own job, from its frames' GPU jobs
+    assert job_id is not None
+    assert {index.job_of(names[0], g) for g in range(GPUS // 2)} == {job_id}, "one job on the first node"
+    assert index.job_of(names[1], 0) != job_id
     energy_from = float(rig.sim.fleet.energy.sum())  # the simulator's own counters: the truth
     await rig.until(rig.caps_done)
     await rig.until(lambda: "sm_clock_after_mhz" in domain_events(rig.harness)[-1].data.evidence)
@@ -175,7 +180,7 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     await rig.until(rig.resolved, timeout=90)
     final = assert_one_restored_episode(rig)
     assert float(final.evidence["energy_kwh"] or 0) > 0, "the episode's energy on the feed"
-    job_kwh = float(final.evidence["energy_kwh.job-1"] or 0)
+    job_kwh = float(final.evidence[f"energy_kwh.{job_id}"] or 0)
     assert (
         0.3 * float(final.evidence["energy_kwh"] or 0)
         < job_kwh
@@ -188,8 +193,8 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     await conftest.until(lambda: abs(sum(meter.last.values()) - last_w) < 1.0 and not meter.by_domain)
     counted = metric(ctl.metrics, "energy_joules_total", domain="rack=r1")
     assert counted == pytest.approx(truth, rel=0.05), "the rack's energy, as the GPUs' counters say"
-    job = metric(ctl.metrics, "job_energy_joules_total", job="job-1")
-    assert 0.3 * counted < job < 0.7 * counted, "job-1 ran on one of the two nodes"
+    job = metric(ctl.metrics, "job_energy_joules_total", job=job_id)
+    assert 0.3 * counted < job < 0.7 * counted, "the job ran on one of the two nodes"
     assert max(capped_draw) <= budget_kw * 1000 * 1.02, (
         f"capped under the budget: {capped_draw} vs {budget_kw}"
     )
