@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 from healer.actuators import base
+from healer.rules import actions
 
 
 class RecordingActuator:
@@ -70,7 +71,7 @@ class RecordingGpuActuator:
         status: base.Status = queue.pop(0) if queue else "done"
         if status == "done" and self.on_done is not None:
             self.on_done(request)
-        facts = dict(self.device) if request.kind == "validate" else {}
+        facts = dict(self.device) if actions.spec(request.kind).reads_identity else {}
         return base.ActionOutcome(
             status=status, detail=f"{request.kind} {request.node}: {status}", facts=facts
         )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Final
 
 import structlog
 
@@ -39,6 +40,7 @@ from healer import config, errors
 from healer.actuators import base
 from healer.bus import base as bus_base
 from healer.bus import subjects
+from healer.rules import actions
 from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
@@ -72,8 +74,8 @@ class GpuRecoveryActuator:
 
         async def work() -> base.ActionOutcome:
             if request.dry_run:
-                what = f"GPU {request.gpu_index}" if request.kind == "reset_gpu" else "the node"
-                if request.kind == "reset_port":
+                what = "the node" if command.gpu_index is None else f"GPU {command.gpu_index}"
+                if command.action in commands.NEEDS_PORTS:
                     what = "port " + ", ".join(command.ports)
                 return base.ActionOutcome(
                     status="planned",
@@ -96,40 +98,28 @@ class GpuRecoveryActuator:
                     f"reply not believed: node {result.node!r} command {result.command_id!r} "
                     f"for {command.node!r} {command.id!r}"
                 )
-            return _outcome(request, result, plan)
+            return _outcome(command.action, request, result, plan)
 
         return await base.guarded(self.name, self.settings, request, work)
 
     def command(self, request: base.ActionRequest) -> commands.Command:
         now = self._clock()
         params = request.params
-        if request.kind == "reset_gpu":
-            if request.gpu_index is None:
-                raise errors.PermanentError("reset_gpu needs a GPU (the incident's gpu_index)")
-            action: commands.CommandAction = "reset_gpu"
-            timeout_s: float | None = float(params.get("timeout_s") or self.settings.gpu_reset_timeout_s)
-            suffix = f":{request.gpu_index}"
-        elif request.kind == "reset_port":
-            if not params.get("ports"):
-                raise errors.PermanentError("reset_port needs ports (the incident's port)")
-            action = "reset_port"
-            timeout_s = float(params.get("timeout_s") or self.settings.port_reset_timeout_s)
-            suffix = ""
-        elif request.kind == "reboot_node":
-            action = "reboot_node"
-            timeout_s = None
-            suffix = ""
-        elif request.kind == "validate":
-            action = "validate"
-            timeout_s = float(params.get("timeout_s") or self.settings.validate_timeout_s)
-            suffix = ""
-        else:
+        action = actions.spec(request.kind).agent_command
+        if action is None or action not in commands.RECOVERY:
             raise errors.PermanentError(f"the gpu actuator does not do {request.kind}")
+        if action in commands.NEEDS_GPU and request.gpu_index is None:
+            raise errors.PermanentError(f"{request.kind} needs a GPU (the incident's gpu_index)")
+        if action in commands.NEEDS_PORTS and not params.get("ports"):
+            raise errors.PermanentError(f"{request.kind} needs ports (the incident's port)")
+        limit = _TIMEOUTS.get(action)
+        timeout_s = None if limit is None else float(params.get("timeout_s") or limit(self.settings))
+        suffix = f":{request.gpu_index}" if action in commands.NEEDS_GPU else ""
         return commands.Command(
             id=str(params.get("action_id") or f"{request.incident_id}:{request.kind}{suffix}")[:128],
             node=request.node,
             action=action,
-            gpu_index=request.gpu_index if action == "reset_gpu" else None,
+            gpu_index=request.gpu_index if action in commands.NEEDS_GPU else None,
             fencing_token=request.fencing_token,
             issued_at=now,
             expires_at=now + self.settings.power_command_ttl_s,
@@ -138,12 +128,15 @@ class GpuRecoveryActuator:
             timeout_s=timeout_s,
             soak_since=params.get("soak_since"),
             dcgm_level=int(params.get("dcgm_level") or 0),
-            ports=[str(p) for p in params.get("ports") or ()] if action in ("reset_port", "validate") else [],
+            ports=[str(p) for p in params.get("ports") or ()] if action in commands.TAKES_PORTS else [],
         )
 
 
 def _outcome(
-    request: base.ActionRequest, result: commands.CommandResult, plan: list[str]
+    action: commands.CommandAction,
+    request: base.ActionRequest,
+    result: commands.CommandResult,
+    plan: list[str],
 ) -> base.ActionOutcome:
     detail = f"{result.status}: {result.detail}" if result.detail else result.status
     if result.status == "refused":
@@ -153,30 +146,60 @@ def _outcome(
             "failed-temporary" if result.detail.startswith("temporary:") else "failed-permanent"
         )
         return base.ActionOutcome(status=status, detail=f"agent: {result.detail}", plan=plan)
-    if request.kind == "validate":
-        report = result.validation
-        if report is None:
-            return base.ActionOutcome(status="failed-permanent", detail="the agent sent no report", plan=plan)
-        items = [
-            base.ItemResult(
-                item=c.name if c.gpu_index is None else f"gpu {c.gpu_index} {c.name}",
-                status="failed-permanent",
-                detail=c.detail,
-            )
-            for c in report.checks
-            if not c.ok
-        ]
-        status = "done" if report.passed else "failed-permanent"
-        return base.ActionOutcome(
-            status=status, detail=detail, items=items, plan=plan, facts=_facts(report, request.gpu_index)
+    return _DONE.get(action, _gpu_done)(request, result, detail, plan)
+
+
+def _validated(
+    request: base.ActionRequest, result: commands.CommandResult, detail: str, plan: list[str]
+) -> base.ActionOutcome:
+    """``validate``: one item per failed check; done only when every check passed."""
+    report = result.validation
+    if report is None:
+        return base.ActionOutcome(status="failed-permanent", detail="the agent sent no report", plan=plan)
+    items = [
+        base.ItemResult(
+            item=c.name if c.gpu_index is None else f"gpu {c.gpu_index} {c.name}",
+            status="failed-permanent",
+            detail=c.detail,
         )
-    if request.kind == "reset_port":
-        items = [
-            base.ItemResult(item=f"port {r.port}", status="done", detail=r.detail) for r in result.port_resets
-        ]
-        return base.ActionOutcome(status="done", detail=detail, items=items, plan=plan)
+        for c in report.checks
+        if not c.ok
+    ]
+    status: base.Status = "done" if report.passed else "failed-permanent"
+    return base.ActionOutcome(
+        status=status, detail=detail, items=items, plan=plan, facts=_facts(report, request.gpu_index)
+    )
+
+
+def _ports_reset(
+    request: base.ActionRequest, result: commands.CommandResult, detail: str, plan: list[str]
+) -> base.ActionOutcome:
+    """``reset_port``: one item per port bounced and back."""
+    items = [
+        base.ItemResult(item=f"port {r.port}", status="done", detail=r.detail) for r in result.port_resets
+    ]
+    return base.ActionOutcome(status="done", detail=detail, items=items, plan=plan)
+
+
+def _gpu_done(
+    request: base.ActionRequest, result: commands.CommandResult, detail: str, plan: list[str]
+) -> base.ActionOutcome:
+    """``reset_gpu`` and ``reboot_node``: done, with the request's GPU as the item."""
     item = base.ItemResult(item=f"gpu {request.gpu_index}", status="done", detail=result.detail)
     return base.ActionOutcome(status="done", detail=detail, items=[item], plan=plan)
+
+
+_DONE: Final[dict[commands.CommandAction, Callable[..., base.ActionOutcome]]] = {
+    "validate": _validated,
+    "reset_port": _ports_reset,
+}
+"""How a command's applied result reads, where it is not a plain ``done`` for the GPU."""
+_TIMEOUTS: Final[dict[commands.CommandAction, Callable[[config.ActuatorSettings], float]]] = {
+    "reset_gpu": lambda s: s.gpu_reset_timeout_s,
+    "reset_port": lambda s: s.port_reset_timeout_s,
+    "validate": lambda s: s.validate_timeout_s,
+}
+"""The most each command may take on the node (``reboot_node``: none, the node goes away)."""
 
 
 def _facts(report: commands.Validation, gpu_index: int | None) -> dict[str, str | None]:

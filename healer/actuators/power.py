@@ -29,15 +29,16 @@ from healer import config, errors, logs
 from healer.actuators import base
 from healer.bus import base as bus_base
 from healer.bus import subjects
+from healer.rules import actions
 from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
 
-COMMANDS: Final[dict[str, commands.CommandAction]] = {
-    "power_limit": "set_power_limit",
-    "restore_power_limit": "restore_power_limit",
-}
-"""The agent's command for each request this actuator carries out."""
+POWER_COMMANDS: Final[frozenset[commands.CommandAction]] = frozenset(
+    {"set_power_limit", "restore_power_limit"}
+)
+"""The agent's commands this actuator sends (the catalogue's ``agent_command`` of each kind it carries
+out)."""
 
 
 class PowerReadings(Protocol):
@@ -113,8 +114,8 @@ class PowerActuator:
 
     def command(self, request: base.ActionRequest) -> commands.Command:
         """The command for a request (raises ValueError on bad parameters)."""
-        action = COMMANDS.get(request.kind)
-        if action is None:
+        action = actions.spec(request.kind).agent_command
+        if action is None or action not in POWER_COMMANDS:
             raise errors.PermanentError(f"the power actuator does not do {request.kind}")
         params = request.params
         gpu = "all" if request.gpu_index is None else str(request.gpu_index)
@@ -124,8 +125,8 @@ class PowerActuator:
             node=request.node,
             action=action,
             gpu_index=request.gpu_index,
-            watts=params.get("watts") if action == "set_power_limit" else None,
-            percent_of_default=params.get("percent_of_default") if action == "set_power_limit" else None,
+            watts=params.get("watts") if action in commands.SETS_LIMIT else None,
+            percent_of_default=params.get("percent_of_default") if action in commands.SETS_LIMIT else None,
             fencing_token=request.fencing_token,
             issued_at=now,
             expires_at=now + self.settings.power_command_ttl_s,

@@ -105,6 +105,7 @@ class Health:
 
 DcgmRunner = Callable[[int, float | None], validation.DcgmResult | None]
 
+_Handler = Callable[[commands.Command, Any], commands.CommandResult]
 _RANK = {"failed": 3, "refused": 2, "applied": 1, "already": 0}
 
 
@@ -142,6 +143,14 @@ class CommandExecutor:
         """Commands refused because their new token is no live lease's (or the lease was unreadable)."""
         self.originals: dict[int, dict[str, Any]] = {}
         self.recent: dict[str, dict[str, Any]] = {}
+        self._recovery: dict[commands.CommandAction, _Handler] = {
+            "reset_gpu": self._reset,
+            "validate": self._validate,
+            "reboot_node": self._reboot,
+            "reset_port": self._reset_ports,
+        }
+        """The recovery commands (``commands.RECOVERY``), each with its handler; the rest set or restore
+        power limits."""
         self._load()
 
     # -- persistence -------------------------------------------------------------------------------
@@ -199,18 +208,13 @@ class CommandExecutor:
             return self._result(cmd, "refused", refusal, [], remember=False)
         if cmd.fencing_token > self.fencing_token:
             self.fencing_token = cmd.fencing_token
-        if cmd.action == "reset_gpu":
-            return self._reset(cmd, bound)
-        if cmd.action == "validate":
-            return self._validate(cmd, bound)
-        if cmd.action == "reboot_node":
-            return self._reboot(cmd, bound)
-        if cmd.action == "reset_port":
-            return self._reset_ports(cmd, bound)
+        recovery = self._recovery.get(cmd.action)
+        if recovery is not None:
+            return recovery(cmd, bound)
         targets = self._targets(cmd)
         if not targets:
             return self._result(cmd, "refused", "no GPU to act on", [], remember=False)
-        if cmd.action == "set_power_limit":
+        if cmd.action in commands.SETS_LIMIT:
             changes = [self._set(cmd, i) for i in targets]
         else:
             changes = [self._restore(i) for i in targets]

@@ -306,7 +306,8 @@ def cordon_ours(inc: book.Incident) -> bool:
     inherited healer's cordon of the node (``HANDED_OVER``)."""
     return bool(inc.evidence.get(HANDED_OVER)) or any(
         (spec := actions.kind(a.kind)) is not None
-        and spec.scheduler_verb not in (None, "uncordon")
+        and spec.scheduler_verb is not None
+        and not spec.undoes_cordon
         and a.status == "done"
         for a in inc.actions
     )
@@ -471,7 +472,7 @@ def repeat_escalation(
         return None
     note = f" (fault #{repeats} on this GPU within {settings.repeat_window_s:g}s: inspect hardware)"
     inspect = book.PlannedAction(kind="inspect", params={"reason": "repeat faults"})
-    return Escalation(note, None if any(a.kind == "inspect" for a in planned) else inspect)
+    return Escalation(note, None if any(a.kind == inspect.kind for a in planned) else inspect)
 
 
 # -- correlation: one incident per fault --------------------------------------------------------------
@@ -770,17 +771,16 @@ def episodes(opened: Iterable[float], now: float, window_s: float) -> Episodes:
 def ladder_step(inc: book.Incident, now: float, settings: config.ControllerSettings) -> Escalation | None:
     """The escalation ladder: an incident still open ``power_cap_escalate_s`` after its power cap took
     effect, and not cordoned yet, gets a cordon."""
-    capped = any(a.kind == "power_limit" and a.status in incidents.TOOK_EFFECT for a in inc.actions)
+    capped = any(actions.spec(a.kind).caps_power and a.status in incidents.TOOK_EFFECT for a in inc.actions)
+    cordon = book.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
     if (
         capped
         and inc.rule_id != power_budget.RULE_ID  # a domain's budget cap is the remedy, not a failed one
         and inc.state == "open"
-        and not any(a.kind == "cordon" for a in inc.actions)
+        and not any(a.kind == cordon.kind for a in inc.actions)
         and now - inc.opened_at > settings.power_cap_escalate_s
     ):
-        return Escalation(
-            LADDER_NOTE, book.PlannedAction(kind="cordon", params={"reason": "power cap not enough"})
-        )
+        return Escalation(LADDER_NOTE, cordon)
     return None
 
 

@@ -422,7 +422,7 @@ class Recovery:
         closes it."""
         facts: dict[str, str | None] = {}
         for a in inc.actions:
-            if a.kind == "validate" and a.facts:
+            if actions.spec(a.kind).reads_identity and a.facts:
                 facts = dict(a.facts)
         telemetry = self.engine.summary(inc.node, inc.gpu_index, now)
         bundle = ladder.evidence(state, history, facts, [dict(inc.evidence)], telemetry)
@@ -464,7 +464,8 @@ class Recovery:
                 continue
             pending = doc.value.get("pending", {})
             other = doc.value.get("state", {}).get("node")
-            if pending.get("kind") == "reboot_node" and pending.get("reboot_requested") and other != node:
+            reboots = actions.spec(str(pending.get("kind", ""))).reboots
+            if reboots and pending.get("reboot_requested") and other != node:
                 stored.add(str(other))
         # This process's reservations are read after the awaits, with no await before the reservation
         # below: two ladders asking at once (two action tasks) cannot both take the last place.

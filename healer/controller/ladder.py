@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from healer.rules import recovery
+from healer.rules import actions, recovery
 from healer.schemas import incidents
 
 RESET_BUDGET_S = 180.0
@@ -283,8 +283,9 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
             nxt = _moved(state, Phase.RETURNING, outcome, now, detail)
             why = "recovered on its own while its domain was suspected: returned without a replacement"
             return Step(StepKind.RETURN_TO_SERVICE, nxt, why, deadline=now + RETURN_BUDGET_S)
-        if outcome is Outcome.FAILED and "reboot_node" in state.steps:
-            nxt = _moved(state, Phase.REBOOTING, outcome, now, detail, rung=state.steps.index("reboot_node"))
+        reboot = next((i for i, s in enumerate(state.steps) if actions.spec(s).reboots), None)
+        if outcome is Outcome.FAILED and reboot is not None:
+            nxt = _moved(state, Phase.REBOOTING, outcome, now, detail, rung=reboot)
             why = "containment did not finish; a scheduler reboot drains by itself"
             return _rung_step(nxt, now, why)
         if outcome is Outcome.FAILED:
@@ -347,10 +348,10 @@ def plan(ladder: recovery.Ladder, port: str | None = None) -> tuple[str, ...]:
     lines = ["contain (the rule's actions)"]
     if ladder.contact_support:
         return (*lines, "hardware_replacement (NVIDIA: contact support)")
-    rungs = [r for r in ladder.steps if r != "reset_port" or port is not None]
+    rungs = [r for r in ladder.steps if not actions.per_port(r) or port is not None]
     for i, rung in enumerate(rungs):
         on_fail = rungs[i + 1] if i + 1 < len(rungs) else "hardware_replacement"
-        what = f"reset_port {port}" if rung == "reset_port" else rung
+        what = f"{rung} {port}" if actions.per_port(rung) else rung
         lines.append(f"{what} (refused or failed: {on_fail})")
         soak = f"{ladder.soak_s:g}s soak"
         dcgm = f", dcgmi diag -r {ladder.dcgm_level}" if ladder.dcgm_level else ""
@@ -403,7 +404,7 @@ def _moved(
 def _runnable(state: LadderState, start: int) -> int | None:
     """The first rung from ``start`` on that fits the incident (``reset_port`` needs its port)."""
     for i in range(start, len(state.steps)):
-        if state.steps[i] != "reset_port" or state.port is not None:
+        if not actions.per_port(state.steps[i]) or state.port is not None:
             return i
     return None
 

@@ -22,6 +22,8 @@ STRAGGLER_RULE = "gpu-straggler"
 """The fail-slow incident (#28): its line names the job and the cause."""
 """A domain's incident (#27): node ``<key>.<value>``, matched to no single fault, so never unexpected."""
 OK = incidents.TOOK_EFFECT
+RESTORES = frozenset(k.reversible_by for k in actions.CATALOG.values() if k.caps_power)
+"""The kinds that undo a power cap (``restore_power_limit``)."""
 INFORM_ONLY = ("notify",)
 """Actions that change nothing: not counted as the first action on a fault."""
 
@@ -292,8 +294,7 @@ class Observer:
         return {
             "overheat_capped": anyhas(hot, "power_limit"),
             "overheat_resolved_and_restored": any(
-                i.state == "resolved"
-                and any(a.kind == "restore_power_limit" and a.status in OK for a in i.actions)
+                i.state == "resolved" and any(a.kind in RESTORES and a.status in OK for a in i.actions)
                 for i in hot_incidents
             ),
             "dbe_cordoned_and_migrated": has(row("ecc_dbe"), "cordon", "migrate"),

@@ -22,6 +22,8 @@ from typing import Any, Final
 
 import pydantic
 
+from healer.schemas import commands
+
 
 class _Params(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
@@ -111,6 +113,18 @@ class ActionKind:
     a shared-cause incident suspects the node's failure domain (a leaf switch, a PDU) it waits, and a
     member that recovers on its own is returned without it (#27). Containment (cordon, drain, migrate,
     notify) is safe and never held."""
+    agent_command: commands.CommandAction | None = None
+    """The node agent's command that carries it out (``schemas.commands.CommandAction``): the power and GPU
+    actuators send it; ``reboot_node`` has one for the nodes the scheduler cannot reboot (Kubernetes)."""
+    drains: bool = False
+    """Lets running work finish or requeues it (Slurm DRAIN, eviction): the node reads ``drained``, not
+    ``cordoned``."""
+    reads_identity: bool = False
+    """Its outcome carries the GPU's identity as the agent read it (serial, VBIOS, driver): the
+    hardware_replacement evidence bundle takes the newest."""
+    caps_power: bool = False
+    """Lowers the GPU's power limit: an incident still open ``power_cap_escalate_s`` after it took effect
+    gets a cordon (``decide.ladder_step``)."""
     stronger: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
     """Two joined rules asking for this kind with different parameters: the stronger of the two (None:
     the first, a missing parameter filled from the other)."""
@@ -137,10 +151,11 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ActionKind(
             "power_limit", PowerLimitParams, "lower the GPU's power limit", "restore_power_limit",
             actuator=Actuator.POWER, per_node_cooldown=True, per_gpu=True, stronger=_lower_limit,
+            agent_command="set_power_limit", caps_power=True,
         ),
         ActionKind(
             "restore_power_limit", NoParams, "put back the power limit healer changed",
-            actuator=Actuator.POWER, per_gpu=True,
+            actuator=Actuator.POWER, per_gpu=True, agent_command="restore_power_limit",
         ),
         ActionKind(
             "cordon", ReasonParams, "stop new work landing on the node", "uncordon",
@@ -152,11 +167,11 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ),
         ActionKind(
             "drain", ReasonParams, "cordon, and let running work finish or be requeued", "uncordon",
-            actuator=_SCHEDULER, scheduler_verb="cordon", takes_out_of_service=True,
+            actuator=_SCHEDULER, scheduler_verb="cordon", takes_out_of_service=True, drains=True,
         ),
         ActionKind(
             "migrate", NoParams, "evict pods (honouring PDBs) / requeue Slurm jobs elsewhere",
-            actuator=_SCHEDULER, scheduler_verb="migrate", takes_out_of_service=True,
+            actuator=_SCHEDULER, scheduler_verb="migrate", takes_out_of_service=True, drains=True,
         ),
         ActionKind(
             "notify", NotifyParams, "incident only: record and publish, act on nothing", published_only=True
@@ -165,7 +180,7 @@ CATALOG: Final[dict[str, ActionKind]] = {
             "reset_gpu", ResetParams,
             "reset the GPU once idle (a recovery-ladder step; named in a rule it is only recorded)",
             actuator=Actuator.GPU, per_gpu=True, runs_in_ladder_only=True, stronger=_sooner_reset,
-            held_by_shared_cause=True,
+            held_by_shared_cause=True, agent_command="reset_gpu",
         ),
         ActionKind(
             "inspect", ReasonParams, "flag the GPU or node for hardware inspection (RMA candidate)",
@@ -173,17 +188,18 @@ CATALOG: Final[dict[str, ActionKind]] = {
         ),
         ActionKind(
             "validate", NoParams, "check the GPUs after a reset or reboot (soak, DBE, remaps, dcgmi diag)",
-            actuator=Actuator.GPU, ladder_only=True,
+            actuator=Actuator.GPU, ladder_only=True, agent_command="validate", reads_identity=True,
         ),
         ActionKind(
             "reset_port", NoParams,
             "bounce the incident's RDMA port's link and wait for it to be ACTIVE (a recovery-ladder step)",
             actuator=Actuator.GPU, ladder_only=True, per_port=True, held_by_shared_cause=True,
+            agent_command="reset_port",
         ),
         ActionKind(
             "reboot_node", NoParams, "reboot the node through the scheduler (Slurm scontrol reboot)",
             actuator=_SCHEDULER, scheduler_verb="reboot_node", takes_out_of_service=True,
-            ladder_only=True, reboots=True, held_by_shared_cause=True,
+            ladder_only=True, reboots=True, held_by_shared_cause=True, agent_command="reboot_node",
         ),
         ActionKind(
             "return_to_service", NoParams, "lift healer's own cordon once validation passed",

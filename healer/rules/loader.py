@@ -342,10 +342,12 @@ def _lint(f: _File, node: yaml.Node, rule: ruleset.Rule) -> None:
         f.at(
             node, f"rule {rule.id!r} has actions but no way to resolve: add resolve: {{for: ...}}", "warning"
         )
-    if "power_limit" in kinds and "restore_power_limit" not in {a.kind for a in rule.on_resolve}:
+    undo = {actions.spec(k).reversible_by for k in kinds if actions.spec(k).caps_power}
+    missing = sorted(str(k) for k in undo - {a.kind for a in rule.on_resolve})
+    if missing:
         f.at(
             node,
-            f"rule {rule.id!r} caps power but never restores it: on_resolve: [restore_power_limit]",
+            f"rule {rule.id!r} caps power but never restores it: on_resolve: [{', '.join(missing)}]",
             "warning",
         )
     if not rule.description:

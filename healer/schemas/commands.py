@@ -19,6 +19,15 @@ RESULT_SCHEMA: Final = "healer.command_result.v1"
 CommandAction = Literal[
     "set_power_limit", "restore_power_limit", "reset_gpu", "validate", "reboot_node", "reset_port"
 ]  # fmt: skip
+SETS_LIMIT: Final[frozenset[CommandAction]] = frozenset({"set_power_limit"})
+"""Commands that take exactly one of ``watts`` or ``percent_of_default``."""
+RECOVERY: Final[frozenset[CommandAction]] = frozenset({"reset_gpu", "validate", "reboot_node", "reset_port"})
+"""The recovery commands (actuators.gpu_reset): no watts, no percent."""
+NEEDS_GPU: Final[frozenset[CommandAction]] = frozenset({"reset_gpu"})
+WHOLE_NODE: Final[frozenset[CommandAction]] = frozenset({"reboot_node", "reset_port"})
+"""Act on the node or its ports: no ``gpu_index``."""
+TAKES_PORTS: Final[frozenset[CommandAction]] = frozenset({"reset_port", "validate"})
+NEEDS_PORTS: Final[frozenset[CommandAction]] = frozenset({"reset_port"})
 RESET_TIMEOUT_MAX_S: Final = 600.0
 PORT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/[0-9]{1,3}$"
 """An RDMA port as ``<device>/<port>`` (``mlx5_0/1``, ``fabric.PortSample.name``)."""
@@ -57,24 +66,24 @@ class Command(base.WireModel):
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> Self:
-        if self.ports and self.action not in ("reset_port", "validate"):
+        if self.ports and self.action not in TAKES_PORTS:
             raise ValueError(f"{self.action} takes no ports")
-        if self.action in ("reset_gpu", "validate", "reboot_node", "reset_port"):
+        if self.action in RECOVERY:
             if self.watts is not None or self.percent_of_default is not None:
                 raise ValueError(f"{self.action} takes no watts or percent_of_default")
-            if self.action == "reset_gpu" and self.gpu_index is None:
-                raise ValueError("reset_gpu needs gpu_index (one GPU at a time)")
-            if self.action in ("reboot_node", "reset_port") and self.gpu_index is not None:
+            if self.action in NEEDS_GPU and self.gpu_index is None:
+                raise ValueError(f"{self.action} needs gpu_index (one GPU at a time)")
+            if self.action in WHOLE_NODE and self.gpu_index is not None:
                 raise ValueError(f"{self.action} acts on the node's ports or the node: no gpu_index")
-            if self.action == "reset_port" and not self.ports:
-                raise ValueError("reset_port needs ports (`mlx5_0/1`)")
+            if self.action in NEEDS_PORTS and not self.ports:
+                raise ValueError(f"{self.action} needs ports (`mlx5_0/1`)")
             if len(set(self.ports)) != len(self.ports):
                 raise ValueError("ports: each port at most once")
-        elif self.action == "set_power_limit":
+        elif self.action in SETS_LIMIT:
             if (self.watts is None) == (self.percent_of_default is None):
-                raise ValueError("set_power_limit needs exactly one of watts or percent_of_default")
+                raise ValueError(f"{self.action} needs exactly one of watts or percent_of_default")
         elif self.watts is not None or self.percent_of_default is not None:
-            raise ValueError("restore_power_limit takes no watts or percent_of_default")
+            raise ValueError(f"{self.action} takes no watts or percent_of_default")
         if self.expires_at <= self.issued_at:
             raise ValueError("expires_at must be after issued_at")
         return self

@@ -21,6 +21,8 @@ from typing import Final
 
 import numpy as np
 
+from healer.rules import actions
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Recovery:
@@ -117,5 +119,5 @@ def fixed_by(kind: str, rung: str, rng: np.random.Generator) -> bool:
     """Whether this ``rung`` (``reset_gpu`` / ``reboot_node``) fixes a fault of ``kind``, drawn from ``rng``
     (for a reboot: given that a reset, if tried, did not)."""
     model = MODEL[kind]
-    p = model.reset if rung == "reset_gpu" else model.reboot
+    p = model.reboot if actions.spec(rung).reboots else model.reset
     return bool(rng.random() < p)

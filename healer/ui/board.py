@@ -65,9 +65,9 @@ def node_mark(actions: list[incidents.ActionRecord]) -> str | None:
         kind = actions_catalog.CATALOG.get(a.kind)
         if kind is None or a.status not in DONE or kind.scheduler_verb is None:
             continue
-        if kind.scheduler_verb == "uncordon":
+        if kind.undoes_cordon:
             mark = None
-        elif kind.name in ("drain", "migrate"):
+        elif kind.drains:
             mark = "drained"
         elif kind.takes_out_of_service and mark != "drained":
             mark = "cordoned"
