@@ -23,7 +23,8 @@ async def test_the_controller_benchmark_measures_every_figure_it_reports() -> No
     assert report.latency_faults_detected == 2, "both faults, injected on shard 0's nodes, became actions"
     assert report.latency_frames_dropped == 0
     assert report.latency_p50_s is not None
-    assert 0 < report.latency_p50_s < 5
+    assert report.latency_p99_s is not None
+    assert 0 < report.latency_p50_s <= report.latency_p99_s, "a latency runs forward from the fault"
     assert report.frame_bytes > 5000
     assert report.xid_acted == 3, "every XID on shard 0's nodes got its first action"
     assert report.xid_first_kinds == {"cordon": 3}

@@ -9,7 +9,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import orjson
 
@@ -76,16 +75,15 @@ async def test_sigkilled_leader_is_replaced_and_no_action_runs_twice(
         await warm(fleet)
         leader.send_signal(signal.SIGKILL)
         leader.wait(10)
-        killed_at = time.monotonic()
         fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
-        await run_until(fleet, lambda: feed.changes("n1").count("action") >= 2, timeout=30)
-        took = time.monotonic() - killed_at
+        # No duration is asserted: the wait gives up at 10 s (five lease TTLs), so acting at all means
+        # the standby took over and acted within it.
+        await run_until(fleet, lambda: feed.changes("n1").count("action") >= 2, timeout=10)
         for _ in range(10):
             await fleet.publish()
             await asyncio.sleep(0.2)
         assert standby.poll() is None
         assert await leader_pid(bus) == standby.pid
-        assert took < 10, f"standby acted {took:.1f}s after the leader died (lease TTL 2 s)"
         assert feed.changes("n1").count("opened") == 1
         actions = [e.data.actions for e in feed.events if e.change == "action"]
         assert [(a.kind, a.status) for a in actions[-1]] == [("cordon", "done"), ("migrate", "done")]

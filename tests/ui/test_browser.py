@@ -129,11 +129,14 @@ async def test_fault_appears_on_map_and_in_incidents_then_clears(
 
         fleet: ctl.Fleet = stack["fleet"]
         fleet.overrides[("gpu-b01", 1)] = {"ecc_dbe_volatile": 1}
-        injected = time.monotonic()
-        await page.until("the incident in the list", lambda: page.incident_rows("gpu-b01", 1), timeout=8)
-        await page.until("the cell drawn critical", lambda: _is(page, "gpu-b01", 1, CRITICAL), timeout=8)
-        seen_s = time.monotonic() - injected
-        assert seen_s < 5.0, f"fault took {seen_s:.1f} s to reach the page"
+        # No duration is asserted: the wait gives up at 5 s, so a fault that reaches the page later than
+        # a few of the controller's 1 s ticks (a stalled stream, a page that waits for the next snapshot)
+        # fails it.
+
+        async def listed_and_drawn() -> bool:
+            return bool(await page.incident_rows("gpu-b01", 1)) and await _is(page, "gpu-b01", 1, CRITICAL)
+
+        await page.until("the incident listed and its cell drawn critical", listed_and_drawn, timeout=5)
         assert await page.pixel("gpu-b01", 0) == OK, "only the faulty GPU is critical"
         text = await page.js("return document.querySelector('#incidents li').textContent")
         assert "ecc-dbe" in text
@@ -157,14 +160,17 @@ async def test_fault_appears_on_map_and_in_incidents_then_clears(
         await asyncio.to_thread(driver.save_screenshot, str(shot))
         assert shot.stat().st_size > 10_000
 
-        # a click on a GPU opens its recent readings as a chart
-        centre = await page.js("return window.healerUi.cellCentre('gpu-a02', 0)")
-        await page.js(CLICK_JS, centre[0], centre[1])
-        title = await page.until(
-            "the GPU panel",
-            lambda: page.js(PANEL_JS),
-        )
-        assert title.startswith("gpu-a02 / GPU 0")
+        # a click on a GPU opens its recent readings as a chart (the click is aimed again if the map's
+        # layout moved under it, as it may while the incident list grows on a loaded machine)
+        async def clicked_panel() -> str | None:
+            title: str | None = await page.js(PANEL_JS)
+            if title and title.startswith("gpu-a02 / GPU 0"):
+                return title
+            centre = await page.js("return window.healerUi.cellCentre('gpu-a02', 0)")
+            await page.js(CLICK_JS, centre[0], centre[1])
+            return None
+
+        await page.until("the GPU panel of gpu-a02 / GPU 0", clicked_panel)
         assert await page.js(
             "return document.getElementById('gpu-anomaly').textContent.includes('not published')"
         )
