@@ -13,6 +13,7 @@ import structlog.testing
 
 from healer import errors, testing
 from healer.actuators import base as actuators
+from healer.anomaly import scoring
 from healer.bus import subjects
 from healer.schemas import codec
 from tests.conftest import sample, until
@@ -288,7 +289,8 @@ async def test_what_the_model_learned_survives_a_restart_and_each_gpu_explains_i
     assert 0.0 <= comps["anomaly_score"] <= 1.0
     assert {"forest", "counters"} <= set(comps), comps
     assert first.components("n9", 0) is None, "a node never scored has no components"
-    learned = first.learning.scorer.export_state()  # type: ignore[union-attr]
+    assert isinstance(first.learning.scorer, scoring.Scorer)
+    learned = first.learning.scorer.export_state()
     assert {"n1", "n2"} <= set(learned["nodes"])
     await first.stop()
     saved = await first.state.get("anomaly.state")
@@ -298,7 +300,8 @@ async def test_what_the_model_learned_survives_a_restart_and_each_gpu_explains_i
         second = await harness.controller(testing.RecordingActuator(), model=model, anomaly_interval_s=0.5)
     restored = [e for e in logs if e["event"] == "controller.anomaly_state_restored"]
     assert [e["nodes"] for e in restored] == [len(learned["nodes"])]
-    assert set(second.learning.scorer.export_state()["nodes"]) >= {"n1", "n2"}  # type: ignore[union-attr]
+    assert isinstance(second.learning.scorer, scoring.Scorer)
+    assert set(second.learning.scorer.export_state()["nodes"]) >= {"n1", "n2"}
 
 
 async def test_an_anomaly_incident_says_which_component_and_against_what(harness: Harness) -> None:

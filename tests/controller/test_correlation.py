@@ -59,7 +59,9 @@ async def test_a_dbe_in_telemetry_and_its_xid_48_are_one_incident_with_each_acti
     assert len(opened(harness)) == 1, "one incident"
     [join] = joins(harness)
     assert join.data.incident_id == opened(harness)[0].incident_id
-    assert set(join.data.evidence["signals"].split(",")) == {"ecc-dbe", "xid-fatal"}  # type: ignore[union-attr]
+    joined = join.data.evidence["signals"]
+    assert isinstance(joined, str)
+    assert set(joined.split(",")) == {"ecc-dbe", "xid-fatal"}
     assert "joined by" in join.data.summary
     assert join.data.severity == "critical"
     assert join.subject == "node/n1/gpu/1"

@@ -28,7 +28,9 @@ def test_catalogue_loads_with_its_provenance_and_the_codes_the_issue_names() -> 
     assert catalog.get(79) == xids.Xid(
         79, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "GPU fell off the bus", "bus", "RESTART_BM", True
     )
-    assert not catalog.get(13).needs_rule  # type: ignore[union-attr]
+    graphics = catalog.get(13)
+    assert graphics is not None
+    assert not graphics.needs_rule
     assert catalog.name(99999) == "not in healer's XID catalogue"
 
 
