@@ -297,6 +297,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     found_loaded = [
         f for f in loaded if f["found_s"] is not None and f["found_s"] - f["loaded_s"] <= DETECT_S
     ]
+    # no telemetry test can see a fault before the faulty GPU computes again (a job that ended, a restart)
+    idle = [f for f in faults if f.get("loaded_s") is None or f["loaded_s"] > DETECT_S]
     upper = backtest.upper95(episodes, node_days / 1000.0) if node_days else None
     cpu_s = sum(r["cpu_s"] for r in results)
     sim_s = sum(r["sim_s"] for r in results)
@@ -319,6 +321,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "found_by_kind": by_kind,
         "loaded_faults": len(loaded),
         "found_within_5min_of_load": len(found_loaded),
+        "idle_through_5min": len(idle),
         "found_of_load_lower95": round(lower95(len(found_loaded), len(loaded)), 3) if loaded else None,
         "median_found_s": float(np.median([f["found_s"] for f in found])) if found else None,
         "cpu_share_of_a_core": round(share, 6),
@@ -367,7 +370,8 @@ def main(
         print(
             "counted from the faulty GPU's first loaded sample after onset:"
             f" {summary['found_within_5min_of_load']}/{summary['loaded_faults']}"
-            f" (95 % lower bound {summary['found_of_load_lower95']})"
+            f" (95 % lower bound {summary['found_of_load_lower95']});"
+            f" {summary['idle_through_5min']} faults had no loaded sample within 5 min of onset"
         )
     print(
         f"scorer CPU: {summary['cpu_share_of_a_core']:.5f} of a core for {nodes} nodes"

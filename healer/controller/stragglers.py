@@ -39,13 +39,27 @@ from healer.schemas import fields, stepreport, telemetry
 LOAD_UTIL_PCT: Final = 50.0
 """A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
 _WHY = fields.ClocksEventReason
+_APP_CLOCKS: Final = 0x2
+"""NVML's applications-clocks-setting reason (a clock the site or the job set, or locked clocks)."""
+_SYNC_BOOST: Final = 0x10
+"""NVML's sync-boost reason (clocks held to the group's slowest GPU). Neither is in
+``ClocksEventReason`` (no rule reads them)."""
 REASONS: Final = {int(r): str(r.name).lower() for r in _WHY if r is not _WHY.GPU_IDLE}
 """NVML clocks event reasons (schemas/fields.py ``ClocksEventReason``), bit → name."""
 CAUSE_BITS: Final = int(
     _WHY.HW_SLOWDOWN | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _WHY.HW_POWER_BRAKE_SLOWDOWN
 )
 """Reasons that name a hardware cause of low clocks (not the power cap every busy GPU meets)."""
-FIELDS: Final = ("clock", "power", "link_down", "reasons")
+CAPPED_BITS: Final = int(
+    _WHY.SW_POWER_CAP | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _SYNC_BOOST | _APP_CLOCKS
+)
+"""Reasons that explain a low clock on a healthy chip: its power cap, its own temperature (thermal
+slowdowns have their own rules), a sync-boost group (another GPU's clock), or a clock someone set."""
+FREE_POWER: Final = 0.95
+"""A loaded sample is *unconstrained* (free) when none of ``CAPPED_BITS`` is set and it draws under
+this share of its power limit: nothing that a healthy chip obeys lowers its clock there, so a healthy
+one runs at the clock its peers (and its own past) run at, whatever its chip factor or its job."""
+FIELDS: Final = ("clock", "power", "link_down", "free_clock")
 PENDING_MAX: Final = 1 << 16
 """GPU readings held as Python tuples before they are folded into the arrays."""
 
@@ -72,6 +86,14 @@ class Settings:
     history_windows: int = 10
     history_alpha: float = 0.05
     link_share: float = 0.8
+    free_min: int = 2
+    """Unconstrained (free, ``FREE_POWER``) loaded samples a GPU needs in a window for the free-clock
+    tests: its clock where no power cap or temperature explains a low one, against its job's peers'
+    and against its own past (kept across jobs: that clock is the chip's, not the job's)."""
+    free_persist: int = 2
+    """Windows in a row whose free clock lags before a straggler is confirmed; a window with fewer
+    than ``free_min`` free samples neither counts nor resets."""
+    free_history_windows: int = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +122,19 @@ class Scorer:
         self._hist = np.full((2, 0), np.nan)
         self._hist_n = np.zeros(0, dtype=np.int64)
         self._hist_job: list[str | None] = []
+        self._free = np.zeros(0)
+        self._free_streak = np.zeros(0, dtype=np.int64)
+        self._free_kind = np.zeros(0, dtype=np.int64)
+        """Per slot: the free-clock test that last lagged (1 peers, 2 own history)."""
+        self._fhist = np.full(0, np.nan)
+        self._fhist_n = np.zeros(0, dtype=np.int64)
         self._node_streak: dict[tuple[str, str], int] = {}
         self._node_slots: dict[str, dict[int, int]] = {}
         self._node_last: dict[str, float] = {}
         self._pending: list[tuple[int, float, float, float, float, int]] = []
-        """(slot, loaded, clock ratio, power ratio, link down, reasons) per reading since the last fold."""
+        """(slot, clock ratio, power ratio, link down, free clock ratio, reasons) per reading since the
+        last fold: a clock ratio of 0 is a sample without load, a free clock ratio of 0 one that is not
+        unconstrained."""
         self.window_start: float | None = None
         self.stragglers: dict[tuple[str, int | None], Straggler] = {}
 
@@ -120,6 +150,11 @@ class Scorer:
         self._streak = np.pad(self._streak, (0, extra))
         self._hist = np.pad(self._hist, ((0, 0), (0, extra)), constant_values=np.nan)
         self._hist_n = np.pad(self._hist_n, (0, extra))
+        self._free = np.pad(self._free, (0, extra))
+        self._free_streak = np.pad(self._free_streak, (0, extra))
+        self._free_kind = np.pad(self._free_kind, (0, extra))
+        self._fhist = np.pad(self._fhist, (0, extra), constant_values=np.nan)
+        self._fhist_n = np.pad(self._fhist_n, (0, extra))
 
     def slot(self, node: str, gpu: int) -> int:
         i = self._slot.get((node, gpu))
@@ -163,9 +198,10 @@ class Scorer:
                 or (up is not None and total is not None and up < total)
                 or (width is not None and width_max is not None and width < width_max)
             )
-            pending.append(
-                (i, 1.0, clock / clock_max, power / limit, 1.0 if down else 0.0, g.clocks_event_reasons or 0)
-            )
+            reasons = g.clocks_event_reasons or 0
+            ratio, share = clock / clock_max, power / limit
+            free = ratio if share < FREE_POWER and not reasons & CAPPED_BITS else 0.0
+            pending.append((i, ratio, share, 1.0 if down else 0.0, free, reasons))
         return True
 
     def _fold_pending(self) -> None:
@@ -175,9 +211,10 @@ class Scorer:
         self._pending = []
         idx = cols[0].astype(np.int64)
         np.add.at(self._samples, idx, 1.0)
-        np.add.at(self._loaded, idx, cols[1])
-        for row in range(3):
-            np.add.at(self._sum[row], idx, cols[2 + row])
+        np.add.at(self._loaded, idx, cols[1] > 0)
+        for row in range(4):
+            np.add.at(self._sum[row], idx, cols[1 + row])
+        np.add.at(self._free, idx, cols[4] > 0)
         np.bitwise_or.at(self._reasons, idx, cols[5].astype(np.int64))
 
     def observe_arrays(
@@ -198,6 +235,10 @@ class Scorer:
         self._sum[1, j] += power_ratio[ok]
         self._sum[2, j] += link_down[ok]
         self._reasons[j] |= reasons[ok]
+        free = ok & ((reasons & CAPPED_BITS) == 0) & (power_ratio < FREE_POWER)
+        f = idx[free]
+        self._free[f] += 1
+        self._sum[3, f] += clock_ratio[free]
 
     def due(self, now: float) -> bool:
         if self.window_start is None:
@@ -258,8 +299,9 @@ class Scorer:
         link_lag = valid & (link >= s.link_share)
         test[link_lag & ~lag] = "link"
         lag |= link_lag
+        free_lag, fclock, fref, fz, fsize = self._free_test(codes, valid, lag)
         # learn the history from windows that did not lag
-        learn = valid & ~lag
+        learn = valid & ~lag & ~free_lag
         a = s.history_alpha
         first = learn & (self._hist_n[:n] == 0)
         rest = learn & ~first
@@ -271,21 +313,31 @@ class Scorer:
         streak = self._streak[:n]
         streak[valid & lag] += 1
         streak[valid & ~lag] = 0
-        confirmed = (streak >= s.persist) & valid  # a window without load shows 0; the rule's resolve waits
+        free_streak = self._free_streak[:n]
+        by_free = (free_streak >= s.free_persist) & valid  # the cleaner evidence, when both name it
+        by_all = (streak >= s.persist) & valid & ~by_free
+        confirmed = by_all | by_free  # a window without load shows 0; the rule's resolve waits
+        # a GPU named by its unconstrained clock shows that clock and its reference
+        clock, z, deficit = clock.copy(), z.copy(), deficit.copy()
+        ref_clock[by_free], clock[by_free], z[by_free] = fref[by_free], fclock[by_free], fz[by_free]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            deficit[by_free] = 1 - fclock[by_free] / fref[by_free]
+        test[by_free] = np.where(self._free_kind[:n][by_free] == 1, "peers", "history")
         self.stragglers = {}
         for i in np.flatnonzero(confirmed).tolist():
             node, gpu = self._keys[i]
             ev: dict[str, float | str] = {
                 "straggler.clock_ratio": round(float(clock[i]), 4),
                 "straggler.power_ratio": round(float(power[i]), 4),
-                "straggler.windows": int(streak[i]),
+                "straggler.windows": int(streak[i] if by_all[i] else free_streak[i]),
+                "straggler.basis": "unconstrained clock" if by_free[i] else "loaded clock",
             }
             if np.isfinite(ref_clock[i]):
                 ev["straggler.reference_clock_ratio"] = round(float(ref_clock[i]), 4)
                 ev["straggler.clock_deficit_pct"] = round(100 * float(deficit[i]), 1)
             if np.isfinite(z[i]):
                 ev["straggler.z"] = round(float(z[i]), 2)
-                ev["straggler.peers"] = int(size[c[i]])
+                ev["straggler.peers"] = int(fsize[i] if by_free[i] else size[c[i]])
             if jobs[i] is not None:
                 ev["straggler.job"] = str(jobs[i])
             cause = describe_cause(int(self._reasons[i]), float(link[i]) >= s.link_share)
@@ -295,6 +347,52 @@ class Scorer:
         self._node_test(codes, job_names, clock, valid, confirmed)
         self._reset(now)
         return list(self.stragglers.values())
+
+    def _free_test(
+        self, codes: np.ndarray, valid: np.ndarray, lag: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The unconstrained-clock tests (``Settings.free_min``): each GPU's mean clock over its loaded
+        samples below its power cap and not thermally limited, against its job's peers' (median, MAD)
+        and against its own past such windows (an exponentially weighted mean kept across jobs, so a
+        whole node slowed early in a job, or before a new job, is compared with what its chips ran at
+        before). Updates the free streak and history; returns (lagging, free clock, its reference,
+        z, peers) per slot (NaN / 0 where not known)."""
+        s = self.s
+        n = len(self._keys)
+        free_n = self._free[:n]
+        fvalid = valid & (free_n >= s.free_min)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fclock = self._sum[3, :n] / free_n
+        fcodes = np.where(fvalid, codes, -1)
+        med, mad, size = (
+            np.append(a, fill)
+            for a, fill in zip(_group_median_mad(fcodes, fclock), (np.nan, np.nan, 0), strict=True)
+        )
+        big = (fcodes >= 0) & (size[fcodes] >= s.min_peers)
+        fref, fz, fsize = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int64)
+        fref[big], fsize[big] = med[fcodes[big]], size[fcodes[big]]
+        fz[big] = (fclock[big] - fref[big]) / np.maximum(1.4826 * mad[fcodes[big]], s.mad_floor)
+        hist = self._fhist[:n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            peer_lag = big & (fz <= -s.z_min) & (1 - fclock / fref >= s.min_deficit)
+            warm = fvalid & (self._fhist_n[:n] >= s.free_history_windows) & ~peer_lag
+            hist_lag = warm & (1 - fclock / hist >= s.min_deficit)
+        fref[hist_lag] = hist[hist_lag]
+        fz[hist_lag], fsize[hist_lag] = np.nan, 0
+        free_lag = peer_lag | hist_lag
+        kind = self._free_kind[:n]
+        kind[peer_lag], kind[hist_lag] = 1, 2
+        streak = self._free_streak[:n]
+        streak[fvalid & free_lag] += 1
+        streak[fvalid & ~free_lag] = 0
+        learn = fvalid & ~free_lag & ~lag
+        first = learn & (self._fhist_n[:n] == 0)
+        rest = learn & ~first
+        a = s.history_alpha
+        hist[first] = fclock[first]
+        hist[rest] = (1 - a) * hist[rest] + a * fclock[rest]
+        self._fhist_n[:n][learn] += 1
+        return free_lag, fclock, fref, fz, fsize
 
     def _node_test(
         self,
@@ -339,6 +437,7 @@ class Scorer:
         self._reasons[:] = 0
         self._loaded[:] = 0.0
         self._samples[:] = 0.0
+        self._free[:] = 0.0
         self.window_start = now
 
     def scores(self) -> dict[str, dict[int, float]]:

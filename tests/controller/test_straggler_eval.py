@@ -18,13 +18,17 @@ def test_the_summary_counts_faults_found_within_five_minutes_only() -> None:
         "seed": 1, "nodes": 10, "hours": 24.0, "gpus": 80, "false_episodes": 1, "healthy_node_days": 9.0,
         "cpu_s": 1.0, "sim_s": 86400.0,
         "faults": [
-            {"kind": "clock_limited_gpu", "node": 1, "gpu": 2, "onset_s": 1.0, "found_s": 180.0},
-            {"kind": "pcie_down_trained", "node": 2, "gpu": 0, "onset_s": 1.0, "found_s": 400.0},
+            {"kind": "clock_limited_gpu", "node": 1, "gpu": 2, "onset_s": 1.0, "found_s": 180.0,
+             "loaded_s": 0.0},
+            {"kind": "pcie_down_trained", "node": 2, "gpu": 0, "onset_s": 1.0, "found_s": 400.0,
+             "loaded_s": 310.0},
             {"kind": "clock_limited_node", "node": 3, "gpu": None, "onset_s": 1.0, "found_s": None},
         ],
     }  # fmt: skip
     s = straggler_eval.summarize([run])
     assert s["found_within_5min"] == 1
+    assert s["idle_through_5min"] == 2  # loaded only after 5 minutes, or never
+    assert s["found_within_5min_of_load"] == 2
     assert s["found_by_kind"] == {
         "clock_limited_gpu": "1/1",
         "pcie_down_trained": "0/1",

@@ -47,8 +47,10 @@ def job_frames(node: str, job: str, slow: dict[int, dict[str, float]] | None = N
     return frame(node, [gpu(g, jobs=[job], **slow.get(g, {})) for g in range(8)])
 
 
-def test_a_gpu_clocking_low_at_less_power_is_a_straggler_after_three_windows() -> None:
+def test_a_gpu_clocking_low_below_its_power_cap_is_a_straggler_after_two_windows() -> None:
     fs = stragglers.FailSlow()
+    # below the power cap (no power-cap reason, under 95 % of the limit): nothing a healthy chip obeys
+    # lowers its clock there, so two lagging windows are enough
     verdicts = run(
         fs,
         lambda t: [
@@ -56,12 +58,31 @@ def test_a_gpu_clocking_low_at_less_power_is_a_straggler_after_three_windows() -
         ],
         5,
     )
-    assert [v["n1"][2] for v in verdicts[:4]] == [0.0, 0.0, 1.0, 1.0]
+    assert [v["n1"][2] for v in verdicts[:4]] == [0.0, 1.0, 1.0, 1.0]
     assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8) if g != 2)
     why = fs.explain("n1", 2)
     assert why["straggler.job"] == "j1"
     assert why["straggler.test"] == "peers"
+    assert why["straggler.basis"] == "unconstrained clock"
     assert why["straggler.cause"] == "hw_slowdown"
+    assert why["straggler.clock_deficit_pct"] == 15.0
+
+
+def test_a_gpu_lagging_only_at_the_power_cap_is_a_straggler_after_three_windows() -> None:
+    fs = stragglers.FailSlow()
+    # every sample at the power cap (its reason set): no unconstrained sample, the loaded clock decides
+    capped = {"power": 690.0, "clocks_event_reasons": 0x4}
+    slow = {2: {**capped, "clock": 1530.0, "power": 600.0, "clocks_event_reasons": 0x4 | 0x8}}
+    verdicts = run(
+        fs,
+        lambda t: [frame("n1", [gpu(g, jobs=["j1"], **slow.get(g, capped)) for g in range(8)])],
+        5,
+    )
+    assert [v["n1"][2] for v in verdicts[:4]] == [0.0, 0.0, 1.0, 1.0]
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8) if g != 2)
+    why = fs.explain("n1", 2)
+    assert why["straggler.test"] == "peers"
+    assert why["straggler.basis"] == "loaded clock"
     assert why["straggler.clock_deficit_pct"] == 15.0
 
 
@@ -126,6 +147,99 @@ def test_a_straggler_is_still_found_when_checkpoints_interrupt_its_windows() -> 
 
     verdicts = run(fs, make, 8)
     assert verdicts[-1]["n1"][1] == 1.0  # three loaded windows, with checkpoint windows between them
+
+
+def test_a_small_clock_limit_on_a_gpu_that_ran_ahead_of_its_capped_peers_is_named() -> None:
+    # compute phases at the power cap (a chip that needs less power clocks higher there), communication
+    # phases below it at the maximum clock, in a mix that moves from window to window (samples every
+    # 5 s of a square wave); from minute 10 GPU 3 is clock-limited by 10 %: against its peers' loaded
+    # clock it lags by 6.6 % or 8.4 % in turn (it ran ahead of them), below its cap by the full 10 %
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        heavy, slow = (t // 60) % 2 == 0, t >= 600
+        compute = (t // 5) % 3 != 0 if heavy else (t // 5) % 3 == 0
+        out = []
+        for g in range(8):
+            if compute:
+                kw = {"clock": 1800.0 if g == 3 else 1700.0, "power": 695.0, "clocks_event_reasons": 0x4}
+            else:
+                kw = {"clock": 1980.0, "power": 400.0}
+            if g == 3 and slow:
+                kw = {
+                    "clock": kw["clock"] * 0.9,
+                    "power": kw["power"] * 0.93,
+                    "clocks_event_reasons": int(kw.get("clocks_event_reasons", 0)) | 0x8,
+                }
+            out.append(gpu(g, jobs=["j1"], **kw))
+        return [frame("n1", out)]
+
+    fs = stragglers.FailSlow()
+    verdicts = run(fs, make, 20)
+    named = [60 * (k + 1) for k, v in enumerate(verdicts) if v["n1"][3] == 1.0]
+    assert named
+    assert named[0] <= 600 + 180
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8) if g != 3)
+    why = fs.explain("n1", 3)
+    assert why["straggler.basis"] == "unconstrained clock"
+    assert why["straggler.clock_deficit_pct"] == 10.0
+    # without the unconstrained-clock tests the loaded clock alone never names it
+    fs = stragglers.FailSlow(stragglers.Settings(free_min=10**6))
+    assert all(v["n1"][3] == 0.0 for v in run(fs, make, 20))
+
+
+def test_a_whole_node_slowed_as_a_new_job_starts_is_named_from_its_chips_past() -> None:
+    # job a runs 15 minutes; job b starts on a node whose every GPU is now clock-limited by 12 %: no
+    # healthy peer, no history in job b; below the power cap the chips ran at 1980 MHz before
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        if t < 900:
+            return [frame("n1", [gpu(g, jobs=["a"], clock=1980.0, power=600.0) for g in range(8)])]
+        slow = {"clock": 1740.0, "power": 560.0, "clocks_event_reasons": 0x8}
+        return [frame("n1", [gpu(g, jobs=["b"], **slow) for g in range(8)])]
+
+    fs = stragglers.FailSlow()
+    verdicts = run(fs, make, 25)
+    named = [60 * (k + 1) for k, v in enumerate(verdicts) if all(v["n1"][g] == 1.0 for g in range(8))]
+    assert named
+    assert named[0] <= 900 + 180
+    why = fs.explain("n1", 0)
+    assert why["straggler.test"] == "history"
+    assert why["straggler.basis"] == "unconstrained clock"
+    assert why["straggler.job"] == "b"
+    fs = stragglers.FailSlow(stragglers.Settings(free_min=10**6))
+    assert all(v["n1"][0] == 0.0 for v in run(fs, make, 25))
+
+
+def test_a_gpu_clocked_low_by_a_clock_someone_set_is_not_judged_by_its_unconstrained_clock() -> None:
+    # applications clocks (or locked clocks) set lower for job b: the clock someone asked for
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        if t < 900:
+            return [frame("n1", [gpu(g, jobs=["a"], clock=1980.0, power=600.0) for g in range(8)])]
+        low = {"clock": 1740.0, "power": 560.0, "clocks_event_reasons": 0x2}
+        return [frame("n1", [gpu(g, jobs=["b"], **low) for g in range(8)])]
+
+    verdicts = run(stragglers.FailSlow(), make, 25)
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8))
+
+
+def test_a_fault_that_starts_in_a_checkpoint_is_named_within_five_minutes_of_onset() -> None:
+    # GPU 1 is clock-limited from t = 610 s, when a 150 s checkpoint starts (no load until 760 s)
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        ckpt = 610 <= t < 760
+        slow = {"clock": 1530.0, "power": 560.0, "clocks_event_reasons": 0x8} if t >= 610 else {}
+        return [
+            frame(
+                "n1",
+                [
+                    gpu(g, jobs=["j1"], **({"util": 5.0} if ckpt else {}), **(slow if g == 1 else {}))
+                    for g in range(8)
+                ],
+            )
+        ]
+
+    verdicts = run(stragglers.FailSlow(), make, 16)
+    named = [60 * (k + 1) for k, v in enumerate(verdicts) if v["n1"][1] == 1.0]
+    assert named
+    assert named[0] - 610 <= 300
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8) if g != 1)
 
 
 def test_a_gpu_without_enough_peers_is_compared_with_its_own_history() -> None:
