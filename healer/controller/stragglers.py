@@ -12,16 +12,24 @@ of ``window_s``. At each window's end, all GPUs at once (numpy, no Python loop p
 - own history, for a GPU in a smaller job (or none): the same test against an exponentially weighted
   mean of its own past windows, once ``history_windows`` windows are in;
 - link evidence, any job size: a PCIe link below its generation or width, or NVLink links down, in
-  most of the window's loaded samples.
+  most of the window's loaded samples;
+- unconstrained clock: the same deficit tests on the mean clock of the loaded samples that no power
+  cap, temperature, sync-boost group or clock setting limits (``CAPPED_BITS``, under ``FREE_POWER`` of
+  the limit), against its job's peers and against its own past such windows, kept across jobs (that
+  clock is the chip's, not the job's). There a healthy chip runs at its peers' clock whatever its chip
+  factor, its phase mix or its job, so the spread of power-capped peers hides nothing, a whole node
+  slowed as a new job starts is compared with what its chips ran at before, and ``free_persist`` (2)
+  windows confirm it.
 
 A node lags its job's nodes (a job on ``min_nodes`` nodes or more) when its GPUs' median clock does.
-A GPU (node) becomes a straggler after ``persist`` lagging windows in a row; a window with too few
-loaded samples neither counts nor resets. The verdict feeds the rules as ``straggler_score`` (1/0), so
-the incident shell, gates, ladder and the default pack's ``gpu-straggler`` rule handle it like any
-fault; ``evidence`` gives the incident its job, its peers' median, and the cause the telemetry names
-(clock reasons decoded, a down-trained link; an RDMA port of the node trained down, erroring or
-congested in the last 10 minutes, ``PortWatch``). Pipeline stages or a rank 0 that logs do different
-work at the same clock, so the clock, not power or utilisation, is the test.
+A GPU (node) becomes a straggler after ``persist`` lagging windows in a row (``free_persist`` for the
+unconstrained clock); a window with too few loaded (unconstrained) samples neither counts nor resets.
+The verdict feeds the rules as ``straggler_score`` (1/0), so the incident shell, gates, ladder and the
+default pack's ``gpu-straggler`` rule handle it like any fault; ``evidence`` gives the incident its
+job, its peers' median, and the cause the telemetry names (clock reasons decoded, a down-trained link;
+an RDMA port of the node trained down, erroring or congested in the last 10 minutes, ``PortWatch``).
+Pipeline stages or a rank 0 that logs do different work at the same clock, so the clock, not power or
+utilisation, is the test.
 """
 
 from __future__ import annotations
