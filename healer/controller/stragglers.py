@@ -326,8 +326,10 @@ class Scorer:
         by_all = (streak >= s.persist) & valid & ~by_free
         confirmed = by_all | by_free  # a window without load shows 0; the rule's resolve waits
         # a GPU named by its unconstrained clock shows that clock and its reference
-        clock, z, deficit = clock.copy(), z.copy(), deficit.copy()
-        ref_clock[by_free], clock[by_free], z[by_free] = fref[by_free], fclock[by_free], fz[by_free]
+        shown, z, deficit = clock.copy(), z.copy(), deficit.copy()  # the node test reads the loaded clock
+        ref_clock[by_free], z[by_free] = fref[by_free], fz[by_free]
+        seen = by_free & np.isfinite(fclock)  # a window without unconstrained samples shows the loaded one
+        shown[seen] = fclock[seen]
         with np.errstate(invalid="ignore", divide="ignore"):
             deficit[by_free] = 1 - fclock[by_free] / fref[by_free]
         test[by_free] = np.where(self._free_kind[:n][by_free] == 1, "peers", "history")
@@ -335,7 +337,7 @@ class Scorer:
         for i in np.flatnonzero(confirmed).tolist():
             node, gpu = self._keys[i]
             ev: dict[str, float | str] = {
-                "straggler.clock_ratio": round(float(clock[i]), 4),
+                "straggler.clock_ratio": round(float(shown[i]), 4),
                 "straggler.power_ratio": round(float(power[i]), 4),
                 "straggler.windows": int(streak[i] if by_all[i] else free_streak[i]),
                 "straggler.basis": "unconstrained clock" if by_free[i] else "loaded clock",

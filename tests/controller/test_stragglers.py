@@ -68,6 +68,26 @@ def test_a_gpu_clocking_low_below_its_power_cap_is_a_straggler_after_two_windows
     assert why["straggler.clock_deficit_pct"] == 15.0
 
 
+def test_a_straggler_named_below_its_cap_stays_named_with_finite_evidence_in_capped_windows() -> None:
+    import json
+    import math
+
+    fs = stragglers.FailSlow()
+
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        capped = t >= 240  # from minute 4 every GPU runs at its power cap: no unconstrained sample
+        base = {"power": 690.0, "clocks_event_reasons": 0x4} if capped else {}
+        slow = {**base, "clock": 1530.0, "power": 600.0 if capped else 560.0}
+        slow["clocks_event_reasons"] = int(base.get("clocks_event_reasons", 0)) | 0x8
+        return [frame("n1", [gpu(g, jobs=["j1"], **(slow if g == 2 else base)) for g in range(8)])]
+
+    verdicts = run(fs, make, 6)
+    assert [v["n1"][2] for v in verdicts] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    why = fs.explain("n1", 2)
+    assert all(math.isfinite(v) for v in why.values() if isinstance(v, float))
+    json.dumps(why, allow_nan=False)
+
+
 def test_a_gpu_lagging_only_at_the_power_cap_is_a_straggler_after_three_windows() -> None:
     fs = stragglers.FailSlow()
     # every sample at the power cap (its reason set): no unconstrained sample, the loaded clock decides
