@@ -400,6 +400,7 @@ async def _measure(
     victim = next(c for c in ctls if c.pid == _pid_of(holders[0]))
     standby = next(c for c in ctls if c.shard == 0 and c is not victim)
     kill_t: float | None = None
+    last_renewal_t: float | None = None
     lease_moved_t: float | None = None
     new_holder: str | None = None
 
@@ -423,6 +424,11 @@ async def _measure(
                 victim.proc.popen.kill()  # SIGKILL, by the PID this script started
                 kill_t = time.time()
                 victim.proc.popen.wait(10)
+                # the dead leader's last renewal: its key stays until it lapses, one TTL after that
+                with contextlib.suppress(Exception):
+                    doc = await store.get("leader.shard-0")
+                    if doc is not None and _pid_of(str(doc.value.get("holder"))) == victim.pid:
+                        last_renewal_t = float(doc.value["at"])
                 now_off = time.time() - t_window
             await asyncio.sleep(max(0.0, offset - now_off))
             event = events.new(
@@ -475,9 +481,9 @@ async def _measure(
         for f in faults:
             f.during_failover = f.shard == 0 and kill_t <= f.at <= gap_end
     return _report(
-        args, nodes, shard_nodes, ctls, victim, standby, faults, kill_t, lease_moved_t, took_over_t,
-        new_holder, t_window, t_end, srv_start, srv_end, varz, sim_start, sim_end, sim_stats, final,
-        names_of,
+        args, nodes, shard_nodes, ctls, victim, standby, faults, kill_t, last_renewal_t, lease_moved_t,
+        took_over_t, new_holder, t_window, t_end, srv_start, srv_end, varz, sim_start, sim_end, sim_stats,
+        final, names_of,
     )  # fmt: skip
 
 
@@ -540,6 +546,7 @@ def _report(
     standby: Controller,
     faults: list[Fault],
     kill_t: float | None,
+    last_renewal_t: float | None,
     lease_moved_t: float | None,
     took_over_t: float | None,
     new_holder: str | None,
@@ -678,6 +685,13 @@ def _report(
             "lease_taken_after_s": round(lease_moved_t - kill_t, 2) if lease_moved_t and kill_t else None,
             "took_over_after_s": round(took_over_t - kill_t, 2) if took_over_t and kill_t else None,
             "within_lease_ttl": bool(lease_moved_t and kill_t and lease_moved_t - kill_t <= args.lease_ttl),
+            "last_renewal_before_kill_s": round(kill_t - last_renewal_t, 2)
+            if kill_t and last_renewal_t
+            else None,
+            "lease_taken_after_lapse_s": round(lease_moved_t - (last_renewal_t + args.lease_ttl), 2)
+            if lease_moved_t and last_renewal_t
+            else None,
+            "standby_attempt_every_s": round(args.lease_ttl / 5, 2),
             "standby_took_over": took_over_t is not None and new_holder is not None,
         },
         "frames": {
@@ -737,7 +751,10 @@ def _print(report: dict[str, Any]) -> None:
     print(
         f"  failover: killed {fo['killed']['process']} (pid {fo['killed']['pid']}); "
         f"{fo['standby']['process']} took the lease after {fo['lease_taken_after_s']} s and took over "
-        f"after {fo['took_over_after_s']} s (within the lease TTL: {fo['within_lease_ttl']})"
+        f"after {fo['took_over_after_s']} s (within the lease TTL: {fo['within_lease_ttl']}); the dead "
+        f"leader had renewed {fo['last_renewal_before_kill_s']} s before the kill, so its key lapsed and "
+        f"the standby took it {fo['lease_taken_after_lapse_s']} s later (it tries every "
+        f"{fo['standby_attempt_every_s']} s)"
     )
     fr = report["frames"]
     print(
