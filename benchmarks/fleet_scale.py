@@ -19,16 +19,18 @@ What runs, every piece a separate process this script starts and stops by its PI
   renewal) and take over; the faults injected while shard 0 had no leader wait in JetStream for it.
   Every injected fault must get its action.
 
-**Reduced rate, not real time.** This script's defaults are the full node count at one frame per node
-every 20 s (``--interval 20``): 625 frames/s instead of 12,500, i.e. 1/20 of the 1 Hz load, so that
-three servers, eight controllers and two publishers fit on a 2-core machine shared with other work.
-Everything else is as at 1 Hz: the fleet state is 12,500 nodes x 8 GPUs, each controller receives every
-frame of the fleet (a shard skips the other shards' frames after a CRC32 of the subject), the rules
-evaluate every second (``tick_s`` 1), and the XID path (events act at arrival) does not depend on the
-frame rate. The per-core figures are then scaled to 1 Hz linearly in frames: a shard process's fleet
-frames per CPU second, and the NATS servers' CPU per frame. That counts the per-second tick as if it
-grew with the frame rate, so the 1 Hz figure is an upper bound. For the real-time form on a bigger
-machine: ``--interval 1`` (and ``--duration`` to taste).
+**Reduced rate, not real time.** By default every node sends one frame every 20 s (``--interval 20``):
+625 frames/s instead of 12,500, i.e. 1/20 of the 1 Hz load, so that three servers, eight controllers
+and four publishers fit on a 2-core machine shared with other work. Everything else is as at 1 Hz: the
+fleet state is 12,500 nodes x 8 GPUs, each controller receives every frame of the fleet (a shard skips
+the other shards' frames after a CRC32 of the subject), the rules evaluate every second (``tick_s`` 1),
+and the XID path (events act at arrival) does not depend on the frame rate. The publishers start
+``interval / publishers`` apart, so their bursts (each sends its nodes' frames at once) spread over the
+interval. The report's ``at_1hz`` scales the measured figures to 1 Hz linearly in frames (each process's
+fleet frames per CPU second; the servers' CPU per frame): that counts the per-second costs (ticks, leases)
+as if they grew with the frame rate, so it is an upper bound. docs/performance.md ("Sizing") fits a line
+through two runs instead (``--interval 20`` and ``--interval 10``: a fixed cost per second and a cost per
+frame). For the real-time form on a machine with the cores for it: ``--interval 1``.
 
     .venv/bin/python benchmarks/fleet_scale.py                      # 12,500 nodes, 1 frame / 20 s
     .venv/bin/python benchmarks/fleet_scale.py --interval 1         # 100,000 GPUs at 1 Hz (big machine)
@@ -783,10 +785,9 @@ def _print(report: dict[str, Any]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        epilog="Reduced rate: by default every node sends one frame every 20 s (1/20 of 1 Hz) so the run "
-        "fits a 2-core machine; per-core figures are scaled to 1 Hz linearly in frames (an upper bound). "
-        "--interval 1 runs the fleet at 1 Hz in real time on a machine with the cores for it.",
+        prog="benchmarks/fleet_scale.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--nodes", type=int, default=12_500, help="nodes of 8 GPUs (default %(default)s)")
     ap.add_argument(
