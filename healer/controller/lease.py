@@ -11,6 +11,9 @@ lapse by itself. NATS does the consensus; this is only the protocol on top:
   partitioned leader stops acting before a standby can take over (``Controller.leader`` and the
   ``healer_controller_leader`` gauge follow it);
 - ``release(hold_off_s)`` deletes the key and stays away that long, so a standby can take the lease;
+- a standby tries to take a held lease every ``ttl/5``, and just after the holder's key is due to lapse
+  (the ``at`` of its last write plus the TTL) when that comes sooner: a dead leader's standby takes over
+  about one TTL after the leader's last renewal, not up to a fifth of a TTL later;
 - re-take: a holder that lost its lease to an outage (its renewals failed for a TTL) and finds the key
   still naming it when the server is back takes it again at once with ``update`` on the key's revision
   (a new, higher fencing token) instead of waiting for its own stale key to lapse. The key names a holder
@@ -42,6 +45,8 @@ def key_of(shard: int) -> str:
 
 ACQUIRE_LOG_S = 30.0
 """At most one ``lease.acquire_failed`` line per this many seconds (each carries the counts since)."""
+LAPSE_MARGIN_S = 0.05
+"""A standby tries this long after the holder's key is due to lapse (its last write's ``at`` + the TTL)."""
 
 
 class Lease:
@@ -69,6 +74,8 @@ class Lease:
         self.last_error: str | None = None
         """Why the last lease request to JetStream failed (one line); None after a success."""
         self._acquire_failures = throttle.Throttled(self.log, "lease.acquire_failed", ACQUIRE_LOG_S, clock)
+        self._lapses_at: float | None = None
+        """When another holder's key is due to lapse (this clock), from the ``at`` it last wrote."""
 
     @property
     def held(self) -> bool:
@@ -129,6 +136,9 @@ class Lease:
             return False  # lapsed between the two requests: the next attempt creates it
         if doc.value.get("holder") != self.holder:
             self._holder_seen_at = self.clock()
+            at = doc.value.get("at")
+            if isinstance(at, int | float) and not isinstance(at, bool):
+                self._lapses_at = self.clock() + float(at) + self.ttl_s - time.time()
             return False
         try:
             rev = await asyncio.wait_for(
@@ -202,6 +212,20 @@ class Lease:
         except errors.HealerError as e:
             self.log.warning("lease.release_failed", error=str(e))
 
+    def next_attempt_in(self) -> float:
+        """Seconds until a controller without the lease tries to take it again: a fifth of a TTL, or just
+        after the holder's key is due to lapse when that comes sooner (a dead holder's key lapses one TTL
+        after its last renewal: the standby then takes over within about a TTL of the death, not up to a
+        fifth of a TTL later). Only a wait is shortened: the key is taken only if it is gone."""
+        pause = self.ttl_s / 5
+        if self._lapses_at is not None:
+            until = self._lapses_at + LAPSE_MARGIN_S - self.clock()
+            if until > 0:
+                pause = min(pause, until)
+            elif until > -pause:  # due, and the server has not dropped it yet: look again soon
+                pause = self.ttl_s / 20
+        return pause
+
     async def keep(self, stop: asyncio.Event, on_change: Callable[[bool], None] | None = None) -> None:
         """Acquire when free, renew while held, until ``stop``; calls ``on_change(leader)`` on flips."""
         was = False
@@ -212,7 +236,7 @@ class Lease:
                 on_change(now)
             was = now
             # A failed renew is tried again soon: the key lapses one TTL after the last good one.
-            pause = (self.ttl_s / 3 if ok else self.ttl_s / 10) if now else self.ttl_s / 5
+            pause = (self.ttl_s / 3 if ok else self.ttl_s / 10) if now else self.next_attempt_in()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=pause)
         await self.release()
