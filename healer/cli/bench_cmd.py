@@ -1,5 +1,6 @@
 """``healer bench controller``: measured throughput and latency (see healer/bench.py); ``healer bench
-stragglers``: the fail-slow scorer's figures (controller/straggler_eval.py)."""
+stragglers``: the fail-slow scorer's figures (controller/straggler_eval.py); ``healer bench power``: the
+power-budget targets through the wired controller (controller/power_bench.py)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,20 @@ def register(sub: Any) -> None:
     st.add_argument("--faults", type=int, default=0, help="fail-slow faults injected per run (default none)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_stragglers)
+    pw = bsub.add_parser(
+        "power",
+        help="power-budget targets through the wired controller on a simulated rack (time-scaled)",
+    )
+    pw.add_argument("--nodes", type=int, default=8, help="nodes of 8 GPUs in the rack (default %(default)s)")
+    pw.add_argument(
+        "--speed", type=float, default=20.0, help="simulated seconds per wall second (default %(default)s)"
+    )
+    pw.add_argument(
+        "--steady", type=float, default=1200.0, help="simulated seconds at full load (default %(default)s)"
+    )
+    pw.add_argument("--seed", type=int, default=1)
+    pw.add_argument("--json", action="store_true")
+    pw.set_defaults(func=_power)
 
 
 def _controller(args: argparse.Namespace) -> int:
@@ -89,3 +104,9 @@ def _stragglers(args: argparse.Namespace) -> int:
     return straggler_eval.main(
         None if args.simulator else args.generator, args.nodes, args.hours, seeds, args.faults, args.json
     )
+
+
+def _power(args: argparse.Namespace) -> int:
+    from healer.controller import power_bench
+
+    return power_bench.main(args.nodes, args.speed, args.steady, args.seed, args.json)

@@ -9,7 +9,8 @@ carries on).
 - **Over.** The GPUs' summed power over the (effective) budget for ``hold_s`` → caps: limits that bring
   the domain to ``hysteresis_percent`` under the budget, never below a GPU's minimum limit and never
   above what it is already limited to. ``proportional``: every GPU sheds the same share of what it draws
-  above its minimum; ``priority``: the lowest rank is taken to its minimum first, then the next.
+  above its minimum; ``priority``: the lowest rank is taken to its minimum first, then the next. A GPU
+  drawing no more than its minimum (idle) is left alone: it would shed nothing.
 - **Headroom.** Under the budget by the hysteresis, with the next step of every GPU its cap holds
   now assumed fully drawn, for ``restore_after_s`` → each capped GPU rises by
   ``restore_step_percent`` of its default limit; a GPU back at the limit it had before healer
@@ -199,8 +200,8 @@ def _caps(readings: Sequence[Reading], shed_w: float, budget: config.PowerBudget
     out = []
     for r in readings:
         w = want.get((r.node, r.gpu))
-        if w is None:
-            continue
+        if w is None or r.power_w <= r.min_w:
+            continue  # an idle GPU sheds nothing: a limit would only hold back the job it gets next
         w = max(r.min_w, round(w, 1))
         if w < r.limit_w - 0.5:
             out.append(Change(r.node, r.gpu, r.limit_w, w))

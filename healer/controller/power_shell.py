@@ -132,6 +132,42 @@ def planned(
     return out
 
 
+LIVE_KEY = "live"
+"""The KV document's view of the domain now (its live draw against the budget in force, the phase, GPUs
+counted and capped, the open incident, ``at``): what the status page shows (docs/ui.md)."""
+LIVE_DELTA = 0.01
+"""The live view is written again when the draw moved by more than this share of the budget in force ..."""
+LIVE_EVERY_S = 30.0
+"""... when anything else in it changed, or when this long has passed with any change at all."""
+
+
+def live_of(view: DomainView, now: float) -> dict[str, object]:
+    """The ``live`` part of a budget's KV document, from the leader's view at its last step."""
+    return {
+        "draw_w": round(view.draw_w, 1), "budget_w": round(view.budget.gpu_budget_w, 1),
+        "budget_in_force_w": round(view.budget_w, 1), "phase": view.phase.name.lower(), "gpus": view.gpus,
+        "members": len(view.members), "capped_gpus": len(view.state.capped_w),
+        "incident_id": view.incident_id, "at": round(now, 3),
+    }  # fmt: skip
+
+
+def live_changed(prev: Mapping[str, object] | None, new: Mapping[str, object]) -> bool:
+    """Whether the live view is worth a KV write (``LIVE_DELTA``, ``LIVE_EVERY_S``)."""
+    if prev is None:
+        return True
+    keys = ("phase", "capped_gpus", "budget_in_force_w", "budget_w", "incident_id", "gpus", "members")
+    if any(prev.get(k) != new.get(k) for k in keys):
+        return True
+
+    def num(doc: Mapping[str, object], k: str) -> float:
+        v = doc.get(k)
+        return float(v) if isinstance(v, int | float) else 0.0
+
+    if abs(num(new, "draw_w") - num(prev, "draw_w")) > LIVE_DELTA * max(num(new, "budget_in_force_w"), 1.0):
+        return True
+    return num(new, "draw_w") != num(prev, "draw_w") and num(new, "at") - num(prev, "at") >= LIVE_EVERY_S
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class DomainView:
     """One budget now (``healer power status``)."""
@@ -178,6 +214,8 @@ class PowerShell:
         self.states: dict[str, power_budget.DomainState] | None = None
         """Each budget's state by domain (``rack=r7``) while this process leads; None: not loaded."""
         self.views: dict[str, DomainView] = {}
+        self.live: dict[str, dict[str, object]] = {}
+        """Each domain's live view as last written to KV (``LIVE_KEY``)."""
         self.meter = ingest.energy
         self.measure_after: set[str] = set()
         """Domains whose last step lowered limits: once its actions are done, the draw and SM clock after
@@ -216,14 +254,29 @@ class PowerShell:
     async def save(self, budget: config.PowerBudget, state: power_budget.DomainState) -> None:
         assert self.states is not None
         if self.states.get(budget.domain) != state:
-            await self.store.put(
-                kv_key(budget), {**state.dump(), "domain": budget.domain}
-            )  # the page reads it
+            await self.store.put(kv_key(budget), self.document(budget, state))  # the page reads it
             self.states[budget.domain] = state
+
+    def document(self, budget: config.PowerBudget, state: power_budget.DomainState) -> dict[str, object]:
+        doc: dict[str, object] = {**state.dump(), "domain": budget.domain}
+        if budget.domain in self.live:
+            doc[LIVE_KEY] = self.live[budget.domain]
+        return doc
+
+    async def save_live(self, budget: config.PowerBudget, now: float) -> None:
+        """The domain's live view into its KV document, when it changed enough (``live_changed``)."""
+        view = self.views.get(budget.domain)
+        if view is None or self.states is None:
+            return
+        new = live_of(view, now)
+        if live_changed(self.live.get(budget.domain), new):
+            self.live[budget.domain] = new
+            await self.store.put(kv_key(budget), self.document(budget, view.state))
 
     async def tick(self, now: float) -> None:
         if not self.role.leader:
             self.states = None  # a new term starts from KV: another leader may have moved on meanwhile
+            self.live = {}
             return
         async with self.lock:
             states = await self.load()
@@ -262,6 +315,7 @@ class PowerShell:
         inc = self.incident(budget)
         if not readings or self.pending(inc):
             self._show(budget, reporting, readings, state, inc, now)
+            await self.save_live(budget, now)
             return
         clock = mean_clock(frames)
         if inc is not None and budget.domain in self.measure_after:  # the step's limits hold now: its cost
@@ -279,6 +333,7 @@ class PowerShell:
             await self._resolve(inc, decision, now)
             inc = None
         self._show(budget, reporting, readings, decision.state, inc, now, decision)
+        await self.save_live(budget, now)
 
     def _show(
         self,
@@ -327,7 +382,7 @@ class PowerShell:
         clock: float | None = None,
     ) -> book.Incident:
         """The step's changes as the domain incident's actions: opened with the first, updated after."""
-        caps = [c for c in decision.changes if not c.release]
+        caps = [c for c in decision.changes if not c.release and c.to_w < c.from_w]
         what = (
             f"{len(caps)} GPU limits lowered"
             if caps
@@ -359,7 +414,9 @@ class PowerShell:
                 inc.evidence["energy_start_j"] = round(self.meter.joules(budget.domain), 1)
         inc.summary = summary
         gpus = {k: v for k, v in inc.evidence.items() if k.startswith("gpu.")}
-        for c in decision.changes:
+        # the action runner applies an incident's actions one after another, each confirmed from the next
+        # frame: the GPUs that shed most go first, so the domain is under its budget soonest
+        for c in sorted(decision.changes, key=lambda c: c.to_w - c.from_w):
             gpus[f"gpu.{c.node}.{c.gpu}"] = (
                 f"restored {c.to_w:g} W" if c.release else f"{c.from_w:g} -> {c.to_w:g} W"
             )

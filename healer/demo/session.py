@@ -31,7 +31,7 @@ from healer.bus import nats as natsbus
 from healer.controller import service
 from healer.demo import stage, watch
 from healer.schemas import codec
-from healer.sim import scenarios
+from healer.sim import scenarios, simulation
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +65,16 @@ STRAGGLER_WINDOW_S = 15.0
 demo's 150 s): a straggler is named after 3 lagging windows, within about a minute."""
 
 
+POWER_HOLD_S = 5.0
+"""The power story's hold time (the shipped default is 10 s)."""
+POWER_RESTORE_AFTER_S = 10.0
+"""The power story's headroom before restoring, in one step (shipped: 120 s, 10 % steps): the demo's
+rack is restored within its 150 s."""
+DEMO_ACTIONS_PER_MINUTE = 200
+"""A budget's per-GPU limits count in the rate limit: 32 GPUs capped, then restored, next to the rest of
+the story's actions."""
+
+
 def settings_for(opts: Options, url: str, rules_dir: pathlib.Path, tmp: pathlib.Path) -> config.Settings:
     raw = config.load(opts.config_file).model_dump()
     raw["nats"]["url"] = url
@@ -86,6 +96,17 @@ def settings_for(opts: Options, url: str, rules_dir: pathlib.Path, tmp: pathlib.
     if opts.config_file is None:  # room in the breaker for the rack's cordons before the mass fault
         raw["controller"].update(breaker_max_nodes=8, breaker_max_percent=25.0)
         raw["controller"].update(straggler_window_s=STRAGGLER_WINDOW_S)
+        rack = stage.rack_nodes(sc, opts.nodes, "rack", stage.POWER_RACK) if sc.rack_size else []
+        if rack:  # the power story (#30): the rack's budget, 80 % of what its GPUs draw at full load
+            full_w = stage.full_load_w(sc, opts.nodes, opts.gpus, opts.seed, rack)
+            raw["controller"].update(
+                power_budgets=[{
+                    "key": "rack", "value": stage.POWER_RACK, "hold_s": POWER_HOLD_S,
+                    "contract_kw": round(stage.POWER_BUDGET_FRACTION * full_w / 1000.0, 2),
+                    "restore_after_s": POWER_RESTORE_AFTER_S, "restore_step_percent": 100.0,
+                }],
+                actions_per_minute=DEMO_ACTIONS_PER_MINUTE,
+            )  # fmt: skip
     model = stage.find_model(opts.model)
     if model is not None:
         raw["controller"]["model"] = str(model)
@@ -144,7 +165,9 @@ async def _run_with_server(
     fleet_stop = asyncio.Event()
     fleet_task: asyncio.Task[sim_fleet.Stats] | None = None
     page: Any = None
-    obs = watch.Observer(time.time())
+    story = stage.power_story(sc, s.controller, opts.nodes, opts.duration_s)
+    power_watch = watch.PowerWatch(story.domain, story.names, story.budget_w) if story else None
+    obs = watch.Observer(time.time(), power=power_watch)
     started = time.monotonic()
     try:
 
@@ -172,8 +195,9 @@ async def _run_with_server(
         await watch_bus.subscribe(subj.all_incidents, _incidents(obs))
 
         sim = stage.build_fleet(
-            sc, nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed, start_ts=time.time(), warmup_s=opts.warmup_s
-        )
+            sc, nodes=opts.nodes, gpus=opts.gpus, seed=opts.seed, start_ts=time.time(),
+            warmup_s=opts.warmup_s, idle=story.nodes if story else (),
+        )  # fmt: skip
         obs.t0 = sim.t
         fleet = sim_fleet.LiveFleet(sim, await connect("healer-demo-fleet"), subj, truth_sink=obs.on_truth)
         await fleet.start()
@@ -181,7 +205,10 @@ async def _run_with_server(
         say(f"fleet: {opts.nodes} simulated nodes x {opts.gpus} GPUs, scenario {sc.name!r}")
         log.info("demo.started", nodes=opts.nodes, duration_s=opts.duration_s)
         started = time.monotonic()
+        jobs = 0  # the power story: 0 before its jobs start, 1 while they run, 2 after they end
         while not stop.is_set() and time.monotonic() - started < opts.duration_s:
+            if story is not None and power_watch is not None:
+                jobs = _power_story(story, power_watch, obs, sim, jobs, time.monotonic() - started)
             if fleet_task.done():
                 fleet_task.result()  # an error in the fleet ends the demo with that error
                 raise errors.PermanentError("the simulated fleet stopped")
@@ -216,6 +243,31 @@ async def _run_with_server(
     return obs.summary(
         duration_s=time.monotonic() - started, nodes=opts.nodes, gpus=opts.gpus, interrupted=stop.is_set()
     )
+
+
+def _power_story(
+    story: stage.PowerStory,
+    pw: watch.PowerWatch,
+    obs: watch.Observer,
+    sim: simulation.Simulation,
+    jobs: int,
+    elapsed: float,
+) -> int:
+    """Start the story's jobs at ``start_s`` and end them at ``end_s``; returns the new step."""
+    if jobs == 0 and elapsed >= story.start_s:
+        stage.start_jobs(sim, story)
+        pw.jobs_started_at = sim.t
+        n = len(story.nodes)
+        obs.note(
+            sim.t, f"jobs start on {story.domain} ({n} node{'s' * (n != 1)}): its GPUs ramp to full load"
+        )
+        return 1
+    if jobs == 1 and elapsed >= story.end_s:
+        stage.end_jobs(sim, story)
+        pw.jobs_ended_at = sim.t
+        obs.note(sim.t, f"the jobs on {story.domain} end: its GPUs go idle")
+        return 2
+    return jobs
 
 
 async def _status_page(bus: natsbus.NatsBus, s: config.Settings) -> Any:

@@ -14,14 +14,16 @@ minutes so its GPUs are at working temperature; the scenario's ``at_s`` count fr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import pathlib
 import shutil
+from collections.abc import Sequence
 
 import numpy as np
 import yaml
 
-from healer import errors
+from healer import config, errors
 from healer.sim import faults, scenarios, simulation, workloads
 
 
@@ -32,6 +34,17 @@ class SetupError(errors.PermanentError):
 
 WARMUP_S = 300.0
 """Simulated seconds the fleet runs before the demo starts (thermal time constants are ~30 s)."""
+POWER_RACK = "r6"
+"""The power story's rack in the default demo (#30): nodes 24-27, idle until their 4-node training job
+starts (``POWER_START``), which takes the rack over its budget (``POWER_BUDGET_FRACTION`` of what its
+GPUs draw at full load); healer caps it, and restores it once the job ends (``POWER_END``)."""
+POWER_START = 0.1
+"""The power story's jobs start at this share of the demo's duration (15 s of 150 s) ..."""
+POWER_END = 0.45
+"""... and end at this share (67.5 s of 150 s), before the mass fault."""
+POWER_BUDGET_FRACTION = 0.8
+TRAINING_UTIL = 0.95
+"""A training job's utilisation in the simulator (workloads: ~95 % on every GPU)."""
 
 
 def default_scenario_text() -> str:
@@ -151,8 +164,80 @@ def load_scenario(path: str | None) -> scenarios.Scenario:
     return scenarios.load(path)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PowerStory:
+    """A rack with a power budget whose jobs ramp during the demo (#30): idle through the warm-up, its
+    nodes start training at ``start_s`` (seconds into the demo) and stop at ``end_s``."""
+
+    domain: str
+    nodes: tuple[int, ...]
+    names: frozenset[str]
+    budget_w: float
+    start_s: float
+    end_s: float
+
+
+def rack_nodes(sc: scenarios.Scenario, nodes: int, key: str, value: str) -> list[int]:
+    """The indices of the demo's nodes whose inventory labels have ``key`` = ``value``."""
+    inv = inventory(sc, nodes)
+    return [i for i, labels in enumerate(inv.values()) if labels.get(key) == value]
+
+
+def power_story(
+    sc: scenarios.Scenario, cs: config.ControllerSettings, nodes: int, duration_s: float
+) -> PowerStory | None:
+    """The story of the first power budget that names a domain of the demo's inventory, if any."""
+    names = scenarios.node_names(nodes)
+    for b in cs.power_budgets:
+        idx = rack_nodes(sc, nodes, b.key, b.value) if sc.rack_size else []
+        if idx:
+            return PowerStory(
+                b.domain, tuple(idx), frozenset(names[i] for i in idx), b.gpu_budget_w,
+                POWER_START * duration_s, POWER_END * duration_s,
+            )  # fmt: skip
+    return None
+
+
+def full_load_w(sc: scenarios.Scenario, nodes: int, gpus: int, seed: int, idx: Sequence[int]) -> float:
+    """What the GPUs of nodes ``idx`` draw training at full load (their datasheets in the simulator)."""
+    fl = scenarios.build(sc, nodes=nodes, gpus=gpus, seed=seed).fleet
+    rows = list(idx)
+    return float(np.sum(fl.p_idle[rows] + (fl.p_full[rows] - fl.p_idle[rows]) * TRAINING_UTIL))
+
+
+def start_jobs(sim: simulation.Simulation, story: PowerStory) -> None:
+    """The story's rack gets its training job (one per gang of ``job_nodes``, else one a node)."""
+    work = sim.fleet.work
+    rows = list(story.nodes)
+    if not isinstance(work, workloads.Workloads):
+        return
+    first = int(work.job_no.max()) + 1
+    work.kind[rows] = workloads.TRAINING
+    work.end_t[rows] = np.inf  # the story ends it
+    if work.gang is None:
+        work.job_no[rows] = first + np.arange(len(rows))
+    else:
+        work.job_no[rows] = first + np.searchsorted(np.unique(work.gang[rows]), work.gang[rows])
+
+
+def end_jobs(sim: simulation.Simulation, story: PowerStory) -> None:
+    """The story's jobs end (their own end, not healer's doing): the rack idles."""
+    work = sim.fleet.work
+    if isinstance(work, workloads.Workloads):
+        rows = list(story.nodes)
+        work.kind[rows] = workloads.IDLE
+        work.job_no[rows] = -1
+
+
 def build_fleet(
-    sc: scenarios.Scenario, *, nodes: int, gpus: int, seed: int, start_ts: float, warmup_s: float = WARMUP_S
+    sc: scenarios.Scenario,
+    *,
+    nodes: int,
+    gpus: int,
+    seed: int,
+    start_ts: float,
+    warmup_s: float = WARMUP_S,
+    idle: Sequence[int] = (),
 ) -> simulation.Simulation:
     """The simulation, warmed up so that its clock reads ``start_ts`` and its first fault is still ahead.
 
@@ -160,7 +245,8 @@ def build_fleet(
     draws every GPU's cooling within ±4 %): the story's timing (hot enough to fire, cool enough under an
     80 % cap to resolve) is tuned for nominal cooling and must not depend on the seed. Likewise the job a
     fail-slow fault slows does not checkpoint during the story (a checkpoint is no load: the straggler
-    scorer would wait it out, past the demo's end).
+    scorer would wait it out, past the demo's end). The ``idle`` nodes (the power story's rack) run no job
+    through the warm-up, and will not checkpoint during the story either.
     """
     shifted = [
         f.model_copy(
@@ -190,6 +276,14 @@ def build_fleet(
             work.ckpt_phase[gang] = (
                 workloads.CHECKPOINT_LENGTH_S + 1.0 - warmup_s
             ) % workloads.CHECKPOINT_PERIOD_S
+    if idle and isinstance(work, workloads.Workloads):
+        rows = list(idle)
+        work.kind[rows] = workloads.IDLE
+        work.job_no[rows] = -1
+        work.end_t[rows] = np.inf
+        work.ckpt_phase[rows] = (
+            workloads.CHECKPOINT_LENGTH_S + 1.0 - warmup_s
+        ) % workloads.CHECKPOINT_PERIOD_S
     steps = int(warmup_s)
     for _ in range(steps):
         sim.step(warmup_s / steps if steps else 0.0)

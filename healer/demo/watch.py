@@ -18,9 +18,12 @@ from healer.schemas import incidents, telemetry
 
 BREAKER_RULE = "circuit-breaker"
 SHARED_CAUSE_RULE = "shared-cause"
+"""A domain's incident (#27): node ``<key>.<value>``, matched to no single fault, so never unexpected."""
 STRAGGLER_RULE = "gpu-straggler"
 """The fail-slow incident (#28): its line names the job and the cause."""
-"""A domain's incident (#27): node ``<key>.<value>``, matched to no single fault, so never unexpected."""
+POWER_RULE = "power-budget"
+"""A domain's power-budget incident (#30): one per cap episode, its per-GPU limits as actions; matched to
+no fault (the rack's jobs ramping is the story, not a fault), so never unexpected."""
 OK = incidents.TOOK_EFFECT
 RESTORES = frozenset(k.reversible_by for k in actions.CATALOG.values() if k.caps_power)
 """The kinds that undo a power cap (``restore_power_limit``)."""
@@ -74,6 +77,17 @@ class Fault:
     visible_at: float
 
 
+def _power(d: incidents.IncidentData) -> str:
+    """ " - drew X kW against a budget of Y kW" (a power-budget incident), else ""."""
+    ev = d.evidence
+    if d.rule_id != POWER_RULE or "draw_w" not in ev:
+        return ""
+    return (
+        f" - drew {float(ev['draw_w'] or 0) / 1000:.1f} kW against a budget of"
+        f" {float(ev.get('budget_in_force_w') or 0) / 1000:.1f} kW, {ev.get('capped_gpus')} GPUs to cap"
+    )
+
+
 def _straggler(d: incidents.IncidentData) -> str:
     """ " - job J, clock N % below the median of its job's P GPUs, cause C" (a straggler), else ""."""
     ev = d.evidence
@@ -89,9 +103,44 @@ def _straggler(d: incidents.IncidentData) -> str:
     return out
 
 
+@dataclasses.dataclass
+class PowerWatch:
+    """The power story's rack (#30): its members' summed GPU power from their frames, against its budget."""
+
+    domain: str
+    members: frozenset[str]
+    budget_w: float
+    draw: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Each member's GPUs' summed power in its newest frame."""
+    peak_w: float = 0.0
+    over_at: float | None = None
+    """The first frame in which the rack drew more than its budget."""
+    under_at: float | None = None
+    """The first frame after that in which it drew its budget or less."""
+    jobs_started_at: float | None = None
+    jobs_ended_at: float | None = None
+
+    def total(self) -> float:
+        return sum(self.draw.values())
+
+    def on_frame(self, frame: telemetry.NodeFrame) -> None:
+        if frame.node not in self.members:
+            return
+        self.draw[frame.node] = sum(g.power_w or 0.0 for g in frame.gpus)
+        if len(self.draw) < len(self.members):
+            return
+        total = self.total()
+        self.peak_w = max(self.peak_w, total)
+        if total > self.budget_w and self.over_at is None:
+            self.over_at = frame.ts
+        elif total <= self.budget_w and self.over_at is not None and self.under_at is None:
+            self.under_at = frame.ts
+
+
 class Observer:
-    def __init__(self, t0: float) -> None:
+    def __init__(self, t0: float, power: PowerWatch | None = None) -> None:
         self.t0 = t0
+        self.power = power
         self.frames = 0
         self.frame_nodes: dict[str, float] = {}
         self.gpus: dict[tuple[str, int], Gpu] = {}
@@ -103,10 +152,28 @@ class Observer:
         self.breaker: dict[str, Any] = {"open": False}
         self.feed_events = 0
         self._seen_actions: set[tuple[str, int]] = set()
+        self._power_step: dict[str, list[incidents.ActionRecord]] = {}
+        """A power-budget incident's actions settled since its last line (printed at its next change)."""
         self._new_lines: list[tuple[float, str]] = []
 
     # -- inputs ------------------------------------------------------------------------------------
     def on_frame(self, frame: telemetry.NodeFrame) -> None:
+        if self.power is not None:
+            over, under = self.power.over_at, self.power.under_at
+            self.power.on_frame(frame)
+            p = self.power
+            if over is None and p.over_at is not None:
+                self._say(
+                    p.over_at,
+                    f"{p.domain} over its power budget: {p.total() / 1000:.1f} kW"
+                    f" of {p.budget_w / 1000:.1f} kW",
+                )
+            if under is None and p.under_at is not None and p.over_at is not None:
+                self._say(
+                    p.under_at,
+                    f"{p.domain} back under its power budget {p.under_at - p.over_at:.0f} s after going over:"
+                    f" {p.total() / 1000:.1f} kW of {p.budget_w / 1000:.1f} kW, no job stopped",
+                )
         self.frames += 1
         self.frame_nodes[frame.node] = frame.ts
         self.gpus_expected[frame.node] = frame.gpus_expected or len(frame.gpus)
@@ -119,6 +186,10 @@ class Observer:
                 g.power_limit_w or 0.0,
                 g.power_default_w or 0.0,
             )
+
+    def note(self, at: float, line: str) -> None:
+        """A line of the story that is no fault (the power story's jobs starting and ending)."""
+        self._say(at, line)
 
     def on_truth(self, records: list[dict[str, Any]]) -> None:
         for r in records:
@@ -138,8 +209,10 @@ class Observer:
         inc.state, inc.summary, inc.actions = d.state, d.summary, list(d.actions)
         where = d.node + (f" GPU {d.gpu_index}" if d.gpu_index is not None else "")
         change = ev.change
+        if d.rule_id == POWER_RULE and change in ("opened", "updated"):
+            self._flush_power(d.incident_id, where)  # the step before is settled: a new one or its cost
         if change == "opened":
-            self._say(at, f"incident opened: {d.rule_id} ({d.severity}) on {where}{_straggler(d)}")
+            self._say(at, f"incident opened: {d.rule_id} ({d.severity}) on {where}{_straggler(d)}{_power(d)}")
         elif change == "resolved":
             inc.resolved_at = at
             self._say(at, f"incident resolved: {d.rule_id} on {where}")
@@ -149,6 +222,16 @@ class Observer:
                 self._say(at, f"CIRCUIT BREAKER OPEN: {d.summary}")
             else:
                 self._say(at, f"incident escalated: {d.rule_id} on {where}")
+        elif change == "updated" and d.rule_id == POWER_RULE and "sm_clock_after_mhz" in d.evidence:
+            ev_ = d.evidence
+            self._say(
+                at,
+                f"{where}: the step's limits hold, drawing"
+                f" {float(ev_.get('draw_after_w') or 0) / 1000:.1f} kW"
+                f" of {float(ev_.get('budget_in_force_w') or 0) / 1000:.1f} kW; SM clock"
+                f" {ev_.get('sm_clock_before_mhz')} -> {ev_.get('sm_clock_after_mhz')} MHz",
+            )
+        fresh = []
         for i, a in enumerate(d.actions):
             if (d.incident_id, i) in self._seen_actions:
                 continue
@@ -156,7 +239,22 @@ class Observer:
             self.actions.append(
                 Action(a.at, d.incident_id, d.rule_id, d.node, d.gpu_index, a.kind, a.status, a.detail)
             )
-            self._say(a.at, f"action {a.kind} on {where}: {a.status} ({d.rule_id}) {a.detail}".rstrip())
+            fresh.append(a)
+            if d.rule_id != POWER_RULE:  # a domain's per-GPU limits: one line per step, below
+                self._say(a.at, f"action {a.kind} on {where}: {a.status} ({d.rule_id}) {a.detail}".rstrip())
+        if d.rule_id == POWER_RULE:
+            self._power_step.setdefault(d.incident_id, []).extend(fresh)
+            if change == "resolved":
+                self._flush_power(d.incident_id, where)
+
+    def _flush_power(self, incident_id: str, where: str) -> None:
+        """One line for a power-budget step's per-GPU limits (a domain's step can be 64 actions)."""
+        step = self._power_step.get(incident_id)
+        if step:
+            kinds = collections.Counter(f"{a.kind} {a.status}" for a in step)
+            line = ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))
+            self._say(step[-1].at, f"actions on {where}: {line}")
+            step.clear()
 
     def _say(self, at: float, line: str) -> None:
         self.log.append((at, line))
@@ -241,7 +339,7 @@ class Observer:
         unexpected = [
             f"{i.rule_id} on {i.node}" + (f" GPU {i.gpu}" if i.gpu is not None else "")
             for i in self.incidents.values()
-            if i.id not in matched and i.rule_id not in (BREAKER_RULE, SHARED_CAUSE_RULE)
+            if i.id not in matched and i.rule_id not in (BREAKER_RULE, SHARED_CAUSE_RULE, POWER_RULE)
         ]
         return {
             "fleet": {"nodes": nodes, "gpus": nodes * gpus},
@@ -265,7 +363,36 @@ class Observer:
             "cordoned_nodes": self.cordoned(),
             "breaker": self.breaker,
             "domain_incidents": self.domain_incidents(),
+            **({"power": self.power_summary()} if self.power is not None else {}),
             "story": self.story(rows),
+        }
+
+    def power_incidents(self) -> list[Incident]:
+        return [i for i in self.incidents.values() if i.rule_id == POWER_RULE]
+
+    def power_summary(self) -> dict[str, Any]:
+        """The power story (#30): when the rack went over, when it was back under, when it was restored."""
+        p = self.power
+        assert p is not None
+        incs = self.power_incidents()
+
+        def rel(t: float | None) -> float | None:
+            return None if t is None else round(t - self.t0, 1)
+
+        resolved = [i.resolved_at for i in incs if i.resolved_at is not None]
+        return {
+            "domain": p.domain,
+            "budget_kw": round(p.budget_w / 1000, 2),
+            "peak_kw": round(p.peak_w / 1000, 2),
+            "jobs_started_s": rel(p.jobs_started_at),
+            "over_budget_s": rel(p.over_at),
+            "under_budget_s": rel(p.under_at),
+            "under_within_s": None
+            if p.under_at is None or p.over_at is None
+            else round(p.under_at - p.over_at, 1),
+            "jobs_ended_s": rel(p.jobs_ended_at),
+            "restored_s": rel(max(resolved)) if resolved else None,
+            "episodes": len(incs),
         }
 
     def story(self, rows: list[dict[str, Any]]) -> dict[str, bool]:
@@ -308,4 +435,29 @@ class Observer:
             and all(STRAGGLER_RULE in r["rules"] for r in row("clock_limit"))
             and has(row("clock_limit"), "cordon"),
             "breaker_tripped": bool(self.breaker.get("open")),
+            **(self.power_story() if self.power is not None else {}),
+        }
+
+    def power_story(self) -> dict[str, bool]:
+        """The power story's steps (only when the demo has one), each true only if the feed (and the
+        rack's frames) show it."""
+        p = self.power
+        assert p is not None
+        incs = self.power_incidents()
+        members = p.members
+
+        def done(i: Incident, kind: str) -> bool:
+            return any(a.kind == kind and a.status in OK for a in i.actions)
+
+        stopped = [
+            a
+            for a in self.actions
+            if a.node in members and a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in OK
+        ]
+        return {
+            "rack_over_budget_capped": any(done(i, "power_limit") for i in incs),
+            "rack_under_budget_no_job_stopped": p.under_at is not None and bool(incs) and not stopped,
+            "rack_restored_when_load_fell": any(
+                i.state == "resolved" and done(i, "restore_power_limit") for i in incs
+            ),
         }

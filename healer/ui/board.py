@@ -376,14 +376,22 @@ class Board:
         self.version += 1
 
     def power_rows(self) -> list[dict[str, Any]]:
+        """Each budget as the leader keeps it in KV: the GPUs it holds down, a shed, and (``live``, from
+        its last step) the domain's draw against its budget and the budget in force, its phase."""
         rows = []
         for key, doc in sorted(self.power.items()):
             capped = doc.get("capped_w")
+            raw = doc.get("live")
+            live: dict[str, Any] = raw if isinstance(raw, dict) else {}
             rows.append({
                 "domain": str(doc.get("domain") or key),
                 "capped_gpus": len(capped) if isinstance(capped, dict) else 0,
                 "shed_to_w": doc.get("shed_to_w"), "shed_until": doc.get("shed_until"),
                 "cycles": len(doc.get("cycles") or []),
+                **{k: _num(live.get(k)) for k in ("draw_w", "budget_w", "budget_in_force_w", "at")},
+                "phase": live.get("phase") if live.get("phase") in ("under", "over", "capped") else None,
+                "gpus": live.get("gpus") if isinstance(live.get("gpus"), int) else None,
+                "incident_id": str(live["incident_id"]) if live.get("incident_id") else None,
             })  # fmt: skip
         return rows
 
@@ -405,3 +413,7 @@ class Board:
             "exclusions": [{"node": n, **v} for n, v in sorted(self.exclusions.items())],
             "rules_rejected": self.rejected_rules,
         }
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None

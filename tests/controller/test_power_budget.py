@@ -69,6 +69,15 @@ def test_proportional_sheds_by_what_each_gpu_draws_above_its_minimum_and_never_b
     assert {c.to_w for c in d.changes} == {200.0}, "never below each GPU's minimum limit"
 
 
+def test_an_idle_gpu_is_not_capped_it_would_shed_nothing() -> None:
+    b = _budget(contract_kw=0.9)
+    readings = [R("n1", 0, 700.0, 700.0, 200.0, 700.0), R("n1", 1, 700.0, 700.0, 200.0, 700.0),
+                R("n2", 0, 70.0, 700.0, 200.0, 700.0)]  # fmt: skip
+    d = power_budget.step(readings, b, power_budget.DomainState(over_since=0.0), 20.0)
+    assert {(c.node, c.gpu) for c in d.changes} == {("n1", 0), ("n1", 1)}
+    assert "n2/0" not in d.state.capped_w, "the idle GPU keeps its limit for its next job"
+
+
 def test_priority_caps_the_lowest_rank_first() -> None:
     b = _budget(contract_kw=2.2, policy="priority")
     readings = _rack(650.0, n=2, rank=0) + [R("n2", i, 650.0, 700.0, 200.0, 700.0, 5) for i in range(2)]

@@ -175,6 +175,13 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
     assert stored is not None
     assert len(stored.value["capped_w"]) == GPUS, "the state is in KV for a new leader"
+    live = stored.value["live"]  # what the status page shows: the leader's view at its steps
+    view = ctl.power_budgets.views["rack=r1"]
+    assert live["phase"] == "capped"
+    assert (live["gpus"], live["members"], live["capped_gpus"]) == (GPUS, 2, GPUS)
+    assert live["budget_in_force_w"] == pytest.approx(budget_kw * 1000)
+    assert live["draw_w"] == pytest.approx(view.draw_w, abs=0.02 * budget_kw * 1000)
+    assert live["incident_id"] == domain_events(rig.harness)[-1].data.incident_id
 
     steady(rig.sim, workloads.IDLE)  # the jobs end: the rack has headroom
     await rig.until(rig.resolved, timeout=90)

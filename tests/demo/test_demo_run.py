@@ -154,3 +154,52 @@ def test_a_fleet_too_small_for_the_scenario_fails_before_starting_anything() -> 
     assert "nodes [11] not in 0..9" in err
     assert "give --nodes" in err
     assert "nats-server" not in err
+
+
+@pytest.mark.slow
+def test_the_power_story_a_rack_over_its_budget_is_capped_no_job_stops_and_it_is_restored(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The demo's power story (#30) alone on 2 nodes (racks of 1): node 1's job starts 10 % into the run
+    and takes rack r1 over its budget (80 % of its GPUs at full load); the controller caps its GPUs, the
+    rack is back under, nobody drains it, and its limits are restored once its job ends (50 % in)."""
+    from healer.demo import stage
+
+    sc = stage.load_scenario(str(FAST / "power.yaml"))
+    budget_kw = round(0.8 * stage.full_load_w(sc, 2, 8, 0, [1]) / 1000.0, 2)
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(
+        "controller:\n  power_budgets:\n"
+        f"    - {{key: rack, value: r1, contract_kw: {budget_kw}, hold_s: 1, restore_after_s: 2,"
+        " restore_step_percent: 100}\n"
+    )
+    proc = _demo(
+        "--duration", "48", "--nodes", "2", "--scenario", str(FAST / "power.yaml"), "--overrides", "",
+        "--config", str(settings),
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    story = summary["story"]
+    assert story["rack_over_budget_capped"] is True, err[-3000:]
+    assert story["rack_under_budget_no_job_stopped"] is True, err[-3000:]
+    assert story["rack_restored_when_load_fell"] is True, err[-3000:]
+    power = summary["power"]
+    assert power["domain"] == "rack=r1"
+    assert power["budget_kw"] == budget_kw
+    assert power["episodes"] == 1, "one domain incident for the episode"
+    assert power["peak_kw"] > budget_kw, "the rack went over its budget as its job ramped"
+    assert power["jobs_started_s"] < power["over_budget_s"] < power["under_budget_s"]
+    assert power["under_budget_s"] < power["jobs_ended_s"], "the caps, not the job's end, brought it under"
+    assert power["jobs_ended_s"] < power["restored_s"]
+    assert summary["cordoned_nodes"] == []
+    assert summary["incidents"]["unexpected"] == []
+    assert re.search(r"incident opened: power-budget \(warning\) on rack\.r1 - drew [\d.]+ kW", err), err
+    assert re.search(r"rack=r1 back under its power budget \d+ s after going over", err), err
+    assert re.search(r"actions on rack\.r1: 8 x restore_power_limit done", err), err
+    assert "incident resolved: power-budget on rack.r1" in err

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from healer.demo import view, watch
-from healer.schemas import incidents
+from healer.schemas import incidents, telemetry
 
 T0 = 1_900_000_000.0
 
@@ -101,3 +101,50 @@ def test_breaker_incident_opens_the_breaker_and_mass_faults_print_as_one_line() 
     text = view.summary_text(s)
     assert text.count("gsp_timeout") == 1
     assert "4 nodes (n0, n1, n2, ...)" in text
+
+
+def _frame(node: str, ts: float, watts: float) -> telemetry.NodeFrame:
+    gpus = [telemetry.GpuSample(index=i, power_w=watts) for i in range(2)]
+    return telemetry.NodeFrame(
+        node=node, ts=T0 + ts, seq=0, boot_id="b", agent_version="t", source="sim", gpus_expected=2, gpus=gpus
+    )
+
+
+def test_the_power_story_is_read_from_the_racks_frames_and_its_domain_incident() -> None:
+    pw = watch.PowerWatch("rack=r1", frozenset({"n1", "n2"}), budget_w=1000.0)
+    obs = watch.Observer(T0, power=pw)
+    obs.on_frame(_frame("n1", 10.0, 200.0))
+    obs.on_frame(_frame("n9", 10.0, 900.0))  # not in the rack
+    obs.on_frame(_frame("n2", 10.0, 200.0))  # 400 + 400 W: under
+    obs.on_frame(_frame("n1", 11.0, 400.0))  # 800 + 400 W: over
+    obs.on_frame(_frame("n1", 20.0, 100.0))  # 200 + 400 W: back under
+    assert (pw.over_at, pw.under_at, pw.peak_w) == (T0 + 11.0, T0 + 20.0, 1200.0)
+    caps: list[tuple[str, incidents.ActionStatus, float]] = [
+        ("power_limit", "done", 14.0 + i) for i in range(4)
+    ]
+    obs.on_incident(_event("opened", "p", watch.POWER_RULE, "rack.r1", None, 13.0))
+    for i in range(4):
+        obs.on_incident(_event("action", "p", watch.POWER_RULE, "rack.r1", None, 14.0 + i, caps[: i + 1]))
+    s = obs.summary(duration_s=60, nodes=3, gpus=2, interrupted=False)
+    assert s["story"]["rack_over_budget_capped"] is True
+    assert s["story"]["rack_under_budget_no_job_stopped"] is True
+    assert s["story"]["rack_restored_when_load_fell"] is False
+    assert s["incidents"]["unexpected"] == [], "the budget's incident matches no fault and is expected"
+    assert s["power"]["under_within_s"] == 9.0
+    obs.on_incident(_event("updated", "p", watch.POWER_RULE, "rack.r1", None, 39.0, caps))  # the next step
+    restored = [*caps, *[("restore_power_limit", "done", 40.0 + i) for i in range(4)]]
+    obs.on_incident(_event("resolved", "p", watch.POWER_RULE, "rack.r1", None, 44.0, restored, "resolved"))
+    s = obs.summary(duration_s=60, nodes=3, gpus=2, interrupted=False)
+    assert s["story"]["rack_restored_when_load_fell"] is True
+    assert s["power"]["restored_s"] == 44.0
+    lines = [line for _, line in obs.log]
+    assert "rack=r1 over its power budget: 1.2 kW of 1.0 kW" in lines
+    assert "actions on rack.r1: 4 x power_limit done" in lines, "one line per step, not per GPU"
+    assert "actions on rack.r1: 4 x restore_power_limit done" in lines
+    assert not [line for line in lines if line.startswith("action power_limit")]
+
+
+def test_without_a_power_story_the_story_has_no_power_steps() -> None:
+    s = watch.Observer(T0).summary(duration_s=60, nodes=3, gpus=2, interrupted=False)
+    assert "power" not in s
+    assert not [k for k in s["story"] if k.startswith("rack_") and "budget" in k]

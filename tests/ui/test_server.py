@@ -218,9 +218,32 @@ async def test_a_power_budgets_caps_and_shed_are_pushed_from_kv(page: dict[str, 
         while not safety["power"]:
             safety = await stream.next("safety")
         assert safety["power"] == [
-            {"domain": "rack=r7", "capped_gpus": 2, "shed_to_w": 28000.0,
-             "shed_until": pytest.approx(time.time() + 600, abs=30), "cycles": 1}
-        ]  # fmt: skip
+            {
+                "domain": "rack=r7",
+                "capped_gpus": 2,
+                "shed_to_w": 28000.0,
+                "shed_until": pytest.approx(time.time() + 600, abs=30),
+                "cycles": 1,
+                "draw_w": None,
+                "budget_w": None,
+                "budget_in_force_w": None,
+                "at": None,
+                "phase": None,
+                "gpus": None,
+                "incident_id": None,
+            }
+        ]  # fmt: skip, a controller before #30's live view writes none of it
+        view = power_shell.DomainView(
+            budget, ("gpu-1", "gpu-2"), 16, 27_100.0, 28_000.0, power_budget.Phase.CAPPED, state, "inc-1"
+        )
+        doc = {**state.dump(), "domain": budget.domain, "live": power_shell.live_of(view, 1_900_000_000.0)}
+        await store.put(power_shell.kv_key(budget), doc)  # as the leader writes it at a step
+        safety = await stream.next("safety")
+        while safety["power"][0]["draw_w"] is None:
+            safety = await stream.next("safety")
+        [row] = safety["power"]
+        assert (row["draw_w"], row["budget_w"], row["budget_in_force_w"]) == (27100.0, 40000.0, 28000.0)
+        assert (row["phase"], row["gpus"], row["incident_id"], row["at"]) == ("capped", 16, "inc-1", 1.9e9)
 
 
 @pytest.mark.nats

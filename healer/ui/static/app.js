@@ -242,12 +242,25 @@
     }
     const pw = $("power");
     pw.replaceChildren();
-    for (const p of safety.power || []) { // power budgets (#30): what healer holds down, a shed
+    for (const p of safety.power || []) { // power budgets (#30): live draw, what healer holds down, a shed
       const shed = p.shed_to_w !== null && p.shed_to_w !== undefined && p.shed_until && p.shed_until * 1000 > Date.now();
-      if (!p.capped_gpus && !shed) continue;
-      const parts = [`power ${p.domain}: ${p.capped_gpus} GPU(s) capped to its budget`];
-      if (shed) parts.push(`demand response: ${num(p.shed_to_w / 1000, 1)} kW for its GPUs until ${hhmmss(p.shed_until)} UTC`);
-      pw.append(el("div", "power-capped", parts.join(" · ")));
+      const live = p.draw_w !== null && p.draw_w !== undefined && p.budget_in_force_w;
+      if (!p.capped_gpus && !shed && !live) continue;
+      let head = `power ${p.domain}:`;
+      const body = [];
+      if (live) { // the leader's last step, from the budget's KV state
+        const inForce = p.budget_w && p.budget_in_force_w < p.budget_w ? ` in force (its budget ${num(p.budget_w / 1000, 1)} kW)` : "";
+        head += ` ${num(p.draw_w / 1000, 1)} kW of ${num(p.budget_in_force_w / 1000, 1)} kW${inForce}, ${p.phase ?? "–"}`;
+        body.push(head);
+        if (p.capped_gpus) body.push(`${p.capped_gpus} GPU(s) capped to its budget`);
+      } else {
+        body.push(`${head} ${p.capped_gpus} GPU(s) capped to its budget`);
+      }
+      if (shed) body.push(`demand response: ${num(p.shed_to_w / 1000, 1)} kW for its GPUs until ${hhmmss(p.shed_until)} UTC`);
+      if (live && p.at) body.push(`as of ${hhmmss(p.at)} UTC`);
+      const row = el("div", p.capped_gpus || shed || p.phase === "over" ? "power-capped" : "power-under", body.join(" · "));
+      row.dataset.domain = p.domain;
+      pw.append(row);
     }
     const ex = $("exclusions");
     ex.replaceChildren();

@@ -1,0 +1,69 @@
+"""``healer bench power`` (#30): the targets measured through the wired controller on a simulated rack.
+
+The short run below goes through everything the bench does (a real nats-server, the simulated fleet's
+agents, the controller's action path); its assertions are on what the run measured, never on how long
+it took."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from healer.controller import power_bench
+
+
+def test_the_ideal_division_loses_least_and_one_level_is_no_better() -> None:
+    demand = np.array([600.0, 400.0, 200.0])
+    avail = 900.0
+    ideal = power_bench.optimal_loss(demand, avail)
+    level = power_bench.level_loss(demand, avail)
+    share = avail / demand.sum()  # every GPU the same share of its demand
+    proportional = float(np.sum(1.0 - np.cbrt(np.full(3, share))))
+    assert 0 < ideal <= level <= proportional + 1e-9
+    assert power_bench.optimal_loss(demand, 1300.0) == 0.0, "enough for every demand: nothing lost"
+
+
+def test_the_figures_are_read_from_the_seconds_the_run_saw() -> None:
+    budget = 1000.0
+    seconds = [
+        power_bench.Second(float(t), 900.0 if t < 5 else 1100.0 if t < 20 else 950.0, 0, 0, 0.0, 0.0, 0.0)
+        for t in range(60)
+    ]
+    watch = power_bench.Watch(lambda: 0.0)
+    marks = {"steady": 30.0, "fall": 50.0, "end": 55.0}
+    r = power_bench.summarize(seconds, watch, budget, 1200.0, 10.0, marks, 70.0, 1, 8, 20.0, 1.0, 1.0, 0)
+    assert r.under_after_hold_s == 5.0, "over at 5 s, hold 10 s, under at 20 s"
+    assert r.over_2pct_beyond_hold_s == 5.0, "15 s more than 2 % over, less the hold"
+    assert r.max_over_percent == pytest.approx(10.0)
+    assert r.restored_after_s == 15.0
+    assert r.loss_ratio is None, "never capped at steady load: no ratio to give"
+
+
+def test_a_short_run_through_the_wired_controller_measures_every_target() -> None:
+    r = asyncio.run(
+        power_bench.measure(
+            nodes=1,
+            gpus=4,
+            ramp_s=4.0,
+            steady_s=90.0,
+            settle_s=30.0,
+            fall_s=2.0,
+            restore_s=200.0,
+            speed=20.0,
+            hold_s=2.0,
+            restore_after_s=5.0,
+        )
+    )
+    assert r.frames > 0
+    assert r.budget_w == pytest.approx(0.8 * r.peak_w, rel=0.01)
+    assert r.max_over_percent > 0, "the jobs took the rack over its budget"
+    assert r.episodes == 1, "one domain incident for the episode"
+    assert r.under_after_hold_s is not None, "brought back under its budget"
+    assert r.capped_steady_s > 0
+    assert r.loss_ratio is not None
+    assert r.loss_ratio >= 1.0 - 1e-6, "no division loses less than the ideal one"
+    assert r.restored_after_s is not None, "restored when the load fell"
+    assert r.scheduler_requests == 0, "no drain, no cordon: no job stopped"
+    assert r.cycles_per_10min == 0
