@@ -27,6 +27,8 @@ no fault (the rack's jobs ramping is the story, not a fault), so never unexpecte
 OK = incidents.TOOK_EFFECT
 RESTORES = frozenset(k.reversible_by for k in actions.CATALOG.values() if k.caps_power)
 """The kinds that undo a power cap (``restore_power_limit``)."""
+CAPS = frozenset(k.name for k in actions.CATALOG.values() if k.caps_power)
+"""The kinds that cap a GPU's power (``power_limit``)."""
 INFORM_ONLY = ("notify",)
 """Actions that change nothing: not counted as the first action on a fault."""
 
@@ -446,8 +448,8 @@ class Observer:
         incs = self.power_incidents()
         members = p.members
 
-        def done(i: Incident, kind: str) -> bool:
-            return any(a.kind == kind and a.status in OK for a in i.actions)
+        def done(i: Incident, kinds: frozenset[str | None]) -> bool:
+            return any(a.kind in kinds and a.status in OK for a in i.actions)
 
         stopped = [
             a
@@ -455,9 +457,7 @@ class Observer:
             if a.node in members and a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in OK
         ]
         return {
-            "rack_over_budget_capped": any(done(i, "power_limit") for i in incs),
+            "rack_over_budget_capped": any(done(i, CAPS) for i in incs),
             "rack_under_budget_no_job_stopped": p.under_at is not None and bool(incs) and not stopped,
-            "rack_restored_when_load_fell": any(
-                i.state == "resolved" and done(i, "restore_power_limit") for i in incs
-            ),
+            "rack_restored_when_load_fell": any(i.state == "resolved" and done(i, RESTORES) for i in incs),
         }
