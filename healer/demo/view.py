@@ -50,6 +50,13 @@ def render(obs: watch.Observer, now: float, *, duration_s: float, header: str) -
                    if silent else ""))  # fmt: skip
     health.add_row("GPUs", f"{len(obs.gpus)}  ({len(capped)} power-capped)")
     health.add_row("cordoned by healer", ", ".join(cordoned) or "-")
+    if obs.power is not None:  # the power story's rack (#30): its GPUs' draw against its budget
+        p = obs.power
+        over = p.total() > p.budget_w
+        health.add_row(
+            f"power {p.domain}",
+            Text(f"{p.total() / 1000:.1f} kW of {p.budget_w / 1000:.1f} kW", style="red" if over else ""),
+        )
     health.add_row("frames / feed events", f"{obs.frames} / {obs.feed_events}")
     if breaker.get("open"):
         health.add_row("breaker", Text(str(breaker.get("reason", ""))[:160], style="red"))
@@ -105,6 +112,11 @@ def status_line(obs: watch.Observer, now: float) -> str:
         f"{len(obs.frame_nodes)} hottest={hottest} capped={len(obs.capped())} "
         f"cordoned={len(obs.cordoned())} open_incidents={len(obs.open_incidents())} "
         f"breaker={'OPEN' if obs.breaker.get('open') else 'closed'}"
+        + (
+            f" {obs.power.domain}={obs.power.total() / 1000:.1f}/{obs.power.budget_w / 1000:.1f}kW"
+            if obs.power
+            else ""
+        )
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import rich.console
+
 from healer.demo import view, watch
 from healer.schemas import incidents, telemetry
 
@@ -148,3 +150,16 @@ def test_without_a_power_story_the_story_has_no_power_steps() -> None:
     s = watch.Observer(T0).summary(duration_s=60, nodes=3, gpus=2, interrupted=False)
     assert "power" not in s
     assert not [k for k in s["story"] if k.startswith("rack_") and "budget" in k]
+
+
+def test_the_live_view_shows_the_power_storys_rack_against_its_budget() -> None:
+    pw = watch.PowerWatch("rack=r1", frozenset({"n1"}), budget_w=1000.0)
+    obs = watch.Observer(T0, power=pw)
+    obs.on_frame(_frame("n1", 10.0, 600.0))
+    assert "rack=r1=1.2/1.0kW" in view.status_line(obs, T0 + 10.0)
+    assert "kW" not in view.status_line(watch.Observer(T0), T0 + 10.0)
+    console = rich.console.Console(width=160, record=True)
+    console.print(view.render(obs, T0 + 10.0, duration_s=60, header="test"))
+    text = console.export_text()
+    assert "power rack=r1" in text
+    assert "1.2 kW of 1.0 kW" in text
