@@ -15,10 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -102,6 +103,70 @@ def stop_and_wait(proc: subprocess.Popen[bytes], sig: signal.Signals, within_s: 
         proc.communicate()
         raise AssertionError(f"{sig.name} did not stop the process within {within_s} s") from None
     return out.decode()
+
+
+def handles(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has installed a handler for ``sig`` (Linux: ``SigCgt`` in
+    ``/proc/<pid>/status``). The CLI installs its SIGTERM/SIGINT handlers together as its event loop
+    starts, so this is the moment a signal stops it cleanly; before it, Python's start-up and imports
+    (seconds on a loaded machine) leave SIGTERM at its default."""
+    try:
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (sig - 1)))
+
+
+class Watched:
+    """A started CLI process whose merged output is read as it comes (a thread), so a test waits for its
+    handlers or a line instead of sleeping a guess."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.proc.stdout:
+            for raw in self.proc.stdout:
+                self.lines.append(raw.decode(errors="replace"))
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited {self.proc.returncode} before {what}: {self.output()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout} s: {self.output()[-2000:]}")
+            time.sleep(0.1)
+
+    def wait_handling(self) -> None:
+        """Until the CLI's own handlers are in: SIGTERM's shows it (SIGINT has Python's from the start,
+        which raises KeyboardInterrupt wherever start-up is; the CLI installs the two together)."""
+        self.wait("SIGTERM handler", lambda: handles(self.proc.pid, signal.SIGTERM))
+
+    def wait_line(self, text: str) -> None:
+        self.wait(repr(text), lambda: text in self.output())
+
+    def stop(self, sig: signal.Signals, within_s: float = 15.0) -> str:
+        """Send ``sig``; the output once the process has ended (killed, and an AssertionError, when it
+        does not end within ``within_s``)."""
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(within_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{sig.name} did not stop the process within {within_s} s") from None
+        finally:
+            self._reader.join(10)  # the pipe closes as the process ends: the reader ends with it
+        return self.output()
 
 
 # -- 1. fail fast on first contact ------------------------------------------------------------------
@@ -243,13 +308,11 @@ def test_controller_stops_on_signal_while_nats_is_unreachable_and_is_alive_but_n
 
 
 def test_forward_stops_on_sigterm_while_nats_is_unreachable() -> None:
-    proc = subprocess.Popen(
-        [*HEALER, "forward", "--url", "http://127.0.0.1:1/", "--nats", dead_url()],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    time.sleep(3.0)
-    out = stop_and_wait(proc, signal.SIGTERM)
-    assert proc.returncode == 0, out[-2000:]
+    forward = Watched([*HEALER, "forward", "--url", "http://127.0.0.1:1/", "--nats", dead_url()])
+    forward.wait_handling()
+    forward.wait_line("nats.connect_retry")  # inside the retry loop
+    out = forward.stop(signal.SIGTERM)
+    assert forward.proc.returncode == 0, out[-2000:]
     assert "nats.connect_retry" in out
     assert "Traceback" not in out
 
@@ -441,30 +504,24 @@ def test_long_running_commands_stop_on_a_signal_with_exit_0(
     command: list[str], sig: signal.Signals, nats_server: embedded.EmbeddedServer
 ) -> None:
     assert run("nats", "provision", "--nats", nats_server.url).returncode == 0
-    proc = subprocess.Popen(
-        [*HEALER, *command, "--nats", nats_server.url],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    time.sleep(2.5)
-    assert proc.poll() is None, "still running before the signal"
-    out = stop_and_wait(proc, sig)
-    assert proc.returncode == 0, out[-2000:]
+    cli = Watched([*HEALER, *command, "--nats", nats_server.url])
+    cli.wait_handling()
+    time.sleep(1.0)  # at work by now (a command that ended by itself fails the next line)
+    assert cli.proc.poll() is None, "still running before the signal"
+    out = cli.stop(sig)
+    assert cli.proc.returncode == 0, out[-2000:]
     assert "Traceback" not in out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_nats_serve_stops_on_a_signal(sig: signal.Signals, tmp_path: pathlib.Path) -> None:
-    proc = subprocess.Popen(
-        [*HEALER, "nats", "serve", "--port", "0", "--store-dir", str(tmp_path / "nats"), "--provision"],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    time.sleep(4.0)
-    assert proc.poll() is None, "still running before the signal"
-    out = stop_and_wait(proc, sig)
+    serve = Watched(
+        [*HEALER, "nats", "serve", "--port", "0", "--store-dir", str(tmp_path / "nats"), "--provision"]
+    )
+    serve.wait_handling()  # installed once the streams are provisioned
+    out = serve.stop(sig)
     assert "provisioned" in out
-    assert proc.returncode == 0, out[-2000:]
+    assert serve.proc.returncode == 0, out[-2000:]
 
 
 def test_replay_to_a_dead_url_is_one_line_and_exit_1(tmp_path: pathlib.Path) -> None:
