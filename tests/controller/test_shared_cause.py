@@ -233,8 +233,9 @@ async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
     dom = of(second, "pdu.p1")
     assert dom is not None
     await firing.add("gpu-d")
-    await until(
-        lambda: (i := of(second, "gpu-d")) is not None and i.evidence.get("held_by_incident") == dom.id
+    await until(  # the new leader is still catching up the stream's backlog of members' XIDs
+        lambda: (i := of(second, "gpu-d")) is not None and i.evidence.get("held_by_incident") == dom.id,
+        timeout=30,
     )
 
     def held_by_the_new_leader() -> bool:  # every member's open repair, old members' and the new one's
