@@ -514,7 +514,8 @@ class ControllerSettings(_Group):
     action_cooldown_s: float = pydantic.Field(default=600.0, ge=0)
     """A power cap on the same node for another incident waits at least this long (no flapping)."""
     actions_per_minute: int = pydantic.Field(default=60, ge=1)
-    """Fleet-wide rate limit per action kind."""
+    """Fleet-wide rate limit per action kind. A step of per-GPU power changes (a budget's caps across a
+    domain, a node-wide incident's caps) counts once per node it acts on, reserved whole."""
     repeat_faults: int = pydantic.Field(default=3, ge=2)
     """This many incidents on one GPU within ``repeat_window_s`` escalate to hardware inspection."""
     repeat_window_s: float = pydantic.Field(default=86400.0, gt=0)

@@ -34,6 +34,8 @@ from healer.rules import actions
 from healer.schemas import incidents
 
 BREAKER_RULE = "circuit-breaker"
+STEP_CONCURRENCY = 32
+"""The most GPUs of one per-GPU power step in flight at once (each waits for its GPU's next frame)."""
 
 
 class ActionRunner:
@@ -100,6 +102,10 @@ class ActionRunner:
         self.tasks[inc.id] = task
 
     async def run(self, inc: book.Incident) -> None:
+        batch: dict[int, decide.Verdict] = {}
+        """The verdicts of the step being settled (``_act_step``), by ``id`` of each of its actions."""
+        held = False
+        """An action of that step waits."""
         for action in inc.actions:
             if action.status is not None:
                 if action.status not in incidents.OK and not action.ladder and action.gpu_index is None:
@@ -114,9 +120,14 @@ class ActionRunner:
                         await asyncio.wait_for(self.stop.wait(), timeout=wait)
                     if self.stop.is_set():
                         return
-            verdict = await self._act(inc, action)
+            if id(action) not in batch:
+                batch = await self._act_step(inc, action)
+            verdict = batch.pop(id(action), None) or await self._act(inc, action)
             if verdict.status is None:
                 action.detail = verdict.reason
+                held = True
+                if batch:
+                    continue  # the rest of its step ran: their outcomes are recorded first
                 return  # waits (rate limit, cooldown, temporary failure): retried next tick
             status = verdict.status
             action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
@@ -131,8 +142,49 @@ class ActionRunner:
                 await self.shell.publish(inc, "escalated")
             if status not in incidents.OK and action.gpu_index is None:
                 return
+            if held and not batch:
+                return  # a step with a waiting action: what follows it waits too
         if inc.state == "resolved":
             await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
+
+    def _step(self, inc: book.Incident, first: book.PlannedAction) -> list[book.PlannedAction]:
+        """``first`` and the pending actions right after it that are one step of a per-GPU power change
+        (a budget's caps across a domain's GPUs, a node-wide incident's caps on each GPU): the same kind,
+        each for its own GPU. A step runs at once, not one GPU's confirmation after another's."""
+        spec = actions.spec(first.kind)
+        if not (spec.per_gpu and spec.actuator is actions.Actuator.POWER) or first.gpu_index is None:
+            return [first]
+        start = inc.actions.index(first)
+        step: list[book.PlannedAction] = []
+        for a in inc.actions[start:]:
+            same = a.kind == first.kind and a.on_resolve == first.on_resolve and a.gpu_index is not None
+            if a.status is not None or not same:
+                break
+            step.append(a)
+        return step
+
+    async def _act_step(self, inc: book.Incident, first: book.PlannedAction) -> dict[int, decide.Verdict]:
+        """The verdicts of ``first``'s step (``_step``) by ``id`` of each action, all carried out together
+        (at most ``STEP_CONCURRENCY`` at once). The fleet-wide rate window counts the step once per node
+        it acts on, reserved in one write before any of it runs (``Limits.reserve``); a window without
+        room makes the whole step wait. A step of one is left to ``run``."""
+        step = self._step(inc, first)
+        if len(step) < 2:
+            return {}
+        now = self.clock()
+        nodes = list(dict.fromkeys(a.node or inc.node for a in step))
+        if self.cs.mode != "observe":
+            reserved = await self.limits.reserve(first.kind, nodes, inc.id, now)
+            if not reserved.allowed:
+                return {id(a): reserved for a in step}
+        gate = asyncio.Semaphore(STEP_CONCURRENCY)
+
+        async def one(action: book.PlannedAction) -> decide.Verdict:
+            async with gate:
+                return await self._act(inc, action, reserved=True)
+
+        verdicts = await asyncio.gather(*(one(a) for a in step))
+        return {id(a): v for a, v in zip(step, verdicts, strict=True)}
 
     async def _hand_over(self, inc: book.Incident, action: book.PlannedAction) -> None:
         """An uncordon skipped because other open incidents still hold the node: healer's cordon passes
@@ -171,9 +223,12 @@ class ActionRunner:
             ladder_step=action.ladder,
         )
 
-    async def _act(self, inc: book.Incident, action: book.PlannedAction) -> decide.Verdict:
+    async def _act(
+        self, inc: book.Incident, action: book.PlannedAction, *, reserved: bool = False
+    ) -> decide.Verdict:
         """The action's verdict: WAIT (retried next tick) or SETTLE with the status to record (from a gate,
-        or from the actuator's outcome)."""
+        or from the actuator's outcome). ``reserved``: its step holds its place in the rate window
+        already (``_act_step``); the cooldown is still checked."""
         now = self.clock()
         mode = self.cs.mode
         spec = actions.kind(action.kind)
@@ -188,7 +243,7 @@ class ActionRunner:
         attempt = self._attempt(inc, action, now)
         verdict = decide.gate(attempt, decide.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
-            limits = await self.limits.view(action.kind, node, now)
+            limits = await self.limits.view(action.kind, node, now, window=not reserved)
             rebooting = await self.shell.reboots(node) if actions.spec(action.kind).reboots else 0
             attempt = dataclasses.replace(attempt, limits=limits, reboots_elsewhere=rebooting)
             verdict = decide.gate(attempt, decide.STORED_GATES)
@@ -225,7 +280,8 @@ class ActionRunner:
         )
         if actuator is None:
             return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
-        await self.limits.record(action.kind, node, inc.id, now)
+        if not reserved:
+            await self.limits.record(action.kind, node, inc.id, now)
         outcome = await actuator.apply(request)
         if outcome.status == "failed-temporary":
             action.attempts += 1

@@ -142,10 +142,11 @@ class Limits:
         ]
         return times, doc
 
-    async def view(self, kind: str, node: str, now: float) -> decide.LimitsView:
-        """What ``decide.limits_gate`` needs to know about ``kind`` on ``node`` now."""
+    async def view(self, kind: str, node: str, now: float, *, window: bool = True) -> decide.LimitsView:
+        """What ``decide.limits_gate`` needs to know about ``kind`` on ``node`` now (``window=False``: only
+        the cooldown, for an action whose place in the rate window is reserved)."""
         last = await self._last(kind, node) if _has_cooldown(kind) else None
-        times, _ = await self._window(kind, now)
+        times, _ = await self._window(kind, now) if window else ([], None)
         return decide.LimitsView(last, tuple(times))
 
     async def check(self, kind: str, node: str, incident_id: str, now: float) -> decide.Verdict:
@@ -156,15 +157,38 @@ class Limits:
     async def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
         """Written before the action runs: a crash after it still leaves the cooldown and the rate
         window in force. The window is updated with compare-and-set (several shards share it)."""
+        await self._cooldown(kind, node, incident_id, now)
+        await self._append(kind, now, 1)
+
+    async def reserve(self, kind: str, nodes: list[str], incident_id: str, now: float) -> decide.Verdict:
+        """One step of ``kind`` across ``nodes`` (a domain's per-GPU power caps): ALLOW once the step is in
+        the rate window, one entry per node, written at once; WAIT when the window has no room for it
+        (a step wider than ``actions_per_minute`` nodes waits for an empty window, then goes whole).
+        Each node's cooldown is checked by its actions and recorded here, before any of them runs."""
+        times, _ = await self._window(kind, now)
+        room = self.settings.actions_per_minute - len(times)
+        if times and room < len(nodes):
+            return decide.Verdict.wait(
+                f"rate limit: {len(times)} {kind} actions in the last minute, a step on {len(nodes)} nodes"
+            )
+        for node in nodes:
+            await self._cooldown(kind, node, incident_id, now)
+        await self._append(kind, now, len(nodes))
+        return decide.ALLOW
+
+    async def _cooldown(self, kind: str, node: str, incident_id: str, now: float) -> None:
         if _has_cooldown(kind) and self.store is not None:
             await self.store.put(f"{COOLDOWN_PREFIX}{kind}.{node}", {"at": now, "incident_id": incident_id})
         self.last[(kind, node)] = decide.LastAction(now, incident_id)
-        self.recent[kind].append(now)
+
+    async def _append(self, kind: str, now: float, count: int) -> None:
+        """``count`` entries at ``now`` in ``kind``'s rate window (compare-and-set in KV)."""
+        self.recent[kind].extend([now] * count)
         if self.store is None:
             return
         for _ in range(20):
             times, doc = await self._window(kind, now)
-            value = {"at": [*times, now]}
+            value = {"at": [*times, *[now] * count]}
             try:
                 if doc is None:
                     await self.store.create(f"{RATE_PREFIX}{kind}", value)

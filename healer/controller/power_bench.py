@@ -277,7 +277,6 @@ async def measure(
             controller=config.ControllerSettings.model_validate({
                 "rules_dir": str(rules), "mode": "enforce", "admission": "file",
                 "inventory_file": str(inventory), "tick_s": 1.0 / speed, "energy_accounting": True,
-                "actions_per_minute": max(60, 4 * nodes * gpus),
                 "power_budgets": [{
                     "key": "rack", "value": "r1", "contract_kw": budget_kw, "policy": policy,
                     "hold_s": hold_s, "restore_after_s": restore_after_s,

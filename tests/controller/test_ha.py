@@ -485,3 +485,27 @@ async def test_the_rate_limit_window_survives_a_restart(nats_bus: natsbus.NatsBu
     assert "rate limit" in waits.reason
     assert (await after.check("drain", "n9", "inc-9", now=1010.0)).allowed, "per kind"
     assert (await after.check("cordon", "n9", "inc-9", now=1062.0)).allowed, "a minute later"
+
+
+async def test_a_step_takes_its_place_in_the_rate_window_once_per_node_in_one_write(
+    nats_bus: natsbus.NatsBus,
+) -> None:
+    """A per-GPU power step across a domain (#30) is reserved whole: one entry per node, the nodes'
+    cooldowns recorded, or a wait when the window has no room for all of it."""
+    store = kv.Store(await nats_bus.key_value(subjects.Subjects().kv_state))
+    settings = config.ControllerSettings(actions_per_minute=4)
+    limits = policy.Limits(settings, store)
+    await limits.record("power_limit", "n0", "inc-0", now=1000.0)
+    assert (await limits.reserve("power_limit", ["n1", "n2", "n3"], "inc-1", now=1001.0)).allowed
+    window = await store.get(f"{policy.RATE_PREFIX}power_limit")
+    assert window is not None
+    assert window.value["at"] == [1000.0, 1001.0, 1001.0, 1001.0]
+    later = policy.Limits(settings, store)  # another process reads the same window and cooldowns
+    full = await later.reserve("power_limit", ["n4", "n5"], "inc-2", now=1002.0)
+    assert full.gate is decide.Gate.WAIT
+    assert "a step on 2 nodes" in full.reason
+    cooling = await later.check("power_limit", "n2", "inc-9", now=1070.0)
+    assert cooling.gate is decide.Gate.WAIT, "n2's cooldown is recorded"
+    assert "cooldown" in cooling.reason
+    wide = await later.reserve("power_limit", [f"m{i}" for i in range(9)], "inc-3", now=1100.0)
+    assert wide.allowed, "a step wider than the limit goes whole once the window is empty"

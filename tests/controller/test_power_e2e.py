@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 from healer import testing
+from healer.actuators import base as actuators
 from healer.actuators import power
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import power_budget, power_shell, service
+from healer.controller import policy, power_budget, power_shell, service
 from healer.schemas import budgets, codec, incidents
 from healer.sim import scenarios, simulation, workloads
 from tests import conftest
@@ -58,7 +59,11 @@ class Rig:
         self.ctl: service.Controller
 
     async def start(
-        self, tmp_path: pathlib.Path, controller: dict[str, Any] | None = None, **budget: Any
+        self,
+        tmp_path: pathlib.Path,
+        controller: dict[str, Any] | None = None,
+        wrap: Callable[[actuators.Actuator], actuators.Actuator] = lambda a: a,
+        **budget: Any,
     ) -> service.Controller:
         inventory = tmp_path / "nodes.yaml"
         inventory.write_text(
@@ -75,7 +80,7 @@ class Rig:
         bus = await natsbus.NatsBus.connect(self.harness.srv.url, name=name)
         self.ctl = await service.build(
             s, bus, scheduler=testing.RecordingActuator(),
-            power=lambda c: power.PowerActuator(bus, c, c.subjects, s.actuators),
+            power=lambda c: wrap(power.PowerActuator(bus, c, c.subjects, s.actuators)),
         )  # fmt: skip
         await self.ctl.start()
         self.harness.controllers.append((self.ctl, bus))
@@ -119,6 +124,49 @@ async def rig(harness: Harness) -> AsyncIterator[Rig]:
     finally:
         await fleet.close()
         await fleet_bus.close()
+
+
+class InFlight:
+    """The real power actuator, counting how many of its requests are in flight at once."""
+
+    def __init__(self, inner: actuators.Actuator) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.now = 0
+        self.most = 0
+
+    async def apply(self, request: actuators.ActionRequest) -> actuators.ActionOutcome:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await self.inner.apply(request)
+        finally:
+            self.now -= 1
+
+
+async def test_a_steps_caps_go_out_together_and_count_once_per_node_in_the_rate_window(
+    rig: Rig, tmp_path: pathlib.Path
+) -> None:
+    """A budget's step across a rack's GPUs runs at once, not one GPU's confirmation (its next frame)
+    after another's, which made a 64-GPU step take a minute (#30); the fleet-wide rate window counts it
+    once per node."""
+    made: list[InFlight] = []
+
+    def counting(inner: actuators.Actuator) -> actuators.Actuator:
+        made.append(InFlight(inner))
+        return made[-1]
+
+    ctl = await rig.start(tmp_path, wrap=counting, contract_kw=round(0.8 * rig.full_w / 1000.0, 3))
+    await rig.until(rig.caps_done)
+    [actuator] = made
+    assert actuator.most > 1, "the GPUs of a step were capped together"
+    caps = sum(
+        a.kind == "power_limit" and a.status == "done" for a in domain_events(rig.harness)[-1].data.actions
+    )
+    window = await ctl.state.get(f"{policy.RATE_PREFIX}power_limit")
+    assert window is not None
+    assert len(window.value["at"]) < caps, "the window counts nodes per step, not GPUs"
+    assert len(window.value["at"]) % 2 == 0, "each step on the rack's two nodes: two entries"
 
 
 def assert_one_restored_episode(rig: Rig) -> incidents.IncidentData:
