@@ -29,7 +29,7 @@ from healer.rules import metric_catalog, port_state, ruleset, windows
 from healer.schemas import fields, telemetry
 
 log = structlog.get_logger(__name__)
-STAGE_ROWS = 512
+STAGE_ROWS = 256
 """GPU rows queued as Python values before they are converted into a float plane (``_stage``)."""
 F64 = npt.NDArray[np.float64]
 _Item = tuple[int, float, float, int, int | None, Any]
