@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import operator
 import time
 import zlib
 from collections.abc import Callable
@@ -43,6 +44,10 @@ NODE_CACHE_MAX = 1 << 17
 """Most telemetry subjects whose node ``Ingest.node_of`` remembers (the cache is emptied past it)."""
 ENERGY_TOPOLOGY_S = 30.0
 """How often the energy meter re-reads which domains each node counts into."""
+
+
+_INDEX = operator.attrgetter("index")
+_LIMIT = operator.attrgetter("power_limit_w")
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -192,7 +197,8 @@ class Ingest:
         if self.learning.failslow is not None:
             self.learning.failslow.observe(frame)
         self.nodes.add(node)
-        self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
+        gpus = frame.gpus
+        self.power_limits[node] = (frame.ts, dict(zip(map(_INDEX, gpus), map(_LIMIT, gpus), strict=True)))
         if self.cs.power_budgets:
             self.newest[node] = frame
         if self.energy is not None:

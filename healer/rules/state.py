@@ -165,11 +165,13 @@ class FleetState:
             rows.extend([self._dict_getter(g.__dict__) for g in gpus])
         else:
             rows.extend(map(self._getter, gpus))
-        fabric = (getattr(frame, "ports", None), getattr(frame, "fabric_manager_up", None))
-        self._frames.append(
-            (n, frame.ts, frame.ts if at is None else at, len(gpus), frame.gpus_expected,
-             fabric if self.needs.reads_ports else None)
-        )  # fmt: skip
+        fabric = (
+            (getattr(frame, "ports", None), getattr(frame, "fabric_manager_up", None))
+            if self.needs.reads_ports
+            else None
+        )
+        ts = frame.ts
+        self._frames.append((n, ts, ts if at is None else at, len(gpus), frame.gpus_expected, fabric))
         if len(rows) >= STAGE_ROWS:
             self._stage()
 
