@@ -10,9 +10,12 @@ and minima, only for the metric/function pairs the loaded rules use. Memory is t
 buckets) per referenced pair, whatever the sample rate, and one evaluation reduces a few dozen
 (slots,) planes per window.
 
-``ingest`` is the controller's hot path: it only pulls the referenced fields out of each GPU reading with
-one ``attrgetter`` call and queues the row; the numpy work happens once per batch in ``flush``
-(``evaluate`` flushes first), vectorized over every frame received since the last tick.
+``ingest`` is the controller's hot path: it pulls the referenced fields out of each GPU reading with one
+``attrgetter`` call and queues the row; every ``STAGE_ROWS`` rows become one float plane at once
+(``_stage``), so a tick's worth of Python numbers is never kept alive until the tick (measured: converting
+32 frames at a time costs a third of what converting a flood's tick at once did, docs/performance.md). The
+rest of the numpy work happens once per batch in ``flush`` (``evaluate`` flushes first), vectorized over
+every frame received since the last tick.
 """
 
 from __future__ import annotations
