@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import operator
 import time
 import zlib
 from collections.abc import Callable
@@ -39,8 +40,14 @@ EVENTS_ACK_WAIT_S = 60.0
 """The events consumer's ack wait: an event delivered and not acknowledged is redelivered after it."""
 FETCH_LOG_S = 10.0
 """At most one ``controller.events_fetch_failed`` line per this many seconds (all are counted)."""
+NODE_CACHE_MAX = 1 << 17
+"""Most telemetry subjects whose node ``Ingest.node_of`` remembers (the cache is emptied past it)."""
 ENERGY_TOPOLOGY_S = 30.0
 """How often the energy meter re-reads which domains each node counts into."""
+
+
+_INDEX = operator.attrgetter("index")
+_LIMIT = operator.attrgetter("power_limit_w")
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -79,6 +86,8 @@ class Ingest:
         self.nodes: set[str] = set()
         self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
         """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
+        self._node_of: dict[str, str] = {}
+        """Subject → node, for the subjects seen (unescaping a subject costs more than the lookup)."""
         self.newest: dict[str, telemetry.FrameView] = {}
         """Per node: its newest frame, kept only with ``power_budgets`` set (``power_shell`` reads it)."""
         self.energy = energy_meter.EnergyMeter(metrics, cs.energy_keys) if cs.energy_accounting else None
@@ -146,10 +155,20 @@ class Ingest:
         return shard_of(node, self.cs.shards) == self.cs.shard
 
     # -- frames --------------------------------------------------------------------------------------
+    def node_of(self, subject: str) -> str:
+        """The node of a telemetry subject (the identity the server's permissions vouch for), from a
+        cache of the subjects seen, emptied when it reaches ``NODE_CACHE_MAX`` (a flood of new names)."""
+        node = self._node_of.get(subject)
+        if node is None:
+            if len(self._node_of) >= NODE_CACHE_MAX:
+                self._node_of.clear()
+            node = self._node_of[subject] = self.subjects.node_of(subject)
+        return node
+
     def screen_frame(self, subject: str, data: bytes) -> str | None:
         """As a message is read off the connection: its node (the fair backlog's source), or None to
         drop it before it queues (another shard's node; certainly not a frame: counted and logged)."""
-        node = self.subjects.node_of(subject)  # the identity the server's permissions vouch for
+        node = self.node_of(subject)
         if self.cs.shards > 1 and not self.mine(node):
             return None
         bad = codec.precheck_frame(data)
@@ -161,7 +180,7 @@ class Ingest:
 
     async def on_frame(self, msg: bus_base.Msg) -> None:
         """A frame from the fair backlog, which ``screen_frame`` let in."""
-        node = self.subjects.node_of(msg.subject)
+        node = self.node_of(msg.subject)
         try:
             frame = codec.decode_frame_view(msg.data)
         except errors.DecodeError as e:
@@ -178,7 +197,8 @@ class Ingest:
         if self.learning.failslow is not None:
             self.learning.failslow.observe(frame)
         self.nodes.add(node)
-        self.power_limits[node] = (frame.ts, {g.index: g.power_limit_w for g in frame.gpus})
+        gpus = frame.gpus
+        self.power_limits[node] = (frame.ts, dict(zip(map(_INDEX, gpus), map(_LIMIT, gpus), strict=True)))
         if self.cs.power_budgets:
             self.newest[node] = frame
         if self.energy is not None:

@@ -10,9 +10,12 @@ and minima, only for the metric/function pairs the loaded rules use. Memory is t
 buckets) per referenced pair, whatever the sample rate, and one evaluation reduces a few dozen
 (slots,) planes per window.
 
-``ingest`` is the controller's hot path: it only pulls the referenced fields out of each GPU reading with
-one ``attrgetter`` call and queues the row; the numpy work happens once per batch in ``flush``
-(``evaluate`` flushes first), vectorized over every frame received since the last tick.
+``ingest`` is the controller's hot path: it pulls the referenced fields out of each GPU reading with one
+``attrgetter`` call and queues the row; every ``STAGE_ROWS`` rows become one float plane at once
+(``_stage``), so a tick's worth of Python numbers is never kept alive until the tick (measured: converting
+32 frames at a time costs a third of what converting a flood's tick at once did, docs/performance.md). The
+rest of the numpy work happens once per batch in ``flush`` (``evaluate`` flushes first), vectorized over
+every frame received since the last tick.
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from healer.rules import metric_catalog, port_state, ruleset, windows
 from healer.schemas import fields, telemetry
 
 log = structlog.get_logger(__name__)
+STAGE_ROWS = 256
+"""GPU rows queued as Python values before they are converted into a float plane (``_stage``)."""
 F64 = npt.NDArray[np.float64]
-_Item = tuple[int, float, float, list[tuple[Any, ...]], int | None, Any]
-"""A queued frame: node index, frame ts, accounted-at time, one row per GPU (index first), gpus_expected,
-and its (RDMA ports, fabric_manager_up) (None when no rule reads them; rules/port_state.py).
+_Item = tuple[int, float, float, int, int | None, Any]
+"""A queued frame: node index, frame ts, accounted-at time, its number of GPU rows (index first, then the
+raw columns; staged in order), gpus_expected, and its (RDMA ports, fabric_manager_up) (None when no rule
+reads them; rules/port_state.py).
 Frames are ordered by the accounted-at time (the controller's receive time), never by the node's ``ts``:
 one frame with a clock ten years ahead must not make every later frame look old."""
 
@@ -64,6 +70,11 @@ class FleetState:
         self._free: list[int] = []
         """Rows of forgotten nodes, reused before the fleet grows."""
         self._pending: list[_Item] = []
+        """Frames whose GPU rows are staged (``_staged``, in the same order)."""
+        self._frames: list[_Item] = []
+        self._rows: list[tuple[Any, ...]] = []
+        """The GPU rows of ``_frames``, not converted yet (``_stage``)."""
+        self._staged: list[F64] = []
         self.cap, self.gpus = capacity, gpus_per_node
         self.last_ts = np.full(self.cap, -np.inf)
         """When each node's newest frame counted (its ``at``), on the evaluator's clock; a frame that
@@ -152,41 +163,65 @@ class FleetState:
             if info.items() - self.gpu_info[n].items():
                 self.gpu_info[n].update(info)
                 self.version += 1
+        rows = self._rows
         if isinstance(frame, telemetry.NodeFrame):
-            dict_getter = self._dict_getter
-            rows = [dict_getter(g.__dict__) for g in frame.gpus]
+            rows.extend([self._dict_getter(g.__dict__) for g in gpus])
         else:
-            getter = self._getter
-            rows = [getter(g) for g in gpus]
-        fabric = (getattr(frame, "ports", None), getattr(frame, "fabric_manager_up", None))
-        self._pending.append(
-            (n, frame.ts, frame.ts if at is None else at, rows, frame.gpus_expected,
-             fabric if self.needs.reads_ports else None)
-        )  # fmt: skip
+            rows.extend(map(self._getter, gpus))
+        fabric = (
+            (getattr(frame, "ports", None), getattr(frame, "fabric_manager_up", None))
+            if self.needs.reads_ports
+            else None
+        )
+        ts = frame.ts
+        self._frames.append((n, ts, ts if at is None else at, len(gpus), frame.gpus_expected, fabric))
+        if len(rows) >= STAGE_ROWS:
+            self._stage()
+
+    def _stage(self) -> None:
+        """The queued GPU rows into one float plane now, while their numbers are fresh in the cache and
+        can be freed (a tick's worth of Python floats kept until ``flush`` costs more than converting)."""
+        if self._rows:
+            self._staged.append(np.array(self._rows, dtype=np.float64).reshape(len(self._rows), -1))
+            self._rows = []
+        self._pending.extend(self._frames)
+        self._frames = []
 
     def ingest_many(self, frames: Iterable[telemetry.FrameView], at: float | None = None) -> None:
         for frame in frames:
             self.ingest(frame, at)
 
     def flush(self) -> None:
+        self._stage()
         pending, self._pending = self._pending, []
-        pending.sort(key=operator.itemgetter(2))
+        staged, self._staged = self._staged, []
+        if not pending:
+            return
+        width = 1 + len(self._raw)
+        values = np.concatenate(staged) if len(staged) > 1 else staged[0] if staged else np.empty((0, width))
+        counts = [it[3] for it in pending]
+        starts = np.zeros(len(pending), dtype=np.intp)
+        np.cumsum(counts[:-1], out=starts[1:])
+        order = sorted(range(len(pending)), key=lambda i: pending[i][2])
         # Batch k holds every node's k-th frame (in time order), so no batch holds a node twice.
-        batches: list[list[_Item]] = []
+        batches: list[list[int]] = []
         nth: dict[int, int] = {}
-        for item in pending:
-            k = nth.get(item[0], 0)
-            nth[item[0]] = k + 1
+        for i in order:
+            node = pending[i][0]
+            k = nth.get(node, 0)
+            nth[node] = k + 1
             if k == len(batches):
                 batches.append([])
-            batches[k].append(item)
+            batches[k].append(i)
         for batch in batches:
-            self._apply(batch)
+            self._apply([pending[i] for i in batch], values, starts[batch])
 
-    def _apply(self, items: list[_Item]) -> None:
+    def _apply(self, items: list[_Item], values_all: F64, starts: npt.NDArray[np.intp]) -> None:
+        """One batch: ``items`` (no node twice), their GPU rows at ``starts`` in ``values_all``."""
         nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
         frame_ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
         ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
+        counts = np.fromiter((it[3] for it in items), dtype=np.intp, count=len(items))
         fresh = ts > self.last_ts[nodes]
         if not fresh.all():
             dropped = int((~fresh).sum())
@@ -195,32 +230,33 @@ class FleetState:
             log.warning("frames_out_of_order_dropped", count=dropped, nodes=late[:10])
             items = [it for it, ok in zip(items, fresh.tolist(), strict=True) if ok]
             nodes, frame_ts, ts = nodes[fresh], frame_ts[fresh], ts[fresh]
+            counts, starts = counts[fresh], starts[fresh]
             if not items:
                 return
-        counts = np.fromiter((len(it[3]) for it in items), dtype=np.intp, count=len(items))
         frame_of = np.repeat(np.arange(len(items)), counts)
+        # the rows of each frame: its start, plus 0 .. count-1
+        first = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+        values = values_all[first + np.arange(len(first))]
         nraw = len(self._raw)
-        rows = [row for it in items for row in it[3]]
-        values = np.array(rows, dtype=np.float64).reshape(len(rows), 1 + nraw)
         gidx = values[:, 0].astype(np.intp)
         if len(gidx) and gidx.max() >= self.gpus:
             self._grow(self.cap, int(gidx.max()) + 1)
-        grid = np.full((len(items), self.gpus, len(self.col)), np.nan)
-        grid[frame_of, gidx, :nraw] = values[:, 1:]
+        grid = np.full((len(self.col), len(items), self.gpus), np.nan)
+        grid[:nraw, frame_of, gidx] = values[:, 1:].T
         with np.errstate(invalid="ignore"):
             for name, i in self.col.items():
                 if name in fields.CLOCK_BITS:
-                    bits = grid[:, :, self.col["clocks_event_reasons"]]
+                    bits = grid[self.col["clocks_event_reasons"]]
                     flag = (np.nan_to_num(bits).astype(np.int64) & int(fields.CLOCK_BITS[name][0])) != 0
-                    grid[:, :, i] = np.where(np.isnan(bits), np.nan, flag)
-            self.latest[:, nodes] = grid.transpose(2, 0, 1)
+                    grid[i] = np.where(np.isnan(bits), np.nan, flag)
+            self.latest[:, nodes] = grid
             self.last_ts[nodes] = ts
             self.frame_ts[nodes] = frame_ts
             self.present[nodes] = counts
             self.expected[nodes] = [np.nan if it[4] is None else it[4] for it in items]
             self.seen[nodes[frame_of], gidx] = True
             for hist in self.history.values():
-                self._accumulate(hist, grid[:, :, hist.column], nodes, ts)
+                self._accumulate(hist, grid[hist.column], nodes, ts)
         if self.needs.reads_ports:
             self.ports.apply([(it[0], it[2], *it[5]) for it in items if it[5] is not None])
 

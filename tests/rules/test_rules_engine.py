@@ -12,8 +12,8 @@ import pytest
 import structlog
 import structlog.testing
 
-from healer.rules import engine, evaluate, loader, windows
-from healer.schemas import events, telemetry
+from healer.rules import engine, evaluate, loader, state, windows
+from healer.schemas import codec, events, telemetry
 from tests.rules.rules_helpers import T0, frame, make_engine, rule
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -183,6 +183,35 @@ def test_out_of_order_and_duplicate_frames_in_one_batch() -> None:
         "nodes": ["n"],
         "log_level": "warning",
     } in logs
+
+
+def test_frames_staged_in_many_planes_land_in_their_own_rows() -> None:
+    """More GPU rows than one staging plane holds (state.STAGE_ROWS), frames of both kinds (pydantic
+    NodeFrames and the controller's strict views), GPU counts varying by node and arrival out of time
+    order: each node's newest values are its own, and its windows saw every frame."""
+    eng = make_engine(rule("increase(ecc_dbe_volatile[5m]) > 0 and temp_c > 0"), capacity=4)
+    nodes = 3 * state.STAGE_ROWS // 8 + 7
+    sent: list[telemetry.FrameView] = []
+    for t in (2.0, 0.0, 1.0):  # the newest first
+        for i in range(nodes):
+            nf = frame(
+                f"n{i}", t, gpus=1 + i % 4, temp_c={g: 30.0 + i + g / 10 + t for g in range(4)},
+                ecc_dbe_volatile={g: int(t) * (i % 3) for g in range(4)},
+            )  # fmt: skip
+            sent.append(codec.decode_frame_view(codec.encode(nf)) if i % 2 else nf)
+    for f in sent:
+        eng.ingest(f)
+    fired = statuses(eng.evaluate(T0 + 2))
+    assert fired == {("r", f"n{i}", g, "fired") for i in range(nodes) if i % 3 for g in range(1 + i % 4)}
+    st_ = eng.state
+    for i in range(nodes):
+        row = st_.node_index(f"n{i}")
+        assert row is not None
+        temps = st_.latest[st_.col["temp_c"], row]
+        gpus = 1 + i % 4
+        assert temps[:gpus].tolist() == [30.0 + i + g / 10 + 2.0 for g in range(gpus)]
+        assert np.isnan(temps[gpus:]).all()
+        assert st_.present[row] == gpus
 
 
 def test_fleet_and_gpu_count_grow_without_losing_state() -> None:
