@@ -77,6 +77,13 @@ def register(sub: Any) -> None:
         "--steady", type=float, default=1200.0, help="simulated seconds at full load (default %(default)s)"
     )
     pw.add_argument("--seed", type=int, default=1)
+    pw.add_argument(
+        "--policy",
+        choices=("proportional", "priority"),
+        default="proportional",
+        help="the budget's policy; priority: the rack's odd nodes are labelled low priority, the even "
+        "ones high (default %(default)s)",
+    )
     pw.add_argument("--json", action="store_true")
     pw.set_defaults(func=_power)
 
@@ -109,4 +116,4 @@ def _stragglers(args: argparse.Namespace) -> int:
 def _power(args: argparse.Namespace) -> int:
     from healer.controller import power_bench
 
-    return power_bench.main(args.nodes, args.speed, args.steady, args.seed, args.json)
+    return power_bench.main(args.nodes, args.speed, args.steady, args.seed, args.json, args.policy)

@@ -50,7 +50,7 @@ import pathlib
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -119,6 +119,10 @@ class Report:
             and self.restored_after_s is not None
             and self.scheduler_requests == 0
         )
+
+
+PRIORITY_LABELS: Final = ("high", "low")
+"""The ``priority`` label of the rack's even and odd nodes (read only by the ``priority`` policy)."""
 
 
 def optimal_loss(demand: F64, available: float) -> float:
@@ -271,7 +275,13 @@ async def measure(
         rules.mkdir()
         (rules / "bench.yaml").write_text(RULES)
         inventory = pathlib.Path(tmp) / "nodes.yaml"
-        inventory.write_text("nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in fl.node_names))
+        inventory.write_text(
+            "nodes:\n"
+            + "".join(
+                f"  {n}: {{rack: r1, priority: {PRIORITY_LABELS[i % 2]}}}\n"
+                for i, n in enumerate(fl.node_names)
+            )
+        )
         settings = config.Settings(
             nats=config.NatsSettings(url=srv.url),
             controller=config.ControllerSettings.model_validate({
@@ -280,6 +290,7 @@ async def measure(
                 "power_budgets": [{
                     "key": "rack", "value": "r1", "contract_kw": budget_kw, "policy": policy,
                     "hold_s": hold_s, "restore_after_s": restore_after_s,
+                    "priority_label": "priority", "priorities": {"high": 1, "low": 0},
                 }],
             }),
             actuators=config.ActuatorSettings(power_confirm_poll_s=0.5 / speed),
@@ -421,9 +432,10 @@ def summarize(
     )  # fmt: skip
 
 
-def main(nodes: int, speed: float, steady_s: float, seed: int, as_json: bool = False) -> int:
+def main(
+    nodes: int, speed: float, steady_s: float, seed: int, as_json: bool = False, policy: str = "proportional"
+) -> int:
     """Exit 0 when every target is met, 1 otherwise (the figures are printed either way)."""
-    policy = "proportional"
     r = asyncio.run(measure(nodes=nodes, speed=speed, steady_s=steady_s, policy=policy, seed=seed))
     if as_json:
         print(

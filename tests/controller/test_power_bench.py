@@ -41,10 +41,12 @@ def test_the_figures_are_read_from_the_seconds_the_run_saw() -> None:
     assert r.loss_ratio is None, "never capped at steady load: no ratio to give"
 
 
-def test_a_short_run_through_the_wired_controller_measures_every_target() -> None:
+@pytest.mark.parametrize("policy", ["proportional", "priority"])
+def test_a_short_run_through_the_wired_controller_measures_every_target(policy: str) -> None:
     r = asyncio.run(
         power_bench.measure(
-            nodes=1,
+            policy=policy,
+            nodes=2 if policy == "priority" else 1,  # a high and a low node
             gpus=4,
             ramp_s=4.0,
             steady_s=90.0,
