@@ -17,7 +17,10 @@ operator raised is kept, as a longer retention is.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -110,8 +113,42 @@ PLACEMENT_PENDING = {10005}
 temporary, it resolves when the peer is back."""
 
 
-async def ensure(bus: natsbus.NatsBus, subjects: subjects.Subjects, settings: config.NatsSettings) -> Plan:
-    """Create or update every stream and bucket; returns what it made sure of."""
+RETRY_FOR_S = 30.0
+"""How long ``ensure`` keeps trying while JetStream answers "not yet" (a cluster still electing its meta
+leader, a replica's server not yet known, an API request unanswered on a loaded machine)."""
+
+
+async def ensure(
+    bus: natsbus.NatsBus,
+    subjects: subjects.Subjects,
+    settings: config.NatsSettings,
+    *,
+    retry_for_s: float = RETRY_FOR_S,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Plan:
+    """Create or update every stream and bucket; returns what it made sure of. A temporary refusal is
+    retried, each one logged, for up to ``retry_for_s`` (0: once); the last one is raised. Creating a
+    stream again with the settings it has is a no-op, so an attempt that timed out after the server
+    made the stream is safe to repeat. A permanent refusal is raised at once."""
+    deadline = clock() + retry_for_s
+    attempt = 1
+    while True:
+        try:
+            return await _ensure_once(bus, subjects, settings)
+        except errors.TemporaryError as e:
+            left = deadline - clock()
+            if left <= 0:
+                raise
+            delay = min(left, e.delay or 1.0)
+            log.warning("provision.retry", attempt=attempt, error=str(e), retry_in_s=round(delay, 2))
+            attempt += 1
+            await sleep(delay)
+
+
+async def _ensure_once(
+    bus: natsbus.NatsBus, subjects: subjects.Subjects, settings: config.NatsSettings
+) -> Plan:
     wanted = plan(subjects, settings)
     try:
         for stream in wanted.streams:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
+import nats.js.api
 import nats.js.errors
 import pytest
 from hypothesis import given
@@ -234,4 +236,68 @@ async def test_provisioning_failures_are_classified(error: Exception, expected: 
         js = RefusingJetStream()
 
     with pytest.raises(expected):
-        await provision.ensure(Bus(), subjects.Subjects(), config.NatsSettings())  # type: ignore[arg-type]
+        await provision.ensure(Bus(), subjects.Subjects(), config.NatsSettings(), retry_for_s=0)  # type: ignore[arg-type]
+
+
+class FlakyJetStream:
+    """Stands in for JetStream's API on a loaded cluster: the first ``misses`` requests go unanswered
+    (nats-py's own TimeoutError), then every stream and bucket is made."""
+
+    def __init__(self, misses: int) -> None:
+        self.misses = misses
+        self.made: list[str] = []
+
+    async def _answer(self, name: str) -> None:
+        if self.misses > 0:
+            self.misses -= 1
+            raise nats.errors.TimeoutError
+        self.made.append(name)
+
+    async def add_stream(self, config: nats.js.api.StreamConfig) -> None:
+        await self._answer(config.name or "")
+
+    async def create_key_value(self, config: nats.js.api.KeyValueConfig) -> None:
+        await self._answer(config.bucket)
+
+
+async def test_provisioning_retries_unanswered_requests_then_makes_everything() -> None:
+    """A JetStream request unanswered while a cluster forms (CI saw it once on a fresh 3-node cluster)
+    is retried after a pause, not raised: every stream and bucket is then made."""
+    js = FlakyJetStream(misses=2)
+    slept: list[float] = []
+
+    class Bus:
+        pass
+
+    bus = Bus()
+    bus.js = js  # type: ignore[attr-defined]
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    plan = await provision.ensure(bus, subjects.Subjects(), config.NatsSettings(), sleep=sleep)  # type: ignore[arg-type]
+    assert slept == [1.0, 1.0]
+    assert js.made == [s.name for s in plan.streams] + [b.bucket for b in plan.buckets]
+
+
+async def test_provisioning_gives_up_after_its_retry_window() -> None:
+    """A JetStream that never answers fails ``ensure`` once the window has passed (the clock is the
+    test's), so a controller pointed at a server without JetStream still exits with a clear error."""
+    now = [0.0]
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    class Bus:
+        js = FlakyJetStream(misses=10**6)
+
+    with pytest.raises(errors.TemporaryError, match="JetStream not available"):
+        await provision.ensure(
+            Bus(),  # type: ignore[arg-type]
+            subjects.Subjects(),
+            config.NatsSettings(),
+            retry_for_s=5,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+    assert now[0] == 5.0
