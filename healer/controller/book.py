@@ -125,6 +125,14 @@ class Incident(pydantic.BaseModel):
     """(node-wide) The GPUs its node reported when it became node-wide."""
     domain: incidents.Domain | None = None
     """(shared-cause) Its failure domain and members, on the feed as ``data.domain`` (v2, #27)."""
+    last_change: incidents.Change | None = None
+    """The change its feed event ``<id>.<seq>`` announced: a new leader builds that event again from
+    this saved state and sends it (``FeedPublisher.resend``), so a change saved by a leader that died
+    before publishing it still reaches the feed; the stream's duplicate window drops it when it was
+    out already."""
+    unpublished: list[str] = pydantic.Field(default_factory=list)
+    """Its earlier feed events (encoded) still waiting in the leader's outbox when this state was saved,
+    sent again by a new leader the same way; empty while the incidents stream keeps up."""
 
     @pydantic.model_validator(mode="after")
     def _first_signal(self) -> Incident:

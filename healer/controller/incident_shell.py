@@ -134,7 +134,9 @@ class IncidentShell:
     async def publish(self, inc: book.Incident, change: incidents.Change) -> None:
         inc.seq += 1
         inc.updated_at = self.clock()
+        inc.last_change = change
         self.feed.enqueue(self.feed.build(inc, change))  # built before any await: ids never collide
+        inc.unpublished = self.feed.unpublished(inc)
         await self.book.save(inc)
         self.feed.kick()  # published by the feed task: a slow incidents stream never delays an action
         self.metrics.incident_changes.labels(change).inc()

@@ -34,6 +34,8 @@ from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 from healer.schemas import codec, events, telemetry
 
+EVENTS_BATCH = 256
+"""Events asked for per pull; a pull that brings fewer has drained the stream for now."""
 EVENTS_PULL_S = 0.5
 """Longest one pull for events waits on the server (short: a pull never outlives a reconnect by much)."""
 EVENTS_ACK_WAIT_S = 60.0
@@ -283,7 +285,7 @@ class Ingest:
                     await asyncio.wait_for(self.stop.wait(), timeout=0.1)
                 continue
             try:
-                msgs = await self.events.fetch(256, timeout=EVENTS_PULL_S)
+                msgs = await self.events.fetch(EVENTS_BATCH, timeout=EVENTS_PULL_S)
             except errors.TemporaryError as e:
                 self.metrics.events_fetch_failures.inc()
                 if time.monotonic() - logged_at >= FETCH_LOG_S:
@@ -306,6 +308,8 @@ class Ingest:
                 self.engine.ingest_event(event)
                 self.metrics.events.inc()
                 self.unacked.append(m)
+            if len(msgs) < EVENTS_BATCH:  # the backlog is read: event rules may judge quiet periods
+                self.engine.events_read = True
             if self.engine.events_waiting:
                 self.arrived.set()
             self.metrics.events_pending.set(len(self.unacked))

@@ -1,7 +1,9 @@
 """Leadership: only the lease holder acts and publishes.
 
 A standby ingests the same telemetry (warm state). When it wins the lease it takes over: it reloads the
-incident book and the recovery ladders from KV, hands the rule engine what the stored incidents say was
+incident book and the recovery ladders from KV, puts each incident's last change on the feed again (a
+leader that died between saving a change and publishing it loses nothing; the stream drops a duplicate),
+hands the rule engine what the stored incidents say was
 firing (so each resolves by its rule's own terms), reads the exclusions, and runs what was left pending:
 actions recorded as done are never repeated, and every action carries the new lease's fencing token.
 When it loses the lease it steps down: the events it pulled and did not acknowledge go back to the
@@ -15,10 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import structlog
 
-from healer.controller import book, healing, ingest, policy, power_budget, role, shared_cause, shell
+from healer.controller import (
+    book,
+    feed_publisher,
+    healing,
+    ingest,
+    policy,
+    power_budget,
+    role,
+    shared_cause,
+    shell,
+)
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 
@@ -40,6 +53,8 @@ class Leadership:
         exclusions: policy.Exclusions,
         ingest: ingest.Ingest,
         shell: shell.Shell,
+        feed: feed_publisher.FeedPublisher,
+        dedup_window_s: float,
         turn: asyncio.Lock,
         metrics: controller_metrics.ControllerMetrics,
         stop: asyncio.Event,
@@ -53,6 +68,9 @@ class Leadership:
         self.exclusions = exclusions
         self.ingest = ingest
         self.shell = shell
+        self.feed = feed
+        self.dedup_window_s = dedup_window_s
+        """The incidents stream's duplicate window: what the feed resends on a takeover must fall in it."""
         self.turn = turn
         """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
         tick that started before a lost lease was won again (that tick's objects would act twice)."""
@@ -82,6 +100,7 @@ class Leadership:
 
     async def _take_over(self) -> None:
         token = self.lease.token
+        self.engine.events_read = False  # no event rule is quiet until what came while nobody led is read
         try:
             await self.book.load()
             await self.recovery.load()
@@ -104,7 +123,8 @@ class Leadership:
         self.failures = 0
         self.role.took_over = True
         self.role.show()
-        self.log.info("controller.took_over", token=token, incidents=len(self.book.open))
+        resent = self.feed.resend(self.book.all(), window_s=self.dedup_window_s, now=time.time())
+        self.log.info("controller.took_over", token=token, incidents=len(self.book.open), resent=resent)
         for inc in self.book.all():
             if any(a.status is None for a in inc.actions):
                 self.shell.spawn(inc)

@@ -160,7 +160,8 @@ class Controller:
         self.recovery = self.incidents.recovery
         self.leadership = leadership.Leadership(
             self.role, book=self.book, recovery=self.recovery, engine=self.engine,
-            exclusions=self.exclusions, ingest=self.ingest, shell=self.incidents, turn=turn,
+            exclusions=self.exclusions, ingest=self.ingest, shell=self.incidents, feed=self.feed,
+            dedup_window_s=settings.nats.dedup_window_s, turn=turn,
             metrics=metrics, stop=stop, log=lg,
         )  # fmt: skip
         self.reloader = reload.Reloader(

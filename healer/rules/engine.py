@@ -109,6 +109,11 @@ class Engine:
         self._restores: dict[Key, tuple[float, float]] = {}
         """Restored condition firings waiting for a frame: key → (since, the node's newest frame then)."""
         self._repeats = repeats.Counter()
+        self.events_read = True
+        """Whether the events stream's backlog has been read since this engine's owner began to lead.
+        While False no event firing resolves: a quiet period is only quiet once the events that came
+        while nobody led (a failover, a restart) have been seen. The controller clears it when it takes
+        over and sets it when a pull finds the stream drained (``Ingest.pull_events``)."""
         self.rule_errors = 0
         """Rule evaluations that raised (logged with the rule id; the other rules still ran)."""
 
@@ -199,7 +204,8 @@ class Engine:
         target reports again, with a frame received after this call (what this process knew of it
         before may predate the incident: a standby that lost the node's telemetry for a while must not
         resolve a fault it never saw on its old readings), then follows the resolve condition like any
-        other. False if no loaded rule has that id."""
+        other. False if no loaded rule has that id. (An event firing restored at a takeover does not
+        resolve before the events stream's backlog is read: ``events_read``.)"""
         rule = self.rules.by_id(rule_id)
         if rule is None:
             return False
@@ -504,7 +510,7 @@ class Engine:
         reported = {f.key for f in out}
         for key, active in list(self._active.items()):
             rule = rules[key[0]]
-            if now - active.last >= rule.resolve_for_s:
+            if self.events_read and now - active.last >= rule.resolve_for_s:
                 del self._active[key]
                 status: Status = "resolved"
             elif key in reported:

@@ -60,15 +60,21 @@ class Fleet:
 
 
 class Feed:
-    """Collects the incident feed from a core subscription (in order of publication)."""
+    """Collects the incident feed from a core subscription (in order of publication), each event id once:
+    a new leader puts the last change of every incident out again (``FeedPublisher.resend``), which the
+    stream drops as a duplicate (``Nats-Msg-Id``) but a core subscription still sees."""
 
     def __init__(self) -> None:
         self.events: list[incidents.IncidentEvent] = []
+        self.ids: set[str] = set()
 
     async def __call__(self, msg: base.Msg) -> None:
         if msg.subject.startswith("healer.incidents.rules"):
             return
-        self.events.append(codec.decode_incident(msg.data))
+        event = codec.decode_incident(msg.data)
+        if event.id not in self.ids:
+            self.ids.add(event.id)
+            self.events.append(event)
 
     def changes(self, node: str | None = None) -> list[str]:
         return [e.change for e in self.events if node is None or e.data.node == node]

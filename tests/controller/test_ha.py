@@ -18,7 +18,7 @@ from healer.bus import memory, subjects
 from healer.bus import nats as natsbus
 from healer.controller import book, decide, incident_shell, ingest, kv, lease, policy, service
 from healer.schemas import codec, events
-from tests.conftest import until
+from tests.conftest import read_stream, until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until, warm
 
 JS = nats.js.errors
@@ -372,6 +372,45 @@ async def test_an_unreadable_repeat_history_never_holds_up_the_quarantine(
     fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
     await run_until(fleet, lambda: {r.kind for r in actuator.executed()} == {"cordon", "migrate"})
     assert metric(ctl.metrics, "task_failures_total", task="repeat-count") == 1
+
+
+async def test_changes_a_dead_leader_saved_but_never_published_reach_the_feed_once(harness: Harness) -> None:
+    """A leader that dies between saving an incident's changes and publishing them (its outbox full: the
+    incidents stream away, or simply killed a moment too soon) lost them: the next change carried the
+    state, but the feed never said ``opened``. The next leader sends them under their original event
+    ids; what the dead leader had published is not stored twice (the stream's duplicate window)."""
+    actuator = testing.RecordingActuator()
+    first = await harness.controller(actuator)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await run_until(fleet, lambda: first.leader)
+    await warm(fleet)
+    fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
+    await run_until(fleet, lambda: "n1" in opened(harness) and not first.feed.outbox)
+
+    async def away(subject: str, data: bytes, msg_id: str, timeout: float = 5.0) -> bool:
+        raise errors.TemporaryError("publish: no stream leader")
+
+    first.feed.bus = types.SimpleNamespace(publish_durable=away)
+    fleet.overrides[("n2", 0)] = {"ecc_dbe_volatile": 1}
+
+    def n2_waiting() -> list[str]:
+        inc = next((i for i in first.book.open.values() if i.node == "n2"), None)
+        return [] if inc is None else list(first.feed.waiting.get(inc.id, {}))
+
+    await run_until(fleet, lambda: len(n2_waiting()) >= 2)  # opened, then the actions' updates
+    never_published = n2_waiting()
+    second = await harness.controller(actuator)
+    await harness.crash(first)
+    await run_until(fleet, lambda: second.leader and "n2" in opened(harness), timeout=6 * LEASE_TTL_S)
+    await until(lambda: not second.feed.outbox)
+
+    stored = [codec.decode_incident(d) for d in await read_stream(harness.bus, "healer.incidents.>")]
+    ids = [e.id for e in stored if not e.type.startswith("io.healer.rules")]
+    assert len(ids) == len(set(ids)), "an event the dead leader had published is not stored again"
+    assert set(never_published) <= set(ids), "every change it saved and never published is on the feed"
+    n2 = [e for e in stored if e.data.node == "n2"]
+    assert n2[0].change == "opened"
+    assert [e.id for e in n2] == sorted((e.id for e in n2), key=lambda i: int(i.rsplit(".", 1)[1]))
 
 
 def opened(harness: Harness) -> set[str]:

@@ -409,6 +409,27 @@ def test_restored_event_firing_resolves_after_its_quiet_period() -> None:
     assert not eng.restore("gone", "n", 2, since=T0, last=T0, evidence={})
 
 
+def test_an_event_firing_is_not_quiet_until_the_events_backlog_is_read() -> None:
+    """After a failover the new leader's first tick came before it had pulled the XIDs that arrived while
+    nobody led: a firing restored with its last event 2 s old resolved at once (its quiet period 2 s),
+    then the backlog reopened it as a new incident and its repair ran again. No event firing resolves
+    while the backlog is unread; once read, quiet is judged as before."""
+    text = (
+        "rules:\n  - id: fatal\n    description: d\n    on_event: {kind: xid, xid: [79]}\n"
+        "    severity: critical\n    actions: [cordon]\n    resolve: {for: 2s}\n"
+    )
+    eng = make_engine(text)
+    eng.events_read = False  # what Leadership does at a takeover
+    assert eng.restore("fatal", "n", 2, since=T0, last=T0, evidence={"xid": 79})
+    assert statuses(eng.evaluate(T0 + 3)) == {("fatal", "n", 2, "firing")}, "not quiet: the backlog is unread"
+    eng.ingest_event(events.new("n", "xid", gpu_index=2, xid=79, ts=T0 + 1))  # from the backlog
+    eng.events_read = True  # the pull found the stream drained
+    assert statuses(eng.evaluate(T0 + 4)) == {("fatal", "n", 2, "firing")}, (
+        "the backlog's event, not a new fire"
+    )
+    assert statuses(eng.evaluate(T0 + 6)) == {("fatal", "n", 2, "resolved")}, "2 s after it was read"
+
+
 def test_restored_condition_firing_waits_for_data_then_follows_the_resolve_condition() -> None:
     text = rule("temp_c > 85", extra="    for: 30s\n    resolve: {when: temp_c < 75, for: 20s}\n")
     eng = make_engine(text)
