@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit fmt schemas bench clean
+.PHONY: demo test lint unit unit-serial fmt schemas bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check healer tests benchmarks
 	$(BIN)/mypy healer tests
 
+# The suite in 4 worker processes (pytest-xdist; most tests wait on real servers, not the CPU). Every
+# test starts its own servers on free ports, so any split works; `make unit-serial` runs it in one.
+WORKERS ?= 4
+
 unit: $(STAMP)
+	$(BIN)/pytest -q -n $(WORKERS) --dist worksteal
+
+unit-serial: $(STAMP)
 	$(BIN)/pytest -q
 
 fmt: $(STAMP)
