@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import api as js_api
 from nats.js import kv as js_kv
+from nats.js.client import JetStreamContext
 
 from healer import config, errors
 from healer.bus import base, fair
@@ -92,11 +93,24 @@ def translate(what: str, e: BaseException) -> errors.HealerError:
     return errors.PermanentError(f"{what}: {describe(e)}")
 
 
+KEYS_CONSUMER_IDLE_S = 5.0
+"""How long the server keeps the ordered consumer a key listing made, once the listing is done. nats-py's
+own ``KeyValue.keys`` leaves it for 5 minutes: a controller listing keys every second or two kept
+hundreds of consumers (and their heartbeats) alive until the KV stream refused new ones ("maximum
+consumers limit reached", err 10026), and nats-py reports a listing whose consumer was refused as "no
+keys": every housekeeping pass then failed, and a takeover could have loaded no incident."""
+KEYS_TIMEOUT_S = 10.0
+"""Longest one key listing may take (its consumer's first delivery and the server's marker included)."""
+
+
 class NatsKeyValue:
     """A JetStream KV bucket as a ``base.KeyValue``: nats-py's errors become healer's."""
 
-    def __init__(self, kv: js_kv.KeyValue) -> None:
+    def __init__(self, kv: js_kv.KeyValue, js: JetStreamContext | None = None, stream: str = "") -> None:
         self.kv = kv
+        self.js = js
+        self.stream = stream
+        """The bucket's stream (``KV_<bucket>``): where ``keys`` deletes the consumer it listed with."""
 
     async def get(self, key: str) -> base.Entry | None:
         try:
@@ -138,12 +152,36 @@ class NatsKeyValue:
             raise translate(f"KV delete {key}", e) from e
 
     async def keys(self) -> list[str]:
+        """Every key with a value (deleted and purged ones left out), read through an ordered consumer
+        that is deleted once the listing is done (or dropped by the server ``KEYS_CONSUMER_IDLE_S``
+        later). A consumer the server refuses is an error, never an empty bucket."""
         try:
-            return list(await self.kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+            async with asyncio.timeout(KEYS_TIMEOUT_S):
+                watcher = await self.kv.watch(
+                    ">", ignore_deletes=True, meta_only=True, inactive_threshold=KEYS_CONSUMER_IDLE_S
+                )
+                try:
+                    out: list[str] = []
+                    async for entry in watcher:
+                        if entry is None:  # nats-py's marker: everything pending was delivered
+                            break
+                        out.append(entry.key)
+                    return out
+                finally:
+                    await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py: untyped
+                    await self._drop(getattr(watcher._sub, "_consumer", None))
         except _FAILURES as e:
             raise translate("KV keys", e) from e
+
+    async def _drop(self, consumer: str | None) -> None:
+        """Delete the listing's consumer now rather than after its idle time (a failure leaves it to
+        that: it is gone ``KEYS_CONSUMER_IDLE_S`` later anyway)."""
+        if self.js is None or not consumer:
+            return
+        try:
+            await self.js.delete_consumer(self.stream, consumer)
+        except _FAILURES as e:
+            log.debug("kv.listing_consumer_left", stream=self.stream, consumer=consumer, error=describe(e))
 
 
 class _Acker:
@@ -704,7 +742,7 @@ class NatsBus:
 
     async def key_value(self, bucket: str) -> base.KeyValue:
         try:
-            return NatsKeyValue(await self.js.key_value(bucket))
+            return NatsKeyValue(await self.js.key_value(bucket), self.js, f"KV_{bucket}")
         except nats.js.errors.BucketNotFoundError as e:
             raise base.NotFound(
                 f"no KV bucket {bucket}: run `healer nats provision` (or start the controller) first, or "

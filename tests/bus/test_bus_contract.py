@@ -11,6 +11,7 @@ import pytest
 
 from healer import errors
 from healer.bus import base, subjects
+from healer.bus import nats as natsbus
 from healer.controller import kv, lease
 
 LONG_ACK_WAIT_S = 60.0
@@ -82,6 +83,23 @@ async def test_an_empty_bucket_has_no_keys_and_a_bad_key_is_refused(
         await bucket.put("not a key", b"x")
     with pytest.raises(base.KeyConflict):
         await bucket.update("never.written", b"x", 1)
+
+
+async def test_listing_keys_again_and_again_leaves_no_consumer_behind(
+    nats_bus: natsbus.NatsBus, subj: subjects.Subjects
+) -> None:
+    """nats-py's own key listing left its ordered consumer on the server for 5 minutes: a controller
+    listing every second or two reached the KV stream's consumer limit (err 10026) and every listing
+    after it failed, or read as an empty bucket. 600 listings in a row all see the keys, and the
+    stream keeps no consumer after them."""
+    bucket = await nats_bus.key_value(subj.kv_state)
+    await bucket.put("t.a", b"1")
+    await bucket.put("t.b", b"2")
+    await bucket.delete("t.b")
+    for _ in range(600):
+        assert await bucket.keys() == ["t.a"]
+    info = await nats_bus.js.stream_info(f"KV_{subj.kv_state}")
+    assert info.state.consumer_count == 0
 
 
 async def test_a_bucket_that_was_never_provisioned_is_not_found(bus: base.Bus) -> None:
