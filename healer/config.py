@@ -387,8 +387,9 @@ class PowerBudget(_Group):
     """The part of the budget the GPUs may draw (the rest is CPUs, fans, network: healer sees only GPU
     power)."""
     hold_s: float = pydantic.Field(default=10.0, ge=0, le=3600)
-    """The domain must be over its budget this long before limits are lowered (a short spike is not
-    capped: breakers trip on sustained load)."""
+    """The longest the domain may run over its budget before healer's lower limits hold (a short spike is
+    not capped: breakers trip on sustained load). The caps are decided that much earlier as their
+    limits take to show in the readings (the lag of the domain's last cap step, at most half of this)."""
     hysteresis_percent: float = pydantic.Field(default=5.0, ge=0, le=50)
     """Caps aim this far under the budget, and limits are raised again only while the domain, with the
     next step fully drawn, stays this far under it: no cap / restore oscillation."""

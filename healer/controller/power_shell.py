@@ -370,6 +370,7 @@ class PowerShell:
             "budget_w": round(budget.gpu_budget_w, 1), "budget_in_force_w": round(decision.budget_w, 1),
             "draw_w": round(decision.total_w, 1), "capped_gpus": len(s.capped_w), "members": len(members),
             "shed_to_w": s.shed_to_w, "shed_until": s.shed_until, "cycles": len(s.cycles),
+            "lead_s": power_budget.lead_s(budget, s),
         }  # fmt: skip
 
     async def _record(
