@@ -607,6 +607,26 @@ class ControllerSettings(_Group):
             )
         return self
 
+    @pydantic.model_validator(mode="after")
+    def _budgets_enforceable(self) -> ControllerSettings:
+        """A budget is refused at load rather than enforced by half: with several shards each sums and caps
+        only the frames of its own nodes, and a domain's nodes are spread over the shards by a hash of
+        their names (a rack of 8 lies within one of 2 shards 1 time in 128), so every shard would hold
+        the whole budget against its part of the draw. Two budgets for one domain would share one state."""
+        if self.power_budgets and self.shards > 1:
+            domains = ", ".join(b.domain for b in self.power_budgets)
+            raise ValueError(
+                f"power_budgets ({domains}) need one controller shard, not shards={self.shards}: each shard "
+                "sees only its own nodes' frames, and a domain's nodes are spread over the shards, so each "
+                "would hold the whole budget against part of the draw (docs/power-budgets.md)"
+            )
+        seen: set[str] = set()
+        for b in self.power_budgets:
+            if b.domain in seen:
+                raise ValueError(f"power_budgets: {b.domain} has two budgets; give each domain one")
+            seen.add(b.domain)
+        return self
+
 
 class UiSettings(_Group):
     """The read-only status page: ``healer ui``, or served by the controller with ``enabled``."""

@@ -7,7 +7,7 @@ import dataclasses
 import pydantic
 import pytest
 
-from healer import config
+from healer import config, errors
 from healer.controller import power_budget, power_eval
 
 R = power_budget.Reading
@@ -47,6 +47,19 @@ def test_over_budget_is_capped_only_after_the_hold_time_and_lands_under_it_by_th
     assert sum(c.to_w for c in d.changes) == pytest.approx(2000.0 * 0.95, abs=1.0)
     assert all(c.kind == "power_limit" and c.from_w == 700.0 for c in d.changes)
     assert d.state.original_w == {f"n1/{i}": 700.0 for i in range(4)}
+
+
+def test_a_budget_with_several_controller_shards_is_refused_at_load_not_enforced_by_half() -> None:
+    """Each shard sees only its own nodes' frames, and a rack's nodes hash to different shards: each
+    would hold the whole budget against part of the draw. The settings refuse it, naming why."""
+    budgets = [{"key": "rack", "value": "r7", "contract_kw": 40}]
+    with pytest.raises(errors.PermanentError) as e:
+        config.load(env={}, flags={"controller": {"shards": 2, "shard": 1, "power_budgets": budgets}})
+    assert "power_budgets (rack=r7) need one controller shard, not shards=2" in str(e.value)
+    assert config.load(env={}, flags={"controller": {"shards": 2}}).controller.shards == 2, "no budget: fine"
+    assert config.load(env={}, flags={"controller": {"power_budgets": budgets}}).controller.power_budgets
+    with pytest.raises(pydantic.ValidationError, match="rack=r7 has two budgets"):
+        config.ControllerSettings.model_validate({"power_budgets": budgets * 2})
 
 
 def _closed_loop(b: config.PowerBudget, state: power_budget.DomainState, start: float) -> tuple[int, float]:
