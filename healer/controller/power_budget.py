@@ -8,10 +8,11 @@ carries on).
 
 - **Over.** The GPUs' summed power over the (effective) budget for ``hold_s`` → caps: limits that bring
   the domain to ``hysteresis_percent`` under the budget, never below a GPU's minimum limit and never
-  above what it is already limited to. ``hold_s`` is the longest the domain may stay over, so the caps
-  are decided early by the time limits take to show in the readings (``lead_s``: the lag of the
-  domain's last cap step, learned in ``DomainState.lag_s``; ``FIRST_LAG_S`` before one was measured;
-  at most half the hold): decided as the hold ends, they would hold only a frame after it.
+  above what it is already limited to. ``hold_s`` is the longest the domain may stay over: it counts
+  from the reading before the first one over (``step``'s ``since``: it went over at some moment after
+  it), and the caps are decided early by the time limits take to show in the readings (``lead_s``: the
+  lag of the domain's last cap step, learned in ``DomainState.lag_s``; ``FIRST_LAG_S`` before one was
+  measured; at most half the hold): decided as the hold ends, they would hold only a frame after it.
   ``proportional``: every GPU sheds the same share of what it draws above its minimum; ``priority``:
   the lowest rank is taken to its minimum first, then the next. A GPU drawing no more than its
   minimum (idle) is left alone: it would shed nothing.
@@ -183,8 +184,16 @@ def shed(state: DomainState, to_w: float, until: float) -> DomainState:
     return dataclasses.replace(state, shed_to_w=to_w, shed_until=until)
 
 
-def step(readings: Sequence[Reading], budget: config.PowerBudget, state: DomainState, now: float) -> Decision:
-    """One tick of one domain (see the module docstring)."""
+def step(
+    readings: Sequence[Reading],
+    budget: config.PowerBudget,
+    state: DomainState,
+    now: float,
+    since: float | None = None,
+) -> Decision:
+    """One tick of one domain (see the module docstring). ``since``: when the domain was last read before
+    ``now`` (None: not known). A domain first read over now went over at some moment after it, so its
+    hold counts from then: over a tick's gap the reading that showed it over was already that old."""
     if state.shed_until is not None and now >= state.shed_until:
         state = dataclasses.replace(state, shed_to_w=None, shed_until=None)
     state = measured(readings, state, now)
@@ -192,7 +201,8 @@ def step(readings: Sequence[Reading], budget: config.PowerBudget, state: DomainS
     total = sum(r.power_w for r in readings)
     margin = budget.hysteresis_percent / 100.0
     if total > limit_w:
-        over_since = state.over_since if state.over_since is not None else now
+        first = now if since is None else min(since, now)
+        over_since = state.over_since if state.over_since is not None else first
         state = dataclasses.replace(state, over_since=over_since, headroom_since=None)
         if now - over_since < budget.hold_s - lead_s(budget, state):
             return Decision(state, (), Phase.OVER if not state.capped_w else Phase.CAPPED, total, limit_w)
@@ -253,18 +263,25 @@ def _restores(
     total: float,
 ) -> list[Change]:
     """The next restore step of every capped GPU, if the domain stays under ``ceiling_w`` with every
-    raised GPU that its cap holds now (``AT_LIMIT``) drawing its whole new limit."""
+    raised GPU that its cap holds now (``AT_LIMIT``) drawing its whole new limit.
+
+    A step rises from the budget's own cap (``capped_w``), not from the limit the GPU reads when that is
+    lower: another of healer's holders (a hot GPU's incident) holds it there, the agent keeps the tighter
+    of the two, and the budget's steps go on to its release as if alone. A GPU reading more than the
+    budget's cap (the cap failed) steps from what it reads."""
     out: list[Change] = []
     rise = 0.0
     for r in readings:
         k = key_of(r.node, r.gpu)
-        if k not in state.capped_w:
+        own = state.capped_w.get(k)
+        if own is None:
             continue
         original = state.original_w.get(k, r.default_w)
-        to = min(original, r.limit_w + budget.restore_step_percent / 100.0 * r.default_w)
+        base = max(own, r.limit_w)
+        to = min(original, base + budget.restore_step_percent / 100.0 * r.default_w)
         if r.power_w >= r.limit_w * AT_LIMIT:  # held by its cap: it will draw the whole step
             rise += max(0.0, to - r.power_w)
-        out.append(Change(r.node, r.gpu, r.limit_w, round(to, 1), release=to >= original - 0.5))
+        out.append(Change(r.node, r.gpu, base, round(to, 1), release=to >= original - 0.5))
     if total + rise > ceiling_w:
         return []
     return out

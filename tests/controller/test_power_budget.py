@@ -109,6 +109,17 @@ def test_the_lead_is_the_lag_learned_from_the_last_cap_step_and_at_most_half_the
     assert over.changes, "the caps go out 3.5 s before the hold ends"
 
 
+def test_the_hold_counts_from_the_reading_before_the_first_one_over() -> None:
+    """The domain went over at some moment after it was last read under (``since``), not when a step
+    first saw it: with readings a second apart the hold counts from the earlier one."""
+    b = _budget(hold_s=10.0)
+    d = power_budget.step(_rack(650.0), b, power_budget.DomainState(), 100.0, since=99.0)
+    assert d.state.over_since == 99.0
+    assert not power_budget.step(_rack(650.0), b, d.state, 106.9, since=105.9).changes
+    assert power_budget.step(_rack(650.0), b, d.state, 107.0, since=106.0).changes, "99 + 10 - 2 s lag"
+    assert power_budget.step(_rack(650.0), b, power_budget.DomainState(), 5.0).state.over_since == 5.0
+
+
 def test_a_short_excursion_resets_the_hold() -> None:
     b = _budget()
     d = power_budget.step(_rack(650.0), b, power_budget.DomainState(), 0.0)
@@ -189,6 +200,29 @@ def test_restore_is_stepwise_waits_for_headroom_and_never_takes_the_domain_back_
     assert d.phase is power_budget.Phase.UNDER
     assert d.state.original_w == {}
     assert len(d.state.cycles) == 1
+
+
+def test_restore_steps_rise_from_the_budgets_own_cap_when_another_holder_holds_the_gpu_lower() -> None:
+    """A hot GPU's incident holds GPU 0 at 400 W under the budget's 475 W (the agent applies the
+    tighter): the budget's steps go on from its own cap to its release, not from the 400 W it reads
+    (which would ask for the same step for ever), and a GPU whose cap failed steps from what it reads."""
+    b = _budget(restore_after_s=0.0, restore_step_percent=10.0)
+    state = power_budget.DomainState(
+        original_w={f"n1/{i}": 700.0 for i in range(2)}, capped_w={"n1/0": 475.0, "n1/1": 475.0}
+    )
+    readings = [R("n1", 0, 300.0, 400.0, 200.0, 700.0), R("n1", 1, 300.0, 700.0, 200.0, 700.0)]
+    d = power_budget.step(readings, b, state, 100.0)
+    assert {c.gpu: (c.from_w, c.to_w, c.release) for c in d.changes} == {
+        0: (475.0, 545.0, False),
+        1: (700.0, 700.0, True),
+    }
+    limit = 400.0
+    for t in range(101, 110):
+        d = power_budget.step([R("n1", 0, 300.0, limit, 200.0, 700.0)], b, d.state, float(t))
+        if d.changes and d.changes[0].release:
+            break
+    assert d.changes[0].release, "released while the other holder still holds 400 W"
+    assert d.state.capped_w == {}
 
 
 def test_demand_response_lowers_the_budget_until_it_ends() -> None:
