@@ -387,8 +387,9 @@ class PowerBudget(_Group):
     """The part of the budget the GPUs may draw (the rest is CPUs, fans, network: healer sees only GPU
     power)."""
     hold_s: float = pydantic.Field(default=10.0, ge=0, le=3600)
-    """The domain must be over its budget this long before limits are lowered (a short spike is not
-    capped: breakers trip on sustained load)."""
+    """The longest the domain may run over its budget before healer's lower limits hold (a short spike is
+    not capped: breakers trip on sustained load). The caps are decided that much earlier as their
+    limits take to show in the readings (the lag of the domain's last cap step, at most half of this)."""
     hysteresis_percent: float = pydantic.Field(default=5.0, ge=0, le=50)
     """Caps aim this far under the budget, and limits are raised again only while the domain, with the
     next step fully drawn, stays this far under it: no cap / restore oscillation."""
@@ -604,6 +605,26 @@ class ControllerSettings(_Group):
                 f"shard {self.shard} does not exist with shards={self.shards}; "
                 f"shard must be 0 .. {self.shards - 1}"
             )
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _budgets_enforceable(self) -> ControllerSettings:
+        """A budget is refused at load rather than enforced by half: with several shards each sums and caps
+        only the frames of its own nodes, and a domain's nodes are spread over the shards by a hash of
+        their names (a rack of 8 lies within one of 2 shards 1 time in 128), so every shard would hold
+        the whole budget against its part of the draw. Two budgets for one domain would share one state."""
+        if self.power_budgets and self.shards > 1:
+            domains = ", ".join(b.domain for b in self.power_budgets)
+            raise ValueError(
+                f"power_budgets ({domains}) need one controller shard, not shards={self.shards}: each shard "
+                "sees only its own nodes' frames, and a domain's nodes are spread over the shards, so each "
+                "would hold the whole budget against part of the draw (docs/power-budgets.md)"
+            )
+        seen: set[str] = set()
+        for b in self.power_budgets:
+            if b.domain in seen:
+                raise ValueError(f"power_budgets: {b.domain} has two budgets; give each domain one")
+            seen.add(b.domain)
         return self
 
 

@@ -4,7 +4,9 @@ The controller cannot touch a GPU; the agent on its node can. So ``power_limit``
 ``restore_power_limit`` become a ``Command`` sent by request/reply on ``healer.cmd.<node>``, carrying
 the leader's fencing token and an expiry (``power_command_ttl_s``). The agent answers with a
 ``CommandResult`` (applied / already / refused / failed per GPU) and keeps the safety rules: clamping to
-the GPU's range, restoring exactly the limit it found, never undoing an operator's later change.
+the GPU's range, restoring exactly the limit it found, never undoing an operator's later change. Each
+command names its incident as the limit's ``holder``: a GPU that a hot-GPU incident and a power budget
+both cap keeps the tighter of their limits, and goes back to its own only when both have restored.
 
 A reply is not proof. Success is confirmed from telemetry: a frame sampled after the reply must show
 the new ``power_limit_w`` (within ``power_tolerance_w``) before ``power_confirm_timeout_s`` passes.
@@ -132,6 +134,7 @@ class PowerActuator:
             expires_at=now + self.settings.power_command_ttl_s,
             issuer=self.issuer,
             reason=f"{base.REASON_PREFIX} {request.incident_id} {request.summary}".strip()[:1024],
+            holder=request.incident_id[:128],
         )
 
     async def _send(self, subject: str, command: commands.Command) -> commands.CommandResult:

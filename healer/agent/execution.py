@@ -8,7 +8,12 @@ Safety rules, in the order they are checked:
    ``healer-leases`` (``LiveTokens``, read by the runner): a controller credential used from
    elsewhere cannot send ``fencing_token=1e15`` and lock the real leader out;
 3. ``set_power_limit`` clamps to the GPU's [min, max] and remembers the limit it found, once, on disk,
-   so ``restore_power_limit`` returns exactly that limit even after an agent restart;
+   so ``restore_power_limit`` returns exactly that limit even after an agent restart. Two of healer's
+   reasons may hold one GPU at once (a hot GPU's incident and its rack's power budget): each command
+   names its ``holder`` (the incident), the record keeps one limit per holder, and the GPU gets the
+   lowest of them; a restore lifts only its holder's, so the GPU returns to the limit it had before
+   healer only when no holder is left, and to the tighter of the others until then (a command without a
+   holder, from an older controller or another tool, lifts them all);
 4. ``restore_power_limit`` never touches a limit someone else changed after healer set it;
 5. ``reset_gpu`` resets one GPU only while no compute process runs on it (else ``refused``, not
    remembered, so the controller may ask again with the same id once the work is gone), within the
@@ -217,7 +222,7 @@ class CommandExecutor:
         if cmd.action in commands.SETS_LIMIT:
             changes = [self._set(cmd, i) for i in targets]
         else:
-            changes = [self._restore(i) for i in targets]
+            changes = [self._restore(cmd, i) for i in targets]
         status = max((c.status for c in changes), key=_RANK.__getitem__)
         detail = "; ".join(f"gpu{c.index}: {c.detail}" for c in changes if c.detail)
         result = self._result(cmd, status, detail, changes, remember=True)
@@ -442,18 +447,15 @@ class CommandExecutor:
         else:
             assert cmd.percent_of_default is not None
             requested = limits.default_w * cmd.percent_of_default / 100.0
-        applied = min(max(requested, limits.min_w), limits.max_w)
-        clamped = abs(applied - requested) > TOLERANCE_W
-        record = self.originals.get(index)
-        if record is not None and abs(limits.current_w - record["applied_w"]) > TOLERANCE_W:
-            log.warning(
-                "commands.limit_changed_by_other",
-                gpu=index,
-                healer_set_w=record["applied_w"],
-                now_w=limits.current_w,
-            )
-            record = None  # someone set a new limit since; that is now the one to restore
+        wanted = min(max(requested, limits.min_w), limits.max_w)
+        clamped = abs(wanted - requested) > TOLERANCE_W
+        record = self._held(index, limits.current_w)
+        holds = {**_holds(record), cmd.holder: wanted}
+        applied = min(holds.values())
+        below = _others(holds, cmd.holder, applied)
         if abs(limits.current_w - applied) <= TOLERANCE_W:
+            if record is not None:  # the limit is right already; this holder's hold is kept all the same
+                self.originals[index] = {**record, "holds": holds}
             return commands.PowerChange(
                 index=index,
                 previous_w=limits.current_w,
@@ -461,6 +463,7 @@ class CommandExecutor:
                 applied_w=limits.current_w,
                 clamped=clamped,
                 status="already",
+                detail=below,
             )
         failed = self._apply(index, applied, limits.current_w, requested)
         if failed is not None:
@@ -469,9 +472,11 @@ class CommandExecutor:
         self.originals[index] = {
             "original_w": original,
             "applied_w": applied,
+            "holds": holds,
             "reason": cmd.reason,
             "at": self.clock(),
         }
+        detail = f"clamped to [{limits.min_w:g}, {limits.max_w:g}] W" if clamped else ""
         return commands.PowerChange(
             index=index,
             previous_w=limits.current_w,
@@ -479,8 +484,22 @@ class CommandExecutor:
             applied_w=applied,
             clamped=clamped,
             status="applied",
-            detail=f"clamped to [{limits.min_w:g}, {limits.max_w:g}] W" if clamped else "",
+            detail="; ".join(d for d in (detail, below) if d),
         )
+
+    def _held(self, index: int, current_w: float) -> dict[str, Any] | None:
+        """healer's record of the GPU's limit, or None; a limit someone changed since healer set it
+        drops the record (that limit is now the one to restore)."""
+        record = self.originals.get(index)
+        if record is not None and abs(current_w - record["applied_w"]) > TOLERANCE_W:
+            log.warning(
+                "commands.limit_changed_by_other",
+                gpu=index,
+                healer_set_w=record["applied_w"],
+                now_w=current_w,
+            )
+            return None
+        return record
 
     def _apply(
         self, index: int, watts: float, previous_w: float, requested_w: float
@@ -499,7 +518,7 @@ class CommandExecutor:
             )
         return None
 
-    def _restore(self, index: int) -> commands.PowerChange:
+    def _restore(self, cmd: commands.Command, index: int) -> commands.PowerChange:
         record = self.originals.get(index)
         if record is None:
             return commands.PowerChange(index=index, status="already", detail="healer holds no limit here")
@@ -515,6 +534,28 @@ class CommandExecutor:
                 status="refused",
                 detail=f"changed by someone else since healer set {record['applied_w']:g} W; left as is",
             )
+        # a holder lifts its own hold and any unnamed one (an older controller's); no holder lifts all
+        left = {h: w for h, w in _holds(record).items() if cmd.holder and h and h != cmd.holder}
+        if left:
+            target = min(left.values())
+            detail = _others(left, "", target)
+            if abs(limits.current_w - target) <= TOLERANCE_W:
+                self.originals[index] = {**record, "holds": left}
+                return commands.PowerChange(
+                    index=index,
+                    previous_w=limits.current_w,
+                    applied_w=target,
+                    status="already",
+                    detail=detail,
+                )
+            failed = self._apply(index, target, limits.current_w, target)
+            if failed is not None:
+                return failed
+            self.originals[index] = {**record, "holds": left, "applied_w": target, "at": self.clock()}
+            return commands.PowerChange(
+                index=index, previous_w=limits.current_w, requested_w=target, applied_w=target,
+                status="applied", detail=detail,
+            )  # fmt: skip
         target = float(record["original_w"])
         failed = self._apply(index, target, limits.current_w, target)
         if failed is not None:
@@ -523,3 +564,21 @@ class CommandExecutor:
         return commands.PowerChange(
             index=index, previous_w=limits.current_w, requested_w=target, applied_w=target, status="applied"
         )
+
+
+def _holds(record: dict[str, Any] | None) -> dict[str, float]:
+    """Each holder's limit in a record (a record written before holders were named has one, unnamed)."""
+    if record is None:
+        return {}
+    holds = record.get("holds")
+    if not isinstance(holds, dict):
+        return {"": float(record["applied_w"])}
+    return {str(h): float(w) for h, w in holds.items()}
+
+
+def _others(holds: dict[str, float], holder: str, applied: float) -> str:
+    """Why the GPU's limit is not (only) ``holder``'s: the other holders at the limit applied."""
+    by = sorted(
+        h or "an unnamed holder" for h, w in holds.items() if h != holder and w <= applied + TOLERANCE_W
+    )
+    return f"held at {applied:g} W by {', '.join(by)}" if by else ""

@@ -8,16 +8,22 @@ carries on).
 
 - **Over.** The GPUs' summed power over the (effective) budget for ``hold_s`` → caps: limits that bring
   the domain to ``hysteresis_percent`` under the budget, never below a GPU's minimum limit and never
-  above what it is already limited to. ``proportional``: every GPU sheds the same share of what it draws
-  above its minimum; ``priority``: the lowest rank is taken to its minimum first, then the next. A GPU
-  drawing no more than its minimum (idle) is left alone: it would shed nothing.
+  above what it is already limited to. ``hold_s`` is the longest the domain may stay over: it counts
+  from the reading before the first one over (``step``'s ``since``: it went over at some moment after
+  it), and the caps are decided early by the time limits take to show in the readings (``lead_s``: the
+  lag of the domain's last cap step, learned in ``DomainState.lag_s``; ``FIRST_LAG_S`` before one was
+  measured; at most half the hold): decided as the hold ends, they would hold only a frame after it.
+  ``proportional``: every GPU sheds the same share of what it draws above its minimum; ``priority``:
+  the lowest rank is taken to its minimum first, then the next. A GPU drawing no more than its
+  minimum (idle) is left alone: it would shed nothing.
 - **Headroom.** Under the budget by the hysteresis, with the next step of every GPU its cap holds
   now assumed fully drawn, for ``restore_after_s`` → each capped GPU rises by
   ``restore_step_percent`` of its default limit; a GPU back at the limit it had before healer
   capped it is released. A step that would take the domain back over waits, so a steady load sees
   no cap / restore cycles.
 - **Demand response.** ``shed_to_w`` until ``shed_until`` replaces the budget when lower (a utility's
-  demand-response request; no subject or CLI feeds it yet); when it ends the normal restore follows.
+  demand-response request: ``healer.power.shed``, ``healer power shed``); when it ends the normal
+  restore follows.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ RULE_ID = "power-budget"
 """The rule id of a domain's power-budget incident (one per cap episode; ``power_shell`` opens it)."""
 AT_LIMIT = 0.97
 """A GPU drawing this fraction of its limit or more is held by it (its demand may be higher)."""
+FIRST_LAG_S = 2.0
+"""The lag assumed before a domain's first cap step was measured: with agents at their default 1 Hz and
+a 1 s tick, up to a frame until a limit sent shows in a reading, and up to a tick until a step sees it
+(the domain's first over reading was seen up to a tick late as well)."""
+TOLERANCE_W = 0.5
+"""A reading within this of the limit healer set shows that limit (NVML works in milliwatts)."""
 
 Gpu = tuple[str, int]
 """(node, GPU index)."""
@@ -75,13 +87,18 @@ class DomainState:
     """When each cap cycle began (a cycle: from first cap to full release)."""
     shed_to_w: float | None = None
     shed_until: float | None = None
+    sent_at: float | None = None
+    """When the last cap step was decided, until the readings show every limit it lowered."""
+    lag_s: float | None = None
+    """How long the last measured cap step took from its decision to a step whose readings showed its
+    limits in force (``lead_s``)."""
 
     def dump(self) -> dict[str, object]:
         return {
             "over_since": self.over_since, "headroom_since": self.headroom_since,
             "last_change": self.last_change, "original_w": dict(self.original_w),
             "capped_w": dict(self.capped_w), "cycles": list(self.cycles), "shed_to_w": self.shed_to_w,
-            "shed_until": self.shed_until,
+            "shed_until": self.shed_until, "sent_at": self.sent_at, "lag_s": self.lag_s,
         }  # fmt: skip
 
     @classmethod
@@ -102,7 +119,8 @@ class DomainState:
             last_change=num("last_change"), original_w=watts("original_w"), capped_w=watts("capped_w"),
             cycles=tuple(float(c) for c in cycles if isinstance(c, (int, float)))
             if isinstance(cycles, list) else (),
-            shed_to_w=num("shed_to_w"), shed_until=num("shed_until"),
+            shed_to_w=num("shed_to_w"), shed_until=num("shed_until"), sent_at=num("sent_at"),
+            lag_s=num("lag_s"),
         )  # fmt: skip
 
 
@@ -142,22 +160,51 @@ def budget_now(budget: config.PowerBudget, state: DomainState, now: float) -> fl
     return base
 
 
+def lead_s(budget: config.PowerBudget, state: DomainState) -> float:
+    """How long before the hold time ends a cap step is decided, so that its limits hold by then: the
+    lag the domain's last cap step took to show in its readings (``FIRST_LAG_S`` before one was
+    measured), at most half the hold, so a spike shorter than that is never capped."""
+    lag = state.lag_s if state.lag_s is not None else FIRST_LAG_S
+    return min(lag, budget.hold_s / 2.0)
+
+
+def measured(readings: Sequence[Reading], state: DomainState, now: float) -> DomainState:
+    """The state with the last cap step's lag once the readings show every limit healer holds (a GPU
+    without a reading now is not waited for)."""
+    if state.sent_at is None:
+        return state
+    shown = [r for r in readings if key_of(r.node, r.gpu) in state.capped_w]
+    if not shown or any(r.limit_w > state.capped_w[key_of(r.node, r.gpu)] + TOLERANCE_W for r in shown):
+        return state
+    return dataclasses.replace(state, sent_at=None, lag_s=round(max(0.0, now - state.sent_at), 3))
+
+
 def shed(state: DomainState, to_w: float, until: float) -> DomainState:
     """A demand-response request: hold ``to_w`` until ``until``."""
     return dataclasses.replace(state, shed_to_w=to_w, shed_until=until)
 
 
-def step(readings: Sequence[Reading], budget: config.PowerBudget, state: DomainState, now: float) -> Decision:
-    """One tick of one domain (see the module docstring)."""
+def step(
+    readings: Sequence[Reading],
+    budget: config.PowerBudget,
+    state: DomainState,
+    now: float,
+    since: float | None = None,
+) -> Decision:
+    """One tick of one domain (see the module docstring). ``since``: when the domain was last read before
+    ``now`` (None: not known). A domain first read over now went over at some moment after it, so its
+    hold counts from then: over a tick's gap the reading that showed it over was already that old."""
     if state.shed_until is not None and now >= state.shed_until:
         state = dataclasses.replace(state, shed_to_w=None, shed_until=None)
+    state = measured(readings, state, now)
     limit_w = budget_now(budget, state, now)
     total = sum(r.power_w for r in readings)
     margin = budget.hysteresis_percent / 100.0
     if total > limit_w:
-        over_since = state.over_since if state.over_since is not None else now
+        first = now if since is None else min(since, now)
+        over_since = state.over_since if state.over_since is not None else first
         state = dataclasses.replace(state, over_since=over_since, headroom_since=None)
-        if now - over_since < budget.hold_s:
+        if now - over_since < budget.hold_s - lead_s(budget, state):
             return Decision(state, (), Phase.OVER if not state.capped_w else Phase.CAPPED, total, limit_w)
         target = limit_w * (1.0 - margin)
         changes = _caps(readings, total - target, budget)
@@ -216,18 +263,25 @@ def _restores(
     total: float,
 ) -> list[Change]:
     """The next restore step of every capped GPU, if the domain stays under ``ceiling_w`` with every
-    raised GPU that its cap holds now (``AT_LIMIT``) drawing its whole new limit."""
+    raised GPU that its cap holds now (``AT_LIMIT``) drawing its whole new limit.
+
+    A step rises from the budget's own cap (``capped_w``), not from the limit the GPU reads when that is
+    lower: another of healer's holders (a hot GPU's incident) holds it there, the agent keeps the tighter
+    of the two, and the budget's steps go on to its release as if alone. A GPU reading more than the
+    budget's cap (the cap failed) steps from what it reads."""
     out: list[Change] = []
     rise = 0.0
     for r in readings:
         k = key_of(r.node, r.gpu)
-        if k not in state.capped_w:
+        own = state.capped_w.get(k)
+        if own is None:
             continue
         original = state.original_w.get(k, r.default_w)
-        to = min(original, r.limit_w + budget.restore_step_percent / 100.0 * r.default_w)
+        base = max(own, r.limit_w)
+        to = min(original, base + budget.restore_step_percent / 100.0 * r.default_w)
         if r.power_w >= r.limit_w * AT_LIMIT:  # held by its cap: it will draw the whole step
             rise += max(0.0, to - r.power_w)
-        out.append(Change(r.node, r.gpu, r.limit_w, round(to, 1), release=to >= original - 0.5))
+        out.append(Change(r.node, r.gpu, base, round(to, 1), release=to >= original - 0.5))
     if total + rise > ceiling_w:
         return []
     return out
@@ -246,6 +300,7 @@ def _applied(
     original = dict(state.original_w)
     capped = dict(state.capped_w)
     cycles = state.cycles
+    lowered = any(not c.release and c.to_w < c.from_w for c in changes)
     if not capped:
         cycles = (*cycles, now)
     for c in changes:
@@ -257,8 +312,9 @@ def _applied(
         original.setdefault(k, c.from_w)
         capped[k] = c.to_w
     state = dataclasses.replace(
-        state, original_w=original, capped_w=capped, cycles=cycles, last_change=now, over_since=None
-    )
+        state, original_w=original, capped_w=capped, cycles=cycles, last_change=now, over_since=None,
+        sent_at=now if lowered else None,
+    )  # fmt: skip
     return Decision(state, tuple(changes), Phase.CAPPED if capped else Phase.UNDER, total, limit_w)
 
 

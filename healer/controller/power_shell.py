@@ -17,7 +17,8 @@ member's newest frame (``ingest.newest``). ``power_budget.step`` decides; this r
   by the ``ActionRunner`` like every other action: mode, exclusions, cooldown and rate limit per member
   node, leadership, the fencing token, the power actuator's agent command and its confirmation from
   telemetry. A power limit takes no node out of service, so the circuit breaker does not count it.
-  While a step's actions are still pending no new step is taken (no pile of stale limits).
+  While a step's actions are still pending no new step is taken (no pile of stale limits), but the
+  readings still tell when its limits show (``power_budget.measured``: the lag the next hold allows for).
 - **Dry-run and observe.** Nothing changes on the GPUs, so the decision would ask again every hold time:
   the readings are overlaid with the limits healer last asked for (a GPU reads at most its planned
   limit), and the episode plays out as it would have.
@@ -214,6 +215,9 @@ class PowerShell:
         self.states: dict[str, power_budget.DomainState] | None = None
         """Each budget's state by domain (``rack=r7``) while this process leads; None: not loaded."""
         self.views: dict[str, DomainView] = {}
+        self.read_at: dict[str, float] = {}
+        """When this leader last read each domain: a domain read over went over after it (``step``'s
+        ``since``)."""
         self.live: dict[str, dict[str, object]] = {}
         """Each domain's live view as last written to KV (``LIVE_KEY``)."""
         self.meter = ingest.energy
@@ -277,6 +281,7 @@ class PowerShell:
         if not self.role.leader:
             self.states = None  # a new term starts from KV: another leader may have moved on meanwhile
             self.live = {}
+            self.read_at = {}
             return
         async with self.lock:
             states = await self.load()
@@ -305,6 +310,8 @@ class PowerShell:
         believed: topology.Topology,
         now: float,
     ) -> None:
+        since = self.read_at.get(budget.domain)
+        self.read_at[budget.domain] = now
         members = believed.members(budget.key, budget.value)
         reporting = sorted(n for n in members if n in self.ingest.newest)
         frames = {n: gpu_dicts(self.ingest.newest[n]) for n in reporting}
@@ -314,6 +321,8 @@ class PowerShell:
             readings = planned(readings, state)
         inc = self.incident(budget)
         if not readings or self.pending(inc):
+            state = power_budget.measured(readings, state, now)  # a step's lag: when its limits show
+            await self.save(budget, state)
             self._show(budget, reporting, readings, state, inc, now)
             await self.save_live(budget, now)
             return
@@ -325,7 +334,7 @@ class PowerShell:
                 after["sm_clock_after_mhz"] = clock
             inc.evidence = {**inc.evidence, **after}
             await self.shell.publish(inc, "updated")
-        decision = power_budget.step(readings, budget, state, now)
+        decision = power_budget.step(readings, budget, state, now, since)
         await self.save(budget, decision.state)
         if decision.changes:
             inc = await self._record(budget, reporting, decision, inc, now, clock)
@@ -370,6 +379,7 @@ class PowerShell:
             "budget_w": round(budget.gpu_budget_w, 1), "budget_in_force_w": round(decision.budget_w, 1),
             "draw_w": round(decision.total_w, 1), "capped_gpus": len(s.capped_w), "members": len(members),
             "shed_to_w": s.shed_to_w, "shed_until": s.shed_until, "cycles": len(s.cycles),
+            "lead_s": power_budget.lead_s(budget, s),
         }  # fmt: skip
 
     async def _record(

@@ -38,8 +38,8 @@ def encode(model: pydantic.BaseModel) -> bytes:
     """Serialise a wire model (aliases on, so ``schema_`` goes out as ``schema``). A NodeFrame leaves its
     v2 fields out while they are null, and ``gpus[].jobs`` while every GPU's is null, so a frame without
     them is exactly what an older decoder accepts; an incident leaves ``domain`` out while it is null (v1)
-    likewise, a command its ``ports`` and a command result its ``port_resets`` while empty (the port
-    link reset, #26), so every other command is what an older agent accepts."""
+    likewise, a command its ``ports`` (the port link reset, #26) and ``holder`` (#30) and a command result
+    its ``port_resets`` while empty, so every other command is what an older agent accepts."""
     if isinstance(model, telemetry.NodeFrame):
         unset: dict[str, Any] = {f: True for f in _V2_FIELDS if getattr(model, f) is None}
         if all(g.jobs is None for g in model.gpus):
@@ -50,8 +50,9 @@ def encode(model: pydantic.BaseModel) -> bytes:
         return model.model_dump_json(by_alias=True, exclude={"data": {"domain"}}).encode()
     if isinstance(model, incidents.IncidentData) and model.domain is None:
         return model.model_dump_json(by_alias=True, exclude={"domain"}).encode()
-    if isinstance(model, commands.Command) and not model.ports:
-        return model.model_dump_json(by_alias=True, exclude={"ports"}).encode()
+    if isinstance(model, commands.Command) and (not model.ports or not model.holder):
+        empty = {f for f in ("ports", "holder") if not getattr(model, f)}
+        return model.model_dump_json(by_alias=True, exclude=empty).encode()
     if isinstance(model, commands.CommandResult) and not model.port_resets:
         return model.model_dump_json(by_alias=True, exclude={"port_resets"}).encode()
     return model.model_dump_json(by_alias=True).encode()

@@ -48,6 +48,12 @@ class Command(base.WireModel):
     expires_at: float = pydantic.Field(gt=0)
     issuer: str = pydantic.Field(default="controller", max_length=128)
     reason: str = pydantic.Field(default="", max_length=1024, description="incident id / why")
+    holder: str = pydantic.Field(
+        default="",
+        max_length=128,
+        description="set/restore_power_limit: who holds the limit (the incident id). The agent keeps one "
+        "limit per holder and applies the lowest; a restore lifts only its holder's (empty: every holder's)",
+    )
     timeout_s: float | None = pydantic.Field(
         default=None, gt=0, le=RESET_TIMEOUT_MAX_S, description="reset_gpu / validate: the most it may take"
     )
@@ -84,6 +90,8 @@ class Command(base.WireModel):
                 raise ValueError(f"{self.action} needs exactly one of watts or percent_of_default")
         elif self.watts is not None or self.percent_of_default is not None:
             raise ValueError(f"{self.action} takes no watts or percent_of_default")
+        if self.holder and self.action in RECOVERY:
+            raise ValueError(f"{self.action} takes no holder (only power limits are held)")
         if self.expires_at <= self.issued_at:
             raise ValueError("expires_at must be after issued_at")
         return self

@@ -121,6 +121,27 @@ async def test_restore_returns_the_limit_healer_found(
     assert gpu.power_limits(1).current_w == 650
 
 
+async def test_each_incident_holds_its_own_limit_and_the_tighter_one_holds(
+    bus: memory.MemoryBus, gpu: node_source.SimSource
+) -> None:
+    """A hot GPU's incident and a rack's power budget on one GPU (#30): the command names its incident
+    as the holder, so the budget's release leaves the thermal cap, and only the last restore puts back
+    the operator's limit."""
+    gpu.set_power_limit(1, 650)
+    await serve_agent(bus, gpu)
+    act = actuator(bus, LiveReadings(gpu), FakeTime())
+    hot, rack = "inc-hot", "inc-rack"
+    await act.apply(req(params={"percent_of_default": 80}, incident_id=hot))
+    assert (await act.apply(req(params={"watts": 525}, incident_id=rack))).status == "done"
+    assert gpu.power_limits(1).current_w == 525
+    released = await act.apply(req("restore_power_limit", incident_id=rack))
+    assert released.status == "done", released
+    assert gpu.power_limits(1).current_w == 560, "up to the thermal cap, which still holds"
+    assert "held at 560 W by inc-hot" in released.detail
+    assert (await act.apply(req("restore_power_limit", incident_id=hot))).status == "done"
+    assert gpu.power_limits(1).current_w == 650
+
+
 async def test_an_unchanged_reading_is_a_failure(bus: memory.MemoryBus, gpu: node_source.SimSource) -> None:
     driver = IgnoringDriver(gpu)
     await serve_agent(bus, driver)

@@ -10,7 +10,7 @@ import pytest
 
 from healer import errors
 from healer.agent import execution
-from healer.schemas import commands
+from healer.schemas import codec, commands
 from healer.sim import node_source
 from healer.telemetry import source
 
@@ -93,6 +93,81 @@ def test_second_cap_keeps_the_first_original(power: node_source.SimSource) -> No
     ex.execute(cmd("set_power_limit", gpu_index=0, watts=400, token=2))
     ex.execute(cmd("restore_power_limit", gpu_index=0, token=3))
     assert power.power_limits(0).current_w == 700.0
+
+
+def test_two_holders_the_tighter_limit_holds_and_the_original_returns_only_when_both_lifted(
+    power: node_source.SimSource,
+) -> None:
+    """A hot GPU's incident and its rack's power budget cap one GPU: each is its own holder. Before
+    holders, whichever restored first put back the original limit under the other's cap."""
+    power.set_power_limit(0, 650)  # the operator's limit
+    ex = executor(power, None)
+    thermal, budget = "inc-hot", "inc-rack"
+    assert (
+        ex.execute(cmd("set_power_limit", gpu_index=0, percent_of_default=80, holder=thermal)).status
+        == "applied"
+    )
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=525, token=2, holder=budget))
+    assert power.power_limits(0).current_w == 525.0, "the tighter of the two"
+    raised = ex.execute(cmd("set_power_limit", gpu_index=0, watts=630, token=3, holder=budget))
+    assert power.power_limits(0).current_w == 560.0, "the budget's step up stops at the thermal cap"
+    assert raised.gpus[0].detail == "held at 560 W by inc-hot"
+    lifted = ex.execute(cmd("restore_power_limit", gpu_index=0, token=4, holder=budget))
+    assert lifted.status == "already"
+    assert power.power_limits(0).current_w == 560.0, "the budget's release leaves the thermal cap"
+    ex.execute(cmd("restore_power_limit", gpu_index=0, token=5, holder=thermal))
+    assert power.power_limits(0).current_w == 650.0, "both lifted: the operator's limit"
+    assert ex.originals == {}
+
+
+def test_the_thermal_restore_under_a_budget_cap_leaves_the_budget_cap(power: node_source.SimSource) -> None:
+    ex = executor(power, None)
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, holder="inc-rack"))
+    ex.execute(cmd("set_power_limit", gpu_index=0, percent_of_default=80, token=2, holder="inc-hot"))
+    assert power.power_limits(0).current_w == 500.0
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=600, token=3, holder="inc-rack"))  # a budget step
+    assert power.power_limits(0).current_w == 560.0
+    res = ex.execute(cmd("restore_power_limit", gpu_index=0, token=4, holder="inc-hot"))
+    assert res.status == "applied"
+    assert res.gpus[0].applied_w == 600.0, "the thermal cap lifted: the budget's own limit, not 700 W"
+    assert power.power_limits(0).current_w == 600.0
+    ex.execute(cmd("restore_power_limit", gpu_index=0, token=5, holder="inc-rack"))
+    assert power.power_limits(0).current_w == 700.0
+
+
+def test_holders_survive_a_restart_and_a_restore_without_one_lifts_them_all(
+    power: node_source.SimSource, tmp_path: pathlib.Path
+) -> None:
+    state = tmp_path / "power.json"
+    ex = executor(power, state)
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=560, holder="inc-hot"))
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=500, token=2, holder="inc-rack"))
+    restarted = executor(power, state)
+    restarted.execute(cmd("restore_power_limit", gpu_index=0, token=3, holder="inc-rack"))
+    assert power.power_limits(0).current_w == 560.0, "inc-hot's hold came back from disk"
+    restarted.execute(cmd("set_power_limit", gpu_index=0, watts=450, token=4, holder="inc-rack"))
+    restarted.execute(cmd("restore_power_limit", gpu_index=0, token=5))  # an older controller: no holder
+    assert power.power_limits(0).current_w == 700.0
+
+
+def test_a_record_from_before_holders_is_lifted_by_any_holder(
+    power: node_source.SimSource, tmp_path: pathlib.Path
+) -> None:
+    state = tmp_path / "power.json"
+    power.set_power_limit(0, 500)
+    original = {"original_w": 700.0, "applied_w": 500.0, "reason": "healer: inc-old", "at": 1.0}
+    state.write_text(json.dumps({"fencing_token": 1, "originals": {"0": original}, "recent": {}}))
+    ex = executor(power, state)
+    ex.execute(cmd("set_power_limit", gpu_index=0, watts=450, token=2, holder="inc-rack"))
+    ex.execute(cmd("restore_power_limit", gpu_index=0, token=3, holder="inc-rack"))
+    assert power.power_limits(0).current_w == 700.0, "the unnamed hold went with it, as before holders"
+
+
+def test_a_holder_is_left_out_of_the_encoding_while_empty_and_only_power_limits_take_one() -> None:
+    assert b'"holder"' not in codec.encode(cmd("set_power_limit", watts=500)), "what an older agent decodes"
+    assert b'"holder":"inc-1"' in codec.encode(cmd("restore_power_limit", holder="inc-1"))
+    with pytest.raises(ValueError, match="reboot_node takes no holder"):
+        cmd("reboot_node", holder="inc-1")
 
 
 def test_restore_leaves_a_limit_an_operator_changed_after_healer(power: node_source.SimSource) -> None:

@@ -223,6 +223,8 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
     assert stored is not None
     assert len(stored.value["capped_w"]) == GPUS, "the state is in KV for a new leader"
+    assert stored.value["sent_at"] is None, "the step's limits showed in the readings ..."
+    assert 0 < stored.value["lag_s"] < 30, "... and how long that took is kept for the next hold"
     live = stored.value["live"]  # what the status page shows: the leader's view at its steps
     view = ctl.power_budgets.views["rack=r1"]
     assert live["phase"] == "capped"
