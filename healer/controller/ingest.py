@@ -128,6 +128,12 @@ class Ingest:
         )
         if self.learning.failslow is not None:
             self.steps_sub = await self.bus.subscribe(self.subjects.all_steps, self.on_step)
+        # A round trip on each connection: the server has the subscriptions before ``start`` returns (a
+        # frame published by another connection at once was otherwise lost while the SUB sat in nats-py's
+        # write buffer). A server away now is not a reason to fail the start: nats-py resubscribes.
+        for bus in {id(b): b for b in (self.telemetry_bus, self.bus)}.values():
+            with contextlib.suppress(errors.TemporaryError):
+                await bus.flush()
         self._subscribed = True
 
     async def on_step(self, msg: bus_base.Msg) -> None:

@@ -57,7 +57,7 @@ class FailingKV:
     async def delete(self, key: str) -> None:
         raise self.error
 
-    async def keys(self) -> list[str]:
+    async def watch(self, keys: str, **options: Any) -> Any:  # what a key listing starts with
         raise self.error
 
 
