@@ -140,6 +140,14 @@ class Workloads:
         noisy: F64 = np.clip(self.util + self._rng.normal(0.0, 1.0, self.util.shape) * sigma, 0.0, 100.0)
         return noisy
 
+    def computing(self, now: float) -> npt.NDArray[np.bool_]:
+        """Each GPU: its job computes at ``now`` (a job runs, outside a training checkpoint): the job state
+        a fail-slow fault slows, whatever the telemetry shows."""
+        in_ckpt = ((now - self._t0 + self.ckpt_phase) % CHECKPOINT_PERIOD_S) < CHECKPOINT_LENGTH_S
+        busy = (self.kind == INFERENCE) | ((self.kind == TRAINING) & ~in_ckpt)
+        out: npt.NDArray[np.bool_] = busy[:, None].repeat(self.gpus, axis=1)
+        return out
+
     def mem_fraction(self) -> F64:
         """Fraction of HBM each node's job keeps allocated."""
         out: F64 = np.array([0.006, 0.92, 0.62])[self.kind]
@@ -303,6 +311,14 @@ class VariedWorkloads:
         sigma = np.array([0.0, 1.2, 6.0])[kind]
         noisy: F64 = np.clip(self.util + rng.normal(0.0, 1.0, self.util.shape) * sigma, 0.0, 100.0)
         return noisy
+
+    def computing(self, now: float) -> npt.NDArray[np.bool_]:
+        """Each GPU: its job computes at ``now`` (a job runs, outside a training checkpoint or stop)."""
+        period = np.maximum(self.ckpt_period, 1.0)
+        held = (((now + self.ckpt_phase) % period) < self.ckpt_len) | (now < self.pause_until)
+        busy = (self.kind == INFERENCE) | ((self.kind == TRAINING) & ~held)
+        out: npt.NDArray[np.bool_] = self._per_gpu(busy)
+        return out
 
     def mem_fraction(self) -> F64:
         out: F64 = np.array([0.006, 0.92, 0.62])[self._per_gpu(self.kind)]
