@@ -10,13 +10,18 @@ each generator slot is one job, known while it is allocated (as a Slurm prolog's
   the ``gpu-straggler`` rule's cooldown makes it) per 1,000 node-days, with the exact 95 % upper bound;
 - detection: fail-slow faults this module injects on top of the generator's readings (the generator
   has none): a GPU clock-limited by 10-20 % (power down with it, HW slowdown reason), a PCIe link
-  trained down to gen 3, and a whole node clock-limited by 10-20 %, at a random time in a job; found
-  when the scorer names the right GPU (or, for the node fault, the node or one of its GPUs) within
-  5 minutes of onset; the share with its exact 95 % lower bound;
+  trained down to gen 3, and a whole node clock-limited by 10-20 %, from a drawn time; found when the
+  scorer names the right GPU (or, for the node fault, the node or one of its GPUs) within 5 minutes of
+  onset; the share with its exact 95 % lower bound. The onset is when the fault starts to slow a job:
+  the first sample at or after the drawn time at which the faulty GPU's job computes, by the
+  generator's own job state. A fail-slow fault is one that makes a job slow; drawn while the GPU is
+  idle (its job ended, restarting, in a checkpoint) it slows nothing, and no telemetry can show it,
+  until a job computes there. The old counting, from the drawn time, and the count from the first
+  loaded sample (healer's own load threshold) are reported beside it;
 - cost: the scorer's CPU time per simulated second, as a share of one core, and scaled to 10,000 nodes.
 
 Seeds below 1000 are for tuning, 1000 and up for a final figure (the generator's README); the report
-says which were used.
+says which were used. ``--simulator`` runs healer's own simulator instead (``straggler_sim_eval``).
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ class Tally:
     def __init__(self, plan: list[Fault]) -> None:
         self.plan = plan
         self.episodes = 0
+        self.job_level_false = 0
+        """Job-level slowdowns reported for a job with no fault (healer's simulator: step times)."""
         self._last: dict[tuple[str, int | None], float] = {}
         self._before: set[tuple[str, int | None]] = set()
 
@@ -194,106 +201,6 @@ def run_seed(
     }
 
 
-SIM_SCENARIO: Final = {
-    "name": "bench-stragglers",
-    "workload": {"training": 0.8, "inference": 0.1, "idle": 0.1},
-    "job_nodes": (1, 8),
-    "variation": {
-        "split_share": 0.2,
-        "iteration_period_s": (0.5, 10.0),
-        "iteration_low_frac": (0.5, 0.9),
-        "checkpoint_period_s": (1200.0, 2400.0),
-        "checkpoint_s": (20.0, 180.0),
-        "restarts_per_hour": (0.1, 1.0),
-    },
-}
-"""healer's own simulator for ``--simulator``: jobs on 1 to 8 nodes (gangs of consecutive nodes), a
-fifth of the single nodes split 4+4, training power oscillating every 0.5-10 s, checkpoints, restarts."""
-
-
-def run_sim_seed(
-    nodes: int, hours: float, seed: int, faults: int, settings: stragglers.Settings
-) -> dict[str, Any]:
-    """One run on healer's own simulator (``SIM_SCENARIO``) with ``faults`` clock-limited GPUs
-    (``clock_limit``, 10-20 %, whose jobs wait for them, on every node of the job), as ``run_seed``."""
-    from healer.sim import scenarios
-
-    rng = np.random.default_rng(seed + 7919)
-    chosen = [int(x) for x in rng.choice(nodes, size=min(faults, nodes), replace=False)] if faults else []
-    plan = [
-        Fault(
-            kind="clock_limited_gpu",
-            node=n,
-            gpu=int(rng.integers(0, 8)),
-            drawn_at=float(rng.uniform(1800.0, max(1900.0, hours * 3600.0 - 900.0))),
-            magnitude=float(rng.uniform(0.10, 0.20)),
-        )
-        for n in chosen
-    ]
-    entries = [
-        {
-            "kind": "clock_limit",
-            "at_s": f.drawn_at,
-            "nodes": [f.node],
-            "gpu": f.gpu,
-            "params": {"drop": f.magnitude},
-        }
-        for f in plan
-    ]
-    sc = scenarios.Scenario.model_validate({**SIM_SCENARIO, "faults": entries})
-    sim = scenarios.build(sc, nodes=nodes, gpus=8, seed=seed)
-    fl = sim.fleet
-    scorer = stragglers.Scorer(settings)
-    names = [f"n{i}" for i in range(nodes)]
-    keys = [(names[i], g) for i in range(nodes) for g in range(8)]
-    idx = np.array([scorer.slot(*k) for k in keys])
-    t, cost_s, steps, interval = 0.0, 0.0, int(hours * 3600 / 5.0), 5.0
-    tally = Tally(plan)
-    for _ in range(steps):
-        sim.step(interval)
-        t += interval
-        util = fl.util
-        computing = fl.work.computing(fl.t)
-        for f in plan:
-            if t < f.drawn_at:
-                continue
-            cols = slice(None) if f.gpu is None else f.gpu
-            if f.loaded_at is None and util[f.node, f.gpu or 0] >= stragglers.LOAD_UTIL_PCT:
-                f.loaded_at = t
-            if f.onset_at is None and computing[f.node, cols].any():
-                f.onset_at = t
-        link = (fl.pcie_gen < fl.pcie_gen_max) | (fl.nvlink_up < fl.nvlink_total)
-        started = time.process_time()
-        scorer.observe_arrays(
-            idx,
-            util.ravel(),
-            (fl.sm_clock / fl.sm_max).ravel(),
-            (fl.power / fl.power_limit).ravel(),
-            fl.reasons.ravel(),
-            link.ravel().astype(np.float64),
-        )
-        if scorer.due(t):
-            jobs = fl.job.ravel().tolist()
-            job_of = {k: (None if j < 0 else f"j{j}") for k, j in zip(keys, jobs, strict=True)}
-            scorer.score(t, job_of)
-            cost_s += time.process_time() - started
-            tally.window(t, set(scorer.stragglers))
-        else:
-            cost_s += time.process_time() - started
-    healthy_node_s = nodes * hours * 3600.0 - sum(hours * 3600.0 - f.drawn_at for f in plan)
-    return {
-        "seed": seed,
-        "nodes": nodes,
-        "hours": hours,
-        "gpus": nodes * 8,
-        "false_episodes": tally.episodes,
-        "healthy_node_days": healthy_node_s / 86400.0,
-        "faults": [dataclasses.asdict(f) for f in plan],
-        "cpu_s": cost_s,
-        "sim_s": hours * 3600.0,
-    }
-
-
 def _names(fault: Fault, key: tuple[str, int | None]) -> bool:
     if fault.gpu is None:
         return True  # a node fault: the node, or any of its GPUs (the rule folds them into one node incident)
@@ -362,6 +269,8 @@ def summarize(results: list[dict[str, Any]], kinds: tuple[str, ...] = FAULT_KIND
         "cpu_share_of_a_core": round(share, 6),
         "cpu_share_at_10000_nodes": round(share * 80_000 / gpus, 4) if gpus else None,
     }
+    if any("false_job_level" in r for r in results):
+        out["false_job_level"] = sum(r.get("false_job_level", 0) for r in results)
     if job_level:
         out["job_level"] = {
             "faults": len(job_level),
@@ -391,14 +300,21 @@ def main(
     import json
 
     settings = stragglers.Settings()
+    kinds: tuple[str, ...] = FAULT_KINDS
     if generator is None:
-        results = [run_sim_seed(nodes, hours, s, faults, settings) for s in seeds]
-        fleet = "healer's own simulator (multi-node jobs of 1-8 nodes; its physics, a hypothesis)"
+        from healer.controller import straggler_sim_eval
+
+        results = [straggler_sim_eval.run_sim_seed(nodes, hours, s, faults, settings) for s in seeds]
+        fleet = (
+            "healer's own simulator (multi-node jobs of 1-8 nodes, RDMA ports, pipeline stages, step"
+            " times; its physics, a hypothesis)"
+        )
+        kinds = straggler_sim_eval.SIM_KINDS
     else:
         gen = load_generator(generator)
         results = [run_seed(gen, nodes, hours, s, faults, settings) for s in seeds]
         fleet = "shared independent H100 generator"
-    summary = summarize(results)
+    summary = summarize(results, kinds)
     if as_json:
         print(json.dumps({"fleet": fleet, "summary": summary, "runs": results}, indent=2))
         return 0
@@ -420,13 +336,19 @@ def main(
         print("  " + _line("of the drawn time (old counting, all faults)", summary["from_drawn"]))
         loaded = summary["from_loaded"]
         print("  " + _line("of the first loaded sample", loaded))
+    if "false_job_level" in summary:
+        print(
+            f"false job-level slowdowns (a job with no fault reported slower from its step times):"
+            f" {summary['false_job_level']}"
+        )
     if "job_level" in summary:
         jl = summary["job_level"]
         rep = jl["reported_from_steps"]
         print(
             f"job-level slowdowns (no culprit GPU): {jl['named_nobody']}/{jl['faults']} named nobody;"
-            f" reported as a job-level slowdown from step times within 5 min of onset: {rep['found']}/"
-            f"{rep['faults']} (median {rep['median_s']} s)"
+            f" reported as a job-level slowdown from step times within 5 min of slowing their job by 5 %"
+            f" or more: {rep['found']}/{rep['faults']} (95 % lower bound {rep['lower95']}; median"
+            f" {rep['median_s']} s; {rep['without_start']} never slowed their job that much)"
         )
     print(
         f"scorer CPU: {summary['cpu_share_of_a_core']:.5f} of a core for {nodes} nodes"
