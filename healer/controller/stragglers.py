@@ -562,6 +562,8 @@ class FailSlow:
         self.ports = straggler_ports.PortWatch()
         self.port_test = straggler_ports.PortTest(port_settings)
         self.last_cost_s = 0.0
+        self.windows = 0
+        """Windows scored so far (the incident shell acts once per window)."""
 
     def observe(self, frame: telemetry.FrameView) -> None:
         if self.scorer.observe(frame):
@@ -581,6 +583,7 @@ class FailSlow:
         job_of = {key: self.jobs.job_of(*key) for key in self.scorer._keys}
         score(self.scorer, self.port_test, self.ports, now, job_of)
         self.steps.forget(now)
+        self.windows += 1
         self.last_cost_s = time.process_time() - started
         return self.scorer.scores()
 
