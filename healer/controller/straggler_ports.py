@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -71,13 +71,17 @@ class NodePorts:
 class PortWatch:
     """Per node: its RDMA ports' rates and how their error and congestion counters moved lately, for the
     straggler incident's evidence (a port trained down, erroring or congested on the straggler's node),
-    and per scorer window (``window``) each node's worst port for ``PortTest``."""
+    and per scorer window (``window``) each node's worst port for ``PortTest``. A frame's ports are only
+    kept as they came (``observe`` is on ingest's path, every folded frame); they are read when a window
+    closes, a base moves (every ``PORT_BASE_S``) or an incident asks."""
 
     def __init__(self) -> None:
         self._base: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}
         self._last: dict[str, dict[str, dict[str, int]]] = {}
         self._rate: dict[str, dict[str, float]] = {}
         self._last_ts: dict[str, float] = {}
+        self._raw: dict[str, tuple[float, Sequence[Any]]] = {}
+        """Each node's newest ports, not read yet."""
         self._prev: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}
         """Each node's counters at the end of the last window (``window``)."""
 
@@ -85,16 +89,26 @@ class PortWatch:
         ports = getattr(frame, "ports", None)
         if not ports:
             return
+        self._raw[frame.node] = (frame.ts, ports)
+        base = self._base.get(frame.node)
+        if base is None or frame.ts - base[0] >= PORT_BASE_S:
+            self._read(frame.node)
+
+    def _read(self, node: str) -> None:
+        """The node's newest ports (kept by ``observe``) into counters and rates."""
+        raw = self._raw.pop(node, None)
+        if raw is None:
+            return
         now: dict[str, dict[str, int]] = {}
         rates: dict[str, float] = {}
-        for p in ports:
+        for p in raw[1]:
             name = f"{p.device}/{p.port}"
             now[name] = {
                 k: v for k in (*PORT_ERRORS, PORT_CONGESTION) if (v := getattr(p, k, None)) is not None
             }
             if p.rate_gbps is not None:
                 rates[name] = float(p.rate_gbps)
-        self.record(frame.node, frame.ts, now, rates)
+        self.record(node, raw[0], now, rates)
 
     def record(
         self, node: str, ts: float, counters: dict[str, dict[str, int]], rates: dict[str, float]
@@ -107,12 +121,14 @@ class PortWatch:
             self._base[node] = (ts, counters)
 
     def forget_node(self, node: str) -> None:
-        for d in (self._base, self._last, self._rate, self._last_ts, self._prev):
+        for d in (self._base, self._last, self._rate, self._last_ts, self._prev, self._raw):
             d.pop(node, None)
 
     def window(self) -> dict[str, NodePorts]:
         """Each node's worst port since the last call (its wait rate and error increments; a counter that
         went back, as after a driver reload, counts from 0); the next window starts here."""
+        for node in list(self._raw):
+            self._read(node)
         out: dict[str, NodePorts] = {}
         for node, counters in self._last.items():
             ts = self._last_ts[node]
@@ -134,6 +150,7 @@ class PortWatch:
         return out
 
     def evidence(self, node: str) -> dict[str, float | str]:
+        self._read(node)
         out: dict[str, float | str] = {}
         rates = self._rate.get(node, {})
         top = max(rates.values(), default=0.0)
