@@ -41,6 +41,8 @@ PORT_CONGESTION: Final = "port_xmit_wait"
 CONGESTED_WAIT_PER_S: Final = 1e7
 """A port is congested when its ``port_xmit_wait`` rises this fast (ticks a second, the default pack's
 ``rdma-port-congested`` threshold): a healthy busy port's counter rises too, far slower."""
+FORGET_WINDOWS: Final = 30
+"""A (job, node) the port test has not seen with load for this many windows is forgotten."""
 PORT_BASE_S: Final = 600.0
 """A node's port counters are compared with what they were up to this long ago (then the base moves)."""
 
@@ -201,25 +203,31 @@ class PortTest:
     def __init__(self, settings: Settings | None = None) -> None:
         self.s = settings or Settings()
         self._streak: dict[tuple[str, str], int] = {}
+        self._seen: dict[tuple[str, str], int] = {}
+        """The window each (job, node) last had port data and load in."""
+        self._window = 0
 
     def score(
         self, job_nodes: Mapping[str, Sequence[str]], ports: Mapping[str, NodePorts]
     ) -> list[tuple[Lagging, int]]:
         """One window: ``job_nodes`` each job's nodes with load in it (the scorer's), ``ports`` each
         node's worst port (``PortWatch.window``). Returns the lagging (job, node) pairs confirmed after
-        ``persist`` windows, with their streak; a pair without port data this window keeps its streak."""
+        ``persist`` windows, with their streak. A pair without load or port data this window (a
+        checkpoint, a restart, a late frame) neither counts nor resets; one unseen for
+        ``FORGET_WINDOWS`` is dropped (its job ended)."""
+        self._window += 1
         lagging = port_lag(job_nodes, ports, self.s)
-        seen = {(job, node) for job, nodes in job_nodes.items() for node in nodes if node in ports}
         now = {(lag.job, lag.node): lag for lag in lagging}
-        streak: dict[tuple[str, str], int] = {}
-        for key in seen:
+        for key in ((job, node) for job, nodes in job_nodes.items() for node in nodes if node in ports):
+            self._seen[key] = self._window
             if key in now:
-                streak[key] = self._streak.get(key, 0) + 1
-        for key, n in self._streak.items():
-            if key not in seen and key[0] in job_nodes:
-                streak[key] = n  # no port data this window (a late frame): neither counts nor resets
-        self._streak = streak
-        return [(lag, streak[key]) for key, lag in now.items() if streak[key] >= self.s.persist]
+                self._streak[key] = self._streak.get(key, 0) + 1
+            else:
+                self._streak.pop(key, None)
+        for key in [k for k, w in self._seen.items() if self._window - w > FORGET_WINDOWS]:
+            del self._seen[key]
+            self._streak.pop(key, None)
+        return [(lag, self._streak[key]) for key, lag in now.items() if self._streak[key] >= self.s.persist]
 
     def pending(self) -> set[str]:
         """Jobs with a node whose port lags but is not yet confirmed."""

@@ -68,6 +68,7 @@ def test_a_node_is_named_after_persist_windows_and_a_window_without_its_ports_ke
     assert test.score(jobs, lagging) == []
     assert test.pending() == {"j"}
     assert test.score(jobs, {"a": HEALTHY, "c": HEALTHY}) == []  # b's frame late: neither counts nor resets
+    assert test.score({}, lagging) == []  # a checkpoint: no load on the job, neither counts nor resets
     assert test.score(jobs, lagging) == []
     ((lag, windows),) = test.score(jobs, lagging)
     assert (lag.node, windows) == ("b", 3)
@@ -75,7 +76,9 @@ def test_a_node_is_named_after_persist_windows_and_a_window_without_its_ports_ke
     assert test.pending() == set()
     for _ in range(2):
         test.score(jobs, lagging)
-    assert test.score({}, lagging) == []  # the job ended: forgotten
+    for _ in range(straggler_ports.FORGET_WINDOWS + 1):  # the job ended: forgotten after a while
+        test.score({}, {})
+    assert test.pending() == set()
     assert test.score(jobs, lagging) == []
 
 
