@@ -6,7 +6,10 @@ Two paths, both at the controller's 1 s frame interval and the scorer's 60 s win
   ``Scorer.score`` (medians/MADs per job, history, persistence) once a window: the scoring itself;
 - per frame: ``FailSlow.observe(frame)`` as ingest calls it, one 8-GPU NodeFrame at a time (each
   node's frames folded every ``sample_every_s``, 5 s: the job index and the per-GPU fold in Python),
-  measured on ``--frames`` 1 Hz frames of 2,000 nodes and scaled to 10,000 frames a second.
+  measured on ``--frames`` 1 Hz frames of 2,000 nodes and scaled to 10,000 frames a second; once without
+  RDMA ports (v1 frames) and once with ``--ports`` (8) ports a node (v2: the port watch folds them too);
+- port test: ``PortWatch.window`` and ``PortTest.score`` once a window for 10,000 nodes with 8 ports in
+  jobs of 1 to 64 nodes (1 % of the nodes with a congested port).
 
 Prints CPU seconds per simulated second as a share of one core against the 5 % budget (a ratio, not a
 timing test). Jobs: 8-GPU nodes in jobs of 1 to 64 nodes; 1 % of GPUs clock 15 % low.
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import time
+import types
 
 import numpy as np
 
-from healer.controller import stragglers
+from healer.controller import straggler_ports, stragglers
 from healer.schemas import telemetry
 
 BUDGET = 0.05
@@ -59,8 +63,14 @@ def vectorised(nodes: int, windows: int, seed: int = 1) -> float:
     return cpu / (windows * 60)
 
 
-def per_frame(frames: int) -> float:
+def per_frame(frames: int, ports: int = 0) -> float:
     fs = stragglers.FailSlow()
+    port_docs = [
+        {"device": f"mlx5_{p}", "port": 1, "rate_gbps": 400.0, "symbol_error": 0, "link_downed": 0,
+         "port_rcv_errors": 0, "port_xmit_discards": 0, "local_link_integrity_errors": 0,
+         "port_xmit_wait": 123_456, "port_xmit_data_bytes": 10**12, "port_rcv_data_bytes": 10**12}
+        for p in range(ports)
+    ]  # fmt: skip
     gpus = [
         telemetry.GpuSample(
             index=g,
@@ -78,8 +88,18 @@ def per_frame(frames: int) -> float:
     ]
     nodes = 2000  # 1 Hz frames of 2,000 nodes, second after second (the cost per frame hardly depends on it)
     made = [
-        telemetry.NodeFrame(
-            node=f"n{i}", ts=1.0 + k // nodes, seq=k, boot_id="b", agent_version="t", source="sim", gpus=gpus
+        telemetry.NodeFrame.model_validate(
+            {
+                "schema": telemetry.SCHEMA_V2 if ports else telemetry.SCHEMA,
+                "node": f"n{i}",
+                "ts": 1.0 + k // nodes,
+                "seq": k,
+                "boot_id": "b",
+                "agent_version": "t",
+                "source": "sim",
+                "gpus": gpus,
+                **({"ports": port_docs} if ports else {}),
+            }
         )
         for k in range(frames)
         for i in (k % nodes,)
@@ -90,18 +110,64 @@ def per_frame(frames: int) -> float:
     return (time.process_time() - started) / frames
 
 
+def port_window(nodes: int, windows: int, seed: int = 2) -> float:
+    """CPU seconds per second of the port test for ``nodes`` nodes of 8 ports (a window every 60 s): the
+    ports each node's last folded frame left (``PortWatch.observe``) read, compared and scored."""
+    rng = np.random.default_rng(seed)
+    watch, test = straggler_ports.PortWatch(), straggler_ports.PortTest()
+    sizes = rng.integers(1, 65, nodes)
+    job_nodes: dict[str, list[str]] = {}
+    i = 0
+    while i < nodes:
+        job_nodes[f"job{i}"] = [f"n{n}" for n in range(i, min(nodes, i + int(sizes[i])))]
+        i += int(sizes[i])
+    congested = rng.random(nodes) < 0.01
+    names = [f"n{n}" for n in range(nodes)]
+    cpu = 0.0
+    for w in range(windows + 1):
+        t = 1.0 + 60.0 * w
+        for n, name in enumerate(names):
+            wait = int(t * (3e7 if congested[n] else 2e3))
+            ports = [
+                types.SimpleNamespace(
+                    device=f"mlx5_{p}",
+                    port=1,
+                    rate_gbps=400.0,
+                    port_xmit_wait=wait,
+                    symbol_error=0,
+                    link_downed=0,
+                    port_rcv_errors=0,
+                    port_xmit_discards=0,
+                    local_link_integrity_errors=0,
+                )
+                for p in range(8)
+            ]
+            frame = types.SimpleNamespace(node=name, ts=t, ports=ports)
+            started = time.process_time()
+            watch.observe(frame)
+            cpu += time.process_time() - started
+        started = time.process_time()
+        test.score(job_nodes, watch.window())
+        cpu += time.process_time() - started
+    return cpu / (windows * 60.0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--frames", type=int, default=20_000)
+    ap.add_argument("--ports", type=int, default=8)
     a = ap.parse_args()
     share = vectorised(a.nodes, a.windows)
     frame_s = per_frame(a.frames)
     frame_share = frame_s * a.nodes
+    ports_frame_s = per_frame(a.frames, a.ports)
     rows = [
         (f"vectorised scoring, {a.nodes} nodes at 1 Hz", share),
         (f"per-frame fold (ingest), scaled to {a.nodes}", frame_share),
+        (f"per-frame fold with {a.ports} ports, scaled", ports_frame_s * a.nodes),
+        (f"port test, {a.nodes} nodes x {a.ports} ports", port_window(a.nodes, a.windows)),
     ]
     print(f"{'path':<44} {'share of a core':>16} {'vs 5 % budget':>14}")
     for name, value in rows:

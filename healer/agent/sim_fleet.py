@@ -3,7 +3,9 @@
 Every interval it steps the simulation with the wall-clock time that passed, publishes one NodeFrame
 per reporting node on ``telemetry.<node>`` (core publish), publishes new NodeEvents on
 ``events.<node>`` with JetStream (``Nats-Msg-Id`` = event id; a publish that fails is retried on the
-next tick, never dropped), and hands new ground-truth records to a sink. Commands on ``cmd.*`` go to a
+next tick, never dropped), with the scenario's ``steps`` each training rank's step time on
+``steps.<job>`` (core publish, as a job's ``healer.steps`` reporter sends it), and hands new
+ground-truth records to a sink. Commands on ``cmd.*`` go to a
 per-node ``agent.execution.CommandExecutor`` (the real agent's) whose power control is that node's GPUs
 in the simulation, so a power cap from the controller cools the simulated GPU: the closed loop. A
 silent node (agent dead) neither publishes nor answers.
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import structlog
 
 from healer import errors
@@ -79,6 +82,8 @@ class Stats:
     events_dropped: int = 0
     commands: int = 0
     commands_ignored: int = 0
+    step_reports: int = 0
+    """Training jobs' step times published (the scenario's ``steps``)."""
     overruns: int = 0
     step_s: float = 0.0
     """Wall time spent stepping, encoding and publishing, summed over ticks."""
@@ -188,12 +193,24 @@ class LiveFleet:
             self.stats.frames_dropped += len(out) - sent
             log.warning("sim.frames_dropped", count=len(out) - sent, error=str(e))
         self.stats.frames += sent
+        if self.sim.steps is not None:
+            await self._publish_steps(self.sim.steps.reports(dt))
         await self._publish_events(self._unsent + self.sim.take_events())
         truth = self.sim.take_truth()
         if truth and self.truth_sink is not None:
             self.truth_sink(truth)
         self.stats.ticks += 1
         self.stats.step_s += time.perf_counter() - t0
+
+    async def _publish_steps(self, reports: list[dict[str, Any]]) -> None:
+        """Each rank's step report on ``steps.<job>`` (core publish, as ``healer.steps`` sends it): like
+        frames, a report that cannot go out is lost, never retried."""
+        try:
+            for r in reports:
+                await self.bus.publish(self.subjects.steps(r["job"]), orjson.dumps(r))
+                self.stats.step_reports += 1
+        except errors.TemporaryError as e:
+            log.warning("sim.steps_dropped", error=str(e))
 
     async def _publish_events(self, evts: list[dict[str, Any]]) -> None:
         self._unsent = []

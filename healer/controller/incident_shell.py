@@ -25,6 +25,7 @@ from healer.controller import (
     decide,
     feed_publisher,
     healing,
+    job_slowdowns,
     kv,
     learning,
     lease,
@@ -98,6 +99,8 @@ class IncidentShell:
         self.cs = cs
         self.state = state
         self.book = book
+        self._failslow_windows = 0
+        """The fail-slow windows seen (``failslow`` runs once per window)."""
         self.feed = feed
         self.engine = engine
         self.role = role
@@ -273,6 +276,40 @@ class IncidentShell:
             inc.state = "resolved"
             inc.resolved_at = now
             inc.evidence = {**inc.evidence, "outcome": "domain recovered"}
+            await self.publish(inc, "resolved")
+
+    async def failslow(self, now: float) -> None:
+        """After each fail-slow window: a straggler incident opened before its job's step times said how
+        much slower the job runs gets them (an update), and job-level slowdowns are opened, updated and
+        resolved as ``job_slowdowns.plan`` says."""
+        fs = self.learning.failslow
+        if fs is None or fs.windows == self._failslow_windows:
+            return
+        self._failslow_windows = fs.windows
+        for inc in list(self.book.open.values()):
+            if "straggler.job" not in inc.evidence or "straggler.steps" in inc.evidence:
+                continue
+            found = fs.scorer.stragglers.get((inc.node, inc.gpu_index)) or fs.scorer.stragglers.get(
+                (inc.node, None)
+            )
+            said = fs.step_evidence(found) if found is not None else {}
+            if said:
+                inc.evidence = {**inc.evidence, **said}
+                await self.publish(inc, "updated")
+        named = {found.job for found in fs.scorer.stragglers.values() if found.job is not None}
+        slower = fs.steps.slower_jobs(now)
+        todo = job_slowdowns.plan(self.book.open.values(), fs.job_level(now), slower, named)
+        for slow in todo.open:
+            inc = job_slowdowns.new_incident(slow, book.new_id(), now, self.cs.mode)
+            self.log.warning("controller.job_slowdown", incident_id=inc.id, job=slow.job, pct=slow.slower_pct)
+            await self.publish(inc, "opened")
+        for inc, slow in todo.update:
+            inc.summary = job_slowdowns.summary(slow)
+            inc.evidence = {**inc.evidence, **job_slowdowns.evidence(slow)}
+            await self.publish(inc, "updated")
+        for inc, outcome in todo.resolve:
+            inc.state, inc.resolved_at = "resolved", now
+            inc.evidence = {**inc.evidence, "outcome": outcome}
             await self.publish(inc, "resolved")
 
     async def _mark_members(self, domain: book.Incident, f: shared_cause.Finding) -> None:

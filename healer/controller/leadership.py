@@ -26,6 +26,7 @@ from healer.controller import (
     feed_publisher,
     healing,
     ingest,
+    job_slowdowns,
     policy,
     power_budget,
     role,
@@ -140,6 +141,8 @@ class Leadership:
                 continue  # a domain incident resolves with its members (incident_shell.correlate_domains)
             if inc.rule_id == power_budget.RULE_ID:
                 continue  # resolves when its domain is restored (power_shell)
+            if inc.rule_id == job_slowdowns.RULE_ID:
+                continue  # resolves when its job's step times are back (incident_shell.failslow)
             # A signal resolved already (or that never resolves) leaves the engine nothing to follow.
             for signal in (s for s in inc.signals if s.open):
                 restored = self.engine.restore(

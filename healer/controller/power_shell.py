@@ -47,7 +47,7 @@ from healer.controller import (
     power_budget,
     role,
     shared_cause,
-    stragglers,
+    steptimes,
     topology,
 )
 from healer.controller import metrics as controller_metrics
@@ -97,7 +97,7 @@ JOBS_MAX = 20
 
 
 def job_cost(
-    steps: stragglers.StepTimes,
+    steps: steptimes.StepTimes,
     running: Sequence[str],
     capped_at: float | None,
     evidence: Mapping[str, object],
@@ -113,7 +113,7 @@ def job_cost(
         before = evidence.get(f"step_s_before.{job}")
         if capped_at is None:
             out[f"step_s_before.{job}"] = round(js.current_s, 4)  # the first cap: the last window before
-        elif isinstance(before, int | float) and js.started - stragglers.STEP_WINDOW_S >= capped_at:
+        elif isinstance(before, int | float) and js.started - steptimes.STEP_WINDOW_S >= capped_at:
             out[f"step_s_capped.{job}"] = round(js.current_s, 4)
             out[f"step_s_cost.{job}"] = round(js.current_s / float(before) - 1.0, 4)
     return out

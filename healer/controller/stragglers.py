@@ -41,8 +41,8 @@ from typing import Final
 
 import numpy as np
 
-from healer.controller import jobs
-from healer.schemas import fields, stepreport, telemetry
+from healer.controller import jobs, steptimes, straggler_ports
+from healer.schemas import fields, telemetry
 
 LOAD_UTIL_PCT: Final = 50.0
 """A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
@@ -111,7 +111,7 @@ class Straggler:
     """None: the whole node lags its job's other nodes."""
     job: str | None
     test: str
-    """``peers``, ``history``, ``link`` or ``nodes``."""
+    """``peers``, ``history``, ``link``, ``nodes`` or ``port`` (straggler_ports)."""
     evidence: dict[str, float | str]
 
 
@@ -145,6 +145,10 @@ class Scorer:
         unconstrained."""
         self.window_start: float | None = None
         self.stragglers: dict[tuple[str, int | None], Straggler] = {}
+        self.job_nodes: dict[str, list[str]] = {}
+        """Each job's nodes with a loaded window in the last ``score`` (the port test compares them)."""
+        self.pending_jobs: set[str] = set()
+        """Jobs with a GPU or node that lagged in the last window but is not (yet) a straggler."""
 
     def _grow(self, n: int) -> None:
         size = self._loaded.size
@@ -355,6 +359,9 @@ class Scorer:
                 ev["straggler.cause"] = cause
             self.stragglers[(node, gpu)] = Straggler(node, gpu, jobs[i], str(test[i]), ev)
         self._node_test(codes, job_names, clock, valid, confirmed)
+        pending = valid & ~confirmed & ((streak > 0) | (free_streak > 0))
+        self.pending_jobs = {str(jobs[i]) for i in np.flatnonzero(pending).tolist() if jobs[i] is not None}
+        self.pending_jobs |= {job for (job, _), n in self._node_streak.items() if 0 < n < s.persist}
         self._reset(now)
         return list(self.stragglers.values())
 
@@ -419,6 +426,7 @@ class Scorer:
         by_job: dict[int, dict[str, float]] = {}
         for (code, node), values in per.items():
             by_job.setdefault(code, {})[node] = float(np.median(values))
+        self.job_nodes = {job_names[code]: list(nodes) for code, nodes in by_job.items()}
         seen: set[tuple[str, str]] = set()
         for code, nodes in by_job.items():
             if len(nodes) < self.s.min_nodes:
@@ -507,85 +515,55 @@ def _median_by(c: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-PORT_ERRORS: Final = (
-    "symbol_error", "link_downed", "port_rcv_errors", "port_xmit_discards", "local_link_integrity_errors",
-)  # fmt: skip
-PORT_CONGESTION: Final = "port_xmit_wait"
-CONGESTED_WAIT_PER_S: Final = 1e7
-"""A port is congested when its ``port_xmit_wait`` rises this fast (ticks a second, the default pack's
-``rdma-port-congested`` threshold): a healthy busy port's counter rises too, far slower."""
-PORT_BASE_S: Final = 600.0
-"""A node's port counters are compared with what they were up to this long ago (then the base moves)."""
+def port_straggler(lag: straggler_ports.Lagging, windows: int) -> Straggler:
+    """A node named by the port test (``straggler_ports``): its worst port, against its job's others."""
+    p = lag.ports
+    ev: dict[str, float | str] = {
+        "straggler.job": lag.job,
+        "straggler.nodes": lag.nodes,
+        "straggler.windows": windows,
+        "straggler.basis": "port counters",
+    }
+    if lag.congested:
+        ev["straggler.port"] = p.wait_port
+        ev["straggler.port_xmit_wait_per_s"] = round(p.wait_per_s)
+        ev["straggler.reference_xmit_wait_per_s"] = round(lag.reference_wait_per_s)
+        ev["straggler.cause"] = "port_congested"
+    else:
+        ev["straggler.port"] = p.error_port
+        ev["straggler.port_errors"] = round(p.errors)
+        ev["straggler.cause"] = "port_erroring"
+    return Straggler(lag.node, None, lag.job, "port", ev)
 
 
-class PortWatch:
-    """Per node: its RDMA ports' rates and how their error and congestion counters moved lately, for the
-    straggler incident's evidence (a port trained down, erroring or congested on the straggler's node)."""
+@dataclasses.dataclass(frozen=True)
+class JobSlowdown:
+    """A job that runs slower by its step times with no straggler named or pending in it (#28): a
+    job-level slowdown, every rank waiting alike (docs/fail-slow.md, "Job-level slowdowns")."""
 
-    def __init__(self) -> None:
-        self._base: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}
-        self._last: dict[str, dict[str, dict[str, int]]] = {}
-        self._rate: dict[str, dict[str, float]] = {}
-        self._last_ts: dict[str, float] = {}
-
-    def observe(self, frame: telemetry.FrameView) -> None:
-        ports = getattr(frame, "ports", None)
-        if not ports:
-            return
-        now: dict[str, dict[str, int]] = {}
-        rates: dict[str, float] = {}
-        for p in ports:
-            name = f"{p.device}/{p.port}"
-            now[name] = {
-                k: v for k in (*PORT_ERRORS, PORT_CONGESTION) if (v := getattr(p, k, None)) is not None
-            }
-            if p.rate_gbps is not None:
-                rates[name] = float(p.rate_gbps)
-        self._last[frame.node], self._rate[frame.node] = now, rates
-        self._last_ts[frame.node] = frame.ts
-        base = self._base.get(frame.node)
-        if base is None or frame.ts - base[0] >= PORT_BASE_S:
-            self._base[frame.node] = (frame.ts, now)
-
-    def forget_node(self, node: str) -> None:
-        for d in (self._base, self._last, self._rate, self._last_ts):
-            d.pop(node, None)
-
-    def evidence(self, node: str) -> dict[str, float | str]:
-        out: dict[str, float | str] = {}
-        rates = self._rate.get(node, {})
-        top = max(rates.values(), default=0.0)
-        slow = sorted(name for name, r in rates.items() if r < top)
-        if slow:
-            out["straggler.ports_down_trained"] = ",".join(f"{n}@{rates[n]:g}G/{top:g}G" for n in slow)
-        base_ts, base = self._base.get(node, (0.0, {}))
-        span = self._last_ts.get(node, base_ts) - base_ts
-        erroring, waiting = [], []
-        for name, counters in self._last.get(node, {}).items():
-            before = base.get(name, {})
-            rose = sum(max(0, counters.get(k, 0) - before.get(k, 0)) for k in PORT_ERRORS if k in before)
-            if rose:
-                erroring.append(f"{name}+{rose}")
-            wait = counters.get(PORT_CONGESTION, 0) - before.get(PORT_CONGESTION, 0)
-            if PORT_CONGESTION in before and span > 0 and wait >= CONGESTED_WAIT_PER_S * span:
-                waiting.append(name)
-        if erroring:
-            out["straggler.ports_erroring"] = ",".join(sorted(erroring))
-        if waiting:
-            out["straggler.ports_congested"] = ",".join(sorted(waiting))
-        return out
+    job: str
+    slower_pct: float
+    since: float
+    nodes: tuple[str, ...]
+    summary: str
 
 
 class FailSlow:
-    """The controller's fail-slow part: the job index, the scorer, and what each straggler's incident
-    says. Frames come in through ``observe`` (ingest); ``tick`` scores at each window's end."""
+    """The controller's fail-slow part: the job index, the scorer, the port test, the jobs' step times,
+    and what each straggler's incident says. Frames come in through ``observe`` (ingest), step reports
+    through ``steps.observe``; ``tick`` scores at each window's end."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, port_settings: straggler_ports.Settings | None = None
+    ) -> None:
         self.jobs = jobs.JobIndex()
         self.scorer = Scorer(settings)
-        self.steps = StepTimes()
-        self.ports = PortWatch()
+        self.steps = steptimes.StepTimes()
+        self.ports = straggler_ports.PortWatch()
+        self.port_test = straggler_ports.PortTest(port_settings)
         self.last_cost_s = 0.0
+        self.windows = 0
+        """Windows scored so far (the incident shell acts once per window)."""
 
     def observe(self, frame: telemetry.FrameView) -> None:
         if self.scorer.observe(frame):
@@ -603,9 +581,28 @@ class FailSlow:
             return None
         started = time.process_time()
         job_of = {key: self.jobs.job_of(*key) for key in self.scorer._keys}
-        self.scorer.score(now, job_of)
+        score(self.scorer, self.port_test, self.ports, now, job_of)
+        self.steps.forget(now)
+        self.windows += 1
         self.last_cost_s = time.process_time() - started
         return self.scorer.scores()
+
+    def job_level(self, now: float) -> list[JobSlowdown]:
+        """Jobs that run slower by their step times while no GPU or node of theirs is a straggler or
+        about to be one (a lagging streak, a port lagging): nobody to name, the job as a whole waits."""
+        named = {found.job for found in self.scorer.stragglers.values()}
+        held = named | self.scorer.pending_jobs | self.port_test.pending()
+        out = []
+        for job in self.steps.slower_jobs(now):
+            if job in held:
+                continue
+            slow = self.steps.slowdown(job, now)
+            said = self.steps.summary(job)
+            if slow is None or said is None:
+                continue
+            nodes = tuple(sorted({n for n, _ in self.steps.jobs[job].where.values() if n}))
+            out.append(JobSlowdown(job, round(100 * slow[0], 1), slow[1], nodes, said))
+        return out
 
     def explain(self, node: str, gpu: int | None) -> dict[str, float | str]:
         """The evidence of the straggler at (node, gpu), or of its node (empty when none)."""
@@ -613,9 +610,9 @@ class FailSlow:
         if found is None:
             return {}
         out: dict[str, float | str] = {
+            **self.ports.evidence(node),
             **found.evidence,
             "straggler.test": found.test,
-            **self.ports.evidence(node),
         }
         causes = [str(out.get("straggler.cause", ""))] if out.get("straggler.cause") else []
         causes += [
@@ -624,99 +621,35 @@ class FailSlow:
             if k in out
         ]
         if causes:
-            out["straggler.cause"] = ",".join(causes)
-        if found.job is not None:
-            said = self.steps.summary(found.job, node, gpu)
-            slow = self.steps.slowdown(found.job)
-            if said is not None and slow is not None:
-                out["straggler.steps"] = said
-                out["straggler.job_slowdown_pct"] = round(100 * slow[0], 1)
-                out["straggler.slower_since"] = slow[1]
+            out["straggler.cause"] = ",".join(dict.fromkeys(causes))
+        out.update(self.step_evidence(found))
         return out
 
-
-STEP_WINDOW_S: Final = 120.0
-"""Step times are compared over this window (the job's median step time in it)."""
-STEP_BASELINE_WINDOWS: Final = 3
-STEP_SLOWER: Final = 0.05
-"""A job whose median step time is this much (5 %) above its baseline runs slower."""
-
-
-@dataclasses.dataclass
-class _JobSteps:
-    window: dict[int, list[float]] = dataclasses.field(default_factory=dict)
-    compute: dict[int, list[float]] = dataclasses.field(default_factory=dict)
-    where: dict[int, tuple[str | None, int | None]] = dataclasses.field(default_factory=dict)
-    baseline_s: float | None = None
-    medians: list[float] = dataclasses.field(default_factory=list)
-    current_s: float | None = None
-    slower_since: float | None = None
-    started: float = 0.0
-    outlier: int | None = None
+    def step_evidence(self, found: Straggler) -> dict[str, float | str]:
+        """What the job's step times say of a straggler's job (empty: not slower, or no reports)."""
+        if found.job is None:
+            return {}
+        said = self.steps.summary(found.job, found.node, found.gpu)
+        slow = self.steps.slowdown(found.job)
+        if said is None or slow is None:
+            return {}
+        return {
+            "straggler.steps": said,
+            "straggler.job_slowdown_pct": round(100 * slow[0], 1),
+            "straggler.slower_since": slow[1],
+        }
 
 
-class StepTimes:
-    """Per job: the median step time per window against the job's own first windows (its baseline),
-    since when it is slower, and which rank is the outlier (largest compute time, when reported)."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[str, _JobSteps] = {}
-        self.accepted = 0
-
-    def observe(self, report: stepreport.StepReport) -> None:
-        js = self.jobs.setdefault(report.job, _JobSteps(started=report.ts))
-        js.window.setdefault(report.rank, []).append(report.step_time_s)
-        if report.compute_s is not None:
-            js.compute.setdefault(report.rank, []).append(report.compute_s)
-        js.where[report.rank] = (report.node, report.gpu)
-        self.accepted += 1
-        if report.ts - js.started >= STEP_WINDOW_S:
-            self._close(js, report.ts)
-
-    def _close(self, js: _JobSteps, now: float) -> None:
-        times = [t for ts in js.window.values() for t in ts]
-        if times:
-            js.current_s = float(np.median(times))
-            if js.baseline_s is None:
-                js.medians.append(js.current_s)
-                if len(js.medians) >= STEP_BASELINE_WINDOWS:
-                    js.baseline_s = float(np.median(js.medians))
-            elif js.current_s > js.baseline_s * (1 + STEP_SLOWER):
-                js.slower_since = js.slower_since or js.started
-            else:
-                js.slower_since = None
-        if js.compute:
-            per_rank = {r: float(np.median(v)) for r, v in js.compute.items()}
-            js.outlier = max(per_rank, key=lambda r: per_rank[r])
-        js.window, js.compute, js.started = {}, {}, now
-
-    def slowdown(self, job: str) -> tuple[float, float] | None:
-        """(fraction slower than the baseline, since when) for a job that runs slower, else None."""
-        js = self.jobs.get(job)
-        if js is None or js.baseline_s is None or js.current_s is None or js.slower_since is None:
-            return None
-        return js.current_s / js.baseline_s - 1, js.slower_since
-
-    def rank_on(self, job: str, node: str, gpu: int | None) -> int | None:
-        js = self.jobs.get(job)
-        if js is None:
-            return None
-        for rank, (n, g) in js.where.items():
-            if n == node and (gpu is None or g is None or g == gpu):
-                return rank
-        return None
-
-    def summary(self, job: str, node: str, gpu: int | None) -> str | None:
-        """ "job X runs N % slower since T; rank R on node/GPU G is the outlier" (None: not slower)."""
-        slow = self.slowdown(job)
-        if slow is None:
-            return None
-        fraction, since = slow
-        js = self.jobs[job]
-        rank = js.outlier if js.outlier is not None else self.rank_on(job, node, gpu)
-        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
-        text = f"job {job} runs {round(100 * fraction)} % slower since {at}"
-        if rank is not None:
-            n, g = js.where.get(rank, (node, gpu))
-            text += f"; rank {rank} on {n or node}/GPU {g if g is not None else '?'} is the outlier"
-        return text
+def score(
+    scorer: Scorer,
+    port_test: straggler_ports.PortTest,
+    ports: straggler_ports.PortWatch,
+    now: float,
+    job_of: Mapping[tuple[str, int], str | None],
+) -> None:
+    """One window: the GPU and node tests (``Scorer.score``), then the port test over the nodes each job
+    loaded in it; a node the port test confirms joins ``scorer.stragglers`` unless already named."""
+    scorer.score(now, job_of)
+    for lag, windows in port_test.score(scorer.job_nodes, ports.window()):
+        if (lag.node, None) not in scorer.stragglers:
+            scorer.stragglers[(lag.node, None)] = port_straggler(lag, windows)

@@ -145,6 +145,7 @@ class Ticker:
             for f in firings:
                 await self.shell.handle(f, now)
             await self.shell.correlate_domains(now)  # before any repair of this tick: its holds apply
+            await self.shell.failslow(now)  # step times into straggler incidents, job-level slowdowns
             await self.shell.retry_and_escalate(now)
             await self.shell.recovery.advance(now)
             self.feed.kick()

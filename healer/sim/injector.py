@@ -47,9 +47,10 @@ class Injector:
         self._next_id = 0
         self._drawn_until = fl.t
         for f in scheduled:
-            self._add(f)
+            self.schedule(f)
 
-    def _add(self, f: faults.Fault) -> None:
+    def schedule(self, f: faults.Fault) -> None:
+        """Start ``f`` at its time (benches place faults on a fleet they have looked at)."""
         self._next_id += 1
         f.id = f"{self.fleet.run_id}-f{self._next_id}"
         heapq.heappush(self.pending, (f.start, self._next_id, f))
@@ -66,7 +67,7 @@ class Injector:
                     gpu = int(self._rng.integers(fl.gpus))
                     start = float(self._rng.uniform(lo, hi))
                     scoped = gpu if faults.KINDS[spec.kind].scope == "gpu" else None
-                    self._add(faults.Fault(spec.kind, node, scoped, start, dict(spec.params)))
+                    self.schedule(faults.Fault(spec.kind, node, scoped, start, dict(spec.params)))
             self._drawn_until = hi
 
     def advance(self, t: float) -> None:

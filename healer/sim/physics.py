@@ -21,7 +21,7 @@ import numpy.typing as npt
 from healer import errors
 from healer.schemas import events as events_schema
 from healer.schemas import fields
-from healer.sim import hca, profiles, variation, workloads
+from healer.sim import hca, profiles, ranks, variation, workloads
 from healer.telemetry import source
 
 F64 = npt.NDArray[np.float64]
@@ -143,10 +143,16 @@ class Fleet:
         HW slowdown); its dynamic power follows the clock's cube, as on the DVFS curve."""
         self.comm_speed = np.ones(shape)
         """Fail-slow: how fast a GPU's communication runs (a down-trained link, a congested port: < 1)."""
-        self.wait = np.zeros(shape)
+        self.wait: F64 = np.zeros(shape)
         """Each GPU's share of time waiting for the slowest rank of its job (set by ``physics``)."""
         self.job = self.work.jobs()
         """Each GPU's job number (-1: no job); frames carry it as ``jobs``."""
+        self._seed = seed
+        self._training = self.work.training()
+        self.ranks = ranks.layout(self.job, self._training, self.vary, seed)
+        """Each GPU's rank in its training job and the work a step asks of it (sim/ranks.py)."""
+        self.job_time: F64 = np.ones(shape)
+        """Each GPU's job's time per step against its nominal step: its slowest rank's work / speed."""
         self.silent = np.zeros(n, dtype=np.bool_)
         self.ports: hca.Ports | None = None
         """The nodes' RDMA ports (scenario ``ports``; sim/hca.py); None: frames carry no ports."""
@@ -242,7 +248,7 @@ class Fleet:
         p = np.where(hw_thermal, self.p_idle + 0.25 * (p - self.p_idle), p)
         p = np.where(self.brake, self.p_idle + 0.3 * (p - self.p_idle), p)
         busy = util >= 1.0
-        self.job = self.work.jobs()
+        self._relayout()
         slow = self._fail_slow()
         if slow is not None:
             # a clock-limited GPU: its dynamic power at the lower clock (f ∝ P^(1/3), below)
@@ -283,26 +289,39 @@ class Fleet:
         )
         self._advance_counters(dt)
 
+    def _relayout(self) -> None:
+        """The jobs as the workloads have them now; ranks laid out again when a job started or ended."""
+        job, training = self.work.jobs(), self.work.training()
+        if not (np.array_equal(job, self.job) and np.array_equal(training, self._training)):
+            self.ranks = ranks.layout(job, training, self.vary, self._seed)
+        self.job, self._training = job, training
+
     def _fail_slow(self) -> F64 | None:
-        """Each GPU's speed (clock cap x communication speed), and ``wait`` from it, when any GPU is
-        slow; None (and no wait) otherwise. A synchronous job runs at its slowest rank's speed S: a rank
-        computing at its clock cap c waits 1 - S / c of the time (the slowest one computes throughout;
-        one slowed by its link waits as long as its peers do)."""
-        if (self.clock_cap >= 1.0).all() and (self.comm_speed >= 1.0).all():
+        """Each GPU's speed (clock cap x communication speed), and ``wait`` and ``job_time`` from it, when
+        any GPU is slow or a job's ranks do uneven work; None (no wait) otherwise. A synchronous job
+        steps at its slowest rank's pace: a rank with ``work`` w at clock cap c and communication speed s
+        needs w / (c s) per step, the job T, the longest of these; the rank computes w / c of it and
+        waits 1 - (w / c) / T (the slowest computes throughout; one slowed by its link waits as long as
+        its peers do; with even work, 1 - S / c for the job's lowest speed S)."""
+        if (self.clock_cap >= 1.0).all() and (self.comm_speed >= 1.0).all() and not self.vary.uneven_ranks:
             if self.wait.any():
                 self.wait[:] = 0.0
+            if (self.job_time != 1.0).any():
+                self.job_time[:] = 1.0
             return None
         speed: F64 = self.clock_cap * self.comm_speed
+        need = (self.ranks.work / np.maximum(speed, 1e-6)).ravel()
         job = self.job.ravel()
         in_job = job >= 0
-        job_speed = np.ones(speed.size)
+        job_time = need.copy()
         if in_job.any():
             ids, inverse = np.unique(job[in_job], return_inverse=True)
-            slowest = np.ones(ids.size)
-            np.minimum.at(slowest, inverse, speed.ravel()[in_job])
-            job_speed[in_job] = slowest[inverse]
-        mine = np.where(in_job, job_speed, speed.ravel()).reshape(speed.shape)
-        self.wait = np.clip(1.0 - mine / np.maximum(self.clock_cap, 1e-6), 0.0, 1.0)
+            longest = np.zeros(ids.size)
+            np.maximum.at(longest, inverse, need[in_job])
+            job_time[in_job] = longest[inverse]
+        self.job_time = job_time.reshape(speed.shape)
+        computes: F64 = self.ranks.work / np.maximum(self.clock_cap, 1e-6)
+        self.wait = np.clip(1.0 - computes / self.job_time, 0.0, 1.0)
         return speed
 
     def _advance_counters(self, dt: float) -> None:

@@ -22,7 +22,18 @@ import yaml
 
 from healer import errors
 from healer.schemas import telemetry
-from healer.sim import faults, frames, hca, injector, physics, profiles, simulation, variation, workloads
+from healer.sim import (
+    faults,
+    frames,
+    hca,
+    injector,
+    physics,
+    profiles,
+    ranks,
+    simulation,
+    variation,
+    workloads,
+)
 
 WorkloadKind = Literal["training", "inference", "idle"]
 
@@ -98,6 +109,9 @@ class Scenario(_Model):
     """Nodes per job (#28): consecutive nodes form gangs of this many (a ``[min, max]`` range: drawn per
     gang) that run one job together (same kind, start, end, checkpoints and iteration phase), so a
     fail-slow fault on one node slows the job on all of them; 1: every node runs its own jobs."""
+    steps: bool = False
+    """Training jobs' ranks report their step times (#28, sim/ranks.py): ``healer sim`` publishes them on
+    ``healer.steps.<job>`` as a job's ``healer.steps.StepReporter`` would."""
     rack_size: int = pydantic.Field(default=0, ge=0)
     """Nodes per rack, in index order (racks ``r0``, ``r1``, ...): the failure-domain label ``rack`` that
     ``healer demo`` writes into the controller's inventory (#27); 0: no racks."""
@@ -270,7 +284,8 @@ def build(
     multiplier = sc.fault_rate_multiplier if fault_rate_multiplier is None else fault_rate_multiplier
     inj = injector.Injector(fl, scheduled, specs, multiplier=multiplier, rng=np.random.default_rng(fault_ss))
     encoder = frames.Encoder(names, fl.static(), source=source, job_prefix=run)
-    return simulation.Simulation(fl, inj, encoder)
+    steps = ranks.StepSource(fl, run, seed) if sc.steps else None
+    return simulation.Simulation(fl, inj, encoder, steps)
 
 
 def fresh_run_id() -> str:

@@ -12,14 +12,22 @@ from typing import Any
 
 import numpy as np
 
-from healer.sim import frames, injector, physics
+from healer.sim import frames, injector, physics, ranks
 
 
 class Simulation:
-    def __init__(self, fl: physics.Fleet, inj: injector.Injector, encoder: frames.Encoder) -> None:
+    def __init__(
+        self,
+        fl: physics.Fleet,
+        inj: injector.Injector,
+        encoder: frames.Encoder,
+        steps: ranks.StepSource | None = None,
+    ) -> None:
         self.fleet = fl
         self.injector = inj
         self.encoder = encoder
+        self.steps = steps
+        """The training jobs' step reports (the scenario's ``steps``), or None."""
 
     @property
     def t(self) -> float:

@@ -60,6 +60,14 @@ class Variation(pydantic.BaseModel):
     """Training jobs stop for 1-5 minutes (crash and restart, data stall) at this rate."""
     model_pools: int = pydantic.Field(default=0, ge=0)
     """Nodes come in this many contiguous pools, each of one GPU model from the mix (0: per node)."""
+    pipeline_stages: Range = 1
+    """A training job splits its ranks into this many consecutive pipeline stages (drawn per job, whole
+    numbers; sim/ranks.py)."""
+    stage_work_spread: Range = 0.0
+    """Each pipeline stage's compute per step is within this share of the job's nominal (drawn per job
+    and stage): stages with less work wait for the slowest at lower power, their clock unchanged."""
+    rank0_extra: Range = 0.0
+    """A training job's rank 0 computes this share more per step (logging, evaluation)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +88,14 @@ class Drawn:
     checkpoint_s: tuple[float, float] = (40.0, 40.0)
     restarts_per_hour: float = 0.0
     model_pools: int = 0
+    pipeline_stages: tuple[float, float] = (1.0, 1.0)
+    stage_work_spread: float = 0.0
+    rank0_extra: float = 0.0
+
+    @property
+    def uneven_ranks(self) -> bool:
+        """Whether a training job's ranks do different work per step (pipeline stages, rank 0)."""
+        return (self.pipeline_stages[1] > 1 and self.stage_work_spread > 0) or self.rank0_extra > 0
 
     @property
     def varied_jobs(self) -> bool:
@@ -119,4 +135,7 @@ def draw(v: Variation, rng: np.random.Generator) -> Drawn:
         checkpoint_s=_pair(v.checkpoint_s),
         restarts_per_hour=one(v.restarts_per_hour),
         model_pools=v.model_pools,
+        pipeline_stages=_pair(v.pipeline_stages),
+        stage_work_spread=one(v.stage_work_spread),
+        rank0_extra=one(v.rank0_extra),
     )

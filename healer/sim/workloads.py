@@ -33,6 +33,8 @@ CHECKPOINT_PERIOD_S: Final = 1800.0
 CHECKPOINT_LENGTH_S: Final = 40.0
 UTIL_TAU_S: Final = 3.0
 BURST_SWITCH_PER_S: Final = 1.0 / 20.0
+DEFAULT_STEP_S: Final = 1.0
+"""A training job's step (iteration) time where the scenario draws no iteration period."""
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -139,6 +141,24 @@ class Workloads:
         self.util += (target - self.util) * alpha
         noisy: F64 = np.clip(self.util + self._rng.normal(0.0, 1.0, self.util.shape) * sigma, 0.0, 100.0)
         return noisy
+
+    def training(self) -> npt.NDArray[np.bool_]:
+        """Each GPU: it runs a training job (ranks that step together; sim/ranks.py)."""
+        out: npt.NDArray[np.bool_] = (self.kind == TRAINING)[:, None].repeat(self.gpus, axis=1)
+        return out
+
+    def step_period(self) -> F64:
+        """Each GPU's job's nominal step (iteration) time: ``DEFAULT_STEP_S`` (no oscillation here)."""
+        out: F64 = np.full((self.nodes, self.gpus), DEFAULT_STEP_S)
+        return out
+
+    def computing(self, now: float) -> npt.NDArray[np.bool_]:
+        """Each GPU: its job computes at ``now`` (a job runs, outside a training checkpoint): the job state
+        a fail-slow fault slows, whatever the telemetry shows."""
+        in_ckpt = ((now - self._t0 + self.ckpt_phase) % CHECKPOINT_PERIOD_S) < CHECKPOINT_LENGTH_S
+        busy = (self.kind == INFERENCE) | ((self.kind == TRAINING) & ~in_ckpt)
+        out: npt.NDArray[np.bool_] = busy[:, None].repeat(self.gpus, axis=1)
+        return out
 
     def mem_fraction(self) -> F64:
         """Fraction of HBM each node's job keeps allocated."""
@@ -303,6 +323,23 @@ class VariedWorkloads:
         sigma = np.array([0.0, 1.2, 6.0])[kind]
         noisy: F64 = np.clip(self.util + rng.normal(0.0, 1.0, self.util.shape) * sigma, 0.0, 100.0)
         return noisy
+
+    def training(self) -> npt.NDArray[np.bool_]:
+        out: npt.NDArray[np.bool_] = self._per_gpu(self.kind) == TRAINING
+        return out
+
+    def step_period(self) -> F64:
+        """Each GPU's job's iteration period (``DEFAULT_STEP_S`` where power does not oscillate)."""
+        out: F64 = self._per_gpu(np.where(self.iter_period > 0, self.iter_period, DEFAULT_STEP_S))
+        return out
+
+    def computing(self, now: float) -> npt.NDArray[np.bool_]:
+        """Each GPU: its job computes at ``now`` (a job runs, outside a training checkpoint or stop)."""
+        period = np.maximum(self.ckpt_period, 1.0)
+        held = (((now + self.ckpt_phase) % period) < self.ckpt_len) | (now < self.pause_until)
+        busy = (self.kind == INFERENCE) | ((self.kind == TRAINING) & ~held)
+        out: npt.NDArray[np.bool_] = self._per_gpu(busy)
+        return out
 
     def mem_fraction(self) -> F64:
         out: F64 = np.array([0.006, 0.92, 0.62])[self._per_gpu(self.kind)]

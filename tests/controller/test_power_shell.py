@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from healer.controller import power_budget, power_shell, stragglers
+from healer.controller import power_budget, power_shell, steptimes
 from healer.schemas import stepreport
 
 
@@ -13,17 +13,17 @@ def report(job: str, ts: float, step_s: float) -> stepreport.StepReport:
     return stepreport.StepReport(job=job, rank=0, step_time_s=step_s, ts=ts)
 
 
-def windows(steps: stragglers.StepTimes, job: str, start: float, step_s: float, n: int) -> float:
+def windows(steps: steptimes.StepTimes, job: str, start: float, step_s: float, n: int) -> float:
     """``n`` windows of reports of ``step_s`` from ``start``; returns the time after them."""
     t = start
-    for _ in range(n * int(stragglers.STEP_WINDOW_S / 10) + 1):
+    for _ in range(n * int(steptimes.STEP_WINDOW_S / 10) + 1):
         steps.observe(report(job, t, step_s))
         t += 10.0
     return t
 
 
 def test_a_caps_cost_is_the_jobs_step_time_under_it_against_before_once_a_whole_window_ran_capped() -> None:
-    steps = stragglers.StepTimes()
+    steps = steptimes.StepTimes()
     t = windows(steps, "job-1", 1000.0, 1.0, 2)
     first = power_shell.job_cost(steps, ["job-1", "job-unknown"], None, {})
     assert first == {"step_s_before.job-1": 1.0}, "the last window before the first cap; no reports: nothing"
