@@ -402,11 +402,11 @@ class PowerBudget(_Group):
     priority: lower-priority GPUs are capped first (to their minimum), higher ones only if that is not
     enough."""
     priority_label: str = "priority"
-    """The node label (Slurm QOS or partition, Kubernetes priority class, as a node label) whose value
-    ranks a node's GPUs under ``policy: priority``."""
+    """Under ``policy: priority``, a GPU whose job ``controller.power_priority`` does not rank is ranked by
+    this label of its node (from the inventory file or the scheduler's node labels)."""
     priorities: dict[str, int] = pydantic.Field(default_factory=dict)
     """Rank of each ``priority_label`` value (higher: capped later); a node without the label, or with a
-    value not listed, ranks 0."""
+    value not listed, ranks ``controller.power_priority.default``."""
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> PowerBudget:
@@ -428,6 +428,32 @@ class PowerBudget(_Group):
         kw = self.breaker_kw * self.derating if self.breaker_kw is not None else self.contract_kw
         assert kw is not None
         return kw * 1000.0 * self.gpu_share
+
+
+class PowerPriority(_Group):
+    """How a power budget's ``policy: priority`` ranks a GPU by the job running on it (#30;
+    docs/power-budgets.md): the job's Slurm QOS, else its Slurm partition, else its Kubernetes priority
+    class, as listed here (higher: capped later); a GPU whose job none of them ranks (no job known, or
+    its values not listed) is ranked by its node's label (the budget's ``priority_label`` and
+    ``priorities``), else ``default``. The job on each GPU and its QOS, partition or priority class come
+    from the scheduler's job listing (Slurm ``squeue --json``, Kubernetes pods requesting
+    ``nvidia.com/gpu``), every ``jobs_refresh_s``."""
+
+    qos: dict[str, int] = pydantic.Field(default_factory=dict)
+    """Slurm QOS name -> rank (e.g. ``{high: 10, normal: 5, low: 0}``). A job's QOS is known only with
+    Slurm accounting (slurmdbd): without it ``squeue`` reports none, and the partition ranks it."""
+    partition: dict[str, int] = pydantic.Field(default_factory=dict)
+    """Slurm partition -> rank (e.g. ``{urgent: 10, batch: 0}``), for a job whose QOS is not listed."""
+    priority_class: dict[str, int] = pydantic.Field(default_factory=dict)
+    """Kubernetes ``priorityClassName`` of the job's pods -> rank (e.g. ``{training-high: 10}``)."""
+    default: int = 0
+    """The rank of a GPU that neither its job nor its node's label ranks (an idle GPU, a job started
+    since the last listing, a value not listed)."""
+
+    @property
+    def by_job(self) -> bool:
+        """Whether any job attribute is ranked at all."""
+        return bool(self.qos or self.partition or self.priority_class)
 
 
 class ControllerSettings(_Group):
@@ -457,7 +483,14 @@ class ControllerSettings(_Group):
     jobs_refresh_s: float = pydantic.Field(default=60.0, ge=0)
     """How often the job placements (which job runs on which node) are read from the scheduler actuator
     (Slurm ``squeue --json``; Kubernetes pods requesting ``nvidia.com/gpu``) for the fail-slow peer
-    groups; 0: never (the agents' job-mapping directories alone)."""
+    groups and the power budgets' job priorities (``power_priority``; a job started since the last
+    listing is not ranked by it yet); 0: never (the agents' job-mapping directories alone)."""
+    jobs_unlisted_refresh_s: float = pydantic.Field(default=10.0, ge=0)
+    """With ``power_priority`` ranking by job: a job id in the frames (the agents' job-mapping
+    directories) that the last job listing did not describe, a job started since, brings the next
+    listing forward, at most this often, so its QOS, partition or priority class is known within
+    seconds rather than ``jobs_refresh_s``. An id that the listing after it does not describe either
+    (another naming than the scheduler's) brings none again; 0: never."""
     reload_check_s: float = pydantic.Field(default=2.0, gt=0)
     """How often the rules directory is checked for changes."""
     labels_refresh_s: float = pydantic.Field(default=300.0, ge=0)
@@ -504,6 +537,11 @@ class ControllerSettings(_Group):
     power_budgets: list[PowerBudget] = pydantic.Field(default_factory=list)
     """Power budgets per failure domain (#30; docs/power-budgets.md): e.g. ``[{key: rack, value: r7,
     breaker_kw: 60, derating: 0.8}]``. Empty: no budget."""
+    power_priority: PowerPriority = pydantic.Field(default_factory=PowerPriority)
+    """How ``policy: priority`` budgets rank each GPU by its job's Slurm QOS or partition, or its
+    Kubernetes priority class (#30; docs/power-budgets.md), e.g. ``{qos: {high: 10, low: 0}, partition:
+    {urgent: 10}, priority_class: {training-high: 10}}``. Needs ``stragglers`` (the job index lives
+    there) and ``jobs_refresh_s`` > 0. Empty: node labels alone rank."""
     energy_accounting: bool = False
     """Energy per failure domain and per job (#30; docs/power-budgets.md) from the frames' NVML energy
     counters: ``healer_controller_energy_joules_total{domain}`` and
@@ -619,6 +657,12 @@ class ControllerSettings(_Group):
                 f"power_budgets ({domains}) need one controller shard, not shards={self.shards}: each shard "
                 "sees only its own nodes' frames, and a domain's nodes are spread over the shards, so each "
                 "would hold the whole budget against part of the draw (docs/power-budgets.md)"
+            )
+        if self.power_priority.by_job and (not self.stragglers or not self.jobs_refresh_s):
+            raise ValueError(
+                "power_priority ranks GPUs by their jobs, which come from the job index: it needs "
+                f"stragglers: true and jobs_refresh_s > 0 (stragglers: {str(self.stragglers).lower()}, "
+                f"jobs_refresh_s: {self.jobs_refresh_s:g}; docs/power-budgets.md)"
             )
         seen: set[str] = set()
         for b in self.power_budgets:

@@ -82,8 +82,8 @@ def register(sub: Any) -> None:
         "--policy",
         choices=("proportional", "priority"),
         default="proportional",
-        help="the budget's policy; priority: the rack's odd nodes are labelled low priority, the even "
-        "ones high (default %(default)s)",
+        help="the budget's policy; priority: the jobs of the rack's odd nodes run in QOS low, the even "
+        "ones' in high, as the simulator's scheduler lists them (default %(default)s)",
     )
     pw.add_argument("--json", action="store_true")
     pw.set_defaults(func=_power)

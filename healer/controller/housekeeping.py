@@ -1,11 +1,12 @@
 """Housekeeping, every ``reload_check_s``: what changes slowly and is read from elsewhere.
 
 Node labels from the scheduler (for rules' ``match.labels``, every ``labels_refresh_s``), job placements
-(for the fail-slow peer groups, every ``jobs_refresh_s``), the admitted
-fleet, the rule pack (``reload``), JetStream's storage (``storage``, every ``storage.CHECK_S``), and, on
-the leader, the maintenance exclusions, the breaker's gauge and its incident (resolved once the breaker
-is closed), the incidents a person closed (``closing``), and what the anomaly model learned (every
-``anomaly_save_s``). A failure is logged and the previous values stay; the next round tries again.
+and what each job is (for the fail-slow peer groups and the power budgets' job priorities, every
+``jobs_refresh_s``), the admitted fleet, the rule pack (``reload``), JetStream's storage (``storage``,
+every ``storage.CHECK_S``), and, on the leader, the maintenance exclusions, the breaker's gauge and its
+incident (resolved once the breaker is closed), the incidents a person closed (``closing``), and what
+the anomaly model learned (every ``anomaly_save_s``). A failure is logged and the previous values stay;
+the next round tries again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ from healer.actuators import base as actuators
 from healer.controller import action_runner, admission, closing, jobs, learning, policy, reload, role, storage
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
+
+
+def listing_due(cs: config.ControllerSettings, since_s: float, unlisted: bool) -> bool:
+    """Whether the scheduler's jobs are listed now, ``since_s`` after the last listing: every
+    ``jobs_refresh_s`` (0: never), or, when jobs rank power (``power_priority``) and the frames named a
+    job no listing describes (``unlisted``), as soon as ``jobs_unlisted_refresh_s`` has passed."""
+    if not cs.jobs_refresh_s:
+        return False
+    if since_s >= cs.jobs_refresh_s:
+        return True
+    early = cs.power_priority.by_job and cs.jobs_unlisted_refresh_s > 0 and unlisted
+    return early and since_s >= cs.jobs_unlisted_refresh_s
 
 
 class Housekeeping:
@@ -95,20 +108,27 @@ class Housekeeping:
                 self.log.warning("controller.housekeeping_failed", error=str(e))
 
     async def refresh_jobs(self) -> None:
-        """Which job runs on which node, from the scheduler (``squeue --json``; GPU pods), every
-        ``jobs_refresh_s``, for the fail-slow peer groups. On failure the previous placements stay."""
+        """Which job runs on which node, and what it is (QOS, partition, priority class), from the
+        scheduler (``squeue --json``; GPU pods), every ``jobs_refresh_s`` (sooner, at most every
+        ``jobs_unlisted_refresh_s``, when jobs rank power and the frames name a job no listing
+        describes), for the fail-slow peer groups and the power budgets' priorities. On failure the
+        previous placements stay."""
         failslow = self.learning.failslow
         now = time.monotonic()
-        if failslow is None or not self.cs.jobs_refresh_s or now - self._jobs_at < self.cs.jobs_refresh_s:
+        if failslow is None or not listing_due(self.cs, now - self._jobs_at, failslow.jobs.unlisted()):
             return
         self._jobs_at = now
         try:
             if hasattr(self.scheduler, "pods"):
                 pods = await asyncio.wait_for(self.scheduler.pods(), self.cs.labels_timeout_s)
-                failslow.jobs.set_scheduled("kubernetes", jobs.placements_from_pods(pods))
+                failslow.jobs.set_scheduled(
+                    "kubernetes", jobs.placements_from_pods(pods), jobs.infos_from_pods(pods)
+                )
             elif hasattr(self.scheduler, "jobs"):
                 listed = await asyncio.wait_for(self.scheduler.jobs(), self.cs.labels_timeout_s)
-                failslow.jobs.set_scheduled("slurm", jobs.placements_from_squeue(listed))
+                failslow.jobs.set_scheduled(
+                    "slurm", jobs.placements_from_squeue(listed), jobs.infos_from_squeue(listed)
+                )
         except (errors.HealerError, TimeoutError) as e:
             self.log.warning("controller.jobs_failed", error=str(e) or repr(e), kept="previous placements")
 

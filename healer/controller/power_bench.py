@@ -7,13 +7,18 @@ fleet publishing frames and answering power commands through the agents' own com
 changes go through the action path (gates, fencing, the real power actuator, confirmation from
 telemetry). The rack's jobs start one node after another over ``ramp_s`` and take it over its budget,
 hold at full load for ``steady_s``, then end one node after another over ``fall_s`` and the rack is
-left to restore.
+left to restore. Under ``--policy priority`` the jobs of the even nodes run in QOS ``high``, the odd
+ones' in ``low`` (``controller.power_priority: {qos: {high: 1, low: 0}}``), as the simulator's
+scheduler lists them (``SimScheduler``, in ``squeue --json``'s form, under the job ids the frames
+carry); the controller reads them as it reads Slurm's, at the shipped ``jobs_refresh_s`` and
+``jobs_unlisted_refresh_s``.
 
 **Time-scaled.** The fleet steps one simulated second every ``1 / speed`` seconds of wall time, and the
 controller, the power actuator and the agents' executor all read the simulated clock (the frames' ``ts``),
 so every timer of the budget (``hold_s``, ``restore_after_s``, cooldowns, command expiry) runs in
 simulated seconds. The settings that are wall-clock periods are divided by ``speed`` so they keep their
-default length in simulated time (``tick_s`` 1 s, ``power_confirm_poll_s`` 0.5 s). What the controller
+default length in simulated time (``tick_s`` 1 s, ``power_confirm_poll_s`` 0.5 s, ``reload_check_s``
+2 s, ``jobs_refresh_s`` 60 s, ``jobs_unlisted_refresh_s`` 10 s). What the controller
 spends in wall time (decoding, KV writes, the agents' request/reply) counts ``speed`` times over in
 simulated time, so a scaled run can only look slower than a real one, never faster.
 
@@ -35,7 +40,10 @@ published, the incident feed):
   per 10 minutes (target: ≤ 1). Steady load is counted from ``SETTLE_S`` after the ramp ends until the
   first job ends;
 - ``restored_after_s``: from the last job's end to the incident's ``resolved`` on the feed;
-  ``scheduler_requests``: drains or cordons the controller asked for (no job is stopped: 0).
+  ``scheduler_requests``: drains or cordons the controller asked for (no job is stopped: 0);
+- ``capped_low_gpus`` / ``capped_high_gpus``: the most GPUs of the low- and high-QOS jobs held under a
+  cap at once at steady load (from the frames' limits), and ``job_listings``: how often the controller
+  listed the jobs.
 
 Figures are from healer's own simulator (its power/clock physics is a hypothesis), not real GPUs.
 """
@@ -68,6 +76,12 @@ from healer.sim import scenarios, simulation, workloads
 F64 = npt.NDArray[np.float64]
 SETTLE_S = 120.0
 """Steady load is counted from this long after the ramp ends (the first cap's steps are done by then)."""
+SHIPPED: Final = config.ControllerSettings.model_fields
+RELOAD_CHECK_S: Final = float(SHIPPED["reload_check_s"].default)
+JOBS_REFRESH_S: Final = float(SHIPPED["jobs_refresh_s"].default)
+JOBS_UNLISTED_REFRESH_S: Final = float(SHIPPED["jobs_unlisted_refresh_s"].default)
+"""Housekeeping's round and the job listings' periods as shipped, in simulated seconds (divided by the
+speed in wall time, as ``tick_s``): a job's QOS is known to the controller as late as it would be."""
 
 RULES = """
 rules:
@@ -106,6 +120,12 @@ class Report:
     frames: int
     feed_events: int
     max_over_percent: float
+    capped_high_gpus: int = 0
+    """The most GPUs of the high-QOS jobs held under a cap at once at steady load (``priority``: the
+    low-QOS jobs shed first, so 0 unless theirs cannot shed enough)."""
+    capped_low_gpus: int = 0
+    job_listings: int = 0
+    """How often the controller listed the scheduler's jobs (``SimScheduler.jobs``)."""
 
     def ok(self) -> bool:
         return (
@@ -121,8 +141,39 @@ class Report:
         )
 
 
-PRIORITY_LABELS: Final = ("high", "low")
-"""The ``priority`` label of the rack's even and odd nodes (read only by the ``priority`` policy)."""
+QOS: Final = ("high", "low")
+"""The Slurm QOS of the jobs on the rack's even and odd nodes, which the ``priority`` policy ranks
+(``controller.power_priority``: ``{qos: {high: 1, low: 0}}``)."""
+
+
+class SimScheduler(testing.RecordingActuator):
+    """The simulator's scheduler, standing in for Slurm: it lists the simulated fleet's running jobs as
+    ``squeue --json`` does (``job_id``, ``job_state``, ``nodes``, ``qos``, ``partition``), under the ids
+    the frames carry (``<run id>-j<number>``), each with its node's QOS (``QOS``). The controller reads
+    it through the same code as the real ``SlurmActuator.jobs()``, every ``jobs_refresh_s``; and, like
+    the recording actuator, it records any drain or cordon asked for."""
+
+    def __init__(self, sim: simulation.Simulation) -> None:
+        super().__init__()
+        self.sim = sim
+        self.listings = 0
+
+    async def jobs(self) -> dict[str, dict[str, Any]]:
+        self.listings += 1
+        fl = self.sim.fleet
+        out: dict[str, dict[str, Any]] = {}
+        for n, name in enumerate(fl.node_names):
+            no = int(fl.work.job_no[n])
+            if no < 0:
+                continue
+            job_id = self.sim.encoder.job_id(no)
+            job = out.setdefault(job_id, {
+                "job_id": job_id, "job_state": ["RUNNING"], "nodes": name, "qos": QOS[n % 2],
+                "partition": "gpu",
+            })  # fmt: skip
+            if job["nodes"] != name:
+                job["nodes"] += f",{name}"
+        return out
 
 
 def optimal_loss(demand: F64, available: float) -> float:
@@ -172,6 +223,9 @@ class Second:
     loss: float
     optimal: float
     level: float
+    capped_high: int = 0
+    """GPUs of the high-QOS jobs (the even nodes) held under a cap."""
+    capped_low: int = 0
 
 
 class Watch:
@@ -200,7 +254,7 @@ def second_of(frames: Sequence[Any], ts: float, idle: F64, dyn_demand: F64, sm_m
     """The rack at ``ts``: ``idle``, ``dyn_demand`` and ``sm_max`` are (nodes, gpus) arrays by node
     index (frames' node order does not matter)."""
     draw = limits = loss = 0.0
-    capped = 0
+    capped = capped_high = 0
     used: list[float] = []
     demand: list[float] = []
     for f in frames:
@@ -209,7 +263,9 @@ def second_of(frames: Sequence[Any], ts: float, idle: F64, dyn_demand: F64, sm_m
             draw += float(g.power_w or 0.0)
             limits += float(g.power_limit_w or 0.0)
             if g.power_limit_w is not None and g.power_default_w is not None:
-                capped += g.power_limit_w < g.power_default_w - 0.5
+                held = g.power_limit_w < g.power_default_w - 0.5
+                capped += held
+                capped_high += held and n % 2 == 0
             d = float(dyn_demand[n, g.index])
             if d <= 1e-6:
                 continue
@@ -218,7 +274,10 @@ def second_of(frames: Sequence[Any], ts: float, idle: F64, dyn_demand: F64, sm_m
             demand.append(d)
     dem = np.array(demand)
     avail = float(np.minimum(np.array(used), dem).sum()) if used else 0.0
-    return Second(ts, draw, limits, capped, loss, optimal_loss(dem, avail), level_loss(dem, avail))
+    return Second(
+        ts, draw, limits, capped, loss, optimal_loss(dem, avail), level_loss(dem, avail), capped_high,
+        capped - capped_high,
+    )  # fmt: skip
 
 
 async def measure(
@@ -275,22 +334,18 @@ async def measure(
         rules.mkdir()
         (rules / "bench.yaml").write_text(RULES)
         inventory = pathlib.Path(tmp) / "nodes.yaml"
-        inventory.write_text(
-            "nodes:\n"
-            + "".join(
-                f"  {n}: {{rack: r1, priority: {PRIORITY_LABELS[i % 2]}}}\n"
-                for i, n in enumerate(fl.node_names)
-            )
-        )
+        inventory.write_text("nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in fl.node_names))
         settings = config.Settings(
             nats=config.NatsSettings(url=srv.url),
             controller=config.ControllerSettings.model_validate({
                 "rules_dir": str(rules), "mode": "enforce", "admission": "file",
                 "inventory_file": str(inventory), "tick_s": 1.0 / speed, "energy_accounting": True,
+                "reload_check_s": RELOAD_CHECK_S / speed, "jobs_refresh_s": JOBS_REFRESH_S / speed,
+                "jobs_unlisted_refresh_s": JOBS_UNLISTED_REFRESH_S / speed,
+                "power_priority": {"qos": {QOS[0]: 1, QOS[1]: 0}},
                 "power_budgets": [{
                     "key": "rack", "value": "r1", "contract_kw": budget_kw, "policy": policy,
                     "hold_s": hold_s, "restore_after_s": restore_after_s,
-                    "priority_label": "priority", "priorities": {"high": 1, "low": 0},
                 }],
             }),
             actuators=config.ActuatorSettings(power_confirm_poll_s=0.5 / speed),
@@ -303,7 +358,7 @@ async def measure(
         fleet_bus = await natsbus.NatsBus.connect(srv.url, name="bench-power-fleet")
         fleet = sim_fleet.LiveFleet(sim, fleet_bus, subj, clock=clock)
         await fleet.start()
-        scheduler = testing.RecordingActuator()
+        scheduler = SimScheduler(sim)
         ctl_bus = await natsbus.NatsBus.connect(srv.url, name="bench-power-controller")
         ctl = await service.build(
             settings, ctl_bus, scheduler=scheduler, clock=clock,
@@ -365,6 +420,7 @@ async def measure(
     return summarize(
         seconds, watch, budget_w, peak, hold_s, marks, resolved_at, nodes, gpus, speed,
         time.perf_counter() - wall0, time.process_time() - cpu0, len(scheduler.requests),
+        scheduler.listings,
     )  # fmt: skip
 
 
@@ -382,6 +438,7 @@ def summarize(
     wall_s: float,
     cpu_s: float,
     scheduler_requests: int,
+    job_listings: int = 0,
 ) -> Report:
     first_over = under_at = None
     run = longest = 0.0
@@ -429,6 +486,8 @@ def summarize(
         restored_after_s=None if resolved_at is None else round(resolved_at - marks["end"], 1),
         scheduler_requests=scheduler_requests, frames=watch.count, feed_events=len(watch.events),
         max_over_percent=round(max_over, 2),
+        capped_high_gpus=max((s.capped_high for s in steady), default=0),
+        capped_low_gpus=max((s.capped_low for s in steady), default=0), job_listings=job_listings,
     )  # fmt: skip
 
 
@@ -465,6 +524,12 @@ def main(
         f"  restored {r.restored_after_s} s after the last job ended; drains or cordons asked:"
         f" {r.scheduler_requests}"
     )
+    if policy == "priority":
+        half = r.gpus // 2
+        print(
+            f"  GPUs held under a cap at steady load, at most: {r.capped_low_gpus} of the {half} of low-QOS"
+            f" jobs, {r.capped_high_gpus} of the {half} of high-QOS jobs ({r.job_listings} job listings)"
+        )
     met = "all targets met" if r.ok() else "NOT all targets met"
     print(f"  {met} ({r.frames} frames, {r.feed_events} feed events)")
     return 0 if r.ok() else 1

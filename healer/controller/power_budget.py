@@ -15,7 +15,10 @@ carries on).
   measured; at most half the hold): decided as the hold ends, they would hold only a frame after it.
   ``proportional``: every GPU sheds the same share of what it draws above its minimum; ``priority``:
   the lowest rank is taken to its minimum first, then the next. A GPU drawing no more than its
-  minimum (idle) is left alone: it would shed nothing.
+  minimum (idle) is left alone: it would shed nothing. A GPU's rank (``rank_of``) is its job's
+  (``controller.power_priority``: the job's Slurm QOS, else partition, else Kubernetes priority
+  class), else its node's label (the budget's ``priority_label`` / ``priorities``), else the
+  declared default.
 - **Headroom.** Under the budget by the hysteresis, with the next step of every GPU its cap holds
   now assumed fully drawn, for ``restore_after_s`` → each capped GPU rises by
   ``restore_step_percent`` of its default limit; a GPU back at the limit it had before healer
@@ -33,6 +36,7 @@ import enum
 from collections.abc import Mapping, Sequence
 
 from healer import config
+from healer.controller import jobs
 
 RULE_ID = "power-budget"
 """The rule id of a domain's power-budget incident (one per cap episode; ``power_shell`` opens it)."""
@@ -60,7 +64,9 @@ class Reading:
     min_w: float
     default_w: float
     rank: int = 0
-    """Priority (higher is capped later), from the node's ``priority_label``."""
+    """Priority (higher is capped later): ``rank_of`` its job or its node."""
+    ranked_by: str = ""
+    """What gave the rank (``job 41: partition train``, ``node label priority=high``, ``default``)."""
 
 
 class Phase(enum.IntEnum):
@@ -318,22 +324,57 @@ def _applied(
     return Decision(state, tuple(changes), Phase.CAPPED if capped else Phase.UNDER, total, limit_w)
 
 
+JobAt = Mapping[Gpu, tuple[str, jobs.JobInfo]]
+"""(node, GPU) → the job running there and what its scheduler says it is (``JobIndex.info_at``)."""
+
+
+def rank_of(
+    job: tuple[str, jobs.JobInfo] | None,
+    node_labels: Mapping[str, str],
+    budget: config.PowerBudget,
+    table: config.PowerPriority,
+) -> tuple[int, str]:
+    """A GPU's rank under ``policy: priority`` (higher: capped later), and what gave it: the job on it,
+    by its QOS, else its partition, else its priority class, as ``table`` lists them; else its node's
+    ``priority_label`` as the budget's ``priorities`` list it; else ``table.default``. The job wins
+    over the node: a node's label says what usually runs there, the scheduler what runs now."""
+    if job is not None:
+        name, info = job
+        for what, value, ranks in (
+            ("qos", info.qos, table.qos),
+            ("partition", info.partition, table.partition),
+            ("priority class", info.priority_class, table.priority_class),
+        ):
+            if value is not None and value in ranks:
+                return ranks[value], f"job {name}: {what} {value}"
+    label = node_labels.get(budget.priority_label)
+    if label is not None and label in budget.priorities:
+        return budget.priorities[label], f"node label {budget.priority_label}={label}"
+    return table.default, "default"
+
+
 def readings_of(
     frames: Mapping[str, Sequence[Mapping[str, object]]],
     members: Sequence[str],
     labels: Mapping[str, Mapping[str, str]],
     budget: config.PowerBudget,
+    table: config.PowerPriority | None = None,
+    job_at: JobAt | None = None,
 ) -> list[Reading]:
     """The domain's GPUs from each member node's newest GpuSample dicts (a GPU without a power reading,
-    limit or minimum is left out: it can be neither counted nor capped)."""
+    limit or minimum is left out: it can be neither counted nor capped), each ranked by ``rank_of`` its
+    job (``job_at``) or its node's labels."""
+    table = table if table is not None else config.PowerPriority()
+    job_at = job_at if job_at is not None else {}
     out = []
     for node in members:
-        rank = budget.priorities.get(labels.get(node, {}).get(budget.priority_label, ""), 0)
+        node_labels = labels.get(node, {})
         for g in frames.get(node, ()):
             vals = [g.get(n) for n in ("power_w", "power_limit_w", "power_min_w", "power_default_w")]
             idx = g.get("index")
             if not isinstance(idx, int) or not all(isinstance(v, (int, float)) for v in vals):
                 continue
             p, lim, lo, dflt = (float(v) for v in vals)  # type: ignore[arg-type]
-            out.append(Reading(node, idx, p, lim, lo, dflt, rank))
+            rank, by = rank_of(job_at.get((node, idx)), node_labels, budget, table)
+            out.append(Reading(node, idx, p, lim, lo, dflt, rank, by))
     return out

@@ -19,6 +19,9 @@ member's newest frame (``ingest.newest``). ``power_budget.step`` decides; this r
   telemetry. A power limit takes no node out of service, so the circuit breaker does not count it.
   While a step's actions are still pending no new step is taken (no pile of stale limits), but the
   readings still tell when its limits show (``power_budget.measured``: the lag the next hold allows for).
+- **Ranks.** Under ``policy: priority`` each GPU is ranked by the job on it, as the job index knows it
+  (the frames' job ids, the scheduler's placements and what its listing says each job is: QOS,
+  partition, priority class; ``controller.power_priority``), else by its node's label.
 - **Dry-run and observe.** Nothing changes on the GPUs, so the decision would ask again every hold time:
   the readings are overlaid with the limits healer last asked for (a GPU reads at most its planned
   limit), and the episode plays out as it would have.
@@ -43,6 +46,7 @@ from healer.controller import (
     book,
     incident_shell,
     ingest,
+    jobs,
     kv,
     power_budget,
     role,
@@ -316,7 +320,9 @@ class PowerShell:
         reporting = sorted(n for n in members if n in self.ingest.newest)
         frames = {n: gpu_dicts(self.ingest.newest[n]) for n in reporting}
         labels = {n: believed.of(n) for n in reporting}
-        readings = power_budget.readings_of(frames, reporting, labels, budget)
+        readings = power_budget.readings_of(
+            frames, reporting, labels, budget, self.cs.power_priority, self.jobs_at(budget, frames)
+        )
         if self.cs.mode != "enforce":
             readings = planned(readings, state)
         inc = self.incident(budget)
@@ -337,12 +343,28 @@ class PowerShell:
         decision = power_budget.step(readings, budget, state, now, since)
         await self.save(budget, decision.state)
         if decision.changes:
-            inc = await self._record(budget, reporting, decision, inc, now, clock)
+            inc = await self._record(budget, reporting, decision, inc, now, clock, readings)
         elif inc is not None and not decision.state.capped_w:
             await self._resolve(inc, decision, now)
             inc = None
         self._show(budget, reporting, readings, decision.state, inc, now, decision)
         await self.save_live(budget, now)
+
+    def jobs_at(
+        self, budget: config.PowerBudget, frames: Mapping[str, Sequence[Mapping[str, object]]]
+    ) -> power_budget.JobAt:
+        """For a ``priority`` budget ranking by job (``controller.power_priority``): the job on each GPU of
+        the domain that the scheduler's listing describes (``JobIndex.info_at``)."""
+        fs = self.ingest.learning.failslow
+        if budget.policy != "priority" or not self.cs.power_priority.by_job or fs is None:
+            return {}
+        out: dict[power_budget.Gpu, tuple[str, jobs.JobInfo]] = {}
+        for node, gpus in frames.items():
+            for g in gpus:
+                idx = g.get("index")
+                if isinstance(idx, int) and (found := fs.jobs.info_at(node, idx)) is not None:
+                    out[(node, idx)] = found
+        return out
 
     def _show(
         self,
@@ -390,8 +412,11 @@ class PowerShell:
         inc: book.Incident | None,
         now: float,
         clock: float | None = None,
+        readings: Sequence[power_budget.Reading] = (),
     ) -> book.Incident:
-        """The step's changes as the domain incident's actions: opened with the first, updated after."""
+        """The step's changes as the domain incident's actions: opened with the first, updated after.
+        Under ``policy: priority`` each changed GPU's rank and what gave it are evidence too
+        (``rank.<node>.<index>``: ``0 (job 41: partition batch)``)."""
         caps = [c for c in decision.changes if not c.release and c.to_w < c.from_w]
         what = (
             f"{len(caps)} GPU limits lowered"
@@ -423,13 +448,16 @@ class PowerShell:
             if self.meter is not None:
                 inc.evidence["energy_start_j"] = round(self.meter.joules(budget.domain), 1)
         inc.summary = summary
-        gpus = {k: v for k, v in inc.evidence.items() if k.startswith("gpu.")}
+        gpus = {k: v for k, v in inc.evidence.items() if k.startswith(("gpu.", "rank."))}
+        ranks = {(r.node, r.gpu): f"{r.rank} ({r.ranked_by})" for r in readings}
         # the action runner applies an incident's actions one after another, each confirmed from the next
         # frame: the GPUs that shed most go first, so the domain is under its budget soonest
         for c in sorted(decision.changes, key=lambda c: c.to_w - c.from_w):
             gpus[f"gpu.{c.node}.{c.gpu}"] = (
                 f"restored {c.to_w:g} W" if c.release else f"{c.from_w:g} -> {c.to_w:g} W"
             )
+            if budget.policy == "priority" and (c.node, c.gpu) in ranks:
+                gpus[f"rank.{c.node}.{c.gpu}"] = ranks[(c.node, c.gpu)]
             params: dict[str, object] = {} if c.release else {"watts": c.to_w}
             inc.actions.append(book.PlannedAction(kind=c.kind, params=params, node=c.node, gpu_index=c.gpu))
         kept = {k: v for k, v in inc.evidence.items() if k in KEPT or k.startswith(KEPT_PREFIXES)}

@@ -132,12 +132,16 @@ class Encoder:
             out.append((n, orjson.dumps(doc)))
         return out
 
+    def job_id(self, no: int) -> str:
+        """The id frames carry for job number ``no`` (``<run id>-j<number>``)."""
+        return f"{self.job_prefix}-j{no}"
+
     def _job(self, no: int) -> list[str]:
         ids = self._job_ids.get(no)
         if ids is None:
             if len(self._job_ids) > 100_000:
                 self._job_ids = {-1: []}
-            ids = self._job_ids[no] = [f"{self.job_prefix}-j{no}"]
+            ids = self._job_ids[no] = [self.job_id(no)]
         return list(ids)
 
 

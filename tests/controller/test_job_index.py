@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from collections.abc import Iterator
 
 import pytest
 
-from healer import config
+from healer import config, testing
 from healer.actuators import kubernetes as kube
-from healer.controller import jobs
+from healer.controller import housekeeping, jobs
 from healer.schemas import codec, telemetry
+from tests.controller.conftest import Fleet, Harness, run_until
 from tests.fakes import fake_kube_api
 
 RBAC = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "rbac.yaml"
@@ -69,6 +71,92 @@ def test_a_frames_job_wins_over_the_schedulers_node_level_placement() -> None:
     index.observe_frame(frame("a", [["42"], None]))
     assert index.job_of("a", 0) == "42"
     assert index.job_of("a", 1) is None  # two jobs share the node: which GPU runs which is unknown
+
+
+def test_what_a_job_is_comes_from_the_listing_and_a_frames_unlisted_job_id_does_not_hide_it() -> None:
+    """squeue's ``qos`` is ``""`` without accounting (Slurm 22.05): not said, not a QOS named ``""``."""
+    listed: dict[str, dict[str, object]] = {
+        "41": {"job_state": ["RUNNING"], "nodes": "a", "qos": "", "partition": "train"},
+        "42": {"job_state": ["RUNNING"], "nodes": "b", "qos": "high", "partition": "gpu"},
+        "43": {"job_state": ["PENDING"], "nodes": "", "qos": "low", "partition": "gpu"},
+    }
+    infos = jobs.infos_from_squeue(listed)
+    assert infos == {"41": jobs.JobInfo(partition="train"), "42": jobs.JobInfo(qos="high", partition="gpu")}
+    index = jobs.JobIndex()
+    index.set_scheduled("slurm", jobs.placements_from_squeue(listed), infos)
+    index.observe_frame(frame("a", [["run7-j3"], ["41"], []]))
+    index.observe_frame(frame("b", [["42"]]))
+    assert index.info_at("a", 0) == ("41", jobs.JobInfo(partition="train")), "the id the scheduler knows"
+    assert index.info_at("a", 1) == ("41", jobs.JobInfo(partition="train"))
+    assert index.info_at("b", 0) == ("42", jobs.JobInfo(qos="high", partition="gpu"))
+    index.set_scheduled("slurm", [], {})
+    assert index.info_at("a", 1) is None, "a job the next listing lacks is not described any more"
+
+
+def test_a_job_the_frames_name_and_no_listing_describes_is_unlisted_until_the_next_listing() -> None:
+    index = jobs.JobIndex()
+    index.set_scheduled("slurm", [], {"41": jobs.JobInfo(partition="gpu")})
+    index.observe_frame(frame("a", [["41"], []]))
+    assert not index.unlisted(), "a listed job"
+    index.observe_frame(frame("a", [["41"], ["42"]]))
+    assert index.unlisted(), "42 started since the listing"
+    index.set_scheduled("slurm", [], {"41": jobs.JobInfo(partition="gpu")})
+    assert not index.unlisted()
+    index.observe_frame(frame("a", [["41"], ["42"]]))
+    assert not index.unlisted(), "a listing after it did not describe 42: it is not asked about again"
+    index.observe_frame(frame("a", [["43"], ["42"]]))
+    assert index.unlisted()
+
+
+def test_jobs_are_listed_every_refresh_and_sooner_only_for_an_unlisted_job_when_jobs_rank_power() -> None:
+    ranked = config.ControllerSettings(power_priority=config.PowerPriority(partition={"gpu": 1}))
+    assert housekeeping.listing_due(ranked, 60.0, unlisted=False), "jobs_refresh_s (60) has passed"
+    assert not housekeeping.listing_due(ranked, 30.0, unlisted=False)
+    assert housekeeping.listing_due(ranked, 10.0, unlisted=True), "a new job: after 10 s, not 60"
+    assert not housekeeping.listing_due(ranked, 9.0, unlisted=True), "at most every jobs_unlisted_refresh_s"
+    assert not housekeeping.listing_due(config.ControllerSettings(), 30.0, unlisted=True), "no job ranks"
+    never = ranked.model_copy(update={"jobs_unlisted_refresh_s": 0.0})
+    assert not housekeeping.listing_due(never, 30.0, unlisted=True)
+    assert not housekeeping.listing_due(ranked.model_copy(update={"jobs_refresh_s": 0.0}), 1e9, True)
+
+
+class Squeue(testing.RecordingActuator):
+    """Lists ``running`` as ``squeue --json`` does, counting its listings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: dict[str, dict[str, object]] = {}
+        self.listings = 0
+
+    async def jobs(self) -> dict[str, dict[str, object]]:
+        self.listings += 1
+        return dict(self.running)
+
+
+async def test_a_job_started_since_the_last_listing_is_listed_within_seconds_not_jobs_refresh_s(
+    harness: Harness,
+) -> None:
+    """A budget ranking GPUs by their jobs must know a new job's QOS when it ramps, which is when a rack
+    goes over: the frames naming a job no listing describes bring the next listing forward."""
+    squeue = Squeue()
+    ctl = await harness.controller(
+        squeue, jobs_refresh_s=3600, jobs_unlisted_refresh_s=0.1,
+        power_priority={"partition": {"train": 1}},
+    )  # fmt: skip
+    fleet = Fleet(harness.bus, ["gpu-01"])
+    await run_until(fleet, lambda: squeue.listings >= 1)
+    assert ctl.learning.failslow is not None
+    index = ctl.learning.failslow.jobs
+    assert index.info_of("77") is None
+    squeue.running["77"] = {"job_state": ["RUNNING"], "nodes": "gpu-01", "qos": "", "partition": "train"}
+    fleet.overrides[("gpu-01", 0)] = {"jobs": ["77"]}  # the agent's job map: job 77 on GPU 0
+    await run_until(fleet, lambda: index.info_of("77") is not None)
+    assert index.info_at("gpu-01", 0) == ("77", jobs.JobInfo(partition="train"))
+    listings = squeue.listings
+    for _ in range(5):  # the job listed, nothing new: no more early listings
+        await fleet.publish()
+        await asyncio.sleep(0.2)
+    assert squeue.listings == listings
 
 
 @pytest.fixture

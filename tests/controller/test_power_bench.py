@@ -69,3 +69,25 @@ def test_a_short_run_through_the_wired_controller_measures_every_target(policy: 
     assert r.restored_after_s is not None, "restored when the load fell"
     assert r.scheduler_requests == 0, "no drain, no cordon: no job stopped"
     assert r.cycles_per_10min == 0
+    if policy == "priority":  # ranked by the jobs' QOS, listed by the simulator's scheduler (below)
+        assert r.job_listings > 0
+        assert r.capped_low_gpus == 4, "the low-QOS job sheds"
+
+
+def test_a_high_qos_job_that_starts_last_is_ranked_by_its_qos_before_its_rack_is_capped() -> None:
+    """Three nodes whose jobs start 32.5 s apart (high, low, high QOS): the third takes the rack over its
+    budget, and it starts just after a regular listing (the first came as the controller started, the
+    next 60 s on). Its job id in the frames brings the next listing forward (``jobs_unlisted_refresh_s``,
+    10 s), so it is ranked high long before the hold time (30 s here) ends and only the low-QOS job's
+    GPUs are capped; listed only every ``jobs_refresh_s`` (60 s), it would be ranked the default (0,
+    with the low job) when capped."""
+    r = asyncio.run(
+        power_bench.measure(
+            policy="priority", nodes=3, gpus=4, budget_fraction=0.85, ramp_s=97.5, steady_s=90.0,
+            settle_s=30.0, fall_s=3.0, restore_s=200.0, speed=20.0, hold_s=30.0, restore_after_s=5.0,
+        )
+    )  # fmt: skip
+    assert r.max_over_percent > 0, "the jobs took the rack over its budget"
+    assert r.capped_low_gpus == 4, "the low-QOS job sheds"
+    assert r.capped_high_gpus == 0, "the high-QOS jobs keep their limits"
+    assert r.over_2pct_beyond_hold_s == 0

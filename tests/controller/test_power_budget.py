@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from healer import config, errors
-from healer.controller import power_budget, power_eval
+from healer.controller import jobs, power_budget, power_eval
 
 R = power_budget.Reading
 
@@ -167,7 +167,83 @@ def test_readings_rank_nodes_by_their_priority_label() -> None:
     frames: Gpus = {"n1": [{"index": 0, "power_w": 500.0, "power_limit_w": 700.0, "power_min_w": 200.0,
                             "power_default_w": 700.0}, {"index": 1, "power_w": None}]}  # fmt: skip
     got = power_budget.readings_of(frames, ["n1", "n2"], {"n1": {"slurm.qos": "high"}}, b)
-    assert got == [R("n1", 0, 500.0, 700.0, 200.0, 700.0, 10)], "a GPU without a power reading is left out"
+    assert got == [R("n1", 0, 500.0, 700.0, 200.0, 700.0, 10, "node label slurm.qos=high")], (
+        "a GPU without a power reading is left out"
+    )
+
+
+def _gpus(n: int, power_w: float) -> list[dict[str, object]]:
+    keys = ("index", "power_w", "power_limit_w", "power_min_w", "power_default_w")
+    return [dict(zip(keys, (i, power_w, 700.0, 200.0, 700.0), strict=True)) for i in range(n)]
+
+
+def _two_jobs_on_one_rack(contract_kw: float) -> tuple[list[R], power_budget.Decision]:
+    """Job 41 (QOS low) on n1, job 42 (QOS high) on n2, both in partition batch, each on 4 GPUs drawing
+    650 W; n1 carries the node label ``priority: high``, which the job's QOS overrides. The ranks come
+    the way the controller gets them: squeue's JSON into the job index, the index asked per GPU."""
+    listed: dict[str, dict[str, object]] = {
+        "41": {"job_state": ["RUNNING"], "nodes": "n1", "qos": "low", "partition": "batch"},
+        "42": {"job_state": ["RUNNING"], "nodes": "n2", "qos": "high", "partition": "batch"},
+    }
+    index = jobs.JobIndex()
+    index.set_scheduled("slurm", jobs.placements_from_squeue(listed), jobs.infos_from_squeue(listed))
+    frames = {"n1": _gpus(4, 650.0), "n2": _gpus(4, 650.0)}
+    job_at = {(n, i): found for n in frames for i in range(4) if (found := index.info_at(n, i)) is not None}
+    b = _budget(contract_kw=contract_kw, policy="priority", priorities={"high": 9})
+    table = config.PowerPriority(qos={"high": 2, "low": 1}, partition={"batch": 5})
+    readings = power_budget.readings_of(
+        frames, ["n1", "n2"], {"n1": {"priority": "high"}}, b, table, job_at
+    )  # fmt: skip
+    return readings, power_budget.step(readings, b, power_budget.DomainState(over_since=0.0), 20.0)
+
+
+def test_priority_ranks_each_gpu_by_its_jobs_qos_and_caps_the_low_job_first() -> None:
+    readings, d = _two_jobs_on_one_rack(contract_kw=4.5)  # 5200 W drawn; 4275 W wanted: 925 W to shed
+    assert {(r.node, r.rank, r.ranked_by) for r in readings} == {
+        ("n1", 1, "job 41: qos low"), ("n2", 2, "job 42: qos high"),
+    }, "the QOS ranks before the partition, and the job before the node's label"  # fmt: skip
+    assert {c.node for c in d.changes} == {"n1"}, "the high-QOS job keeps its limits"
+    assert sum(c.to_w for c in d.changes) + 4 * 650.0 == pytest.approx(4500 * 0.95, abs=1.0)
+    assert all(c.to_w >= 200.0 for c in d.changes)
+
+
+def test_priority_takes_the_low_job_to_its_minimum_and_no_lower_before_the_high_one_sheds() -> None:
+    _, d = _two_jobs_on_one_rack(contract_kw=2.8)  # 2660 W wanted: more than the low job can give
+    low = [c.to_w for c in d.changes if c.node == "n1"]
+    high = [c.to_w for c in d.changes if c.node == "n2"]
+    assert low == [200.0] * 4, "the low job at its GPUs' minimum limit, never below"
+    assert len(high) == 4
+    assert all(200.0 < w < 650.0 for w in high), "the high job sheds the rest"
+    assert sum(low) + sum(high) == pytest.approx(2800 * 0.95, abs=1.0)
+
+
+def test_a_gpu_without_a_ranked_job_keeps_todays_rank_its_nodes_label_else_the_default() -> None:
+    b = _budget(policy="priority", priorities={"high": 9})
+    table = config.PowerPriority(partition={"batch": 5}, priority_class={"train-high": 7}, default=3)
+    at = power_budget.rank_of
+    assert at(("ml/llm", jobs.JobInfo(priority_class="train-high")), {}, b, table) == (
+        7, "job ml/llm: priority class train-high",
+    )  # fmt: skip
+    assert at(("41", jobs.JobInfo(qos="normal", partition="batch")), {}, b, table) == (
+        5, "job 41: partition batch",
+    ), "a QOS not listed: the partition ranks"  # fmt: skip
+    unlisted = ("43", jobs.JobInfo(partition="debug"))
+    assert at(unlisted, {"priority": "high"}, b, table) == (9, "node label priority=high")
+    assert at(None, {"priority": "high"}, b, table) == (9, "node label priority=high"), "no job: the label"
+    assert at(None, {"priority": "other"}, b, table) == (3, "default")
+    assert at(None, {}, b, config.PowerPriority()) == (0, "default"), "nothing declared: rank 0, as before"
+
+
+def test_job_priorities_need_the_job_index_and_are_refused_at_load_without_it() -> None:
+    ranks = {"power_priority": {"partition": {"batch": 1}}}
+    for off in ({"stragglers": False}, {"jobs_refresh_s": 0}):
+        with pytest.raises(errors.PermanentError) as e:
+            config.load(env={}, flags={"controller": {**ranks, **off}})
+        assert "power_priority ranks GPUs by their jobs" in str(e.value)
+    assert config.load(env={}, flags={"controller": ranks}).controller.power_priority.partition == {
+        "batch": 1
+    }
+    assert config.load(env={}, flags={"controller": {"stragglers": False}}), "no job ranks: fine"
 
 
 def test_restore_is_stepwise_waits_for_headroom_and_never_takes_the_domain_back_over() -> None:

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from healer import testing
+from healer import config, testing
 from healer.actuators import base as actuators
+from healer.actuators import kubernetes as kubernetes_actuator
 from healer.actuators import power
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
@@ -30,7 +31,9 @@ from healer.schemas import budgets, codec, incidents
 from healer.sim import scenarios, simulation, workloads
 from tests import conftest
 from tests.controller.conftest import Harness, metric
+from tests.fakes import fake_kube_api
 
+RBAC = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "rbac.yaml"
 STEP_S = 1.0
 """Simulated seconds per fleet tick (one every 0.2 s of the controller's clock)."""
 GPUS = 8
@@ -56,6 +59,7 @@ class Rig:
         self.sim = sim
         self.fleet = fleet
         self.full_w = full_w
+        self.names = list(sim.fleet.node_names)
         self.ctl: service.Controller
 
     async def start(
@@ -63,11 +67,15 @@ class Rig:
         tmp_path: pathlib.Path,
         controller: dict[str, Any] | None = None,
         wrap: Callable[[actuators.Actuator], actuators.Actuator] = lambda a: a,
+        scheduler: actuators.Actuator | None = None,
+        labels: dict[str, dict[str, str]] | None = None,
         **budget: Any,
     ) -> service.Controller:
+        """A controller with a budget for ``rack=r1`` (every node of the fleet, plus ``labels`` in the
+        inventory file) and ``scheduler`` as its scheduler actuator (a recording one by default)."""
         inventory = tmp_path / "nodes.yaml"
         inventory.write_text(
-            "nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in self.sim.fleet.node_names)
+            json.dumps({"nodes": {n: {"rack": "r1", **(labels or {}).get(n, {})} for n in self.names}})
         )
         s = self.harness.settings(
             admission="file", inventory_file=str(inventory),
@@ -79,7 +87,7 @@ class Rig:
         name = f"controller-power-{len(self.harness.controllers)}"
         bus = await natsbus.NatsBus.connect(self.harness.srv.url, name=name)
         self.ctl = await service.build(
-            s, bus, scheduler=testing.RecordingActuator(),
+            s, bus, scheduler=scheduler or testing.RecordingActuator(),
             power=lambda c: wrap(power.PowerActuator(bus, c, c.subjects, s.actuators)),
         )  # fmt: skip
         await self.ctl.start()
@@ -109,10 +117,13 @@ class Rig:
         )
 
 
-@pytest.fixture
-async def rig(harness: Harness) -> AsyncIterator[Rig]:
+@contextlib.asynccontextmanager
+async def fleet_rig(harness: Harness, names: list[str] | None = None) -> AsyncIterator[Rig]:
+    """Two simulated nodes of four GPUs (``names``, else the simulator's), training at full load."""
     sc = scenarios.Scenario.model_validate({"name": "power", "workload": {"training": 1.0}})
-    sim = scenarios.build(sc, nodes=2, gpus=4, seed=5, start_ts=time.time(), run_id=scenarios.fresh_run_id())
+    sim = scenarios.build(
+        sc, nodes=2, gpus=4, seed=5, start_ts=time.time(), run_id=scenarios.fresh_run_id(), names=names
+    )  # fmt: skip
     steady(sim, workloads.TRAINING)
     for _ in range(20):  # utilisation settles at full load
         sim.step(STEP_S)
@@ -124,6 +135,12 @@ async def rig(harness: Harness) -> AsyncIterator[Rig]:
     finally:
         await fleet.close()
         await fleet_bus.close()
+
+
+@pytest.fixture
+async def rig(harness: Harness) -> AsyncIterator[Rig]:
+    async with fleet_rig(harness) as r:
+        yield r
 
 
 class InFlight:
@@ -373,3 +390,99 @@ async def test_a_demand_response_shed_caps_the_rack_then_restores_it_when_it_end
     result = codec.decode_shed_result(bad.data)
     assert not result.ok, "a request that does not decode is answered, not dropped"
     assert isinstance(result, budgets.ShedResult)
+
+
+PRIORITY_SETTLE_S = 20.0
+"""Simulated seconds of training after which every GPU draws what it would at full load (the rig's
+training ramp takes about 12)."""
+
+
+async def a_priority_episode(
+    rig: Rig,
+    tmp_path: pathlib.Path,
+    scheduler: actuators.Actuator,
+    ranks: dict[str, Any],
+    low: str,
+) -> tuple[service.Controller, incidents.IncidentData]:
+    """``policy: priority`` with ranks from the jobs (``controller.power_priority``): the rack idles
+    while the controller lists ``scheduler``'s jobs, then both nodes train and take it over a budget
+    (85 % of full load) that capping one node alone can meet. Node ``low`` carries the node label
+    ``priority: high`` (ranked 5 by the budget), which its job's rank must override. Returns the
+    controller and the domain incident once the rack has trained at full load for
+    ``PRIORITY_SETTLE_S`` and its caps are done and hold it under its budget. The simulator's frames
+    carry job ids of their own, which the scheduler does not list: the scheduler's placement ranks."""
+    steady(rig.sim, workloads.IDLE)
+    ctl = await rig.start(
+        tmp_path, {"power_priority": ranks, "jobs_refresh_s": 0.2}, scheduler=scheduler,
+        labels={low: {"priority": "high"}}, contract_kw=round(0.85 * rig.full_w / 1000.0, 3),
+        policy="priority", priorities={"high": 5},
+    )  # fmt: skip
+    assert ctl.learning.failslow is not None
+    index = ctl.learning.failslow.jobs
+    await rig.until(lambda: all(index.info_at(n, g) is not None for n in rig.names for g in range(4)))
+    steady(rig.sim, workloads.TRAINING)
+    trained_from = rig.sim.fleet.t
+
+    def settled() -> bool:
+        events = domain_events(rig.harness)
+        view = ctl.power_budgets.views.get("rack=r1")
+        return (
+            rig.sim.fleet.t - trained_from >= PRIORITY_SETTLE_S
+            and bool(events)
+            and all(a.status is not None for a in events[-1].data.actions)
+            and not ctl.power_budgets.pending(ctl.power_budgets.incident(ctl.cs.power_budgets[0]))
+            and view is not None
+            and view.draw_w <= view.budget_w
+        )
+
+    await rig.until(settled, timeout=90)
+    return ctl, domain_events(rig.harness)[-1].data
+
+
+def assert_only_the_low_job_capped(rig: Rig, data: incidents.IncidentData, low: str, rank: str) -> None:
+    high = next(n for n in rig.names if n != low)
+    caps = [a for a in data.actions if a.kind == "power_limit"]
+    assert caps, "the rack was capped"
+    assert all(a.detail.startswith(f"{low} gpu ") for a in caps), "only the low-priority job's GPUs capped"
+    assert all(a.status == "done" for a in caps)
+    assert {k for k in data.evidence if k.startswith("gpu.")} == {f"gpu.{low}.{g}" for g in range(4)}
+    assert {data.evidence.get(f"rank.{low}.{g}") for g in range(4)} == {rank}, "each cap says why"
+    assert not [k for k in data.evidence if k.startswith(f"rank.{high}.")]
+    n_low, n_high = rig.names.index(low), rig.names.index(high)
+    for g in range(4):
+        held = rig.sim.fleet.power_limits(n_low, g)
+        assert held.min_w <= held.current_w < held.default_w, "capped, never below the minimum limit"
+        kept = rig.sim.fleet.power_limits(n_high, g)
+        assert kept.current_w == kept.default_w, "the high-priority job keeps its limits"
+
+
+async def test_priority_ranks_gpus_by_their_pods_priority_class_on_kubernetes(
+    harness: Harness, tmp_path: pathlib.Path
+) -> None:
+    """#30's "Kubernetes priority class": the pods holding each node's GPUs, listed through the real
+    ``kubernetes`` client from the fake API server; the node whose pod runs in class ``batch-low`` is
+    capped, the one in ``training-high`` is not, whatever the nodes' own labels say."""
+    api = fake_kube_api.FakeKubeAPI(rbac_rules=fake_kube_api.cluster_role_rules(RBAC.read_text()))
+    api.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    api.write_kubeconfig(str(kubeconfig))
+    names = ["node-a", "node-b"]
+    for n in names:
+        api.add_node(n)
+    api.add_pod(
+        "ml", "llm-0", "node-a", gpus=4, labels={"job-name": "llm"}, priority_class=("training-high", 1000)
+    )
+    api.add_pod(
+        "ml", "sweep-0", "node-b", gpus=4, labels={"job-name": "sweep"}, priority_class=("batch-low", 10)
+    )
+    api.add_pod("web", "nginx", "node-a", priority_class=("batch-low", 10))  # no GPUs: no job of a GPU
+    kube = kubernetes_actuator.KubernetesActuator(config.ActuatorSettings(kube_config=str(kubeconfig)))
+    try:
+        async with fleet_rig(harness, names) as rig:
+            ranks = {"priority_class": {"training-high": 2, "batch-low": 1}}
+            _, data = await a_priority_episode(rig, tmp_path, kube, ranks, low="node-b")
+            assert_only_the_low_job_capped(rig, data, "node-b", "1 (job ml/sweep: priority class batch-low)")
+    finally:
+        kube.close()
+        api.stop()
+    assert ("list", "pods") in api.calls(), "the pods came from the API server"

@@ -217,7 +217,10 @@ class FakeKubeAPI:
         gpus: int = 0,
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
+        priority_class: tuple[str, int] | None = None,
     ) -> None:
+        """A pod; ``priority_class``: (name, value) of its PriorityClass, which the real API server's
+        Priority admission plugin writes into ``spec.priorityClassName`` and ``spec.priority``."""
         metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}"}
         if owner_kind:
             metadata["ownerReferences"] = [
@@ -238,11 +241,14 @@ class FakeKubeAPI:
         container: dict[str, Any] = {"name": "main", "image": "busybox"}
         if gpus:
             container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+        spec: dict[str, Any] = {"nodeName": node, "containers": [container]}
+        if priority_class is not None:
+            spec["priorityClassName"], spec["priority"] = priority_class
         self.pods[(namespace, name)] = {
             "kind": "Pod",
             "apiVersion": "v1",
             "metadata": metadata,
-            "spec": {"nodeName": node, "containers": [container]},
+            "spec": spec,
             "status": {"phase": phase},
         }
         if pdb_refusals:
