@@ -606,7 +606,9 @@ class NatsBus:
                     nc = await attempt_once()
 
         except (TimeoutError, OSError, nats.errors.Error) as e:
-            why = first_contact[-1] if first_contact else e
+            # The server's refusal says most, even when a later attempt only timed out (a loaded machine)
+            told = [f for f in first_contact if "authorization" in str(f).lower()] or first_contact
+            why = told[-1] if told else e
             raise errors.TemporaryError(f"cannot connect to NATS at {url}: {why!r}") from e
         nc.options["max_reconnect_attempts"] = -1
         bus = cls(nc)
