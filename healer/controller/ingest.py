@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import operator
 import time
 import zlib
 from collections.abc import Callable
@@ -44,10 +43,6 @@ NODE_CACHE_MAX = 1 << 17
 """Most telemetry subjects whose node ``Ingest.node_of`` remembers (the cache is emptied past it)."""
 ENERGY_TOPOLOGY_S = 30.0
 """How often the energy meter re-reads which domains each node counts into."""
-
-
-_INDEX = operator.attrgetter("index")
-_LIMIT = operator.attrgetter("power_limit_w")
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -84,8 +79,6 @@ class Ingest:
         self.stop = stop
         self.log = log
         self.nodes: set[str] = set()
-        self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
-        """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
         self._node_of: dict[str, str] = {}
         """Subject → node, for the subjects seen (unescaping a subject costs more than the lookup)."""
         self.newest: dict[str, telemetry.FrameView] = {}
@@ -182,7 +175,7 @@ class Ingest:
         """A frame from the fair backlog, which ``screen_frame`` let in."""
         node = self.node_of(msg.subject)
         try:
-            frame = codec.decode_frame_view(msg.data)
+            frame = self.engine.decode(msg.data)
         except errors.DecodeError as e:
             self.count_bad(e)
             self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
@@ -197,14 +190,12 @@ class Ingest:
         if self.learning.failslow is not None:
             self.learning.failslow.observe(frame)
         self.nodes.add(node)
-        gpus = frame.gpus
-        self.power_limits[node] = (frame.ts, dict(zip(map(_INDEX, gpus), map(_LIMIT, gpus), strict=True)))
         if self.cs.power_budgets:
             self.newest[node] = frame
         if self.energy is not None:
             fs = self.learning.failslow
             self.energy.observe(frame, fs.jobs.job_of if fs is not None else None, now)
-        if isinstance(frame, telemetry.NodeFrame):
+        if frame.lax:
             self.metrics.frames_lax.inc()
         self.metrics.frames.inc()
         if self.admission.check_skew("frame", frame.ts, now):
@@ -217,16 +208,13 @@ class Ingest:
 
     def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
         """(frame ts, power limit in W) of the GPU in the node's newest frame; None while unknown."""
-        ts, limits = self.power_limits.get(node, (0.0, {}))
-        limit = limits.get(gpu_index)
-        return None if limit is None else (ts, limit)
+        return self.engine.latest_power_limit(node, gpu_index)
 
     def forget_silent(self, now: float) -> list[engine.Firing]:
         """Reclaim the state of nodes silent longer than ``node_retention_s``; their firings resolve."""
         forgotten = self.engine.forget_silent(now, self.cs.node_retention_s)
         for node in forgotten.nodes:
             self.nodes.discard(node)
-            self.power_limits.pop(node, None)
             self.newest.pop(node, None)
             if self.energy is not None:
                 self.energy.forget_node(node)
