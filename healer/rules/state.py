@@ -257,11 +257,18 @@ class FleetState:
             if k == len(batches):
                 batches.append([])
             batches[k].append(i)
-        for batch in batches:
-            self._apply([pending[i] for i in batch], values, starts[batch])
+        for k, batch in enumerate(batches):
+            items = [pending[i] for i in batch]
+            # a node's newest frame here is in the last batch that holds it
+            newest = None if k == len(batches) - 1 else [nth[it[0]] == k + 1 for it in items]
+            self._apply(items, values, starts[batch], newest)
 
-    def _apply(self, items: list[_Item], values_all: F64, starts: npt.NDArray[np.intp]) -> None:
-        """One batch: ``items`` (no node twice), their GPU rows at ``starts`` in ``values_all``."""
+    def _apply(
+        self, items: list[_Item], values_all: F64, starts: npt.NDArray[np.intp], newest: list[bool] | None
+    ) -> None:
+        """One batch: ``items`` (no node twice), their GPU rows at ``starts`` in ``values_all``;
+        ``newest``: which are their node's newest frame of the flush (None: all), the only ones whose
+        readings ``latest`` keeps (the others' count in the windows)."""
         nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
         frame_ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
         ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
@@ -273,6 +280,8 @@ class FleetState:
             late = [self.names[it[0]] for it, ok in zip(items, fresh.tolist(), strict=True) if not ok]
             log.warning("frames_out_of_order_dropped", count=dropped, nodes=late[:10])
             items = [it for it, ok in zip(items, fresh.tolist(), strict=True) if ok]
+            if newest is not None:
+                newest = [last for last, ok in zip(newest, fresh.tolist(), strict=True) if ok]
             nodes, frame_ts, ts = nodes[fresh], frame_ts[fresh], ts[fresh]
             counts, starts = counts[fresh], starts[fresh]
             if not items:
@@ -295,8 +304,13 @@ class FleetState:
                     bits = grid[self.col["clocks_event_reasons"]]
                     flag = (np.nan_to_num(bits).astype(np.int64) & int(fields.CLOCK_BITS[name][0])) != 0
                     grid[i] = np.where(np.isnan(bits), np.nan, flag)
-            self.latest[:, nodes] = grid
-            self.power_limit[nodes] = limits
+            if newest is None:
+                self.latest[:, nodes] = grid
+                self.power_limit[nodes] = limits
+            elif any(newest):  # (a flood's earlier frames: only their windows count)
+                keep = np.array(newest)
+                self.latest[:, nodes[keep]] = grid[:, keep]
+                self.power_limit[nodes[keep]] = limits[keep]
             self.last_ts[nodes] = ts
             self.frame_ts[nodes] = frame_ts
             self.present[nodes] = counts

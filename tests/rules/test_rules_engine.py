@@ -219,6 +219,23 @@ def test_frames_staged_in_many_planes_land_in_their_own_rows() -> None:
         assert st_.present[row] == gpus
 
 
+def test_each_node_keeps_its_newest_frame_when_a_flush_holds_several_of_some_nodes() -> None:
+    """One evaluation after frames of nodes that sent 3, 2 and 1 of them: each node's latest readings
+    are its newest frame's, however many the others sent, and its windows count every frame."""
+    eng = make_engine(rule("increase(ecc_dbe_volatile[5m]) > 1 and temp_c > 0"))
+    sent = {"a": 3, "b": 2, "c": 1}
+    for t in range(3):
+        for node, n in sent.items():
+            if t < n:
+                eng.ingest(frame(node, float(t), temp_c=40.0 + 10 * t, ecc_dbe_volatile=t * 2))
+    fired = statuses(eng.evaluate(T0 + 3))
+    assert fired == {("r", "a", g, "fired") for g in range(2)} | {("r", "b", g, "fired") for g in range(2)}
+    st_ = eng.state
+    latest = {n: st_.latest[st_.col["temp_c"], st_.node_index(n), 0] for n in sent}
+    assert latest == {"a": 60.0, "b": 50.0, "c": 40.0}
+    assert eng.latest_power_limit("c", 0) is not None
+
+
 @pytest.mark.usefixtures("frame_decoder")
 def test_a_decoded_frame_is_ingested_with_its_own_values_whatever_happened_in_between() -> None:
     """``Engine.decode`` writes a frame's rows where the next one's go: a frame decoded before another
