@@ -82,7 +82,8 @@ class Ingest:
         self.log = log
         self.nodes: set[str] = set()
         self._node_of: dict[str, str] = {}
-        """Subject → node, for the subjects seen (unescaping a subject costs more than the lookup)."""
+        """Subject → node, for the subjects seen (unescaping a subject costs more than the lookup); with
+        several shards, "" for another shard's node (a CRC32 per frame costs more than the lookup too)."""
         self.newest: dict[str, telemetry.FrameView] = {}
         """Per node: its newest frame, kept only with ``power_budgets`` set (``power_shell`` reads it)."""
         self.energy = energy_meter.EnergyMeter(metrics, cs.energy_keys) if cs.energy_accounting else None
@@ -153,19 +154,21 @@ class Ingest:
     # -- frames --------------------------------------------------------------------------------------
     def node_of(self, subject: str) -> str:
         """The node of a telemetry subject (the identity the server's permissions vouch for), from a
-        cache of the subjects seen, emptied when it reaches ``NODE_CACHE_MAX`` (a flood of new names)."""
+        cache of the subjects seen, emptied when it reaches ``NODE_CACHE_MAX`` (a flood of new names);
+        "" for another shard's node."""
         node = self._node_of.get(subject)
         if node is None:
             if len(self._node_of) >= NODE_CACHE_MAX:
                 self._node_of.clear()
-            node = self._node_of[subject] = self.subjects.node_of(subject)
+            node = self.subjects.node_of(subject)
+            node = self._node_of[subject] = node if self.mine(node) else ""
         return node
 
     def screen_frame(self, subject: str, data: bytes) -> str | None:
         """As a message is read off the connection: its node (the fair backlog's source), or None to
         drop it before it queues (another shard's node; certainly not a frame: counted and logged)."""
         node = self.node_of(subject)
-        if self.cs.shards > 1 and not self.mine(node):
+        if not node:
             return None
         bad = codec.precheck_frame(data)
         if bad is not None:
@@ -187,8 +190,10 @@ class Ingest:
 
     def on_frame(self, msg: bus_base.Msg) -> bool:
         """One frame: decoded straight into the engine's staging plane, admitted, ingested; False when
-        it was not (bad: counted and logged; not admitted: counted by admission)."""
+        it was not (bad: counted and logged; not admitted: counted by admission; another shard's)."""
         node = self.node_of(msg.subject)
+        if not node:  # (screened out before it queues wherever the bus screens)
+            return False
         try:
             frame = self.engine.decode(msg.data)
         except errors.DecodeError as e:
