@@ -87,7 +87,9 @@ class FleetState:
         """Where ``decode`` writes the next frame's GPU rows (``framecols.COLUMNS``), at row ``_used``."""
         self._used = 0
         self._decoded: framecols.Frame | None = None
-        """The frame ``decode`` wrote last: the only one whose rows ``ingest`` may keep as they are."""
+        """The frame ``decode`` wrote last, until ingested: the only one whose rows ``ingest`` keeps."""
+        self._lent: framecols.Frame | None = None
+        """The frame ``decode`` wrote last: its rows are overwritten by the next (``Frame.exact``)."""
         self._take = np.zeros(1, dtype=np.intp)
         """The plane's columns the rules read (index first), in the order of ``_raw``."""
         self.cap, self.gpus = capacity, gpus_per_node
@@ -174,7 +176,9 @@ class FleetState:
         (``framecols.decode_into``; ``errors.DecodeError`` as ``codec.decode_frame_view`` raises it).
         ``ingest`` keeps those rows if it is given this frame before the next ``decode``; a frame never
         ingested costs nothing (the next one overwrites its rows)."""
-        frame = self._decoded = framecols.decode_into(data, self._plane, self._used)
+        if self._lent is not None:
+            self._lent.exact = False  # its rows are about to be written over
+        frame = self._decoded = self._lent = framecols.decode_into(data, self._plane, self._used)
         return frame
 
     def ingest(self, frame: telemetry.FrameView, at: float | None = None) -> None:

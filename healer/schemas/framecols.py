@@ -96,7 +96,7 @@ class Frame:
     (the strict structs, or the NodeFrame's own for a frame only pydantic accepted)."""
 
     __slots__ = (
-        "_gpus", "_ports", "agent_version", "boot_id", "data", "fabric_manager_up", "gpu_count",
+        "_gpus", "_ports", "agent_version", "boot_id", "data", "exact", "fabric_manager_up", "gpu_count",
         "gpus_expected", "has_ports", "lax", "max_index", "node", "plane", "row", "schema_", "seq",
         "source", "ts",
     )  # fmt: skip
@@ -118,6 +118,10 @@ class Frame:
     """The frame carries a ``ports`` list (v2), possibly empty; ``ports`` is None otherwise."""
     lax: bool
     """Only pydantic's lax validation accepted it (a ``"3"`` for a float, say): counted apart."""
+    exact: bool
+    """Its plane rows hold exactly its readings (the compiled decoder decided it: every integer fits
+    float64) and nothing was written over them since; whoever lends the plane to the next frame clears
+    it (``FleetState.decode``). While it holds, ``readings`` reads the plane instead of ``gpus``."""
     data: bytes
     plane: F64
     row: int
@@ -139,6 +143,19 @@ class Frame:
         except AttributeError:
             self._decode_objects()
             return self._ports
+
+    def readings(self, columns: npt.NDArray[np.intp]) -> list[list[float]] | None:
+        """The GPUs' values of ``columns`` (indexes into ``COLUMNS``), one list per GPU in the frame's
+        order, NaN for null, read from the plane while ``exact``; None otherwise (read ``gpus``)."""
+        if not self.exact:
+            return None
+        rows: list[list[float]] = self.plane[self.row : self.row + self.gpu_count, columns].tolist()
+        return rows
+
+    def may_carry(self, field: str) -> bool:
+        """Whether the frame's bytes name ``field`` at all (a string inside a value counts too): False
+        says for certain that no GPU or port of it has the field, without decoding them."""
+        return f'"{field}"'.encode() in self.data
 
     def _decode_objects(self) -> None:
         strict = _STRICT.decode(self.data)  # the compiled path accepts only what this accepts
@@ -178,6 +195,7 @@ def decode_into_python(data: bytes, plane: F64, row: int) -> Frame:
     f.has_ports = f._ports is not None
     f._gpus = gpus
     f.lax = isinstance(view, telemetry.NodeFrame)
+    f.exact = False  # (its objects are at hand; past 2**53 an integer of the plane is rounded)
     f.data, f.plane, f.row = data, plane, row
     return f
 
@@ -194,6 +212,7 @@ def _from_compiled(out: tuple[Any, ...], data: bytes, plane: F64, row: int) -> F
     if not f.has_ports:
         f._ports = None
     f.lax = False
+    f.exact = True
     f.data, f.plane, f.row = data, plane, row
     return f
 
