@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint unit unit-serial fmt schemas bench clean
 
-$(STAMP): pyproject.toml
+# The C source too: pip builds healer/schemas/_framec.c into the tree (the controller's frame decoder).
+$(STAMP): pyproject.toml healer/schemas/_framec.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'

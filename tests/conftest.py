@@ -18,6 +18,7 @@ import structlog
 from healer import config
 from healer.bus import base, embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
+from healer.schemas import framecols
 
 MARKED_BY_FIXTURE: dict[str, str] = {
     "nats_server": "nats",
@@ -82,6 +83,18 @@ def _structlog_config_restored() -> Iterator[None]:
         yield
     finally:
         structlog.configure(**saved)
+
+
+@pytest.fixture(params=["compiled", "python"])
+def frame_decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with each columnar frame decoder (healer/schemas/framecols.py): the compiled one, and
+    the pure-Python one that runs where it was not built. Strictness and rejection counts are the
+    decoders' to keep equal; the tests that check them run on both."""
+    if request.param == "python":
+        monkeypatch.setattr(framecols, "_COMPILED", None)
+    elif not framecols.ACCELERATED:
+        pytest.skip("the compiled frame decoder was not built (no C compiler at install)")
+    return str(request.param)
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ in unit tests and on a real nats-server everywhere else.
 - ``publish_durable``: JetStream publish with ``Nats-Msg-Id`` (events, incidents); returns once the
   stream has stored it (``True``) or recognised it as a duplicate (``False``); raises
   ``errors.TemporaryError`` when it could not be stored;
-- ``subscribe`` (optionally in a queue group) with an async handler; ``request`` / ``Msg.respond`` for
-  commands;
+- ``subscribe`` (optionally in a queue group) with an async handler, or ``subscribe_batches`` with one
+  that takes the messages waiting several at a time; ``request`` / ``Msg.respond`` for commands;
 - ``key_value``: a key-value bucket (JetStream KV on NATS) with one revision sequence per bucket and
   compare-and-set (``create`` only if absent, ``update`` only at a given revision; ``KeyConflict``
   otherwise);
@@ -48,6 +48,8 @@ class Msg:
 
 
 Handler = Callable[[Msg], Awaitable[None]]
+BatchHandler = Callable[[list[Msg]], Awaitable[None]]
+"""Takes the messages waiting on a subscription, several at a time (``Bus.subscribe_batches``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -275,6 +277,15 @@ class Bus(Protocol):
         pending_bytes: int | None = None,
         fair: Fairness | None = None,
     ) -> Subscription: ...
+
+    async def subscribe_batches(
+        self, subject: str, handler: BatchHandler, *, fair: Fairness, max_batch: int = 64
+    ) -> Subscription:
+        """``subscribe`` for a subject that may flood (telemetry): the handler takes the messages
+        waiting, fair by source as ``fair`` says, up to ``max_batch`` per call, instead of one call per
+        message (a call, a task switch and a wait per message cost more than decoding a frame). The
+        loop yields between batches, so a flood never keeps it from the connection's other work."""
+        ...
 
     async def request(self, subject: str, data: bytes, timeout: float = 2.0) -> Msg: ...
 

@@ -126,9 +126,10 @@ class _MemSub:
         self,
         bus: MemoryBus,
         pattern: str,
-        handler: base.Handler,
+        handler: base.Handler | None,
         queue: str,
         fair: base.Fairness | None = None,
+        batches: tuple[base.BatchHandler, int] | None = None,
     ) -> None:
         self.bus = bus
         self.fair = fair
@@ -136,9 +137,11 @@ class _MemSub:
         self.handler = handler
         self.queue = queue
         self.inbox: asyncio.Queue[base.Msg] = asyncio.Queue()
-        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"memsub:{pattern}")
+        run = self._run() if batches is None else self._run_batches(*batches)
+        self.task = asyncio.get_running_loop().create_task(run, name=f"memsub:{pattern}")
 
     async def _run(self) -> None:
+        assert self.handler is not None
         while True:
             msg = await self.inbox.get()
             try:
@@ -147,6 +150,20 @@ class _MemSub:
                 log.exception("bus.handler_failed", subject=msg.subject)
             finally:
                 self.inbox.task_done()
+
+    async def _run_batches(self, handler: base.BatchHandler, most: int) -> None:
+        while True:
+            batch = [await self.inbox.get()]
+            while len(batch) < most and not self.inbox.empty():
+                batch.append(self.inbox.get_nowait())
+            try:
+                await handler(batch)
+            except Exception:
+                log.exception("bus.handler_failed", subject=batch[0].subject, messages=len(batch))
+            finally:
+                for _ in batch:
+                    self.inbox.task_done()
+            await asyncio.sleep(0)
 
     @property
     def pending(self) -> int:
@@ -524,6 +541,16 @@ class MemoryBus:
         the inbox stays first-in first-out."""
         self._check(subject, wildcards=True)
         sub = _MemSub(self, subject, handler, queue, fair)
+        self._subs.add(sub)
+        return sub
+
+    async def subscribe_batches(
+        self, subject: str, handler: base.BatchHandler, *, fair: base.Fairness, max_batch: int = 64
+    ) -> base.Subscription:
+        """As on NatsBus: the handler takes up to ``max_batch`` waiting messages per call (the inbox
+        stays first-in first-out; ``fair.source`` screens each message as ``subscribe`` does)."""
+        self._check(subject, wildcards=True)
+        sub = _MemSub(self, subject, None, "", fair, batches=(handler, max_batch))
         self._subs.add(sub)
         return sub
 

@@ -400,13 +400,28 @@ class _FairPending(asyncio.Queue):  # type: ignore[type-arg]
         assert got is not None  # asyncio.Queue only calls _get when not empty
         return got[1]
 
+    def take(self, most: int) -> list[Any]:
+        """Up to ``most`` messages at once, in ``get``'s order (the queue is unbounded: no putter ever
+        waits to be woken); each is ``task_done`` once handled, as a message from ``get`` is."""
+        out: list[Any] = []
+        pop = self._queue.pop
+        while len(out) < most and (got := pop()) is not None:
+            out.append(got[1])
+        return out
+
     @classmethod
-    def install(cls, sub: Any, fair: base.Fairness, bus: NatsBus) -> None:
+    def install(
+        cls, sub: Any, fair: base.Fairness, bus: NatsBus, batches: Callable[[_FairPending], Any] | None = None
+    ) -> bool:
+        """Swap the subscription's queue for a fair one; its messages are then taken by a fresh nats-py
+        task (one callback per message), or by ``batches(queue)``'s coroutine, run as the subscription's
+        task (nats-py cancels it on unsubscribe and waits on the queue when draining, as its own).
+        False, logged, where nats-py's internals are not what this expects (nothing swapped)."""
         old = getattr(sub, "_pending_queue", None)
         task = getattr(sub, "_wait_for_msgs_task", None)
         if not isinstance(old, asyncio.Queue) or task is None or not hasattr(sub, "_start"):
             log.warning("nats.fair_backlog_unavailable", subject=getattr(sub, "subject", "?"))
-            return
+            return False
         sid = sub._id
 
         def shed() -> None:
@@ -417,7 +432,13 @@ class _FairPending(asyncio.Queue):  # type: ignore[type-arg]
             queue.put_nowait(old.get_nowait())
         sub._pending_queue = queue
         task.cancel()  # it may be waiting on the old queue: a fresh one waits on this one
-        sub._start(bus.nc._error_cb)
+        if batches is None:
+            sub._start(bus.nc._error_cb)
+        else:
+            sub._wait_for_msgs_task = asyncio.get_running_loop().create_task(
+                batches(queue), name=f"nats-batches:{sub.subject}"
+            )
+        return True
 
 
 class _Sub:
@@ -701,6 +722,44 @@ class NatsBus:
             raise errors.TemporaryError(f"subscribe {subject} failed: {e!r}") from e
         if fair is not None:
             _FairPending.install(sub, fair, self)
+        return _Sub(sub, self)
+
+    async def subscribe_batches(
+        self, subject: str, handler: base.BatchHandler, *, fair: base.Fairness, max_batch: int = 64
+    ) -> base.Subscription:
+        """The fair backlog (``_FairPending``) taken up to ``max_batch`` messages at a time by one task
+        of this module instead of nats-py's (which awaits one callback per message); it yields to the
+        event loop after each batch. Where nats-py's internals do not allow it, one message per call."""
+        respond = self._respond
+
+        def msg(m: NatsMsg) -> base.Msg:
+            return base.Msg(m.subject, m.data, m.reply or "", dict(m.headers) if m.headers else None, respond)
+
+        async def one(m: NatsMsg) -> None:  # only where the fair backlog could not be installed
+            try:
+                await handler([msg(m)])
+            except Exception:
+                log.exception("bus.handler_failed", subject=m.subject)
+
+        async def run(queue: _FairPending) -> None:
+            while True:
+                first = await queue.get()
+                batch = [first, *queue.take(max_batch - 1)]
+                try:
+                    sub._pending_size -= sum(len(m.data) for m in batch)
+                    await handler([msg(m) for m in batch])
+                except Exception:
+                    log.exception("bus.handler_failed", subject=first.subject, messages=len(batch))
+                finally:
+                    for _ in batch:
+                        queue.task_done()
+                await asyncio.sleep(0)  # the connection's other work (leases, KV) between batches
+
+        try:
+            sub = await self.nc.subscribe(subject, cb=one, pending_bytes_limit=0)
+        except _TEMPORARY as e:
+            raise errors.TemporaryError(f"subscribe {subject} failed: {e!r}") from e
+        _FairPending.install(sub, fair, self, batches=run)
         return _Sub(sub, self)
 
     async def _respond(self, reply: str, data: bytes) -> None:

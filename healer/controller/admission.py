@@ -33,7 +33,7 @@ from typing import Any, Literal, cast
 from healer import config, errors, logs
 from healer.actuators import base as actuators
 from healer.controller import metrics, topology
-from healer.schemas import events, telemetry
+from healer.schemas import events, framecols, telemetry
 
 Reason = Literal["identity_mismatch", "unknown_node", "too_many_gpus"]
 Kind = Literal["frame", "event", "command_result"]
@@ -129,9 +129,12 @@ class Admission:
         if not self.admits(subject_node):
             return self.reject("frame", "unknown_node", subject_node)
         limit = self.gpu_limit
-        gpus = frame.gpus
-        if len(gpus) > limit or (frame.gpus_expected or 0) > limit or any(g.index >= limit for g in gpus):
-            return self.reject("frame", "too_many_gpus", subject_node, gpus=len(gpus), limit=limit)
+        if isinstance(frame, framecols.Frame):  # the controller's (its GPUs are not objects)
+            count, top = frame.gpu_count, frame.max_index
+        else:
+            count, top = len(frame.gpus), max((g.index for g in frame.gpus), default=-1)
+        if count > limit or (frame.gpus_expected or 0) > limit or top >= limit:
+            return self.reject("frame", "too_many_gpus", subject_node, gpus=count, limit=limit)
         return True
 
     def event_ok(self, subject_node: str, event: events.NodeEvent, now: float) -> bool:

@@ -21,10 +21,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import structlog
 
 from healer.controller import metrics as controller_metrics
-from healer.schemas import telemetry
+from healer.schemas import framecols, telemetry
+
+_READ = np.array([framecols.COLUMN["index"], framecols.COLUMN["energy_j"]], dtype=np.intp)
 
 log = structlog.get_logger(__name__)
 
@@ -64,11 +67,13 @@ class EnergyMeter:
         node = frame.node
         doms = self.domains.get(node, ())
         added = 0.0
-        for g in frame.gpus:
-            e = getattr(g, "energy_j", None)
-            if e is None:
-                continue
-            key = (node, g.index)
+        rows = frame.readings(_READ) if isinstance(frame, framecols.Frame) else None
+        if rows is not None:  # the plane's, while they are there (NaN: null)
+            readings = [(int(i), e) for i, e in rows if e == e]
+        else:
+            readings = [(g.index, e) for g in frame.gpus if (e := getattr(g, "energy_j", None)) is not None]
+        for index, e in readings:
+            key = (node, index)
             before = self.last.get(key)
             self.last[key] = e
             if before is None:
@@ -77,7 +82,7 @@ class EnergyMeter:
             if delta <= 0:
                 continue
             added += delta
-            job = job_of(node, g.index) if job_of is not None else None
+            job = job_of(node, index) if job_of is not None else None
             if job is not None:
                 if job not in self.job_seen and len(self.job_seen) >= MAX_JOBS:
                     self.dropped_jobs += 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import operator
 import time
 import zlib
 from collections.abc import Callable
@@ -46,10 +45,8 @@ NODE_CACHE_MAX = 1 << 17
 """Most telemetry subjects whose node ``Ingest.node_of`` remembers (the cache is emptied past it)."""
 ENERGY_TOPOLOGY_S = 30.0
 """How often the energy meter re-reads which domains each node counts into."""
-
-
-_INDEX = operator.attrgetter("index")
-_LIMIT = operator.attrgetter("power_limit_w")
+FRAMES_BATCH = 64
+"""Most frames taken from the fair backlog per call (``on_frames``); the event loop runs between."""
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -86,10 +83,9 @@ class Ingest:
         self.stop = stop
         self.log = log
         self.nodes: set[str] = set()
-        self.power_limits: dict[str, tuple[float, dict[int, float | None]]] = {}
-        """Per node: (frame ts, GPU index → power limit W) from its newest frame (power actuator reads)."""
         self._node_of: dict[str, str] = {}
-        """Subject → node, for the subjects seen (unescaping a subject costs more than the lookup)."""
+        """Subject → node, for the subjects seen (unescaping a subject costs more than the lookup); with
+        several shards, "" for another shard's node (a CRC32 per frame costs more than the lookup too)."""
         self.newest: dict[str, telemetry.FrameView] = {}
         """Per node: its newest frame, kept only with ``power_budgets`` set (``power_shell`` reads it)."""
         self.energy = energy_meter.EnergyMeter(metrics, cs.energy_keys) if cs.energy_accounting else None
@@ -119,12 +115,13 @@ class Ingest:
     async def subscribe(self) -> None:
         """Subscribe to the fleet's frames (on a connection of their own when ``telemetry_connection``)."""
         self.telemetry_bus = await self.bus.sibling("telemetry") if self.cs.telemetry_connection else self.bus
-        self.frames_sub = await self.telemetry_bus.subscribe(
+        self.frames_sub = await self.telemetry_bus.subscribe_batches(
             self.subjects.all_telemetry,
-            self.on_frame,
+            self.on_frames,
             fair=bus_base.Fairness(
                 self.screen_frame, self.cs.frames_per_node, int(self.cs.frames_buffer_mib * 2**20)
             ),
+            max_batch=FRAMES_BATCH,
         )
         if self.learning.failslow is not None:
             self.steps_sub = await self.bus.subscribe(self.subjects.all_steps, self.on_step)
@@ -165,19 +162,21 @@ class Ingest:
     # -- frames --------------------------------------------------------------------------------------
     def node_of(self, subject: str) -> str:
         """The node of a telemetry subject (the identity the server's permissions vouch for), from a
-        cache of the subjects seen, emptied when it reaches ``NODE_CACHE_MAX`` (a flood of new names)."""
+        cache of the subjects seen, emptied when it reaches ``NODE_CACHE_MAX`` (a flood of new names);
+        "" for another shard's node."""
         node = self._node_of.get(subject)
         if node is None:
             if len(self._node_of) >= NODE_CACHE_MAX:
                 self._node_of.clear()
-            node = self._node_of[subject] = self.subjects.node_of(subject)
+            node = self.subjects.node_of(subject)
+            node = self._node_of[subject] = node if self.mine(node) else ""
         return node
 
     def screen_frame(self, subject: str, data: bytes) -> str | None:
         """As a message is read off the connection: its node (the fair backlog's source), or None to
         drop it before it queues (another shard's node; certainly not a frame: counted and logged)."""
         node = self.node_of(subject)
-        if self.cs.shards > 1 and not self.mine(node):
+        if not node:
             return None
         bad = codec.precheck_frame(data)
         if bad is not None:
@@ -186,37 +185,49 @@ class Ingest:
             return None
         return node
 
-    async def on_frame(self, msg: bus_base.Msg) -> None:
-        """A frame from the fair backlog, which ``screen_frame`` let in."""
+    async def on_frames(self, msgs: list[bus_base.Msg]) -> None:
+        """Frames from the fair backlog, which ``screen_frame`` let in, in the order it gives them."""
+        ingested = 0
+        for msg in msgs:
+            try:
+                ingested += self.on_frame(msg)
+            except Exception:  # a bug costs one frame, never the rest of the batch
+                self.log.exception("controller.frame_failed", subject=msg.subject)
+        if ingested:
+            self.metrics.frames.inc(ingested)
+
+    def on_frame(self, msg: bus_base.Msg) -> bool:
+        """One frame: decoded straight into the engine's staging plane, admitted, ingested; False when
+        it was not (bad: counted and logged; not admitted: counted by admission; another shard's)."""
         node = self.node_of(msg.subject)
+        if not node:  # (screened out before it queues wherever the bus screens)
+            return False
         try:
-            frame = codec.decode_frame_view(msg.data)
+            frame = self.engine.decode(msg.data)
         except errors.DecodeError as e:
             self.count_bad(e)
             self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
-            return
+            return False
         # Receive time, strictly increasing: frames are ordered by it, never by the node's own ts.
         now = self._received_at = max(self.clock(), math.nextafter(self._received_at, math.inf))
         if not self.admission.frame_ok(node, frame):
-            return
+            return False
         self.engine.ingest(frame, at=now)
         if self.learning.scorer is not None:
             self.learning.scorer.observe(frame, at=now)
         if self.learning.failslow is not None:
             self.learning.failslow.observe(frame)
         self.nodes.add(node)
-        gpus = frame.gpus
-        self.power_limits[node] = (frame.ts, dict(zip(map(_INDEX, gpus), map(_LIMIT, gpus), strict=True)))
         if self.cs.power_budgets:
             self.newest[node] = frame
         if self.energy is not None:
             fs = self.learning.failslow
             self.energy.observe(frame, fs.jobs.job_of if fs is not None else None, now)
-        if isinstance(frame, telemetry.NodeFrame):
+        if frame.lax:
             self.metrics.frames_lax.inc()
-        self.metrics.frames.inc()
         if self.admission.check_skew("frame", frame.ts, now):
             self.metrics.lag.observe(max(0.0, now - frame.ts))
+        return True
 
     def count_bad(self, e: errors.DecodeError) -> None:
         self.metrics.decode_errors.labels(e.kind, e.reason).inc()
@@ -225,16 +236,13 @@ class Ingest:
 
     def latest_power_limit(self, node: str, gpu_index: int) -> tuple[float, float] | None:
         """(frame ts, power limit in W) of the GPU in the node's newest frame; None while unknown."""
-        ts, limits = self.power_limits.get(node, (0.0, {}))
-        limit = limits.get(gpu_index)
-        return None if limit is None else (ts, limit)
+        return self.engine.latest_power_limit(node, gpu_index)
 
     def forget_silent(self, now: float) -> list[engine.Firing]:
         """Reclaim the state of nodes silent longer than ``node_retention_s``; their firings resolve."""
         forgotten = self.engine.forget_silent(now, self.cs.node_retention_s)
         for node in forgotten.nodes:
             self.nodes.discard(node)
-            self.power_limits.pop(node, None)
             self.newest.pop(node, None)
             if self.energy is not None:
                 self.energy.forget_node(node)

@@ -24,8 +24,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from healer.schemas import telemetry
+import numpy as np
 
+from healer.schemas import framecols, telemetry
+
+_INDEX: Final = np.array([framecols.COLUMN["index"]], dtype=np.intp)
 DEVICES_ANNOTATION: Final = "healer.io/gpu-devices"
 """A pod annotation listing the GPU indices it was given (``"0,1,2,3"``); without it a GPU pod's job is
 placed on the node's GPUs as a whole (the API server does not carry the device plugin's ids)."""
@@ -82,6 +85,11 @@ class JobIndex:
     def observe_frame(self, frame: telemetry.FrameView) -> None:
         """The GPUs a node reports, and the job ids its agent read for each (when it reads them)."""
         known = self._known.setdefault(frame.node, set())
+        if isinstance(frame, framecols.Frame) and not frame.may_carry("jobs"):
+            indexes = frame.readings(_INDEX)
+            if indexes is not None:  # no GPU of it names a job: its indexes are all there is to read
+                known.update(int(row[0]) for row in indexes)
+                return
         for gpu in frame.gpus:
             known.add(gpu.index)
             ids = getattr(gpu, "jobs", None)

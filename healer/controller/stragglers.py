@@ -42,7 +42,7 @@ from typing import Final
 import numpy as np
 
 from healer.controller import jobs, steptimes, straggler_ports
-from healer.schemas import fields, telemetry
+from healer.schemas import fields, framecols, telemetry
 
 LOAD_UTIL_PCT: Final = 50.0
 """A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
@@ -70,6 +70,13 @@ one runs at the clock its peers (and its own past) run at, whatever its chip fac
 FIELDS: Final = ("clock", "power", "link_down", "free_clock")
 PENDING_MAX: Final = 1 << 16
 """GPU readings held as Python tuples before they are folded into the arrays."""
+_READ: Final = (
+    "index", "util_gpu_pct", "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "pcie_gen",
+    "pcie_gen_max", "nvlink_links_up", "nvlink_links_total", "pcie_width", "pcie_width_max",
+    "clocks_event_reasons",
+)  # fmt: skip
+_READ_COLUMNS: Final = np.array([framecols.COLUMN[c] for c in _READ], dtype=np.intp)
+"""What ``Scorer.observe`` reads of a GPU, as columns of a frame's plane rows (``Frame.readings``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +200,10 @@ class Scorer:
         if len(pending) >= PENDING_MAX:
             self._fold_pending()
             pending = self._pending
+        rows = frame.readings(_READ_COLUMNS) if isinstance(frame, framecols.Frame) else None
+        if rows is not None:
+            self._observe_rows(node, slots, rows)
+            return True
         for g in frame.gpus:
             i = slots.get(g.index)
             if i is None:
@@ -215,6 +226,45 @@ class Scorer:
             free = ratio if share < FREE_POWER and not reasons & CAPPED_BITS else 0.0
             pending.append((i, ratio, share, 1.0 if down else 0.0, free, reasons))
         return True
+
+    def _observe_rows(self, node: str, slots: dict[int, int], rows: list[list[float]]) -> None:
+        """``observe``'s loop over a frame's plane rows (``_READ``; NaN where null, every integer exact):
+        the same readings as from its GPUs' objects (each NaN test below is the null test there)."""
+        pending = self._pending
+        for (
+            index,
+            util,
+            clock,
+            clock_max,
+            power,
+            limit,
+            gen,
+            gen_max,
+            up,
+            total,
+            width,
+            width_max,
+            bits,
+        ) in rows:
+            g = int(index)
+            i = slots.get(g)
+            if i is None:
+                i = slots[g] = self.slot(node, g)
+            # ``not x`` for a null or zero reading: these are never negative (the schema's bounds)
+            if (
+                not util >= LOAD_UTIL_PCT
+                or not clock > 0
+                or not clock_max > 0
+                or not power > 0
+                or not limit > 0
+            ):
+                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0))
+                continue
+            down = gen < gen_max or up < total or width < width_max  # False where either is null
+            reasons = 0 if bits != bits else int(bits)
+            ratio, share = clock / clock_max, power / limit
+            free = ratio if share < FREE_POWER and not reasons & CAPPED_BITS else 0.0
+            pending.append((i, ratio, share, 1.0 if down else 0.0, free, reasons))
 
     def _fold_pending(self) -> None:
         if not self._pending:

@@ -29,7 +29,7 @@ import structlog
 from healer.rules import evaluate as evaluation
 from healer.rules import repeats, ruleset
 from healer.rules import state as fleet_state
-from healer.schemas import events, telemetry
+from healer.schemas import events, framecols, telemetry
 
 log = structlog.get_logger(__name__)
 Status = Literal["fired", "firing", "resolved"]
@@ -165,10 +165,26 @@ class Engine:
         self.state.set_rules(rules)
         return gone
 
+    def decode(self, data: bytes) -> framecols.Frame:
+        """A frame's bytes decoded with its GPU readings written straight into the fleet state's staging
+        plane (``FleetState.decode``): ``ingest`` it next, or drop it; ``errors.DecodeError`` when bad."""
+        return self.state.decode(data)
+
     def ingest(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         """Queue a frame (cheap); the numpy work happens once per batch, at the next ``evaluate``.
         ``at``: receive time on the clock ``evaluate(now)`` uses (default ``frame.ts``)."""
         self.state.ingest(frame, at)
+
+    def latest_power_limit(self, node: str, gpu: int) -> tuple[float, float] | None:
+        """(frame ts, power limit in W) of the GPU in the node's newest frame; None while unknown (the
+        node or GPU not reported, or its limit null)."""
+        st = self.state
+        st.flush()
+        n = st.node_index(node)
+        if n is None or not 0 <= gpu < st.gpus:
+            return None
+        limit = float(st.power_limit[n, gpu])
+        return None if math.isnan(limit) else (float(st.frame_ts[n]), limit)
 
     def ingest_many(self, frames: Iterable[telemetry.FrameView], at: float | None = None) -> None:
         self.state.ingest_many(frames, at)

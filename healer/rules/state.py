@@ -10,30 +10,38 @@ and minima, only for the metric/function pairs the loaded rules use. Memory is t
 buckets) per referenced pair, whatever the sample rate, and one evaluation reduces a few dozen
 (slots,) planes per window.
 
-``ingest`` is the controller's hot path: it pulls the referenced fields out of each GPU reading with one
-``attrgetter`` call and queues the row; every ``STAGE_ROWS`` rows become one float plane at once
-(``_stage``), so a tick's worth of Python numbers is never kept alive until the tick (measured: converting
-32 frames at a time costs a third of what converting a flood's tick at once did, docs/performance.md). The
-rest of the numpy work happens once per batch in ``flush`` (``evaluate`` flushes first), vectorized over
-every frame received since the last tick.
+``decode`` + ``ingest`` is the controller's hot path: ``decode`` writes a frame's GPU readings straight into
+this state's staging plane (schemas/framecols.py: every numeric GPU field, no Python object per value) and
+``ingest`` keeps those rows; once the plane is nearly full its rows become one float block of the columns
+the rules read (``_stage``). A frame ingested without ``decode`` (a NodeFrame: tests, backtests, the
+simulator) has its referenced fields pulled out of each GPU reading with one ``attrgetter`` call and
+queued as a row; every ``STAGE_ROWS`` rows become one float block the same way, so a tick's worth of
+Python numbers is never kept alive until the tick (measured: converting 32 frames at a time costs a third
+of what converting a flood's tick at once did, docs/performance.md). The rest of the numpy work happens
+once per batch in ``flush`` (``evaluate`` flushes first), vectorized over every frame received since the
+last tick.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import structlog
 
 from healer.rules import metric_catalog, port_state, ruleset, windows
-from healer.schemas import fields, telemetry
+from healer.schemas import fields, framecols, telemetry
 
 log = structlog.get_logger(__name__)
+KEPT: Final = ("power_limit_w",)
+"""GPU fields kept from every frame whatever the rules read (``power_limit``), staged after theirs."""
 STAGE_ROWS = 256
 """GPU rows queued as Python values before they are converted into a float plane (``_stage``)."""
+PLANE_ROWS = 512
+"""GPU rows the staging plane fills before ``_stage`` (it has ``framecols.ROWS_MAX`` more, for a frame)."""
 F64 = npt.NDArray[np.float64]
 _Item = tuple[int, float, float, int, int | None, Any]
 """A queued frame: node index, frame ts, accounted-at time, its number of GPU rows (index first, then the
@@ -75,6 +83,15 @@ class FleetState:
         self._rows: list[tuple[Any, ...]] = []
         """The GPU rows of ``_frames``, not converted yet (``_stage``)."""
         self._staged: list[F64] = []
+        self._plane: F64 = np.empty((PLANE_ROWS + framecols.ROWS_MAX, framecols.WIDTH))
+        """Where ``decode`` writes the next frame's GPU rows (``framecols.COLUMNS``), at row ``_used``."""
+        self._used = 0
+        self._decoded: framecols.Frame | None = None
+        """The frame ``decode`` wrote last, until ingested: the only one whose rows ``ingest`` keeps."""
+        self._lent: framecols.Frame | None = None
+        """The frame ``decode`` wrote last: its rows are overwritten by the next (``Frame.exact``)."""
+        self._take = np.zeros(1, dtype=np.intp)
+        """The plane's columns the rules read (index first), in the order of ``_raw``."""
         self.cap, self.gpus = capacity, gpus_per_node
         self.last_ts = np.full(self.cap, -np.inf)
         """When each node's newest frame counted (its ``at``), on the evaluator's clock; a frame that
@@ -86,6 +103,9 @@ class FleetState:
         self.seen = np.zeros((self.cap, self.gpus), dtype=bool)
         self.anomaly = np.zeros((self.cap, self.gpus))
         self.straggler = np.zeros((self.cap, self.gpus))
+        self.power_limit = np.full((self.cap, self.gpus), np.nan)
+        """Each GPU's ``power_limit_w`` in its node's newest frame, whatever the rules read (the power
+        actuator's reading, ``latest_power_limit``); NaN: not reported."""
         self.needs = windows.Needs((), {})
         self.ports = port_state.PortState(
             self.cap, buckets_per_window=buckets_per_window, max_buckets=max_buckets
@@ -95,8 +115,8 @@ class FleetState:
         self.col: dict[str, int] = {}
         self.history: dict[str, windows.History] = {}
         self._raw: list[str] = []
-        self._getter: Callable[[telemetry.GpuView], tuple[Any, ...]] = operator.attrgetter("index")
-        self._dict_getter: Callable[[dict[str, Any]], tuple[Any, ...]] = operator.itemgetter("index")
+        self._getter: Callable[[telemetry.GpuView], tuple[Any, ...]] = operator.attrgetter("index", *KEPT)
+        self._dict_getter: Callable[[dict[str, Any]], tuple[Any, ...]] = operator.itemgetter("index", *KEPT)
         self.set_rules(rules or ruleset.RuleSet())
 
     @property
@@ -115,10 +135,12 @@ class FleetState:
             if name in old_col:
                 self.latest[i] = old_latest[old_col[name]]
         self._raw = [c for c in needs.columns if metric_catalog.ALL[c].source == "sample"]
-        # Both read the same fields: attributes of the controller's msgspec structs, or (faster than
-        # attribute lookup on a pydantic model) the __dict__ of a GpuSample.
-        self._getter = operator.attrgetter("index", *self._raw) if self._raw else _index_only
-        self._dict_getter = operator.itemgetter("index", *self._raw) if self._raw else _index_only_dict
+        # All three read the same fields: attributes of the strict msgspec structs, (faster than
+        # attribute lookup on a pydantic model) the __dict__ of a GpuSample, or the plane's columns.
+        staged = ("index", *self._raw, *KEPT)
+        self._getter = operator.attrgetter(*staged)
+        self._dict_getter = operator.itemgetter(*staged)
+        self._take = np.array([framecols.COLUMN[c] for c in staged], dtype=np.intp)
         self.history = windows.histories(
             needs.windows, self.col, self.history, (self.cap, self.gpus),
             buckets_per_window=self.buckets_per_window, max_buckets=self.max_buckets,
@@ -149,38 +171,64 @@ class FleetState:
                 self.straggler[n, g] = score
 
     # -- ingest
+    def decode(self, data: bytes) -> framecols.Frame:
+        """Decode a frame's bytes with its GPU readings written straight into the staging plane
+        (``framecols.decode_into``; ``errors.DecodeError`` as ``codec.decode_frame_view`` raises it).
+        ``ingest`` keeps those rows if it is given this frame before the next ``decode``; a frame never
+        ingested costs nothing (the next one overwrites its rows)."""
+        if self._lent is not None:
+            self._lent.exact = False  # its rows are about to be written over
+        frame = self._decoded = self._lent = framecols.decode_into(data, self._plane, self._used)
+        return frame
+
     def ingest(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         """Queue one frame. ``at``: when it counts on the evaluator's clock (the controller passes its
         receive time, so a node's clock skew cannot make it look silent); default ``frame.ts``."""
         n = self._index.get(frame.node)
         if n is None:
             n = self._node(frame.node)
-        gpus = frame.gpus
-        if frame.boot_id != self._boot[n] or len(gpus) != self._count[n]:
+        decoded = self._decoded
+        in_plane = decoded is not None and frame is decoded and decoded.row == self._used
+        count = frame.gpu_count if isinstance(frame, framecols.Frame) else len(frame.gpus)
+        if frame.boot_id != self._boot[n] or count != self._count[n]:
             # GPUs only change across an agent restart (or when one falls off): refresh models/UUIDs.
-            self._boot[n], self._count[n] = frame.boot_id, len(gpus)
-            info = {g.index: (g.model, g.uuid) for g in gpus}
+            self._boot[n], self._count[n] = frame.boot_id, count
+            info = {g.index: (g.model, g.uuid) for g in frame.gpus}
             if info.items() - self.gpu_info[n].items():
                 self.gpu_info[n].update(info)
                 self.version += 1
-        rows = self._rows
-        if isinstance(frame, telemetry.NodeFrame):
-            rows.extend([self._dict_getter(g.__dict__) for g in gpus])
+        if in_plane:
+            self._decoded = None
+            if self._rows:  # rows queued as Python values go first, in the order frames came
+                self._stage()
+            self._used += count
         else:
-            rows.extend(map(self._getter, gpus))
+            if self._used:
+                self._stage()
+            gpus = frame.gpus
+            if isinstance(frame, telemetry.NodeFrame):
+                self._rows.extend([self._dict_getter(g.__dict__) for g in gpus])
+            else:
+                self._rows.extend(map(self._getter, gpus))
         fabric = (
             (getattr(frame, "ports", None), getattr(frame, "fabric_manager_up", None))
             if self.needs.reads_ports
             else None
         )
         ts = frame.ts
-        self._frames.append((n, ts, ts if at is None else at, len(gpus), frame.gpus_expected, fabric))
-        if len(rows) >= STAGE_ROWS:
+        self._frames.append((n, ts, ts if at is None else at, count, frame.gpus_expected, fabric))
+        if len(self._rows) >= STAGE_ROWS or self._used > PLANE_ROWS:
             self._stage()
 
     def _stage(self) -> None:
-        """The queued GPU rows into one float plane now, while their numbers are fresh in the cache and
-        can be freed (a tick's worth of Python floats kept until ``flush`` costs more than converting)."""
+        """The queued GPU rows into one float block of the columns the rules read, now: the staging
+        plane's (then free again for ``decode``), or the rows queued as Python values, while their
+        numbers are fresh in the cache and can be freed (a tick's worth of Python floats kept until
+        ``flush`` costs more than converting). Only one of the two holds rows at a time."""
+        if self._used:
+            self._staged.append(self._plane[: self._used, self._take])
+            self._used = 0
+            self._decoded = None
         if self._rows:
             self._staged.append(np.array(self._rows, dtype=np.float64).reshape(len(self._rows), -1))
             self._rows = []
@@ -197,7 +245,7 @@ class FleetState:
         staged, self._staged = self._staged, []
         if not pending:
             return
-        width = 1 + len(self._raw)
+        width = 1 + len(self._raw) + len(KEPT)
         values = np.concatenate(staged) if len(staged) > 1 else staged[0] if staged else np.empty((0, width))
         counts = [it[3] for it in pending]
         starts = np.zeros(len(pending), dtype=np.intp)
@@ -213,11 +261,18 @@ class FleetState:
             if k == len(batches):
                 batches.append([])
             batches[k].append(i)
-        for batch in batches:
-            self._apply([pending[i] for i in batch], values, starts[batch])
+        for k, batch in enumerate(batches):
+            items = [pending[i] for i in batch]
+            # a node's newest frame here is in the last batch that holds it
+            newest = None if k == len(batches) - 1 else [nth[it[0]] == k + 1 for it in items]
+            self._apply(items, values, starts[batch], newest)
 
-    def _apply(self, items: list[_Item], values_all: F64, starts: npt.NDArray[np.intp]) -> None:
-        """One batch: ``items`` (no node twice), their GPU rows at ``starts`` in ``values_all``."""
+    def _apply(
+        self, items: list[_Item], values_all: F64, starts: npt.NDArray[np.intp], newest: list[bool] | None
+    ) -> None:
+        """One batch: ``items`` (no node twice), their GPU rows at ``starts`` in ``values_all``;
+        ``newest``: which are their node's newest frame of the flush (None: all), the only ones whose
+        readings ``latest`` keeps (the others' count in the windows)."""
         nodes = np.fromiter((it[0] for it in items), dtype=np.intp, count=len(items))
         frame_ts = np.fromiter((it[1] for it in items), dtype=np.float64, count=len(items))
         ts = np.fromiter((it[2] for it in items), dtype=np.float64, count=len(items))
@@ -229,6 +284,8 @@ class FleetState:
             late = [self.names[it[0]] for it, ok in zip(items, fresh.tolist(), strict=True) if not ok]
             log.warning("frames_out_of_order_dropped", count=dropped, nodes=late[:10])
             items = [it for it, ok in zip(items, fresh.tolist(), strict=True) if ok]
+            if newest is not None:
+                newest = [last for last, ok in zip(newest, fresh.tolist(), strict=True) if ok]
             nodes, frame_ts, ts = nodes[fresh], frame_ts[fresh], ts[fresh]
             counts, starts = counts[fresh], starts[fresh]
             if not items:
@@ -242,14 +299,22 @@ class FleetState:
         if len(gidx) and gidx.max() >= self.gpus:
             self._grow(self.cap, int(gidx.max()) + 1)
         grid = np.full((len(self.col), len(items), self.gpus), np.nan)
-        grid[:nraw, frame_of, gidx] = values[:, 1:].T
+        grid[:nraw, frame_of, gidx] = values[:, 1 : 1 + nraw].T
+        limits = np.full((len(items), self.gpus), np.nan)
+        limits[frame_of, gidx] = values[:, 1 + nraw]
         with np.errstate(invalid="ignore"):
             for name, i in self.col.items():
                 if name in fields.CLOCK_BITS:
                     bits = grid[self.col["clocks_event_reasons"]]
                     flag = (np.nan_to_num(bits).astype(np.int64) & int(fields.CLOCK_BITS[name][0])) != 0
                     grid[i] = np.where(np.isnan(bits), np.nan, flag)
-            self.latest[:, nodes] = grid
+            if newest is None:
+                self.latest[:, nodes] = grid
+                self.power_limit[nodes] = limits
+            elif any(newest):  # (a flood's earlier frames: only their windows count)
+                keep = np.array(newest)
+                self.latest[:, nodes[keep]] = grid[:, keep]
+                self.power_limit[nodes[keep]] = limits[keep]
             self.last_ts[nodes] = ts
             self.frame_ts[nodes] = frame_ts
             self.present[nodes] = counts
@@ -331,6 +396,7 @@ class FleetState:
             self.seen,
             self.anomaly,
             self.straggler,
+            self.power_limit,
             self.latest,
         ]
         for hist in self.history.values():
@@ -384,6 +450,7 @@ class FleetState:
         self.seen[n] = False
         self.anomaly[n] = 0.0
         self.straggler[n] = 0.0
+        self.power_limit[n] = np.nan
         self.latest[:, n] = np.nan
         self.ports.forget(n)
         for hist in self.history.values():
@@ -412,6 +479,7 @@ class FleetState:
         self.seen = pad(self.seen, 0, 1, False)
         self.anomaly = pad(self.anomaly, 0, 1, 0.0)
         self.straggler = pad(self.straggler, 0, 1, 0.0)
+        self.power_limit = pad(self.power_limit, 0, 1, np.nan)
         self.latest = pad(self.latest, 1, 2, np.nan)
         for hist in self.history.values():
             hist.last_value = pad(hist.last_value, 0, 1, np.nan)
@@ -421,11 +489,3 @@ class FleetState:
         self.cap, self.gpus = cap, gpus
         self.ports.grow(cap, self.ports.slots)
         self.version += 1
-
-
-def _index_only(g: telemetry.GpuView) -> tuple[int]:
-    return (g.index,)
-
-
-def _index_only_dict(d: dict[str, Any]) -> tuple[int]:
-    return (d["index"],)

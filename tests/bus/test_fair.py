@@ -51,12 +51,15 @@ def test_bad_sizes_are_refused() -> None:
         fairqueue.FairQueue(per_source=0, max_bytes=1)
 
 
+@pytest.mark.parametrize("batches", [False, True], ids=["per-message", "in-batches"])
 async def test_a_fair_subscription_on_a_real_server_sheds_the_flood_and_keeps_every_other_source(
-    nats_server: embedded.EmbeddedServer,
+    nats_server: embedded.EmbeddedServer, batches: bool
 ) -> None:
-    """The handler is stuck (on the first message it took) while 5,000 messages flood one subject and
-    three other subjects send three each: the flood keeps its newest ``per_source``, every other message
-    is delivered, a message the screen refuses never queues, and the shed ones are ``dropped``."""
+    """The handler is stuck (on the first message or batch it took) while 5,000 messages flood one
+    subject and three other subjects send three each: the flood keeps its newest ``per_source`` (and
+    what the handler took), every other message is delivered, a message the screen refuses never
+    queues, and the shed ones are ``dropped``; the same whether it takes one message per call or a
+    batch (``subscribe_batches``)."""
     bus = await natsbus.NatsBus.connect(nats_server.url, name="fair")
     pub = await natsbus.NatsBus.connect(nats_server.url, name="pub")
     release = asyncio.Event()
@@ -70,6 +73,11 @@ async def test_a_fair_subscription_on_a_real_server_sheds_the_flood_and_keeps_ev
         await release.wait()
         got.append((msg.subject, msg.data))
 
+    async def batch_handler(msgs: list[base.Msg]) -> None:
+        entered.extend(m.data for m in msgs)
+        await release.wait()
+        got.extend((m.subject, m.data) for m in msgs)
+
     def source(subject: str, data: bytes) -> str | None:
         if data.startswith(b"junk"):
             refused.append(data)
@@ -77,7 +85,11 @@ async def test_a_fair_subscription_on_a_real_server_sheds_the_flood_and_keeps_ev
         return subject.rsplit(".", 1)[-1]
 
     try:
-        sub = await bus.subscribe("t.*", handler, fair=base.Fairness(source, per_source=4, max_bytes=1 << 20))
+        fairness = base.Fairness(source, per_source=4, max_bytes=1 << 20)
+        if batches:
+            sub = await bus.subscribe_batches("t.*", batch_handler, fair=fairness, max_batch=16)
+        else:
+            sub = await bus.subscribe("t.*", handler, fair=fairness)
         await bus.flush()
         for i in range(5000):
             await pub.publish("t.flood", b"f%d" % i)
@@ -89,7 +101,11 @@ async def test_a_fair_subscription_on_a_real_server_sheds_the_flood_and_keeps_ev
         async with asyncio.timeout(20):  # every message read off the socket: queued, shed or refused
             while sub.pending + sub.dropped + len(refused) + len(entered) < 5010:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
-        assert sub.dropped in (4995, 4996), "the flood's own: all but its newest four and one taken"
+        taken = sum(d.startswith(b"f") for d in entered)  # (before the flood, or from its newest four)
+        assert taken <= (16 if batches else 1)
+        assert 4996 - taken <= sub.dropped <= 4996, (
+            "the flood's own: all but its newest four, less those taken"
+        )
         assert refused == [b"junk"], "screened out before it queued"
         release.set()
         async with asyncio.timeout(20):
@@ -106,3 +122,44 @@ async def test_a_fair_subscription_on_a_real_server_sheds_the_flood_and_keeps_ev
         release.set()
         await pub.close()
         await bus.close()
+
+
+async def test_batches_take_what_waits_in_order_and_never_more_than_asked(bus: base.Bus) -> None:
+    """While the handler holds its first batch, 100 more messages queue; then it is given them in
+    batches of at most ``max_batch``, each source's in the order sent, and none twice or lost."""
+    release = asyncio.Event()
+    batches: list[list[bytes]] = []
+
+    async def handler(msgs: list[base.Msg]) -> None:
+        batches.append([m.data for m in msgs])
+        await release.wait()
+
+    sub = await bus.subscribe_batches(
+        "t.*", handler, fair=base.Fairness(lambda subject, data: subject, per_source=1000), max_batch=16
+    )
+    try:
+        await bus.flush()
+        await bus.publish("t.a", b"a-first")
+        async with asyncio.timeout(10):
+            while not batches:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        for i in range(50):
+            await bus.publish("t.a", b"a-%02d" % i)
+            await bus.publish("t.b", b"b-%02d" % i)
+        async with asyncio.timeout(10):
+            while sub.pending < 100:  # noqa: ASYNC110 - every message read and queued
+                await asyncio.sleep(0.01)
+        release.set()
+        async with asyncio.timeout(10):
+            while sum(map(len, batches)) < 101:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert batches[0] == [b"a-first"]
+        assert [len(b) for b in batches[1:]] == [16] * 6 + [4]
+        flat = [d for b in batches for d in b]
+        assert [d for d in flat if d.startswith(b"a-") and d != b"a-first"] == [
+            b"a-%02d" % i for i in range(50)
+        ]
+        assert [d for d in flat if d.startswith(b"b-")] == [b"b-%02d" % i for i in range(50)]
+    finally:
+        release.set()
+        await sub.unsubscribe()

@@ -9,6 +9,7 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
+import pytest
 import structlog.testing
 
 from healer import errors, testing
@@ -341,6 +342,7 @@ async def test_an_anomaly_incident_says_which_component_and_against_what(harness
     assert opened.data.evidence["anomaly.residual_c"] == 6.5
 
 
+@pytest.mark.usefixtures("frame_decoder")
 async def test_bad_frames_are_counted_and_lax_frames_still_act(harness: Harness) -> None:
     """Malformed frames are counted by reason and change nothing; a frame that is valid only after
     pydantic's coercion (the strict fast decoder refuses it) is still ingested, and counted as lax."""

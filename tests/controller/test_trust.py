@@ -51,6 +51,7 @@ async def send(harness: Harness, subject_node: str, f: telemetry.NodeFrame) -> N
     await harness.bus.publish(SUBJ.telemetry(subject_node), codec.encode(f))
 
 
+@pytest.mark.usefixtures("frame_decoder")
 async def test_a_frame_naming_another_node_is_rejected_and_counted(harness: Harness) -> None:
     ctl = await listening(harness, testing.RecordingActuator())
     await send(harness, "gpu-a", frame("gpu-b"))
@@ -139,6 +140,7 @@ def test_scheduler_admission_needs_a_scheduler_that_lists_nodes() -> None:
     assert config.ControllerSettings().admission == "scheduler", "the safe default"
 
 
+@pytest.mark.usefixtures("frame_decoder")
 async def test_a_frame_with_more_gpus_than_allowed_never_widens_the_state(harness: Harness) -> None:
     ctl = await listening(harness, testing.RecordingActuator(), max_gpus_per_node=8)
     await send(harness, "gpu-a", frame("gpu-a", gpus=32))
@@ -169,6 +171,7 @@ async def test_a_clock_ten_years_ahead_is_counted_and_does_not_silence_the_node(
     assert ctl.engine.state.dropped_frames == 0
 
 
+@pytest.mark.usefixtures("frame_decoder")
 async def test_impossible_readings_are_counted_per_field(harness: Harness) -> None:
     ctl = await listening(harness, testing.RecordingActuator())
     hot = frame("gpu-a")

@@ -185,22 +185,27 @@ def test_out_of_order_and_duplicate_frames_in_one_batch() -> None:
     } in logs
 
 
+@pytest.mark.usefixtures("frame_decoder")
 def test_frames_staged_in_many_planes_land_in_their_own_rows() -> None:
-    """More GPU rows than one staging plane holds (state.STAGE_ROWS), frames of both kinds (pydantic
-    NodeFrames and the controller's strict views), GPU counts varying by node and arrival out of time
-    order: each node's newest values are its own, and its windows saw every frame."""
+    """More GPU rows than one staging plane holds (state.STAGE_ROWS, state.PLANE_ROWS), frames of all
+    kinds (pydantic NodeFrames, the strict views, and frames decoded straight into the staging plane by
+    ``Engine.decode``, in runs and one by one), GPU counts varying by node and arrival out of time order:
+    each node's newest values are its own, and its windows saw every frame."""
     eng = make_engine(rule("increase(ecc_dbe_volatile[5m]) > 0 and temp_c > 0"), capacity=4)
-    nodes = 3 * state.STAGE_ROWS // 8 + 7
-    sent: list[telemetry.FrameView] = []
+    nodes = 3 * state.PLANE_ROWS // 8 + 7
     for t in (2.0, 0.0, 1.0):  # the newest first
         for i in range(nodes):
             nf = frame(
                 f"n{i}", t, gpus=1 + i % 4, temp_c={g: 30.0 + i + g / 10 + t for g in range(4)},
                 ecc_dbe_volatile={g: int(t) * (i % 3) for g in range(4)},
             )  # fmt: skip
-            sent.append(codec.decode_frame_view(codec.encode(nf)) if i % 2 else nf)
-    for f in sent:
-        eng.ingest(f)
+            kind = i % 5 if i < nodes // 2 else 4  # then a long run of plane frames
+            if kind == 0:
+                eng.ingest(nf)
+            elif kind == 1:
+                eng.ingest(codec.decode_frame_view(codec.encode(nf)))
+            else:
+                eng.ingest(eng.decode(codec.encode(nf)))
     fired = statuses(eng.evaluate(T0 + 2))
     assert fired == {("r", f"n{i}", g, "fired") for i in range(nodes) if i % 3 for g in range(1 + i % 4)}
     st_ = eng.state
@@ -212,6 +217,59 @@ def test_frames_staged_in_many_planes_land_in_their_own_rows() -> None:
         assert temps[:gpus].tolist() == [30.0 + i + g / 10 + 2.0 for g in range(gpus)]
         assert np.isnan(temps[gpus:]).all()
         assert st_.present[row] == gpus
+
+
+def test_each_node_keeps_its_newest_frame_when_a_flush_holds_several_of_some_nodes() -> None:
+    """One evaluation after frames of nodes that sent 3, 2 and 1 of them: each node's latest readings
+    are its newest frame's, however many the others sent, and its windows count every frame."""
+    eng = make_engine(rule("increase(ecc_dbe_volatile[5m]) > 1 and temp_c > 0"))
+    sent = {"a": 3, "b": 2, "c": 1}
+    for t in range(3):
+        for node, n in sent.items():
+            if t < n:
+                eng.ingest(frame(node, float(t), temp_c=40.0 + 10 * t, ecc_dbe_volatile=t * 2))
+    fired = statuses(eng.evaluate(T0 + 3))
+    assert fired == {("r", "a", g, "fired") for g in range(2)} | {("r", "b", g, "fired") for g in range(2)}
+    st_ = eng.state
+    latest = {n: st_.latest[st_.col["temp_c"], st_.node_index(n), 0] for n in sent}
+    assert latest == {"a": 60.0, "b": 50.0, "c": 40.0}
+    assert eng.latest_power_limit("c", 0) is not None
+
+
+@pytest.mark.usefixtures("frame_decoder")
+def test_a_decoded_frame_is_ingested_with_its_own_values_whatever_happened_in_between() -> None:
+    """``Engine.decode`` writes a frame's rows where the next one's go: a frame decoded before another
+    (or before a flush) and ingested after it still lands with its own values, never the other's."""
+    eng = make_engine(rule("temp_c > 0"))
+    a = eng.decode(codec.encode(frame("a", 0.0, temp_c=41.0)))
+    b = eng.decode(codec.encode(frame("b", 0.0, temp_c=52.0)))
+    eng.ingest(a)
+    eng.ingest(b)
+    c = eng.decode(codec.encode(frame("c", 0.0, temp_c=63.0)))
+    assert eng.summary("a", 0, T0)["latest.temp_c"] == 41.0  # flushes between c's decode and its ingest
+    eng.ingest(c)
+    rejected = eng.decode(codec.encode(frame("d", 0.0, temp_c=99.0)))
+    assert rejected.node == "d"  # never ingested: costs nothing
+    eng.ingest(eng.decode(codec.encode(frame("e", 0.0, temp_c=74.0))))
+    eng.evaluate(T0)
+    st_ = eng.state
+    latest = {n: st_.latest[st_.col["temp_c"], st_.node_index(n), 0] for n in "abce"}
+    assert latest == {"a": 41.0, "b": 52.0, "c": 63.0, "e": 74.0}
+    assert st_.node_index("d") is None
+
+
+@pytest.mark.usefixtures("frame_decoder")
+def test_the_newest_power_limit_of_each_gpu_is_kept_whatever_the_rules_read() -> None:
+    eng = make_engine(rule("temp_c > 90"))
+    eng.ingest(eng.decode(codec.encode(frame("n", 0.0, power_limit_w={0: 700.0, 1: 650.0}))))
+    eng.ingest(frame("n", 1.0, power_limit_w={0: 500.0, 1: None}))
+    assert eng.latest_power_limit("n", 0) == (T0 + 1, 500.0)
+    assert eng.latest_power_limit("n", 1) is None  # null in the newest frame
+    assert eng.latest_power_limit("n", 2) is None
+    assert eng.latest_power_limit("other", 0) is None
+    eng.ingest(eng.decode(codec.encode(frame("n", 2.0, gpus=1, power_limit_w=450.0))))
+    assert eng.latest_power_limit("n", 0) == (T0 + 2, 450.0)
+    assert eng.latest_power_limit("n", 1) is None  # absent from the newest frame
 
 
 def test_fleet_and_gpu_count_grow_without_losing_state() -> None:

@@ -2,7 +2,8 @@
 
 ``codec.decode_frame_view`` tries the struct that schemas/fastwire.py derives from NodeFrame and falls
 back to ``codec.decode_frame``; if the strict path ever accepted a document pydantic rejects, or decoded a
-value differently, these tests see a different verdict or a different dump.
+value differently, these tests see a different verdict or a different dump. Every document here also
+goes through both columnar decoders (schemas/framecols.py, compiled and pure Python), held to the same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from healer import errors
 from healer.schemas import codec, fastwire, telemetry
+from tests.schemas import test_framecols
 from tests.schemas.test_schemas import good_frame, json_values
 
 STRICT = fastwire.decoder(telemetry.NodeFrame)
@@ -39,8 +41,11 @@ def verdict(decode: Any, data: bytes) -> tuple[str, str | bytes]:
 
 
 def assert_same(data: bytes) -> tuple[str, str | bytes]:
+    """The strict decoder and both columnar decoders (tests/schemas/test_framecols.py) give pydantic's
+    verdict and values for ``data``."""
     reference = verdict(codec.decode_frame, data)
     assert verdict(codec.decode_frame_view, data) == reference
+    assert test_framecols.assert_columns_same(data) == reference[0]
     return reference
 
 
