@@ -14,6 +14,7 @@ import contextlib
 import math
 import ssl
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -94,23 +95,28 @@ def translate(what: str, e: BaseException) -> errors.HealerError:
 
 
 KEYS_CONSUMER_IDLE_S = 5.0
-"""How long the server keeps the ordered consumer a key listing made, once the listing is done. nats-py's
-own ``KeyValue.keys`` leaves it for 5 minutes: a controller listing keys every second or two kept
-hundreds of consumers (and their heartbeats) alive until the KV stream refused new ones ("maximum
-consumers limit reached", err 10026), and nats-py reports a listing whose consumer was refused as "no
-keys": every housekeeping pass then failed, and a takeover could have loaded no incident."""
+"""How long the server keeps a key listing's consumer if the listing could not delete it. nats-py's own
+``KeyValue.keys`` leaves its consumer for 5 minutes: a controller listing keys every second or two kept
+hundreds of them (and their heartbeats) alive until the KV stream refused new ones ("maximum consumers
+limit reached", err 10026); and its push consumer could mark the listing complete before the first key
+arrived on a loaded machine, so a listing read as an empty bucket. Both read here as "no incidents"."""
 KEYS_TIMEOUT_S = 10.0
-"""Longest one key listing may take (its consumer's first delivery and the server's marker included)."""
+"""Longest one key listing may take."""
+KEYS_BATCH = 256
+"""Keys fetched per request of a listing."""
+KV_DELETED_REASONS = frozenset({"MaxAge", "Purge", "Remove"})
+"""``Nats-Marker-Reason`` values of a server-placed marker (nats-server 2.11+): the key is gone."""
 
 
 class NatsKeyValue:
     """A JetStream KV bucket as a ``base.KeyValue``: nats-py's errors become healer's."""
 
-    def __init__(self, kv: js_kv.KeyValue, js: JetStreamContext | None = None, stream: str = "") -> None:
+    def __init__(self, kv: js_kv.KeyValue, js: JetStreamContext, bucket: str) -> None:
         self.kv = kv
         self.js = js
-        self.stream = stream
-        """The bucket's stream (``KV_<bucket>``): where ``keys`` deletes the consumer it listed with."""
+        self.bucket = bucket
+        self.stream = f"KV_{bucket}"
+        """The bucket's stream, which ``keys`` reads through a pull consumer of its own."""
 
     async def get(self, key: str) -> base.Entry | None:
         try:
@@ -152,36 +158,59 @@ class NatsKeyValue:
             raise translate(f"KV delete {key}", e) from e
 
     async def keys(self) -> list[str]:
-        """Every key with a value (deleted and purged ones left out), read through an ordered consumer
-        that is deleted once the listing is done (or dropped by the server ``KEYS_CONSUMER_IDLE_S``
-        later). A consumer the server refuses is an error, never an empty bucket."""
+        """Every key with a value (deleted, purged and expired ones left out): the last message of each
+        key's subject, headers only, read through a pull consumer made for the listing and deleted after
+        it. A pull consumer delivers nothing before it is asked, so the count it reports when made is
+        exactly what the listing reads: no key is missed however slow the machine. A consumer the
+        server refuses is an error, never an empty bucket."""
+        name = f"healer-keys-{uuid.uuid4().hex[:16]}"
+        prefix = f"$KV.{self.bucket}."
+        config = js_api.ConsumerConfig(
+            name=name,
+            deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=js_api.AckPolicy.NONE,
+            headers_only=True,
+            filter_subject=prefix + ">",
+            inactive_threshold=KEYS_CONSUMER_IDLE_S,
+            mem_storage=True,
+            num_replicas=1,
+        )
         try:
             async with asyncio.timeout(KEYS_TIMEOUT_S):
-                watcher = await self.kv.watch(
-                    ">", ignore_deletes=True, meta_only=True, inactive_threshold=KEYS_CONSUMER_IDLE_S
-                )
+                left = (await self.js.add_consumer(self.stream, config=config)).num_pending or 0
                 try:
-                    out: list[str] = []
-                    async for entry in watcher:
-                        if entry is None:  # nats-py's marker: everything pending was delivered
-                            break
-                        out.append(entry.key)
-                    return out
+                    return await self._read_keys(name, prefix, left)
                 finally:
-                    await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py: untyped
-                    await self._drop(getattr(watcher._sub, "_consumer", None))
+                    with contextlib.suppress(*_FAILURES):
+                        await self.js.delete_consumer(self.stream, name)
         except _FAILURES as e:
             raise translate("KV keys", e) from e
 
-    async def _drop(self, consumer: str | None) -> None:
-        """Delete the listing's consumer now rather than after its idle time (a failure leaves it to
-        that: it is gone ``KEYS_CONSUMER_IDLE_S`` later anyway)."""
-        if self.js is None or not consumer:
-            return
+    async def _read_keys(self, name: str, prefix: str, left: int) -> list[str]:
+        out: list[str] = []
+        if left == 0:
+            return out
+        sub = await self.js.pull_subscribe_bind(name=name, stream=self.stream)
         try:
-            await self.js.delete_consumer(self.stream, consumer)
-        except _FAILURES as e:
-            log.debug("kv.listing_consumer_left", stream=self.stream, consumer=consumer, error=describe(e))
+            while left > 0:
+                try:
+                    msgs = await sub.fetch(min(left, KEYS_BATCH), timeout=KEYS_TIMEOUT_S / 4)
+                except nats.errors.TimeoutError:
+                    if (await sub.consumer_info()).num_pending == 0:
+                        break  # the rest expired (a TTL bucket) or was purged since the count
+                    raise
+                for m in msgs:
+                    left -= 1
+                    headers = m.headers or {}
+                    if headers.get("KV-Operation") in ("DEL", "PURGE"):
+                        continue
+                    if headers.get("Nats-Marker-Reason") in KV_DELETED_REASONS:
+                        continue
+                    out.append(m.subject[len(prefix) :])
+        finally:
+            with contextlib.suppress(*_FAILURES):
+                await sub.unsubscribe()
+        return out
 
 
 class _Acker:
@@ -803,7 +832,7 @@ class NatsBus:
 
     async def key_value(self, bucket: str) -> base.KeyValue:
         try:
-            return NatsKeyValue(await self.js.key_value(bucket), self.js, f"KV_{bucket}")
+            return NatsKeyValue(await self.js.key_value(bucket), self.js, bucket)
         except nats.js.errors.BucketNotFoundError as e:
             raise base.NotFound(
                 f"no KV bucket {bucket}: run `healer nats provision` (or start the controller) first, or "

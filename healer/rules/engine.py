@@ -249,7 +249,8 @@ class Engine:
         n = st.node_index(node)
         if n is None or gpu is None or gpu >= st.gpus or not st.seen[n, gpu]:
             return {}
-        out: dict[str, float] = {"age_s": round(now - float(st.last_ts[n]), 3)}
+        # a frame received after ``now`` was taken (the flush above brought it in) is 0 s old, not negative
+        out: dict[str, float] = {"age_s": round(max(0.0, now - float(st.last_ts[n])), 3)}
         for name, col in st.col.items():
             v = float(st.latest[col, n, gpu])
             if not math.isnan(v):

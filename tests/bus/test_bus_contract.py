@@ -102,6 +102,19 @@ async def test_listing_keys_again_and_again_leaves_no_consumer_behind(
     assert info.state.consumer_count == 0
 
 
+async def test_a_key_listing_reads_every_key_past_one_fetch(
+    nats_bus: natsbus.NatsBus, subj: subjects.Subjects
+) -> None:
+    """A listing reads exactly the keys there were when it began, in several fetches when there are many
+    (the pull consumer's own count, not a push consumer's guess at when the last one came)."""
+    bucket = await nats_bus.key_value(subj.kv_state)
+    for i in range(2 * natsbus.KEYS_BATCH + 7):
+        await bucket.put(f"k.{i:04d}", b"x")
+    await bucket.delete("k.0003")
+    listed = await bucket.keys()
+    assert sorted(listed) == [f"k.{i:04d}" for i in range(2 * natsbus.KEYS_BATCH + 7) if i != 3]
+
+
 async def test_a_bucket_that_was_never_provisioned_is_not_found(bus: base.Bus) -> None:
     with pytest.raises(base.NotFound, match="no KV bucket"):
         await bus.key_value("healer-nothing-here")

@@ -57,13 +57,13 @@ class FailingKV:
     async def delete(self, key: str) -> None:
         raise self.error
 
-    async def watch(self, keys: str, **options: Any) -> Any:  # what a key listing starts with
+    async def add_consumer(self, stream: str, **options: Any) -> Any:  # JetStream: a key listing's first
         raise self.error
 
 
 @pytest.mark.parametrize("error", TRY_AGAIN, ids=lambda e: type(e).__name__)
 async def test_every_try_again_error_of_kv_is_temporary(error: Exception) -> None:
-    store = kv.Store(natsbus.NatsKeyValue(FailingKV(error)))  # type: ignore[arg-type]
+    store = kv.Store(natsbus.NatsKeyValue(FailingKV(error), FailingKV(error), "healer-state"))  # type: ignore[arg-type]
     calls = [
         store.get("k"), store.put("k", {}), store.create("k", {}), store.update("k", {}, 1),
         store.delete("k"), store.keys(),
@@ -75,7 +75,7 @@ async def test_every_try_again_error_of_kv_is_temporary(error: Exception) -> Non
 
 async def test_a_refusal_of_kv_is_permanent() -> None:
     refusal = JS.BadRequestError(code=400, description="invalid key")
-    store = kv.Store(natsbus.NatsKeyValue(FailingKV(refusal)))  # type: ignore[arg-type]
+    store = kv.Store(natsbus.NatsKeyValue(FailingKV(refusal), FailingKV(refusal), "healer-state"))  # type: ignore[arg-type]
     with pytest.raises(errors.PermanentError):
         await store.get("k")
 

@@ -143,7 +143,14 @@ async def test_validation_failing_twice_opens_a_hardware_replacement(harness: Ha
     await harness.controller(sched, gpu=gpu)
     await warm(fleet)
     fault(fleet)
-    await run_until(fleet, lambda: bool(events(harness, healing.REPLACEMENT_RULE)))
+    # the replacement opens, then the fault's incident is updated with its outcome (two feed events)
+    await run_until(
+        fleet,
+        lambda: (
+            bool(events(harness, healing.REPLACEMENT_RULE))
+            and events(harness, "ecc-dbe")[-1].data.evidence.get("outcome") == "hardware_replacement"
+        ),
+    )
     rep = events(harness, healing.REPLACEMENT_RULE)[0].data
     original = events(harness, "ecc-dbe")[-1].data
     assert rep.severity == "critical"
