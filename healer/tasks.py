@@ -25,6 +25,10 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
+CANCEL_ROUNDS = 50
+"""How many times ``close`` cancels a task that is still running (``CANCEL_WAIT_S`` apart)."""
+CANCEL_WAIT_S = 0.2
+
 REPORTED = "(reported as a task failure)"
 """The note a reported failure carries, so a task that re-raises an inner task's failure (a feed
 consumer's run) does not report it again."""
@@ -130,15 +134,30 @@ class Scheduler:
         tasks = list(self.tasks)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-            for t in pending:
-                t.cancel()
-            await asyncio.wait(tasks)
+            await self._cancel(list(pending))
 
     async def close(self) -> None:
         """Stop now: set ``stop``, cancel every task and await them all."""
         self.stop.set()
-        tasks = list(self.tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self._cancel(list(self.tasks))
+
+    async def _cancel(self, tasks: list[asyncio.Task[Any]]) -> None:
+        """Cancel ``tasks`` until every one has ended. One cancellation is not always enough: Python
+        3.11's ``asyncio.wait_for`` (nats-py fetches through it) swallows one that races with the end
+        of what it waits for, and a loop then goes on as if nothing happened; a single cancel and an
+        unbounded wait hung a feed consumer's stop. A task still running after ``CANCEL_ROUNDS`` tries
+        is logged by name and left (never a hang)."""
+        pending = tasks
+        for _ in range(CANCEL_ROUNDS):
+            pending = [t for t in pending if not t.done()]
+            if not pending:
+                return
+            for t in pending:
+                t.cancel()
+            await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
+        pending = [t for t in pending if not t.done()]
+        if pending:
+            self.log.error(
+                f"{self.scope}.tasks_ignore_cancel", tasks=sorted(t.get_name() for t in pending),
+                tried=CANCEL_ROUNDS,
+            )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import prometheus_client as prom
 import pytest
@@ -121,6 +122,54 @@ async def test_close_cancels_and_awaits_every_task() -> None:
     assert forever.cancelled()
     assert all(t.done() for t in jobs.tasks)
     assert failures(registry, "forever") == 0, "a cancelled task is no failure"
+
+
+async def test_close_ends_a_task_that_swallowed_the_first_cancellation() -> None:
+    """Python 3.11's ``wait_for`` can swallow a cancellation that races with what it waits for; the
+    loop around it then goes on. ``close`` cancels again until the task ends instead of hanging."""
+    jobs, _ = scheduler()
+    swallowed = 0
+
+    async def stubborn() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed == 2:
+                    raise
+                swallowed += 1  # as a wait_for that lost the race: the loop goes on
+
+    task = jobs.spawn("stubborn", stubborn())
+    await asyncio.sleep(0)
+    async with asyncio.timeout(30):
+        await jobs.close()
+    assert task.cancelled()
+    assert swallowed == 2
+
+
+async def test_close_gives_up_on_a_task_that_never_ends_and_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tasks, "CANCEL_ROUNDS", 3)
+    monkeypatch.setattr(tasks, "CANCEL_WAIT_S", 0.01)
+    jobs, _ = scheduler()
+    release = asyncio.Event()
+
+    async def immortal() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    task = jobs.spawn("immortal", immortal())
+    await asyncio.sleep(0)
+    with structlog.testing.capture_logs() as logs:
+        async with asyncio.timeout(30):
+            await jobs.close()
+    assert not task.done(), "left running, not awaited forever"
+    [entry] = [e for e in logs if e["event"] == "test.tasks_ignore_cancel"]
+    assert entry["tasks"] == ["test-immortal"]
+    release.set()
+    task.cancel()
+    await asyncio.wait([task])
 
 
 async def test_a_started_task_has_its_failure_series_at_zero_before_any_failure() -> None:
