@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
     fleet.add_argument(
         "--simulator",
         action="store_true",
-        help="healer's own simulator instead: multi-node jobs (1-8 nodes), ports, step times; clock-limited"
+        help="healer's own simulator instead: jobs of 1-64 nodes, ports, step times; clock-limited"
         " GPUs, degraded NVLinks, congested ports, job-level stalls (a hypothesis)",
     )
     st.add_argument("--nodes", type=int, default=50, help="nodes per run (default %(default)s)")

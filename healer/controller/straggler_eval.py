@@ -269,6 +269,11 @@ def summarize(results: list[dict[str, Any]], kinds: tuple[str, ...] = FAULT_KIND
         "cpu_share_of_a_core": round(share, 6),
         "cpu_share_at_10000_nodes": round(share * 80_000 / gpus, 4) if gpus else None,
     }
+    if any("computing_node_days" in r for r in results):
+        out["computing_node_days"] = {
+            name: round(sum(r["computing_node_days"][name] for r in results), 1)
+            for name in results[0]["computing_node_days"]
+        }
     if any("false_job_level" in r for r in results):
         out["false_job_level"] = sum(r.get("false_job_level", 0) for r in results)
     if job_level:
@@ -306,8 +311,8 @@ def main(
 
         results = [straggler_sim_eval.run_sim_seed(nodes, hours, s, faults, settings) for s in seeds]
         fleet = (
-            "healer's own simulator (multi-node jobs of 1-8 nodes, RDMA ports, pipeline stages, step"
-            " times; its physics, a hypothesis)"
+            "healer's own simulator (jobs of 1-64 nodes, 4+4 split nodes, RDMA ports, pipeline stages,"
+            " a heavier rank 0, step times; its physics, a hypothesis)"
         )
         kinds = straggler_sim_eval.SIM_KINDS
     else:
@@ -325,6 +330,9 @@ def main(
         f" ({summary['false_per_1000_node_days']} per 1,000;"
         f" 95 % upper bound {summary['false_per_1000_upper95']})"
     )
+    if "computing_node_days" in summary:
+        told = ", ".join(f"{k} {v}" for k, v in summary["computing_node_days"].items())
+        print(f"  healthy node-days with a job computing: {told}")
     if summary["faults"]:
         onset = summary["from_onset"]
         print("fail-slow faults named (the GPU, or the node for a node fault) within 5 min:")

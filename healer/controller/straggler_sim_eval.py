@@ -39,11 +39,12 @@ from healer.sim import faults, scenarios
 SIM_SCENARIO: Final = {
     "name": "bench-stragglers",
     "workload": {"training": 0.8, "inference": 0.1, "idle": 0.1},
-    "job_nodes": (1, 8),
+    "job_nodes": (1, 64),
+    "job_nodes_exponent": 1.5,
     "ports": 8,
     "steps": True,
     "variation": {
-        "split_share": 0.2,
+        "split_share": 0.5,
         "iteration_period_s": (0.5, 10.0),
         "iteration_low_frac": (0.5, 0.9),
         "checkpoint_period_s": (1200.0, 2400.0),
@@ -54,10 +55,14 @@ SIM_SCENARIO: Final = {
         "rank0_extra": 0.1,
     },
 }
-"""healer's own simulator for ``--simulator``: jobs on 1 to 8 nodes (gangs of consecutive nodes), a
-fifth of the single nodes split 4+4, training power oscillating every 0.5-10 s, checkpoints, restarts,
-8 RDMA ports per node, 1 to 8 pipeline stages per training job whose work per step differs by up to
-10 %, a rank 0 that computes 10 % more, and every training rank reporting its step times."""
+"""healer's own simulator for ``--simulator``, the varied jobs of #28's false-straggler target: jobs on
+1 to 64 nodes (gangs of consecutive nodes; a size n drawn as n ** -1.5: about 6 % of the nodes on single
+nodes, 18 % in jobs of 2-7 nodes, 37 % in 8-31, 38 % in 32-64, as far as the fleet holds them), half of
+the single nodes split 4+4, training power oscillating every 0.5-10 s, checkpoints, restarts, 8 RDMA
+ports per node, 1 to 8 pipeline stages per training job whose work per step differs by up to 10 %, a
+rank 0 that computes 10 % more, and every training rank reporting its step times."""
+SIZE_CLASSES: Final = ("1", "2-3", "4-7", "8-15", "16-31", "32-64")
+"""Job sizes (nodes) the healthy node-days are told by: each doubling, the last up to 64."""
 SIM_KINDS: Final = ("clock_limit", "nvlink_degraded", "port_congestion", "job_slowdown")
 
 
@@ -147,6 +152,9 @@ def run_sim_seed(
     idx = np.array([fs.scorer.slot(*k) for k in keys])
     t0, t, cost_s, steps_cpu_s, interval = fl.t, 0.0, 0.0, 0.0, 5.0
     tally = straggler_eval.Tally(plan)
+    size_class = np.minimum(np.log2(np.bincount(gang, minlength=nodes)[gang]).astype(np.int64), 5)
+    split = np.asarray(getattr(fl.work, "split", np.zeros(nodes, dtype=bool)), dtype=bool)
+    busy_s = np.zeros(len(SIZE_CLASSES) + 2)  # by size class, then split nodes, then training
     job_level_false: dict[str, float] = {}
     fault_jobs: dict[str, straggler_eval.Fault] = {}
     for _ in range(int(hours * 3600 / interval)):
@@ -163,6 +171,7 @@ def run_sim_seed(
                 f.onset_at = t
             for j in set(fl.job[f.node, cols].ravel().tolist()) - {-1}:
                 fault_jobs[steps_src.job_id(int(j))] = f
+        busy_s += interval * _busy_nodes(computing, fl.ranks.rank >= 0, size_class, split, plan, t)
         reports = steps_src.reports(interval)
         link = (fl.pcie_gen < fl.pcie_gen_max) | (fl.nvlink_up < fl.nvlink_total)
         started = time.process_time()
@@ -208,12 +217,39 @@ def run_sim_seed(
         "false_episodes": tally.episodes,
         "false_job_level": tally.job_level_false,
         "healthy_node_days": healthy_node_s / 86400.0,
+        "computing_node_days": _node_days(busy_s),
         "faults": [dataclasses.asdict(f) for f in plan],
         "cpu_s": cost_s,
         "steps_cpu_s": steps_cpu_s,
         "step_reports": fs.steps.accepted,
         "sim_s": hours * 3600.0,
     }
+
+
+def _busy_nodes(
+    computing: np.ndarray,
+    training: np.ndarray,
+    size_class: np.ndarray,
+    split: np.ndarray,
+    plan: list[straggler_eval.Fault],
+    t: float,
+) -> np.ndarray:
+    """Healthy nodes (no fault drawn yet) with a job computing now: how many by their job's size class
+    (``SIZE_CLASSES``), then how many of them are split 4+4, then how many compute in a training job."""
+    faulty = np.zeros(computing.shape[0], dtype=bool)
+    faulty[[f.node for f in plan if t >= f.drawn_at]] = True
+    busy = np.asarray(computing.any(axis=1), dtype=bool) & ~faulty
+    by_size = np.bincount(size_class[busy], minlength=len(SIZE_CLASSES))
+    out: np.ndarray = np.append(
+        by_size, [np.count_nonzero(busy & split), np.count_nonzero(busy & (computing & training).any(axis=1))]
+    )
+    return out
+
+
+def _node_days(busy_s: np.ndarray) -> dict[str, float]:
+    """``_busy_nodes`` summed over a run (node-seconds) as node-days, by name."""
+    names = [f"jobs of {c} node{'' if c == '1' else 's'}" for c in SIZE_CLASSES] + ["split 4+4", "training"]
+    return {name: round(float(v) / 86400.0, 4) for name, v in zip(names, busy_s.tolist(), strict=True)}
 
 
 def _slows(fl: Any, f: straggler_eval.Fault) -> bool:

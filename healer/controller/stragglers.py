@@ -9,8 +9,12 @@ of ``window_s``. At each window's end, all GPUs at once (numpy, no Python loop p
   ratio (clock / max clock) against its job's median and MAD. The GPU lags when it is at least
   ``min_deficit`` below the median, ``z <= -z_min``, and it draws less power than its peers (a healthy
   chip that hits its power cap clocks low *at the same power*; a faulty one clocks low at less);
-- own history, for a GPU in a smaller job (or none): the same test against an exponentially weighted
-  mean of its own past windows, once ``history_windows`` windows are in;
+- own history, for a GPU in a smaller job (or none), or one whose node's GPUs of its job lag their own
+  pasts together (at the median: a node slowed as a whole, which its peers on it cannot show): the same
+  test against an exponentially weighted mean of its own past windows, once ``history_windows`` windows
+  are in. A GPU with peers enough whose node does not lag is judged by its peers alone: a job that moves
+  every GPU's clock (into its power cap, out of it) moves a weak chip's most, and that chip's own mixed
+  past would call it slow;
 - link evidence, any job size: a PCIe link below its generation or width, or NVLink links down, in
   most of the window's loaded samples;
 - unconstrained clock: the same deficit tests on the mean clock of the loaded samples that no power
@@ -137,6 +141,9 @@ class Scorer:
         self._hist = np.full((2, 0), np.nan)
         self._hist_n = np.zeros(0, dtype=np.int64)
         self._hist_job: list[str | None] = []
+        self._node_no = np.zeros(0, dtype=np.int64)
+        """Per slot: its node's number (``_node_no_of``), to group a job's GPUs by node."""
+        self._node_no_of: dict[str, int] = {}
         self._free = np.zeros(0)
         self._free_streak = np.zeros(0, dtype=np.int64)
         self._free_kind = np.zeros(0, dtype=np.int64)
@@ -169,6 +176,7 @@ class Scorer:
         self._streak = np.pad(self._streak, (0, extra))
         self._hist = np.pad(self._hist, ((0, 0), (0, extra)), constant_values=np.nan)
         self._hist_n = np.pad(self._hist_n, (0, extra))
+        self._node_no = np.pad(self._node_no, (0, extra))
         self._free = np.pad(self._free, (0, extra))
         self._free_streak = np.pad(self._free_streak, (0, extra))
         self._free_kind = np.pad(self._free_kind, (0, extra))
@@ -182,6 +190,7 @@ class Scorer:
             self._keys.append((node, gpu))
             self._hist_job.append(None)
             self._grow(i + 1)
+            self._node_no[i] = self._node_no_of.setdefault(node, len(self._node_no_of))
         return i
 
     def observe(self, frame: telemetry.FrameView) -> bool:
@@ -342,17 +351,20 @@ class Scorer:
                 & (1 - clock / ref_clock >= s.min_deficit)
                 & (power <= ref_power - s.power_margin)
             )
-            # own history: a small job's GPUs, and a GPU whose whole job lags (a node-wide slowdown of
-            # a one-node job has no healthy peer); it starts again when the slot's job changes
+            # own history: a small job's GPUs, and a GPU whose node's GPUs of its job lag their own
+            # pasts as a whole (a node-wide slowdown of a one-node job has no healthy peer); it starts
+            # again when the slot's job changes
             for i, job in enumerate(jobs):
                 if self._hist_job[i] != job:
                     self._hist_job[i] = job
                     self._hist_n[i] = 0
             hist_clock, hist_power = self._hist[0, :n], self._hist[1, :n]
             warm = valid & (self._hist_n[:n] >= s.history_windows) & ~peer_lag
-            hist_lag = (
-                warm & (1 - clock / hist_clock >= s.min_deficit) & (power <= hist_power - s.power_margin)
-            )
+            own = 1 - clock / hist_clock
+            # with peers enough, a GPU within its job's spread is no straggler: a job whose phase moves
+            # every GPU's clock (into its power cap, out of it) moves a weak chip's most
+            judged = ~big | self._node_lags(codes, warm, own)
+            hist_lag = warm & judged & (own >= s.min_deficit) & (power <= hist_power - s.power_margin)
         ref_clock[hist_lag], ref_power[hist_lag] = hist_clock[hist_lag], hist_power[hist_lag]
         deficit = 1 - clock / ref_clock
         lag = peer_lag | hist_lag
@@ -414,6 +426,22 @@ class Scorer:
         self.pending_jobs |= {job for (job, _), n in self._node_streak.items() if 0 < n < s.persist}
         self._reset(now)
         return list(self.stragglers.values())
+
+    def _node_lags(self, codes: np.ndarray, warm: np.ndarray, own: np.ndarray) -> np.ndarray:
+        """Per slot: the GPUs of its job on its node (those with a warm history) lag their own pasts by
+        ``min_deficit`` or more at the median (``own``: each GPU's deficit against its history), as a node
+        slowed as a whole does; by one sort over (job, node) pairs, no loop."""
+        n = codes.size
+        out = np.zeros(n, dtype=bool)
+        m = warm & (codes >= 0)
+        if not m.any():
+            return out
+        node = self._node_no[:n]
+        _, pair = np.unique(codes[m] * (int(node.max()) + 1) + node[m], return_inverse=True)
+        pair = pair.ravel()
+        med = _median_by(pair, own[m], int(pair.max()) + 1)
+        out[m] = med[pair] >= self.s.min_deficit
+        return out
 
     def _free_test(
         self, codes: np.ndarray, valid: np.ndarray, lag: np.ndarray

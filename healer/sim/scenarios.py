@@ -109,6 +109,10 @@ class Scenario(_Model):
     """Nodes per job (#28): consecutive nodes form gangs of this many (a ``[min, max]`` range: drawn per
     gang) that run one job together (same kind, start, end, checkpoints and iteration phase), so a
     fail-slow fault on one node slows the job on all of them; 1: every node runs its own jobs."""
+    job_nodes_exponent: float = pydantic.Field(default=0.0, ge=0)
+    """How a ``job_nodes`` range is drawn: a gang of ``n`` nodes with probability in proportion to
+    ``n ** -job_nodes_exponent``. 0: uniform (the default); 1: as many gangs of each doubling of size
+    (1, 2-3, 4-7, ...); 2: about as many *nodes* in each doubling, many small jobs and a few large."""
     steps: bool = False
     """Training jobs' ranks report their step times (#28, sim/ranks.py): ``healer sim`` publishes them on
     ``healer.steps.<job>`` as a job's ``healer.steps.StepReporter`` would."""
@@ -260,7 +264,7 @@ def build(
     if sc.job_nodes != 1:
         lo, hi = (sc.job_nodes, sc.job_nodes) if isinstance(sc.job_nodes, int) else sc.job_nodes
         gang_rng = np.random.default_rng([seed, 0x70B5])
-        gang = workloads.gangs([int(x) for x in gang_rng.integers(lo, hi + 1, nodes)], nodes)
+        gang = workloads.gangs(_gang_sizes(gang_rng, lo, hi, sc.job_nodes_exponent, nodes), nodes)
     fl = physics.Fleet(
         names,
         gpus,
@@ -286,6 +290,16 @@ def build(
     encoder = frames.Encoder(names, fl.static(), source=source, job_prefix=run)
     steps = ranks.StepSource(fl, run, seed) if sc.steps else None
     return simulation.Simulation(fl, inj, encoder, steps)
+
+
+def _gang_sizes(rng: np.random.Generator, lo: int, hi: int, exponent: float, nodes: int) -> list[int]:
+    """``nodes`` gang sizes in ``[lo, hi]`` (``workloads.gangs`` uses as many as fill the fleet), each
+    size ``n`` with probability in proportion to ``n ** -exponent`` (0: uniform, drawn as before)."""
+    if exponent == 0:
+        return [int(x) for x in rng.integers(lo, hi + 1, nodes)]
+    sizes = np.arange(lo, hi + 1, dtype=np.float64)
+    weights = sizes**-exponent
+    return [int(x) for x in rng.choice(sizes, size=nodes, p=weights / weights.sum())]
 
 
 def fresh_run_id() -> str:

@@ -61,16 +61,30 @@ def test_on_healers_own_simulator_it_names_the_culprits_and_nobody_for_a_job_lev
     for f in faults:
         assert f["wrongly_named"] == 0, f
         if f["kind"] == "job_slowdown" and f["onset_at"] is None:
-            continue  # a stage with slack absorbed it: no job ran 5 % slower (seed 3 has one)
+            continue  # a stage with slack absorbed it: no job ran 5 % slower
         assert f["onset_at"] is not None, f
         assert f["found_at"] is not None, f
         assert f["found_at"] - f["onset_at"] <= straggler_eval.DETECT_S, f
     s = straggler_eval.summarize([run], straggler_sim_eval.SIM_KINDS)
     assert s["job_level"]["named_nobody"] == 2
     reported = s["job_level"]["reported_from_steps"]
-    assert (reported["found"], reported["faults"], reported["without_start"]) == (1, 1, 1)
+    assert (reported["found"], reported["faults"], reported["without_start"]) == (2, 2, 0)
     assert s["from_onset"]["by_kind"] == {
         "clock_limit": "2/2",
         "nvlink_degraded": "2/2",
         "port_congestion": "2/2",
     }
+
+
+def test_the_simulators_healthy_node_days_are_told_by_job_size_split_nodes_and_training() -> None:
+    run = straggler_sim_eval.run_sim_seed(32, 2.5, 3, 8, stragglers.Settings())
+    days = run["computing_node_days"]
+    by_size = [days[f"jobs of {c} node{'' if c == '1' else 's'}"] for c in straggler_sim_eval.SIZE_CLASSES]
+    # seed 3's 32 nodes: jobs of 1 to 8-15 nodes compute, split nodes among the single ones
+    assert all(v > 0 for v in by_size[:4]), days
+    assert by_size[4:] == [0.0, 0.0], days  # no job of 16 nodes or more fits this fleet's draw
+    assert 0 < days["split 4+4"] <= days["jobs of 1 node"]
+    assert 0 < days["training"] <= sum(by_size) + 1e-3
+    assert sum(by_size) <= run["healthy_node_days"]
+    two = straggler_eval.summarize([run, run], straggler_sim_eval.SIM_KINDS)["computing_node_days"]
+    assert two["training"] == pytest.approx(2 * days["training"], abs=0.05)

@@ -10,10 +10,12 @@ import zipfile
 from typing import Any
 
 import numpy as np
+import pytest
 
+from healer import errors
 from healer.controller import stragglers
 from healer.schemas import codec, fields
-from healer.sim import faults, recording, repair, scenarios, simulation
+from healer.sim import faults, recording, repair, scenarios, simulation, workloads
 
 HW_SLOWDOWN = int(fields.ClocksEventReason.HW_SLOWDOWN)
 
@@ -66,6 +68,42 @@ def test_without_job_nodes_every_node_runs_its_own_job_and_idle_gpus_report_none
     named = [next(iter(p)) for p in per_node if next(iter(p))]
     assert len(set(named)) == len(named) > 0  # no two nodes share a job
     assert any(next(iter(p)) == () for p in per_node)  # idle nodes: []
+
+
+def _gang_sizes(text: str, nodes: int, seed: int) -> np.ndarray:
+    gang = _build(text, nodes=nodes, seed=seed).fleet.work.gang
+    assert gang is not None
+    return np.bincount(gang, minlength=nodes)[gang]  # each node's job size (its gang's)
+
+
+def test_a_job_size_range_drawn_with_an_exponent_gives_many_small_jobs_and_a_few_large() -> None:
+    sizes = _gang_sizes("name: t\njob_nodes: [1, 64]\njob_nodes_exponent: 1.5\n", 2000, 5)
+    share = {k: float(np.mean((sizes >= lo) & (sizes <= hi))) for k, (lo, hi) in
+             {"1": (1, 1), "2-7": (2, 7), "8-31": (8, 31), "32-64": (32, 64)}.items()}  # fmt: skip
+    # by nodes, n ** -1.5: about 6 % on single nodes, 18 % in 2-7, 37 % in 8-31, 38 % in 32-64
+    assert 0.03 < share["1"] < 0.1, share
+    assert 0.1 < share["2-7"] < 0.3, share
+    assert 0.27 < share["8-31"] < 0.47, share
+    assert 0.27 < share["32-64"] < 0.5, share
+    assert sizes.max() >= 60
+    # uniform (the default) puts almost every node in a large job: a single node is 1 gang in 64
+    uniform = _gang_sizes("name: t\njob_nodes: [1, 64]\n", 2000, 5)
+    assert np.mean(uniform == 1) < 0.01
+    assert np.mean(uniform >= 32) > 0.6
+
+
+def test_the_default_exponent_draws_job_sizes_as_before() -> None:
+    seed, nodes = 7, 64
+    drawn = np.random.default_rng([seed, 0x70B5]).integers(1, 9, nodes)
+    want = np.bincount(workloads.gangs([int(x) for x in drawn], nodes), minlength=nodes)
+    gang = _build("name: t\njob_nodes: [1, 8]\n", nodes=nodes, seed=seed).fleet.work.gang
+    assert gang is not None
+    assert np.array_equal(np.bincount(gang, minlength=nodes), want)
+
+
+def test_a_negative_job_size_exponent_is_refused() -> None:
+    with pytest.raises(errors.HealerError, match="job_nodes_exponent"):
+        scenarios.parse("name: t\njob_nodes: [1, 8]\njob_nodes_exponent: -1\n")
 
 
 def test_a_recording_replays_the_jobs_and_an_older_one_without_them_still_reads(
