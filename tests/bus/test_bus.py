@@ -173,6 +173,29 @@ async def test_initial_connect_retries_until_the_server_appears(tmp_path: object
         srv.stop()
 
 
+async def test_a_jetstream_request_nobody_answers_ends_at_request_timeout_s(tmp_path: object) -> None:
+    """A JetStream request sent into an election goes unanswered: it must end at ``request_timeout_s``,
+    not at nats-py's own 5 s, so a controller acts again soon after a stream's new leader is elected
+    (the chaos tests kill leaders on a real cluster). Here a subscriber on the API subject that never
+    answers stands in for the leaderless stream (a server without JetStream, so none answers for it)."""
+    srv = embedded.EmbeddedServer(str(tmp_path) + "/nojs", jetstream=False)
+    await asyncio.to_thread(srv.start)
+    bus = await natsbus.NatsBus.connect(srv.url, nats_settings=config.NatsSettings(request_timeout_s=0.3))
+    try:
+        silent = await bus.nc.subscribe("$JS.API.STREAM.INFO.quiet")
+        await bus.nc.flush()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await bus.js.stream_info("quiet")
+        waited = asyncio.get_running_loop().time() - started
+        assert waited < 4.0, f"ended by request_timeout_s (0.3 s), not nats-py's default 5 s: {waited}"
+        assert silent.pending_msgs == 1, "the request reached a subscriber, which never answered"
+        await silent.unsubscribe()  # its unread request would hold the connection's drain 30 s
+    finally:
+        await bus.close()
+        srv.stop()
+
+
 async def test_initial_connect_gives_up_after_configured_attempts() -> None:
     url = f"nats://127.0.0.1:{embedded.free_port()}"
     with pytest.raises(errors.TemporaryError, match="cannot connect"):

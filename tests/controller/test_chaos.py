@@ -126,7 +126,15 @@ async def test_killing_the_leader_of_each_stream_and_bucket_loses_nothing_and_re
     expected |= {("cordon", f"x{i}") for i in rounds}
     assert set(executed) == expected, "no fault lost, nothing acted on that was not a fault"
     assert [k for k, n in executed.items() if n > 1] == [], "no action repeated"
-    assert max(late) < 2 * LEASE_TTL_S, f"acting again within about one lease period: {late}"
+    # Acting again is bounded by the design: when the victim led the lease bucket too, the lease runs
+    # out (one TTL) and the next leader's first reads may go into the election (one request timeout,
+    # then its task restarts) before its next ticks. Seen at 4.4 s under two CPU burners with such a
+    # handover. What this catches is a recovery that waits for the event's redelivery (ack wait, 30 s)
+    # or a lease that is never taken again; that a request ends at request_timeout_s and not at
+    # nats-py's own 5 s is tested on its own (tests/bus/test_bus.py).
+    ns, cs = h.settings().nats, h.settings().controller
+    bound = ns.lease_ttl_s + 2 * ns.request_timeout_s + 2 * cs.tick_s
+    assert max(late) < bound, f"acting again within a lease handover and a request timeout: {late}"
     leaders = [c for c in controllers if c.leader]
     assert len(leaders) == 1
     assert all(metric(c.metrics, "leader") == (1 if c.leader else 0) for c in controllers)
