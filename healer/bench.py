@@ -15,6 +15,10 @@ Three measurements, each with a separate publisher process flooding (or pacing) 
    every 0.3 s; latency is from the publish to the actuator receiving the incident's first request
    (events act at arrival, not at the next tick), p50/p99.
 
+The paced fleet sends each second's frames in one burst by default (the publisher as fast as it can, then
+idle until the next second: every node in step, the worst case); with ``--spread`` it sends them evenly
+over the second, as a fleet of agents does, each on the phase of its own process's clock.
+
 Each rate is given per CPU second of the consuming process (the per-core figure the targets are stated
 in, robust to other load on the machine and to a publisher that cannot outrun the bare subscriber) and
 per wall second. Ratios are what to read: absolute numbers depend on the machine and on what else runs.
@@ -63,11 +67,23 @@ def _templates(nodes: int, faulty: set[int]) -> list[tuple[str, bytes, bytes | N
     return out
 
 
+SPREAD_CHUNK = 100
+"""With ``spread``, the paced publisher waits for its place in the second after every this many frames."""
+
+
 def _publisher(
-    url: str, nodes: int, seconds: float, rate_hz: float, faults: int, shards: int, result: Any
+    url: str,
+    nodes: int,
+    seconds: float,
+    rate_hz: float,
+    faults: int,
+    shards: int,
+    result: Any,
+    spread: bool = False,
 ) -> None:
-    """A separate process: flood (rate_hz = 0) or pace frames; inject faults (on nodes of shard 0 of
-    ``shards``, the one measured); report what it did."""
+    """A separate process: flood (rate_hz = 0) or pace frames, each round in one burst or ``spread``
+    evenly over its period; inject faults (on nodes of shard 0 of ``shards``, the one measured); report
+    what it did."""
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
 
     async def main() -> dict[str, Any]:
@@ -95,7 +111,11 @@ def _publisher(
                 sent += 1
                 if use_bad and node not in injected:
                     injected[node] = ts
-                if sent % 500 == 0:
+                if spread and rate_hz and (i + 1) % SPREAD_CHUNK == 0:
+                    # agents on their own clocks: this round's frames evenly over its period
+                    due = round_start + (i + 1) / len(frames) / rate_hz
+                    await asyncio.sleep(max(0.0, due - time.time()))
+                elif sent % 500 == 0:
                     await asyncio.sleep(0)
             if rate_hz:
                 await asyncio.sleep(max(0.0, 1.0 / rate_hz - (time.time() - round_start)))
@@ -107,11 +127,11 @@ def _publisher(
 
 
 def _start_publisher(
-    url: str, nodes: int, seconds: float, rate_hz: float, faults: int, shards: int = 1
+    url: str, nodes: int, seconds: float, rate_hz: float, faults: int, shards: int = 1, spread: bool = False
 ) -> tuple[Any, Any]:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    args = (url, nodes, seconds, rate_hz, faults, shards, queue)
+    args = (url, nodes, seconds, rate_hz, faults, shards, queue, spread)
     proc = ctx.Process(target=_publisher, args=args, daemon=True)
     proc.start()
     return proc, queue
@@ -209,7 +229,7 @@ async def controller_rate(
 
 
 async def latency(
-    url: str, rules_dir: str, nodes: int, seconds: float, faults: int, shards: int = 1
+    url: str, rules_dir: str, nodes: int, seconds: float, faults: int, shards: int = 1, spread: bool = False
 ) -> tuple[list[float], int]:
     """Fault-to-action latencies, and frames dropped, for shard 0 of ``shards`` (all of the fleet's
     frames reach it; it ingests its share)."""
@@ -217,7 +237,7 @@ async def latency(
     actuator = _TimedActuator()
     ctl = await service.build(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
     await ctl.start()
-    proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards)
+    proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards, spread)
     await asyncio.to_thread(proc.join, seconds + 60)
     await asyncio.sleep(3.0)
     await ctl.stop()
@@ -228,7 +248,7 @@ async def latency(
 
 
 async def xid_latency(
-    url: str, rules_dir: str, nodes: int, events_n: int, shards: int = 1
+    url: str, rules_dir: str, nodes: int, events_n: int, shards: int = 1, spread: bool = False
 ) -> tuple[list[float], dict[str, int]]:
     """XID to first action: nodes paced at 1 Hz, then one XID 79 (fallen off the bus) published durably
     every 0.3 s on a different node of shard 0; latency is from the publish to the actuator receiving
@@ -240,7 +260,7 @@ async def xid_latency(
     seconds = 60.0 + 0.3 * events_n
     # keep the queue referenced while the publisher runs: dropped, it unlinks the semaphore the spawned
     # child is still unpickling (FileNotFoundError in the child, and no frames at all)
-    proc, queue = _start_publisher(url, nodes, seconds, 1.0, 0, shards)
+    proc, queue = _start_publisher(url, nodes, seconds, 1.0, 0, shards, spread)
     names = [f"gpu-{i:05d}" for i in range(nodes) if service.shard_of(f"gpu-{i:05d}", shards) == 0]
     victims = names[:: max(1, len(names) // max(1, events_n))][:events_n]
     # leading, and every victim admitted (first seen) before its XID: one for a node not seen yet waits
@@ -332,6 +352,8 @@ class Report:
     xid_p50_s: float | None = None
     """XID published → first action (cordon) received by the actuator, at ``latency_nodes`` nodes."""
     xid_p99_s: float | None = None
+    spread: bool = False
+    """The paced fleet's frames evenly over each second (agents on their own clocks), not in one burst."""
 
 
 async def run(
@@ -343,6 +365,7 @@ async def run(
     rounds: int = 2,
     latency_shards: int = 1,
     xid_events: int = 20,
+    spread: bool = False,
 ) -> Report:
     frame_bytes = len(_templates(1, set())[0][1])
     with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
@@ -363,15 +386,18 @@ async def run(
         b = await natsbus.NatsBus.connect(srv.url)
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()
+        lat_s = max(seconds, 5 + 2 * faults + 5)
         lat, lat_dropped = await latency(
-            srv.url, rules_dir, latency_nodes, max(seconds, 5 + 2 * faults + 5), faults, latency_shards
+            srv.url, rules_dir, latency_nodes, lat_s, faults, latency_shards, spread
         )
     # a server of its own: the faulty nodes above have open incidents (cordoned), which an XID would join
     with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         b = await natsbus.NatsBus.connect(srv.url)
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()
-        xid_lat, xid_kinds = await xid_latency(srv.url, rules_dir, latency_nodes, xid_events, latency_shards)
+        xid_lat, xid_kinds = await xid_latency(
+            srv.url, rules_dir, latency_nodes, xid_events, latency_shards, spread
+        )
     xid_p50, xid_p99 = _quantiles(xid_lat)
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else []
     return Report(
@@ -397,6 +423,7 @@ async def run(
         xid_first_kinds=xid_kinds,
         xid_p50_s=xid_p50,
         xid_p99_s=xid_p99,
+        spread=spread,
     )
 
 
@@ -410,10 +437,11 @@ def main(
     rounds: int = 2,
     latency_shards: int = 1,
     xid_events: int = 20,
+    spread: bool = False,
 ) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     report = asyncio.run(
-        run(nodes, seconds, latency_nodes, faults, rules_dir, rounds, latency_shards, xid_events)
+        run(nodes, seconds, latency_nodes, faults, rules_dir, rounds, latency_shards, xid_events, spread)
     )
     if as_json:
         print(json.dumps(dataclasses.asdict(report), indent=2))
@@ -437,6 +465,7 @@ def main(
     )
     print(f"  mean evaluation tick under that load    : {report.tick_mean_s * 1000:>8.1f} ms")
     shard_note = f" (shard 0 of {latency_shards})" if latency_shards > 1 else ""
+    shard_note += ", frames spread over each second" if spread else ", each second's frames in one burst"
     print(
         f"  fault-to-action at 1 s ticks, {latency_nodes} nodes at 1 Hz{shard_note}: "
         f"{report.latency_faults_detected}/{faults} faults acted on, "

@@ -42,6 +42,12 @@ def register(sub: Any) -> None:
         default=20,
         help="fatal XID events for XID-to-action latency (default %(default)s)",
     )
+    c.add_argument(
+        "--spread",
+        action="store_true",
+        help="the paced fleet sends each second's frames evenly over it, as agents on their own clocks do"
+        " (default: in one burst, every node in step)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
     st = bsub.add_parser(
@@ -102,6 +108,7 @@ def _controller(args: argparse.Namespace) -> int:
         args.rounds,
         args.latency_shards,
         args.xid_events,
+        args.spread,
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 import structlog
@@ -194,12 +194,17 @@ class Recovery:
         self.ladders[inc.id] = rec
 
     # -- every tick --------------------------------------------------------------------------------
-    async def advance(self, now: float) -> None:
+    async def advance(self, now: float, between: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Each ladder one step on, if its step is done; ``between`` runs after each ladder (the tick
+        serves the events that arrived meanwhile: each ladder waits on KV, so all of them take a good
+        part of a tick under load)."""
         for rec in list(self.ladders.values()):
             try:
                 await self._advance(rec, now)
             except errors.HealerError as e:  # KV away: the ladder stays where it is, tried next tick
                 self.log.warning("ladder.advance_failed", incident_id=rec.state.incident_id, error=str(e))
+            if between is not None:
+                await between()
 
     async def _advance(self, rec: Record, now: float) -> None:
         inc = next((i for i in self.book.all() if i.id == rec.state.incident_id), None)

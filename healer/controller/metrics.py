@@ -45,6 +45,11 @@ class ControllerMetrics:
             "events evaluated and acted on as they arrived, between ticks",
             registry=r,
         )
+        self.arrivals_in_tick = prom.Counter(
+            "healer_controller_event_arrivals_in_tick_total",
+            "of those, served between a tick's steps (they arrived while a tick ran)",
+            registry=r,
+        )
         self.decode_errors = prom.Counter(
             "healer_controller_decode_errors_total", "rejected messages", ["kind", "reason"], registry=r
         )

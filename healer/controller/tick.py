@@ -9,7 +9,10 @@ next tick or the next leader). A standby evaluates too (warm state) and acts on 
 
 Between ticks, an event that matched an event rule (``ingest.arrived``) is evaluated at once
 (``arrivals``): a fatal XID opens its incident and starts its first action when it arrives, through the
-same incident shell as a tick's firings, instead of up to ``tick_s`` later.
+same incident shell as a tick's firings, instead of up to ``tick_s`` later. A tick holds the turn
+through its steps (its firings, domains, fail-slow, retries, each ladder), whose awaits on KV take a
+good part of a tick under load; events that arrive meanwhile are served between those steps, not after
+the whole tick.
 """
 
 from __future__ import annotations
@@ -77,13 +80,24 @@ class Ticker:
             if next_t < now:
                 next_t = now
             while not self.stop.is_set() and await self._wait_arrival(next_t - loop.time()):
-                try:
-                    async with self.turn:
-                        await self.arrivals()
-                except errors.HealerError as e:
-                    self.log.error("controller.arrivals_failed", error=str(e))
-                except Exception:  # as for a tick: one bad incident must not stop the controller
-                    self.log.exception("controller.arrivals_crashed")
+                async with self.turn:
+                    await self._arrivals_guarded()
+
+    async def _arrivals_guarded(self) -> None:
+        try:
+            await self.arrivals()
+        except errors.HealerError as e:
+            self.log.error("controller.arrivals_failed", error=str(e))
+        except Exception:  # as for a tick: one bad incident must not stop the controller
+            self.log.exception("controller.arrivals_crashed")
+
+    async def _between_steps(self) -> None:
+        """Inside a tick (which holds the turn): the events that arrived since are acted on now, not
+        after the tick's remaining steps."""
+        if self.ingest.arrived.is_set() and not self.stop.is_set():
+            self.ingest.arrived.clear()
+            self.metrics.arrivals_in_tick.inc()
+            await self._arrivals_guarded()
 
     async def _wait_arrival(self, timeout: float) -> bool:
         """Until the next tick is due (False), an event arrives (True) or the controller stops (False)."""
@@ -144,10 +158,14 @@ class Ticker:
         try:
             for f in firings:
                 await self.shell.handle(f, now)
+                await self._between_steps()
             await self.shell.correlate_domains(now)  # before any repair of this tick: its holds apply
+            await self._between_steps()
             await self.shell.failslow(now)  # step times into straggler incidents, job-level slowdowns
+            await self._between_steps()
             await self.shell.retry_and_escalate(now)
-            await self.shell.recovery.advance(now)
+            await self._between_steps()
+            await self.shell.recovery.advance(now, between=self._between_steps)
             self.feed.kick()
         except BaseException:
             # Not recorded: these events are acknowledged by a later tick, or handed back (nak) to the
