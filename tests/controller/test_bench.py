@@ -3,9 +3,14 @@ speed itself is the benchmark's business, not a test's)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from healer import bench
+from healer.bus import embedded
+from healer.bus import nats as natsbus
 
 
 async def test_the_controller_benchmark_measures_every_figure_it_reports() -> None:
@@ -30,3 +35,25 @@ async def test_the_controller_benchmark_measures_every_figure_it_reports() -> No
     assert report.xid_first_kinds == {"cordon": 3}
     assert report.xid_p50_s is not None
     assert report.xid_p99_s is not None
+
+
+async def test_the_spread_publisher_sends_each_second_over_the_second(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    """``--spread``: the paced fleet's frames arrive over the whole second (agents on their own clocks),
+    not in one burst; by construction a round of 3 chunks takes at least 2/3 of its second."""
+    nodes = 3 * bench.SPREAD_CHUNK
+    arrivals: list[float] = []
+    close = await natsbus.bare_subscriber(
+        nats_server.url, "healer.telemetry.*", lambda _: arrivals.append(time.monotonic())
+    )
+    proc, queue = bench._start_publisher(nats_server.url, nodes, 1.5, 1.0, 0, 1, spread=True)
+    try:
+        await asyncio.to_thread(proc.join, 60)
+        done = queue.get(timeout=10)
+    finally:
+        await close()
+    assert done["sent"] >= nodes, "a whole round at least"
+    first = arrivals[:nodes]
+    assert len(first) == nodes
+    assert first[-1] - first[0] >= 0.6, "the first round's frames spread over its second"
