@@ -219,13 +219,13 @@ class Controller:
     async def stop(self) -> None:
         was_leader = self.leader
         self._stop.set()
-        running = list(self.tasks.values())
+        running = list(self.actions.jobs.tasks)
         if running:  # actions in flight get 5 s together to finish their current call, not 5 s each
             await asyncio.wait(running, timeout=5.0)
         await self.supervisor.wait()
-        for t in self.tasks.values():
-            t.cancel()
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        # every action task, not only each incident's newest: one chained after a task still running
+        # leaves that earlier task out of ``tasks``, and cancelling the newer one does not end it
+        await self.actions.jobs.close()
         if was_leader and self.learning.scorer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.learning.save(), timeout=10.0)

@@ -119,15 +119,19 @@ class Harness:
         """Stop a controller the way SIGKILL would: no lease release, no goodbye. Cancellation is
         repeated until every task is done (Python 3.11's wait_for can swallow one that races with its
         own timeout); a task that still ignores it fails the test by name instead of hanging it."""
-        tasks = [*ctl.supervisor.tasks, *ctl.tasks.values()]
-        pending = tasks
+        tasks: set[asyncio.Task[Any]] = set()
+        pending: list[asyncio.Task[Any]] = []
         for _ in range(50):
+            # every action task (an incident's earlier one, chained before, included), taken again each
+            # round: a tick cancelled at its next await may have spawned one before it got there
+            tasks |= {*ctl.supervisor.tasks, *ctl.actions.jobs.tasks}
             pending = [t for t in tasks if not t.done()]
             if not pending:
                 break
             for t in pending:
                 t.cancel()
             await asyncio.wait(pending, timeout=0.2)
+        tasks |= {*ctl.supervisor.tasks, *ctl.actions.jobs.tasks}
         assert not [t for t in tasks if not t.done()], f"tasks ignore cancellation: {pending}"
         for c, bus in self.controllers:
             if c is ctl:
