@@ -228,23 +228,38 @@ async def controller_rate(
     return Rate((n1 - n0) / share, t1 - t0, c1 - c0), tick_sum / max(tick_count, 1), dropped
 
 
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What the paced latency controller cost while the publisher ran, per wall second: its process's
+    CPU (the bench's own asyncio loop included; the publisher is another process), and of it the
+    arrival evaluations of frames (``controller.frame_arrivals_s``)."""
+
+    core: float
+    frame_arrivals: float
+
+
 async def latency(
     url: str, rules_dir: str, nodes: int, seconds: float, faults: int, shards: int = 1, spread: bool = False
-) -> tuple[list[float], int]:
-    """Fault-to-action latencies, and frames dropped, for shard 0 of ``shards`` (all of the fleet's
-    frames reach it; it ingests its share)."""
+) -> tuple[list[float], int, Cost]:
+    """Fault-to-action latencies, frames dropped and the cost, for shard 0 of ``shards`` (all of the
+    fleet's frames reach it; it ingests its share)."""
     bus = await natsbus.NatsBus.connect(url, name="bench-latency")
     actuator = _TimedActuator()
     ctl = await service.build(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
     await ctl.start()
     proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards, spread)
+    t0, c0 = time.perf_counter(), time.process_time()
     await asyncio.to_thread(proc.join, seconds + 60)
+    t1, c1 = time.perf_counter(), time.process_time()
     await asyncio.sleep(3.0)
     await ctl.stop()
     await bus.close()
     injected: dict[str, float] = queue.get(timeout=5)["injected"]
-    dropped = int(ctl.metrics.registry.get_sample_value("healer_controller_frames_dropped_total") or 0)
-    return sorted(actuator.first[n] - t for n, t in injected.items() if n in actuator.first), dropped
+    value = ctl.metrics.registry.get_sample_value
+    dropped = int(value("healer_controller_frames_dropped_total") or 0)
+    wall = max(t1 - t0, 1e-9)
+    cost = Cost((c1 - c0) / wall, (value("healer_controller_frame_arrival_seconds_total") or 0.0) / wall)
+    return sorted(actuator.first[n] - t for n, t in injected.items() if n in actuator.first), dropped, cost
 
 
 async def xid_latency(
@@ -354,6 +369,10 @@ class Report:
     xid_p99_s: float | None = None
     spread: bool = False
     """The paced fleet's frames evenly over each second (agents on their own clocks), not in one burst."""
+    latency_core: float | None = None
+    """The latency controller's process CPU per wall second while the fleet was paced at 1 Hz."""
+    latency_frame_arrivals_core: float | None = None
+    """Of it, the arrival evaluations of frames (the rules without ``for`` between ticks)."""
 
 
 async def run(
@@ -387,7 +406,7 @@ async def run(
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()
         lat_s = max(seconds, 5 + 2 * faults + 5)
-        lat, lat_dropped = await latency(
+        lat, lat_dropped, lat_cost = await latency(
             srv.url, rules_dir, latency_nodes, lat_s, faults, latency_shards, spread
         )
     # a server of its own: the faulty nodes above have open incidents (cordoned), which an XID would join
@@ -424,6 +443,8 @@ async def run(
         xid_p50_s=xid_p50,
         xid_p99_s=xid_p99,
         spread=spread,
+        latency_core=round(lat_cost.core, 3),
+        latency_frame_arrivals_core=round(lat_cost.frame_arrivals, 4),
     )
 
 
@@ -470,7 +491,8 @@ def main(
         f"  fault-to-action at 1 s ticks, {latency_nodes} nodes at 1 Hz{shard_note}: "
         f"{report.latency_faults_detected}/{faults} faults acted on, "
         f"p50 {report.latency_p50_s} s, p99 {report.latency_p99_s} s, "
-        f"{report.latency_frames_dropped} frames dropped"
+        f"{report.latency_frames_dropped} frames dropped; the controller's process "
+        f"{report.latency_core} of a core, {report.latency_frame_arrivals_core} of it frame arrivals"
     )
     print(
         f"  XID 79 -> first action, {latency_nodes} nodes at 1 Hz{shard_note}: "

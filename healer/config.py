@@ -467,6 +467,11 @@ class ControllerSettings(_Group):
     """Cluster name, in every incident's CloudEvent ``source`` (healer://<cluster>/controller)."""
     tick_s: float = pydantic.Field(default=1.0, gt=0)
     """Rule evaluation interval."""
+    frame_arrivals_s: float = pydantic.Field(default=0.1, ge=0)
+    """How often, between ticks, the rules without ``for`` are evaluated on the nodes whose frames
+    arrived since (a new ECC error, an XID counter, a port gone down): their faults are acted on within
+    about this long of the frame, not at the next tick. Spaced further apart while it would take more
+    than a tenth of the time. 0: only at ticks."""
     model: str | None = None
     """Anomaly model directory (``models/default``); unset: ``anomaly_score`` is 0 everywhere."""
     anomaly_interval_s: float = pydantic.Field(default=30.0, gt=0)

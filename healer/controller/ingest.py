@@ -8,7 +8,8 @@ model); a bad one is counted and logged at most once per 10 s, drops with the me
 (``drops.DropLog``). Events come from a durable JetStream consumer, pulled only while this process leads;
 each is checked against admission (the subject's node, the body's node, the admitted fleet) and kept
 unacknowledged until the tick that evaluated it has recorded its decisions in KV (``take_acks``,
-``ack``). An event that matches an event rule sets ``arrived``: the ticker evaluates it and acts on it
+``ack``); if that step fails first, the event goes back to the stream to be evaluated again (``retry``).
+An event that matches an event rule sets ``arrived``: the ticker evaluates it and acts on it
 at once, between ticks (healer/controller/tick.py). At step-down what was pulled and not acknowledged
 goes back to the stream at once (``hand_back``).
 """
@@ -39,6 +40,8 @@ EVENTS_PULL_S = 0.5
 """Longest one pull for events waits on the server (short: a pull never outlives a reconnect by much)."""
 EVENTS_ACK_WAIT_S = 60.0
 """The events consumer's ack wait: an event delivered and not acknowledged is redelivered after it."""
+EVENTS_RETRY_S = 1.0
+"""An event whose step failed before its decisions were recorded is delivered again after this long."""
 FETCH_LOG_S = 10.0
 """At most one ``controller.events_fetch_failed`` line per this many seconds (all are counted)."""
 NODE_CACHE_MAX = 1 << 17
@@ -343,6 +346,16 @@ class Ingest:
         for m in acks:
             with contextlib.suppress(errors.HealerError):
                 await m.ack()
+        self.metrics.events_pending.set(len(self.unacked))
+
+    async def retry(self, acks: list[Any]) -> None:
+        """Evaluated, but the step failed before it recorded their decisions (KV timed out opening an
+        incident): back to the stream, delivered again after ``EVENTS_RETRY_S`` and evaluated afresh.
+        Kept instead, a later step would acknowledge them, and an XID rule fires once per delivery."""
+        for m in acks:
+            with contextlib.suppress(errors.HealerError):
+                await m.nak(delay=EVENTS_RETRY_S)
+        self.metrics.events_retried.inc(len(acks))
         self.metrics.events_pending.set(len(self.unacked))
 
     async def hand_back(self) -> None:

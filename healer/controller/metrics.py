@@ -50,6 +50,27 @@ class ControllerMetrics:
             "of those, served between a tick's steps (they arrived while a tick ran)",
             registry=r,
         )
+        self.events_retried = prom.Counter(
+            "healer_controller_events_retried_total",
+            "events handed back to be evaluated again: the step that evaluated them failed before it "
+            "recorded their decisions",
+            registry=r,
+        )
+        self.frame_arrivals = prom.Counter(
+            "healer_controller_frame_arrivals_total",
+            "arrival evaluations: the rules without for, on the nodes whose frames arrived, between ticks",
+            registry=r,
+        )
+        self.frame_arrival_firings = prom.Counter(
+            "healer_controller_frame_arrival_firings_total",
+            "firings they found, acted on at once instead of at the next tick",
+            registry=r,
+        )
+        self.frame_arrival_seconds = prom.Counter(
+            "healer_controller_frame_arrival_seconds_total",
+            "time the arrival evaluations took (the rows' flush included)",
+            registry=r,
+        )
         self.decode_errors = prom.Counter(
             "healer_controller_decode_errors_total", "rejected messages", ["kind", "reason"], registry=r
         )

@@ -9,7 +9,10 @@ next tick or the next leader). A standby evaluates too (warm state) and acts on 
 
 Between ticks, an event that matched an event rule (``ingest.arrived``) is evaluated at once
 (``arrivals``): a fatal XID opens its incident and starts its first action when it arrives, through the
-same incident shell as a tick's firings, instead of up to ``tick_s`` later. A tick holds the turn
+same incident shell as a tick's firings, instead of up to ``tick_s`` later. Frames are read the same way
+every ``frame_arrivals_s`` (0.1 s): the rules without ``for`` on the nodes whose frames arrived since
+(``Engine.evaluate_frames``), so a new ECC error in a frame is acted on within about that long, not up
+to a tick later; the rest of the rules, and every resolution, wait for the tick. A tick holds the turn
 through its steps (its firings, domains, fail-slow, retries, each ladder), whose awaits on KV take a
 good part of a tick under load; events that arrive meanwhile are served between those steps, not after
 the whole tick.
@@ -18,8 +21,10 @@ the whole tick.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -27,6 +32,10 @@ from healer import config, errors
 from healer.controller import book, feed_publisher, incident_shell, ingest, learning, role
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
+
+FRAME_ARRIVALS_SHARE = 0.1
+"""Most of the time between two arrival evaluations of frames that one may take: past it they are
+spaced further apart than ``controller.frame_arrivals_s`` (``Ticker._evaluate_frames``)."""
 
 
 class Ticker:
@@ -60,6 +69,8 @@ class Ticker:
         self.clock = clock
         self.stop = stop
         self.log = log
+        self._frames_at = -math.inf
+        """When the next arrival evaluation of frames is due, on the event loop's clock."""
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -78,14 +89,21 @@ class Ticker:
             next_t += self.cs.tick_s
             now = loop.time()
             if next_t < now:
-                next_t = now
-            while not self.stop.is_set() and await self._wait_arrival(next_t - loop.time()):
-                async with self.turn:
-                    await self._arrivals_guarded()
+                next_t = now  # a tick that overran: no arrival evaluation of frames before the next
+            self._frames_at = max(self._frames_at, now + self.cs.frame_arrivals_s)
+            while not self.stop.is_set():
+                frames_due = self._frames_at if self.cs.frame_arrivals_s > 0 else math.inf
+                woke = await self._wait_arrival(min(next_t, frames_due) - loop.time())
+                now = loop.time()
+                if self.stop.is_set() or (not woke and now >= next_t):
+                    break
+                if woke or now >= frames_due:
+                    async with self.turn:
+                        await self._arrivals_guarded(frames=not woke)
 
-    async def _arrivals_guarded(self) -> None:
+    async def _arrivals_guarded(self, frames: bool = False) -> None:
         try:
-            await self.arrivals()
+            await self.arrivals(frames)
         except errors.HealerError as e:
             self.log.error("controller.arrivals_failed", error=str(e))
         except Exception:  # as for a tick: one bad incident must not stop the controller
@@ -115,13 +133,21 @@ class Ticker:
             return True
         return False
 
-    async def arrivals(self) -> None:
-        """Events as they arrive, between ticks: the event rules' new firings go to the incident shell at
-        once (the same ``handle`` a tick calls, so the same gates, fencing and breaker), then the events
-        are acknowledged. Condition rules, retries, escalation and ladders wait for the tick."""
+    async def arrivals(self, frames: bool = False) -> None:
+        """Events as they arrive, between ticks, or with ``frames`` the rules without ``for`` on the
+        nodes whose frames arrived since (``Engine.evaluate_frames``): the new firings go to the incident
+        shell at once (the same ``handle`` a tick calls, so the same gates, fencing and breaker), then
+        the events are acknowledged. Other rules, resolutions, retries, escalation and ladders wait for
+        the tick."""
         now = self.clock()
-        acks = self.ingest.take_acks()
-        firings = self.engine.evaluate_arrivals(now)
+        if frames:
+            acks: list[Any] = []
+            firings = self._evaluate_frames(now)
+            if not firings:
+                return  # the common case: frames came in, nothing fired
+        else:
+            acks = self.ingest.take_acks()
+            firings = self.engine.evaluate_arrivals(now)
         if not self.role.leader:
             self.ingest.keep(acks)  # a standby's engine keeps them warm; the leader acts
             return
@@ -130,11 +156,36 @@ class Ticker:
                 await self.shell.handle(f, now)
             await self.shell.correlate_domains(now)  # as in a tick: its holds apply to what follows
             self.feed.kick()
-        except BaseException:
-            self.ingest.keep(acks)
+        except BaseException as e:
+            await self._not_recorded(acks, e)
             raise
-        self.metrics.arrivals.inc()
+        if not frames:
+            self.metrics.arrivals.inc()
         await self.ingest.ack(acks)
+
+    async def _not_recorded(self, acks: list[Any], e: BaseException) -> None:
+        """A step that evaluated these events failed before it recorded their decisions: they go back to
+        the stream to be evaluated afresh (``Ingest.retry``); a one-shot XID rule fires only once per
+        delivery, so a later step acknowledging them would lose the XID. A step cancelled (the
+        controller stopping) keeps them for the step-down's hand-back."""
+        if isinstance(e, asyncio.CancelledError):
+            self.ingest.keep(acks)
+        else:
+            await self.ingest.retry(acks)
+
+    def _evaluate_frames(self, now: float) -> list[engine.Firing]:
+        """One arrival evaluation of frames; the next is due ``frame_arrivals_s`` later, or later still
+        while this one took more than ``FRAME_ARRIVALS_SHARE`` of the time between them (a flood: every
+        node's frames are in, and the tick reads them all anyway)."""
+        started = time.perf_counter()
+        firings = self.engine.evaluate_frames(now)
+        cost = time.perf_counter() - started
+        gap = max(self.cs.frame_arrivals_s, cost / FRAME_ARRIVALS_SHARE - cost)
+        self._frames_at = asyncio.get_running_loop().time() + gap
+        self.metrics.frame_arrivals.inc()
+        self.metrics.frame_arrival_seconds.inc(cost)
+        self.metrics.frame_arrival_firings.inc(len(firings))
+        return firings
 
     async def tick(self) -> None:
         now = self.clock()
@@ -167,10 +218,10 @@ class Ticker:
             await self._between_steps()
             await self.shell.recovery.advance(now, between=self._between_steps)
             self.feed.kick()
-        except BaseException:
-            # Not recorded: these events are acknowledged by a later tick, or handed back (nak) to the
-            # next leader at step-down, never left unacknowledged until the ack wait runs out.
-            self.ingest.keep(acks)
+        except BaseException as e:
+            # Not recorded: these events are evaluated again (or handed back to the next leader at
+            # step-down), never acknowledged unseen nor left unacknowledged until the ack wait runs out.
+            await self._not_recorded(acks, e)
             raise
         await self.ingest.ack(acks)
         for sev, n in self.book.by_severity().items():

@@ -377,6 +377,7 @@ class Engine:
         self.state.flush()
         if self._restores:
             self._apply_restores()
+        self.state.take_arrived()  # every row is read now
         ev = evaluation.Evaluator(self.state, now)
         out: list[Firing] = []
         for rule in self.rules.condition_rules:
@@ -399,6 +400,29 @@ class Engine:
         ``evaluate`` would have reported for them. Quiet periods and resolutions of event firings are
         left to ``evaluate``, which reports the ongoing ones every tick as before."""
         return self._fire_queued(now)
+
+    def evaluate_frames(self, now: float) -> list[Firing]:
+        """The rules without ``for`` (``RuleSet.prompt_rules``) on the nodes whose frames arrived since
+        the last evaluation, at once (the controller calls this between ticks, as frames come in): the
+        targets whose condition now holds fire, and their ``fired`` transitions are returned, exactly
+        what the next ``evaluate`` would have reported for them (it reports them ``firing`` after).
+        Pending and resolving targets, ``for`` and resolutions are left to ``evaluate``."""
+        st = self.state
+        st.flush()
+        if self._restores:
+            self._apply_restores()  # a restored firing fires nothing anew
+        rows = st.take_arrived()
+        if not len(rows):
+            return []
+        ev = evaluation.Evaluator(st, now, rows)
+        out: list[Firing] = []
+        for rule in self.rules.prompt_rules:
+            try:
+                out += self._fire_rows(rule, ev, now, rows)
+            except Exception:  # as in ``evaluate``: one rule's bug costs that rule, never the rest
+                self.rule_errors += 1
+                log.exception("rule_evaluation_failed", rule_id=rule.id)
+        return out
 
     def _evaluate_rule(self, rule: ruleset.Rule, ev: evaluation.Evaluator, now: float) -> list[Firing]:
         st = self.state
@@ -444,34 +468,85 @@ class Engine:
         if rule.cooldown_s:
             cool[done] = now + rule.cooldown_s
         ongoing = ((s == _FIRING) | (s == _RESOLVING)) & ~promote
-        out: list[Firing] = []
-        names, info = st.names, st.gpu_info
+        track.busy = bool((s != _INACTIVE).any() or rearm.any())
         statuses: tuple[tuple[Status, npt.NDArray[np.bool_]], ...] = (
             ("fired", promote),
             ("firing", ongoing),
             ("resolved", done),
         )
-        track.busy = bool((s != _INACTIVE).any() or rearm.any())
+        return self._report(rule, statuses, evidence, fired_at, now, None)
+
+    def _fire_rows(
+        self, rule: ruleset.Rule, ev: evaluation.Evaluator, now: float, rows: npt.NDArray[np.intp]
+    ) -> list[Firing]:
+        """One rule without ``for`` on ``rows`` only: targets whose condition holds fire now, exactly as
+        ``_evaluate_rule`` would start and promote them at this ``now`` (rearm and cooldown included);
+        everything else of the state machine waits for the tick."""
+        st = self.state
+        width = self._width(rule)
+        track = self._track(rule, width)
+        assert rule.when is not None
+        value, evidence = ev.condition(rule.when, rule.when_text)
+        value = np.broadcast_to(value, (len(rows), width))
+        if rule.scope == "gpu":
+            exists = st.seen[rows]
+        elif rule.scope == "port":
+            exists = st.ports.known[rows]
+        else:
+            exists = np.ones((len(rows), 1), dtype=bool)
+        cond = (value == 1) & (exists if track.mask is None else exists & track.mask[rows])
+        rearm = track.rearm[rows]
+        if rearm.any():
+            rearm &= value != 0  # seen definitely false: armed again
+            track.rearm[rows] = rearm
+        s = track.state[rows]
+        start = (s == _INACTIVE) & cond & ~rearm
+        promote = ((s == _PENDING) | start) & cond & (now >= track.cool_until[rows])
+        if not start.any() and not promote.any():
+            return []
+        since, fired_at = track.since[rows], track.fired_at[rows]
+        s[start], since[start] = _PENDING, now
+        s[promote], fired_at[promote] = _FIRING, now
+        track.state[rows], track.since[rows], track.fired_at[rows] = s, since, fired_at
+        track.busy = True
+        return self._report(rule, (("fired", promote),), evidence, fired_at, now, rows)
+
+    def _report(
+        self,
+        rule: ruleset.Rule,
+        statuses: tuple[tuple[Status, npt.NDArray[np.bool_]], ...],
+        evidence: dict[str, Any],
+        fired_at: npt.NDArray[np.float64],
+        now: float,
+        rows: npt.NDArray[np.intp] | None,
+    ) -> list[Firing]:
+        """The firings of each (status, mask) pair: masks, ``fired_at`` and ``evidence`` have one row per
+        node row (``rows`` None) or per entry of ``rows``."""
+        st = self.state
+        out: list[Firing] = []
+        names, info = st.names, st.gpu_info
+        shape = fired_at.shape
         for status, mask in statuses:
             if not mask.any():
                 continue
-            rows, cols = np.nonzero(mask)
+            local, cols = np.nonzero(mask)
             # Evidence for every firing slot at once: one fancy index per evidence value (values
             # compared per GPU inside a node-scope aggregation are not the node's evidence).
             port_hits = evidence.get(evaluation.PORT_HITS) if rule.scope != "port" else None
             columns = {
-                label: np.broadcast_to(arr, (n, width))[rows, cols].tolist()
+                label: np.broadcast_to(arr, shape)[local, cols].tolist()
                 for label, v in evidence.items()
                 if label != evaluation.PORT_HITS
-                and ((arr := np.asarray(v, dtype=np.float64)).ndim < 2 or arr.shape[1] in (1, width))
+                and ((arr := np.asarray(v, dtype=np.float64)).ndim < 2 or arr.shape[1] in (1, shape[1]))
             }
-            since_list = fired_at[rows, cols].tolist()
-            for k, (i, j) in enumerate(zip(rows.tolist(), cols.tolist(), strict=True)):
+            since_list = fired_at[local, cols].tolist()
+            node_rows = local.tolist() if rows is None else rows[local].tolist()
+            for k, (i, j) in enumerate(zip(node_rows, cols.tolist(), strict=True)):
                 facts: Evidence = {
                     label: (None if math.isnan(xs[k]) else xs[k]) for label, xs in columns.items()
                 }
                 if port_hits is not None:  # the ports behind a port aggregation (rules/port_state.py)
-                    facts["ports"] = st.ports.names(i, port_hits[i])
+                    facts["ports"] = st.ports.names(i, port_hits[local[k]])
                 gpu = j if rule.scope == "gpu" else None
                 uuid = info[i].get(j, (None, None))[1] if gpu is not None else None
                 port = st.ports.name(i, j) if rule.scope == "port" else None

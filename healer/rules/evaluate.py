@@ -41,11 +41,17 @@ _ARITH: Final[dict[str, Callable[[Any, Any], Any]]] = {
 
 
 class Evaluator:
-    """One evaluation tick: caches metric reads and window reductions shared between rules."""
+    """One evaluation: caches metric reads and window reductions shared between rules. Over every node
+    row (a tick), or only ``rows`` (the nodes whose frames just arrived): values then have one row per
+    entry of ``rows``, in its order."""
 
-    def __init__(self, state: fleet_state.FleetState, now: float) -> None:
+    def __init__(
+        self, state: fleet_state.FleetState, now: float, rows: fleet_state.Rows | None = None
+    ) -> None:
         self.state = state
         self.now = now
+        self.rows = state.rows(rows)
+        self.n = state.n if rows is None or isinstance(rows, slice) else len(rows)
         self._cache: dict[tuple[Any, ...], Value] = {}
 
     def condition(self, root: tree.Node, text: str) -> tuple[Value, dict[str, Value]]:
@@ -59,7 +65,7 @@ class Evaluator:
         if isinstance(node, tree.Num):
             return node.value
         if isinstance(node, tree.Ref):
-            return self._read(("ref", node.name), lambda: self.state.instant(node.name, self.now))
+            return self._read(("ref", node.name), lambda: self.state.instant(node.name, self.now, self.rows))
         if isinstance(node, tree.Unary):
             arg = self._eval(node.arg, text, evidence)
             return -arg if node.op == "-" else 1.0 - arg
@@ -89,7 +95,7 @@ class Evaluator:
         if isinstance(arg, tree.Range):
             key = ("win", node.func, arg.name, arg.window_s)
             func, name, window_s = node.func, arg.name, arg.window_s
-            value = self._read(key, lambda: self.state.window(func, name, window_s, self.now))
+            value = self._read(key, lambda: self.state.window(func, name, window_s, self.now, self.rows))
             if node.func != "absent":
                 evidence[text[node.pos : node.end]] = value
             return value
@@ -97,13 +103,13 @@ class Evaluator:
         if node.func == "abs":
             return np.abs(inner)
         if arg.level == "port":  # a node whose frames carry no ports: its port aggregations are unknown
-            unread = np.isnan(self.state.ports.present[: self.state.n, None])
+            unread = np.isnan(self.state.ports.present[self.rows][:, None])
             return np.where(unread, np.nan, self._aggregate(node, arg, inner, evidence))
         return self._aggregate(node, arg, inner, evidence)
 
     def _aggregate(self, node: tree.Call, arg: tree.Node, inner: Any, evidence: dict[str, Value]) -> Value:
         if inner.ndim < 2:  # the parser allows only GPU-level arguments; be safe with constants
-            inner = np.broadcast_to(inner, (self.state.n, self.state.gpus))
+            inner = np.broadcast_to(inner, (self.n, self.state.gpus))
         valid = ~np.isnan(inner)
         any_valid = valid.any(axis=1, keepdims=True)
         if arg.level == "port" and inner.shape[1]:

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from healer.rules import windows
 
 F64 = npt.NDArray[np.float64]
+Rows = windows.Rows
 
 
 class PortState:
@@ -116,27 +117,12 @@ class PortState:
                 windows.accumulate(hist, grid[:, :, hist.column], nodes, ts)
 
     # -- reading
-    def instant(self, name: str, n: int, fresh: npt.NDArray[np.bool_]) -> F64:
-        plane = self.latest[self.col[name], :n]
-        return np.where(fresh & self.seen[:n], plane, np.nan)
+    def instant(self, name: str, rows: Rows, fresh: npt.NDArray[np.bool_]) -> F64:
+        plane = self.latest[self.col[name]][rows]
+        return np.where(fresh & self.seen[rows], plane, np.nan)
 
-    def window(self, func: str, name: str, window_s: float, now: float, n: int) -> F64:
-        seen = self.seen[:n]
-        hist = self.history[name]
-        recent = hist.last_valid_ts[:n] >= now - window_s
-        if func == "absent":
-            return np.where(seen, (~recent).astype(np.float64), np.nan)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            if func == "avg_over_time":
-                total = hist.rings["sum"].reduce(now, window_s, n)
-                count = hist.rings["cnt"].reduce(now, window_s, n)
-                out = np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
-            else:
-                (kind,) = windows.KIND_OF[func]
-                out = hist.rings[kind].reduce(now, window_s, n)
-                if func == "rate":
-                    out = out / window_s
-        return np.where(seen & recent, out, np.nan)
+    def window(self, func: str, name: str, window_s: float, now: float, rows: Rows) -> F64:
+        return windows.read(self.history[name], func, window_s, now, rows, self.seen[rows])
 
     def name(self, n: int, slot: int) -> str | None:
         """The port of node row ``n`` in ``slot`` (``mlx5_0/1``); None for a slot it never used."""

@@ -23,20 +23,22 @@ Evidence = dict[str, float | int | str | bool | None]
 
 class Counter:
     def __init__(self) -> None:
-        self._seen: dict[Key, collections.deque[tuple[float, int | None]]] = {}
+        self._seen: dict[Key, collections.deque[tuple[float, int | None, str]]] = {}
 
     def observe(self, rule: ruleset.Rule, event: events.NodeEvent, gpu: int | None) -> Evidence | None:
-        """Record a matching event; the burst's evidence once the rule's repeat pattern holds, else None."""
+        """Record a matching event (an event delivered again counts once, by its id); the burst's evidence
+        once the rule's repeat pattern holds, else None."""
         assert rule.on_event is not None
         repeat = rule.on_event.repeat
         assert repeat is not None
         key = (rule.id, event.node, gpu)
         seen = self._seen.setdefault(key, collections.deque())
-        seen.append((event.ts, event.pid))
-        newest = max(ts for ts, _ in seen)
+        if all(seen_id != event.id for _, _, seen_id in seen):  # delivered again (a failed step): once
+            seen.append((event.ts, event.pid, event.id))
+        newest = max(ts for ts, _, _ in seen)
         while seen and seen[0][0] <= newest - repeat.within_s:
             seen.popleft()
-        pids = sorted({pid for _, pid in seen if pid is not None})
+        pids = sorted({pid for _, pid, _ in seen if pid is not None})
         if len(seen) < repeat.count or len(pids) < repeat.pids:
             return None
         return {"count": len(seen), "within_s": repeat.within_s, "pids": ",".join(map(str, pids))}

@@ -148,6 +148,12 @@ class RuleSet:
         return tuple(r for r in self.rules if r.when is not None)
 
     @property
+    def prompt_rules(self) -> tuple[Rule, ...]:
+        """Condition rules that fire as soon as their condition holds (no ``for``): what an arrival
+        evaluation (``Engine.evaluate_frames``) reads as frames come in, between ticks."""
+        return tuple(r for r in self.rules if r.when is not None and r.for_s == 0)
+
+    @property
     def event_rules(self) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.on_event is not None)
 

@@ -43,6 +43,7 @@ STAGE_ROWS = 256
 PLANE_ROWS = 512
 """GPU rows the staging plane fills before ``_stage`` (it has ``framecols.ROWS_MAX`` more, for a frame)."""
 F64 = npt.NDArray[np.float64]
+Rows = windows.Rows
 _Item = tuple[int, float, float, int, int | None, Any]
 """A queued frame: node index, frame ts, accounted-at time, its number of GPU rows (index first, then the
 raw columns; staged in order), gpus_expected, and its (RDMA ports, fabric_manager_up) (None when no rule
@@ -90,6 +91,8 @@ class FleetState:
         """The frame ``decode`` wrote last, until ingested: the only one whose rows ``ingest`` keeps."""
         self._lent: framecols.Frame | None = None
         """The frame ``decode`` wrote last: its rows are overwritten by the next (``Frame.exact``)."""
+        self._arrived: list[npt.NDArray[np.intp]] = []
+        """The node rows each ``_apply`` batch wrote since ``take_arrived`` last ran."""
         self._take = np.zeros(1, dtype=np.intp)
         """The plane's columns the rules read (index first), in the order of ``_raw``."""
         self.cap, self.gpus = capacity, gpus_per_node
@@ -290,6 +293,7 @@ class FleetState:
             counts, starts = counts[fresh], starts[fresh]
             if not items:
                 return
+        self._arrived.append(nodes)
         frame_of = np.repeat(np.arange(len(items)), counts)
         # the rows of each frame: its start, plus 0 .. count-1
         first = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
@@ -325,66 +329,68 @@ class FleetState:
         if self.needs.reads_ports:
             self.ports.apply([(it[0], it[2], *it[5]) for it in items if it[5] is not None])
 
+    def take_arrived(self) -> npt.NDArray[np.intp]:
+        """The node rows that took a frame since the last call (``flush`` first), each once, ascending:
+        the rows an arrival evaluation reads (``Engine.evaluate_frames``)."""
+        got, self._arrived = self._arrived, []
+        if not got:
+            return np.empty(0, dtype=np.intp)
+        return np.unique(np.concatenate(got)) if len(got) > 1 else np.unique(got[0])
+
     @staticmethod
     def _accumulate(hist: windows.History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
         windows.accumulate(hist, cur, nodes, ts)
 
     # -- reading (evaluate.py)
-    def fresh(self, now: float) -> npt.NDArray[np.bool_]:
-        """(n, 1): the node's newest frame is recent enough for instant values to count."""
-        return (now - self.last_ts[: self.n] <= self.stale_after_s)[:, None]
+    def rows(self, rows: Rows | None = None) -> Rows:
+        """What the readers below select: ``rows`` as given, or every node row (``slice(0, n)``)."""
+        return slice(0, self.n) if rows is None else rows
 
-    def _all_fresh(self, now: float) -> bool:
+    def fresh(self, now: float, rows: Rows | None = None) -> npt.NDArray[np.bool_]:
+        """(rows, 1): the node's newest frame is recent enough for instant values to count."""
+        return (now - self.last_ts[self.rows(rows)] <= self.stale_after_s)[:, None]
+
+    def _all_fresh(self, now: float, rows: Rows) -> bool:
         """Every node fresh (the common case): instant reads can skip the staleness mask."""
-        n = self.n
-        return bool(n == 0 or now - self.last_ts[:n].min() <= self.stale_after_s)
+        last = self.last_ts[rows]
+        return bool(len(last) == 0 or now - last.min() <= self.stale_after_s)
 
-    def instant(self, name: str, now: float) -> F64:
-        n, fresh = self.n, self.fresh(now)
+    def instant(self, name: str, now: float, rows: Rows | None = None) -> F64:
+        """The newest value of ``name`` (NaN where stale or missing), for every node row or ``rows``."""
+        sel = self.rows(rows)
+        fresh = self.fresh(now, sel)
         metric = metric_catalog.ALL[name]
         if metric.source == "node":
             if name == "gpus_expected":
-                v = self.expected[:n]
+                v = self.expected[sel]
             elif name == "gpus_present":
-                v = self.present[:n]
+                v = self.present[sel]
             elif name == "ports_present":
-                v = self.ports.present[:n]
+                v = self.ports.present[sel]
             elif name == "fabric_manager_up":
-                v = self.ports.fabric_manager[:n]
+                v = self.ports.fabric_manager[sel]
             else:
-                v = np.maximum(self.expected[:n] - self.present[:n], 0.0)
+                v = np.maximum(self.expected[sel] - self.present[sel], 0.0)
             return np.where(fresh, v[:, None], np.nan)
         if metric.source == "external":
             external = self.anomaly if name == "anomaly_score" else self.straggler
-            return np.where(fresh & self.seen[:n], external[:n], np.nan)
+            return np.where(fresh & self.seen[sel], external[sel], np.nan)
         if metric.source == "port":
-            return self.ports.instant(name, n, fresh)
-        plane = self.latest[self.col[name], :n]
-        return plane if self._all_fresh(now) else np.where(fresh, plane, np.nan)
+            return self.ports.instant(name, sel, fresh)
+        plane = self.latest[self.col[name]][sel]
+        return plane if self._all_fresh(now, sel) else np.where(fresh, plane, np.nan)
 
-    def window(self, func: str, name: str, window_s: float, now: float) -> F64:
-        n = self.n
-        seen = self.seen[:n]
+    def window(self, func: str, name: str, window_s: float, now: float, rows: Rows | None = None) -> F64:
+        """A range function of ``name`` over ``window_s`` ending at ``now``, for every node row or
+        ``rows``."""
+        sel = self.rows(rows)
+        seen = self.seen[sel]
         if name == metric_catalog.TELEMETRY:
-            last = self.last_ts[:n]  # a node that never sent a frame is unknown, not silent
+            last = self.last_ts[sel]  # a node that never sent a frame is unknown, not silent
             return np.where(np.isfinite(last), (now - last > window_s).astype(np.float64), np.nan)[:, None]
         if metric_catalog.ALL[name].source == "port":
-            return self.ports.window(func, name, window_s, now, n)
-        hist = self.history[name]
-        recent = hist.last_valid_ts[:n] >= now - window_s
-        if func == "absent":
-            return np.where(seen, (~recent).astype(np.float64), np.nan)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            if func == "avg_over_time":
-                total = hist.rings["sum"].reduce(now, window_s, n)
-                count = hist.rings["cnt"].reduce(now, window_s, n)
-                out = np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
-            else:
-                (kind,) = windows.KIND_OF[func]
-                out = hist.rings[kind].reduce(now, window_s, n)
-                if func == "rate":
-                    out = out / window_s
-        return np.where(seen & recent, out, np.nan)
+            return self.ports.window(func, name, window_s, now, sel)
+        return windows.read(self.history[name], func, window_s, now, sel, seen)
 
     # -- bookkeeping
     def nbytes(self) -> int:

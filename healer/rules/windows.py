@@ -19,6 +19,9 @@ import numpy.typing as npt
 from healer.rules import metric_catalog, ruleset, tree
 
 F64 = npt.NDArray[np.float64]
+Rows = slice | npt.NDArray[np.intp]
+"""Which node rows a reader selects: ``slice(0, n)`` (every node: views, no copy) or an index array (the
+nodes whose frames arrived since the last evaluation, ``FleetState.take_arrived``)."""
 KIND_OF: Final = {
     "rate": ("inc",),
     "increase": ("inc",),
@@ -63,18 +66,19 @@ class Ring:
         else:
             self.data[pos, nodes] += values
 
-    def reduce(self, now: float, window_s: float, n: int) -> F64:
+    def reduce(self, now: float, window_s: float, rows: Rows) -> F64:
         bnow = math.floor(now / self.width_s)
         k = max(1, math.ceil(window_s / self.width_s - 1e-9))
         sel = np.flatnonzero((self.ids > bnow - k) & (self.ids <= bnow))
-        shape = self.data.shape[1:]
         if len(sel) == 0:
-            return np.full((n, shape[1]), self.init)
+            return np.full(self.data[0][rows].shape, self.init)
         # In-place accumulation over the selected planes: no (buckets x slots) temporary.
-        out = self.data[sel[0], :n].copy()
+        out: F64 = self.data[sel[0]][rows]
+        if isinstance(rows, slice):
+            out = out.copy()  # a view of the ring; an index array already copied
         op = np.fmax if self.kind == "max" else np.fmin if self.kind == "min" else np.add
         for p in sel[1:].tolist():
-            op(out, self.data[p, :n], out=out)
+            op(out, self.data[p][rows], out=out)
         return out
 
 
@@ -177,6 +181,27 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
         )
     )
     return Needs(tuple(ordered), gpu_wins, port_cols, port_wins, reads)
+
+
+def read(
+    hist: History, func: str, window_s: float, now: float, rows: Rows, seen: npt.NDArray[np.bool_]
+) -> F64:
+    """A range function (``KIND_OF``) of one metric's history over ``window_s`` ending at ``now``, for
+    ``rows``; NaN where the slot was never ``seen`` or has no valid reading inside the window."""
+    recent = hist.last_valid_ts[rows] >= now - window_s
+    if func == "absent":
+        return np.where(seen, (~recent).astype(np.float64), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if func == "avg_over_time":
+            total = hist.rings["sum"].reduce(now, window_s, rows)
+            count = hist.rings["cnt"].reduce(now, window_s, rows)
+            out = np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+        else:
+            (kind,) = KIND_OF[func]
+            out = hist.rings[kind].reduce(now, window_s, rows)
+            if func == "rate":
+                out = out / window_s
+    return np.where(seen & recent, out, np.nan)
 
 
 def accumulate(hist: History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from healer import testing
+from healer import errors, testing
 from healer.bus import subjects
 from healer.controller import service
 from healer.schemas import codec, events
@@ -126,3 +127,80 @@ async def test_the_ladders_step_serves_arrivals_after_each_ladder(harness: Harne
     await ctl.recovery.advance(0.0, between)
     assert order == ["ladder a", "arrivals", "ladder b", "arrivals"]
     ctl.recovery.ladders = {}
+
+
+async def test_a_new_ecc_error_in_a_frame_is_cordoned_before_the_next_tick(harness: Harness) -> None:
+    """Condition rules without ``for`` read the nodes whose frames arrived every ``frame_arrivals_s``,
+    between ticks: the new double-bit error is acted on through the same shell, long before the next
+    tick; the tick after reports the firing as ongoing and opens nothing twice."""
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator, tick_s=3600.0, frame_arrivals_s=0.05)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await warm(fleet)
+    await until(lambda: ctl.role.took_over and metric(ctl.metrics, "frame_arrivals_total") > 0)
+    ticks = _ticks(ctl)
+    fleet.overrides[("n1", 1)] = {"ecc_dbe_volatile": 1}
+    await fleet.publish()
+    await until(lambda: bool(actuator.executed("cordon")), timeout=20)
+    assert [(r.kind, r.node) for r in actuator.executed("cordon")] == [("cordon", "n1")]
+    assert all(r.fencing_token >= 1 for r in actuator.requests)
+    assert _ticks(ctl) == ticks, "acted on between ticks, not by a tick"
+    assert metric(ctl.metrics, "frame_arrival_firings_total") == 1
+    await until(lambda: "opened" in harness.feed.changes("n1"))
+    async with ctl.ticker.turn:
+        await ctl.ticker.tick()  # the tick sees it firing: no second incident
+    assert harness.feed.changes("n1").count("opened") == 1
+    assert len(ctl.book.open) == 1
+
+
+async def test_frames_wait_for_the_tick_when_arrival_evaluation_is_off(harness: Harness) -> None:
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator, tick_s=3600.0, frame_arrivals_s=0)
+    fleet = Fleet(harness.bus, ["n1"])
+    await warm(fleet)
+    await until(lambda: ctl.role.leader and ctl.role.took_over)
+    fleet.overrides[("n1", 1)] = {"ecc_dbe_volatile": 1}
+    await fleet.publish()
+    await until(lambda: metric(ctl.metrics, "frames_ingested_total") >= 4)
+    await asyncio.sleep(0.5)
+    assert actuator.executed("cordon") == []
+    assert metric(ctl.metrics, "frame_arrivals_total") == 0
+    async with ctl.ticker.turn:
+        await ctl.ticker.tick()
+    await until(lambda: bool(actuator.executed("cordon")), timeout=20)
+
+
+async def test_an_event_whose_arrival_failed_is_evaluated_again_not_acknowledged_unseen(
+    harness: Harness,
+) -> None:
+    """The arrival that evaluated an XID failed (KV timed out opening its incident). Kept, the event was
+    acknowledged by the next step that succeeded (here the next XID's arrival), and a one-shot XID rule
+    never fires twice for one delivery: the XID was lost. It goes back to the stream and is acted on
+    when delivered again, with no tick in between."""
+    (harness.rules / "xid.yaml").write_text(XID_RULES)
+    actuator = testing.RecordingActuator()
+    ctl = await harness.controller(actuator, tick_s=3600.0, breaker_max_percent=100.0)
+    fleet = Fleet(harness.bus, ["n1", "n2"])
+    await warm(fleet)
+    await until(lambda: ctl.role.leader and ctl.role.took_over and _ticks(ctl) >= 1)
+    ticks = _ticks(ctl)
+    real_open = ctl.incidents._open
+    failed: list[str] = []
+
+    async def open_once_broken(f: Any, now: float) -> None:
+        if f.node == "n1" and not failed:
+            failed.append(f.node)
+            raise errors.TemporaryError("KV get history.n1.2: TimeoutError()")
+        await real_open(f, now)
+
+    ctl.incidents._open = open_once_broken  # type: ignore[method-assign]
+    for node in ("n1", "n2"):
+        event = events.new(node, "xid", gpu_index=2, xid=79, message="fallen off the bus")
+        await harness.bus.publish_durable(
+            subjects.Subjects().events(node), codec.encode(event), msg_id=event.id
+        )
+    await until(lambda: {r.node for r in actuator.executed("cordon")} == {"n1", "n2"}, timeout=20)
+    assert failed == ["n1"]
+    assert metric(ctl.metrics, "events_retried_total") >= 1  # n2's too, when pulled with it
+    assert _ticks(ctl) == ticks, "acted on when delivered again, not by a tick"
+    await until(lambda: ctl.ingest.unacked == [] and "opened" in harness.feed.changes("n1"))

@@ -30,6 +30,9 @@ async def test_the_controller_benchmark_measures_every_figure_it_reports() -> No
     assert report.latency_p50_s is not None
     assert report.latency_p99_s is not None
     assert 0 < report.latency_p50_s <= report.latency_p99_s, "a latency runs forward from the fault"
+    assert report.latency_core is not None
+    assert report.latency_frame_arrivals_core is not None
+    assert 0 < report.latency_frame_arrivals_core < report.latency_core, "part of the process's CPU"
     assert report.frame_bytes > 5000
     assert report.xid_acted == 3, "every XID on shard 0's nodes got its first action"
     assert report.xid_first_kinds == {"cordon": 3}

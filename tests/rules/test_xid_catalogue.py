@@ -153,6 +153,24 @@ def test_repeat_at_node_scope_counts_the_nodes_gpus_together() -> None:
     assert _fired(eng, 30) == [("n1", None)]
 
 
+def test_an_event_delivered_again_counts_once_and_fires_the_burst_again() -> None:
+    """A step that failed before recording its decisions hands its events back to be evaluated again:
+    the second delivery is not a second XID, but a burst it completed fires again so it is recorded."""
+    result = loader.load_text(BURST.format(scope="gpu"))
+    assert result.ruleset is not None
+    eng = engine.Engine(result.ruleset)
+    first, second = _ev("n1", 0, 0, 13, 1), _ev("n1", 10, 0, 13, 2)
+    for ev in (first, second, first, second):
+        eng.ingest_event(ev)
+    assert _fired(eng, 20) == []  # two XIDs, each delivered twice: not three
+    third = _ev("n1", 30, 0, 31, 3)
+    eng.ingest_event(third)
+    assert _fired(eng, 40) == [("n1", 0)]
+    eng.ingest_event(third)  # delivered again
+    again = [f for f in eng.evaluate(ruletests.T0 + 50) if f.evidence.get("count") is not None]
+    assert [(f.gpu, f.evidence["count"]) for f in again] == [(0, 3)]
+
+
 def test_repeat_errors_point_at_file_line_column() -> None:
     text = textwrap.dedent(
         """\
