@@ -4,7 +4,10 @@ Prints, from one run: ingest time per tick (N frames, queued and flushed), evalu
 state memory, and a bare numpy pass over the same arrays (one comparison per instant column the rules
 read, one reduction per window ring) so the engine's overhead shows as a ratio. ``--hot-pct`` of the
 nodes run hot, so the thermal rule fires on their GPUs and the per-firing cost is included. Windows
-are filled first (ticks 15 s apart across the longest window), then measured at 1 s ticks.
+are filled first (ticks 15 s apart across the longest window), then measured at 1 s ticks. Then the
+same seconds with the rules without ``for`` read as frames arrive (``Engine.evaluate_frames``, ten times
+a second over a tenth of the nodes each, as ``controller.frame_arrivals_s`` 0.1 s does with agents on
+their own clocks) and the tick after: the second's cost both ways, as a ratio.
 
     .venv/bin/python benchmarks/rules_eval.py [--nodes 10000] [--ticks 10] [--hot-pct 1]
 """
@@ -96,6 +99,26 @@ def main() -> None:
         bare_pass(eng, T0 + t)
         bare_s.append(time.perf_counter() - start)
 
+    # The same seconds with the rules without ``for`` read as frames arrive (controller.frame_arrivals_s):
+    # each second's frames in ten slices, each ingested and evaluated at once, then the tick.
+    arrivals_s, arrival_tick_s, arrival_total_s = [], [], []
+    for _ in range(args.ticks):
+        t += 1.0
+        batch = frames(args.nodes, t, variants)
+        tenth = max(1, len(batch) // 10)
+        start = time.perf_counter()
+        spent = 0.0
+        for k in range(0, len(batch), tenth):
+            eng.ingest_many(batch[k : k + tenth])
+            at = time.perf_counter()
+            eng.evaluate_frames(T0 + t - 1.0 + (k + tenth) / len(batch))
+            spent += time.perf_counter() - at
+        at = time.perf_counter()
+        eng.evaluate(T0 + t)
+        arrival_tick_s.append(time.perf_counter() - at)
+        arrival_total_s.append(time.perf_counter() - start)
+        arrivals_s.append(spent)
+
     state_mb = eng.memory_bytes() / 2**20
     ev, ing, bare = statistics.median(eval_s), statistics.median(ingest_s), statistics.median(bare_s)
     rings = sum(len(h.rings) for h in eng.state.history.values())
@@ -108,6 +131,13 @@ def main() -> None:
     print(f"ingest + flush per tick ({args.nodes} frames): {ing * 1000:.1f} ms")
     print(f"bare numpy pass over the same arrays: {bare * 1000:.1f} ms")
     print(f"ratio evaluate / bare pass: {ev / bare:.1f}x")
+    arr, arr_tick, arr_total = (statistics.median(x) for x in (arrivals_s, arrival_tick_s, arrival_total_s))
+    print(
+        f"with frame arrivals (10 a second, a tenth of the nodes each): {arr * 1000:.1f} ms of arrival "
+        f"evaluations (their frames' flush included) + {arr_tick * 1000:.1f} ms tick; the second in all "
+        f"{arr_total * 1000:.1f} ms against {(ing + ev) * 1000:.1f} ms ingest + flush + evaluate without: "
+        f"{arr_total / (ing + ev):.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -177,24 +177,37 @@ async def bare_ceiling(url: str, nodes: int, seconds: float) -> Rate:
     return Rate(count - 1, last[0] - first[0], last[1] - first[1])
 
 
-def _settings(url: str, rules_dir: str, mode: str, tick_s: float, shards: int = 1) -> config.Settings:
+FRAME_ARRIVALS_S = config.ControllerSettings().frame_arrivals_s
+"""The controllers' ``frame_arrivals_s`` by default (``--frame-arrivals-s``; 0: frames only at ticks)."""
+
+
+def _settings(
+    url: str,
+    rules_dir: str,
+    mode: str,
+    tick_s: float,
+    shards: int = 1,
+    frame_arrivals_s: float = FRAME_ARRIVALS_S,
+) -> config.Settings:
     return config.Settings(
         nats=config.NatsSettings(url=url),
         controller=config.ControllerSettings.model_validate(
             {"rules_dir": rules_dir, "mode": mode, "tick_s": tick_s, "breaker_max_percent": 50.0,
-             "shards": shards, "shard": 0, "admission": "first-seen"}
+             "shards": shards, "shard": 0, "admission": "first-seen", "frame_arrivals_s": frame_arrivals_s}
         ),
     )  # fmt: skip
 
 
 async def controller_rate(
-    url: str, rules_dir: str, nodes: int, seconds: float, shards: int = 1
+    url: str, rules_dir: str, nodes: int, seconds: float, shards: int = 1, arrivals: float = FRAME_ARRIVALS_S
 ) -> tuple[Rate, float, int]:
     """Shard 0 of ``shards`` under the flood; with shards > 1 the rate counts the fleet's frames (its own
     scaled by its share of the nodes), since a shard receives every frame and skips the others'."""
     bus = await natsbus.NatsBus.connect(url, name="bench-controller")
     ctl = await service.build(
-        _settings(url, rules_dir, "observe", 1.0, shards), bus, scheduler=testing.RecordingActuator()
+        _settings(url, rules_dir, "observe", 1.0, shards, arrivals),
+        bus,
+        scheduler=testing.RecordingActuator(),
     )
     share = sum(service.shard_of(f"gpu-{i:05d}", shards) == 0 for i in range(nodes)) / nodes
     await ctl.start()
@@ -232,20 +245,28 @@ async def controller_rate(
 class Cost:
     """What the paced latency controller cost while the publisher ran, per wall second: its process's
     CPU (the bench's own asyncio loop included; the publisher is another process), and of it the
-    arrival evaluations of frames (``controller.frame_arrivals_s``)."""
+    arrival evaluations of frames (``controller.frame_arrivals_s``; their frames' flush not counted)."""
 
     core: float
     frame_arrivals: float
 
 
 async def latency(
-    url: str, rules_dir: str, nodes: int, seconds: float, faults: int, shards: int = 1, spread: bool = False
+    url: str,
+    rules_dir: str,
+    nodes: int,
+    seconds: float,
+    faults: int,
+    shards: int = 1,
+    spread: bool = False,
+    arrivals: float = FRAME_ARRIVALS_S,
 ) -> tuple[list[float], int, Cost]:
     """Fault-to-action latencies, frames dropped and the cost, for shard 0 of ``shards`` (all of the
     fleet's frames reach it; it ingests its share)."""
     bus = await natsbus.NatsBus.connect(url, name="bench-latency")
     actuator = _TimedActuator()
-    ctl = await service.build(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
+    settings = _settings(url, rules_dir, "enforce", 1.0, shards, arrivals)
+    ctl = await service.build(settings, bus, scheduler=actuator)
     await ctl.start()
     proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards, spread)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -263,14 +284,21 @@ async def latency(
 
 
 async def xid_latency(
-    url: str, rules_dir: str, nodes: int, events_n: int, shards: int = 1, spread: bool = False
+    url: str,
+    rules_dir: str,
+    nodes: int,
+    events_n: int,
+    shards: int = 1,
+    spread: bool = False,
+    arrivals: float = FRAME_ARRIVALS_S,
 ) -> tuple[list[float], dict[str, int]]:
     """XID to first action: nodes paced at 1 Hz, then one XID 79 (fallen off the bus) published durably
     every 0.3 s on a different node of shard 0; latency is from the publish to the actuator receiving
     the incident's first request (the cordon). Also: the kinds of the first requests."""
     bus = await natsbus.NatsBus.connect(url, name="bench-xid")
     actuator = _TimedActuator()
-    ctl = await service.build(_settings(url, rules_dir, "enforce", 1.0, shards), bus, scheduler=actuator)
+    settings = _settings(url, rules_dir, "enforce", 1.0, shards, arrivals)
+    ctl = await service.build(settings, bus, scheduler=actuator)
     await ctl.start()
     seconds = 60.0 + 0.3 * events_n
     # keep the queue referenced while the publisher runs: dropped, it unlinks the semaphore the spawned
@@ -369,6 +397,8 @@ class Report:
     xid_p99_s: float | None = None
     spread: bool = False
     """The paced fleet's frames evenly over each second (agents on their own clocks), not in one burst."""
+    frame_arrivals_s: float = FRAME_ARRIVALS_S
+    """Every controller's ``frame_arrivals_s`` in this run (0: frames evaluated only at ticks)."""
     latency_core: float | None = None
     """The latency controller's process CPU per wall second while the fleet was paced at 1 Hz."""
     latency_frame_arrivals_core: float | None = None
@@ -385,7 +415,11 @@ async def run(
     latency_shards: int = 1,
     xid_events: int = 20,
     spread: bool = False,
+    frame_arrivals_s: float | None = None,
 ) -> Report:
+    """Every figure of the report in one run; ``frame_arrivals_s`` for every controller in it (None: the
+    controller's default)."""
+    arrivals = FRAME_ARRIVALS_S if frame_arrivals_s is None else frame_arrivals_s
     frame_bytes = len(_templates(1, set())[0][1])
     with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         b = await natsbus.NatsBus.connect(srv.url)
@@ -396,8 +430,8 @@ async def run(
         bares, ctls, shard_rates = [], [], []
         for _ in range(rounds):
             bares.append(await bare_ceiling(srv.url, nodes, seconds))
-            ctls.append(await controller_rate(srv.url, rules_dir, nodes, seconds))
-            shard_rates.append((await controller_rate(srv.url, rules_dir, nodes, seconds, shards=2))[0])
+            ctls.append(await controller_rate(srv.url, rules_dir, nodes, seconds, 1, arrivals))
+            shard_rates.append((await controller_rate(srv.url, rules_dir, nodes, seconds, 2, arrivals))[0])
         bare = max(bares, key=lambda r: r.per_cpu_s)
         ctl_rate, tick_mean, dropped = max(ctls, key=lambda r: r[0].per_cpu_s)
         shard_rate = max(shard_rates, key=lambda r: r.per_cpu_s)
@@ -407,7 +441,7 @@ async def run(
         await b.close()
         lat_s = max(seconds, 5 + 2 * faults + 5)
         lat, lat_dropped, lat_cost = await latency(
-            srv.url, rules_dir, latency_nodes, lat_s, faults, latency_shards, spread
+            srv.url, rules_dir, latency_nodes, lat_s, faults, latency_shards, spread, arrivals
         )
     # a server of its own: the faulty nodes above have open incidents (cordoned), which an XID would join
     with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
@@ -415,7 +449,7 @@ async def run(
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
         await b.close()
         xid_lat, xid_kinds = await xid_latency(
-            srv.url, rules_dir, latency_nodes, xid_events, latency_shards, spread
+            srv.url, rules_dir, latency_nodes, xid_events, latency_shards, spread, arrivals
         )
     xid_p50, xid_p99 = _quantiles(xid_lat)
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else []
@@ -443,6 +477,7 @@ async def run(
         xid_p50_s=xid_p50,
         xid_p99_s=xid_p99,
         spread=spread,
+        frame_arrivals_s=arrivals,
         latency_core=round(lat_cost.core, 3),
         latency_frame_arrivals_core=round(lat_cost.frame_arrivals, 4),
     )
@@ -459,11 +494,15 @@ def main(
     latency_shards: int = 1,
     xid_events: int = 20,
     spread: bool = False,
+    frame_arrivals_s: float | None = None,
 ) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     report = asyncio.run(
-        run(nodes, seconds, latency_nodes, faults, rules_dir, rounds, latency_shards, xid_events, spread)
-    )
+        run(
+            nodes, seconds, latency_nodes, faults, rules_dir, rounds, latency_shards, xid_events, spread,
+            frame_arrivals_s,
+        )
+    )  # fmt: skip
     if as_json:
         print(json.dumps(dataclasses.asdict(report), indent=2))
         return 0
@@ -487,6 +526,11 @@ def main(
     print(f"  mean evaluation tick under that load    : {report.tick_mean_s * 1000:>8.1f} ms")
     shard_note = f" (shard 0 of {latency_shards})" if latency_shards > 1 else ""
     shard_note += ", frames spread over each second" if spread else ", each second's frames in one burst"
+    shard_note += (
+        f", rules without for at frame arrival every {report.frame_arrivals_s:g} s"
+        if report.frame_arrivals_s
+        else ", frames evaluated at ticks only"
+    )
     print(
         f"  fault-to-action at 1 s ticks, {latency_nodes} nodes at 1 Hz{shard_note}: "
         f"{report.latency_faults_detected}/{faults} faults acted on, "

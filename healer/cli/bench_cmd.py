@@ -48,6 +48,13 @@ def register(sub: Any) -> None:
         help="the paced fleet sends each second's frames evenly over it, as agents on their own clocks do"
         " (default: in one burst, every node in step)",
     )
+    c.add_argument(
+        "--frame-arrivals-s",
+        type=float,
+        default=None,
+        help="every controller's controller.frame_arrivals_s (default: its default, 0.1; 0: frames"
+        " evaluated at ticks only)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
     st = bsub.add_parser(
@@ -109,6 +116,7 @@ def _controller(args: argparse.Namespace) -> int:
         args.latency_shards,
         args.xid_events,
         args.spread,
+        args.frame_arrivals_s,
     )
 
 

@@ -68,7 +68,7 @@ class ControllerMetrics:
         )
         self.frame_arrival_seconds = prom.Counter(
             "healer_controller_frame_arrival_seconds_total",
-            "time the arrival evaluations took (the rows' flush included)",
+            "time the arrival evaluations took (not their frames' flush, which the tick would do anyway)",
             registry=r,
         )
         self.decode_errors = prom.Counter(

@@ -377,7 +377,7 @@ class Engine:
         self.state.flush()
         if self._restores:
             self._apply_restores()
-        self.state.take_arrived()  # every row is read now
+        self.state.clear_arrived()  # every row is read now
         ev = evaluation.Evaluator(self.state, now)
         out: list[Firing] = []
         for rule in self.rules.condition_rules:
@@ -400,6 +400,11 @@ class Engine:
         ``evaluate`` would have reported for them. Quiet periods and resolutions of event firings are
         left to ``evaluate``, which reports the ongoing ones every tick as before."""
         return self._fire_queued(now)
+
+    def flush(self) -> None:
+        """The frames ingested so far into the fleet state now (``evaluate`` and ``evaluate_frames`` do
+        it first; the caller may do it apart to time it apart)."""
+        self.state.flush()
 
     def evaluate_frames(self, now: float) -> list[Firing]:
         """The rules without ``for`` (``RuleSet.prompt_rules``) on the nodes whose frames arrived since

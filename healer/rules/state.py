@@ -337,6 +337,10 @@ class FleetState:
             return np.empty(0, dtype=np.intp)
         return np.unique(np.concatenate(got)) if len(got) > 1 else np.unique(got[0])
 
+    def clear_arrived(self) -> None:
+        """Every row is being read (a tick): what arrived before is not news to the next arrival."""
+        self._arrived.clear()
+
     @staticmethod
     def _accumulate(hist: windows.History, cur: F64, nodes: npt.NDArray[np.intp], ts: F64) -> None:
         windows.accumulate(hist, cur, nodes, ts)

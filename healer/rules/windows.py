@@ -72,11 +72,12 @@ class Ring:
         sel = np.flatnonzero((self.ids > bnow - k) & (self.ids <= bnow))
         if len(sel) == 0:
             return np.full(self.data[0][rows].shape, self.init)
-        # In-place accumulation over the selected planes: no (buckets x slots) temporary.
-        out: F64 = self.data[sel[0]][rows]
-        if isinstance(rows, slice):
-            out = out.copy()  # a view of the ring; an index array already copied
         op = np.fmax if self.kind == "max" else np.fmin if self.kind == "min" else np.add
+        if not isinstance(rows, slice):  # a few rows: one gather of (buckets x rows x slots), one reduce
+            reduced: F64 = op.reduce(self.data[np.ix_(sel, rows)], axis=0)
+            return reduced
+        # Every row: in-place accumulation over the selected planes, no (buckets x slots) temporary.
+        out: F64 = self.data[sel[0]][rows].copy()
         for p in sel[1:].tolist():
             op(out, self.data[p][rows], out=out)
         return out
