@@ -286,7 +286,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "rules_dir": str(ROOT / "rules"), "mode": "enforce", "actuator": "log",
                 "admission": "first-seen", "breaker_max_percent": 100.0,
                 "breaker_max_nodes": max(50, 2 * args.faults), "actions_per_minute": 1000,
-                "gpus_per_node": 8, "tick_s": 1.0,
+                "gpus_per_node": 8, "tick_s": 1.0, "frame_arrivals_s": args.frame_arrivals_s,
             },
             "log": {"level": "info", "format": "json"},
         }  # fmt: skip
@@ -806,6 +806,12 @@ def main() -> int:
         help="when shard 0's leader is killed, as a fraction of the window (default %(default)s)",
     )  # fmt: skip
     ap.add_argument("--lease-ttl", type=float, default=10.0, help="nats.lease_ttl_s (default %(default)s)")
+    ap.add_argument(
+        "--frame-arrivals-s",
+        type=float,
+        default=config.ControllerSettings().frame_arrivals_s,
+        help="controller.frame_arrivals_s (0: frames read at ticks only; default %(default)s)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON document")
     args = ap.parse_args()

@@ -146,10 +146,12 @@ class Scheduler:
         3.11's ``asyncio.wait_for`` (nats-py fetches through it) swallows one that races with the end
         of what it waits for, and a loop then goes on as if nothing happened; a single cancel and an
         unbounded wait hung a feed consumer's stop. A task still running after ``CANCEL_ROUNDS`` tries
-        is logged by name and left (never a hang)."""
+        is logged by name and left (never a hang). A task spawned here meanwhile (a cancelled task's
+        cleanup that started another) is cancelled with them: the scheduler's tasks are taken again
+        each round."""
         pending = tasks
         for _ in range(CANCEL_ROUNDS):
-            pending = [t for t in pending if not t.done()]
+            pending = [t for t in dict.fromkeys([*pending, *self.tasks]) if not t.done()]
             if not pending:
                 return
             for t in pending:

@@ -148,6 +148,27 @@ async def test_close_ends_a_task_that_swallowed_the_first_cancellation() -> None
     assert swallowed == 2
 
 
+async def test_close_ends_a_task_spawned_while_it_was_cancelling() -> None:
+    """A task whose cleanup starts another (an action chained after a cancelled one): the new task was
+    not in the list ``close`` took and kept running after it."""
+    jobs, _ = scheduler()
+    started: list[asyncio.Task[object]] = []
+
+    async def chains() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            started.append(jobs.spawn("after", asyncio.sleep(3600)))
+
+    jobs.spawn("first", chains())
+    await asyncio.sleep(0)
+    async with asyncio.timeout(30):
+        await jobs.close()
+    [after] = started
+    assert after.cancelled()
+    assert jobs.tasks == []
+
+
 async def test_close_gives_up_on_a_task_that_never_ends_and_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tasks, "CANCEL_ROUNDS", 3)
     monkeypatch.setattr(tasks, "CANCEL_WAIT_S", 0.01)
