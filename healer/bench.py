@@ -251,6 +251,20 @@ class Cost:
     frame_arrivals: float
 
 
+async def _enforcing(
+    url: str, name: str, rules_dir: str, shards: int, arrivals: float
+) -> tuple[natsbus.NatsBus, _TimedActuator, service.Controller]:
+    """A started controller in enforce mode at 1 s ticks, shard 0 of ``shards``, on a connection of its
+    own, acting through a ``_TimedActuator``."""
+    bus = await natsbus.NatsBus.connect(url, name=name)
+    actuator = _TimedActuator()
+    ctl = await service.build(
+        _settings(url, rules_dir, "enforce", 1.0, shards, arrivals), bus, scheduler=actuator
+    )
+    await ctl.start()
+    return bus, actuator, ctl
+
+
 async def latency(
     url: str,
     rules_dir: str,
@@ -263,11 +277,7 @@ async def latency(
 ) -> tuple[list[float], int, Cost]:
     """Fault-to-action latencies, frames dropped and the cost, for shard 0 of ``shards`` (all of the
     fleet's frames reach it; it ingests its share)."""
-    bus = await natsbus.NatsBus.connect(url, name="bench-latency")
-    actuator = _TimedActuator()
-    settings = _settings(url, rules_dir, "enforce", 1.0, shards, arrivals)
-    ctl = await service.build(settings, bus, scheduler=actuator)
-    await ctl.start()
+    bus, actuator, ctl = await _enforcing(url, "bench-latency", rules_dir, shards, arrivals)
     proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards, spread)
     t0, c0 = time.perf_counter(), time.process_time()
     await asyncio.to_thread(proc.join, seconds + 60)
@@ -295,11 +305,7 @@ async def xid_latency(
     """XID to first action: nodes paced at 1 Hz, then one XID 79 (fallen off the bus) published durably
     every 0.3 s on a different node of shard 0; latency is from the publish to the actuator receiving
     the incident's first request (the cordon). Also: the kinds of the first requests."""
-    bus = await natsbus.NatsBus.connect(url, name="bench-xid")
-    actuator = _TimedActuator()
-    settings = _settings(url, rules_dir, "enforce", 1.0, shards, arrivals)
-    ctl = await service.build(settings, bus, scheduler=actuator)
-    await ctl.start()
+    bus, actuator, ctl = await _enforcing(url, "bench-xid", rules_dir, shards, arrivals)
     seconds = 60.0 + 0.3 * events_n
     # keep the queue referenced while the publisher runs: dropped, it unlinks the semaphore the spawned
     # child is still unpickling (FileNotFoundError in the child, and no frames at all)
