@@ -12,7 +12,10 @@ step still inside its window) never opens a second incident. Event rules fire at
 NodeEvent; with ``resolve: {for: ...}`` they resolve after that much quiet time (measured on the clock
 ``evaluate(now)`` runs on, never the event's own ``ts``), otherwise each event is a one-shot ``fired``.
 All state lives in numpy arrays per rule, updated with masks, so a tick costs a few array operations per
-rule whatever the fleet size; Python objects are only built for transitions.
+rule whatever the fleet size; Python objects are only built for transitions. Between ticks,
+``evaluate_arrivals`` fires the events queued since and ``evaluate_frames`` the rules without ``for`` on
+only the nodes whose frames arrived since: the ``fired`` transitions the next ``evaluate`` would have
+reported, earlier; ``evaluate`` reports them as ``firing`` after.
 """
 
 from __future__ import annotations
