@@ -24,14 +24,22 @@ def _ticks(ctl: service.Controller) -> float:
     return metric(ctl.metrics, "tick_seconds_count")
 
 
+async def _leading(
+    harness: Harness, actuator: testing.RecordingActuator, nodes: list[str], **controller: Any
+) -> tuple[service.Controller, Fleet]:
+    """A controller with ``controller`` settings, its fleet reporting (warm), once it leads."""
+    ctl = await harness.controller(actuator, **controller)
+    fleet = Fleet(harness.bus, nodes)
+    await warm(fleet)
+    await until(lambda: ctl.role.leader and ctl.role.took_over)
+    return ctl, fleet
+
+
 async def test_a_fatal_xid_is_cordoned_before_the_next_tick(harness: Harness) -> None:
     (harness.rules / "xid.yaml").write_text(XID_RULES)
     actuator = testing.RecordingActuator()
     # One tick at start, the next an hour later: only acting at arrival can cordon within the test.
-    ctl = await harness.controller(actuator, tick_s=3600.0)
-    fleet = Fleet(harness.bus, ["n1"])
-    await warm(fleet)
-    await until(lambda: ctl.role.leader and ctl.role.took_over)
+    ctl, _ = await _leading(harness, actuator, ["n1"], tick_s=3600.0)
     ticks = _ticks(ctl)
     event = events.new("n1", "xid", gpu_index=2, xid=79, message="fallen off the bus")
     await harness.bus.publish_durable(subjects.Subjects().events("n1"), codec.encode(event), msg_id=event.id)
@@ -46,10 +54,7 @@ async def test_a_fatal_xid_is_cordoned_before_the_next_tick(harness: Harness) ->
 async def test_an_event_no_rule_matches_wakes_nothing(harness: Harness) -> None:
     (harness.rules / "xid.yaml").write_text(XID_RULES)
     actuator = testing.RecordingActuator()
-    ctl = await harness.controller(actuator, tick_s=3600.0)
-    fleet = Fleet(harness.bus, ["n1"])
-    await warm(fleet)
-    await until(lambda: ctl.role.leader and ctl.role.took_over)
+    ctl, _ = await _leading(harness, actuator, ["n1"], tick_s=3600.0)
     event = events.new("n1", "xid", gpu_index=2, xid=13, message="graphics engine exception")
     await harness.bus.publish_durable(subjects.Subjects().events("n1"), codec.encode(event), msg_id=event.id)
     await until(lambda: metric(ctl.metrics, "events_ingested_total") >= 1)
@@ -64,10 +69,7 @@ async def test_an_event_that_arrives_during_a_tick_is_acted_on_between_its_steps
     tick's domain step waits until the XID is in, and its ladder step waits until the test ends."""
     (harness.rules / "xid.yaml").write_text(XID_RULES)
     actuator = testing.RecordingActuator()
-    ctl = await harness.controller(actuator, tick_s=0.5)
-    fleet = Fleet(harness.bus, ["n1"])
-    await warm(fleet)
-    await until(lambda: ctl.role.leader and ctl.role.took_over)
+    ctl, _ = await _leading(harness, actuator, ["n1"], tick_s=0.5)
     shell = ctl.incidents
     in_tick, resume, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
     armed = {"domains": True, "ladders": False}
@@ -134,10 +136,8 @@ async def test_a_new_ecc_error_in_a_frame_is_cordoned_before_the_next_tick(harne
     between ticks: the new double-bit error is acted on through the same shell, long before the next
     tick; the tick after reports the firing as ongoing and opens nothing twice."""
     actuator = testing.RecordingActuator()
-    ctl = await harness.controller(actuator, tick_s=3600.0, frame_arrivals_s=0.05)
-    fleet = Fleet(harness.bus, ["n1", "n2"])
-    await warm(fleet)
-    await until(lambda: ctl.role.took_over and metric(ctl.metrics, "frame_arrivals_total") > 0)
+    ctl, fleet = await _leading(harness, actuator, ["n1", "n2"], tick_s=3600.0, frame_arrivals_s=0.05)
+    await until(lambda: metric(ctl.metrics, "frame_arrivals_total") > 0)
     ticks = _ticks(ctl)
     fleet.overrides[("n1", 1)] = {"ecc_dbe_volatile": 1}
     await fleet.publish()
@@ -155,10 +155,7 @@ async def test_a_new_ecc_error_in_a_frame_is_cordoned_before_the_next_tick(harne
 
 async def test_frames_wait_for_the_tick_when_arrival_evaluation_is_off(harness: Harness) -> None:
     actuator = testing.RecordingActuator()
-    ctl = await harness.controller(actuator, tick_s=3600.0, frame_arrivals_s=0)
-    fleet = Fleet(harness.bus, ["n1"])
-    await warm(fleet)
-    await until(lambda: ctl.role.leader and ctl.role.took_over)
+    ctl, fleet = await _leading(harness, actuator, ["n1"], tick_s=3600.0, frame_arrivals_s=0)
     fleet.overrides[("n1", 1)] = {"ecc_dbe_volatile": 1}
     await fleet.publish()
     await until(lambda: metric(ctl.metrics, "frames_ingested_total") >= 4)
@@ -179,10 +176,8 @@ async def test_an_event_whose_arrival_failed_is_evaluated_again_not_acknowledged
     when delivered again, with no tick in between."""
     (harness.rules / "xid.yaml").write_text(XID_RULES)
     actuator = testing.RecordingActuator()
-    ctl = await harness.controller(actuator, tick_s=3600.0, breaker_max_percent=100.0)
-    fleet = Fleet(harness.bus, ["n1", "n2"])
-    await warm(fleet)
-    await until(lambda: ctl.role.leader and ctl.role.took_over and _ticks(ctl) >= 1)
+    ctl, _ = await _leading(harness, actuator, ["n1", "n2"], tick_s=3600.0, breaker_max_percent=100.0)
+    await until(lambda: _ticks(ctl) >= 1)
     ticks = _ticks(ctl)
     real_open = ctl.incidents._open
     failed: list[str] = []
