@@ -43,6 +43,7 @@ schemas: $(STAMP)
 	$(BIN)/healer config docs > docs/configuration.md
 	$(BIN)/python -m healer.rules.packdoc rules docs/rules.md
 	$(BIN)/python -m healer.rules.configmap rules deploy/kubernetes/rules-configmap.yaml
+	$(BIN)/python -m healer.sizing docs/deployment.md
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/agent_cost.py

@@ -196,7 +196,13 @@ class EmbeddedServer:
 class EmbeddedCluster:
     """``size`` servers routed into one JetStream cluster on loopback."""
 
-    def __init__(self, base_dir: str | os.PathLike[str], size: int = 3, name: str = "healer") -> None:
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        size: int = 3,
+        name: str = "healer",
+        max_file_store: str = "4GB",
+    ) -> None:
         base = pathlib.Path(base_dir)
         cluster_ports = [free_port() for _ in range(size)]
         routes = [f"nats-route://127.0.0.1:{p}" for p in cluster_ports]
@@ -205,6 +211,7 @@ class EmbeddedCluster:
                 base / f"n{i}",
                 name=f"{name}-n{i}",
                 cluster=ClusterSpec(name=name, port=cluster_ports[i], routes=routes),
+                max_file_store=max_file_store,
             )
             for i in range(size)
         ]

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from healer import config, errors, logs
+from healer import config, errors, logs, sizing
 from healer.bus import base, embedded, provision, subjects
 from healer.cli import common, lazy, natsconf_cmd
 
@@ -49,6 +49,11 @@ def register(sub: Any) -> None:
         "--frame-interval", type=float, help="agents' interval in s, for the sizing (nats.frame_interval_s)"
     )
     prov.add_argument("--frame-bytes", type=int, help="bytes of one frame, for the sizing (nats.frame_bytes)")
+    prov.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the limits and the max_file_store to set; connect to nothing",
+    )
     prov.set_defaults(func=_provision)
 
     status = nsub.add_parser(
@@ -83,7 +88,10 @@ def _provision(args: argparse.Namespace) -> int:
         },
     )  # fmt: skip
     logs.configure("error")
-    plan = asyncio.run(_ensure(s))
+    if args.dry_run:
+        plan = provision.plan(subjects.Subjects(s.nats.prefix), s.nats)
+    else:
+        plan = asyncio.run(_ensure(s))
     for stream in plan.streams:
         print(
             f"stream {stream.name}: {', '.join(stream.subjects or [])} (max_age {stream.max_age:g}s, "
@@ -94,8 +102,18 @@ def _provision(args: argparse.Namespace) -> int:
             f"kv {bucket.bucket}: history {bucket.history}, ttl {bucket.ttl or 0:g}s, "
             f"max_bytes {_mib(bucket.max_bytes or None)}"
         )
-    print(f"reserved: {_mib(s.nats.reserved_bytes())} per replica (fits in the server's max_file_store)")
+    for kept in plan.kept:
+        print(f"KEPT {kept.line()}")
+    print(f"reserved: {_mib(s.nats.reserved_bytes())} per replica")
+    print(_store_line(s.nats))
     return 0
+
+
+def _store_line(ns: config.NatsSettings) -> str:
+    return (
+        f"max_file_store: {sizing.store_bytes(ns)}  # at least, on every server holding a replica "
+        f"({sizing.gib_up(ns.reserved_bytes())}; docs/deployment.md, sizing)"
+    )
 
 
 def _status(args: argparse.Namespace) -> int:
