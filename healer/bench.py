@@ -47,6 +47,8 @@ from healer.schemas import codec, events, telemetry
 from healer.sim import node_source
 
 TS_MARK = b"1111111111.25"
+SEQ_MARK = 987654321
+"""The frames' ``seq`` in the templates, replaced by the round (the controller drops a repeated seq)."""
 
 
 def _templates(nodes: int, faulty: set[int]) -> list[tuple[str, bytes, bytes | None]]:
@@ -58,8 +60,8 @@ def _templates(nodes: int, faulty: set[int]) -> list[tuple[str, bytes, bytes | N
 
         def enc(gs: list[telemetry.GpuSample], node: str = node) -> bytes:
             frame = telemetry.NodeFrame(
-                node=node, ts=float(TS_MARK), seq=0, boot_id="bench", agent_version="bench", source="sim",
-                gpus_expected=8, gpus=gs,
+                node=node, ts=float(TS_MARK), seq=SEQ_MARK, boot_id="bench", agent_version="bench",
+                source="sim", gpus_expected=8, gpus=gs,
             )  # fmt: skip
             return codec.encode(frame)
 
@@ -103,10 +105,11 @@ def _publisher(
             round_start = time.time()
             # after a 5-round baseline, one more node turns faulty every 2 rounds
             live_faults = set(order[: max(0, (rnd - 5) // 2)]) if rate_hz else set()
+            seq = (b"%d" % SEQ_MARK, b"%d" % rnd)
             for i, (node, good, bad) in enumerate(frames):
                 ts = time.time()
                 use_bad = bad is not None and i in live_faults
-                data = (bad if use_bad else good).replace(TS_MARK, f"{ts:.6f}".encode())  # type: ignore[union-attr]
+                data = (bad if use_bad else good).replace(TS_MARK, f"{ts:.6f}".encode()).replace(*seq)  # type: ignore[union-attr]
                 await bus.publish(subject_of[node], data)
                 sent += 1
                 if use_bad and node not in injected:

@@ -29,7 +29,7 @@ import structlog
 from healer import config, errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.controller import admission, drops, energy_meter, learning, role, throttle
+from healer.controller import admission, drops, energy_meter, frame_order, learning, role, throttle
 from healer.controller import metrics as controller_metrics
 from healer.rules import engine
 from healer.schemas import codec, events, telemetry
@@ -102,6 +102,9 @@ class Ingest:
         self._bad_frames = throttle.Throttled(log, "controller.bad_frame")
         """Bad frames are counted each (``_decode_errors_total``) and logged at most once per 10 s."""
         self._bad_events = throttle.Throttled(log, "controller.bad_event")
+        self.order = frame_order.FrameOrder()
+        """Each node's (boot_id, seq): a repeated or late frame is dropped before it reaches a counter."""
+        self._stale = throttle.Throttled(log, "controller.frame_stale")
         self.telemetry_bus: bus_base.Bus = bus
         self.frames_sub: bus_base.Subscription
         self.steps_sub: bus_base.Subscription | None = None
@@ -122,7 +125,10 @@ class Ingest:
             self.subjects.all_telemetry,
             self.on_frames,
             fair=bus_base.Fairness(
-                self.screen_frame, self.cs.frames_per_node, int(self.cs.frames_buffer_mib * 2**20)
+                self.screen_frame,
+                self.cs.frames_per_node,
+                int(self.cs.frames_buffer_mib * 2**20),
+                vet=self.vet_frame,
             ),
             max_batch=FRAMES_BATCH,
         )
@@ -188,6 +194,24 @@ class Ingest:
             return None
         return node
 
+    def vet_frame(self, subject: str, data: bytes) -> bool:
+        """Asked only while the node already has ``frames_per_node`` frames waiting (a flood on its own
+        subject): True for a frame valid by the strict decoder that names the subject's node. Anything
+        else is counted and dropped before it can push one of the node's real frames out."""
+        node = self.node_of(subject)
+        named = codec.strict_node(data)
+        if named is None:
+            e = errors.DecodeError(
+                "frame", "validation", "not a valid frame (strict decoder, node under a flood)"
+            )
+            self.count_bad(e)
+            self._bad_frames.note(e.reason, subject=subject, detail=e.detail)
+            return False
+        if named != node:
+            self.admission.reject("frame", "identity_mismatch", node, claimed=named)
+            return False
+        return True
+
     async def on_frames(self, msgs: list[bus_base.Msg]) -> None:
         """Frames from the fair backlog, which ``screen_frame`` let in, in the order it gives them."""
         ingested = 0
@@ -214,6 +238,11 @@ class Ingest:
         # Receive time, strictly increasing: frames are ordered by it, never by the node's own ts.
         now = self._received_at = max(self.clock(), math.nextafter(self._received_at, math.inf))
         if not self.admission.frame_ok(node, frame):
+            return False
+        verdict = self.order.verdict(node, frame.boot_id, frame.seq)
+        if verdict is not frame_order.Verdict.FRESH:
+            self.metrics.frames_stale.labels(verdict.value).inc()
+            self._stale.note(verdict.value, node=node, boot_id=frame.boot_id, seq=frame.seq)
             return False
         self.engine.ingest(frame, at=now)
         if self.learning.scorer is not None:
@@ -247,6 +276,7 @@ class Ingest:
         for node in forgotten.nodes:
             self.nodes.discard(node)
             self.newest.pop(node, None)
+            self.order.forget(node)
             if self.energy is not None:
                 self.energy.forget_node(node)
             if self.learning.failslow is not None:
@@ -268,6 +298,7 @@ class Ingest:
         self._frames_dropped = self.frames_sub.dropped
         self._drops.report(dropped=self._frames_dropped, bad=self._bad_frames.total)
         self._bad_frames.flush()
+        self._stale.flush()
         for name, bus in (("main", self.bus), ("telemetry", self.telemetry_bus)):
             if bus is self.bus and name == "telemetry":
                 continue

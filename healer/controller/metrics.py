@@ -10,6 +10,7 @@ import prometheus_client as prom
 from prometheus_client import metrics_core
 
 from healer import buildinfo
+from healer.controller import frame_order
 from healer.rules import actions
 from healer.schemas import codec, incidents
 
@@ -37,6 +38,14 @@ class ControllerMetrics:
             "frames dropped because the backlog was full (controller.frames_buffer_mib): add shards",
             registry=r,
         )
+        self.frames_stale = prom.Counter(
+            "healer_controller_frames_stale_total",
+            "frames dropped as repeated or late by their node's (boot_id, seq): duplicate, late, old_boot",
+            ["reason"],
+            registry=r,
+        )
+        for reason in frame_order.STALE:
+            self.frames_stale.labels(reason.value)
         self.events = prom.Counter(
             "healer_controller_events_ingested_total", "NodeEvents ingested", registry=r
         )
