@@ -98,14 +98,22 @@ class Health:
         with self._lock:
             return self.clock() - self._beat_at, self._verdict
 
-    async def keep(self, readiness: Callable[[], Verdict], interval_s: float = 1.0) -> None:
-        """Heartbeat until cancelled: stamp, compute readiness, tell systemd. Owned by the caller."""
+    async def keep(
+        self,
+        readiness: Callable[[], Verdict],
+        interval_s: float = 1.0,
+        served: Callable[[Verdict], None] | None = None,
+    ) -> None:
+        """Heartbeat until cancelled: stamp, compute readiness, tell systemd. Owned by the caller.
+        ``served``: told each verdict once /readyz serves it (what must agree with it, follows it)."""
         while True:
             try:
                 verdict = readiness()
             except Exception as e:  # a readiness bug must not look like a dead loop
                 verdict = Verdict.of(readiness=Check(False, f"readiness check failed: {e!r}"))
             self.beat(verdict)
+            if served is not None:
+                served(verdict)
             status = verdict.summary()
             if not self._notified_ready:
                 # systemd's READY=1 means "started" (the loop runs, signals are handled); whether the

@@ -154,13 +154,17 @@ def run(
 
 @contextlib.asynccontextmanager
 async def heartbeat(
-    scope: str, beat: health.Health, ready: Callable[[], health.Verdict], failures: Any
+    scope: str,
+    beat: health.Health,
+    ready: Callable[[], health.Verdict],
+    failures: Any,
+    served: Callable[[health.Verdict], None] | None = None,
 ) -> AsyncIterator[None]:
     """The process's heartbeat (``/livez``, ``/readyz``, systemd's watchdog) while the block runs, as an
     owned task: a heartbeat that fails is logged once (``<scope>.task_failed``), counted
     (``task_failures_total{task="health"}``) and restarted, never silently gone (#25)."""
     jobs = tasks.Scheduler(scope, failures)
-    jobs.supervise("health", lambda: beat.keep(ready))
+    jobs.supervise("health", lambda: beat.keep(ready, served=served))
     try:
         yield
     finally:

@@ -136,6 +136,7 @@ async def run_controller(
         beat,
         lambda: ctl.ready() if ctl is not None else _connecting(s.nats.url),
         metrics.task_failures,
+        served=lambda verdict: ctl.served(verdict) if ctl is not None else None,
     ):
         bus = await common.until_stopped(common.connect(s, "healer-controller", service=True), stop)
         try:
@@ -149,6 +150,7 @@ async def run_controller(
                 s, bus, scheduler=scheduler, gpu=gpu, metrics=metrics,
                 power=lambda c: power.PowerActuator(bus, c, subj, s.actuators),
             )  # fmt: skip
+            ctl.served(beat.snapshot()[1])  # what /readyz serves until the next heartbeat: not ready
             await ctl.start()
             # the status page, when ui.enabled (docs/ui.md), with the anomaly model's components
             page = await hook.maybe_start(

@@ -36,6 +36,8 @@ class Role:
         """The takeover finished (incidents reloaded) and the lease was not lost since."""
         self.changed = asyncio.Event()
         """Set when the lease is won or lost (or released after failed takeovers)."""
+        self.probe_ready: bool | None = None
+        """What /readyz serves now; None where no probe runs (a controller embedded in a test or bench)."""
 
     @property
     def leader(self) -> bool:
@@ -44,11 +46,18 @@ class Role:
 
     def show(self) -> None:
         """``healer_controller_leader`` follows ``leader`` (set on every flip and every tick), and the
-        lease gauges say how long no holder of the shard's lease was seen."""
-        self.metrics.leader.set(1 if self.leader else 0)
+        lease gauges say how long no holder of the shard's lease was seen. The gauge never says leader
+        while /readyz says not ready: it reads 1 only while the verdict served is ready (the probe's
+        verdict is computed once a second, the lease flips at any instant)."""
+        self.metrics.leader.set(1 if self.leader and self.probe_ready is not False else 0)
         unheld = self.lease.unheld_s()
         self.metrics.lease_unheld.labels(self.shard).set(unheld)
         self.metrics.leaderless.labels(self.shard).set(1 if unheld > self.lease.ttl_s + self.margin_s else 0)
+
+    def served(self, ready: bool) -> None:
+        """/readyz serves a verdict that is ``ready`` or not (each heartbeat)."""
+        self.probe_ready = ready
+        self.show()
 
     def on_lease(self, held: bool) -> None:
         """The lease keeper's word that the lease was won or lost."""

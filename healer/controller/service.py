@@ -257,6 +257,10 @@ class Controller:
         """/readyz (``readiness``)."""
         return self.readiness.ready()
 
+    def served(self, verdict: health.Verdict) -> None:
+        """/readyz now serves ``verdict``: the leader gauge follows it (``Role.served``)."""
+        self.role.served(verdict.ready)
+
     def components(self, node: str, gpu: int) -> dict[str, float] | None:
         """The status page's ``AnomalySource``: the anomaly model's components for one GPU."""
         return self.learning.components(node, gpu)

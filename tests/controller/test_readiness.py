@@ -63,3 +63,37 @@ async def test_a_standby_is_ready_too(harness: Harness) -> None:
     await conftest.until(lambda: standby.ready().ready)
     assert standby.ready().checks["role"].detail == "standby"
     assert leader.ready().checks["role"].detail == "leader"
+
+
+async def test_the_leader_gauge_never_says_leader_while_readyz_says_not_ready(harness: Harness) -> None:
+    """The real controller process (``run_controller``) with its heartbeat: from the start, through the
+    takeover, until it leads, the gauge and the verdict /readyz serves are read together every 5 ms;
+    the gauge reads 1 only while the served verdict is ready. (It read 1 about 0.8 s before /readyz
+    turned ready: the verdict is computed once a second, the lease flips at any instant.)"""
+    from healer import config, health
+    from healer.cli import controller_cmd
+    from healer.controller import metrics
+
+    s = harness.settings(metrics_port=0)
+    s = s.model_copy(update={"nats": config.NatsSettings(url=harness.srv.url, lease_ttl_s=2.0)})
+    m = metrics.ControllerMetrics()
+    beat = health.Health(m.registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller_cmd.run_controller(s, stop, m, beat))
+    samples = []
+    try:
+        async with asyncio.timeout(20):
+            while True:
+                _, verdict = beat.snapshot()
+                gauge = conftest.sample(m.registry, "healer_controller_leader")
+                samples.append((gauge, verdict.ready))
+                if gauge == 1 and len(samples) > 200:
+                    break
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.005)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
+    assert (1.0, True) in samples, "it came to lead, and ready"
+    assert [s for s in samples if s == (1.0, False)] == [], "the gauge said leader while /readyz said not"
