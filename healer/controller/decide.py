@@ -539,8 +539,10 @@ def correlate(
 
     A GPU firing of a ``node_wide`` rule first joins its node's incident of the same group: the
     node-wide one whenever it opened, else one opened less than ``node_wide.within`` ago (about another
-    GPU, which the join may make node-wide). Otherwise candidates are the node's open incidents opened
-    less than ``window_s`` ago (0 turns this correlation off). A port firing (a port-scope rule) joins
+    GPU, which the join may make node-wide), then the node's node-wide incident of a group the rule's
+    ``node_wide.joins`` names (the cause that explains it: a straggler behind a power brake).
+    Otherwise candidates are the node's open incidents opened less than ``window_s`` ago (0 turns this
+    correlation off). A port firing (a port-scope rule) joins
     only the newest one about the same port: two faulty ports of a node are two incidents. A GPU firing
     joins the newest one about the same GPU; failing that, the node's only GPU-less incident that is
     neither node-wide nor a port's (a node-scope signal such as ``gpus_missing`` that fired first: the
@@ -560,6 +562,12 @@ def correlate(
         ]  # fmt: skip
         if mine:
             return max(mine, key=lambda i: (i.node_wide_at is not None, i.opened_at))
+        explains = [
+            i for i in on_node
+            if i.node_wide in f.rule.node_wide.joins and i.node_wide_at is not None
+        ]  # fmt: skip
+        if explains:  # a node-wide incident of a group that explains this rule: one cause, one incident
+            return max(explains, key=lambda i: i.opened_at)
     if window_s <= 0:
         return None
     recent = [i for i in on_node if 0 <= now - i.opened_at < window_s]

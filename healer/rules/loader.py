@@ -316,7 +316,7 @@ def _node_wide(f: _File, node: yaml.Node, s: spec.RuleSpec) -> ruleset.NodeWide 
     within_s = durations.value(nw.within) if nw.within is not None else ruleset.NODE_WIDE_WITHIN_S
     if within_s <= 0:
         f.at(_child(where, "within") or where, "node_wide.within must be longer than 0s (such as 2m)")
-    return ruleset.NodeWide(nw.group or s.id, nw.min_gpus, nw.fraction, within_s)
+    return ruleset.NodeWide(nw.group or s.id, nw.min_gpus, nw.fraction, within_s, tuple(nw.joins))
 
 
 def _structure_errors(f: _File, node: yaml.Node, e: pydantic.ValidationError) -> None:

@@ -91,6 +91,9 @@ class NodeWide:
     fraction: float = 0.5
     within_s: float = NODE_WIDE_WITHIN_S
     """A GPU firing this long after the group's incident opened joins it only once it is node-wide."""
+    joins: tuple[str, ...] = ()
+    """Other groups whose node-wide incident on the node explains this rule's firing: it joins that
+    incident rather than opening its own (a straggler on a node whose power brake is one incident)."""
 
     def threshold(self, gpus: int) -> int:
         """GPUs that must fire for a node of ``gpus`` GPUs to be node-wide (never fewer than 2)."""

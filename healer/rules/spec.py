@@ -115,6 +115,14 @@ class NodeWideSpec(_Spec):
         description="a GPU that fires this long after the node's first joins its incident only once it "
         "became node-wide (default 2m); " + DURATION_HELP,
     )
+    joins: list[Annotated[str, pydantic.StringConstraints(pattern=ID_PATTERN, max_length=128)]] = (
+        pydantic.Field(
+            default_factory=list,
+            max_length=16,
+            description="groups whose node-wide incident explains this rule: a firing on a node that has "
+            "one joins it instead of opening beside it (a straggler behind a node-wide power brake)",
+        )
+    )
 
 
 class RuleSpec(_Spec):
