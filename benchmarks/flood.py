@@ -21,6 +21,11 @@ It ends with what holds (``holds`` / ``FAILS`` per figure, exit 1 if one fails):
 docs/performance.md.
 
     .venv/bin/python benchmarks/flood.py [--seconds 10] [--lease-ttl 4] [--nodes 50] [--rate 80000]
+        [--own-subject] [--flooders 2]
+
+``--own-subject`` floods the real nodes' own subjects with ``{"schema":"healer.telemetry.v1","node":1}``
+(it passes the cheap precheck; the strict vet drops it once a node's queue is full); ``--rate 0`` with
+``--flooders 2`` offers what two processes can, past what the controller can read.
 """
 
 from __future__ import annotations
@@ -58,17 +63,23 @@ rules:
 """
 
 
-async def flooder(url: str, seconds: float, rate: float = 0.0) -> None:
-    """The flooding process: malformed messages on one telemetry subject, at ``rate`` per second (0: as
-    fast as it can)."""
+OWN_GARBAGE = b'{"schema":"healer.telemetry.v1","node":1}'
+"""What the chaos run sent on the real nodes' own subjects: it passes the cheap precheck."""
+
+
+async def flooder(url: str, seconds: float, rate: float = 0.0, own_nodes: int = 0) -> None:
+    """The flooding process: malformed messages at ``rate`` per second (0: as fast as it can), on one
+    telemetry subject of its own, or (``own_nodes``) round-robin on the real nodes' own subjects."""
     bus = await natsbus.NatsBus.connect(url, name="flooder")
-    subject = subjects.Subjects().telemetry("flood-node")
+    subj = subjects.Subjects()
+    targets = [subj.telemetry(f"real-{i:03d}") for i in range(own_nodes)] or [subj.telemetry("flood-node")]
+    payload = OWN_GARBAGE if own_nodes else b"{not json"
     sent = 0
     start = time.monotonic()
     deadline = start + seconds
     while time.monotonic() < deadline:
-        for _ in range(1000):
-            await bus.publish(subject, b"{not json")
+        for i in range(1000):
+            await bus.publish(targets[i % len(targets)], payload)
         sent += 1000
         ahead = sent / rate - (time.monotonic() - start) if rate else 0.0
         await asyncio.sleep(max(0.0, ahead))
@@ -123,13 +134,13 @@ def _record(_: object, __: str, event: dict[str, object]) -> dict[str, object]:
     raise structlog.DropEvent
 
 
-async def run(seconds: float, lease_ttl_s: float, nodes: int, rate: float) -> int:
+async def run(seconds: float, lease_ttl_s: float, nodes: int, rate: float, own: bool, flooders: int) -> int:
     structlog.configure(processors=[_record], wrapper_class=structlog.make_filtering_bound_logger(30))
     with tempfile.TemporaryDirectory() as tmp:
         srv = embedded.EmbeddedServer(pathlib.Path(tmp) / "nats")
         srv.start()
         try:
-            return await measure(srv, pathlib.Path(tmp), seconds, lease_ttl_s, nodes, rate)
+            return await measure(srv, pathlib.Path(tmp), seconds, lease_ttl_s, nodes, rate, own, flooders)
         finally:
             srv.stop()
 
@@ -141,6 +152,8 @@ async def measure(
     lease_ttl_s: float,
     nodes: int,
     rate: float,
+    own: bool = False,
+    flooders: int = 1,
 ) -> int:
     rules = tmp / "rules"
     rules.mkdir()
@@ -182,18 +195,21 @@ async def measure(
     baseline_rate = (frames() - base0) / (time.monotonic() - t0)
     rss0 = rss_mib()
     rss_max = rss0
-    proc = subprocess.Popen(  # noqa: ASYNC220 - started once, read after it exits
-        [sys.executable, __file__, "--flooder", srv.url, "--seconds", str(seconds), "--rate", str(rate)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    command = [
+        sys.executable, __file__, "--flooder", srv.url, "--seconds", str(seconds),
+        "--rate", str(rate / flooders), "--own-nodes", str(nodes if own else 0),
+    ]  # fmt: skip
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220 - read after it exits
+        for _ in range(flooders)
+    ]
     samples: list[bool] = []
     published: dict[str, float] = {}
     tokens = {ctl.lease.token}
     started = time.monotonic()
     next_xid = started + 0.5
     flood0 = frames()
-    while proc.poll() is None:
+    while any(p.poll() is None for p in procs):
         rss_max = max(rss_max, rss_mib())
         samples.append(ctl.leader)
         tokens.add(ctl.lease.token)
@@ -205,8 +221,10 @@ async def measure(
             published[node] = time.monotonic()
             next_xid += 1.0
         await asyncio.sleep(0.05)
-    out, _ = proc.communicate()
-    sent = int(json.loads(out.strip().splitlines()[-1])["sent"])
+    sent = 0
+    for p in procs:
+        out, _ = p.communicate()
+        sent += int(json.loads(out.strip().splitlines()[-1])["sent"])
     wall = time.monotonic() - started
     flood_rate = (frames() - flood0) / wall
     flood_end = time.monotonic()
@@ -255,6 +273,10 @@ async def measure(
     await ctl_bus.close()
     await bus.close()
     rows = [
+        (
+            "flood",
+            f"{'the real nodes own subjects' if own else 'a subject of its own'}, {flooders} process(es)",
+        ),
         ("flood length (s)", f"{wall:.1f}"),
         ("messages offered", f"{sent:,} ({sent / wall:,.0f}/s)"),
         ("decoded and counted bad", f"{decode_errors:,.0f} ({decode_errors / max(sent, 1):.1%})"),
@@ -279,6 +301,7 @@ async def measure(
             "real nodes, frames/s before / during the flood",
             f"{baseline_rate:.1f} / {flood_rate:.1f} ({nodes} nodes at 1/s, {real_sent:,} sent)",
         ),
+        ("real frames per node per second during the flood", f"{flood_rate / max(nodes, 1):.2f} (of 1.00)"),
         ("backlog drained after the flood (s)", f"{drain_s:.1f}"),
         ("controller RSS before / peak (MiB)", f"{rss0:.0f} / {rss_max:.0f}"),
         ("frames dropped: last log line / metric", f"{logged_dropped:,} / {metric_dropped:,.0f}"),
@@ -311,17 +334,35 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=float, default=80_000, help="flood messages per second (the chaos run's; 0: flat out)"
     )
+    parser.add_argument(
+        "--own-subject",
+        action="store_true",
+        help="flood the real nodes' own subjects with frame-like garbage",
+    )
+    parser.add_argument("--flooders", type=int, default=1, help="flooding processes (for rates past one's)")
+    parser.add_argument("--own-nodes", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--flooder", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--publisher", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flooder or args.publisher:  # children: their stdout is the count, nothing else
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(50))
     if args.flooder:
-        asyncio.run(flooder(args.flooder, args.seconds, args.rate))
+        asyncio.run(flooder(args.flooder, args.seconds, args.rate, args.own_nodes))
     elif args.publisher:
         asyncio.run(publisher(args.publisher, args.nodes, args.seconds))
     else:
-        sys.exit(asyncio.run(run(args.seconds, args.lease_ttl, args.nodes, args.rate)))
+        sys.exit(
+            asyncio.run(
+                run(
+                    args.seconds,
+                    args.lease_ttl,
+                    args.nodes,
+                    args.rate,
+                    args.own_subject,
+                    max(1, args.flooders),
+                )
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -59,11 +59,17 @@ class Fairness:
     returns None to drop it there and then (it has counted why: a message certainly bad, another
     shard's), before it queues. Each source keeps at most ``per_source`` messages waiting, the backlog
     at most ``max_bytes`` (payload plus a per-message overhead); what is shed counts as dropped on the
-    subscription (``Subscription.dropped``), and the handler takes them round-robin over sources."""
+    subscription (``Subscription.dropped``), and the handler takes them round-robin over sources.
+
+    ``vet(subject, data)``, when set, judges a message whose source already has ``per_source`` waiting
+    before it may push the oldest out: one it refuses is dropped there (it has counted why), so garbage
+    on a source's own subject can never crowd out that source's real messages. It is asked only under
+    that pressure, so a well-behaved source pays nothing for it."""
 
     source: Callable[[str, bytes], str | None]
     per_source: int = 4
     max_bytes: int = 128 * 2**20
+    vet: Callable[[str, bytes], bool] | None = None
 
 
 class Subscription(Protocol):

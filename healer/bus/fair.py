@@ -70,6 +70,11 @@ class FairQueue(Generic[T]):
     def __bool__(self) -> bool:
         return self.frames > 0
 
+    def full(self, source: str) -> bool:
+        """``source`` has ``per_source`` items waiting: the next one it puts sheds its oldest."""
+        q = self._queues.get(source)
+        return q is not None and len(q) >= self.per_source
+
     def put(self, source: str, data: T) -> Shed | None:
         """Queue one item of ``source``; what was shed to make room (or the item refused), if anything."""
         q = self._queues.get(source)

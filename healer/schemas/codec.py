@@ -150,6 +150,18 @@ def precheck_frame(data: bytes) -> errors.DecodeError | None:
     return None if len(data) > 64 else errors.DecodeError("frame", "json", "empty message")
 
 
+def strict_node(data: bytes) -> str | None:
+    """The node a frame names when it is a valid frame by the strict decoder (every field of the
+    schema, its types and bounds); None for anything else. Cheap on garbage (it fails at the first
+    wrong byte); a lax but valid frame (one needing type coercion) is None too."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        return None
+    try:
+        return cast(telemetry.FrameView, _STRICT_FRAME.decode(data)).node
+    except fastwire.Error:
+        return None
+
+
 def decode_frame_view(data: bytes | str) -> telemetry.FrameView:
     """``decode_frame`` for the controller's hot path, four to five times cheaper on a well-formed frame:
     the strict msgspec decoder derived from NodeFrame (schemas/fastwire.py) first; whatever it refuses
