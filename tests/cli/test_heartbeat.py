@@ -20,12 +20,17 @@ class FlakyHealth(health.Health):
         self.starts = 0
         self.beating = asyncio.Event()
 
-    async def keep(self, readiness: Callable[[], health.Verdict], interval_s: float = 1.0) -> None:
+    async def keep(
+        self,
+        readiness: Callable[[], health.Verdict],
+        interval_s: float = 1.0,
+        served: Callable[[health.Verdict], None] | None = None,
+    ) -> None:
         self.starts += 1
         if self.starts == 1:
             raise RuntimeError("heartbeat bug")
         self.beating.set()
-        await super().keep(readiness, interval_s=0.05)
+        await super().keep(readiness, interval_s=0.05, served=served)
 
 
 async def test_a_heartbeat_that_fails_is_counted_logged_and_restarted() -> None:
