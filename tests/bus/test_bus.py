@@ -252,6 +252,9 @@ async def test_provisioning_failures_are_classified(error: Exception, expected: 
     while it forms, too briefly to provoke in a test: JetStream's own reply is stood in for.)"""
 
     class RefusingJetStream:
+        async def stream_info(self, name: str) -> None:
+            raise nats.js.errors.NotFoundError(code=404, err_code=10059, description="stream not found")
+
         async def add_stream(self, config: object) -> None:
             raise error
 
@@ -264,7 +267,8 @@ async def test_provisioning_failures_are_classified(error: Exception, expected: 
 
 class FlakyJetStream:
     """Stands in for JetStream's API on a loaded cluster: the first ``misses`` requests go unanswered
-    (nats-py's own TimeoutError), then every stream and bucket is made."""
+    (nats-py's own TimeoutError), then every stream and bucket is made. None exists before: each look-up
+    answers JetStream's "stream not found" (10059)."""
 
     def __init__(self, misses: int) -> None:
         self.misses = misses
@@ -275,6 +279,12 @@ class FlakyJetStream:
             self.misses -= 1
             raise nats.errors.TimeoutError
         self.made.append(name)
+
+    async def stream_info(self, name: str) -> None:
+        if self.misses > 0:
+            self.misses -= 1
+            raise nats.errors.TimeoutError
+        raise nats.js.errors.NotFoundError(code=404, err_code=10059, description="stream not found")
 
     async def add_stream(self, config: nats.js.api.StreamConfig) -> None:
         await self._answer(config.name or "")

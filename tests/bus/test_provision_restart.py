@@ -150,12 +150,12 @@ async def restart_and_standby(site: Site) -> None:
     """Start, act, stop; start again, act; a standby beside it; the leader stops: the standby acts."""
     first = await site.start()
     await site.xid_acted_on("n1")
-    assert first.leads
+    await run_until(site.fleet, lambda: first.leads)  # the gauge follows /readyz's verdict, each second
     await first.end()
 
     again = await site.start()
     await site.xid_acted_on("n2")
-    assert again.leads
+    await run_until(site.fleet, lambda: again.leads)
 
     standby = await site.start()
     await run_until(site.fleet, lambda: standby.started, timeout=30.0)  # provisioned, rules loaded
@@ -234,6 +234,6 @@ async def test_a_larger_limit_the_store_cannot_hold_is_one_line_and_the_controll
 
         running = await site.start(telemetry_max_bytes=grown)  # the controller with the grown setting
         await site.xid_acted_on("n5")
-        assert running.leads
+        await run_until(site.fleet, lambda: running.leads)
     finally:
         await site.close()
