@@ -71,7 +71,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "healer.feed", "healer.security", "healer.testing",
     ),
     "top": (
-        "healer.agent", "healer.controller", "healer.demo", "healer.bench", "healer.ui", "healer.cli",
+        "healer.agent", "healer.controller", "healer.demo", "healer.evals", "healer.ui", "healer.cli",
         "healer.__main__",
     ),
 }  # fmt: skip
@@ -127,9 +127,9 @@ def test_lower_layers_never_import_higher_ones() -> None:
 
 
 def test_the_layer_check_sees_an_upward_import(tmp_path: pathlib.Path) -> None:
-    (tmp_path / "m.py").write_text("def f():\n    from healer.controller import service\n")
-    assert healer_imports(tmp_path / "m.py") == {"healer.controller.service"}
-    assert layer_of("healer.controller.service") == "top"
+    (tmp_path / "m.py").write_text("def f():\n    from healer.controller.core import service\n")
+    assert healer_imports(tmp_path / "m.py") == {"healer.controller.core.service"}
+    assert layer_of("healer.controller.core.service") == "top"
     assert layer_of("healer.agent.sim_fleet") == "top"
     assert layer_of("healer.sim.physics") == "middle"
     assert layer_of("healer.schemas.codec") == "bottom"

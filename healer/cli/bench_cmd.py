@@ -1,6 +1,7 @@
-"""``healer bench controller``: measured throughput and latency (see healer/bench.py); ``healer bench
-stragglers``: the fail-slow scorer's figures (controller/straggler_eval.py); ``healer bench power``: the
-power-budget targets through the wired controller (controller/power_bench.py)."""
+"""``healer bench controller``: measured throughput and latency (see healer/evals/controller_bench.py);
+``healer bench stragglers``: the fail-slow scorer's figures (healer/evals/straggler_eval.py); ``healer bench
+power``: the power-budget targets through the wired controller (healer/evals/power_bench.py). The
+harnesses are imported only when their command runs."""
 
 from __future__ import annotations
 
@@ -103,9 +104,9 @@ def register(sub: Any) -> None:
 
 
 def _controller(args: argparse.Namespace) -> int:
-    from healer import bench
+    from healer.evals import controller_bench
 
-    return bench.main(
+    return controller_bench.main(
         args.nodes,
         args.seconds,
         args.latency_nodes,
@@ -121,7 +122,7 @@ def _controller(args: argparse.Namespace) -> int:
 
 
 def _stragglers(args: argparse.Namespace) -> int:
-    from healer.controller import straggler_eval
+    from healer.evals import straggler_eval
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     return straggler_eval.main(
@@ -130,6 +131,6 @@ def _stragglers(args: argparse.Namespace) -> int:
 
 
 def _power(args: argparse.Namespace) -> int:
-    from healer.controller import power_bench
+    from healer.evals import power_bench
 
     return power_bench.main(args.nodes, args.speed, args.steady, args.seed, args.json, args.policy)

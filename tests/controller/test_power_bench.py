@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from healer.controller import power_bench
+from healer.evals import power_bench
 
 
 def test_the_ideal_division_loses_least_and_one_level_is_no_better() -> None:

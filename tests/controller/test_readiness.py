@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from healer import testing
-from healer.controller import readiness
+from healer.controller.core import readiness
 from tests import conftest
 from tests.controller.conftest import Harness
 
