@@ -33,18 +33,17 @@ import pathlib
 import sys
 import time
 from types import ModuleType
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
 from healer.anomaly import backtest
 from healer.controller.failslow import stragglers
+from healer.evals import straggler_sim_eval
+from healer.evals.straggler_tally import JOB_LEVEL_KINDS, Fault, Tally
 
 DETECT_S = 300.0
-EPISODE_S = 3600.0
 FAULT_KINDS = ("clock_limited_gpu", "pcie_down_trained", "clock_limited_node")
-JOB_LEVEL_KINDS: Final = frozenset({"job_slowdown"})
-"""Faults with no culprit GPU or node (every rank waits alike): naming anyone is wrong."""
 
 
 def load_generator(path: str | pathlib.Path) -> ModuleType:
@@ -55,32 +54,6 @@ def load_generator(path: str | pathlib.Path) -> ModuleType:
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-@dataclasses.dataclass
-class Fault:
-    """One injected fault; every time is in seconds from the run's start (None: did not happen)."""
-
-    kind: str
-    node: int
-    gpu: int | None
-    drawn_at: float
-    """When the fault starts in the hardware: drawn uniformly in the run, whatever runs on the GPU (the
-    old counting's onset)."""
-    magnitude: float
-    onset_at: float | None = None
-    """When it starts to slow a job: the first sample at or after ``drawn_at`` at which the faulty GPU's
-    job (a node fault: any job on the node) computes, by the fleet's own job state (the generator's
-    training phase, the simulator's job outside checkpoints and pauses), not by healer's load threshold.
-    A fail-slow fault is one that makes a job slow; before a job computes on the GPU it slows nothing
-    and no telemetry can show it."""
-    loaded_at: float | None = None
-    """The faulty GPU's (node's first GPU's) first loaded sample (``LOAD_UTIL_PCT``) at or after
-    ``drawn_at``: the scorer's own notion of load (a diagnostic)."""
-    found_at: float | None = None
-    """When the scorer first named it (a job-level fault: when step times first showed the job slower)."""
-    wrongly_named: int = 0
-    """A job-level fault (no culprit GPU): windows in which a GPU or node of its node was named."""
 
 
 def _within(f: dict[str, Any], start: str) -> bool:
@@ -102,35 +75,6 @@ def lower95(k: int, n: int) -> float:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if tail(mid) > 0.025 else (mid, hi)
     return lo
-
-
-class Tally:
-    """Each window's newly confirmed stragglers against the plan: a fault named (``found_at``), a job-level
-    fault's node named (``wrongly_named``), or a false straggler episode (one per GPU or node per hour,
-    as the ``gpu-straggler`` rule's cooldown makes it) on a node with no fault."""
-
-    def __init__(self, plan: list[Fault]) -> None:
-        self.plan = plan
-        self.episodes = 0
-        self.job_level_false = 0
-        """Job-level slowdowns reported for a job with no fault (healer's simulator: step times)."""
-        self._last: dict[tuple[str, int | None], float] = {}
-        self._before: set[tuple[str, int | None]] = set()
-
-    def window(self, t: float, confirmed: set[tuple[str, int | None]]) -> None:
-        for key in confirmed - self._before:
-            node_i = int(key[0][1:])
-            fault = next((f for f in self.plan if f.node == node_i and t >= f.drawn_at), None)
-            if fault is not None and fault.kind in JOB_LEVEL_KINDS:
-                fault.wrongly_named += 1
-            elif fault is not None and _names(fault, key):
-                if fault.found_at is None:
-                    fault.found_at = t
-            elif fault is None and t - self._last.get(key, -math.inf) >= EPISODE_S:
-                self.episodes += 1
-                self._last[key] = t
-            # else: another GPU of a faulty node, not counted as healthy
-        self._before = confirmed
 
 
 def run_seed(
@@ -199,12 +143,6 @@ def run_seed(
         "cpu_s": cost_s,
         "sim_s": hours * 3600.0,
     }
-
-
-def _names(fault: Fault, key: tuple[str, int | None]) -> bool:
-    if fault.gpu is None:
-        return True  # a node fault: the node, or any of its GPUs (the rule folds them into one node incident)
-    return key[1] == fault.gpu
 
 
 def _job_map(gen: ModuleType, fleet: Any) -> dict[tuple[str, int], str | None]:
@@ -307,8 +245,6 @@ def main(
     settings = stragglers.Settings()
     kinds: tuple[str, ...] = FAULT_KINDS
     if generator is None:
-        from healer.evals import straggler_sim_eval
-
         results = [straggler_sim_eval.run_sim_seed(nodes, hours, s, faults, settings) for s in seeds]
         fleet = (
             "healer's own simulator (jobs of 1-64 nodes, 4+4 split nodes, RDMA ports, pipeline stages,"

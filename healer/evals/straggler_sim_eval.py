@@ -34,7 +34,7 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 
 from healer.controller.failslow import steptimes, stragglers
-from healer.evals import straggler_eval
+from healer.evals import straggler_tally
 from healer.sim import faults, scenarios
 
 SIM_SCENARIO: Final = {
@@ -86,10 +86,10 @@ no healthy port to compare with, and a culprit named in a job holds its job-leve
 
 def _plan(
     rng: np.random.Generator, nodes: int, hours: float, faults_n: int, gang: np.ndarray
-) -> list[straggler_eval.Fault]:
+) -> list[straggler_tally.Fault]:
     """``faults_n`` faults, ``SIM_KINDS`` in rotation, each on its own node: a port congestion on a node
     of a multi-node gang, and ``ALONE`` kinds on a gang no other fault is on (fewer when none is left)."""
-    plan: list[straggler_eval.Fault] = []
+    plan: list[straggler_tally.Fault] = []
     used: set[int] = set()
     taken: dict[int, str] = {}  # gang leader -> "alone" or "shared"
     size = np.bincount(gang, minlength=nodes)[gang]
@@ -111,11 +111,11 @@ def _plan(
         gpu = int(rng.integers(0, 8)) if faults.KINDS[kind].scope == "gpu" else None
         drawn = float(rng.uniform(1800.0, max(1900.0, hours * 3600.0 - 900.0)))
         lo, hi = (0.10, 0.20) if kind in ("clock_limit", "job_slowdown") else (0.05, 0.15)
-        plan.append(straggler_eval.Fault(kind, node, gpu, drawn, float(rng.uniform(lo, hi))))
+        plan.append(straggler_tally.Fault(kind, node, gpu, drawn, float(rng.uniform(lo, hi))))
     return plan
 
 
-def _params(f: straggler_eval.Fault, rng: np.random.Generator) -> dict[str, float]:
+def _params(f: straggler_tally.Fault, rng: np.random.Generator) -> dict[str, float]:
     if f.kind == "clock_limit":
         return {"drop": f.magnitude}
     if f.kind == "nvlink_degraded":
@@ -152,12 +152,12 @@ def run_sim_seed(
     keys = [(short[i], g) for i in range(nodes) for g in range(8)]
     idx = np.array([fs.scorer.slot(*k) for k in keys])
     t0, t, cost_s, steps_cpu_s, interval = fl.t, 0.0, 0.0, 0.0, 5.0
-    tally = straggler_eval.Tally(plan)
+    tally = straggler_tally.Tally(plan)
     size_class = np.minimum(np.log2(np.bincount(gang, minlength=nodes)[gang]).astype(np.int64), 5)
     split = np.asarray(getattr(fl.work, "split", np.zeros(nodes, dtype=bool)), dtype=bool)
     busy_s = np.zeros(len(SIZE_CLASSES) + 2)  # by size class, then split nodes, then training
     job_level_false: dict[str, float] = {}
-    fault_jobs: dict[str, straggler_eval.Fault] = {}
+    fault_jobs: dict[str, straggler_tally.Fault] = {}
     for _ in range(int(hours * 3600 / interval)):
         sim.step(interval)
         t += interval
@@ -204,10 +204,10 @@ def run_sim_seed(
         for slow in level:
             had = fault_jobs.get(slow.job)
             if had is None:
-                if t - job_level_false.get(slow.job, -math.inf) >= straggler_eval.EPISODE_S:
+                if t - job_level_false.get(slow.job, -math.inf) >= straggler_tally.EPISODE_S:
                     job_level_false[slow.job] = t
                     tally.job_level_false += 1
-            elif had.kind in straggler_eval.JOB_LEVEL_KINDS and had.found_at is None:
+            elif had.kind in straggler_tally.JOB_LEVEL_KINDS and had.found_at is None:
                 had.found_at = t
     healthy_node_s = nodes * hours * 3600.0 - sum(hours * 3600.0 - f.drawn_at for f in plan)
     return {
@@ -232,7 +232,7 @@ def _busy_nodes(
     training: np.ndarray,
     size_class: np.ndarray,
     split: np.ndarray,
-    plan: list[straggler_eval.Fault],
+    plan: list[straggler_tally.Fault],
     t: float,
 ) -> np.ndarray:
     """Healthy nodes (no fault drawn yet) with a job computing now: how many by their job's size class
@@ -253,11 +253,11 @@ def _node_days(busy_s: np.ndarray) -> dict[str, float]:
     return {name: round(float(v) / 86400.0, 4) for name, v in zip(names, busy_s.tolist(), strict=True)}
 
 
-def _slows(fl: Any, f: straggler_eval.Fault) -> bool:
+def _slows(fl: Any, f: straggler_tally.Fault) -> bool:
     """A job-level stall counts from when it makes its job's step ``STEP_SLOWER`` (5 %) longer: a stage
     with slack (less work per step than the job's slowest rank) absorbs a smaller stall, and then no job
     runs slower. Every other kind: from when its GPU's job computes."""
-    if f.kind not in straggler_eval.JOB_LEVEL_KINDS:
+    if f.kind not in straggler_tally.JOB_LEVEL_KINDS:
         return True
     job = int(fl.job[f.node, 0])
     if job < 0:
