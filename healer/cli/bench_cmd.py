@@ -13,6 +13,12 @@ def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench_command", metavar="WHAT")
     bsub.required = True
+    _register_controller(bsub)
+    _register_stragglers(bsub)
+    _register_power(bsub)
+
+
+def _register_controller(bsub: Any) -> None:
     c = bsub.add_parser(
         "controller", help="controller throughput vs a bare subscriber, fault-to-action latency"
     )
@@ -58,6 +64,9 @@ def register(sub: Any) -> None:
     )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
+
+
+def _register_stragglers(bsub: Any) -> None:
     st = bsub.add_parser(
         "stragglers",
         help="fail-slow scorer on the shared independent fleet: false stragglers, detection, CPU share",
@@ -80,6 +89,9 @@ def register(sub: Any) -> None:
     st.add_argument("--faults", type=int, default=0, help="fail-slow faults injected per run (default none)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_stragglers)
+
+
+def _register_power(bsub: Any) -> None:
     pw = bsub.add_parser(
         "power",
         help="power-budget targets through the wired controller on a simulated rack (time-scaled)",

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import multiprocessing
 import pathlib
 import statistics
 import tempfile
@@ -43,98 +42,8 @@ from healer import config, errors, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import service
-from healer.schemas import codec, events, telemetry
-from healer.sim import node_source
-
-TS_MARK = b"1111111111.25"
-
-
-def _templates(nodes: int, faulty: set[int]) -> list[tuple[str, bytes, bytes | None]]:
-    gpus = node_source.SimSource("bench", gpus=8, seed=1).sample().gpus
-    bad = [g.model_copy(update={"ecc_dbe_volatile": 1}) if g.index == 3 else g for g in gpus]
-    out = []
-    for i in range(nodes):
-        node = f"gpu-{i:05d}"
-
-        def enc(gs: list[telemetry.GpuSample], node: str = node) -> bytes:
-            frame = telemetry.NodeFrame(
-                node=node, ts=float(TS_MARK), seq=0, boot_id="bench", agent_version="bench", source="sim",
-                gpus_expected=8, gpus=gs,
-            )  # fmt: skip
-            return codec.encode(frame)
-
-        out.append((node, enc(gpus), enc(bad) if i in faulty else None))
-    return out
-
-
-SPREAD_CHUNK = 100
-"""With ``spread``, the paced publisher waits for its place in the second after every this many frames."""
-
-
-def _publisher(
-    url: str,
-    nodes: int,
-    seconds: float,
-    rate_hz: float,
-    faults: int,
-    shards: int,
-    result: Any,
-    spread: bool = False,
-) -> None:
-    """A separate process: flood (rate_hz = 0) or pace frames, each round in one burst or ``spread``
-    evenly over its period; inject faults (on nodes of shard 0 of ``shards``, the one measured); report
-    what it did."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-
-    async def main() -> dict[str, Any]:
-        mine = [i for i in range(nodes) if service.shard_of(f"gpu-{i:05d}", shards) == 0]
-        faulty = set(mine[:: max(1, len(mine) // max(1, faults))][:faults]) if faults else set()
-        frames = _templates(nodes, faulty)
-        bus = await natsbus.NatsBus.connect(url, name="bench-publisher")
-        subj = subjects.Subjects()
-        subject_of = {node: subj.telemetry(node) for node, _, _ in frames}
-        sent = 0
-        injected: dict[str, float] = {}
-        order = sorted(faulty)
-        start = time.time()
-        rnd = 0
-        while time.time() - start < seconds:
-            rnd += 1
-            round_start = time.time()
-            # after a 5-round baseline, one more node turns faulty every 2 rounds
-            live_faults = set(order[: max(0, (rnd - 5) // 2)]) if rate_hz else set()
-            for i, (node, good, bad) in enumerate(frames):
-                ts = time.time()
-                use_bad = bad is not None and i in live_faults
-                data = (bad if use_bad else good).replace(TS_MARK, f"{ts:.6f}".encode())  # type: ignore[union-attr]
-                await bus.publish(subject_of[node], data)
-                sent += 1
-                if use_bad and node not in injected:
-                    injected[node] = ts
-                if spread and rate_hz and (i + 1) % SPREAD_CHUNK == 0:
-                    # agents on their own clocks: this round's frames evenly over its period
-                    due = round_start + (i + 1) / len(frames) / rate_hz
-                    await asyncio.sleep(max(0.0, due - time.time()))
-                elif sent % 500 == 0:
-                    await asyncio.sleep(0)
-            if rate_hz:
-                await asyncio.sleep(max(0.0, 1.0 / rate_hz - (time.time() - round_start)))
-        await bus.flush(10)
-        await bus.close()
-        return {"sent": sent, "seconds": time.time() - start, "injected": injected}
-
-    result.put(asyncio.run(main()))
-
-
-def _start_publisher(
-    url: str, nodes: int, seconds: float, rate_hz: float, faults: int, shards: int = 1, spread: bool = False
-) -> tuple[Any, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    args = (url, nodes, seconds, rate_hz, faults, shards, queue, spread)
-    proc = ctx.Process(target=_publisher, args=args, daemon=True)
-    proc.start()
-    return proc, queue
+from healer.evals import frame_publisher
+from healer.schemas import codec, events
 
 
 @dataclasses.dataclass
@@ -169,7 +78,7 @@ async def bare_ceiling(url: str, nodes: int, seconds: float) -> Rate:
         last = now
 
     close = await natsbus.bare_subscriber(url, "healer.telemetry.*", handle)
-    proc, queue = _start_publisher(url, nodes, seconds, 0, 0)
+    proc, queue = frame_publisher.start_publisher(url, nodes, seconds, 0, 0)
     await asyncio.to_thread(proc.join, seconds + 60)
     await asyncio.sleep(1.0)
     await close()
@@ -222,7 +131,7 @@ async def controller_rate(
             await asyncio.sleep(0.25)
 
     sampler = asyncio.create_task(sample())
-    proc, queue = _start_publisher(url, nodes, seconds, 0, 0)
+    proc, queue = frame_publisher.start_publisher(url, nodes, seconds, 0, 0)
     await asyncio.to_thread(proc.join, seconds + 60)
     await asyncio.sleep(2.0)
     sampler.cancel()
@@ -278,7 +187,7 @@ async def latency(
     """Fault-to-action latencies, frames dropped and the cost, for shard 0 of ``shards`` (all of the
     fleet's frames reach it; it ingests its share)."""
     bus, actuator, ctl = await _enforcing(url, "bench-latency", rules_dir, shards, arrivals)
-    proc, queue = _start_publisher(url, nodes, seconds, 1.0, faults, shards, spread)
+    proc, queue = frame_publisher.start_publisher(url, nodes, seconds, 1.0, faults, shards, spread)
     t0, c0 = time.perf_counter(), time.process_time()
     await asyncio.to_thread(proc.join, seconds + 60)
     t1, c1 = time.perf_counter(), time.process_time()
@@ -309,7 +218,7 @@ async def xid_latency(
     seconds = 60.0 + 0.3 * events_n
     # keep the queue referenced while the publisher runs: dropped, it unlinks the semaphore the spawned
     # child is still unpickling (FileNotFoundError in the child, and no frames at all)
-    proc, queue = _start_publisher(url, nodes, seconds, 1.0, 0, shards, spread)
+    proc, queue = frame_publisher.start_publisher(url, nodes, seconds, 1.0, 0, shards, spread)
     names = [f"gpu-{i:05d}" for i in range(nodes) if service.shard_of(f"gpu-{i:05d}", shards) == 0]
     victims = names[:: max(1, len(names) // max(1, events_n))][:events_n]
     # leading, and every victim admitted (first seen) before its XID: one for a node not seen yet waits
@@ -426,7 +335,7 @@ async def run(
     """Every figure of the report in one run; ``frame_arrivals_s`` for every controller in it (None: the
     controller's default)."""
     arrivals = FRAME_ARRIVALS_S if frame_arrivals_s is None else frame_arrivals_s
-    frame_bytes = len(_templates(1, set())[0][1])
+    frame_bytes = len(frame_publisher.templates(1, set())[0][1])
     with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
         b = await natsbus.NatsBus.connect(srv.url)
         await provision.ensure(b, subjects.Subjects(), config.NatsSettings())
