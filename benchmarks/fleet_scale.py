@@ -71,7 +71,8 @@ from prometheus_client import parser as prom_parser
 from healer import config
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import kv, service
+from healer.controller.core import service
+from healer.controller.store import kv
 from healer.schemas import codec, events
 from healer.sim import scenarios
 

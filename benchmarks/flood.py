@@ -48,7 +48,7 @@ import structlog
 from healer import config, testing
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, events, telemetry
 from healer.sim import node_source
 

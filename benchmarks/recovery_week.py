@@ -4,7 +4,7 @@ against "cordon and wait for a person" (4 h and 24 h response), and time from fa
 Faults are drawn at the ``realistic`` scenario's rates (Llama 3, Table 5; healer/sim/scenarios/
 realistic.yaml) on a fleet of ``--gpus`` GPUs (8 per node) for ``--weeks`` consecutive weeks; only the
 kinds a ladder takes (healer/sim/repair.py ``ladder``) are counted, the rest are handled the same way
-under both policies. Each fault walks the pure ladder (healer.controller.ladder) with the declared
+under both policies. Each fault walks the pure ladder (healer.controller.remediation.ladder) with the declared
 ladders of rules/ladders.yaml and each GPU's own history (the "2 recoveries in 30 days" rule), and each
 rung succeeds with the simulator's recovery model's odds. The whole node is out of service from the
 fault until it returns (8 GPU-hours per hour).
@@ -30,7 +30,7 @@ import statistics
 import numpy as np
 import yaml
 
-from healer.controller import ladder
+from healer.controller.remediation import ladder
 from healer.rules import loader, recovery
 from healer.sim import repair
 

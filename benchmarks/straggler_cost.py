@@ -25,7 +25,7 @@ import types
 
 import numpy as np
 
-from healer.controller import straggler_ports, stragglers
+from healer.controller.failslow import straggler_ports, stragglers
 from healer.schemas import telemetry
 
 BUDGET = 0.05

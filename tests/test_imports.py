@@ -72,7 +72,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "healer.feed", "healer.security", "healer.testing",
     ),
     "top": (
-        "healer.agent", "healer.controller", "healer.demo", "healer.bench", "healer.ui", "healer.cli",
+        "healer.agent", "healer.controller", "healer.demo", "healer.evals", "healer.ui", "healer.cli",
         "healer.__main__",
     ),
 }  # fmt: skip
@@ -128,9 +128,9 @@ def test_lower_layers_never_import_higher_ones() -> None:
 
 
 def test_the_layer_check_sees_an_upward_import(tmp_path: pathlib.Path) -> None:
-    (tmp_path / "m.py").write_text("def f():\n    from healer.controller import service\n")
-    assert healer_imports(tmp_path / "m.py") == {"healer.controller.service"}
-    assert layer_of("healer.controller.service") == "top"
+    (tmp_path / "m.py").write_text("def f():\n    from healer.controller.core import service\n")
+    assert healer_imports(tmp_path / "m.py") == {"healer.controller.core.service"}
+    assert layer_of("healer.controller.core.service") == "top"
     assert layer_of("healer.agent.sim_fleet") == "top"
     assert layer_of("healer.sim.physics") == "middle"
     assert layer_of("healer.schemas.codec") == "bottom"
@@ -181,3 +181,95 @@ def test_no_module_is_imported_under_a_mod_alias() -> None:
                     if a.asname and a.asname.endswith("_mod")
                 ]
     assert aliased == []
+
+
+EVALS = "healer.evals"
+"""Bench harnesses and evaluation runners: they drive the runtime, the runtime never imports them."""
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_no_runtime_package_imports_the_evaluation_code() -> None:
+    """The controller, bus, rules, actuators, agent, schemas, anomaly and every other runtime package ship
+    without ``healer.evals``; only the CLI reaches it, and only inside the bench command that runs it."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        me = module_name(path)
+        if _within(me, EVALS):
+            continue
+        if me.startswith("healer.cli"):
+            top_level = ast.parse(path.read_text(), filename=str(path)).body
+            lazy_ok = not any(
+                isinstance(n, ast.Import | ast.ImportFrom) and any(_within(m, EVALS) for m in _names_of(n))
+                for n in top_level
+            )
+            if lazy_ok:
+                continue
+        found += [f"{me} imports {m}" for m in healer_imports(path) if _within(m, EVALS)]
+    assert sorted(found) == []
+
+
+def _names_of(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    return {f"{node.module}.{a.name}" for a in node.names} if node.level == 0 and node.module else set()
+
+
+def test_the_controller_imports_neither_the_simulator_nor_the_agent() -> None:
+    found = [
+        f"{module_name(path)} imports {m}"
+        for path in (PACKAGE / "controller").rglob("*.py")
+        for m in healer_imports(path)
+        if any(_within(m, p) for p in ("healer.sim", "healer.agent"))
+    ]
+    assert sorted(found) == []
+
+
+CONTROLLER_STAGES = (
+    "observability", "store", "inventory", "power", "incidents", "failslow", "remediation", "core",
+)  # fmt: skip
+"""healer/controller/'s sub-packages, bottom to top (its ``__init__`` says what each holds): a stage
+imports only itself and the stages before it."""
+
+
+def stage_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["healer", "controller"] else None
+
+
+def test_every_controller_module_sits_in_a_stage() -> None:
+    loose = [
+        module_name(p)
+        for p in (PACKAGE / "controller").rglob("*.py")
+        if p.name != "__init__.py" and stage_of(module_name(p)) not in CONTROLLER_STAGES
+    ]
+    assert loose == []
+
+
+def test_controller_stages_import_only_the_stages_below() -> None:
+    upward = []
+    for path in (PACKAGE / "controller").rglob("*.py"):
+        mine = stage_of(module_name(path))
+        if mine is None:
+            continue
+        for imported in healer_imports(path):
+            theirs = stage_of(imported)
+            if theirs in CONTROLLER_STAGES and CONTROLLER_STAGES.index(theirs) > CONTROLLER_STAGES.index(
+                mine
+            ):
+                upward.append(f"{module_name(path)} ({mine}) imports {imported} ({theirs})")
+    assert sorted(upward) == []
+
+
+def test_the_evaluation_and_stage_checks_see_a_violation(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "def f():\n    from healer.evals import power_bench\n    from healer.controller.core import service\n"
+    )
+    found = healer_imports(tmp_path / "m.py")
+    assert "healer.evals.power_bench" in found
+    assert stage_of("healer.controller.core.service") == "core"
+    assert stage_of("healer.controller.store.kv") == "store"
+    assert stage_of("healer.controller") is None
+    assert layer_of("healer.evals.controller_bench") == "top"

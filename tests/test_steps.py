@@ -8,7 +8,7 @@ import socket
 from healer import steps
 from healer.bus import base, embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller import stragglers
+from healer.controller.failslow import stragglers
 from healer.schemas import codec, stepreport, telemetry
 from tests import conftest
 

@@ -6,7 +6,7 @@ leader's fencing token, an expiry of ``power_command_ttl_s``, the same id on eve
 never resets twice). The agent keeps the safety rules (docs/agent.md): a reset is refused while compute
 processes run on the GPU and limited to ``gpu_reset_timeout_s``; validation returns a typed report.
 
-Outcomes, as the recovery ladder (healer.controller.ladder) reads them:
+Outcomes, as the recovery ladder (healer.controller.remediation.ladder) reads them:
 
 - ``reset_gpu``: ``done`` (reset), ``refused`` (work still on the GPU, or a stale token: ask later),
   ``failed-permanent`` (the reset failed: next rung), ``failed-temporary`` (no reply, or the agent

@@ -141,7 +141,7 @@ class KubernetesActuator:
 
     async def pods(self) -> list[dict[str, Any]]:
         """Every pod of the cluster (one ``list pods`` call): the job index reads which run on GPUs
-        (controller/jobs.py ``placements_from_pods``)."""
+        (controller/inventory/jobs.py ``placements_from_pods``)."""
         listed = await self._api("list_pod_for_all_namespaces")
         return list(listed.get("items") or [])
 

@@ -1,6 +1,7 @@
-"""``healer bench controller``: measured throughput and latency (see healer/bench.py); ``healer bench
-stragglers``: the fail-slow scorer's figures (controller/straggler_eval.py); ``healer bench power``: the
-power-budget targets through the wired controller (controller/power_bench.py)."""
+"""``healer bench controller``: measured throughput and latency (see healer/evals/controller_bench.py);
+``healer bench stragglers``: the fail-slow scorer's figures (healer/evals/straggler_eval.py); ``healer bench
+power``: the power-budget targets through the wired controller (healer/evals/power_bench.py). The
+harnesses are imported only when their command runs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench_command", metavar="WHAT")
     bsub.required = True
+    _register_controller(bsub)
+    _register_stragglers(bsub)
+    _register_power(bsub)
+
+
+def _register_controller(bsub: Any) -> None:
     c = bsub.add_parser(
         "controller", help="controller throughput vs a bare subscriber, fault-to-action latency"
     )
@@ -57,6 +64,9 @@ def register(sub: Any) -> None:
     )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
+
+
+def _register_stragglers(bsub: Any) -> None:
     st = bsub.add_parser(
         "stragglers",
         help="fail-slow scorer on the shared independent fleet: false stragglers, detection, CPU share",
@@ -79,6 +89,9 @@ def register(sub: Any) -> None:
     st.add_argument("--faults", type=int, default=0, help="fail-slow faults injected per run (default none)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_stragglers)
+
+
+def _register_power(bsub: Any) -> None:
     pw = bsub.add_parser(
         "power",
         help="power-budget targets through the wired controller on a simulated rack (time-scaled)",
@@ -103,9 +116,9 @@ def register(sub: Any) -> None:
 
 
 def _controller(args: argparse.Namespace) -> int:
-    from healer import bench
+    from healer.evals import controller_bench
 
-    return bench.main(
+    return controller_bench.main(
         args.nodes,
         args.seconds,
         args.latency_nodes,
@@ -121,7 +134,7 @@ def _controller(args: argparse.Namespace) -> int:
 
 
 def _stragglers(args: argparse.Namespace) -> int:
-    from healer.controller import straggler_eval
+    from healer.evals import straggler_eval
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     return straggler_eval.main(
@@ -130,6 +143,6 @@ def _stragglers(args: argparse.Namespace) -> int:
 
 
 def _power(args: argparse.Namespace) -> int:
-    from healer.controller import power_bench
+    from healer.evals import power_bench
 
     return power_bench.main(args.nodes, args.speed, args.steady, args.seed, args.json, args.policy)

@@ -23,17 +23,21 @@ from healer.schemas import incidents
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
     from healer.actuators import factory
-    from healer.controller import admission, healing, kv, metrics, policy, service
+    from healer.controller.core import service
+    from healer.controller.inventory import admission
+    from healer.controller.observability import metrics
+    from healer.controller.remediation import healing, policy
+    from healer.controller.store import kv
     from healer.rules import loader
     from healer.ui import hook
 else:
     factory = lazy.module("healer.actuators.factory")
-    admission = lazy.module("healer.controller.admission")
-    kv = lazy.module("healer.controller.kv")
-    policy = lazy.module("healer.controller.policy")
-    healing = lazy.module("healer.controller.healing")
-    service = lazy.module("healer.controller.service")
-    metrics = lazy.module("healer.controller.metrics")
+    admission = lazy.module("healer.controller.inventory.admission")
+    kv = lazy.module("healer.controller.store.kv")
+    policy = lazy.module("healer.controller.remediation.policy")
+    healing = lazy.module("healer.controller.remediation.healing")
+    service = lazy.module("healer.controller.core.service")
+    metrics = lazy.module("healer.controller.observability.metrics")
     loader = lazy.module("healer.rules.loader")
     hook = lazy.module("healer.ui.hook")
 

@@ -114,7 +114,8 @@ def _close(args: argparse.Namespace) -> int:
     """Ask the leader to close an incident: it resolves it on its next housekeeping (seconds)."""
     import getpass
 
-    from healer.controller import closing, kv
+    from healer.controller.incidents import closing
+    from healer.controller.store import kv
 
     s = common.settings(args)
     logs.configure("error")

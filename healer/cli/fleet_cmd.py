@@ -21,11 +21,12 @@ from healer.cli import common, lazy
 
 if TYPE_CHECKING:
     from healer.actuators import factory
-    from healer.controller import admission, metrics
+    from healer.controller.inventory import admission
+    from healer.controller.observability import metrics
 else:
     factory = lazy.module("healer.actuators.factory")
-    admission = lazy.module("healer.controller.admission")
-    metrics = lazy.module("healer.controller.metrics")
+    admission = lazy.module("healer.controller.inventory.admission")
+    metrics = lazy.module("healer.controller.observability.metrics")
 
 
 def register(sub: Any) -> None:

@@ -17,11 +17,12 @@ from healer.bus import base, embedded, provision, subjects
 from healer.cli import common, lazy, natsconf_cmd
 
 if TYPE_CHECKING:
-    from healer.controller import kv, lease, storage
+    from healer.controller.observability import storage
+    from healer.controller.store import kv, lease
 else:
-    kv = lazy.module("healer.controller.kv")
-    lease = lazy.module("healer.controller.lease")
-    storage = lazy.module("healer.controller.storage")
+    kv = lazy.module("healer.controller.store.kv")
+    lease = lazy.module("healer.controller.store.lease")
+    storage = lazy.module("healer.controller.observability.storage")
 
 
 def register(sub: Any) -> None:

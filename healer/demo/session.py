@@ -28,7 +28,7 @@ from healer.actuators import factory, gpu_reset, power
 from healer.agent import sim_fleet
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import service
+from healer.controller.core import service
 from healer.demo import stage, watch
 from healer.schemas import codec
 from healer.sim import scenarios, simulation

@@ -8,9 +8,9 @@ these facts from here. A rule names actions either bare (``cordon``) or with par
 (``power_limit: {percent_of_default: 80}``).
 
 The recovery ladder's steps (``reset_gpu``, ``reset_port``, ``validate``, ``reboot_node``,
-``return_to_service``, ``hardware_replacement``; healer.controller.healing) are actions of the incident
-too, run through the same gates; the ``ladder_only`` ones are added by the controller, never named in a
-rule.
+``return_to_service``, ``hardware_replacement``; healer.controller.remediation.healing) are actions of the
+incident too, run through the same gates; the ``ladder_only`` ones are added by the controller, never named in
+a rule.
 """
 
 from __future__ import annotations

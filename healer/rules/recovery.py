@@ -22,7 +22,7 @@ ladders:
 
 This module only describes the declaration (``LadderSpec`` is what the loader validates, with
 file:line:col errors; ``Ladder`` is the typed result). The state machine that walks a ladder is
-``healer.controller.ladder``.
+``healer.controller.remediation.ladder``.
 """
 
 from __future__ import annotations

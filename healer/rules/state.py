@@ -166,7 +166,7 @@ class FleetState:
                 self.anomaly[n, g] = score
 
     def set_straggler_scores(self, node: str, scores: Mapping[int, float]) -> None:
-        """The fail-slow scorer's verdict per GPU index of a node (controller/stragglers.py): 1 for a
+        """The fail-slow scorer's verdict per GPU index of a node (controller/failslow/stragglers.py): 1 for a
         confirmed straggler, 0 otherwise."""
         n = self._node(node)
         for g, score in scores.items():

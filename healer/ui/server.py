@@ -127,7 +127,7 @@ def inventory(cs: config.ControllerSettings) -> Callable[[], Iterable[str]] | No
 
     def names() -> Iterable[str]:
         nonlocal last
-        from healer.controller import admission
+        from healer.controller.inventory import admission
 
         try:
             last = admission.read_inventory(path)
@@ -145,7 +145,7 @@ def page_labels(settings: config.Settings) -> dict[str, dict[str, str]]:
     ``controller.topology_file`` (Slurm's ``topology.conf``, any admission), then ``ui.labels_file``'s,
     which win. Inside the controller the page also gets the controller's own topology (``start``'s
     ``labels``: the scheduler's labels and features too)."""
-    from healer.controller import topology
+    from healer.controller.inventory import topology
 
     cs = settings.controller
     domains: dict[str, dict[str, str]] = {}

@@ -38,7 +38,7 @@ BREAKER_KEY = "breaker"
 EXCLUDE_PREFIX = "exclude."
 INCIDENT_PREFIX = "incident."
 POWER_PREFIX = "power."
-"""The controller's KV keys (healer.controller.policy / incidents); read here, never written."""
+"""The controller's KV keys (healer.controller.remediation.policy / incidents); read here, never written."""
 
 
 class Sources:

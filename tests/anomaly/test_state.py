@@ -21,7 +21,7 @@ class Doc:
 
 
 class MemoryDocs:
-    """The get/put half of ``healer.controller.kv.Store``, values stored as JSON bytes."""
+    """The get/put half of ``healer.controller.store.kv.Store``, values stored as JSON bytes."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}

@@ -12,7 +12,7 @@ import pytest
 from healer import errors
 from healer.bus import base, subjects
 from healer.bus import nats as natsbus
-from healer.controller import kv, lease
+from healer.controller.store import kv, lease
 
 LONG_ACK_WAIT_S = 60.0
 """An ack wait no test outlives: nothing is redelivered because it ran out."""

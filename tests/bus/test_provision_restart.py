@@ -17,7 +17,7 @@ from healer import config
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.cli import controller_cmd
-from healer.controller import metrics
+from healer.controller.observability import metrics
 from healer.schemas import codec, events
 from tests.conftest import sample
 from tests.controller.conftest import Feed, Fleet, run_until

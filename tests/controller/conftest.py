@@ -13,8 +13,8 @@ import pytest
 from healer import config, testing
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import metrics as controller_metrics
-from healer.controller import service
+from healer.controller.core import service
+from healer.controller.observability import metrics as controller_metrics
 from healer.schemas import codec, incidents, telemetry
 from healer.sim import node_source
 from tests import conftest

@@ -9,7 +9,7 @@ from typing import Any
 
 from healer import errors, testing
 from healer.bus import subjects
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import Fleet, Harness, metric, warm

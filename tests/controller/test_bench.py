@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from healer import bench
 from healer.bus import embedded
 from healer.bus import nats as natsbus
+from healer.evals import controller_bench, frame_publisher
 
 
 async def test_the_controller_benchmark_measures_every_figure_it_reports() -> None:
-    report = await bench.run(
+    report = await controller_bench.run(
         nodes=40, seconds=1.0, latency_nodes=20, faults=2, rules_dir="rules", rounds=1, latency_shards=2,
         xid_events=3,
     )  # fmt: skip
@@ -45,12 +45,12 @@ async def test_the_spread_publisher_sends_each_second_over_the_second(
 ) -> None:
     """``--spread``: the paced fleet's frames arrive over the whole second (agents on their own clocks),
     not in one burst; by construction a round of 3 chunks takes at least 2/3 of its second."""
-    nodes = 3 * bench.SPREAD_CHUNK
+    nodes = 3 * frame_publisher.SPREAD_CHUNK
     arrivals: list[float] = []
     close = await natsbus.bare_subscriber(
         nats_server.url, "healer.telemetry.*", lambda _: arrivals.append(time.monotonic())
     )
-    proc, queue = bench._start_publisher(nats_server.url, nodes, 1.5, 1.0, 0, 1, spread=True)
+    proc, queue = frame_publisher.start_publisher(nats_server.url, nodes, 1.5, 1.0, 0, 1, spread=True)
     try:
         await asyncio.to_thread(proc.join, 60)
         done = queue.get(timeout=10)

@@ -11,7 +11,11 @@ import pytest
 from healer import config, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import blast, decide, kv, policy, service, topology
+from healer.controller.core import service
+from healer.controller.incidents import decide
+from healer.controller.inventory import blast, topology
+from healer.controller.remediation import policy
+from healer.controller.store import kv
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import Harness, metric

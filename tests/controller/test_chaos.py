@@ -15,7 +15,7 @@ import pytest
 from healer import config, errors, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, events
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until, warm
 

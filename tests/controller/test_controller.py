@@ -183,7 +183,7 @@ async def test_broken_rule_file_is_rejected_and_old_rules_stay(harness: Harness)
 
 
 async def test_two_shards_split_the_fleet_each_with_its_own_lease(harness: Harness) -> None:
-    from healer.controller import service
+    from healer.controller.core import service
 
     actuators = [testing.RecordingActuator(), testing.RecordingActuator()]
     shards = [

@@ -10,7 +10,7 @@ import time
 from healer import testing
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, events, incidents
 from tests.controller.conftest import Fleet, Harness, run_until, warm
 

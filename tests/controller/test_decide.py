@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from healer import config
-from healer.controller import book, decide, incident_shell
+from healer.controller.core import incident_shell
+from healer.controller.incidents import book, decide
 from healer.rules import actions, engine, ruleset
 
 SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)
@@ -419,7 +420,7 @@ def test_an_incident_stored_before_signals_existed_has_its_own_rules() -> None:
 
 async def test_the_book_finds_a_joined_incident_by_every_signal_and_forgets_all_when_it_resolves() -> None:
     from healer.bus import memory
-    from healer.controller import kv
+    from healer.controller.store import kv
 
     store = kv.Store(memory.MemoryBus().add_bucket("state"))
     b = book.Book(store)

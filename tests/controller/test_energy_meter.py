@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from healer.controller import energy_meter, jobs
-from healer.controller import metrics as controller_metrics
+from healer.controller.inventory import jobs
+from healer.controller.observability import metrics as controller_metrics
+from healer.controller.power import energy_meter
 from healer.schemas import telemetry
 from tests.controller.conftest import metric
 

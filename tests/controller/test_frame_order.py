@@ -9,7 +9,7 @@ import random
 
 from healer import config, testing
 from healer.bus import base, subjects
-from healer.controller import frame_order, service
+from healer.controller.core import frame_order, service
 from healer.schemas import codec, telemetry
 from tests import conftest
 

@@ -16,7 +16,10 @@ import structlog.testing
 from healer import config, errors, testing
 from healer.bus import memory, subjects
 from healer.bus import nats as natsbus
-from healer.controller import book, decide, incident_shell, ingest, kv, lease, policy, service
+from healer.controller.core import incident_shell, ingest, service
+from healer.controller.incidents import book, decide
+from healer.controller.remediation import policy
+from healer.controller.store import kv, lease
 from healer.schemas import codec, events
 from tests.conftest import read_stream, until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until, warm

@@ -11,7 +11,9 @@ from healer import testing
 from healer.actuators import base
 from healer.bus import subjects
 from healer.cli import main as cli_main
-from healer.controller import healing, kv, service
+from healer.controller.core import service
+from healer.controller.remediation import healing
+from healer.controller.store import kv
 from healer.schemas import codec, incidents
 from healer.schemas import events as node_events
 from tests.controller.conftest import Fleet, Harness, run_until, warm

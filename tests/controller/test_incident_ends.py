@@ -9,7 +9,9 @@ import asyncio
 import pytest
 
 from healer import cli, testing
-from healer.controller import action_runner, book, closing, healing, service
+from healer.controller.core import service
+from healer.controller.incidents import book, closing
+from healer.controller.remediation import action_runner, healing
 from healer.schemas import incidents
 from tests.controller.conftest import Fleet, Harness, metric, run_until, warm
 from tests.controller.test_healing import events, ladder_rules

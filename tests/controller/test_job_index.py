@@ -1,4 +1,4 @@
-"""Job peer groups (controller/jobs.py): from frames, Slurm's squeue JSON and GPU pods."""
+"""Job peer groups (controller/inventory/jobs.py): from frames, Slurm's squeue JSON and GPU pods."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from healer import config, testing
 from healer.actuators import kubernetes as kube
-from healer.controller import housekeeping, jobs
+from healer.controller.core import housekeeping
+from healer.controller.inventory import jobs
 from healer.schemas import codec, telemetry
 from tests.controller.conftest import Fleet, Harness, run_until
 from tests.fakes import fake_kube_api

@@ -1,9 +1,11 @@
-"""Job-level slowdown incidents (controller/job_slowdowns.py): opened for a slower job nobody is blamed in,
-updated when the slowdown moves, resolved when the job is back at its baseline or a straggler is named."""
+"""Job-level slowdown incidents (controller/failslow/job_slowdowns.py): opened for a slower job nobody is
+blamed in, updated when the slowdown moves, resolved when the job is back at its baseline or a straggler is
+named."""
 
 from __future__ import annotations
 
-from healer.controller import book, job_slowdowns, stragglers
+from healer.controller.failslow import job_slowdowns, stragglers
+from healer.controller.incidents import book
 
 T0 = 1_800_000_000.0
 

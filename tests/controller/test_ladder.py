@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from healer.controller import ladder
+from healer.controller.remediation import ladder
 from healer.rules import recovery
 
 Out = ladder.Outcome

@@ -7,7 +7,7 @@ import pathlib
 
 from healer import config, testing
 from healer.bus import subjects
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, events
 from tests import conftest
 from tests.controller.conftest import DBE_RULES, Fleet, run_until, warm

@@ -6,7 +6,7 @@ import prometheus_client as prom
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healer.controller import metrics
+from healer.controller.observability import metrics
 
 BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from healer import config
-from healer.controller import book, decide, incident_shell
+from healer.controller.core import incident_shell
+from healer.controller.incidents import book, decide
 from healer.rules import actions, engine, loader, nodewide, ruleset
 
 SETTINGS = config.ControllerSettings()

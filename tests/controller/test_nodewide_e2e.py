@@ -16,7 +16,7 @@ from healer.actuators import power
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import service
+from healer.controller.core import service
 from healer.feed import alertmanager
 from healer.schemas import incidents
 from healer.sim import scenarios

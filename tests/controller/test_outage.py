@@ -14,7 +14,7 @@ import structlog.testing
 from healer import config, testing
 from healer.bus import embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import kv, lease
+from healer.controller.store import kv, lease
 from tests.conftest import until
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, metric, run_until
 

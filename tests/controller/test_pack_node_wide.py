@@ -7,7 +7,8 @@ from __future__ import annotations
 import pathlib
 
 from healer import config
-from healer.controller import book, decide, incident_shell
+from healer.controller.core import incident_shell
+from healer.controller.incidents import book, decide
 from healer.rules import engine, loader, ruleset
 
 PACK = pathlib.Path(__file__).resolve().parents[2] / "rules"

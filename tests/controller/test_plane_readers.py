@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healer.controller import energy_meter, jobs, stragglers
-from healer.controller import metrics as controller_metrics
+from healer.controller.failslow import stragglers
+from healer.controller.inventory import jobs
+from healer.controller.observability import metrics as controller_metrics
+from healer.controller.power import energy_meter
 from healer.schemas import codec, framecols, telemetry
 
 pytestmark = pytest.mark.skipif(not framecols.ACCELERATED, reason="the compiled decoder was not built")

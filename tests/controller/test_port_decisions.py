@@ -7,7 +7,8 @@ from typing import Any
 
 from healer import config
 from healer.bus import memory
-from healer.controller import book, decide, kv
+from healer.controller.incidents import book, decide
+from healer.controller.store import kv
 from healer.feed import alertmanager
 from healer.rules import actions, engine, ruleset
 from healer.schemas import incidents

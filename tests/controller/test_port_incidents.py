@@ -20,7 +20,7 @@ from healer import testing
 from healer.actuators import base
 from healer.agent import daemon
 from healer.bus import nats as natsbus
-from healer.controller import decide
+from healer.controller.incidents import decide
 from healer.schemas import incidents
 from healer.sim import node_source
 from healer.telemetry import rdma

@@ -11,29 +11,29 @@ import asyncio
 import numpy as np
 import pytest
 
-from healer.controller import power_bench
+from healer.evals import power_bench, power_targets
 
 
 def test_the_ideal_division_loses_least_and_one_level_is_no_better() -> None:
     demand = np.array([600.0, 400.0, 200.0])
     avail = 900.0
-    ideal = power_bench.optimal_loss(demand, avail)
-    level = power_bench.level_loss(demand, avail)
+    ideal = power_targets.optimal_loss(demand, avail)
+    level = power_targets.level_loss(demand, avail)
     share = avail / demand.sum()  # every GPU the same share of its demand
     proportional = float(np.sum(1.0 - np.cbrt(np.full(3, share))))
     assert 0 < ideal <= level <= proportional + 1e-9
-    assert power_bench.optimal_loss(demand, 1300.0) == 0.0, "enough for every demand: nothing lost"
+    assert power_targets.optimal_loss(demand, 1300.0) == 0.0, "enough for every demand: nothing lost"
 
 
 def test_the_figures_are_read_from_the_seconds_the_run_saw() -> None:
     budget = 1000.0
     seconds = [
-        power_bench.Second(float(t), 900.0 if t < 5 else 1100.0 if t < 20 else 950.0, 0, 0, 0.0, 0.0, 0.0)
+        power_targets.Second(float(t), 900.0 if t < 5 else 1100.0 if t < 20 else 950.0, 0, 0, 0.0, 0.0, 0.0)
         for t in range(60)
     ]
-    watch = power_bench.Watch(lambda: 0.0)
+    watch = power_targets.Watch(lambda: 0.0)
     marks = {"steady": 30.0, "fall": 50.0, "end": 55.0}
-    r = power_bench.summarize(seconds, watch, budget, 1200.0, 10.0, marks, 70.0, 1, 8, 20.0, 1.0, 1.0, 0)
+    r = power_targets.summarize(seconds, watch, budget, 1200.0, 10.0, marks, 70.0, 1, 8, 20.0, 1.0, 1.0, 0)
     assert r.under_after_hold_s == 5.0, "over at 5 s, hold 10 s, under at 20 s"
     assert r.over_2pct_beyond_hold_s == 5.0, "15 s more than 2 % over, less the hold"
     assert r.max_over_percent == pytest.approx(10.0)

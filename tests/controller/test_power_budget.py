@@ -8,7 +8,9 @@ import pydantic
 import pytest
 
 from healer import config, errors
-from healer.controller import jobs, power_budget, power_eval
+from healer.controller.inventory import jobs
+from healer.controller.power import power_budget
+from healer.evals import power_eval
 
 R = power_budget.Reading
 

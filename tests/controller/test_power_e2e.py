@@ -26,7 +26,9 @@ from healer.actuators import power
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import policy, power_budget, power_shell, service
+from healer.controller.core import power_shell, service
+from healer.controller.power import power_budget
+from healer.controller.remediation import policy
 from healer.schemas import budgets, codec, incidents
 from healer.sim import scenarios, simulation, workloads
 from tests import conftest

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from healer.controller import power_budget, power_shell, steptimes
+from healer.controller.core import power_shell
+from healer.controller.failslow import steptimes
+from healer.controller.power import power_budget
 from healer.schemas import stepreport
 
 

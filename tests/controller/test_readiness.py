@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from healer import testing
-from healer.controller import readiness
+from healer.controller.core import readiness
 from tests import conftest
 from tests.controller.conftest import Harness
 
@@ -72,7 +72,7 @@ async def test_the_leader_gauge_never_says_leader_while_readyz_says_not_ready(ha
     turned ready: the verdict is computed once a second, the lease flips at any instant.)"""
     from healer import config, health
     from healer.cli import controller_cmd
-    from healer.controller import metrics
+    from healer.controller.observability import metrics
 
     s = harness.settings(metrics_port=0)
     s = s.model_copy(update={"nats": config.NatsSettings(url=harness.srv.url, lease_ttl_s=2.0)})

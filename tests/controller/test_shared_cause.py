@@ -13,7 +13,9 @@ import pytest
 
 from healer import config, testing
 from healer.bus import subjects
-from healer.controller import book, service, shared_cause, topology
+from healer.controller.core import service
+from healer.controller.incidents import book, shared_cause
+from healer.controller.inventory import topology
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import Harness

@@ -1,10 +1,10 @@
-"""Step times from the job (controller/steptimes.py): the outlier is the rank whose own compute time rose,
-not the rank that always computes more; a job whose ranks all wait names nobody; a job that stopped
+"""Step times from the job (controller/failslow/steptimes.py): the outlier is the rank whose own compute time
+rose, not the rank that always computes more; a job whose ranks all wait names nobody; a job that stopped
 reporting is no longer slower."""
 
 from __future__ import annotations
 
-from healer.controller import steptimes
+from healer.controller.failslow import steptimes
 from healer.schemas import stepreport
 
 T0 = 1_800_000_000.0

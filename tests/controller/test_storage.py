@@ -15,7 +15,9 @@ import structlog.testing
 from healer import cli, config, errors, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import kv, lease, metrics, policy, storage
+from healer.controller.observability import metrics, storage
+from healer.controller.remediation import policy
+from healer.controller.store import kv, lease
 from healer.schemas import codec, events
 from tests.conftest import sample
 from tests.controller.conftest import LEASE_TTL_S, Fleet, Harness, run_until

@@ -1,10 +1,11 @@
-"""The fail-slow evaluation's bounds and summary (controller/straggler_eval.py)."""
+"""The fail-slow evaluation's bounds and summary (healer/evals/straggler_eval.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from healer.controller import straggler_eval, straggler_sim_eval, stragglers
+from healer.controller.failslow import stragglers
+from healer.evals import straggler_eval, straggler_sim_eval
 
 
 def test_the_share_lower_bound_is_clopper_pearson() -> None:

@@ -1,5 +1,5 @@
-"""The port test (controller/straggler_ports.py): the node whose RDMA port is congested or erroring against
-its job's other nodes' ports is named; a fabric-wide congestion, a single-node job and a healthy busy
+"""The port test (controller/failslow/straggler_ports.py): the node whose RDMA port is congested or erroring
+against its job's other nodes' ports is named; a fabric-wide congestion, a single-node job and a healthy busy
 port are not."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from healer.controller import straggler_ports, stragglers
+from healer.controller.failslow import straggler_ports, stragglers
 from healer.schemas import telemetry
 
 P = straggler_ports.NodePorts

@@ -18,7 +18,7 @@ from healer import testing
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller import job_slowdowns
+from healer.controller.failslow import job_slowdowns
 from healer.schemas import incidents
 from healer.sim import scenarios, simulation
 from tests.controller.conftest import Harness

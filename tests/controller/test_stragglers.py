@@ -1,10 +1,11 @@
-"""The fail-slow scorer (controller/stragglers.py): which GPU or node lags its job, and what does not."""
+"""The fail-slow scorer (controller/failslow/stragglers.py): which GPU or node lags its job, and what does
+not."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from healer.controller import stragglers
+from healer.controller.failslow import stragglers
 from healer.schemas import telemetry
 
 

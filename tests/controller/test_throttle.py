@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import structlog.testing
 
-from healer.controller import drops, throttle
+from healer.controller.observability import drops, throttle
 
 
 def test_a_flood_is_one_line_per_interval_with_the_counts_since_the_last() -> None:

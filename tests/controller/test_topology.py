@@ -11,7 +11,8 @@ import structlog
 
 from healer import config, errors, testing
 from healer.cli import main as cli_main
-from healer.controller import admission, metrics, topology
+from healer.controller.inventory import admission, topology
+from healer.controller.observability import metrics
 from tests.controller.conftest import metric
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures"

@@ -17,7 +17,8 @@ import structlog
 
 from healer import config, errors, testing
 from healer.bus import subjects
-from healer.controller import admission, metrics
+from healer.controller.inventory import admission
+from healer.controller.observability import metrics
 from healer.schemas import codec, events, telemetry
 from healer.sim import node_source
 from tests.conftest import sample, until

@@ -13,7 +13,7 @@ import pathlib
 import pytest
 import yaml
 
-from healer.controller import stragglers
+from healer.controller.failslow import stragglers
 from healer.demo import stage
 from healer.rules import engine, loader
 from healer.schemas import codec, events

@@ -11,7 +11,7 @@ from typing import Any
 import prometheus_client as prom
 
 from healer.agent import exposition as agent_metrics
-from healer.controller import metrics as controller_metrics
+from healer.controller.observability import metrics as controller_metrics
 from healer.feed import forward
 from healer.schemas import dcgm
 from tests.deploy import manifests as m

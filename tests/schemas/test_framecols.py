@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from healer import bench, errors
+from healer import errors
+from healer.evals import frame_publisher
 from healer.schemas import codec, fabric, fastwire, framecols, telemetry
 from tests.schemas.test_schemas import good_frame
 
@@ -151,7 +152,7 @@ def ports_doc() -> dict[str, Any]:
     "document",
     [
         pytest.param(lambda: codec.encode(good_frame()), id="simulator-frame"),
-        pytest.param(lambda: bench._templates(1, set())[0][1], id="bench-frame"),
+        pytest.param(lambda: frame_publisher.templates(1, set())[0][1], id="bench-frame"),
         pytest.param(lambda: json.dumps(doc(), indent=2).encode(), id="indented"),
         pytest.param(lambda: json.dumps(ports_doc()).encode(), id="v2-with-ports"),
         pytest.param(

@@ -17,7 +17,7 @@ import pytest
 from healer import config, testing
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, events, telemetry
 from healer.security import natsconf
 from healer.sim import node_source

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from healer import errors
-from healer.controller import stragglers
+from healer.controller.failslow import stragglers
 from healer.schemas import codec, fields
 from healer.sim import faults, recording, repair, scenarios, simulation, workloads
 

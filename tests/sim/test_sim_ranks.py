@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from healer.controller import stragglers
+from healer.controller.failslow import stragglers
 from healer.schemas import codec, stepreport
 from healer.sim import ranks, scenarios, simulation, variation
 

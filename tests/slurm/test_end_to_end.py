@@ -14,7 +14,7 @@ from healer import config
 from healer.actuators import slurm
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, events
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.test_slurm_actuator import cluster, job_state, node_line, submit  # noqa: F401

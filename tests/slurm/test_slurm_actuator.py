@@ -10,7 +10,7 @@ import pytest
 
 from healer import config
 from healer.actuators import base, slurm
-from healer.controller import jobs
+from healer.controller.inventory import jobs
 from tests.slurm.cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm

@@ -14,7 +14,7 @@ import pytest
 from healer import testing
 from healer.bus import base, embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller import service
+from healer.controller.core import service
 from healer.schemas import codec, incidents
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.test_end_to_end import eventually, start_controller, xid

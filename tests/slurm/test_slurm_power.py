@@ -18,7 +18,7 @@ import pytest
 from healer import config
 from healer.actuators import slurm
 from healer.bus import embedded
-from healer.controller import jobs
+from healer.controller.inventory import jobs
 from tests.controller.conftest import Harness
 from tests.controller.test_power_e2e import a_priority_episode, assert_only_the_low_job_capped, fleet_rig
 from tests.slurm.cluster import SlurmCluster

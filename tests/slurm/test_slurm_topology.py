@@ -20,7 +20,9 @@ from healer.agent import daemon
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.cli import main as cli_main
-from healer.controller import service, shared_cause, topology
+from healer.controller.core import service
+from healer.controller.incidents import shared_cause
+from healer.controller.inventory import topology
 from healer.sim import node_source
 from healer.telemetry import rdma
 from tests.slurm.cluster import SlurmCluster

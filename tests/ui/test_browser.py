@@ -16,7 +16,9 @@ import yaml
 from healer import config, testing
 from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller import kv, power_budget, power_shell
+from healer.controller.core import power_shell
+from healer.controller.power import power_budget
+from healer.controller.store import kv
 from healer.ui import server
 from tests.controller import conftest as ctl
 from tests.ui import conftest as ui_conftest

@@ -18,7 +18,11 @@ import pytest
 from healer import cli, config, errors
 from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller import book, kv, policy, power_budget, power_shell
+from healer.controller.core import power_shell
+from healer.controller.incidents import book
+from healer.controller.power import power_budget
+from healer.controller.remediation import policy
+from healer.controller.store import kv
 from healer.ui import board, fleet, live, server
 from tests.controller import conftest as ctl_conftest
 
@@ -283,7 +287,7 @@ async def test_the_controller_serves_the_page_when_ui_is_enabled(
     nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
     from healer.cli import controller_cmd
-    from healer.controller import metrics
+    from healer.controller.observability import metrics
 
     port = _free_port()
     (tmp_path / "rules").mkdir()
@@ -404,7 +408,8 @@ def test_the_page_groups_by_the_controllers_own_topology_and_the_switch_tree(tmp
     import structlog
 
     from healer.cli import controller_cmd
-    from healer.controller import admission, metrics
+    from healer.controller.inventory import admission
+    from healer.controller.observability import metrics
 
     topo = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "topology.conf"
     (tmp_path / "labels.yaml").write_text("gpu02: {rack: r9}\n")

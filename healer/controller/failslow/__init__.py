@@ -1,0 +1,3 @@
+"""Fail-slow detection (#28): step times from the job, stragglers and slow ports against their peers, and job
+slowdowns as incidents.
+"""

@@ -1,0 +1,734 @@
+"""Fail-slow detection: the GPU or node that persistently lags its job's peers under load (#28).
+
+A synchronous job runs at the speed of its slowest rank, so a GPU that clocks 15 % low, or whose link
+trained down, costs the whole job. Every second's readings are folded, for loaded samples only
+(``util_gpu_pct >= LOAD_UTIL_PCT``: checkpoints, init phases and idle gaps do not count), into a window
+of ``window_s``. At each window's end, all GPUs at once (numpy, no Python loop per GPU):
+
+- peer test, for a job with at least ``min_peers`` GPUs: the robust z-score of the GPU's mean SM clock
+  ratio (clock / max clock) against its job's median and MAD. The GPU lags when it is at least
+  ``min_deficit`` below the median, ``z <= -z_min``, and it draws less power than its peers (a healthy
+  chip that hits its power cap clocks low *at the same power*; a faulty one clocks low at less);
+- own history, for a GPU in a smaller job (or none), or one whose node's GPUs of its job lag their own
+  pasts together (at the median: a node slowed as a whole, which its peers on it cannot show): the same
+  test against an exponentially weighted mean of its own past windows, once ``history_windows`` windows
+  are in. A GPU with peers enough whose node does not lag is judged by its peers alone: a job that moves
+  every GPU's clock (into its power cap, out of it) moves a weak chip's most, and that chip's own mixed
+  past would call it slow;
+- link evidence, any job size: a PCIe link below its generation or width, or NVLink links down, in
+  most of the window's loaded samples;
+- unconstrained clock: the same deficit tests on the mean clock of the loaded samples that no power
+  cap, temperature, sync-boost group or clock setting limits (``CAPPED_BITS``, under ``FREE_POWER`` of
+  the limit), against its job's peers and against its own past such windows, kept across jobs (that
+  clock is the chip's, not the job's). There a healthy chip runs at its peers' clock whatever its chip
+  factor, its phase mix or its job, so the spread of power-capped peers hides nothing, a whole node
+  slowed as a new job starts is compared with what its chips ran at before, and ``free_persist`` (2)
+  windows confirm it.
+
+A node lags its job's nodes (a job on ``min_nodes`` nodes or more) when its GPUs' median clock does.
+A GPU (node) becomes a straggler after ``persist`` lagging windows in a row (``free_persist`` for the
+unconstrained clock); a window with too few loaded (unconstrained) samples neither counts nor resets.
+The verdict feeds the rules as ``straggler_score`` (1/0), so the incident shell, gates, ladder and the
+default pack's ``gpu-straggler`` rule handle it like any fault; ``evidence`` gives the incident its
+job, its peers' median, and the cause the telemetry names (clock reasons decoded, a down-trained link;
+an RDMA port of the node trained down, erroring or congested in the last 10 minutes, ``PortWatch``).
+Pipeline stages or a rank 0 that logs do different work at the same clock, so the clock, not power or
+utilisation, is the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import numpy as np
+
+from healer.controller.failslow import steptimes, straggler_ports
+from healer.controller.inventory import jobs
+from healer.schemas import fields, framecols, telemetry
+
+LOAD_UTIL_PCT: Final = 50.0
+"""A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
+_WHY = fields.ClocksEventReason
+_APP_CLOCKS: Final = 0x2
+"""NVML's applications-clocks-setting reason (a clock the site or the job set, or locked clocks)."""
+_SYNC_BOOST: Final = 0x10
+"""NVML's sync-boost reason (clocks held to the group's slowest GPU). Neither is in
+``ClocksEventReason`` (no rule reads them)."""
+REASONS: Final = {int(r): str(r.name).lower() for r in _WHY if r is not _WHY.GPU_IDLE}
+"""NVML clocks event reasons (schemas/fields.py ``ClocksEventReason``), bit → name."""
+CAUSE_BITS: Final = int(
+    _WHY.HW_SLOWDOWN | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _WHY.HW_POWER_BRAKE_SLOWDOWN
+)
+"""Reasons that name a hardware cause of low clocks (not the power cap every busy GPU meets)."""
+CAPPED_BITS: Final = int(
+    _WHY.SW_POWER_CAP | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _SYNC_BOOST | _APP_CLOCKS
+)
+"""Reasons that explain a low clock on a healthy chip: its power cap, its own temperature (thermal
+slowdowns have their own rules), a sync-boost group (another GPU's clock), or a clock someone set."""
+FREE_POWER: Final = 0.95
+"""A loaded sample is *unconstrained* (free) when none of ``CAPPED_BITS`` is set and it draws under
+this share of its power limit: nothing that a healthy chip obeys lowers its clock there, so a healthy
+one runs at the clock its peers (and its own past) run at, whatever its chip factor or its job."""
+FIELDS: Final = ("clock", "power", "link_down", "free_clock")
+PENDING_MAX: Final = 1 << 16
+"""GPU readings held as Python tuples before they are folded into the arrays."""
+_READ: Final = (
+    "index", "util_gpu_pct", "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "pcie_gen",
+    "pcie_gen_max", "nvlink_links_up", "nvlink_links_total", "pcie_width", "pcie_width_max",
+    "clocks_event_reasons",
+)  # fmt: skip
+_READ_COLUMNS: Final = np.array([framecols.COLUMN[c] for c in _READ], dtype=np.intp)
+"""What ``Scorer.observe`` reads of a GPU, as columns of a frame's plane rows (``Frame.readings``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    window_s: float = 60.0
+    persist: int = 3
+    """Lagging windows in a row before a straggler is confirmed (3 x 60 s: found within 5 minutes)."""
+    min_loaded: float = 0.5
+    """Share of a window's samples that must be loaded for the window to give a verdict."""
+    min_peers: int = 4
+    min_nodes: int = 3
+    min_deficit: float = 0.08
+    """Clock ratio below the reference by this fraction (8 %) or more to lag."""
+    z_min: float = 4.0
+    mad_floor: float = 0.01
+    power_margin: float = 0.02
+    """The GPU's power ratio (power / limit) must be below its peers' (own history's) by this much: a
+    healthy chip at its power cap clocks low at the same power as its peers, a faulty one at less."""
+    sample_every_s: float = 5.0
+    """A node's frames are folded at most this often (the window's statistics need no more; it keeps
+    the per-frame cost of 10,000 nodes at 1 Hz under 5 % of a core)."""
+    history_windows: int = 10
+    history_alpha: float = 0.05
+    link_share: float = 0.8
+    free_min: int = 2
+    """Unconstrained (free, ``FREE_POWER``) loaded samples a GPU needs in a window for the free-clock
+    tests: its clock where no power cap or temperature explains a low one, against its job's peers'
+    and against its own past (kept across jobs: that clock is the chip's, not the job's)."""
+    free_persist: int = 2
+    """Windows in a row whose free clock lags before a straggler is confirmed; a window with fewer
+    than ``free_min`` free samples neither counts nor resets."""
+    free_history_windows: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Straggler:
+    node: str
+    gpu: int | None
+    """None: the whole node lags its job's other nodes."""
+    job: str | None
+    test: str
+    """``peers``, ``history``, ``link``, ``nodes`` or ``port`` (straggler_ports)."""
+    evidence: dict[str, float | str]
+
+
+class Scorer:
+    """Folds frames per GPU slot, scores at each window's end; ``stragglers`` is the confirmed set."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.s = settings or Settings()
+        self._slot: dict[tuple[str, int], int] = {}
+        self._keys: list[tuple[str, int]] = []
+        self._sum = np.zeros((len(FIELDS), 0))
+        self._reasons = np.zeros(0, dtype=np.int64)
+        self._loaded = np.zeros(0)
+        self._samples = np.zeros(0)
+        self._streak = np.zeros(0, dtype=np.int64)
+        self._hist = np.full((2, 0), np.nan)
+        self._hist_n = np.zeros(0, dtype=np.int64)
+        self._hist_job: list[str | None] = []
+        self._node_no = np.zeros(0, dtype=np.int64)
+        """Per slot: its node's number (``_node_no_of``), to group a job's GPUs by node."""
+        self._node_no_of: dict[str, int] = {}
+        self._free = np.zeros(0)
+        self._free_streak = np.zeros(0, dtype=np.int64)
+        self._free_kind = np.zeros(0, dtype=np.int64)
+        """Per slot: the free-clock test that last lagged (1 peers, 2 own history)."""
+        self._fhist = np.full(0, np.nan)
+        self._fhist_n = np.zeros(0, dtype=np.int64)
+        self._node_streak: dict[tuple[str, str], int] = {}
+        self._node_slots: dict[str, dict[int, int]] = {}
+        self._node_last: dict[str, float] = {}
+        self._pending: list[tuple[int, float, float, float, float, int]] = []
+        """(slot, clock ratio, power ratio, link down, free clock ratio, reasons) per reading since the
+        last fold: a clock ratio of 0 is a sample without load, a free clock ratio of 0 one that is not
+        unconstrained."""
+        self.window_start: float | None = None
+        self.stragglers: dict[tuple[str, int | None], Straggler] = {}
+        self.job_nodes: dict[str, list[str]] = {}
+        """Each job's nodes with a loaded window in the last ``score`` (the port test compares them)."""
+        self.pending_jobs: set[str] = set()
+        """Jobs with a GPU or node that lagged in the last window but is not (yet) a straggler."""
+
+    def _grow(self, n: int) -> None:
+        size = self._loaded.size
+        if n <= size:
+            return
+        extra = max(n - size, size, 64)
+        self._sum = np.pad(self._sum, ((0, 0), (0, extra)))
+        self._reasons = np.pad(self._reasons, (0, extra))
+        self._loaded = np.pad(self._loaded, (0, extra))
+        self._samples = np.pad(self._samples, (0, extra))
+        self._streak = np.pad(self._streak, (0, extra))
+        self._hist = np.pad(self._hist, ((0, 0), (0, extra)), constant_values=np.nan)
+        self._hist_n = np.pad(self._hist_n, (0, extra))
+        self._node_no = np.pad(self._node_no, (0, extra))
+        self._free = np.pad(self._free, (0, extra))
+        self._free_streak = np.pad(self._free_streak, (0, extra))
+        self._free_kind = np.pad(self._free_kind, (0, extra))
+        self._fhist = np.pad(self._fhist, (0, extra), constant_values=np.nan)
+        self._fhist_n = np.pad(self._fhist_n, (0, extra))
+
+    def slot(self, node: str, gpu: int) -> int:
+        i = self._slot.get((node, gpu))
+        if i is None:
+            i = self._slot[(node, gpu)] = len(self._keys)
+            self._keys.append((node, gpu))
+            self._hist_job.append(None)
+            self._grow(i + 1)
+            self._node_no[i] = self._node_no_of.setdefault(node, len(self._node_no_of))
+        return i
+
+    def observe(self, frame: telemetry.FrameView) -> bool:
+        """One frame's GPUs into the current window (Python lists here, folded into the arrays when the
+        window is scored: a numpy scalar update costs more than the whole reading); False when the
+        node's last folded frame is less than ``sample_every_s`` old (skipped)."""
+        node = frame.node
+        last = self._node_last.get(node)
+        if last is not None and 0 <= frame.ts - last < self.s.sample_every_s:
+            return False
+        self._node_last[node] = frame.ts
+        slots = self._node_slots.get(node)
+        if slots is None:
+            slots = self._node_slots[node] = {}
+        pending = self._pending
+        if len(pending) >= PENDING_MAX:
+            self._fold_pending()
+            pending = self._pending
+        rows = frame.readings(_READ_COLUMNS) if isinstance(frame, framecols.Frame) else None
+        if rows is not None:
+            self._observe_rows(node, slots, rows)
+            return True
+        for g in frame.gpus:
+            i = slots.get(g.index)
+            if i is None:
+                i = slots[g.index] = self.slot(node, g.index)
+            util, clock, clock_max = g.util_gpu_pct, g.sm_clock_mhz, g.sm_clock_max_mhz
+            power, limit = g.power_w, g.power_limit_w
+            if util is None or util < LOAD_UTIL_PCT or not clock or not clock_max or not power or not limit:
+                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0))
+                continue
+            gen, gen_max = getattr(g, "pcie_gen", None), getattr(g, "pcie_gen_max", None)
+            up, total = getattr(g, "nvlink_links_up", None), getattr(g, "nvlink_links_total", None)
+            width, width_max = getattr(g, "pcie_width", None), getattr(g, "pcie_width_max", None)
+            down = (
+                (gen is not None and gen_max is not None and gen < gen_max)
+                or (up is not None and total is not None and up < total)
+                or (width is not None and width_max is not None and width < width_max)
+            )
+            reasons = g.clocks_event_reasons or 0
+            ratio, share = clock / clock_max, power / limit
+            free = ratio if share < FREE_POWER and not reasons & CAPPED_BITS else 0.0
+            pending.append((i, ratio, share, 1.0 if down else 0.0, free, reasons))
+        return True
+
+    def _observe_rows(self, node: str, slots: dict[int, int], rows: list[list[float]]) -> None:
+        """``observe``'s loop over a frame's plane rows (``_READ``; NaN where null, every integer exact):
+        the same readings as from its GPUs' objects (each NaN test below is the null test there)."""
+        pending = self._pending
+        for (
+            index,
+            util,
+            clock,
+            clock_max,
+            power,
+            limit,
+            gen,
+            gen_max,
+            up,
+            total,
+            width,
+            width_max,
+            bits,
+        ) in rows:
+            g = int(index)
+            i = slots.get(g)
+            if i is None:
+                i = slots[g] = self.slot(node, g)
+            # ``not x`` for a null or zero reading: these are never negative (the schema's bounds)
+            if (
+                not util >= LOAD_UTIL_PCT
+                or not clock > 0
+                or not clock_max > 0
+                or not power > 0
+                or not limit > 0
+            ):
+                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0))
+                continue
+            down = gen < gen_max or up < total or width < width_max  # False where either is null
+            reasons = 0 if bits != bits else int(bits)
+            ratio, share = clock / clock_max, power / limit
+            free = ratio if share < FREE_POWER and not reasons & CAPPED_BITS else 0.0
+            pending.append((i, ratio, share, 1.0 if down else 0.0, free, reasons))
+
+    def _fold_pending(self) -> None:
+        if not self._pending:
+            return
+        cols = np.array(self._pending, dtype=np.float64).T
+        self._pending = []
+        idx = cols[0].astype(np.int64)
+        np.add.at(self._samples, idx, 1.0)
+        np.add.at(self._loaded, idx, cols[1] > 0)
+        for row in range(4):
+            np.add.at(self._sum[row], idx, cols[1 + row])
+        np.add.at(self._free, idx, cols[4] > 0)
+        np.bitwise_or.at(self._reasons, idx, cols[5].astype(np.int64))
+
+    def observe_arrays(
+        self,
+        idx: np.ndarray,
+        util: np.ndarray,
+        clock_ratio: np.ndarray,
+        power_ratio: np.ndarray,
+        reasons: np.ndarray,
+        link_down: np.ndarray,
+    ) -> None:
+        """A whole fleet's readings at once (benchmarks, the evaluation): slots ``idx``."""
+        self._samples[idx] += 1
+        ok = (util >= LOAD_UTIL_PCT) & np.isfinite(clock_ratio) & np.isfinite(power_ratio)
+        j = idx[ok]
+        self._loaded[j] += 1
+        self._sum[0, j] += clock_ratio[ok]
+        self._sum[1, j] += power_ratio[ok]
+        self._sum[2, j] += link_down[ok]
+        self._reasons[j] |= reasons[ok]
+        free = ok & ((reasons & CAPPED_BITS) == 0) & (power_ratio < FREE_POWER)
+        f = idx[free]
+        self._free[f] += 1
+        self._sum[3, f] += clock_ratio[free]
+
+    def due(self, now: float) -> bool:
+        if self.window_start is None:
+            self.window_start = now
+        return now - self.window_start >= self.s.window_s
+
+    def score(self, now: float, job_of: Mapping[tuple[str, int], str | None]) -> list[Straggler]:
+        """Close the window: the new verdicts (``stragglers`` updated); the next window starts at ``now``."""
+        self._fold_pending()
+        n = len(self._keys)
+        s = self.s
+        loaded, samples = self._loaded[:n], self._samples[:n]
+        valid = (samples > 0) & (loaded >= s.min_loaded * np.maximum(samples, 1))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = self._sum[:, :n] / loaded
+        clock, power, link = mean[0], mean[1], mean[2]
+        jobs = [job_of.get(k) for k in self._keys]
+        codes, job_names = _codes(jobs, valid)
+        lag = np.zeros(n, dtype=bool)
+        test = np.full(n, "", dtype=object)
+        ref_clock = np.full(n, np.nan)
+        ref_power = np.full(n, np.nan)
+        z = np.full(n, np.nan)
+        # peers: median and MAD per job, vectorised by sorting on the job code
+        # (one more entry, NaN / 0, at the end: code -1, no job, reads it)
+        med, mad, size = (
+            np.append(a, fill)
+            for a, fill in zip(_group_median_mad(codes, clock), (np.nan, np.nan, 0), strict=True)
+        )
+        pmed = np.append(_group_median_mad(codes, power)[0], np.nan)
+        big = (codes >= 0) & (size[codes] >= s.min_peers)
+        c = codes
+        ref_clock[big], ref_power[big] = med[c[big]], pmed[c[big]]
+        z[big] = (clock[big] - ref_clock[big]) / np.maximum(1.4826 * mad[c[big]], s.mad_floor)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            peer_lag = (
+                big
+                & (z <= -s.z_min)
+                & (1 - clock / ref_clock >= s.min_deficit)
+                & (power <= ref_power - s.power_margin)
+            )
+            # own history: a small job's GPUs, and a GPU whose node's GPUs of its job lag their own
+            # pasts as a whole (a node-wide slowdown of a one-node job has no healthy peer); it starts
+            # again when the slot's job changes
+            for i, job in enumerate(jobs):
+                if self._hist_job[i] != job:
+                    self._hist_job[i] = job
+                    self._hist_n[i] = 0
+            hist_clock, hist_power = self._hist[0, :n], self._hist[1, :n]
+            warm = valid & (self._hist_n[:n] >= s.history_windows) & ~peer_lag
+            own = 1 - clock / hist_clock
+            # with peers enough, a GPU within its job's spread is no straggler: a job whose phase moves
+            # every GPU's clock (into its power cap, out of it) moves a weak chip's most
+            judged = ~big | self._node_lags(codes, warm, own)
+            hist_lag = warm & judged & (own >= s.min_deficit) & (power <= hist_power - s.power_margin)
+        ref_clock[hist_lag], ref_power[hist_lag] = hist_clock[hist_lag], hist_power[hist_lag]
+        deficit = 1 - clock / ref_clock
+        lag = peer_lag | hist_lag
+        test[peer_lag & lag] = "peers"
+        test[hist_lag & lag] = "history"
+        link_lag = valid & (link >= s.link_share)
+        test[link_lag & ~lag] = "link"
+        lag |= link_lag
+        free_lag, fclock, fref, fz, fsize = self._free_test(codes, valid, lag)
+        # learn the history from windows that did not lag
+        learn = valid & ~lag & ~free_lag
+        a = s.history_alpha
+        first = learn & (self._hist_n[:n] == 0)
+        rest = learn & ~first
+        for row, values in ((0, clock), (1, power)):
+            h = self._hist[row, :n]
+            h[first] = values[first]
+            h[rest] = (1 - a) * h[rest] + a * values[rest]
+        self._hist_n[:n][learn] += 1
+        streak = self._streak[:n]
+        streak[valid & lag] += 1
+        streak[valid & ~lag] = 0
+        free_streak = self._free_streak[:n]
+        by_free = (free_streak >= s.free_persist) & valid  # the cleaner evidence, when both name it
+        by_all = (streak >= s.persist) & valid & ~by_free
+        confirmed = by_all | by_free  # a window without load shows 0; the rule's resolve waits
+        # a GPU named by its unconstrained clock shows that clock and its reference
+        shown, z, deficit = clock.copy(), z.copy(), deficit.copy()  # the node test reads the loaded clock
+        ref_clock[by_free], z[by_free] = fref[by_free], fz[by_free]
+        seen = by_free & np.isfinite(fclock)  # a window without unconstrained samples shows the loaded one
+        shown[seen] = fclock[seen]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            deficit[by_free] = 1 - fclock[by_free] / fref[by_free]
+        test[by_free] = np.where(self._free_kind[:n][by_free] == 1, "peers", "history")
+        self.stragglers = {}
+        for i in np.flatnonzero(confirmed).tolist():
+            node, gpu = self._keys[i]
+            ev: dict[str, float | str] = {
+                "straggler.clock_ratio": round(float(shown[i]), 4),
+                "straggler.power_ratio": round(float(power[i]), 4),
+                "straggler.windows": int(streak[i] if by_all[i] else free_streak[i]),
+                "straggler.basis": "unconstrained clock" if by_free[i] else "loaded clock",
+            }
+            if np.isfinite(ref_clock[i]):
+                ev["straggler.reference_clock_ratio"] = round(float(ref_clock[i]), 4)
+                ev["straggler.clock_deficit_pct"] = round(100 * float(deficit[i]), 1)
+            if np.isfinite(z[i]):
+                ev["straggler.z"] = round(float(z[i]), 2)
+                ev["straggler.peers"] = int(fsize[i] if by_free[i] else size[c[i]])
+            if jobs[i] is not None:
+                ev["straggler.job"] = str(jobs[i])
+            cause = describe_cause(int(self._reasons[i]), float(link[i]) >= s.link_share)
+            if cause:
+                ev["straggler.cause"] = cause
+            self.stragglers[(node, gpu)] = Straggler(node, gpu, jobs[i], str(test[i]), ev)
+        self._node_test(codes, job_names, clock, valid, confirmed)
+        pending = valid & ~confirmed & ((streak > 0) | (free_streak > 0))
+        self.pending_jobs = {str(jobs[i]) for i in np.flatnonzero(pending).tolist() if jobs[i] is not None}
+        self.pending_jobs |= {job for (job, _), n in self._node_streak.items() if 0 < n < s.persist}
+        self._reset(now)
+        return list(self.stragglers.values())
+
+    def _node_lags(self, codes: np.ndarray, warm: np.ndarray, own: np.ndarray) -> np.ndarray:
+        """Per slot: the GPUs of its job on its node (those with a warm history) lag their own pasts by
+        ``min_deficit`` or more at the median (``own``: each GPU's deficit against its history), as a node
+        slowed as a whole does; by one sort over (job, node) pairs, no loop."""
+        n = codes.size
+        out = np.zeros(n, dtype=bool)
+        m = warm & (codes >= 0)
+        if not m.any():
+            return out
+        node = self._node_no[:n]
+        _, pair = np.unique(codes[m] * (int(node.max()) + 1) + node[m], return_inverse=True)
+        pair = pair.ravel()
+        med = _median_by(pair, own[m], int(pair.max()) + 1)
+        out[m] = med[pair] >= self.s.min_deficit
+        return out
+
+    def _free_test(
+        self, codes: np.ndarray, valid: np.ndarray, lag: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The unconstrained-clock tests (``Settings.free_min``): each GPU's mean clock over its loaded
+        samples below its power cap and not thermally limited, against its job's peers' (median, MAD)
+        and against its own past such windows (an exponentially weighted mean kept across jobs, so a
+        whole node slowed early in a job, or before a new job, is compared with what its chips ran at
+        before). Updates the free streak and history; returns (lagging, free clock, its reference,
+        z, peers) per slot (NaN / 0 where not known)."""
+        s = self.s
+        n = len(self._keys)
+        free_n = self._free[:n]
+        fvalid = valid & (free_n >= s.free_min)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fclock = self._sum[3, :n] / free_n
+        fcodes = np.where(fvalid, codes, -1)
+        med, mad, size = (
+            np.append(a, fill)
+            for a, fill in zip(_group_median_mad(fcodes, fclock), (np.nan, np.nan, 0), strict=True)
+        )
+        big = (fcodes >= 0) & (size[fcodes] >= s.min_peers)
+        fref, fz, fsize = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int64)
+        fref[big], fsize[big] = med[fcodes[big]], size[fcodes[big]]
+        fz[big] = (fclock[big] - fref[big]) / np.maximum(1.4826 * mad[fcodes[big]], s.mad_floor)
+        hist = self._fhist[:n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            peer_lag = big & (fz <= -s.z_min) & (1 - fclock / fref >= s.min_deficit)
+            warm = fvalid & (self._fhist_n[:n] >= s.free_history_windows) & ~peer_lag
+            hist_lag = warm & (1 - fclock / hist >= s.min_deficit)
+        fref[hist_lag] = hist[hist_lag]
+        fz[hist_lag], fsize[hist_lag] = np.nan, 0
+        free_lag = peer_lag | hist_lag
+        kind = self._free_kind[:n]
+        kind[peer_lag], kind[hist_lag] = 1, 2
+        streak = self._free_streak[:n]
+        streak[fvalid & free_lag] += 1
+        streak[fvalid & ~free_lag] = 0
+        learn = fvalid & ~free_lag & ~lag
+        first = learn & (self._fhist_n[:n] == 0)
+        rest = learn & ~first
+        a = s.history_alpha
+        hist[first] = fclock[first]
+        hist[rest] = (1 - a) * hist[rest] + a * fclock[rest]
+        self._fhist_n[:n][learn] += 1
+        return free_lag, fclock, fref, fz, fsize
+
+    def _node_test(
+        self,
+        codes: np.ndarray,
+        job_names: Sequence[str],
+        clock: np.ndarray,
+        valid: np.ndarray,
+        confirmed: np.ndarray,
+    ) -> None:
+        """Whole nodes against their job's other nodes (jobs on ``min_nodes`` nodes or more)."""
+        per: dict[tuple[int, str], list[float]] = {}
+        for i in np.flatnonzero(valid & (codes >= 0)).tolist():
+            per.setdefault((int(codes[i]), self._keys[i][0]), []).append(float(clock[i]))
+        by_job: dict[int, dict[str, float]] = {}
+        for (code, node), values in per.items():
+            by_job.setdefault(code, {})[node] = float(np.median(values))
+        self.job_nodes = {job_names[code]: list(nodes) for code, nodes in by_job.items()}
+        seen: set[tuple[str, str]] = set()
+        for code, nodes in by_job.items():
+            if len(nodes) < self.s.min_nodes:
+                continue
+            arr = np.array(list(nodes.values()))
+            med = float(np.median(arr))
+            mad = max(1.4826 * float(np.median(np.abs(arr - med))), self.s.mad_floor)
+            for node, v in nodes.items():
+                key = (job_names[code], node)
+                seen.add(key)
+                lagging = (v - med) / mad <= -self.s.z_min and 1 - v / med >= self.s.min_deficit
+                self._node_streak[key] = self._node_streak.get(key, 0) + 1 if lagging else 0
+                if self._node_streak[key] >= self.s.persist:
+                    ev: dict[str, float | str] = {
+                        "straggler.job": job_names[code],
+                        "straggler.node_clock_ratio": round(v, 4),
+                        "straggler.reference_clock_ratio": round(med, 4),
+                        "straggler.nodes": len(nodes),
+                    }
+                    self.stragglers[(node, None)] = Straggler(node, None, job_names[code], "nodes", ev)
+        for key in [k for k in self._node_streak if k not in seen]:
+            del self._node_streak[key]
+
+    def _reset(self, now: float) -> None:
+        self._sum[:] = 0.0
+        self._reasons[:] = 0
+        self._loaded[:] = 0.0
+        self._samples[:] = 0.0
+        self._free[:] = 0.0
+        self.window_start = now
+
+    def scores(self) -> dict[str, dict[int, float]]:
+        """Per node, per GPU: 1 for a straggler (a lagging node: all its GPUs), else 0."""
+        out: dict[str, dict[int, float]] = {}
+        for node, gpu in self._keys:
+            out.setdefault(node, {})[gpu] = 0.0
+        for found in self.stragglers.values():
+            if found.gpu is None:
+                out[found.node] = dict.fromkeys(out.get(found.node, {}), 1.0)
+            else:
+                out.setdefault(found.node, {})[found.gpu] = 1.0
+        return out
+
+
+def describe_cause(reasons: int, link_down: bool) -> str:
+    """What the telemetry names as the cause: clock reasons that point at hardware, a down-trained link."""
+    parts = [name for bit, name in REASONS.items() if reasons & bit & CAUSE_BITS]
+    if link_down:
+        parts.append("link_down_trained")
+    return ",".join(parts)
+
+
+def _codes(jobs: Sequence[str | None], valid: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    names: dict[str, int] = {}
+    out = np.full(len(jobs), -1, dtype=np.int64)
+    for i, job in enumerate(jobs):
+        if job is not None and valid[i]:
+            out[i] = names.setdefault(job, len(names))
+    return out, list(names)
+
+
+def _group_median_mad(codes: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group code (>= 0): median, MAD and size of ``x``, by one sort (no loop over groups)."""
+    k = int(codes.max()) + 1 if codes.size and codes.max() >= 0 else 0
+    med, mad, size = np.full(k, np.nan), np.full(k, np.nan), np.zeros(k, dtype=np.int64)
+    if k == 0:
+        return med, mad, size
+    m = codes >= 0
+    c, v = codes[m], x[m]
+    med = _median_by(c, v, k)
+    mad = _median_by(c, np.abs(v - med[c]), k)
+    size = np.bincount(c, minlength=k)
+    return med, mad, size
+
+
+def _median_by(c: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
+    order = np.lexsort((v, c))
+    cs, vs = c[order], v[order]
+    size = np.bincount(cs, minlength=k)
+    start = np.concatenate(([0], np.cumsum(size)[:-1]))
+    lo = start + (size - 1) // 2
+    hi = start + size // 2
+    out = np.full(k, np.nan)
+    ok = size > 0
+    out[ok] = (vs[lo[ok]] + vs[hi[ok]]) / 2
+    return out
+
+
+def port_straggler(lag: straggler_ports.Lagging, windows: int) -> Straggler:
+    """A node named by the port test (``straggler_ports``): its worst port, against its job's others."""
+    p = lag.ports
+    ev: dict[str, float | str] = {
+        "straggler.job": lag.job,
+        "straggler.nodes": lag.nodes,
+        "straggler.windows": windows,
+        "straggler.basis": "port counters",
+    }
+    if lag.congested:
+        ev["straggler.port"] = p.wait_port
+        ev["straggler.port_xmit_wait_per_s"] = round(p.wait_per_s)
+        ev["straggler.reference_xmit_wait_per_s"] = round(lag.reference_wait_per_s)
+        ev["straggler.cause"] = "port_congested"
+    else:
+        ev["straggler.port"] = p.error_port
+        ev["straggler.port_errors"] = round(p.errors)
+        ev["straggler.cause"] = "port_erroring"
+    return Straggler(lag.node, None, lag.job, "port", ev)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSlowdown:
+    """A job that runs slower by its step times with no straggler named or pending in it (#28): a
+    job-level slowdown, every rank waiting alike (docs/fail-slow.md, "Job-level slowdowns")."""
+
+    job: str
+    slower_pct: float
+    since: float
+    nodes: tuple[str, ...]
+    summary: str
+
+
+class FailSlow:
+    """The controller's fail-slow part: the job index, the scorer, the port test, the jobs' step times,
+    and what each straggler's incident says. Frames come in through ``observe`` (ingest), step reports
+    through ``steps.observe``; ``tick`` scores at each window's end."""
+
+    def __init__(
+        self, settings: Settings | None = None, port_settings: straggler_ports.Settings | None = None
+    ) -> None:
+        self.jobs = jobs.JobIndex()
+        self.scorer = Scorer(settings)
+        self.steps = steptimes.StepTimes()
+        self.ports = straggler_ports.PortWatch()
+        self.port_test = straggler_ports.PortTest(port_settings)
+        self.last_cost_s = 0.0
+        self.windows = 0
+        """Windows scored so far (the incident shell acts once per window)."""
+
+    def observe(self, frame: telemetry.FrameView) -> None:
+        if self.scorer.observe(frame):
+            self.jobs.observe_frame(frame)
+            self.ports.observe(frame)
+
+    def forget_node(self, node: str) -> None:
+        """A node silent past retention: its jobs and ports are forgotten (its scorer slots stay, idle)."""
+        self.jobs.forget_node(node)
+        self.ports.forget_node(node)
+
+    def tick(self, now: float) -> dict[str, dict[int, float]] | None:
+        """Per node, per GPU: the straggler verdicts at a window's end (None between)."""
+        if not self.scorer.due(now):
+            return None
+        started = time.process_time()
+        job_of = {key: self.jobs.job_of(*key) for key in self.scorer._keys}
+        score(self.scorer, self.port_test, self.ports, now, job_of)
+        self.steps.forget(now)
+        self.windows += 1
+        self.last_cost_s = time.process_time() - started
+        return self.scorer.scores()
+
+    def job_level(self, now: float) -> list[JobSlowdown]:
+        """Jobs that run slower by their step times while no GPU or node of theirs is a straggler or
+        about to be one (a lagging streak, a port lagging): nobody to name, the job as a whole waits."""
+        named = {found.job for found in self.scorer.stragglers.values()}
+        held = named | self.scorer.pending_jobs | self.port_test.pending()
+        out = []
+        for job in self.steps.slower_jobs(now):
+            if job in held:
+                continue
+            slow = self.steps.slowdown(job, now)
+            said = self.steps.summary(job)
+            if slow is None or said is None:
+                continue
+            nodes = tuple(sorted({n for n, _ in self.steps.jobs[job].where.values() if n}))
+            out.append(JobSlowdown(job, round(100 * slow[0], 1), slow[1], nodes, said))
+        return out
+
+    def explain(self, node: str, gpu: int | None) -> dict[str, float | str]:
+        """The evidence of the straggler at (node, gpu), or of its node (empty when none)."""
+        found = self.scorer.stragglers.get((node, gpu)) or self.scorer.stragglers.get((node, None))
+        if found is None:
+            return {}
+        out: dict[str, float | str] = {
+            **self.ports.evidence(node),
+            **found.evidence,
+            "straggler.test": found.test,
+        }
+        causes = [str(out.get("straggler.cause", ""))] if out.get("straggler.cause") else []
+        causes += [
+            k.removeprefix("straggler.")
+            for k in ("straggler.ports_down_trained", "straggler.ports_erroring", "straggler.ports_congested")
+            if k in out
+        ]
+        if causes:
+            out["straggler.cause"] = ",".join(dict.fromkeys(causes))
+        out.update(self.step_evidence(found))
+        return out
+
+    def step_evidence(self, found: Straggler) -> dict[str, float | str]:
+        """What the job's step times say of a straggler's job (empty: not slower, or no reports)."""
+        if found.job is None:
+            return {}
+        said = self.steps.summary(found.job, found.node, found.gpu)
+        slow = self.steps.slowdown(found.job)
+        if said is None or slow is None:
+            return {}
+        return {
+            "straggler.steps": said,
+            "straggler.job_slowdown_pct": round(100 * slow[0], 1),
+            "straggler.slower_since": slow[1],
+        }
+
+
+def score(
+    scorer: Scorer,
+    port_test: straggler_ports.PortTest,
+    ports: straggler_ports.PortWatch,
+    now: float,
+    job_of: Mapping[tuple[str, int], str | None],
+) -> None:
+    """One window: the GPU and node tests (``Scorer.score``), then the port test over the nodes each job
+    loaded in it; a node the port test confirms joins ``scorer.stragglers`` unless already named."""
+    scorer.score(now, job_of)
+    for lag, windows in port_test.score(scorer.job_nodes, ports.window()):
+        if (lag.node, None) not in scorer.stragglers:
+            scorer.stragglers[(lag.node, None)] = port_straggler(lag, windows)

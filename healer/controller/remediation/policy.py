@@ -1,0 +1,207 @@
+"""The safety policy between incidents and actuators: what healer is allowed to do right now.
+
+- **Circuit breaker** (global, in KV with compare-and-set so every shard and controller shares it): at
+  most ``breaker_max_nodes`` nodes and ``breaker_max_percent`` of the known fleet (never fewer than one
+  node) taken out of service by healer in a sliding window. The action that would exceed it is refused,
+  the breaker opens, and nothing more is taken out of service until a person runs ``healer breaker
+  reset``. A mass fault (or a telemetry glitch that looks like one) can cost at most that much capacity.
+- **Domain limits** (``blast``, ``domain_limits``): at most N nodes or P % of any one rack, switch or
+  NVLink domain among the breaker's entries; a domain at its limit holds the action (it waits) and opens
+  nothing, so the rest of the fleet keeps healing.
+- **Exclusions**: nodes under maintenance (``healer exclude add NODE``) get incidents, never actions.
+- **Cooldown** (the kinds the catalogue in ``healer.rules.actions`` marks ``per_node_cooldown``): a power
+  cap on a GPU for another incident within ``action_cooldown_s`` of the last one waits (no cap/restore
+  flapping). The last cap per node lives in KV (``cooldown.<kind>.<node>``), so a
+  restarted controller or a standby that takes over honours it. Cordon, drain and migrate have no
+  cooldown: they are idempotent (a second cordon is ``already-done``) and must never wait behind another
+  incident's.
+- **Rate limit**: at most ``actions_per_minute`` actions of one kind per minute; beyond it the action
+  waits for the next tick. The window lives in KV (``ratelimit.<kind>``, compare-and-set), so it holds
+  across restarts and failovers and is shared by every shard.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import structlog
+
+from healer import config, errors
+from healer.controller.incidents import decide
+from healer.controller.inventory import blast
+from healer.controller.store import kv
+from healer.rules import actions
+
+log = structlog.get_logger(__name__)
+
+BREAKER_KEY = "breaker"
+EXCLUDE_PREFIX = "exclude."
+FLEET_PREFIX = "fleet.shard."
+COOLDOWN_PREFIX = "cooldown."
+RATE_PREFIX = "ratelimit."
+RATE_WINDOW_S = 60.0
+
+
+class Breaker:
+    def __init__(self, store: kv.Store, settings: config.ControllerSettings) -> None:
+        self.store = store
+        self.settings = settings
+
+    def limit(self, fleet_size: int) -> int:
+        return decide.limit_of(fleet_size, self.settings)
+
+    async def status(self) -> dict[str, Any]:
+        doc = await self.store.get(BREAKER_KEY)
+        return doc.value if doc else {"open": False, "entries": []}
+
+    async def admit(
+        self, node: str, fleet_size: int, incident_id: str, domains: blast.View | None = None
+    ) -> decide.BreakerAdmission:
+        """May healer take ``node`` out of service? Decided by ``decide.breaker_admission``, written with
+        compare-and-set (every shard and controller shares the breaker). ``domains``: the node's limited
+        failure domains (``blast``), counted against the same document's entries."""
+        for _ in range(20):
+            doc = await self.store.get(BREAKER_KEY)
+            state: dict[str, Any] = doc.value if doc else {"open": False, "entries": []}
+            admission = decide.breaker_admission(
+                state, node, fleet_size, incident_id, time.time(), self.settings, domains
+            )
+            if admission.state is None:
+                return admission
+            try:
+                if doc is None:
+                    await self.store.create(BREAKER_KEY, admission.state)
+                else:
+                    await self.store.update(BREAKER_KEY, admission.state, doc.revision)
+            except kv.Conflict:
+                continue
+            if admission.tripped:
+                log.error("breaker.tripped", node=node, reason=admission.reason)
+            return admission
+        raise errors.TemporaryError("breaker: too much contention on the KV key")
+
+    async def reset(self, by: str) -> dict[str, Any]:
+        state = {"open": False, "entries": [], "reset_by": by, "reset_at": time.time()}
+        await self.store.put(BREAKER_KEY, state)
+        log.warning("breaker.reset", by=by)
+        return state
+
+
+class Exclusions:
+    def __init__(self, store: kv.Store) -> None:
+        self.store = store
+        self.nodes: dict[str, dict[str, Any]] = {}
+
+    async def refresh(self) -> None:
+        found: dict[str, dict[str, Any]] = {}
+        for key in await self.store.keys(EXCLUDE_PREFIX):
+            doc = await self.store.get(key)
+            if doc is not None:
+                found[key.removeprefix(EXCLUDE_PREFIX)] = doc.value
+        self.nodes = found
+
+    async def add(self, node: str, by: str, reason: str) -> None:
+        await self.store.put(EXCLUDE_PREFIX + node, {"by": by, "reason": reason, "at": time.time()})
+
+    async def remove(self, node: str) -> None:
+        await self.store.delete(EXCLUDE_PREFIX + node)
+
+
+class Limits:
+    """Cooldowns and rate limits, both durable in KV (so a restart or a failover keeps them); without a
+    store (unit use) they live in this process's memory."""
+
+    def __init__(self, settings: config.ControllerSettings, store: kv.Store | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.last: dict[tuple[str, str], decide.LastAction] = {}
+        self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+
+    async def _last(self, kind: str, node: str) -> decide.LastAction | None:
+        """The newest action of ``kind`` on ``node``: this process's, or KV's when newer (another
+        controller's, or this one's before a restart)."""
+        mine = self.last.get((kind, node))
+        if self.store is None:
+            return mine
+        doc = await self.store.get(f"{COOLDOWN_PREFIX}{kind}.{node}")
+        if doc is None:
+            return mine
+        stored = decide.LastAction(float(doc.value.get("at", 0.0)), str(doc.value.get("incident_id", "")))
+        return stored if mine is None or stored.at > mine.at else mine
+
+    async def _window(self, kind: str, now: float) -> tuple[list[float], kv.Doc | None]:
+        """Times of ``kind`` actions in the last minute (from KV when there is a store)."""
+        if self.store is None:
+            window = self.recent[kind]
+            while window and now - window[0] > RATE_WINDOW_S:
+                window.popleft()
+            return list(window), None
+        doc = await self.store.get(f"{RATE_PREFIX}{kind}")
+        times = [
+            float(t) for t in (doc.value.get("at", []) if doc else []) if now - float(t) <= RATE_WINDOW_S
+        ]
+        return times, doc
+
+    async def view(self, kind: str, node: str, now: float, *, window: bool = True) -> decide.LimitsView:
+        """What ``decide.limits_gate`` needs to know about ``kind`` on ``node`` now (``window=False``: only
+        the cooldown, for an action whose place in the rate window is reserved)."""
+        last = await self._last(kind, node) if _has_cooldown(kind) else None
+        times, _ = await self._window(kind, now) if window else ([], None)
+        return decide.LimitsView(last, tuple(times))
+
+    async def check(self, kind: str, node: str, incident_id: str, now: float) -> decide.Verdict:
+        """ALLOW, or WAIT with why not."""
+        view = await self.view(kind, node, now)
+        return decide.limits_verdict(kind, node, incident_id, now, view, self.settings)
+
+    async def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
+        """Written before the action runs: a crash after it still leaves the cooldown and the rate
+        window in force. The window is updated with compare-and-set (several shards share it)."""
+        await self._cooldown(kind, node, incident_id, now)
+        await self._append(kind, now, 1)
+
+    async def reserve(self, kind: str, nodes: list[str], incident_id: str, now: float) -> decide.Verdict:
+        """One step of ``kind`` across ``nodes`` (a domain's per-GPU power caps): ALLOW once the step is in
+        the rate window, one entry per node, written at once; WAIT when the window has no room for it
+        (a step wider than ``actions_per_minute`` nodes waits for an empty window, then goes whole).
+        Each node's cooldown is checked by its actions and recorded here, before any of them runs."""
+        times, _ = await self._window(kind, now)
+        room = self.settings.actions_per_minute - len(times)
+        if times and room < len(nodes):
+            return decide.Verdict.wait(
+                f"rate limit: {len(times)} {kind} actions in the last minute, a step on {len(nodes)} nodes"
+            )
+        for node in nodes:
+            await self._cooldown(kind, node, incident_id, now)
+        await self._append(kind, now, len(nodes))
+        return decide.ALLOW
+
+    async def _cooldown(self, kind: str, node: str, incident_id: str, now: float) -> None:
+        if _has_cooldown(kind) and self.store is not None:
+            await self.store.put(f"{COOLDOWN_PREFIX}{kind}.{node}", {"at": now, "incident_id": incident_id})
+        self.last[(kind, node)] = decide.LastAction(now, incident_id)
+
+    async def _append(self, kind: str, now: float, count: int) -> None:
+        """``count`` entries at ``now`` in ``kind``'s rate window (compare-and-set in KV)."""
+        self.recent[kind].extend([now] * count)
+        if self.store is None:
+            return
+        for _ in range(20):
+            times, doc = await self._window(kind, now)
+            value = {"at": [*times, *[now] * count]}
+            try:
+                if doc is None:
+                    await self.store.create(f"{RATE_PREFIX}{kind}", value)
+                else:
+                    await self.store.update(f"{RATE_PREFIX}{kind}", value, doc.revision)
+            except kv.Conflict:
+                continue
+            return
+        raise errors.TemporaryError(f"rate limit: too much contention on {RATE_PREFIX}{kind}")
+
+
+def _has_cooldown(kind: str) -> bool:
+    spec = actions.kind(kind)
+    return spec is not None and spec.per_node_cooldown
