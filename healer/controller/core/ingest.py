@@ -52,6 +52,8 @@ NODE_CACHE_MAX = 1 << 17
 """Most telemetry subjects whose node ``Ingest.node_of`` remembers (the cache is emptied past it)."""
 ENERGY_TOPOLOGY_S = 30.0
 """How often the energy meter re-reads which domains each node counts into."""
+SUSPECT_S = 10.0
+"""How long a node that sent something that is not its frame has every message checked before it queues."""
 FRAMES_BATCH = 64
 """Most frames taken from the fair backlog per call (``on_frames``); the event loop runs between."""
 
@@ -111,6 +113,8 @@ class Ingest:
             metrics.frames_stale.labels(verdict.value)
         """Each node's (boot_id, seq): a repeated or late frame is dropped before it reaches a counter."""
         self._stale = throttle.Throttled(log, "controller.frame_stale")
+        self._suspect: dict[str, float] = {}
+        """Nodes that sent something bad lately → until when each message of theirs is checked first."""
         self.telemetry_bus: bus_base.Bus = bus
         self.frames_sub: bus_base.Subscription
         self.steps_sub: bus_base.Subscription | None = None
@@ -200,23 +204,38 @@ class Ingest:
             return None
         return node
 
-    def vet_frame(self, subject: str, data: bytes) -> bool:
-        """Asked only while the node already has ``frames_per_node`` frames waiting (a flood on its own
-        subject): True for a frame valid by the strict decoder that names the subject's node. Anything
-        else is counted and dropped before it can push one of the node's real frames out."""
+    def vet_frame(self, subject: str, data: bytes, crowded: bool) -> bool:
+        """Before a message queues (after ``screen_frame``): a node whose queue is full (``crowded``: a
+        flood on its own subject) or that sent something bad in the last ``SUSPECT_S`` has each message
+        checked by the strict decoder, which must name the subject's node; anything else is counted,
+        dropped, and keeps the node suspect. A node that sends only frames is never checked here."""
         node = self.node_of(subject)
+        if not crowded:
+            until = self._suspect.get(node)
+            if until is None:
+                return True
+            if self.clock() >= until:
+                del self._suspect[node]
+                return True
         named = codec.strict_node(data)
+        if named == node:
+            return True
+        self.suspect(node)
         if named is None:
             e = errors.DecodeError(
                 "frame", "validation", "not a valid frame (strict decoder, node under a flood)"
             )
             self.count_bad(e)
             self._bad_frames.note(e.reason, subject=subject, detail=e.detail)
-            return False
-        if named != node:
+        else:
             self.admission.reject("frame", "identity_mismatch", node, claimed=named)
-            return False
-        return True
+        return False
+
+    def suspect(self, node: str) -> None:
+        """``node`` sent something bad: its messages are checked at the door for ``SUSPECT_S``."""
+        if len(self._suspect) >= NODE_CACHE_MAX:
+            self._suspect.clear()
+        self._suspect[node] = self.clock() + SUSPECT_S
 
     async def on_frames(self, msgs: list[bus_base.Msg]) -> None:
         """Frames from the fair backlog, which ``screen_frame`` let in, in the order it gives them."""
@@ -238,6 +257,7 @@ class Ingest:
         try:
             frame = self.engine.decode(msg.data)
         except errors.DecodeError as e:
+            self.suspect(node)
             self.count_bad(e)
             self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
             return False
