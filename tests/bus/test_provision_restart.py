@@ -20,28 +20,14 @@ from healer.cli import controller_cmd
 from healer.controller.observability import metrics
 from healer.schemas import codec, events
 from tests.conftest import sample
-from tests.controller.conftest import Feed, Fleet, run_until
+from tests.controller import test_storage
+from tests.controller.conftest import LEASE_TTL_S, Feed, Fleet, run_until
+from tests.controller.test_storage import MIB, XID_CORDON
 
 pytestmark = pytest.mark.nats
 
-MIB = 2**20
-SMALL = {
-    "telemetry_max_bytes": 16 * MIB,
-    "events_max_bytes": 4 * MIB,
-    "incidents_max_bytes": 4 * MIB,
-    "state_max_bytes": 2 * MIB,
-    "leases_max_bytes": 1 * MIB,
-}
-LEASE_TTL_S = 2.0
-XID_CORDON = """
-rules:
-  - id: xid-fatal
-    description: fatal XID
-    on_event: {kind: xid, xid: [79]}
-    severity: critical
-    actions: [cordon]
-    resolve: {for: 1h}
-"""
+SMALL = {**test_storage.SMALL, "telemetry_max_bytes": 16 * MIB}
+"""test_storage's small limits, with telemetry at 16 MiB: 29 MiB reserved, the whole store."""
 
 
 def nats_settings(url: str, replicas: int = 1, **limits: int) -> config.NatsSettings:
