@@ -25,7 +25,7 @@ import types
 
 import numpy as np
 
-from healer.controller.failslow import straggler_ports, stragglers
+from healer.controller.failslow import detector, straggler_ports, stragglers
 from healer.schemas import telemetry
 
 BUDGET = 0.05
@@ -64,7 +64,7 @@ def vectorised(nodes: int, windows: int, seed: int = 1) -> float:
 
 
 def per_frame(frames: int, ports: int = 0) -> float:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     port_docs = [
         {"device": f"mlx5_{p}", "port": 1, "rate_gbps": 400.0, "symbol_error": 0, "link_downed": 0,
          "port_rcv_errors": 0, "port_xmit_discards": 0, "local_link_integrity_errors": 0,

@@ -26,7 +26,6 @@ FILES_STILL_OVER = frozenset({
     "healer/bus/memory.py",
     "healer/bus/nats.py",
     "healer/config.py",
-    "healer/controller/core/power_shell.py",
     "healer/controller/failslow/stragglers.py",
     "healer/controller/incidents/decide.py",
     "healer/rules/engine.py",

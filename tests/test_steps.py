@@ -8,7 +8,7 @@ import socket
 from healer import steps
 from healer.bus import base, embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import detector
 from healer.schemas import codec, stepreport, telemetry
 from tests import conftest
 
@@ -77,7 +77,7 @@ def _gpu(index: int, clock: float, power: float) -> telemetry.GpuSample:
 
 
 def test_the_straggler_incident_says_how_much_slower_the_job_runs_and_which_rank() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     t0 = 1_800_000_000.0
     slow_from = t0 + 600
     for t in range(0, 900):

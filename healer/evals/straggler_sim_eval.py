@@ -33,7 +33,7 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from healer.controller.failslow import steptimes, stragglers
+from healer.controller.failslow import detector, steptimes, stragglers
 from healer.evals import straggler_tally
 from healer.sim import faults, scenarios
 
@@ -143,7 +143,7 @@ def run_sim_seed(
     for f in plan:
         params = faults.validate_params(f.kind, _params(f, rng))
         sim.injector.schedule(faults.Fault(f.kind, f.node, f.gpu, fl.t + f.drawn_at, params))
-    fs = stragglers.FailSlow(settings)
+    fs = detector.FailSlow(settings)
     steps_src = sim.steps
     assert steps_src is not None, "SIM_SCENARIO reports step times"
     assert fl.ports is not None, "SIM_SCENARIO has ports"
@@ -197,7 +197,7 @@ def run_sim_seed(
         _record_ports(fs, fl.ports, short, t)
         jobs = fl.job.ravel().tolist()
         job_of = {k: (None if j < 0 else steps_src.job_id(j)) for k, j in zip(keys, jobs, strict=True)}
-        stragglers.score(fs.scorer, fs.port_test, fs.ports, t, job_of)
+        detector.score(fs.scorer, fs.port_test, fs.ports, t, job_of)
         level = fs.job_level(t)
         cost_s += time.process_time() - started
         tally.window(t, set(fs.scorer.stragglers))
@@ -266,7 +266,7 @@ def _slows(fl: Any, f: straggler_tally.Fault) -> bool:
     return bool(fl.job_time[mine].max() / fl.ranks.work[mine].max() - 1 >= steptimes.STEP_SLOWER)
 
 
-def _record_ports(fs: stragglers.FailSlow, ports: Any, short: list[str], t: float) -> None:
+def _record_ports(fs: detector.FailSlow, ports: Any, short: list[str], t: float) -> None:
     """Each node's port counters into the port watch, once a window (what the port test reads)."""
     wait = ports.counters["port_xmit_wait"].tolist()
     errors = sum(ports.counters[k] for k in ("symbol_error", "link_downed", "port_rcv_errors")).tolist()

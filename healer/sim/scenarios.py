@@ -29,8 +29,8 @@ from healer.sim import (
     injector,
     physics,
     profiles,
-    ranks,
     simulation,
+    step_reports,
     variation,
     workloads,
 )
@@ -114,8 +114,8 @@ class Scenario(_Model):
     ``n ** -job_nodes_exponent``. 0: uniform (the default); 1: as many gangs of each doubling of size
     (1, 2-3, 4-7, ...); 2: about as many *nodes* in each doubling, many small jobs and a few large."""
     steps: bool = False
-    """Training jobs' ranks report their step times (#28, sim/ranks.py): ``healer sim`` publishes them on
-    ``healer.steps.<job>`` as a job's ``healer.steps.StepReporter`` would."""
+    """Training jobs' ranks report their step times (#28, sim/step_reports.py): ``healer sim`` publishes
+    them on ``healer.steps.<job>`` as a job's ``healer.steps.StepReporter`` would."""
     rack_size: int = pydantic.Field(default=0, ge=0)
     """Nodes per rack, in index order (racks ``r0``, ``r1``, ...): the failure-domain label ``rack`` that
     ``healer demo`` writes into the controller's inventory (#27); 0: no racks."""
@@ -288,7 +288,7 @@ def build(
     multiplier = sc.fault_rate_multiplier if fault_rate_multiplier is None else fault_rate_multiplier
     inj = injector.Injector(fl, scheduled, specs, multiplier=multiplier, rng=np.random.default_rng(fault_ss))
     encoder = frames.Encoder(names, fl.static(), source=source, job_prefix=run)
-    steps = ranks.StepSource(fl, run, seed) if sc.steps else None
+    steps = step_reports.StepSource(fl, run, seed) if sc.steps else None
     return simulation.Simulation(fl, inj, encoder, steps)
 
 

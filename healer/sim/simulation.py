@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from healer.sim import frames, injector, physics, ranks
+from healer.sim import frames, injector, physics, step_reports
 
 
 class Simulation:
@@ -21,7 +21,7 @@ class Simulation:
         fl: physics.Fleet,
         inj: injector.Injector,
         encoder: frames.Encoder,
-        steps: ranks.StepSource | None = None,
+        steps: step_reports.StepSource | None = None,
     ) -> None:
         self.fleet = fl
         self.injector = inj

@@ -4,14 +4,14 @@ named."""
 
 from __future__ import annotations
 
-from healer.controller.failslow import job_slowdowns, stragglers
+from healer.controller.failslow import detector, job_slowdowns
 from healer.controller.incidents import book
 
 T0 = 1_800_000_000.0
 
 
-def slow(job: str, pct: float = 12.0) -> stragglers.JobSlowdown:
-    return stragglers.JobSlowdown(job, pct, T0, ("n1", "n2"), f"job {job} runs {pct:g} % slower since T")
+def slow(job: str, pct: float = 12.0) -> detector.JobSlowdown:
+    return detector.JobSlowdown(job, pct, T0, ("n1", "n2"), f"job {job} runs {pct:g} % slower since T")
 
 
 def opened(job: str, pct: float = 12.0) -> book.Incident:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import detector
 from healer.controller.inventory import jobs
 from healer.controller.observability import metrics as controller_metrics
 from healer.controller.power import energy_meter
@@ -71,7 +71,7 @@ def node_frame(node: str, readings: list[dict[str, Any]], ts: float) -> telemetr
 def test_the_fail_slow_scorer_and_job_index_read_the_plane_as_the_objects(
     first: list[dict[str, Any]], second: list[dict[str, Any]]
 ) -> None:
-    by_objects, by_plane = stragglers.FailSlow(), stragglers.FailSlow()
+    by_objects, by_plane = detector.FailSlow(), detector.FailSlow()
     for ts, readings in ((1.0, first), (10.0, second)):
         nf = node_frame("n1", readings, ts)
         by_objects.observe(nf)
@@ -94,7 +94,7 @@ HEALTHY = {
 def test_each_reading_null_zero_or_low_reads_the_same(field: str, value: int | None) -> None:
     """A healthy loaded GPU beside one whose ``field`` is null, zero or 1 (each test of the scorer's)."""
     odd = {**HEALTHY, field: value if value is None or isinstance(HEALTHY[field], int) else float(value)}
-    by_objects, by_plane = stragglers.FailSlow(), stragglers.FailSlow()
+    by_objects, by_plane = detector.FailSlow(), detector.FailSlow()
     meters = [energy_meter.EnergyMeter(controller_metrics.ControllerMetrics(), ()) for _ in range(2)]
     for ts in (1.0, 10.0):
         nf = node_frame("n1", [HEALTHY, odd], ts)

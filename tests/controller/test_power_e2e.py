@@ -26,7 +26,7 @@ from healer.actuators import power
 from healer.agent import sim_fleet
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.controller.core import power_shell, service
+from healer.controller.core import power_views, service
 from healer.controller.power import power_budget
 from healer.controller.remediation import policy
 from healer.schemas import budgets, codec, incidents
@@ -239,7 +239,7 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
         await asyncio.sleep(0.2)
         capped_draw.append(float(rig.sim.fleet.power.sum()))
     assert ctl.power_budgets.views["rack=r1"].phase is power_budget.Phase.CAPPED
-    stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
+    stored = await ctl.state.get(power_views.kv_key(ctl.cs.power_budgets[0]))
     assert stored is not None
     assert len(stored.value["capped_w"]) == GPUS, "the state is in KV for a new leader"
     assert stored.value["sent_at"] is None, "the step's limits showed in the readings ..."
@@ -274,7 +274,7 @@ async def test_a_rack_over_budget_is_capped_as_one_domain_incident_and_restored_
     assert max(capped_draw) <= budget_kw * 1000 * 1.02, (
         f"capped under the budget: {capped_draw} vs {budget_kw}"
     )
-    stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
+    stored = await ctl.state.get(power_views.kv_key(ctl.cs.power_budgets[0]))
     assert stored is not None
     assert stored.value["capped_w"] == {}
 
@@ -369,7 +369,7 @@ async def test_a_demand_response_shed_caps_the_rack_then_restores_it_when_it_end
     assert rc == 0, out
     assert "rack=r1  capped" in out
     assert "shed to" in out
-    stored = await ctl.state.get(power_shell.kv_key(ctl.cs.power_budgets[0]))
+    stored = await ctl.state.get(power_views.kv_key(ctl.cs.power_budgets[0]))
     assert stored is not None
     assert stored.value["shed_to_w"] == pytest.approx(shed_kw * 1000), "the shed is in KV for a new leader"
     assert not rig.resolved()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import detector, peer_stats, stragglers
 from healer.schemas import telemetry
 
 
@@ -32,7 +32,7 @@ def frame(node: str, gpus: list[telemetry.GpuSample], ts: float = 1.0) -> teleme
     )
 
 
-def run(fs: stragglers.FailSlow, make: object, minutes: int) -> list[dict[str, dict[int, float]]]:
+def run(fs: detector.FailSlow, make: object, minutes: int) -> list[dict[str, dict[int, float]]]:
     out = []
     for t in range(minutes * 60):
         for f in make(t):  # type: ignore[operator]
@@ -49,7 +49,7 @@ def job_frames(node: str, job: str, slow: dict[int, dict[str, float]] | None = N
 
 
 def test_a_gpu_clocking_low_below_its_power_cap_is_a_straggler_after_two_windows() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     # below the power cap (no power-cap reason, under 95 % of the limit): nothing a healthy chip obeys
     # lowers its clock there, so two lagging windows are enough
     verdicts = run(
@@ -73,7 +73,7 @@ def test_a_straggler_named_below_its_cap_stays_named_with_finite_evidence_in_cap
     import json
     import math
 
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
 
     def make(t: int) -> list[telemetry.NodeFrame]:
         capped = t >= 240  # from minute 4 every GPU runs at its power cap: no unconstrained sample
@@ -90,7 +90,7 @@ def test_a_straggler_named_below_its_cap_stays_named_with_finite_evidence_in_cap
 
 
 def test_a_gpu_lagging_only_at_the_power_cap_is_a_straggler_after_three_windows() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     # every sample at the power cap (its reason set): no unconstrained sample, the loaded clock decides
     capped = {"power": 690.0, "clocks_event_reasons": 0x4}
     slow = {2: {**capped, "clock": 1530.0, "power": 600.0, "clocks_event_reasons": 0x4 | 0x8}}
@@ -108,7 +108,7 @@ def test_a_gpu_lagging_only_at_the_power_cap_is_a_straggler_after_three_windows(
 
 
 def test_a_healthy_gpu_at_its_power_cap_clocking_lower_is_not_a_straggler() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     # the same power as its peers (all at the cap), 10 % lower clock: a hotter chip, not a fault
     verdicts = run(
         fs,
@@ -121,7 +121,7 @@ def test_a_healthy_gpu_at_its_power_cap_clocking_lower_is_not_a_straggler() -> N
 
 
 def test_checkpoints_and_idle_gaps_do_not_count() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
 
     # every other minute the job checkpoints (low utilisation), when GPU 1 (rank 0, writing it) clocks
     # and draws far less than the others; under load it is like its peers
@@ -151,7 +151,7 @@ def test_checkpoints_and_idle_gaps_do_not_count() -> None:
 
 
 def test_a_straggler_is_still_found_when_checkpoints_interrupt_its_windows() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
 
     def make(t: int) -> list[telemetry.NodeFrame]:
         ckpt = (t // 60) % 2 == 1
@@ -193,7 +193,7 @@ def test_a_small_clock_limit_on_a_gpu_that_ran_ahead_of_its_capped_peers_is_name
             out.append(gpu(g, jobs=["j1"], **kw))
         return [frame("n1", out)]
 
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     verdicts = run(fs, make, 20)
     named = [60 * (k + 1) for k, v in enumerate(verdicts) if v["n1"][3] == 1.0]
     assert named
@@ -203,7 +203,7 @@ def test_a_small_clock_limit_on_a_gpu_that_ran_ahead_of_its_capped_peers_is_name
     assert why["straggler.basis"] == "unconstrained clock"
     assert why["straggler.clock_deficit_pct"] == 10.0
     # without the unconstrained-clock tests the loaded clock alone never names it
-    fs = stragglers.FailSlow(stragglers.Settings(free_min=10**6))
+    fs = detector.FailSlow(stragglers.Settings(free_min=10**6))
     assert all(v["n1"][3] == 0.0 for v in run(fs, make, 20))
 
 
@@ -216,7 +216,7 @@ def test_a_whole_node_slowed_as_a_new_job_starts_is_named_from_its_chips_past() 
         slow = {"clock": 1740.0, "power": 560.0, "clocks_event_reasons": 0x8}
         return [frame("n1", [gpu(g, jobs=["b"], **slow) for g in range(8)])]
 
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     verdicts = run(fs, make, 25)
     named = [60 * (k + 1) for k, v in enumerate(verdicts) if all(v["n1"][g] == 1.0 for g in range(8))]
     assert named
@@ -225,7 +225,7 @@ def test_a_whole_node_slowed_as_a_new_job_starts_is_named_from_its_chips_past() 
     assert why["straggler.test"] == "history"
     assert why["straggler.basis"] == "unconstrained clock"
     assert why["straggler.job"] == "b"
-    fs = stragglers.FailSlow(stragglers.Settings(free_min=10**6))
+    fs = detector.FailSlow(stragglers.Settings(free_min=10**6))
     assert all(v["n1"][0] == 0.0 for v in run(fs, make, 25))
 
 
@@ -237,7 +237,7 @@ def test_a_gpu_clocked_low_by_a_clock_someone_set_is_not_judged_by_its_unconstra
         low = {"clock": 1740.0, "power": 560.0, "clocks_event_reasons": 0x2}
         return [frame("n1", [gpu(g, jobs=["b"], **low) for g in range(8)])]
 
-    verdicts = run(stragglers.FailSlow(), make, 25)
+    verdicts = run(detector.FailSlow(), make, 25)
     assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8))
 
 
@@ -256,7 +256,7 @@ def test_a_fault_that_starts_in_a_checkpoint_is_named_within_five_minutes_of_ons
             )
         ]
 
-    verdicts = run(stragglers.FailSlow(), make, 16)
+    verdicts = run(detector.FailSlow(), make, 16)
     named = [60 * (k + 1) for k, v in enumerate(verdicts) if v["n1"][1] == 1.0]
     assert named
     assert named[0] - 610 <= 300
@@ -264,7 +264,7 @@ def test_a_fault_that_starts_in_a_checkpoint_is_named_within_five_minutes_of_ons
 
 
 def test_a_gpu_without_enough_peers_is_compared_with_its_own_history() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
 
     def make(t: int) -> list[telemetry.NodeFrame]:
         slow = t >= 15 * 60
@@ -302,7 +302,7 @@ def test_a_weak_chip_whose_whole_job_moves_into_its_power_cap_is_not_named_by_it
             out.append(gpu(g, jobs=["j1"], **kw))
         return [frame("n1", out)]
 
-    verdicts = run(stragglers.FailSlow(), make, 70)
+    verdicts = run(detector.FailSlow(), make, 70)
     assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8))
 
 
@@ -323,7 +323,7 @@ def test_a_node_slowed_as_a_whole_in_a_two_node_job_is_named_by_its_gpus_own_his
             )
         return out
 
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     verdicts = run(fs, make, 22)
     named = [60 * (k + 1) for k, v in enumerate(verdicts) if all(v["n2"][g] == 1.0 for g in range(8))]
     assert named
@@ -333,14 +333,14 @@ def test_a_node_slowed_as_a_whole_in_a_two_node_job_is_named_by_its_gpus_own_his
 
 
 def test_a_down_trained_link_under_load_is_a_straggler_with_its_cause() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     verdicts = run(fs, lambda t: [job_frames("n1", "j1", {4: {"pcie_gen": 3, "pcie_gen_max": 5}})], 4)
     assert verdicts[-1]["n1"][4] == 1.0
     assert fs.explain("n1", 4)["straggler.cause"] == "link_down_trained"
 
 
 def test_a_whole_node_lagging_its_jobs_other_nodes_is_a_node_straggler() -> None:
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     nodes = [f"n{i}" for i in range(4)]
     slow = {g: {"clock": 1550.0, "power": 560.0} for g in range(8)}
     verdicts = run(fs, lambda t: [job_frames(n, "big", slow if n == "n2" else None) for n in nodes], 4)
@@ -361,7 +361,7 @@ def test_group_medians_match_numpy_per_group() -> None:
     rng = np.random.default_rng(1)
     codes = rng.integers(-1, 5, 200)
     x = rng.normal(size=200)
-    med, mad, size = stragglers._group_median_mad(codes, x)
+    med, mad, size = peer_stats.group_median_mad(codes, x)
     for c in range(5):
         v = x[codes == c]
         assert np.isclose(med[c], np.median(v))
@@ -372,7 +372,7 @@ def test_group_medians_match_numpy_per_group() -> None:
 def test_a_port_trained_down_and_erroring_on_the_stragglers_node_is_named_in_its_cause() -> None:
     from healer.schemas import fabric
 
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
 
     def make(t: int) -> list[telemetry.NodeFrame]:
         ports = [

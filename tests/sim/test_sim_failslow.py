@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from healer import errors
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import detector
 from healer.schemas import codec, fields
 from healer.sim import faults, recording, repair, scenarios, simulation, workloads
 
@@ -231,8 +231,8 @@ def test_a_job_level_stall_lowers_every_ranks_power_and_no_clock() -> None:
     assert np.median(power[:4]) < np.median(power[4:]) - 0.05
 
 
-def _scored(sim: simulation.Simulation, minutes: int) -> stragglers.FailSlow:
-    fs = stragglers.FailSlow()
+def _scored(sim: simulation.Simulation, minutes: int) -> detector.FailSlow:
+    fs = detector.FailSlow()
     for _ in range(minutes * 12):
         sim.step(5.0)
         for _, data in sim.frames():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import detector
 from healer.schemas import codec, stepreport
 from healer.sim import ranks, scenarios, simulation, variation
 
@@ -31,9 +31,9 @@ def _build(faults: str = "", seed: int = 3, text: str = UNEVEN) -> simulation.Si
     )
 
 
-def _run(sim: simulation.Simulation, minutes: int) -> stragglers.FailSlow:
+def _run(sim: simulation.Simulation, minutes: int) -> detector.FailSlow:
     """The controller's fail-slow part fed what a live run publishes: frames and step reports."""
-    fs = stragglers.FailSlow()
+    fs = detector.FailSlow()
     assert sim.steps is not None
     for _ in range(minutes * 12):
         sim.step(5.0)

@@ -16,7 +16,7 @@ import yaml
 from healer import config, testing
 from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller.core import power_shell
+from healer.controller.core import power_views
 from healer.controller.power import power_budget
 from healer.controller.store import kv
 from healer.ui import server
@@ -239,19 +239,19 @@ async def test_a_capped_rack_and_its_shed_show_in_the_safety_panel(
             "the snapshot", lambda: page.js("return window.healerUi && window.healerUi.state.ready")
         )
         assert await page.js("return document.getElementById('power').textContent") == ""
-        await store.put(power_shell.kv_key(budget), {**state.dump(), "domain": budget.domain})  # as the shell
+        await store.put(power_views.kv_key(budget), {**state.dump(), "domain": budget.domain})  # as the shell
         text = await page.until(
             "the power line", lambda: page.js("return document.getElementById('power').textContent")
         )
         assert "power rack=r1: 2 GPU(s) capped" in text
         assert "demand response: 2.5 kW" in text
-        # the leader's live view at a step (power_shell.live_of, as it writes it): the draw against the
+        # the leader's live view at a step (power_views.live_of, as it writes it): the draw against the
         # budget in force, the phase
-        view = power_shell.DomainView(
+        view = power_views.DomainView(
             budget, ("gpu-a01", "gpu-a02"), 4, 2430.0, 2500.0, power_budget.Phase.CAPPED, state, "inc-9"
         )
-        live = power_shell.live_of(view, time.time())
-        await store.put(power_shell.kv_key(budget), {**state.dump(), "domain": budget.domain, "live": live})
+        live = power_views.live_of(view, time.time())
+        await store.put(power_views.kv_key(budget), {**state.dump(), "domain": budget.domain, "live": live})
         text = await page.until(
             "the live draw",
             lambda: page.js(
@@ -260,16 +260,16 @@ async def test_a_capped_rack_and_its_shed_show_in_the_safety_panel(
         )
         assert "power rack=r1: 2.4 kW of 2.5 kW in force (its budget 3.0 kW), capped" in text
         assert "2 GPU(s) capped" in text
-        under = power_shell.DomainView(
+        under = power_views.DomainView(
             budget, ("gpu-a01", "gpu-a02"), 4, 1800.0, 3000.0, power_budget.Phase.UNDER,
             power_budget.DomainState(), None,
         )  # fmt: skip
         await store.put(
-            power_shell.kv_key(budget),
+            power_views.kv_key(budget),
             {
                 **power_budget.DomainState().dump(),
                 "domain": budget.domain,
-                "live": power_shell.live_of(under, 1.0),
+                "live": power_views.live_of(under, 1.0),
             },
         )
         text = await page.until(
@@ -280,7 +280,7 @@ async def test_a_capped_rack_and_its_shed_show_in_the_safety_panel(
         )
         assert "power rack=r1: 1.8 kW of 3.0 kW, under" in text
         assert "capped" not in text, "nothing held down, no shed: only the live draw"
-        await store.put(power_shell.kv_key(budget), power_budget.DomainState().dump())  # restored
+        await store.put(power_views.kv_key(budget), power_budget.DomainState().dump())  # restored
         await page.until(
             "the line gone", lambda: page.js("return document.getElementById('power').textContent === ''")
         )

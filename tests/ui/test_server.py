@@ -18,7 +18,7 @@ import pytest
 from healer import cli, config, errors
 from healer.bus import embedded, subjects
 from healer.bus import nats as natsbus
-from healer.controller.core import power_shell
+from healer.controller.core import power_views
 from healer.controller.incidents import book
 from healer.controller.power import power_budget
 from healer.controller.remediation import policy
@@ -217,7 +217,7 @@ async def test_a_power_budgets_caps_and_shed_are_pushed_from_kv(page: dict[str, 
             shed_to_w=28000.0,
             shed_until=time.time() + 600,
         )
-        await store.put(power_shell.kv_key(budget), {**state.dump(), "domain": budget.domain})  # as the shell
+        await store.put(power_views.kv_key(budget), {**state.dump(), "domain": budget.domain})  # as the shell
         safety = await stream.next("safety")
         while not safety["power"]:
             safety = await stream.next("safety")
@@ -237,11 +237,11 @@ async def test_a_power_budgets_caps_and_shed_are_pushed_from_kv(page: dict[str, 
                 "incident_id": None,
             }
         ]  # fmt: skip, a controller before #30's live view writes none of it
-        view = power_shell.DomainView(
+        view = power_views.DomainView(
             budget, ("gpu-1", "gpu-2"), 16, 27_100.0, 28_000.0, power_budget.Phase.CAPPED, state, "inc-1"
         )
-        doc = {**state.dump(), "domain": budget.domain, "live": power_shell.live_of(view, 1_900_000_000.0)}
-        await store.put(power_shell.kv_key(budget), doc)  # as the leader writes it at a step
+        doc = {**state.dump(), "domain": budget.domain, "live": power_views.live_of(view, 1_900_000_000.0)}
+        await store.put(power_views.kv_key(budget), doc)  # as the leader writes it at a step
         safety = await stream.next("safety")
         while safety["power"][0]["draw_w"] is None:
             safety = await stream.next("safety")

@@ -22,7 +22,7 @@ import structlog
 from healer import errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.controller.core import power_shell
+from healer.controller.core import power_shell, power_views
 from healer.controller.observability import metrics as controller_metrics
 from healer.controller.observability import throttle
 from healer.controller.power import power_budget
@@ -36,10 +36,10 @@ PHASES: dict[power_budget.Phase, budgets.Phase] = {
 }
 
 
-def status_of(view: power_shell.DomainView) -> budgets.DomainStatus:
+def status_of(view: power_views.DomainView) -> budgets.DomainStatus:
     b, s = view.budget, view.state
     return budgets.DomainStatus(
-        domain=b.domain, source=power_shell.source_of(b), policy=b.policy, budget_w=round(b.gpu_budget_w, 1),
+        domain=b.domain, source=power_views.source_of(b), policy=b.policy, budget_w=round(b.gpu_budget_w, 1),
         budget_in_force_w=round(view.budget_w, 1), draw_w=round(view.draw_w, 1), gpus=view.gpus,
         members=len(view.members), phase=PHASES[view.phase], capped_gpus=len(s.capped_w),
         shed_to_w=s.shed_to_w, shed_until=s.shed_until, incident_id=view.incident_id, cycles=len(s.cycles),
@@ -132,7 +132,7 @@ class PowerApi:
         for b in self.shell.cs.power_budgets:
             view = views.get(b.domain)
             if view is None:  # not stepped yet (no member reported)
-                view = power_shell.DomainView(
+                view = power_views.DomainView(
                     b, (), 0, 0.0, b.gpu_budget_w, power_budget.Phase.UNDER, power_budget.DomainState(), None
                 )
             out.append(status_of(view))

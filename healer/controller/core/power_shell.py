@@ -41,143 +41,13 @@ from collections.abc import Callable, Mapping, Sequence
 import structlog
 
 from healer import config, errors
-from healer.controller.core import incident_shell, ingest
-from healer.controller.failslow import steptimes
+from healer.controller.core import incident_shell, ingest, power_views
 from healer.controller.incidents import book, shared_cause
 from healer.controller.inventory import admission, jobs, topology
 from healer.controller.observability import metrics as controller_metrics
 from healer.controller.power import power_budget
 from healer.controller.store import kv, role
 from healer.schemas import incidents
-
-KV_PREFIX = "power."
-"""KV ``healer-state``: ``power.<key>.<value>``, one ``DomainState`` document per budget."""
-TOLERANCE_W = 0.5
-
-
-def kv_key(budget: config.PowerBudget) -> str:
-    return KV_PREFIX + shared_cause.domain_node(budget.key, budget.value)
-
-
-def source_of(b: config.PowerBudget) -> str:
-    """Where a budget comes from, as people read it."""
-    if b.breaker_kw is not None:
-        return f"breaker {b.breaker_kw:g} kW x derating {b.derating:g} x gpu_share {b.gpu_share:g}"
-    return f"contract {b.contract_kw:g} kW x gpu_share {b.gpu_share:g}"
-
-
-def gpu_dicts(frame: object) -> list[dict[str, object]]:
-    """What ``power_budget.readings_of`` reads of one frame's GPUs."""
-    out = []
-    for g in getattr(frame, "gpus", ()):
-        out.append({
-            "index": g.index, "power_w": g.power_w, "power_limit_w": g.power_limit_w,
-            "power_min_w": getattr(g, "power_min_w", None), "power_default_w": g.power_default_w,
-            "sm_clock_mhz": g.sm_clock_mhz,
-        })  # fmt: skip
-    return out
-
-
-def mean_clock(frames: Mapping[str, Sequence[Mapping[str, object]]]) -> float | None:
-    """The domain's GPUs' mean SM clock (MHz), or None without clock readings."""
-    clocks = [
-        float(v) for gs in frames.values() for g in gs if isinstance(v := g.get("sm_clock_mhz"), int | float)
-    ]
-    return round(sum(clocks) / len(clocks), 1) if clocks else None
-
-
-KEPT = ("energy_start_j", "capped_at")
-KEPT_PREFIXES = ("step_s_", "energy_start_j.", "energy_kwh.")
-"""Evidence a step keeps from the incident's first cap."""
-JOBS_MAX = 20
-"""At most this many jobs' step times in a power-budget incident's evidence."""
-
-
-def job_cost(
-    steps: steptimes.StepTimes,
-    running: Sequence[str],
-    capped_at: float | None,
-    evidence: Mapping[str, object],
-) -> dict[str, float | int | str | bool | None]:
-    """What a cap cost the domain's jobs, from their step reports (``healer.steps.<job>``): each job's
-    median step time in its last window before the first cap (``step_s_before.<job>``), and in its last
-    window that began after it (``step_s_capped.<job>``; ``step_s_cost.<job>``: capped / before - 1)."""
-    out: dict[str, float | int | str | bool | None] = {}
-    for job in sorted(set(running))[:JOBS_MAX]:
-        js = steps.jobs.get(job)
-        if js is None or js.current_s is None:
-            continue
-        before = evidence.get(f"step_s_before.{job}")
-        if capped_at is None:
-            out[f"step_s_before.{job}"] = round(js.current_s, 4)  # the first cap: the last window before
-        elif isinstance(before, int | float) and js.started - steptimes.STEP_WINDOW_S >= capped_at:
-            out[f"step_s_capped.{job}"] = round(js.current_s, 4)
-            out[f"step_s_cost.{job}"] = round(js.current_s / float(before) - 1.0, 4)
-    return out
-
-
-def planned(
-    readings: Sequence[power_budget.Reading], state: power_budget.DomainState
-) -> list[power_budget.Reading]:
-    """Dry-run / observe: each GPU as if the limit healer last asked for held (nothing changed it)."""
-    out = []
-    for r in readings:
-        cap = state.capped_w.get(power_budget.key_of(r.node, r.gpu))
-        if cap is None or cap >= r.limit_w:
-            out.append(r)
-        else:
-            out.append(dataclasses.replace(r, limit_w=cap, power_w=min(r.power_w, cap)))
-    return out
-
-
-LIVE_KEY = "live"
-"""The KV document's view of the domain now (its live draw against the budget in force, the phase, GPUs
-counted and capped, the open incident, ``at``): what the status page shows (docs/ui.md)."""
-LIVE_DELTA = 0.01
-"""The live view is written again when the draw moved by more than this share of the budget in force ..."""
-LIVE_EVERY_S = 30.0
-"""... when anything else in it changed, or when this long has passed with any change at all."""
-
-
-def live_of(view: DomainView, now: float) -> dict[str, object]:
-    """The ``live`` part of a budget's KV document, from the leader's view at its last step."""
-    return {
-        "draw_w": round(view.draw_w, 1), "budget_w": round(view.budget.gpu_budget_w, 1),
-        "budget_in_force_w": round(view.budget_w, 1), "phase": view.phase.name.lower(), "gpus": view.gpus,
-        "members": len(view.members), "capped_gpus": len(view.state.capped_w),
-        "incident_id": view.incident_id, "at": round(now, 3),
-    }  # fmt: skip
-
-
-def live_changed(prev: Mapping[str, object] | None, new: Mapping[str, object]) -> bool:
-    """Whether the live view is worth a KV write (``LIVE_DELTA``, ``LIVE_EVERY_S``)."""
-    if prev is None:
-        return True
-    keys = ("phase", "capped_gpus", "budget_in_force_w", "budget_w", "incident_id", "gpus", "members")
-    if any(prev.get(k) != new.get(k) for k in keys):
-        return True
-
-    def num(doc: Mapping[str, object], k: str) -> float:
-        v = doc.get(k)
-        return float(v) if isinstance(v, int | float) else 0.0
-
-    if abs(num(new, "draw_w") - num(prev, "draw_w")) > LIVE_DELTA * max(num(new, "budget_in_force_w"), 1.0):
-        return True
-    return num(new, "draw_w") != num(prev, "draw_w") and num(new, "at") - num(prev, "at") >= LIVE_EVERY_S
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DomainView:
-    """One budget now (``healer power status``)."""
-
-    budget: config.PowerBudget
-    members: tuple[str, ...]
-    gpus: int
-    draw_w: float
-    budget_w: float
-    phase: power_budget.Phase
-    state: power_budget.DomainState
-    incident_id: str | None
 
 
 class PowerShell:
@@ -211,7 +81,7 @@ class PowerShell:
         self.log = log
         self.states: dict[str, power_budget.DomainState] | None = None
         """Each budget's state by domain (``rack=r7``) while this process leads; None: not loaded."""
-        self.views: dict[str, DomainView] = {}
+        self.views: dict[str, power_views.DomainView] = {}
         self.read_at: dict[str, float] = {}
         """When this leader last read each domain: a domain read over went over after it (``step``'s
         ``since``)."""
@@ -242,7 +112,7 @@ class PowerShell:
         if self.states is None:
             states = {}
             for b in self.cs.power_budgets:
-                doc = await self.store.get(kv_key(b))
+                doc = await self.store.get(power_views.kv_key(b))
                 states[b.domain] = (
                     power_budget.DomainState.load(doc.value) if doc else power_budget.DomainState()
                 )
@@ -255,13 +125,15 @@ class PowerShell:
     async def save(self, budget: config.PowerBudget, state: power_budget.DomainState) -> None:
         assert self.states is not None
         if self.states.get(budget.domain) != state:
-            await self.store.put(kv_key(budget), self.document(budget, state))  # the page reads it
+            await self.store.put(
+                power_views.kv_key(budget), self.document(budget, state)
+            )  # the page reads it
             self.states[budget.domain] = state
 
     def document(self, budget: config.PowerBudget, state: power_budget.DomainState) -> dict[str, object]:
         doc: dict[str, object] = {**state.dump(), "domain": budget.domain}
         if budget.domain in self.live:
-            doc[LIVE_KEY] = self.live[budget.domain]
+            doc[power_views.LIVE_KEY] = self.live[budget.domain]
         return doc
 
     async def save_live(self, budget: config.PowerBudget, now: float) -> None:
@@ -269,10 +141,10 @@ class PowerShell:
         view = self.views.get(budget.domain)
         if view is None or self.states is None:
             return
-        new = live_of(view, now)
-        if live_changed(self.live.get(budget.domain), new):
+        new = power_views.live_of(view, now)
+        if power_views.live_changed(self.live.get(budget.domain), new):
             self.live[budget.domain] = new
-            await self.store.put(kv_key(budget), self.document(budget, view.state))
+            await self.store.put(power_views.kv_key(budget), self.document(budget, view.state))
 
     async def tick(self, now: float) -> None:
         if not self.role.leader:
@@ -311,13 +183,13 @@ class PowerShell:
         self.read_at[budget.domain] = now
         members = believed.members(budget.key, budget.value)
         reporting = sorted(n for n in members if n in self.ingest.newest)
-        frames = {n: gpu_dicts(self.ingest.newest[n]) for n in reporting}
+        frames = {n: power_views.gpu_dicts(self.ingest.newest[n]) for n in reporting}
         labels = {n: believed.of(n) for n in reporting}
         readings = power_budget.readings_of(
             frames, reporting, labels, budget, self.cs.power_priority, self.jobs_at(budget, frames)
         )
         if self.cs.mode != "enforce":
-            readings = planned(readings, state)
+            readings = power_views.planned(readings, state)
         inc = self.incident(budget)
         if not readings or self.pending(inc):
             state = power_budget.measured(readings, state, now)  # a step's lag: when its limits show
@@ -325,7 +197,7 @@ class PowerShell:
             self._show(budget, reporting, readings, state, inc, now)
             await self.save_live(budget, now)
             return
-        clock = mean_clock(frames)
+        clock = power_views.mean_clock(frames)
         if inc is not None and budget.domain in self.measure_after:  # the step's limits hold now: its cost
             self.measure_after.discard(budget.domain)
             after = {"draw_after_w": round(sum(r.power_w for r in readings), 1), **self.energy(budget, inc)}
@@ -376,7 +248,7 @@ class PowerShell:
             if decision is not None
             else (power_budget.Phase.CAPPED if state.capped_w else power_budget.Phase.UNDER)
         )
-        self.views[budget.domain] = DomainView(
+        self.views[budget.domain] = power_views.DomainView(
             budget, tuple(members), len(readings), draw, limit, phase, state, inc.id if inc else None
         )
         d = budget.domain
@@ -390,7 +262,7 @@ class PowerShell:
         s = decision.state
         return {
             "domain": budget.domain, "domain_key": budget.key, "domain_value": budget.value,
-            "source": source_of(budget), "policy": budget.policy,
+            "source": power_views.source_of(budget), "policy": budget.policy,
             "budget_w": round(budget.gpu_budget_w, 1), "budget_in_force_w": round(decision.budget_w, 1),
             "draw_w": round(decision.total_w, 1), "capped_gpus": len(s.capped_w), "members": len(members),
             "shed_to_w": s.shed_to_w, "shed_until": s.shed_until, "cycles": len(s.cycles),
@@ -453,7 +325,11 @@ class PowerShell:
                 gpus[f"rank.{c.node}.{c.gpu}"] = ranks[(c.node, c.gpu)]
             params: dict[str, object] = {} if c.release else {"watts": c.to_w}
             inc.actions.append(book.PlannedAction(kind=c.kind, params=params, node=c.node, gpu_index=c.gpu))
-        kept = {k: v for k, v in inc.evidence.items() if k in KEPT or k.startswith(KEPT_PREFIXES)}
+        kept = {
+            k: v
+            for k, v in inc.evidence.items()
+            if k in power_views.KEPT or k.startswith(power_views.KEPT_PREFIXES)
+        }
         inc.evidence = {
             **kept, **self.evidence(budget, members, decision), **self.energy(budget, inc), **gpus,
             **self.cost(decision.changes, inc, now),
@@ -504,11 +380,11 @@ class PowerShell:
                 for k in inc.evidence
                 if k.startswith(("step_s_before.", "energy_start_j."))
             ]
-        out = job_cost(fs.steps, running, capped_at, inc.evidence)
+        out = power_views.job_cost(fs.steps, running, capped_at, inc.evidence)
         if capped_at is None and any(not c.release for c in changes):
             out["capped_at"] = now
         if self.meter is not None:  # each job's energy since the first cap (``energy_kwh.<job>``)
-            for job in sorted(set(running))[:JOBS_MAX]:
+            for job in sorted(set(running))[: power_views.JOBS_MAX]:
                 joules = self.meter.job_joules(job)
                 start = inc.evidence.get(f"energy_start_j.{job}")
                 if joules is None:
@@ -529,7 +405,7 @@ class PowerShell:
         return {"energy_kwh": round((self.meter.joules(budget.domain) - float(start)) / 3.6e6, 4)}
 
     # -- demand response ---------------------------------------------------------------------------
-    async def shed(self, domain: str, to_w: float | None, until: float) -> DomainView:
+    async def shed(self, domain: str, to_w: float | None, until: float) -> power_views.DomainView:
         """Hold ``domain`` at ``to_w`` (what its GPUs may draw) until ``until``; ``to_w`` None ends a shed.
         PermanentError for a domain without a budget; TemporaryError when this process does not lead."""
         budget = self.budget(domain)
@@ -551,10 +427,10 @@ class PowerShell:
             view = self.views.get(domain)
             limit = power_budget.budget_now(budget, new, now)
             if view is None:
-                view = DomainView(budget, (), 0, 0.0, limit, power_budget.Phase.UNDER, new, None)
+                view = power_views.DomainView(budget, (), 0, 0.0, limit, power_budget.Phase.UNDER, new, None)
             view = dataclasses.replace(view, state=new, budget_w=limit)
             self.views[domain] = view
             return view
 
-    def status(self) -> Mapping[str, DomainView]:
+    def status(self) -> Mapping[str, power_views.DomainView]:
         return dict(self.views)

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Collection, Iterable, Sequence
 from typing import Final
 
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import detector
 from healer.controller.incidents import book, shared_cause
 from healer.schemas import incidents
 
@@ -36,8 +36,8 @@ RECOVERED: Final = "the job runs at its baseline step time again, or stopped rep
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    open: tuple[stragglers.JobSlowdown, ...] = ()
-    update: tuple[tuple[book.Incident, stragglers.JobSlowdown], ...] = ()
+    open: tuple[detector.JobSlowdown, ...] = ()
+    update: tuple[tuple[book.Incident, detector.JobSlowdown], ...] = ()
     resolve: tuple[tuple[book.Incident, str], ...] = ()
 
 
@@ -52,7 +52,7 @@ def job_of(inc: book.Incident) -> str | None:
 
 def plan(
     open_incidents: Iterable[book.Incident],
-    candidates: Sequence[stragglers.JobSlowdown],
+    candidates: Sequence[detector.JobSlowdown],
     slower: Collection[str],
     named: Collection[str],
 ) -> Plan:
@@ -79,7 +79,7 @@ def plan(
     return Plan(new, tuple(update), tuple(resolve))
 
 
-def evidence(slow: stragglers.JobSlowdown) -> dict[str, float | int | str | bool | None]:
+def evidence(slow: detector.JobSlowdown) -> dict[str, float | int | str | bool | None]:
     return {
         "job": slow.job,
         "slower_pct": slow.slower_pct,
@@ -89,7 +89,7 @@ def evidence(slow: stragglers.JobSlowdown) -> dict[str, float | int | str | bool
     }
 
 
-def summary(slow: stragglers.JobSlowdown) -> str:
+def summary(slow: detector.JobSlowdown) -> str:
     return (
         f"{slow.summary}; no GPU, link or port of the job lags its peers, so nobody is named: the job"
         " waits on something outside its GPUs (data loading, storage, the network, the job itself)"
@@ -97,7 +97,7 @@ def summary(slow: stragglers.JobSlowdown) -> str:
 
 
 def new_incident(
-    slow: stragglers.JobSlowdown, incident_id: str, now: float, mode: incidents.Mode
+    slow: detector.JobSlowdown, incident_id: str, now: float, mode: incidents.Mode
 ) -> book.Incident:
     cap = incidents.DOMAIN_MEMBERS_MAX
     return book.Incident(

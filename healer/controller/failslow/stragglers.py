@@ -39,39 +39,17 @@ utilisation, is the test.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping, Sequence
 from typing import Final
 
 import numpy as np
 
-from healer.controller.failslow import steptimes, straggler_ports
-from healer.controller.inventory import jobs
-from healer.schemas import fields, framecols, telemetry
+from healer.controller.failslow import peer_stats
+from healer.controller.failslow.clock_reasons import CAPPED_BITS, FREE_POWER, describe_cause
+from healer.schemas import framecols, telemetry
 
 LOAD_UTIL_PCT: Final = 50.0
 """A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
-_WHY = fields.ClocksEventReason
-_APP_CLOCKS: Final = 0x2
-"""NVML's applications-clocks-setting reason (a clock the site or the job set, or locked clocks)."""
-_SYNC_BOOST: Final = 0x10
-"""NVML's sync-boost reason (clocks held to the group's slowest GPU). Neither is in
-``ClocksEventReason`` (no rule reads them)."""
-REASONS: Final = {int(r): str(r.name).lower() for r in _WHY if r is not _WHY.GPU_IDLE}
-"""NVML clocks event reasons (schemas/fields.py ``ClocksEventReason``), bit → name."""
-CAUSE_BITS: Final = int(
-    _WHY.HW_SLOWDOWN | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _WHY.HW_POWER_BRAKE_SLOWDOWN
-)
-"""Reasons that name a hardware cause of low clocks (not the power cap every busy GPU meets)."""
-CAPPED_BITS: Final = int(
-    _WHY.SW_POWER_CAP | _WHY.SW_THERMAL_SLOWDOWN | _WHY.HW_THERMAL_SLOWDOWN | _SYNC_BOOST | _APP_CLOCKS
-)
-"""Reasons that explain a low clock on a healthy chip: its power cap, its own temperature (thermal
-slowdowns have their own rules), a sync-boost group (another GPU's clock), or a clock someone set."""
-FREE_POWER: Final = 0.95
-"""A loaded sample is *unconstrained* (free) when none of ``CAPPED_BITS`` is set and it draws under
-this share of its power limit: nothing that a healthy chip obeys lowers its clock there, so a healthy
-one runs at the clock its peers (and its own past) run at, whatever its chip factor or its job."""
 FIELDS: Final = ("clock", "power", "link_down", "free_clock")
 PENDING_MAX: Final = 1 << 16
 """GPU readings held as Python tuples before they are folded into the arrays."""
@@ -328,7 +306,7 @@ class Scorer:
             mean = self._sum[:, :n] / loaded
         clock, power, link = mean[0], mean[1], mean[2]
         jobs = [job_of.get(k) for k in self._keys]
-        codes, job_names = _codes(jobs, valid)
+        codes, job_names = peer_stats.codes(jobs, valid)
         lag = np.zeros(n, dtype=bool)
         test = np.full(n, "", dtype=object)
         ref_clock = np.full(n, np.nan)
@@ -338,9 +316,9 @@ class Scorer:
         # (one more entry, NaN / 0, at the end: code -1, no job, reads it)
         med, mad, size = (
             np.append(a, fill)
-            for a, fill in zip(_group_median_mad(codes, clock), (np.nan, np.nan, 0), strict=True)
+            for a, fill in zip(peer_stats.group_median_mad(codes, clock), (np.nan, np.nan, 0), strict=True)
         )
-        pmed = np.append(_group_median_mad(codes, power)[0], np.nan)
+        pmed = np.append(peer_stats.group_median_mad(codes, power)[0], np.nan)
         big = (codes >= 0) & (size[codes] >= s.min_peers)
         c = codes
         ref_clock[big], ref_power[big] = med[c[big]], pmed[c[big]]
@@ -440,7 +418,7 @@ class Scorer:
         node = self._node_no[:n]
         _, pair = np.unique(codes[m] * (int(node.max()) + 1) + node[m], return_inverse=True)
         pair = pair.ravel()
-        med = _median_by(pair, own[m], int(pair.max()) + 1)
+        med = peer_stats.median_by(pair, own[m], int(pair.max()) + 1)
         out[m] = med[pair] >= self.s.min_deficit
         return out
 
@@ -462,7 +440,7 @@ class Scorer:
         fcodes = np.where(fvalid, codes, -1)
         med, mad, size = (
             np.append(a, fill)
-            for a, fill in zip(_group_median_mad(fcodes, fclock), (np.nan, np.nan, 0), strict=True)
+            for a, fill in zip(peer_stats.group_median_mad(fcodes, fclock), (np.nan, np.nan, 0), strict=True)
         )
         big = (fcodes >= 0) & (size[fcodes] >= s.min_peers)
         fref, fz, fsize = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int64)
@@ -548,187 +526,3 @@ class Scorer:
             else:
                 out.setdefault(found.node, {})[found.gpu] = 1.0
         return out
-
-
-def describe_cause(reasons: int, link_down: bool) -> str:
-    """What the telemetry names as the cause: clock reasons that point at hardware, a down-trained link."""
-    parts = [name for bit, name in REASONS.items() if reasons & bit & CAUSE_BITS]
-    if link_down:
-        parts.append("link_down_trained")
-    return ",".join(parts)
-
-
-def _codes(jobs: Sequence[str | None], valid: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    names: dict[str, int] = {}
-    out = np.full(len(jobs), -1, dtype=np.int64)
-    for i, job in enumerate(jobs):
-        if job is not None and valid[i]:
-            out[i] = names.setdefault(job, len(names))
-    return out, list(names)
-
-
-def _group_median_mad(codes: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per group code (>= 0): median, MAD and size of ``x``, by one sort (no loop over groups)."""
-    k = int(codes.max()) + 1 if codes.size and codes.max() >= 0 else 0
-    med, mad, size = np.full(k, np.nan), np.full(k, np.nan), np.zeros(k, dtype=np.int64)
-    if k == 0:
-        return med, mad, size
-    m = codes >= 0
-    c, v = codes[m], x[m]
-    med = _median_by(c, v, k)
-    mad = _median_by(c, np.abs(v - med[c]), k)
-    size = np.bincount(c, minlength=k)
-    return med, mad, size
-
-
-def _median_by(c: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
-    order = np.lexsort((v, c))
-    cs, vs = c[order], v[order]
-    size = np.bincount(cs, minlength=k)
-    start = np.concatenate(([0], np.cumsum(size)[:-1]))
-    lo = start + (size - 1) // 2
-    hi = start + size // 2
-    out = np.full(k, np.nan)
-    ok = size > 0
-    out[ok] = (vs[lo[ok]] + vs[hi[ok]]) / 2
-    return out
-
-
-def port_straggler(lag: straggler_ports.Lagging, windows: int) -> Straggler:
-    """A node named by the port test (``straggler_ports``): its worst port, against its job's others."""
-    p = lag.ports
-    ev: dict[str, float | str] = {
-        "straggler.job": lag.job,
-        "straggler.nodes": lag.nodes,
-        "straggler.windows": windows,
-        "straggler.basis": "port counters",
-    }
-    if lag.congested:
-        ev["straggler.port"] = p.wait_port
-        ev["straggler.port_xmit_wait_per_s"] = round(p.wait_per_s)
-        ev["straggler.reference_xmit_wait_per_s"] = round(lag.reference_wait_per_s)
-        ev["straggler.cause"] = "port_congested"
-    else:
-        ev["straggler.port"] = p.error_port
-        ev["straggler.port_errors"] = round(p.errors)
-        ev["straggler.cause"] = "port_erroring"
-    return Straggler(lag.node, None, lag.job, "port", ev)
-
-
-@dataclasses.dataclass(frozen=True)
-class JobSlowdown:
-    """A job that runs slower by its step times with no straggler named or pending in it (#28): a
-    job-level slowdown, every rank waiting alike (docs/fail-slow.md, "Job-level slowdowns")."""
-
-    job: str
-    slower_pct: float
-    since: float
-    nodes: tuple[str, ...]
-    summary: str
-
-
-class FailSlow:
-    """The controller's fail-slow part: the job index, the scorer, the port test, the jobs' step times,
-    and what each straggler's incident says. Frames come in through ``observe`` (ingest), step reports
-    through ``steps.observe``; ``tick`` scores at each window's end."""
-
-    def __init__(
-        self, settings: Settings | None = None, port_settings: straggler_ports.Settings | None = None
-    ) -> None:
-        self.jobs = jobs.JobIndex()
-        self.scorer = Scorer(settings)
-        self.steps = steptimes.StepTimes()
-        self.ports = straggler_ports.PortWatch()
-        self.port_test = straggler_ports.PortTest(port_settings)
-        self.last_cost_s = 0.0
-        self.windows = 0
-        """Windows scored so far (the incident shell acts once per window)."""
-
-    def observe(self, frame: telemetry.FrameView) -> None:
-        if self.scorer.observe(frame):
-            self.jobs.observe_frame(frame)
-            self.ports.observe(frame)
-
-    def forget_node(self, node: str) -> None:
-        """A node silent past retention: its jobs and ports are forgotten (its scorer slots stay, idle)."""
-        self.jobs.forget_node(node)
-        self.ports.forget_node(node)
-
-    def tick(self, now: float) -> dict[str, dict[int, float]] | None:
-        """Per node, per GPU: the straggler verdicts at a window's end (None between)."""
-        if not self.scorer.due(now):
-            return None
-        started = time.process_time()
-        job_of = {key: self.jobs.job_of(*key) for key in self.scorer._keys}
-        score(self.scorer, self.port_test, self.ports, now, job_of)
-        self.steps.forget(now)
-        self.windows += 1
-        self.last_cost_s = time.process_time() - started
-        return self.scorer.scores()
-
-    def job_level(self, now: float) -> list[JobSlowdown]:
-        """Jobs that run slower by their step times while no GPU or node of theirs is a straggler or
-        about to be one (a lagging streak, a port lagging): nobody to name, the job as a whole waits."""
-        named = {found.job for found in self.scorer.stragglers.values()}
-        held = named | self.scorer.pending_jobs | self.port_test.pending()
-        out = []
-        for job in self.steps.slower_jobs(now):
-            if job in held:
-                continue
-            slow = self.steps.slowdown(job, now)
-            said = self.steps.summary(job)
-            if slow is None or said is None:
-                continue
-            nodes = tuple(sorted({n for n, _ in self.steps.jobs[job].where.values() if n}))
-            out.append(JobSlowdown(job, round(100 * slow[0], 1), slow[1], nodes, said))
-        return out
-
-    def explain(self, node: str, gpu: int | None) -> dict[str, float | str]:
-        """The evidence of the straggler at (node, gpu), or of its node (empty when none)."""
-        found = self.scorer.stragglers.get((node, gpu)) or self.scorer.stragglers.get((node, None))
-        if found is None:
-            return {}
-        out: dict[str, float | str] = {
-            **self.ports.evidence(node),
-            **found.evidence,
-            "straggler.test": found.test,
-        }
-        causes = [str(out.get("straggler.cause", ""))] if out.get("straggler.cause") else []
-        causes += [
-            k.removeprefix("straggler.")
-            for k in ("straggler.ports_down_trained", "straggler.ports_erroring", "straggler.ports_congested")
-            if k in out
-        ]
-        if causes:
-            out["straggler.cause"] = ",".join(dict.fromkeys(causes))
-        out.update(self.step_evidence(found))
-        return out
-
-    def step_evidence(self, found: Straggler) -> dict[str, float | str]:
-        """What the job's step times say of a straggler's job (empty: not slower, or no reports)."""
-        if found.job is None:
-            return {}
-        said = self.steps.summary(found.job, found.node, found.gpu)
-        slow = self.steps.slowdown(found.job)
-        if said is None or slow is None:
-            return {}
-        return {
-            "straggler.steps": said,
-            "straggler.job_slowdown_pct": round(100 * slow[0], 1),
-            "straggler.slower_since": slow[1],
-        }
-
-
-def score(
-    scorer: Scorer,
-    port_test: straggler_ports.PortTest,
-    ports: straggler_ports.PortWatch,
-    now: float,
-    job_of: Mapping[tuple[str, int], str | None],
-) -> None:
-    """One window: the GPU and node tests (``Scorer.score``), then the port test over the nodes each job
-    loaded in it; a node the port test confirms joins ``scorer.stragglers`` unless already named."""
-    scorer.score(now, job_of)
-    for lag, windows in port_test.score(scorer.job_nodes, ports.window()):
-        if (lag.node, None) not in scorer.stragglers:
-            scorer.stragglers[(lag.node, None)] = port_straggler(lag, windows)
