@@ -65,7 +65,10 @@ def run(node: str, nv: ModuleType | None, *, gpus_expected: int | None, write_te
     try:
         src.open()
     except errors.HealerError as e:
-        facts.checks.append(doctor.Check("nvml.library", doctor.Status.FAIL, str(e), _init_fix(str(e))))
+        cause = type(e.__cause__).__name__ if e.__cause__ is not None else type(e).__name__
+        facts.checks.append(
+            doctor.Check("nvml.library", doctor.Status.FAIL, str(e), _init_fix(cause), data={"error": cause})
+        )
         return facts
     try:
         facts.nvml_ok = True
@@ -90,9 +93,12 @@ def run(node: str, nv: ModuleType | None, *, gpus_expected: int | None, write_te
     return facts
 
 
-def _init_fix(message: str) -> str:
-    if "NoPermission" in message or "Insufficient Permissions" in message:
+def _init_fix(error: str) -> str:
+    """What to do about a failed nvmlInit, by its NVMLError class."""
+    if error == "NVMLError_NoPermission":
         return "run the agent as root (or give it the /dev/nvidia* devices)"
+    if error == "NVMLError_LibRmVersionMismatch":
+        return "driver and library versions differ (a driver update without a reboot?): reboot the node"
     return "install and load the NVIDIA driver; in a container, use the NVIDIA container runtime"
 
 

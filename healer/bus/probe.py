@@ -18,6 +18,7 @@ Only this package imports nats-py; what the probe found is a ``PublishProbe`` / 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -81,6 +82,8 @@ async def connect(url: str, ns: config.NatsSettings, name: str) -> tuple[Any, li
     try:
         await nc.connect(**options)
     except (OSError, TimeoutError, nats.errors.Error) as e:
+        with contextlib.suppress(Exception):
+            await nc.close()
         raise errors.PermanentError(f"cannot connect to NATS at {url}: {natsbus.describe(e)}") from e
     return nc, denied
 

@@ -13,6 +13,7 @@ import json
 import socket
 from typing import TYPE_CHECKING, Any
 
+from healer import logs
 from healer.cli import common, lazy
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         agent={"node": args.node, "gpus_expected": args.gpus_expected, "sysfs_root": args.sysfs_root},
         controller={"rules_dir": args.rules},
     )
+    logs.configure("error", s.log.format)  # stderr; every finding is in the report itself
     a = s.agent
     options = doctor_run.Options(
         node=a.node or socket.gethostname(),
