@@ -42,6 +42,8 @@ class HostFacts:
     root: bool = False
     umad: bool = False
     dcgmi: bool = False
+    host_pid: bool = False
+    """In the host's PID namespace (kthreadd is pid 2 there): NVML's process lists are then this view's."""
 
 
 def identity(proc_root: str = "/proc") -> tuple[int, frozenset[str]]:
@@ -58,15 +60,24 @@ def identity(proc_root: str = "/proc") -> tuple[int, frozenset[str]]:
     return uid, frozenset(name for name, bit in CAPABILITIES.items() if mask >> bit & 1)
 
 
+def host_pid_namespace(proc_root: str = "/proc") -> bool:
+    """Whether this process sees the host's processes: pid 2 is the kernel's kthreadd only there."""
+    try:
+        return (pathlib.Path(proc_root) / "2" / "comm").read_text().strip() == "kthreadd"
+    except OSError:
+        return False
+
+
 def run(paths: HostPaths, *, fabric_expected: bool) -> HostFacts:
     uid, caps = identity(paths.proc_root)
-    facts = HostFacts(caps=caps, root=uid == 0)
+    facts = HostFacts(caps=caps, root=uid == 0, host_pid=host_pid_namespace(paths.proc_root))
     facts.checks.append(
         doctor.Check(
             "host.privileges",
             doctor.Status.INFO,
-            f"uid {uid}, capabilities {sorted(caps) or 'none'}",
-            data={"uid": uid, "capabilities": sorted(caps)},
+            f"uid {uid}, capabilities {sorted(caps) or 'none'}, "
+            f"{'host' if facts.host_pid else 'own (container)'} PID namespace",
+            data={"uid": uid, "capabilities": sorted(caps), "host_pid": facts.host_pid},
         )
     )
     facts.checks.append(_kmsg(paths.kmsg, facts))

@@ -14,7 +14,6 @@ A rung's needs are the privileges its agent command uses (docs/agent.md, "Privil
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import socket
 from collections.abc import Sequence
 from typing import Final
@@ -126,6 +125,9 @@ class Privileges:
     """Link layers of this node's RDMA ports (``Ethernet``, ``InfiniBand``)."""
     umad: bool
     reboot_command: Sequence[str] | None
+    nvidia_smi: bool = True
+    host_pid: bool = True
+    """In the host's PID namespace: the processes NVML lists on a GPU are visible (a reset waits on them)."""
     power_write: bool | None = None
     """The write test's outcome where it ran."""
 
@@ -139,35 +141,38 @@ def netlink_allowed() -> bool:
     return True
 
 
+NEEDS: Final = {
+    "power_limit": "root with CAP_SYS_ADMIN (nvmlDeviceSetPowerManagementLimit)",
+    "reset_gpu": "root with CAP_SYS_ADMIN, the host's PID namespace, and nvidia-smi (nvidia-smi --gpu-reset)",
+    "reset_port": "RoCE: CAP_NET_ADMIN and AF_NETLINK (ip link set); "
+    "InfiniBand: read-write /dev/infiniband/umad* (ibportstate)",
+    "reboot_node": "agent.reboot_command (the command's own needs: systemctl reboot as root)",
+}
+"""What each agent-side action needs; docs/agent.md's "Privileges by rung" table says the same (tested)."""
+
+
 def rung_checks(rungs: frozenset[str], p: Privileges, *, netlink: bool) -> list[doctor.Check]:
     """One check per action the pack uses on this node: ``ok`` or why it would fail."""
     admin = p.root and "CAP_SYS_ADMIN" in p.caps
+    power = p.power_write if p.power_write is not None else admin
     why: dict[str, str | None] = {
-        "power_limit": None
-        if (p.power_write if p.power_write is not None else admin)
-        else "needs root with CAP_SYS_ADMIN (nvmlDeviceSetPowerManagementLimit)",
-        "reset_gpu": None
-        if admin and shutil.which("nvidia-smi")
-        else "needs root with CAP_SYS_ADMIN and nvidia-smi (nvidia-smi --gpu-reset)",
+        "power_limit": None if power else f"needs {NEEDS['power_limit']}",
+        "reset_gpu": None if admin and p.host_pid and p.nvidia_smi else f"needs {NEEDS['reset_gpu']}",
         "reboot_node": None if p.reboot_command else "agent.reboot_command is unset: the rung fails at once",
         "reset_port": _port_reset(p, netlink),
     }
     out = []
     for rung in sorted(rungs):
         reason = why.get(rung)
+        data = {"rung": rung, "needs": NEEDS.get(rung, "")}
         if reason is None:
-            out.append(doctor.Check("rungs", doctor.Status.OK, f"{rung}: allowed", data={"rung": rung}))
+            out.append(doctor.Check("rungs", doctor.Status.OK, f"{rung}: allowed", data=data))
         elif reason.startswith("n/a"):
-            out.append(doctor.Check("rungs", doctor.Status.INFO, f"{rung}: {reason}", data={"rung": rung}))
+            out.append(doctor.Check("rungs", doctor.Status.INFO, f"{rung}: {reason}", data=data))
         else:
+            fix = "docs/agent.md, Privileges by rung"
             out.append(
-                doctor.Check(
-                    "rungs",
-                    doctor.Status.WARN,
-                    f"{rung} would fail: {reason}",
-                    "docs/agent.md, Privileges by rung",
-                    data={"rung": rung},
-                )
+                doctor.Check("rungs", doctor.Status.WARN, f"{rung} would fail: {reason}", fix, data=data)
             )
     return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -77,6 +78,8 @@ def _pack(o: Options, gpu: doctor_gpu.GpuFacts, host: doctor_host.HostFacts) -> 
         link_layers=frozenset(p.link_layer for p in host.ports if p.link_layer),
         umad=host.umad,
         reboot_command=o.reboot_command,
+        nvidia_smi=shutil.which("nvidia-smi") is not None,
+        host_pid=host.host_pid,
         power_write=all(c.status is doctor.Status.OK for c in writes) if writes else None,
     )
     rungs = doctor_rules.rung_checks(

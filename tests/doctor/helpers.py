@@ -19,6 +19,8 @@ def proc_tree(base: pathlib.Path, *, uid: int = 0, caps: int = ROOT_CAPS, fabric
     (base / "self" / "status").write_text(
         f"Name:\thealer\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nCapEff:\t{caps:016x}\n"
     )
+    (base / "2").mkdir()
+    (base / "2" / "comm").write_text("kthreadd\n")  # the host's PID namespace
     if fabric_manager:
         (base / "4242").mkdir()
         (base / "4242" / "comm").write_text("nv-fabricmanager\n")

@@ -60,7 +60,7 @@ def test_infiniband_port_reset_needs_the_umad_device(tmp_path: pathlib.Path) -> 
 def test_an_unprivileged_agent_is_told_which_rungs_would_fail(tmp_path: pathlib.Path) -> None:
     host = helpers.paths(tmp_path, "cx6dx-roce-healthy.txt", uid=1000, caps=0, kmsg=False)
     report = helpers.run(f.FakeNvml(1), host, reboot_command=["systemctl", "reboot"])
-    assert helpers.one(report, "host.privileges").data == {"uid": 1000, "capabilities": []}
+    assert helpers.one(report, "host.privileges").data == {"uid": 1000, "capabilities": [], "host_pid": True}
     got = rungs(report)
     assert got["power_limit"] is Status.WARN
     assert got["reset_gpu"] is Status.WARN
