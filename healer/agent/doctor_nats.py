@@ -18,6 +18,27 @@ CLOCK_WARN_S = 1.0
 """An offset beyond this is worth fixing (chrony); the controller counts beyond ``max_clock_skew_s``."""
 
 
+def _bounded(bound: probe.ClockBound | None) -> doctor.Check:
+    if bound is None:
+        return doctor.Check(
+            "nats.clock", doctor.Status.INFO,
+            "clock not compared: no leader lease to read; pass --nats-monitor http://<server>:8222",
+        )  # fmt: skip
+    data = {"offset_low_s": bound.low_s, "offset_high_s": bound.high_s}
+    span = f"between {bound.low_s:+.1f} s and {bound.high_s:+.1f} s (from the leader lease's server time)"
+    if bound.high_s < -CLOCK_WARN_S or bound.low_s > CLOCK_WARN_S:
+        return doctor.Check(
+            "nats.clock", doctor.Status.WARN, f"this clock is off the server's: {span}",
+            "run chrony or ntpd against the fleet's time source", data=data,
+        )  # fmt: skip
+    return doctor.Check(
+        "nats.clock",
+        doctor.Status.OK,
+        f"offset {span}; --nats-monitor measures it to the millisecond",
+        data=data,
+    )
+
+
 def other_node(node: str) -> str:
     return f"{node}-doctor-probe-other"
 
@@ -35,7 +56,8 @@ async def run(
     except (errors.HealerError, TimeoutError) as e:
         fix = "check nats.url, nats.nkey_seed_file / creds_file (healer nats config) and TLS settings"
         out.append(doctor.Check("nats.connect", doctor.Status.FAIL, str(e) or "connect timed out", fix))
-        return [*out, _clock(monitor_url)]
+        return [*out, _clock(monitor_url, None)]
+    bound: probe.ClockBound | None = None
     try:
         who = "with its identity" if with_identity else "WITHOUT credentials"
         out.append(doctor.Check("nats.connect", doctor.Status.OK, f"connected to {s.nats.url} {who}"))
@@ -77,17 +99,18 @@ async def run(
                     data=data,
                 )
             )
+        if not monitor_url:
+            lease = subj.lease_subject("leader.shard-0")
+            bound = await probe.lease_clock(nc, subj.lease_read_api, lease, s.nats.lease_ttl_s, timeout_s)
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
-    return [*out, _clock(monitor_url)]
+    return [*out, _clock(monitor_url, bound)]
 
 
-def _clock(monitor_url: str | None) -> doctor.Check:
+def _clock(monitor_url: str | None, bound: probe.ClockBound | None) -> doctor.Check:
     if not monitor_url:
-        return doctor.Check(
-            "nats.clock", doctor.Status.INFO, "clock not compared: pass --nats-monitor http://<server>:8222"
-        )
+        return _bounded(bound)
     try:
         c = probe.server_clock(monitor_url)
     except errors.HealerError as e:

@@ -11,7 +11,11 @@ Three questions, asked with the node's own settings (URL, seed or creds file, in
   ``flush`` sends (so no wait on a timer decides it). A refused probe reaches nobody; an allowed one to
   another node's subject (the defect being looked for) is refused by JetStream and stored nowhere.
 - **Clock**: the server's ``/varz`` ``now`` (the monitoring port, where reachable) against the local
-  clock, half the round trip being the error bound.
+  clock, half the round trip being the error bound. Where the monitoring port is out of reach (it
+  listens on loopback in deploy/nats), the newest leader lease's stored time bounds it: the server
+  stamped that message at most ``lease_ttl_s`` ago (the leader renews well within its TTL), so the
+  offset lies in ``[now - stamp - ttl, now - stamp]``; a node may read that one message
+  (``$JS.API.STREAM.MSG.GET`` on the leases stream) and nothing else of JetStream.
 
 Only this package imports nats-py; what the probe found is a ``PublishProbe`` / ``ClockProbe``.
 """
@@ -53,6 +57,34 @@ class ClockProbe:
     """Half the round trip: the offset is right to within this."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClockBound:
+    """The local clock minus the server's lies in ``[low_s, high_s]``."""
+
+    low_s: float
+    high_s: float
+    stamped_at: float
+
+
+async def lease_clock(
+    nc: Any, api_subject: str, lease_subject: str, ttl_s: float, timeout_s: float,
+    clock: Callable[[], float] = time.time,
+) -> ClockBound | None:  # fmt: skip
+    """Bound the offset by the newest lease message's server time; None where there is no lease."""
+    request = json.dumps({"last_by_subj": lease_subject}).encode()
+    try:
+        reply = await nc.request(api_subject, request, timeout=timeout_s)
+        body = json.loads(reply.data)
+    except (TimeoutError, nats.errors.Error, ValueError):
+        return None
+    now = clock()
+    stamp = body.get("message", {}).get("time") if isinstance(body, dict) else None
+    if not stamp:
+        return None
+    at = parse_time(str(stamp))
+    return ClockBound(low_s=now - at - ttl_s, high_s=now - at, stamped_at=at)
+
+
 async def connect(url: str, ns: config.NatsSettings, name: str) -> tuple[Any, list[str]]:
     """A bare nats-py client with ``ns``'s credentials and TLS, and the list its permission errors go to."""
     denied: list[str] = []
@@ -89,17 +121,25 @@ async def connect(url: str, ns: config.NatsSettings, name: str) -> tuple[Any, li
 
 
 async def publish_allowed(nc: Any, denied: list[str], subject: str, timeout_s: float) -> PublishProbe:
-    """Ask JetStream about a message that expects a stream which does not exist (see the module doc)."""
+    """Ask JetStream about a message that expects a stream which does not exist (see the module doc).
+    The refusal, if any, is known once the flush returns; only an allowed probe waits for its answer."""
     before = len(denied)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, max_msgs=1)
     try:
-        reply = await nc.request(subject, b"", timeout=timeout_s, headers=PROBE_HEADERS)
-    except nats.errors.NoRespondersError:
-        return PublishProbe(subject, True, "allowed (no stream captures it yet: nothing stored)")
-    except (TimeoutError, nats.errors.TimeoutError):
+        await nc.publish(subject, b"", reply=inbox, headers=PROBE_HEADERS)
         await _flush(nc, timeout_s)
         if _names(denied[before:], subject):
             return PublishProbe(subject, False, "refused by the server (Permissions Violation)")
-        return PublishProbe(subject, False, "no answer and no refusal within the timeout: unknown")
+        try:
+            reply = await sub.next_msg(timeout=timeout_s)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return PublishProbe(subject, True, "allowed (no refusal; no answer within the timeout)")
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    if (reply.headers or {}).get("Status") == "503":
+        return PublishProbe(subject, True, "allowed (no stream captures it yet: nothing stored)")
     body = reply.data.decode(errors="replace")
     return PublishProbe(subject, True, f"allowed (JetStream refused the probe, stored nothing: {body[:120]})")
 
