@@ -29,6 +29,10 @@ class HostPaths:
     kmsg: str = "/dev/kmsg"
     sysfs_root: str = "/sys"
     proc_root: str = "/proc"
+    """The host's procfs (``agent.proc_root``: ``/host/proc`` in the DaemonSet), for Fabric Manager."""
+    fabric_manager_pid_file: str | None = None
+    self_proc: str = "/proc"
+    """This process's own procfs: its identity, and whether it shares the host's PID namespace."""
     dev_root: str = "/dev"
     job_map_dir: str | None = None
 
@@ -69,8 +73,8 @@ def host_pid_namespace(proc_root: str = "/proc") -> bool:
 
 
 def run(paths: HostPaths, *, fabric_expected: bool) -> HostFacts:
-    uid, caps = identity(paths.proc_root)
-    facts = HostFacts(caps=caps, root=uid == 0, host_pid=host_pid_namespace(paths.proc_root))
+    uid, caps = identity(paths.self_proc)
+    facts = HostFacts(caps=caps, root=uid == 0, host_pid=host_pid_namespace(paths.self_proc))
     facts.checks.append(
         doctor.Check(
             "host.privileges",
@@ -82,7 +86,7 @@ def run(paths: HostPaths, *, fabric_expected: bool) -> HostFacts:
     )
     facts.checks.append(_kmsg(paths.kmsg, facts))
     facts.checks.extend(_ports(paths, facts))
-    facts.checks.append(_fabric_manager(paths.proc_root, fabric_expected))
+    facts.checks.append(_fabric_manager(paths, fabric_expected))
     facts.checks.append(_dcgmi(facts))
     facts.checks.append(_job_map(paths.job_map_dir))
     return facts
@@ -153,8 +157,10 @@ def _ports(paths: HostPaths, facts: HostFacts) -> list[doctor.Check]:
     return out
 
 
-def _fabric_manager(proc_root: str, expected: bool) -> doctor.Check:
-    running = fabricmanager.FabricManagerProbe(proc_root).running()
+def _fabric_manager(paths: HostPaths, expected: bool) -> doctor.Check:
+    running = fabricmanager.FabricManagerProbe(
+        paths.proc_root, pid_file=paths.fabric_manager_pid_file
+    ).running()
     if not expected:
         return doctor.Check(
             "fabric_manager",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pathlib
 import shutil
 from collections.abc import Sequence
 from types import ModuleType
@@ -58,6 +59,13 @@ def run(o: Options) -> doctor.Report:
 def _pack(o: Options, gpu: doctor_gpu.GpuFacts, host: doctor_host.HostFacts) -> list[doctor.Check]:
     if o.rules_dir is None:
         return [doctor.Check("rules.fed", doctor.Status.INFO, "no rule pack given (--rules DIR)")]
+    if not pathlib.Path(o.rules_dir).exists():
+        return [
+            doctor.Check(
+                "rules.fed", doctor.Status.INFO, f"no rule pack at {o.rules_dir}: rules, rungs unchecked",
+                "pass --rules DIR (the controller's rules directory or ConfigMap)",
+            )
+        ]  # fmt: skip
     pack = doctor_rules.load(o.rules_dir)
     if isinstance(pack, str):
         return [

@@ -37,7 +37,9 @@ def register(sub: Any) -> None:
     p.add_argument("--no-nats", action="store_true", help="skip the NATS checks")
     p.add_argument("--nats-monitor", help="NATS monitoring URL (http://server:8222), for the clock offset")
     p.add_argument("--sysfs-root", help="where sysfs is (default: agent.sysfs_root, /sys)")
-    p.add_argument("--proc-root", default="/proc", help="where the host's procfs is (default: /proc)")
+    p.add_argument(
+        "--proc-root", help="the host's procfs, for Fabric Manager (default: agent.proc_root, /proc)"
+    )
     p.add_argument("--dev-root", default="/dev", help="where the host's devices are (default: /dev)")
     common.add_nats_option(p)
     p.set_defaults(func=run)
@@ -46,7 +48,12 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     s = common.settings(
         args,
-        agent={"node": args.node, "gpus_expected": args.gpus_expected, "sysfs_root": args.sysfs_root},
+        agent={
+            "node": args.node,
+            "gpus_expected": args.gpus_expected,
+            "sysfs_root": args.sysfs_root,
+            "proc_root": args.proc_root,
+        },
         controller={"rules_dir": args.rules},
     )
     logs.configure("error", s.log.format)  # stderr; every finding is in the report itself
@@ -58,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         paths=doctor_host.HostPaths(
             kmsg=a.kmsg_path,
             sysfs_root=a.sysfs_root,
-            proc_root=args.proc_root,
+            proc_root=a.proc_root,
+            fabric_manager_pid_file=a.fabric_manager_pid_file,
             dev_root=args.dev_root,
             job_map_dir=a.job_map_dir,
         ),

@@ -45,6 +45,7 @@ def paths(tmp: pathlib.Path, *recordings: str, uid: int = 0, caps: int = ROOT_CA
         kmsg=str(kmsg_path),
         sysfs_root=sysfs_tree(tmp / "sys", *recordings),
         proc_root=proc_tree(tmp / "proc", uid=uid, caps=caps, fabric_manager=fabric_manager),
+        self_proc=str(tmp / "proc"),
         dev_root=str(tmp / "dev"),
     )
 

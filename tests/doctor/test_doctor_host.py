@@ -119,3 +119,13 @@ def test_dcgmi_version_is_read_when_installed(
 def test_the_identity_is_read_from_procfs(tmp_path: pathlib.Path) -> None:
     proc = helpers.proc_tree(tmp_path, uid=0, caps=helpers.ROCE_CAPS)
     assert doctor_host.identity(proc) == (0, frozenset({"CAP_SYS_ADMIN", "CAP_SYSLOG", "CAP_NET_ADMIN"}))
+
+
+def test_without_the_rule_pack_rules_and_rungs_are_not_judged(tmp_path: pathlib.Path) -> None:
+    report = helpers.run(f.FakeNvml(1), helpers.paths(tmp_path), rules_dir=str(tmp_path / "no-rules"))
+    assert helpers.one(report, "rules.fed").status is Status.INFO
+    assert not report.by_id("rungs")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.yaml").write_text("rules:\n  - id: broken\n    when: temp_c >>> 3\n")
+    broken = helpers.run(f.FakeNvml(1), helpers.paths(tmp_path / "b"), rules_dir=str(tmp_path / "bad"))
+    assert helpers.one(broken, "rules.fed").status is Status.WARN
