@@ -21,7 +21,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-SCHEMA: Final = "healer.doctor.v1"
+from healer.schemas import doctor_report
+
+SCHEMA: Final = doctor_report.SCHEMA
 
 
 class Status(enum.IntEnum):
@@ -58,14 +60,13 @@ class Check:
         return f"{self.status.label.upper():<4}  {self.id:<22} {where}{self.summary}{fix}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "status": self.status.label,
-            "gpu": self.gpu,
-            "summary": self.summary,
-            "fix": self.fix or None,
-            "data": dict(self.data),
-        }
+        return self.document().model_dump(mode="json")
+
+    def document(self) -> doctor_report.DoctorCheck:
+        return doctor_report.DoctorCheck(
+            id=self.id, status=self.status.label, gpu=self.gpu, summary=self.summary, fix=self.fix or None,
+            data=dict(self.data),
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,15 +112,11 @@ class Report:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "node": self.node,
-            "ts": self.ts,
-            "healer_version": self.version,
-            "status": self.worst.label,
-            "exit_code": self.exit_code,
-            "checks": [c.to_json() for c in self.checks],
-        }
+        """The ``healer.doctor.v1`` document (healer.schemas.doctor), as JSON-ready data."""
+        return doctor_report.DoctorReport(
+            node=self.node, ts=self.ts, healer_version=self.version, status=self.worst.label,
+            exit_code=self.exit_code, checks=[c.document() for c in self.checks],
+        ).model_dump(mode="json", by_alias=True)  # fmt: skip
 
 
 def report(node: str, groups: Iterable[Iterable[Check]], version: str = "") -> Report:

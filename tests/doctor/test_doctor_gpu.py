@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import pathlib
 
+import jsonschema
+
 from healer.agent import doctor, doctor_gpu, doctor_rules
+from healer.schemas import doctor_report
 from tests.doctor import helpers
 from tests.fakes import fake_pynvml as f
 
 Status = doctor.Status
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_a_healthy_h100_node_reads_every_field_but_page_retirement(tmp_path: pathlib.Path) -> None:
@@ -166,6 +170,10 @@ def test_the_json_report_is_versioned_and_carries_every_check(tmp_path: pathlib.
     assert len(data["checks"]) == len(report.checks)
     assert {tuple(sorted(c)) for c in data["checks"]} == {("data", "fix", "gpu", "id", "status", "summary")}
     assert {c["status"] for c in data["checks"]} <= {"ok", "info", "warn", "fail"}
+    schema = json.loads((ROOT / "docs" / "schemas" / "doctor-report.v1.json").read_text())
+    jsonschema.validate(data, schema)
+    again = doctor_report.DoctorReport.model_validate(data, context={"wire": True})
+    assert again.model_dump(mode="json") == data
 
 
 def test_exit_codes_follow_the_worst_check() -> None:
