@@ -126,6 +126,8 @@ class Privileges:
     umad: bool
     reboot_command: Sequence[str] | None
     nvidia_smi: bool = True
+    nvml: bool = True
+    """NVML answered: without it no GPU action can run, whatever the privileges."""
     host_pid: bool = True
     """In the host's PID namespace: the processes NVML lists on a GPU are visible (a reset waits on them)."""
     power_write: bool | None = None
@@ -155,9 +157,14 @@ def rung_checks(rungs: frozenset[str], p: Privileges, *, netlink: bool) -> list[
     """One check per action the pack uses on this node: ``ok`` or why it would fail."""
     admin = p.root and "CAP_SYS_ADMIN" in p.caps
     power = p.power_write if p.power_write is not None else admin
+    no_nvml = "NVML does not answer (see nvml.library)"
     why: dict[str, str | None] = {
-        "power_limit": None if power else f"needs {NEEDS['power_limit']}",
-        "reset_gpu": None if admin and p.host_pid and p.nvidia_smi else f"needs {NEEDS['reset_gpu']}",
+        "power_limit": no_nvml if not p.nvml else None if power else f"needs {NEEDS['power_limit']}",
+        "reset_gpu": no_nvml
+        if not p.nvml
+        else None
+        if admin and p.host_pid and p.nvidia_smi
+        else f"needs {NEEDS['reset_gpu']}",
         "reboot_node": None if p.reboot_command else "agent.reboot_command is unset: the rung fails at once",
         "reset_port": _port_reset(p, netlink),
     }

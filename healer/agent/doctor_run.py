@@ -50,9 +50,7 @@ def run(o: Options) -> doctor.Report:
     if o.settings is not None:
         checks.extend(asyncio.run(doctor_nats.run(o.settings, o.node, o.monitor_url)))
     else:
-        checks.append(
-            doctor.Check("nats.connect", doctor.Status.INFO, "NATS not checked (no --nats or nats.url given)")
-        )
+        checks.append(doctor.Check("nats.connect", doctor.Status.INFO, "NATS not checked (--no-nats)"))
     return doctor.report(o.node, [checks], version=healer.__version__)
 
 
@@ -88,6 +86,7 @@ def _pack(o: Options, gpu: doctor_gpu.GpuFacts, host: doctor_host.HostFacts) -> 
         reboot_command=o.reboot_command,
         nvidia_smi=shutil.which("nvidia-smi") is not None,
         host_pid=host.host_pid,
+        nvml=gpu.nvml_ok,
         power_write=all(c.status is doctor.Status.OK for c in writes) if writes else None,
     )
     rungs = doctor_rules.rung_checks(

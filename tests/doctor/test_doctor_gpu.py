@@ -83,6 +83,9 @@ def test_no_driver_is_one_failure_and_every_gpu_rule_unfed(tmp_path: pathlib.Pat
     assert "driver" in library.fix
     assert not report.by_id("nvml.fields")
     assert "temp_c" in helpers.one(report, "rules.fed").data["unfed"]["gpu-temp-near-slowdown"]["error"]
+    rungs = {c.data["rung"]: c for c in report.by_id("rungs")}
+    assert rungs["power_limit"].status is Status.WARN
+    assert "NVML does not answer" in rungs["reset_gpu"].summary
     assert report.exit_code == 1
 
 
