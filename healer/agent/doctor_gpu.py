@@ -73,7 +73,7 @@ def run(node: str, nv: ModuleType | None, *, gpus_expected: int | None, write_te
     try:
         facts.nvml_ok = True
         found = int(module.nvmlDeviceGetCount())
-        driver = src.device_info(0).get("driver_version") if found else None
+        driver = _driver_version(src, found)
         facts.checks.append(
             doctor.Check(
                 "nvml.library",
@@ -91,6 +91,16 @@ def run(node: str, nv: ModuleType | None, *, gpus_expected: int | None, write_te
     finally:
         src.close()
     return facts
+
+
+def _driver_version(src: nvml.NvmlSource, found: int) -> str | None:
+    """The driver version, asked through the first GPU that has a handle (a lost GPU 0 has none)."""
+    for index in range(found):
+        try:
+            return src.device_info(index).get("driver_version")
+        except errors.HealerError:
+            continue
+    return None
 
 
 def _init_fix(error: str) -> str:

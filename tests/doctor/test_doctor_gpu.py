@@ -7,6 +7,7 @@ import json
 import pathlib
 
 import jsonschema
+import pytest
 
 from healer.agent import doctor, doctor_gpu, doctor_rules
 from healer.schemas import doctor_report
@@ -89,16 +90,18 @@ def test_no_driver_is_one_failure_and_every_gpu_rule_unfed(tmp_path: pathlib.Pat
     assert report.exit_code == 1
 
 
-def test_a_lost_gpu_fails_and_the_count_falls_short(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("lost", [0, 1])
+def test_a_lost_gpu_fails_and_the_count_falls_short(tmp_path: pathlib.Path, lost: int) -> None:
     fake = f.FakeNvml(3)
-    fake.gpus[1].lost = True
+    fake.gpus[lost].lost = True
     report = helpers.run(fake, helpers.paths(tmp_path), gpus_expected=4)
     assert helpers.one(report, "nvml.gpus").status is Status.FAIL  # 3 found, 4 expected
-    lost = helpers.one(report, "nvml.fields", gpu=1)
-    assert lost.status is Status.FAIL
-    assert "lost" in lost.summary
-    assert helpers.one(report, "nvml.fields", gpu=0).status is Status.INFO
-    assert helpers.one(report, "nvml.events").data["not_registered"] == [1]
+    check = helpers.one(report, "nvml.fields", gpu=lost)
+    assert check.status is Status.FAIL
+    assert "lost" in check.summary
+    assert helpers.one(report, "nvml.fields", gpu=2).status is Status.INFO
+    assert helpers.one(report, "nvml.events").data["not_registered"] == [lost]
+    assert helpers.one(report, "nvml.library").data["driver_version"] == "570.133.20"
     assert report.exit_code == 1
 
 
