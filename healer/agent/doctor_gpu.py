@@ -286,16 +286,24 @@ def _write_test(
             data=data,
         )
     try:
-        written = src.power_limits(i).current_w
-    finally:
+        written: float | None = src.power_limits(i).current_w
+    except errors.HealerError:
+        written = None
+    try:
         src.set_power_limit(i, limits.current_w)
-    restored = src.power_limits(i).current_w
+        restored = src.power_limits(i).current_w
+    except errors.HealerError as e:
+        return doctor.Check(
+            "nvml.power_write", doctor.Status.FAIL,
+            f"set {target:g} W but could not restore {limits.current_w:g} W: {e}",
+            f"restore it by hand: nvidia-smi -i {i} -pl {limits.current_w:g}", gpu=i, data=data,
+        )  # fmt: skip
     data = {**data, "target_w": target, "read_back_w": written, "restored_w": restored}
-    if abs(written - target) > 0.5 or abs(restored - limits.current_w) > 0.5:
+    if written is None or abs(written - target) > 0.5 or abs(restored - limits.current_w) > 0.5:
         return doctor.Check(
             "nvml.power_write",
             doctor.Status.FAIL,
-            f"set {target:g} W read back {written:g} W, restored {restored:g} W",
+            f"set {target:g} W read back {written} W, restored {restored:g} W",
             "the driver did not apply the limit: check nvidia-smi -q -d POWER",
             gpu=i,
             data=data,

@@ -197,3 +197,24 @@ def test_every_read_key_maps_to_sample_fields() -> None:
     for key in ("memory", "utilization", "remapped_rows", "field_values", "nvlink_state[3]", "fabric"):
         assert set(doctor_gpu.fields_of(key)) <= every, key
     assert set(doctor_gpu.fields_of("handle")) == every
+
+
+def test_a_limit_that_cannot_be_restored_fails_and_says_how_to_restore_it(tmp_path: pathlib.Path) -> None:
+    fake = f.FakeNvml(1)
+    real_set = fake.nvmlDeviceSetPowerManagementLimit
+    calls: list[int] = []
+
+    def set_once(handle: f.c_nvmlDevice_t, limit: int) -> None:
+        calls.append(limit)
+        if len(calls) > 1:
+            raise f.NVMLError(f.NVML_ERROR_UNKNOWN)
+        real_set(handle, limit)
+
+    setattr(fake.module(), "nvmlDeviceSetPowerManagementLimit", set_once)  # noqa: B010 - a module attribute
+    check = helpers.one(
+        helpers.run(fake, helpers.paths(tmp_path), write_test=True), "nvml.power_write", gpu=0
+    )
+    assert check.status is Status.FAIL
+    assert "could not restore 700 W" in check.summary
+    assert check.fix == "restore it by hand: nvidia-smi -i 0 -pl 700"
+    assert calls == [690_000, 700_000]
