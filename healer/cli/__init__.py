@@ -24,6 +24,7 @@ from healer.cli import common
 GROUPS = [
     "healer.cli.demo_cmd",
     "healer.cli.agent_cmd",
+    "healer.cli.doctor_cmd",
     "healer.cli.controller_cmd",
     "healer.cli.fleet_cmd",
     "healer.cli.power_cmd",

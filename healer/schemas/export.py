@@ -8,7 +8,7 @@ from typing import Any
 
 import pydantic
 
-from healer.schemas import budgets, commands, events, incidents, stepreport, telemetry
+from healer.schemas import budgets, commands, doctor_report, events, incidents, stepreport, telemetry
 
 DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "node-frame.v1.json": telemetry.NodeFrame,
@@ -22,6 +22,7 @@ DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "power-shed.v1.json": budgets.ShedRequest,
     "power-shed-result.v1.json": budgets.ShedResult,
     "power-status.v1.json": budgets.PowerStatus,
+    "doctor-report.v1.json": doctor_report.DoctorReport,
 }
 
 

@@ -87,6 +87,24 @@ FALLBACKS: Final = {
 }
 """The other spelling of a call, used when this pynvml or this driver lacks the first (FunctionNotFound)."""
 
+READS: Final = {
+    "handle": ("*",),
+    "pci_info": ("pci_bus_id",),
+    "power_constraints": ("power_min_w", "power_max_w"),
+    "utilization": ("util_gpu_pct", "util_mem_pct"),
+    "memory": ("mem_used_mib", "mem_total_mib"),
+    "remapped_rows": (
+        "remapped_rows_correctable", "remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failure",
+    ),
+    "retired_pages_sbe": ("retired_pages",),
+    "retired_pages_dbe": ("retired_pages",),
+    "field_values": tuple(key for key, _ in FIELD_IDS),
+    "nvlink_state": ("nvlink_links_up",),
+    "fabric": ("fabric_state", "fabric_status"),
+}  # fmt: skip
+"""A ``_read`` key that is not a GpuSample field -> the fields it fills (``nvlink_state[3]`` is
+``nvlink_state``; ``*``: every field). Every other key is the field itself."""
+
 _PERMANENT_INIT: Final = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NoPermission")
 _PERMANENT_POWER: Final = ("NVMLError_NoPermission", "NVMLError_NotSupported", "NVMLError_InvalidArgument")
 
@@ -459,6 +477,14 @@ class NvmlSource:
                     self._failed(gpu, key, ValueError(f"{v[key]!r} refused: {err['msg']}"))
                     v[key] = None
             return telemetry.GpuSample(**v)
+
+    # -- what each read gave (for `healer doctor`) -----------------------------------------------------
+    def read_state(self, index: int) -> tuple[frozenset[str], frozenset[str]]:
+        """(read keys NotSupported for good, read keys whose last attempt failed) of one GPU, as ``_read``
+        decided them; ``READS`` maps a key to its GpuSample fields."""
+        with self._lock:
+            _, gpu = self._device(index)
+            return frozenset(gpu.unsupported), frozenset(gpu.failing)
 
     # -- PCI addresses (for the kernel log) ------------------------------------------------------------
     def gpu_at(self, address: kmsg.PciAddress) -> tuple[int, str | None] | None:

@@ -346,6 +346,8 @@ class FakeGpu:
     processes: list[int] = dataclasses.field(default_factory=list)
     """pids of the compute processes on this GPU (nvmlDeviceGetComputeRunningProcesses)"""
     resets: int = 0
+    persistence_mode: int = NVML_FEATURE_ENABLED
+    """nvmlDeviceGetPersistenceMode (nvidia-persistenced keeps the driver loaded)"""
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.index:08x}-fake-4a1b-9c2d-{self.index:012x}"
@@ -627,6 +629,9 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: c_nvmlDevice_t) -> int:
         return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replay
+
+    def nvmlDeviceGetPersistenceMode(self, handle: c_nvmlDevice_t) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPersistenceMode").persistence_mode
 
     def nvmlDeviceGetGpuFabricInfo(self, device: c_nvmlDevice_t, gpuFabricInfo: Any) -> int:
         gpu = self._gpu(device, "nvmlDeviceGetGpuFabricInfo")
