@@ -22,7 +22,7 @@ import enum
 import pathlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import pydantic
 import structlog
@@ -145,6 +145,12 @@ class Actuator(Protocol):
     async def apply(self, request: ActionRequest) -> ActionOutcome: ...
 
 
+# Optional capabilities of a scheduler actuator, said out loud: the controller asks ``isinstance(s,
+# LabelSource)`` and so on, never ``hasattr``. Slurm has labels, jobs and reboot status; Kubernetes has
+# labels, pods, reboot status and reboots through the node's agent; the log actuator has none.
+
+
+@runtime_checkable
 class LabelSource(Protocol):
     """A scheduler that knows its nodes' labels (Kubernetes labels, Slurm partitions and features)."""
 
@@ -152,6 +158,34 @@ class LabelSource(Protocol):
         """Labels by healer node name, for those of ``nodes`` the scheduler knows (the rest are left
         out). Raises ``HealerError`` when the scheduler cannot be asked."""
         ...
+
+
+@runtime_checkable
+class JobSource(Protocol):
+    """A scheduler that lists its jobs (Slurm: ``squeue --json``'s jobs by id)."""
+
+    async def jobs(self) -> dict[str, dict[str, Any]]: ...
+
+
+@runtime_checkable
+class PodSource(Protocol):
+    """A scheduler that lists its GPU pods (Kubernetes)."""
+
+    async def pods(self) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class RebootReporter(Protocol):
+    """A scheduler that says how a reboot it took is going (Slurm's ``reboot^``, a node's boot id)."""
+
+    async def reboot_status(self, node: str) -> RebootStatus: ...
+
+
+@runtime_checkable
+class AgentRouted(Protocol):
+    """A scheduler that has some actions done by the node's own agent (Kubernetes reboots a node so)."""
+
+    agent: Actuator | None
 
 
 def worst(items: list[ItemResult]) -> Status:

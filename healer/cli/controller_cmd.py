@@ -131,6 +131,7 @@ async def run_controller(
     beat: health.Health | None = None,
 ) -> None:
     """Connect (retrying until ``stop``), provision, run the controller until ``stop``, stop it."""
+    from healer.actuators import base as actuators
     from healer.actuators import gpu_reset, power
 
     beat = beat or health.Health(metrics.registry)
@@ -148,7 +149,7 @@ async def run_controller(
             subj = subjects.Subjects(s.nats.prefix)
             gpu = gpu_reset.GpuRecoveryActuator(bus, subj, s.actuators)  # recovery ladders' reset, validate
             scheduler = factory.scheduler(s)
-            if hasattr(scheduler, "agent"):  # Kubernetes reboots a node through its agent
+            if isinstance(scheduler, actuators.AgentRouted):  # Kubernetes reboots a node through its agent
                 scheduler.agent = gpu
             ctl = await service.build(
                 s, bus, scheduler=scheduler, gpu=gpu, metrics=metrics,

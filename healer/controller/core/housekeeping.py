@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import math
 import time
-from typing import cast
 
 import structlog
 
@@ -124,12 +123,12 @@ class Housekeeping:
             return
         self._jobs_at = now
         try:
-            if hasattr(self.scheduler, "pods"):
+            if isinstance(self.scheduler, actuators.PodSource):
                 pods = await asyncio.wait_for(self.scheduler.pods(), self.cs.labels_timeout_s)
                 failslow.jobs.set_scheduled(
                     "kubernetes", jobs.placements_from_pods(pods), jobs.infos_from_pods(pods)
                 )
-            elif hasattr(self.scheduler, "jobs"):
+            elif isinstance(self.scheduler, actuators.JobSource):
                 listed = await asyncio.wait_for(self.scheduler.jobs(), self.cs.labels_timeout_s)
                 failslow.jobs.set_scheduled(
                     "slurm", jobs.placements_from_squeue(listed), jobs.infos_from_squeue(listed)
@@ -141,12 +140,12 @@ class Housekeeping:
         """Node labels for rules' ``match.labels``, from the scheduler (Kubernetes labels, Slurm
         partitions and features) every ``labels_refresh_s``. On failure the previous labels stay."""
         now = time.monotonic()
-        if not hasattr(self.scheduler, "node_labels") or not self.cs.labels_refresh_s:
+        source = self.scheduler
+        if not isinstance(source, actuators.LabelSource) or not self.cs.labels_refresh_s:
             return
         if now - self._labels_at < self.cs.labels_refresh_s:
             return
         self._labels_at = now
-        source = cast(actuators.LabelSource, self.scheduler)
         try:
             labels = await asyncio.wait_for(source.node_labels(sorted(self.nodes)), self.cs.labels_timeout_s)
         except (errors.HealerError, TimeoutError) as e:

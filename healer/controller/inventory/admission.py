@@ -28,7 +28,7 @@ import asyncio
 import pathlib
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from healer import config, errors, logs
 from healer.actuators import base as actuators
@@ -83,13 +83,13 @@ class Admission:
         self._topology_sig: tuple[float, int] | None = None
         self.source: actuators.LabelSource | None = None
         if cs.admission == "scheduler":
-            if not hasattr(scheduler, "node_labels"):
+            if not isinstance(scheduler, actuators.LabelSource):
                 raise errors.PermanentError(
                     f"controller.admission is 'scheduler' but the {cs.actuator!r} actuator lists no nodes:"
                     " use the slurm or kubernetes actuator, admission 'file' with controller.inventory_file,"
                     " or (development only) admission 'first-seen'"
                 )
-            self.source = cast(actuators.LabelSource, scheduler)
+            self.source = scheduler
         elif cs.admission == "file":
             if not cs.inventory_file:
                 raise errors.PermanentError(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
@@ -275,11 +275,10 @@ class Recovery:
         return ladder.outcome_of(p.kind, action.status), action.detail
 
     async def _reboot_progress(self, rec: Record, late: bool) -> tuple[ladder.Outcome | None, str]:
-        status_of = getattr(self.scheduler, "reboot_status", None)
-        if status_of is None:  # a scheduler that cannot say (the log actuator): taken as done
+        if not isinstance(self.scheduler, actuators.RebootReporter):  # cannot say (the log actuator)
             return ladder.Outcome.DONE, "rebooted (the scheduler reports no reboot status)"
         try:
-            status = cast(actuators.RebootStatus, await status_of(rec.state.node))
+            status = await self.scheduler.reboot_status(rec.state.node)
         except errors.HealerError as e:
             self.log.warning("ladder.reboot_status_failed", node=rec.state.node, error=str(e))
             status = actuators.RebootStatus(actuators.RebootPhase.ISSUED)
