@@ -52,8 +52,6 @@ NODE_CACHE_MAX = 1 << 17
 """Most telemetry subjects whose node ``Ingest.node_of`` remembers (the cache is emptied past it)."""
 ENERGY_TOPOLOGY_S = 30.0
 """How often the energy meter re-reads which domains each node counts into."""
-SUSPECT_S = 10.0
-"""How long a node that sent something that is not its frame has every message checked before it queues."""
 FRAMES_BATCH = 64
 """Most frames taken from the fair backlog per call (``on_frames``); the event loop runs between."""
 
@@ -113,8 +111,9 @@ class Ingest:
             metrics.frames_stale.labels(verdict.value)
         """Each node's (boot_id, seq): a repeated or late frame is dropped before it reaches a counter."""
         self._stale = throttle.Throttled(log, "controller.frame_stale")
-        self._suspect: dict[str, float] = {}
-        """Nodes that sent something bad lately → until when each message of theirs is checked first."""
+        self._vetted_out = [0, 0]
+        """Refused at the door since the last tick: [naming another node, not a frame at all]."""
+        self._vetted_subject = ""
         self.telemetry_bus: bus_base.Bus = bus
         self.frames_sub: bus_base.Subscription
         self.steps_sub: bus_base.Subscription | None = None
@@ -205,37 +204,19 @@ class Ingest:
         return node
 
     def vet_frame(self, subject: str, data: bytes, crowded: bool) -> bool:
-        """Before a message queues (after ``screen_frame``): a node whose queue is full (``crowded``: a
-        flood on its own subject) or that sent something bad in the last ``SUSPECT_S`` has each message
-        checked by the strict decoder, which must name the subject's node; anything else is counted,
-        dropped, and keeps the node suspect. A node that sends only frames is never checked here."""
-        node = self.node_of(subject)
+        """Before a message queues (after ``screen_frame``): when its node already has
+        ``frames_per_node`` waiting (``crowded``: a flood on its own subject), it may push the oldest
+        out only if the strict decoder reads it as a frame naming the subject's node. What is refused
+        is only tallied here, as cheaply as a shed (a flood sends hundreds of thousands a second), and
+        counted and logged at the next tick (``account``). An uncrowded node is never checked here."""
         if not crowded:
-            until = self._suspect.get(node)
-            if until is None:
-                return True
-            if self.clock() >= until:
-                del self._suspect[node]
-                return True
-        named = codec.strict_node(data)
-        if named == node:
             return True
-        self.suspect(node)
-        if named is None:
-            e = errors.DecodeError(
-                "frame", "validation", "not a valid frame (strict decoder, node under a flood)"
-            )
-            self.count_bad(e)
-            self._bad_frames.note(e.reason, subject=subject, detail=e.detail)
-        else:
-            self.admission.reject("frame", "identity_mismatch", node, claimed=named)
+        named = codec.strict_node(data)
+        if named is not None and named == self.node_of(subject):
+            return True
+        self._vetted_out[named is None] += 1
+        self._vetted_subject = subject
         return False
-
-    def suspect(self, node: str) -> None:
-        """``node`` sent something bad: its messages are checked at the door for ``SUSPECT_S``."""
-        if len(self._suspect) >= NODE_CACHE_MAX:
-            self._suspect.clear()
-        self._suspect[node] = self.clock() + SUSPECT_S
 
     async def on_frames(self, msgs: list[bus_base.Msg]) -> None:
         """Frames from the fair backlog, which ``screen_frame`` let in, in the order it gives them."""
@@ -257,7 +238,6 @@ class Ingest:
         try:
             frame = self.engine.decode(msg.data)
         except errors.DecodeError as e:
-            self.suspect(node)
             self.count_bad(e)
             self._bad_frames.note(e.reason, subject=msg.subject, detail=e.detail)
             return False
@@ -287,6 +267,21 @@ class Ingest:
             self.metrics.lag.observe(max(0.0, now - frame.ts))
         return True
 
+    def _account_vetted(self) -> None:
+        """What ``vet_frame`` refused since the last tick, into the metrics and the throttled log."""
+        other, bad = self._vetted_out
+        if not other and not bad:
+            return
+        self._vetted_out = [0, 0]
+        subject = self._vetted_subject
+        if bad:
+            self.metrics.decode_errors.labels("frame", "validation").inc(bad)
+            self._bad_frames.note(
+                "validation", count=bad, subject=subject, detail="not a frame (strict decoder, node flooded)"
+            )
+        if other:
+            self.admission.reject("frame", "identity_mismatch", self.node_of(subject), count=other)
+
     def count_bad(self, e: errors.DecodeError) -> None:
         self.metrics.decode_errors.labels(e.kind, e.reason).inc()
         for field in e.fields:
@@ -312,7 +307,8 @@ class Ingest:
         return forgotten.resolved
 
     def account(self) -> None:
-        """Once per tick: the frames buffer, frames dropped and reconnects since the last tick."""
+        """Once per tick: the frames buffer, frames dropped, refused at the door and reconnects since the
+        last tick."""
         self.metrics.frames_pending.set(self.frames_sub.pending)
         if self.energy is not None:
             now = self.clock()
@@ -322,6 +318,7 @@ class Ingest:
             self.energy.fold(now)
         self.metrics.frames_dropped.inc(self.frames_sub.dropped - self._frames_dropped)
         self._frames_dropped = self.frames_sub.dropped
+        self._account_vetted()
         self._drops.report(dropped=self._frames_dropped, bad=self._bad_frames.total)
         self._bad_frames.flush()
         self._stale.flush()

@@ -159,8 +159,9 @@ class Admission:
         self.metrics.clock_skewed.labels(kind).inc()
         return False
 
-    def reject(self, kind: Kind, reason: Reason, node: str, **detail: Any) -> bool:
-        self.metrics.messages_rejected.labels(kind, reason).inc()
+    def reject(self, kind: Kind, reason: Reason, node: str, count: int = 1, **detail: Any) -> bool:
+        """Count (``count`` tallied elsewhere, or one) and log at a bounded rate; False, for ``return``."""
+        self.metrics.messages_rejected.labels(kind, reason).inc(count)
         if self.throttle.allow((kind, reason)):
             self.log.warning(
                 "controller.message_rejected", kind=kind, reason=reason, node=node,

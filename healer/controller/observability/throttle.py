@@ -34,11 +34,11 @@ class Throttled:
     def total(self) -> int:
         return sum(self.totals.values())
 
-    def note(self, reason: str, **fields: Any) -> bool:
-        """Count one; log it (with the counts since the last line) if none was logged within
-        ``every_s``. Returns whether a line was written."""
-        self._since[reason] += 1
-        self.totals[reason] += 1
+    def note(self, reason: str, count: int = 1, **fields: Any) -> bool:
+        """Count one (or ``count`` tallied elsewhere); log it (with the counts since the last line) if
+        none was logged within ``every_s``. Returns whether a line was written."""
+        self._since[reason] += count
+        self.totals[reason] += count
         self._last = (reason, fields)
         if self.clock() - self._at < self.every_s:
             return False
