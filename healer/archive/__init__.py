@@ -2,6 +2,6 @@
 
 ``consumer`` is ``healer archive``, a durable consumer of ``HEALER_INCIDENTS`` writing every event into
 SQLite (``store``: events, incidents, actions, ladder outcomes, operators' verdicts), idempotent by event
-id. ``figures`` computes the report (``healer report``) from the archive, ``html`` renders it as one
+id. ``figures`` computes the report (``healer report``) from the archive, ``page`` renders it as one
 self-contained page. docs/archive.md is the contract: the schema, the figures and their definitions.
 """

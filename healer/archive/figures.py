@@ -1,7 +1,7 @@
 """The report's figures, read from the archive: ``healer report`` (docs/archive.md defines each one).
 
 ``build`` takes the archive, the window's end and length and a few settings, and returns the report as
-plain data (schema ``healer.report.v1``), which ``healer report --json`` prints and ``html`` draws. It
+plain data (schema ``healer.report.v1``), which ``healer report --json`` prints and ``page`` draws. It
 reads, never writes; every assumption it makes (a node's GPU count, the fleet's size) is stated in the
 report's ``assumptions``.
 """
