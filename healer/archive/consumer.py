@@ -20,6 +20,7 @@ import dataclasses
 import sqlite3
 from typing import Literal
 
+import prometheus_client as prom
 import structlog
 
 from healer import config, errors
@@ -38,12 +39,15 @@ ACK_TIMEOUT_S = 5.0
 
 @dataclasses.dataclass
 class Counts:
-    """What the archiver did, for logs and tests."""
+    """What the archiver did, for logs and tests (``healer_archive_events_total{result}`` on /metrics)."""
 
     stored: int = 0
     duplicates: int = 0
     malformed: int = 0
     batches: int = 0
+
+
+RESULTS = ("stored", "duplicate", "malformed")
 
 
 class Archiver:
@@ -57,6 +61,7 @@ class Archiver:
         durable: str = DURABLE,
         start: Literal["all", "new"] = "all",
         batch: int = BATCH,
+        registry: prom.CollectorRegistry | None = None,
     ) -> None:
         self.bus = bus
         self.subj = subj
@@ -66,6 +71,14 @@ class Archiver:
         self.start = start
         self.batch = batch
         self.counts = Counts()
+        self.events = prom.Counter(
+            "healer_archive_events_total",
+            "feed messages archived (stored), already in the archive (duplicate), or not CloudEvents",
+            ["result"],
+            registry=registry if registry is not None else prom.CollectorRegistry(),
+        )
+        for result in RESULTS:
+            self.events.labels(result)
         self.log = log.bind(durable=durable)
         self.consumer: base.PullConsumer | None = None
 
@@ -137,6 +150,7 @@ class Archiver:
             item = envelope.classify(msg.data, msg.seq)
         except errors.DecodeError as e:
             self.counts.malformed += 1
+            self.events.labels("malformed").inc()
             self.log.warning("archive.malformed", seq=msg.seq, subject=msg.subject, reason=e.reason)
             return
         if item.incident is not None:
@@ -151,3 +165,4 @@ class Archiver:
             self.counts.stored += 1
         else:
             self.counts.duplicates += 1
+        self.events.labels("stored" if added else "duplicate").inc()

@@ -11,9 +11,11 @@ import asyncio
 import pathlib
 from typing import TYPE_CHECKING, Any
 
+import prometheus_client as prom
 import structlog
 
-from healer import errors, logs
+from healer import errors, health, logs, tasks
+from healer.bus import nats as natsbus
 from healer.bus import subjects
 from healer.cli import common, lazy
 
@@ -39,33 +41,54 @@ def register(sub: Any) -> None:
         default="all",
         help="where a new durable consumer starts: the whole stream or new events (default: all)",
     )
+    a.add_argument(
+        "--metrics-port", type=int, default=0, help="/metrics, /healthz, /readyz port, 0 = off (0)"
+    )
     a.set_defaults(func=_archive)
 
 
 def _archive(args: argparse.Namespace) -> int:
+    """Archive until a signal: /metrics and health on ``--metrics-port``, systemd's READY and watchdog
+    from the heartbeat, an interruptible connect."""
     s = common.settings(args)
     logs.configure(s.log.level, s.log.format)
+    registry = prom.CollectorRegistry()
+    failures = tasks.failures_counter("healer_archive", registry)
+    beat = health.Health(registry)
     try:
         db = store.Archive(args.db)
-    except errors.PermanentError as e:  # an unwritable path, a file of another schema: fix, run again
+        if args.metrics_port:
+            beat.serve(s.feed.metrics_addr, args.metrics_port, setting="--metrics-port")
+    except errors.PermanentError as e:  # an unwritable path, another schema, a busy port: fix, run again
         raise common.SettingsError(str(e)) from e
 
     async def run(stop: asyncio.Event) -> None:
-        bus = await common.until_stopped(
-            common.connect(s, f"healer-archive-{args.durable}", service=True), stop
-        )
-        try:
-            archiver = consumer.Archiver(
-                bus, subjects.Subjects(s.nats.prefix), db, s.feed, durable=args.durable, start=args.start
+        bus: natsbus.NatsBus | None = None
+
+        def ready() -> health.Verdict:
+            up = bus is not None and bus.connected
+            return health.Verdict.of(
+                nats=health.Check(up, "connected" if up else f"not connected to {s.nats.url}")
             )
-            log.info("archive.starting", db=str(args.db), durable=args.durable)
-            await archiver.run(stop)
-            log.info("archive.stopped", **vars(archiver.counts))
-        finally:
-            await bus.close()
+
+        async with common.heartbeat("archive", beat, ready, failures):
+            bus = await common.until_stopped(
+                common.connect(s, f"healer-archive-{args.durable}", service=True), stop
+            )
+            try:
+                archiver = consumer.Archiver(
+                    bus, subjects.Subjects(s.nats.prefix), db, s.feed, durable=args.durable, start=args.start,
+                    registry=registry,
+                )  # fmt: skip
+                log.info("archive.starting", db=str(args.db), durable=args.durable)
+                await archiver.run(stop)
+                log.info("archive.stopped", **vars(archiver.counts))
+            finally:
+                await bus.close()
 
     try:
         common.run(run)
     finally:
+        beat.close()
         db.close()
     return 0
