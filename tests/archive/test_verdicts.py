@@ -12,7 +12,7 @@ from healer import config
 from healer.archive import consumer, figures, store
 from healer.bus import embedded
 from healer.bus import nats as natsbus
-from healer.feed import envelope
+from healer.feed import envelope, tail
 from healer.schemas import codec, verdicts
 from tests import conftest
 from tests.feed import helpers
@@ -80,3 +80,11 @@ def test_feed_consumers_take_a_verdict_as_a_verdict_not_as_a_malformed_incident(
         verdicts.Verdict.CONFIRMED,
         "incident/inc-7",
     )
+
+
+def test_tail_prints_a_verdict_as_one_line() -> None:
+    data = verdicts.VerdictData(
+        incident_id="inc-7", verdict=verdicts.Verdict.FALSE_ALARM, by="ana", note="a\nfan"
+    )
+    item = envelope.classify(codec.encode(verdicts.build(cluster="c", data=data, ts=0.0)))
+    assert tail.render(item) == "1970-01-01T00:00:00Z verdict false-alarm inc-7 by ana: a fan"
