@@ -225,6 +225,8 @@ def _repeat_offenders(archive: store.Archive, opts: Options) -> list[dict[str, A
                 "gpu_index": gpu,
                 "gpu_uuid": next((m["gpu_uuid"] for m in reversed(members) if m["gpu_uuid"]), None),
                 "incidents": len(members),
+                "mean_time_between_s": (members[-1]["opened_at"] - members[0]["opened_at"])
+                / (len(members) - 1),
                 "rules": sorted({m["rule_id"] for m in members}),
                 "incident_ids": [m["incident_id"] for m in members],
             }

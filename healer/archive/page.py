@@ -166,13 +166,14 @@ def _tables(report: dict[str, Any]) -> list[str]:
         ),
         "<h2>Repeat offenders (RMA candidates)</h2>",
         _table(
-            ("node", "GPU", "UUID", "incidents", "rules", "incident ids"),
+            ("node", "GPU", "UUID", "incidents", "mean time between", "rules", "incident ids"),
             [
                 (
                     o["node"],
                     "node" if o["gpu_index"] is None else o["gpu_index"],
                     o["gpu_uuid"] or "-",
                     o["incidents"],
+                    _dur(o["mean_time_between_s"]),
                     ", ".join(o["rules"]),
                     ", ".join(o["incident_ids"]),
                 )

@@ -142,15 +142,26 @@ def contained_at(data: incidents.IncidentData) -> float | None:
 class Archive:
     """One SQLite file. Each ``add_*`` call stores one event; ``commit`` makes what was added durable."""
 
-    def __init__(self, path: pathlib.Path | str) -> None:
+    def __init__(self, path: pathlib.Path | str, *, readonly: bool = False) -> None:
+        """Open (or make) the archive; ``readonly``: an existing one, for reading only (``healer report``)."""
         self.path = str(path)
         try:
+            if readonly:
+                self.db = sqlite3.connect(f"{pathlib.Path(path).resolve().as_uri()}?mode=ro", uri=True)
+                self._check_version()
+                return
             self.db = sqlite3.connect(self.path, isolation_level="DEFERRED")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self._migrate()
         except sqlite3.Error as e:
             raise errors.PermanentError(f"cannot open the archive {self.path}: {e}") from e
+
+    def _check_version(self) -> None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None or int(row[0]) != SCHEMA_VERSION:
+            found = "no schema version" if row is None else f"archive schema {row[0]}"
+            raise errors.PermanentError(f"{self.path} holds {found}; this healer reads {SCHEMA_VERSION}")
 
     def _migrate(self) -> None:
         row = None

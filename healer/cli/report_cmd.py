@@ -67,7 +67,7 @@ def _report(args: argparse.Namespace) -> int:
         repeat_window_s=args.repeat_window,
     )  # fmt: skip
     try:
-        with store.Archive(args.db) as db:
+        with store.Archive(args.db, readonly=True) as db:
             report = figures.build(db, opts)
     except sqlite3.Error as e:
         raise errors.PermanentError(f"cannot read the archive {args.db}: {e}") from e

@@ -136,8 +136,8 @@ def test_every_figure_of_the_report(archive: pathlib.Path) -> None:
     }
     assert r["repair_times_s"] == [3600.0, 7200.0, 14400.0, 3600.0]  # g, a, b, c by open time
     assert r["repeat_offenders"] == [
-        {"node": "n1", "gpu_index": 0, "gpu_uuid": None, "incidents": 3, "rules": ["ecc-uncorrectable"],
-         "incident_ids": ["inc-a", "inc-b", "inc-c"]},
+        {"node": "n1", "gpu_index": 0, "gpu_uuid": None, "incidents": 3, "mean_time_between_s": DAY,
+         "rules": ["ecc-uncorrectable"], "incident_ids": ["inc-a", "inc-b", "inc-c"]},
     ]  # fmt: skip
     assert r["breaker_trips"] == [
         {"incident_id": "inc-f", "opened_at": END - 4 * DAY, "resolved_at": END - 4 * DAY + H}

@@ -84,3 +84,16 @@ def test_a_file_of_another_schema_version_is_refused_untouched(tmp_path: pathlib
         store.Archive(path)
     with sqlite3.connect(path) as raw:
         assert raw.execute("SELECT value FROM meta").fetchone() == ("99",)
+
+
+def test_a_reader_opens_the_archive_read_only(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "a.db"
+    with store.Archive(path) as db:
+        db.add_incident(EVENTS[0], codec.encode(EVENTS[0]), seq=1)
+        db.commit()
+    with store.Archive(path, readonly=True) as reader:
+        assert reader.count("incidents") == 1
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            reader.add_incident(EVENTS[1], codec.encode(EVENTS[1]), seq=2)
+    with pytest.raises(errors.PermanentError, match="cannot open"):
+        store.Archive(tmp_path / "absent.db", readonly=True)
