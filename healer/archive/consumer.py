@@ -15,7 +15,6 @@ other CloudEvents on the feed (rule-file rejections, types a later controller ad
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import sqlite3
 from typing import Literal
@@ -91,10 +90,9 @@ class Archiver:
         finally:
             for task in (loop, waiter):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await asyncio.gather(loop, waiter, return_exceptions=True)
             await self._unbind()
-        if loop.done() and not loop.cancelled() and (failed := loop.exception()) is not None:
+        if not loop.cancelled() and (failed := loop.exception()) is not None:
             raise failed
 
     async def _loop(self) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import sqlite3
 from collections.abc import AsyncIterator
 
 import pytest
 
-from healer import config
+from healer import config, errors
 from healer.archive import consumer, store
 from healer.bus import embedded
 from healer.bus import nats as natsbus
@@ -138,4 +139,29 @@ async def test_junk_on_the_feed_is_skipped_and_other_cloudevents_are_kept(
         "com.example.thing",
         "io.healer.incident.opened.v1",
     ]
+    db.close()
+
+
+async def test_a_batch_that_cannot_be_written_is_not_acknowledged_and_comes_again(
+    nats_bus: natsbus.NatsBus, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await helpers.publish(nats_bus, lifecycle(0)[0])
+    db = store.Archive(tmp_path / "archive.db")
+    settings = FAST.model_copy(update={"ack_wait_s": 1.0})
+
+    def disk_full(*_: object) -> bool:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(db, "add_incident", disk_full)
+    failing = consumer.Archiver(nats_bus, helpers.SUBJ, db, settings)
+    with pytest.raises(errors.PermanentError, match="disk is full"):
+        await asyncio.wait_for(failing.run(asyncio.Event()), 10)
+    monkeypatch.undo()
+    assert db.count("events") == 0  # rolled back
+    again = Running(consumer.Archiver(nats_bus, helpers.SUBJ, db, settings))
+    try:
+        await conftest.until(lambda: again.archiver.counts.stored == 1)  # redelivered after the ack wait
+    finally:
+        await again.finish()
+    assert db.count("incidents") == 1
     db.close()
