@@ -213,4 +213,12 @@ def test_the_command_prints_the_json_and_writes_the_page(
     printed = orjson.loads(capsys.readouterr().out)
     assert printed == orjson.loads(orjson.dumps(build(archive, fleet_gpus=100)))
     assert out.read_text().startswith("<!doctype html>")
+    assert cli.main(["report", "--db", str(archive), "--fleet-gpus", "100", "--now", str(END)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "incidents 5, GPU-hours lost 24.00, fleet health score 99.9",
+        "  ecc-uncorrectable (gpu): 3 incidents, repair p50 2h",
+        "  gpu-overheating (gpu): 1 incidents, repair p50 1h",
+        "  node-silent (node): 1 incidents, repair p50 -",
+        "  repeat offender n1/gpu0: 3 incidents (ecc-uncorrectable)",
+    ]
     assert cli.main(["report", "--db", str(tmp_path / "none.db")]) == 2
