@@ -8,6 +8,7 @@ rest is tables of ``figures.build``'s data.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -73,6 +74,7 @@ def bars_svg(
     top = max((sum(parts.values()) for _, parts in bars), default=0.0) or 1.0
     plot_h, left, bottom = height - 40, 50, height - 25
     step = (width - left - 10) / max(len(bars), 1)
+    label_every = max(1, math.ceil(len(bars) * 80 / (width - left)))  # labels 80 px apart at least
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 20 * len(keys)}">']
     out.append(f'<text x="4" y="12">{_e(_num(top))} {_e(unit)}</text>')
     out.append(f'<line x1="{left}" y1="{bottom}" x2="{width - 10}" y2="{bottom}" stroke="#999"/>')
@@ -87,7 +89,8 @@ def bars_svg(
                     f'fill="{colour[key]}">'
                     f"<title>{_e(label)} {_e(key)}: {_e(_num(parts[key], 2))} {_e(unit)}</title></rect>"
                 )
-        out.append(f'<text x="{x:.1f}" y="{bottom + 14}">{_e(label)}</text>')
+        if i % label_every == 0:
+            out.append(f'<text x="{x:.1f}" y="{bottom + 14}">{_e(label)}</text>')
     for j, key in enumerate(keys):
         ly = height + 20 * j
         out.append(f'<rect x="{left}" y="{ly}" width="10" height="10" fill="{colour[key]}"/>')
@@ -104,7 +107,8 @@ def render(report: dict[str, Any]) -> str:
     score = "-" if fleet["health_score"] is None else f"{fleet['health_score']:.1f}"
     avail = "-" if fleet["availability"] is None else f"{100 * fleet['availability']:.2f} %"
     hist = [(label, {"repairs": float(n)}) for label, n in repair_histogram(report["repair_times_s"])]
-    days = list(report["gpu_hours_lost"]["by_day"].items())
+    by_day = report["gpu_hours_lost"]["by_day"]
+    days = [(day, by_day.get(day, {})) for day in _days(w["start"], w["end"])]
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>healer reliability report</title>"
         f"<style>{CSS}</style></head><body>",
@@ -198,3 +202,12 @@ def _tables(report: dict[str, Any]) -> list[str]:
 
 def _ts(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _days(start: float, end: float) -> list[str]:
+    """Every UTC date the window touches, so a day without loss shows as an empty bar."""
+    out, t = [], start
+    while t < end:
+        out.append(datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d"))
+        t = (t // 86400 + 1) * 86400
+    return out
