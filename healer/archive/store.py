@@ -92,6 +92,9 @@ OUTCOME_KEY: Final = "outcome"
 """``evidence.outcome``: how a recovery ladder (or a shared-cause incident) ended (docs/remediation.md)."""
 LADDER_KEY: Final = "ladder"
 """``evidence.ladder``: the recovery ladder an incident follows."""
+RESOLVED: Final[incidents.Change] = "resolved"
+"""The change that ends an incident (typed by the schema's ``Change``, so mypy holds it to the model)."""
+ESCALATED: Final[incidents.Change] = "escalated"
 
 _INCIDENT_UPSERT: Final = """
 INSERT INTO incidents VALUES (
@@ -216,8 +219,8 @@ class Archive:
                 "ladder": None if ladder is None else str(ladder),
                 "outcome": None if outcome is None else str(outcome),
                 "time": ts, "seq": seq, "contained_at": contained_at(d),
-                "resolved_at": ts if ev.change == "resolved" else None,
-                "escalated_at": ts if ev.change == "escalated" else None,
+                "resolved_at": ts if ev.change == RESOLVED else None,
+                "escalated_at": ts if ev.change == ESCALATED else None,
             },
         )  # fmt: skip
         self.db.executemany(
