@@ -69,7 +69,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "middle": (
         "healer.telemetry", "healer.bus", "healer.rules", "healer.anomaly", "healer.sim", "healer.actuators",
-        "healer.feed", "healer.security", "healer.testing",
+        "healer.feed", "healer.archive", "healer.security", "healer.testing",
     ),
     "top": (
         "healer.agent", "healer.controller", "healer.demo", "healer.evals", "healer.ui", "healer.cli",

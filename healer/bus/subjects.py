@@ -77,6 +77,10 @@ class Subjects:
     def incident(self, change: IncidentChange, node: str) -> str:
         return f"{self.prefix}.incidents.{change}.{escape_node(node)}"
 
+    def verdict(self, incident_id: str) -> str:
+        """An operator's verdict on an incident (``schemas.verdicts``; stored in the incidents stream)."""
+        return f"{self.prefix}.incidents.verdict.{escape_node(incident_id)}"
+
     @property
     def rules_rejected(self) -> str:
         """Controller notices that a rule reload was rejected (stored in the incidents stream)."""

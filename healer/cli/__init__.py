@@ -31,6 +31,8 @@ GROUPS = [
     "healer.cli.nats_cmd",
     "healer.cli.telemetry_cmd",
     "healer.cli.feed_cmd",
+    "healer.cli.archive_cmd",
+    "healer.cli.report_cmd",
     "healer.cli.alertmanager_cmd",
     "healer.cli.act_cmd",
     "healer.cli.bench_cmd",

@@ -18,7 +18,7 @@ import structlog
 from healer import config, errors, health, logs
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.cli import common
+from healer.cli import common, verdict_cmd
 from healer.feed import envelope, forward, tail, webhook
 from healer.schemas import codec
 
@@ -47,6 +47,7 @@ def register(sub: Any) -> None:
     c.add_argument("--by", help="who closes it (default: your user name)")
     c.add_argument("--reason", default="closed by an operator")
     c.set_defaults(func=_close)
+    verdict_cmd.register(isub)
 
     f = sub.add_parser(
         "forward", help="deliver the incident feed to an HTTP receiver", description=forward.__doc__

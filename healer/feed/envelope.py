@@ -1,8 +1,9 @@
 """What a message on the incident feed is: a healer incident, another CloudEvent, or garbage.
 
 The feed carries CloudEvents 1.0 in the JSON event format (the structured-mode body). Incident events
-(``io.healer.incident.*``) and rule-file rejections (``io.healer.rules.rejected.v1``) are validated in
-full against their models in ``schemas.incidents``; other CloudEvents a later controller may add only
+(``io.healer.incident.*``), rule-file rejections (``io.healer.rules.rejected.v1``) and operators'
+verdicts (``io.healer.incident.verdict.v1``, ``schemas.verdicts``) are validated in full against their
+models; other CloudEvents a later controller may add only
 need a valid envelope, so consumers pass them on instead of calling them malformed. Anything else raises
 ``errors.DecodeError`` and is counted by callers.
 """
@@ -15,7 +16,7 @@ from typing import Any
 import pydantic
 
 from healer import errors
-from healer.schemas import cloudevent, codec, incidents
+from healer.schemas import cloudevent, codec, incidents, verdicts
 
 KIND = "cloudevent"
 
@@ -36,6 +37,9 @@ class Item:
     envelope: Envelope
     incident: incidents.IncidentEvent | None = None
     rules_rejected: incidents.RulesRejectedEvent | None = None
+    verdict: verdicts.VerdictEvent | None = None
+    """An operator's verdict on an incident (its type shares the incidents' prefix, so it is told apart
+    first)."""
     stream_seq: int = 0
     """The message's JetStream stream sequence (0 when it did not come from the stream)."""
 
@@ -51,6 +55,12 @@ def classify(data: bytes, stream_seq: int = 0) -> Item:
         if first and first[0]["type"] == "json_invalid":
             raise errors.DecodeError(KIND, "json", first[0]["msg"]) from None
         raise errors.DecodeError(KIND, "validation", f"not a CloudEvent: {_first(e)}") from None
+    if env.type == verdicts.TYPE:
+        try:
+            verdict = verdicts.VerdictEvent.model_validate_json(data)
+        except pydantic.ValidationError as e:
+            raise errors.DecodeError("verdict", "validation", _first(e)) from None
+        return Item(raw=data, envelope=env, verdict=verdict, stream_seq=stream_seq)
     if env.type.startswith(incidents.TYPE_PREFIX):
         return Item(raw=data, envelope=env, incident=codec.decode_incident(data), stream_seq=stream_seq)
     if env.type == incidents.RULES_REJECTED_TYPE:

@@ -102,6 +102,12 @@ def render(item: envelope.Item) -> str:
     ev = item.incident
     if item.rules_rejected is not None:
         return _render_rejected(item.rules_rejected)
+    if item.verdict is not None:
+        v = item.verdict
+        note = " ".join(v.data.note.split())
+        return f"{_iso(v.time)} verdict {v.data.verdict} {v.data.incident_id} by {v.data.by}" + (
+            f": {note}" if note else ""
+        )
     if ev is None:
         env = item.envelope
         return f"{_iso(env.time)} {env.type} {env.subject or '-'} id={env.id}"

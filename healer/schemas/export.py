@@ -8,7 +8,16 @@ from typing import Any
 
 import pydantic
 
-from healer.schemas import budgets, commands, doctor_report, events, incidents, stepreport, telemetry
+from healer.schemas import (
+    budgets,
+    commands,
+    doctor_report,
+    events,
+    incidents,
+    stepreport,
+    telemetry,
+    verdicts,
+)
 
 DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "node-frame.v1.json": telemetry.NodeFrame,
@@ -18,6 +27,7 @@ DOCUMENTS: dict[str, type[pydantic.BaseModel]] = {
     "command-result.v1.json": commands.CommandResult,
     "incident-event.v1.json": incidents.IncidentEvent,
     "rules-rejected-event.v1.json": incidents.RulesRejectedEvent,
+    "verdict-event.v1.json": verdicts.VerdictEvent,
     "step-report.v1.json": stepreport.StepReport,
     "power-shed.v1.json": budgets.ShedRequest,
     "power-shed-result.v1.json": budgets.ShedResult,

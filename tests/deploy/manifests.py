@@ -20,6 +20,7 @@ EXTERNAL = {
     ("Secret", "healer-controller-nats"),
     ("Secret", "healer-ui-nats"),
     ("Secret", "healer-alertmanager-nats"),
+    ("Secret", "healer-archive-nats"),
     ("ConfigMap", "healer-nats-ca"),
 }
 """Objects the operator creates from `healer nats config` output and their PKI (docs/deployment.md)."""

@@ -215,7 +215,7 @@ def test_image_runs_the_healer_command_so_args_start_with_the_subcommand() -> No
         and d["kind"] in m.WORKLOADS
         and d["metadata"]["name"] != "healer-nats"
     }
-    assert subcommands == {"agent", "controller", "ui", "alertmanager"}
+    assert subcommands == {"agent", "controller", "ui", "alertmanager", "archive"}
 
 
 def test_agent_command_lines_parse_with_the_real_cli() -> None:

@@ -106,4 +106,4 @@ def test_every_metrics_port_has_a_pod_monitor_selecting_its_pods() -> None:
         assert endpoint["path"] == "/metrics"
         assert any(r.get("targetLabel") == "cluster" for r in endpoint["relabelings"])  # the dashboard's
         scraped.add(workload["metadata"]["name"])
-    assert scraped == {"healer-agent", "healer-controller", "healer-alertmanager"}
+    assert scraped == {"healer-agent", "healer-controller", "healer-alertmanager", "healer-archive"}

@@ -1,0 +1,259 @@
+"""The report's figures, read from the archive: ``healer report`` (docs/archive.md defines each one).
+
+``build`` takes the archive, the window's end and length and a few settings, and returns the report as
+plain data (schema ``healer.report.v1``), which ``healer report --json`` prints and ``page`` draws. It
+reads, never writes; every assumption it makes (a node's GPU count, the fleet's size) is stated in the
+report's ``assumptions``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+
+from healer.archive import store
+from healer.schemas import incidents, verdicts
+
+SCHEMA: Final = "healer.report.v1"
+BREAKER_RULE: Final = "circuit-breaker"
+"""The circuit breaker's incidents (docs/events.md): trips, not faults; no capacity of their own."""
+SHARED_CAUSE_RULE: Final = "shared-cause"
+"""A shared-cause domain incident (docs/controller.md): its members are incidents of their own."""
+NOT_FAULTS: Final = frozenset({BREAKER_RULE, SHARED_CAUSE_RULE})
+NODE_GPU_KEYS: Final = ("gpus_expected", "gpu_count")
+"""Evidence values that give a node's GPU count, first found wins."""
+SEVERITY_WEIGHT: Final[dict[str, float]] = {
+    name: level.rank / max(lv.rank for lv in incidents.SEVERITY_LEVELS.values())
+    for name, level in incidents.SEVERITY_LEVELS.items()
+}
+"""An incident's weight in the fleet health score: its severity's rank over the highest rank (info 0,
+warning 1/3, major 2/3, critical 1)."""
+DAY_S: Final = 86400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    end: float
+    """The window's end (unix seconds): now, normally."""
+    since_s: float
+    """The window's length."""
+    fleet_gpus: int | None = None
+    """GPUs in the fleet; None: the nodes the archive has seen times ``node_gpus``."""
+    node_gpus: int = 8
+    """A node's GPU count when its incident's evidence does not give one."""
+    repeat_threshold: int = 3
+    repeat_window_s: float = 30 * DAY_S
+
+    @property
+    def start(self) -> float:
+        return self.end - self.since_s
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Nearest rank: the smallest value with at least ``p`` % of the values at or below it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(p / 100 * len(ordered)), 1) - 1]
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    return {"count": len(values), "p50_s": percentile(values, 50), "p90_s": percentile(values, 90)}
+
+
+def gpus_of(row: Mapping[str, Any], node_gpus: int) -> int:
+    """GPUs an incident takes out of service: 1 for a GPU or port, the node's count for a node, 0 for the
+    breaker's and shared-cause incidents."""
+    if row["rule_id"] in NOT_FAULTS:
+        return 0
+    if row["scope"] != "node":
+        return 1
+    evidence = orjson.loads(row["evidence"])
+    for key in NODE_GPU_KEYS:
+        value = evidence.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return node_gpus
+
+
+def _day(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
+
+
+def _split_by_day(start: float, end: float) -> Iterable[tuple[str, float]]:
+    """``[start, end)`` cut at UTC midnights: (day, seconds in it)."""
+    t = start
+    while t < end:
+        midnight = (math.floor(t / DAY_S) + 1) * DAY_S
+        upto = min(end, midnight)
+        yield _day(t), upto - t
+        t = upto
+
+
+def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
+    """The report for ``[opts.start, opts.end]``."""
+    rows = [
+        dict(r)
+        for r in archive.rows(
+            "SELECT * FROM incidents WHERE opened_at < ? AND (resolved_at IS NULL OR resolved_at > ?)"
+            " ORDER BY opened_at, incident_id",
+            (opts.end, opts.start),
+        )
+    ]
+    opened = [r for r in rows if r["opened_at"] >= opts.start]
+    faults = [r for r in opened if r["rule_id"] not in NOT_FAULTS]
+    lost = _gpu_hours(rows, opts)
+    fleet_gpus, fleet_source = _fleet(archive, opts)
+    window_gpu_h = fleet_gpus * opts.since_s / 3600
+    weighted = sum(SEVERITY_WEIGHT[r["severity"]] * h for r, h in lost["per_incident"])
+    total_lost = sum(h for _, h in lost["per_incident"])
+    return {
+        "schema": SCHEMA,
+        "window": {"start": opts.start, "end": opts.end, "seconds": opts.since_s},
+        "assumptions": {
+            "node_gpus": opts.node_gpus,
+            "fleet_gpus": fleet_gpus,
+            "fleet_gpus_source": fleet_source,
+            "percentile": "nearest rank",
+        },
+        "totals": {"incidents": len(faults), "gpu_hours_lost": total_lost},
+        "by_rule": _by_rule(faults),
+        "gpu_hours_lost": {"by_cause": lost["by_cause"], "by_day": lost["by_day"]},
+        "repair_times_s": [r["resolved_at"] - r["opened_at"] for r in faults if r["resolved_at"] is not None],
+        "repeat_offenders": _repeat_offenders(archive, opts),
+        "breaker_trips": [
+            {"incident_id": r["incident_id"], "opened_at": r["opened_at"], "resolved_at": r["resolved_at"]}
+            for r in opened
+            if r["rule_id"] == BREAKER_RULE
+        ],
+        "precision": _precision(archive, opts),
+        "fleet": {
+            "availability": (1 - total_lost / window_gpu_h) if window_gpu_h else None,
+            "health_score": max(0.0, 100 * (1 - weighted / window_gpu_h)) if window_gpu_h else None,
+        },
+    }
+
+
+def _by_rule(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in faults:
+        groups[(r["rule_id"], r["scope"])].append(r)
+    out = []
+    for (rule, scope), members in sorted(groups.items()):
+        contain = [r["contained_at"] - r["opened_at"] for r in members if r["contained_at"] is not None]
+        resolve = [r["resolved_at"] - r["opened_at"] for r in members if r["resolved_at"] is not None]
+        outcomes = collections.Counter(r["outcome"] for r in members if r["outcome"] is not None)
+        out.append(
+            {
+                "rule_id": rule,
+                "kind": scope,
+                "incidents": len(members),
+                "escalated": sum(1 for r in members if r["escalated_at"] is not None),
+                "open": sum(1 for r in members if r["resolved_at"] is None),
+                "to_containment": _spread(contain),
+                "to_resolution": _spread(resolve),
+                "ladder_outcomes": dict(sorted(outcomes.items())),
+            }
+        )
+    return out
+
+
+def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
+    per_incident = []
+    by_cause: dict[tuple[str, str], float] = collections.defaultdict(float)
+    by_day: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    for r in rows:
+        gpus = gpus_of(r, opts.node_gpus)
+        if not gpus:
+            continue
+        start = max(r["opened_at"], opts.start)
+        end = min(r["resolved_at"] if r["resolved_at"] is not None else opts.end, opts.end)
+        if end <= start:
+            continue
+        hours = gpus * (end - start) / 3600
+        per_incident.append((r, hours))
+        by_cause[(r["rule_id"], r["scope"])] += hours
+        for day, seconds in _split_by_day(start, end):
+            by_day[day][r["rule_id"]] += gpus * seconds / 3600
+    return {
+        "per_incident": per_incident,
+        "by_cause": [
+            {"rule_id": rule, "kind": kind, "gpu_hours": h} for (rule, kind), h in sorted(by_cause.items())
+        ],
+        "by_day": {day: dict(sorted(causes.items())) for day, causes in sorted(by_day.items())},
+    }
+
+
+def _fleet(archive: store.Archive, opts: Options) -> tuple[int, str]:
+    if opts.fleet_gpus is not None:
+        return opts.fleet_gpus, "given"
+    placeholders = ",".join("?" * len(NOT_FAULTS))
+    (nodes,) = next(
+        archive.rows(
+            f"SELECT count(DISTINCT node) FROM incidents WHERE rule_id NOT IN ({placeholders})",
+            tuple(sorted(NOT_FAULTS)),
+        )
+    )
+    return int(nodes) * opts.node_gpus, f"nodes seen in the archive x {opts.node_gpus}"
+
+
+def _repeat_offenders(archive: store.Archive, opts: Options) -> list[dict[str, Any]]:
+    since = opts.end - opts.repeat_window_s
+    groups: dict[tuple[str, int | None], list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in archive.rows(
+        "SELECT incident_id, rule_id, node, gpu_index, gpu_uuid, opened_at FROM incidents"
+        " WHERE opened_at >= ? AND opened_at < ? ORDER BY opened_at, incident_id",
+        (since, opts.end),
+    ):
+        if r["rule_id"] not in NOT_FAULTS:
+            groups[(r["node"], r["gpu_index"])].append(dict(r))
+    out = []
+    for (node, gpu), members in sorted(
+        groups.items(), key=lambda kv: (-len(kv[1]), kv[0][0], kv[0][1] or -1)
+    ):
+        if len(members) < opts.repeat_threshold:
+            continue
+        out.append(
+            {
+                "node": node,
+                "gpu_index": gpu,
+                "gpu_uuid": next((m["gpu_uuid"] for m in reversed(members) if m["gpu_uuid"]), None),
+                "incidents": len(members),
+                "mean_time_between_s": (members[-1]["opened_at"] - members[0]["opened_at"])
+                / (len(members) - 1),
+                "rules": sorted({m["rule_id"] for m in members}),
+                "incident_ids": [m["incident_id"] for m in members],
+            }
+        )
+    return out
+
+
+def _precision(archive: store.Archive, opts: Options) -> list[dict[str, Any]]:
+    """Per rule, over incidents opened in the window with a verdict: the latest verdict of each counts."""
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for r in archive.rows(
+        "SELECT i.rule_id, v.verdict FROM incidents i JOIN verdicts v ON v.incident_id = i.incident_id"
+        " WHERE i.opened_at >= ? AND i.opened_at < ?"
+        " AND v.id = (SELECT id FROM verdicts w WHERE w.incident_id = i.incident_id"
+        " ORDER BY w.time DESC, w.id DESC LIMIT 1) ORDER BY i.rule_id",
+        (opts.start, opts.end),
+    ):
+        counts[r["rule_id"]][r["verdict"]] += 1
+    out = []
+    for rule, c in sorted(counts.items()):
+        confirmed, false_alarms = c[verdicts.Verdict.CONFIRMED], c[verdicts.Verdict.FALSE_ALARM]
+        out.append(
+            {
+                "rule_id": rule,
+                "confirmed": confirmed,
+                "false_alarms": false_alarms,
+                "precision": confirmed / (confirmed + false_alarms),
+            }
+        )
+    return out
