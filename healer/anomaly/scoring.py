@@ -61,18 +61,51 @@ class Scorer:
         """What this fleet has shown (``thermal.ThermalState``): export it with ``export_state``."""
         self.last_thermal: thermal.Step | None = None
         self.last_scores: npt.NDArray[np.float64] = np.zeros((0, gpus_per_node))
+        self.last_valid: npt.NDArray[np.bool_] = np.zeros((0, gpus_per_node), dtype=bool)
         self._last_now: float | None = None
 
     def observe(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         self.window.observe(frame, at)
 
+    def grid_at(self, now: float) -> float:
+        """The scoring instant ``now`` belongs to: ``now`` floored to the bucket grid (absolute time)."""
+        b = self.window.bucket_s
+        return math.floor(now / b) * b
+
     def score_array(self, now: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-        """Scores (nodes, gpus) in ``window.node_names`` order; 0 where a GPU had no data."""
+        """Scores (nodes, gpus) in ``window.node_names`` order; 0 where a GPU had no data.
+
+        Scoring is on the absolute bucket grid, never on when it was called: ``now`` is floored to the
+        grid (``grid_at``, kept in ``scored_at``), the window is the ``window_s`` of complete buckets
+        before that instant, and every grid instant since the last scoring is stepped in turn (a call
+        one instant late catches up exactly: the ring keeps one complete bucket beyond the window; a
+        longer gap steps its last two instants). A second call within one bucket returns the same
+        scores and learns nothing.
+        The same frames therefore give the same scores whatever the phase of the caller's timer."""
+        at = self.grid_at(now)
+        if self._last_now is not None and at <= self._last_now:
+            return self.last_scores, self.last_valid
         started = time.process_time()
-        base, valid = self.window.features(now)
+        b = self.window.bucket_s
+        # the ring keeps one complete bucket beyond the window: at most one instant back is exact
+        first = at - b if self._last_now is None else max(self._last_now + b, at - b)
+        steps = max(1, round((at - first) / b) + 1)
+        for k in range(steps):
+            out, valid = self._step(first + k * b)
+        self.last_cost_s = time.process_time() - started
+        return out, valid
+
+    def _step(self, at: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        # the window of complete buckets before ``at``: half a bucket back lands in the last of them
+        base, valid = self.window.features(at - self.window.bucket_s / 2)
         out = np.zeros(valid.shape)
+        if self._last_now is None and not valid.any():
+            # nothing complete yet: the scorer's clock starts at the first instant with data, so a
+            # caller that started earlier in the bucket does not learn from a different first step
+            self.last_scores, self.last_valid = out, valid
+            return out, valid
         self.thermal.ensure(self.window.node_names)
-        dt = 0.0 if self._last_now is None else max(0.0, now - self._last_now)
+        dt = 0.0 if self._last_now is None else max(0.0, at - self._last_now)
         cls = self.model.class_index(self.window.models)
         hot = np.nan_to_num(base[..., anomaly_model.THROTTLE_COLUMN]) > 0
         th = self.thermal.step(
@@ -80,7 +113,7 @@ class Scorer:
             base[..., self.model.power_column],
             valid,
             cls,
-            now,
+            at,
             dt,
             hot,
         )
@@ -97,19 +130,22 @@ class Scorer:
             out[valid] = anomaly_model.to_score(self.model.combine(comps), threshold)
         self.last_components = comps_full
         self.last_scores = out
-        self._last_now = now if self._last_now is None else max(now, self._last_now)
-        self.last_cost_s = time.process_time() - started
+        self.last_valid = valid
+        self._last_now = at
         return out, valid
+
+    @property
+    def scored_at(self) -> float | None:
+        """The grid instant of the last scoring (``grid_at``), None before the first."""
+        return self._last_now
 
     def score(self, now: float) -> dict[str, dict[int, float]]:
         """``{node: {gpu_index: anomaly_score}}`` for every node seen, over the window ending ``now``."""
         arr, valid = self.score_array(now)
         rows = arr.tolist()
         ok = valid.tolist()
-        return {
-            name: {g: s for g, s in enumerate(rows[i]) if ok[i][g]}
-            for i, name in enumerate(self.window.node_names)
-        }
+        names = self.window.node_names
+        return {names[i]: {g: s for g, s in enumerate(rows[i]) if ok[i][g]} for i in range(len(rows))}
 
     def export_state(self) -> dict[str, Any]:
         """Everything learned about this fleet, JSON-able (``thermal.ThermalState.export``): save it
