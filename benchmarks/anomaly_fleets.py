@@ -68,26 +68,58 @@ def lines_of(cmd: list[str]) -> Iterator[bytes]:
 
 
 def run_one(
-    fleet: str, seed: int, args: argparse.Namespace, rules: Any, model: Any, episodes: Any
+    fleet: str,
+    seed: int,
+    args: argparse.Namespace,
+    rules: Any,
+    model: Any,
+    episodes: Any,
+    *,
+    faults_on: bool = False,
+    calibrated: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from healer.anomaly import backtest
+    """One cold run (``calibrated``: a pool calibration to start from, as a deployment that has
+    watched this fleet healthy before)."""
+    from healer.anomaly import backtest, cfar
 
     faults: list[str] = []
-    if args.faults:
+    if faults_on:
         kinds = list(FAULT_KINDS[fleet])
         faults = [kinds[i % len(kinds)] for i in range(min(args.nodes, args.per_kind * len(kinds)))]
     with tempfile.TemporaryDirectory() as tmp:
         truth_path = str(pathlib.Path(tmp) / "truth.json") if faults else None
         cmd = gen_command(fleet, seed, args.nodes, args.hours, faults, truth_path)
         started = time.process_time()
+        settings = (
+            cfar.CfarSettings(budget_per_1000_node_days=args.budget, min_node_days=args.min_node_days)
+            if args.calibration == "on"
+            else None
+        )
         bt = backtest.Backtest(
-            rules, {"model": model}, episodes=episodes, score_every_s=args.score_every
-        ).run(lines_of(cmd))
+            rules, {"model": model}, episodes=episodes, score_every_s=args.score_every, calibration=settings
+        )
+        scorer = bt.scorers["model"]
+        if calibrated is not None and scorer.cfar is not None:
+            scorer.cfar.import_(calibrated)
+        bt.run(lines_of(cmd))
         truth = backtest.load_truth(truth_path) if truth_path else []
         out = bt.result(truth)
     out["fleet"], out["seed"] = fleet, seed
     out["cpu_s"] = time.process_time() - started
-    out["shadow"] = dict(getattr(bt.scorers["model"], "shadow_counts", {}) or {})
+    out["shadow"] = scorer.shadow_counts
+    out["pools"] = scorer.cfar.status() if scorer.cfar is not None else []
+    out["calibration"] = scorer.cfar.export() if scorer.cfar is not None else None
+    return out
+
+
+def pool_lines(r: dict[str, Any]) -> list[str]:
+    out = []
+    for p in r["pools"]:
+        thr = " ".join(f"{k.replace('thermal_', 't_')} {v:g}" for k, v in p["thresholds"].items())
+        out.append(
+            f"    pool {p['pool']:<30} {p['state']:<6} {p['node_days']:6.2f} node-days, shadow "
+            f"{p['shadow_incidents']}, live {p['live_incidents']} in {p['live_node_days']:.2f}; {thr}"
+        )
     return out
 
 
@@ -138,6 +170,16 @@ def main() -> int:
     ap.add_argument("--rules", nargs="+", default=[str(REPO / "rules")])
     ap.add_argument("--score-every", type=float, default=30.0)
     ap.add_argument("--json", type=pathlib.Path, help="also write every run's raw result here")
+    ap.add_argument("--calibration", choices=("on", "off"), default="on", help="per-pool thresholds (cfar)")
+    ap.add_argument("--budget", type=float, default=1.0, help="false incidents per 1,000 node-days")
+    ap.add_argument("--min-node-days", type=float, default=2.0, help="calibration before a pool is live")
+    ap.add_argument(
+        "--calibrate-from",
+        type=int,
+        metavar="SEED",
+        help="(with --faults) first watch this healthy seed, same nodes and hours, and start each fault "
+        "run from its pool calibration (a deployment that has watched the fleet before)",
+    )
     args = ap.parse_args()
 
     from healer.anomaly import backtest, persist
@@ -162,11 +204,27 @@ def main() -> int:
             f"{'up95':>8} {'episd':>6} {'shadow':>6} {'rules':>6}  driving component"
         )
     for fleet in args.fleet:
+        calibrated = None
+        if args.faults and args.calibrate_from is not None:
+            warm = run_one(fleet, args.calibrate_from, args, loaded.ruleset, model, episodes)
+            calibrated = warm["calibration"]
+            print(f"{fleet}: calibrated on healthy seed {args.calibrate_from}:")
+            print("\n".join(pool_lines(warm)))
         for seed in args.seeds:
-            r = run_one(fleet, seed, args, loaded.ruleset, model, episodes)
+            r = run_one(
+                fleet,
+                seed,
+                args,
+                loaded.ruleset,
+                model,
+                episodes,
+                faults_on=args.faults,
+                calibrated=calibrated,
+            )
             results.append(r)
             if not args.faults:
                 print(healthy_line(r), flush=True)
+            print("\n".join(pool_lines(r)), flush=True)
     if args.faults:
         for fleet in args.fleet:
             print(f"\n{fleet}, seeds {args.seeds}, {args.nodes} nodes x {args.hours} h, faults:")

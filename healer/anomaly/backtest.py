@@ -227,6 +227,7 @@ class Backtest:
         eval_every_s: float = 10.0,
         score_offset_s: float = 0.0,
         node_wide: ruleset.NodeWide | None = None,
+        calibration: Any = None,
     ) -> None:
         self.gpus = gpus_per_node
         kept = tuple(r for r in rules.rules if r.id != ANOMALY_RULE) if rules is not None else ()
@@ -238,7 +239,8 @@ class Backtest:
         if models:
             from healer.anomaly import scoring
         self.scorers = {
-            name: scoring.Scorer(m, {}, gpus_per_node=gpus_per_node) for name, m in models.items()
+            name: scoring.Scorer(m, {}, gpus_per_node=gpus_per_node, calibration=calibration)
+            for name, m in models.items()
         }
         ep = episodes or Episodes()
         self.trackers = {name: _Tracker(ep, gpus_per_node) for name in models}
@@ -607,6 +609,7 @@ def run_sources(
     gpus_per_node: int = 8,
     score_every_s: float = 30.0,
     eval_every_s: float = 10.0,
+    calibration: Any = None,
 ) -> dict[str, Any]:
     """Replay each source (cold: a new engine and new scorers per source) with its ground truth
     (``truths[k]``, empty for none; or ``truths(k)``, called once source ``k`` has been replayed, so a
@@ -621,6 +624,7 @@ def run_sources(
             gpus_per_node=gpus_per_node,
             score_every_s=score_every_s,
             eval_every_s=eval_every_s,
+            calibration=calibration,
         ).run(src)
         truth = truths(k) if callable(truths) else truths[k] if k < len(truths) else []
         raw.append(bt.result(truth))

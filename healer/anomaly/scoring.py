@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from healer.anomaly import cfar, persist, thermal, window
 from healer.anomaly import model as anomaly_model
-from healer.anomaly import persist, thermal, window
 from healer.schemas import telemetry
 
 log = structlog.get_logger(__name__)
@@ -43,6 +43,7 @@ class Scorer:
         *,
         gpus_per_node: int = 8,
         min_interval_s: float = MIN_INTERVAL_S,
+        calibration: cfar.CfarSettings | None = None,
     ) -> None:
         self.model = m
         self.card = card
@@ -63,6 +64,11 @@ class Scorer:
         self.last_scores: npt.NDArray[np.float64] = np.zeros((0, gpus_per_node))
         self.last_valid: npt.NDArray[np.bool_] = np.zeros((0, gpus_per_node), dtype=bool)
         self._last_now: float | None = None
+        self.cfar = (
+            cfar.Calibration(calibration) if calibration is not None and m.forest_corroborates else None
+        )
+        """The fleet's own thresholds per pool and component, shadow until calibrated (``cfar``); None:
+        the model's fixed edges decide (``calibration`` not given, or an old card whose forest decides)."""
 
     def observe(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         self.window.observe(frame, at)
@@ -99,9 +105,10 @@ class Scorer:
         # the window of complete buckets before ``at``: half a bucket back lands in the last of them
         base, valid = self.window.features(at - self.window.bucket_s / 2)
         out = np.zeros(valid.shape)
-        if self._last_now is None and not valid.any():
-            # nothing complete yet: the scorer's clock starts at the first instant with data, so a
-            # caller that started earlier in the bucket does not learn from a different first step
+        # the scorer's clock starts at the first instant with data, so a caller that started earlier
+        # does not learn from a different first step (an empty fleet is stepped, learning nothing)
+        clock = self._last_now is not None or bool(valid.any())
+        if not clock and len(valid):
             self.last_scores, self.last_valid = out, valid
             return out, valid
         self.thermal.ensure(self.window.node_names)
@@ -128,11 +135,41 @@ class Scorer:
             for k in anomaly_model.COMPONENTS:
                 comps_full[k][valid] = comps[k] / threshold
             out[valid] = anomaly_model.to_score(self.model.combine(comps), threshold)
+        if self.cfar is not None:
+            out = self._calibrated(comps_full, valid, at, dt)
         self.last_components = comps_full
         self.last_scores = out
         self.last_valid = valid
-        self._last_now = at
+        if clock:
+            self._last_now = at
         return out, valid
+
+    def _calibrated(
+        self, comps: dict[str, npt.NDArray[np.float64]], valid: npt.NDArray[np.bool_], at: float, dt: float
+    ) -> npt.NDArray[np.float64]:
+        """Scores against this fleet's own thresholds (``cfar.Calibration.decide``)."""
+        assert self.cfar is not None
+        w = self.window
+        self.cfar.ensure(len(w.node_names))
+        for i in np.flatnonzero(self.cfar.node_pool[: len(w.node_names)] < 0).tolist():
+            interval = w.interval_s(i)
+            if interval is not None:
+                self.cfar.assign(i, cfar.pool_key(w.models[i][0], interval))
+        forest = comps["forest"]
+        g = anomaly_model.CORROBORATE_GAIN
+        lifted = np.stack([np.maximum(comps[k], np.minimum(forest, g * comps[k])) for k in cfar.DECIDING])
+        scored: npt.NDArray[np.bool_] = np.asarray(valid.any(axis=1), dtype=bool)
+        ratio, cap = self.cfar.decide(lifted, scored, at, dt)
+        score = np.minimum(anomaly_model.to_score(ratio, 1.0), cap[:, None])
+        out: npt.NDArray[np.float64] = np.where(valid, score, 0.0)
+        return out
+
+    @property
+    def shadow_counts(self) -> dict[str, int]:
+        """Per pool, would-be incidents while in shadow (empty without calibration)."""
+        if self.cfar is None:
+            return {}
+        return {k: int(v) for k, v in zip(self.cfar.pools, self.cfar.shadow, strict=True)}
 
     @property
     def scored_at(self) -> float | None:
@@ -150,12 +187,18 @@ class Scorer:
     def export_state(self) -> dict[str, Any]:
         """Everything learned about this fleet, JSON-able (``thermal.ThermalState.export``): save it
         (``healer.anomaly.scorer_state.save``) and ``import_state`` it after a restart or failover."""
-        return self.thermal.export()
+        out = self.thermal.export()
+        if self.cfar is not None:
+            out["cfar"] = self.cfar.export()
+        return out
 
     def import_state(self, state: dict[str, Any]) -> int:
         """Restore an exported state (nodes not seen yet are restored when they first report); returns
         the number of nodes it holds. ValueError if it was made for another GPU count or format."""
-        return self.thermal.import_(state)
+        n = self.thermal.import_(state)
+        if self.cfar is not None and isinstance(state.get("cfar"), dict):
+            self.cfar.import_(state["cfar"])
+        return n
 
     def explain(self, node: str, gpu: int) -> dict[str, float | str]:
         """Why ``node``/``gpu`` scored what it did at the last ``score``: the driving component and by
@@ -216,22 +259,32 @@ class NullScorer:
 
 
 def load(
-    path: str | pathlib.Path, *, gpus_per_node: int = 8, min_interval_s: float = MIN_INTERVAL_S
+    path: str | pathlib.Path,
+    *,
+    gpus_per_node: int = 8,
+    min_interval_s: float = MIN_INTERVAL_S,
+    calibration: cfar.CfarSettings | None = None,
 ) -> Scorer:
     """Load a saved model (raises ``persist.ModelMismatchError``)."""
     m, card = persist.load(path)
     log.info(
         "anomaly_model_loaded", path=str(path), threshold=m.calib["threshold"], trained=card.get("trained")
     )
-    return Scorer(m, card, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s)
+    return Scorer(
+        m, card, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s, calibration=calibration
+    )
 
 
 def load_or_null(
-    path: str | pathlib.Path, *, gpus_per_node: int = 8, min_interval_s: float = MIN_INTERVAL_S
+    path: str | pathlib.Path,
+    *,
+    gpus_per_node: int = 8,
+    min_interval_s: float = MIN_INTERVAL_S,
+    calibration: cfar.CfarSettings | None = None,
 ) -> Scorer | NullScorer:
     """``load``, or a NullScorer and an ``anomaly_model_unavailable`` error event when it fails."""
     try:
-        return load(path, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s)
+        return load(path, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s, calibration=calibration)
     except persist.ModelMismatchError as e:
         log.error("anomaly_model_unavailable", path=str(path), error=str(e), anomaly_score=0)
         return NullScorer(str(e))

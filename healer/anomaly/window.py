@@ -70,6 +70,11 @@ class FleetWindow:
         self._vals: list[float | int | None] = []
         self._kept: list[float] = []
         self.min_interval_s = min_interval_s
+        self.frames_seen: list[int] = []
+        """Per node, frames observed (kept or skipped), with the first and latest one's time: the
+        node's frame interval (``interval_s``)."""
+        self.first_ts: list[float] = []
+        self.latest_ts: list[float] = []
         self.skipped = 0
         """Frames skipped because they came sooner than ``min_interval_s`` after the node's last one."""
         self._rows = len(features.RAW)
@@ -91,6 +96,9 @@ class FleetWindow:
             self.node_names.append(name)
             self.models.append([None] * self.gpus)
             self._kept.append(-math.inf)
+            self.frames_seen.append(0)
+            self.first_ts.append(math.nan)
+            self.latest_ts.append(math.nan)
             if i == len(self._ids):
                 grow = len(self._ids)
                 self._sums = np.concatenate([self._sums, np.zeros_like(self._sums[:grow])])
@@ -106,6 +114,10 @@ class FleetWindow:
         if i is None:
             i = self._node(frame.node)
         ts = frame.ts if at is None else at
+        if not self.frames_seen[i]:
+            self.first_ts[i] = ts
+        self.frames_seen[i] += 1
+        self.latest_ts[i] = ts
         if ts - self._kept[i] < self.min_interval_s:
             self.skipped += 1
             return
@@ -129,6 +141,13 @@ class FleetWindow:
             self._vals.extend(row)
         self._q_node.append(i)
         self._q_ts.append(ts)
+
+    def interval_s(self, i: int, *, min_span_s: float = 120.0) -> float | None:
+        """Node ``i``'s mean frame interval, once it has reported for ``min_span_s``; else None."""
+        span = self.latest_ts[i] - self.first_ts[i]
+        if not span >= min_span_s or self.frames_seen[i] < 2:
+            return None
+        return span / (self.frames_seen[i] - 1)
 
     def flush(self) -> None:
         """Fold the queued rows into the bucket rings (one batch of numpy work)."""

@@ -5,23 +5,11 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
-import pytest
 
-from healer.anomaly import backtest, persist, scoring
+from healer.anomaly import backtest, cfar, persist, scoring
 from healer.schemas import codec
-from healer.sim import recording, scenarios
 
 MODEL = pathlib.Path(__file__).resolve().parents[2] / "models" / "default"
-
-
-@pytest.fixture(scope="module")
-def overheat_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
-    """healer's overheat scenario, 8 nodes x 40 min: a node-wide inlet failure and cooling faults."""
-    npz = tmp_path_factory.mktemp("phase") / "overheat.npz"
-    sim = scenarios.build(scenarios.load("overheat"), nodes=8, gpus=8, seed=5)
-    recording.record(sim, npz, duration_s=40 * 60, interval_s=5.0)
-    with recording.Recording(npz) as rec:
-        return [data for _, frames in rec.frames() for _, data in frames]
 
 
 def incidents(lines: list[bytes], offset_s: float) -> list[tuple[str, int | None, float, str]]:
@@ -63,3 +51,25 @@ def test_a_second_call_in_one_bucket_learns_nothing_and_a_late_call_catches_up(
     # what they learned: the same (to rounding: one flush per call, summed in another order)
     for a, b in ((late.thermal.stats, steady.thermal.stats), (late.thermal.level, steady.thermal.level)):
         np.testing.assert_allclose(a, b, rtol=1e-9)
+
+
+def test_a_pool_not_calibrated_yet_opens_nothing_and_counts_what_it_would_have(
+    overheat_lines: list[bytes],
+) -> None:
+    m = persist.load(MODEL)[0]
+    live = backtest.Backtest(None, {"m": m}).run(overheat_lines)
+    assert live.model_hits["m"]  # uncalibrated, the model opens incidents on this recording
+    shadow = backtest.Backtest(None, {"m": m}, calibration=cfar.CfarSettings(min_node_days=2.0))
+    shadow.run(overheat_lines)
+    scorer = shadow.scorers["m"]
+    assert shadow.model_hits["m"] == []
+    assert float(scorer.last_scores.max()) <= cfar.SHADOW_CAP
+    assert sum(scorer.shadow_counts.values()) >= 1
+    assert scorer.cfar is not None
+    assert [p["state"] for p in scorer.cfar.status()] == ["shadow"]
+    # what it learned travels with the thermal baselines
+    state = scorer.export_state()
+    other = backtest.Backtest(None, {"m": m}, calibration=cfar.CfarSettings()).scorers["m"]
+    other.import_state(state)
+    assert other.cfar is not None
+    assert other.cfar.pools == scorer.cfar.pools
