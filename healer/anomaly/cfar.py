@@ -22,6 +22,11 @@ radar's CFAR detector does with its noise floor:
   node-days gets a higher threshold, never a lower one.
 - **Never below the model's own edge** (1.0): calibration only raises a threshold where this fleet's
   normal is wider; a quiet fleet keeps the model's sensitivity.
+- **What counts as normal**: in shadow every excursion; live, only levels under the threshold of the
+  moment, and never a node's component for ``quarantine_steps`` after it went past its threshold (an
+  incident, true or false, is no evidence of this fleet's normal: a fault does not raise the threshold
+  that caught it). Each level keeps the node-days in which it was watched, so its rate is not diluted
+  while it is not.
 - **Shadow until calibrated**: a pool is live once it has ``min_node_days`` of scored node-days; before
   that its would-be incidents are counted (``shadow``), and its scores are capped below the anomaly
   rule's level (``SHADOW_CAP``), so it opens nothing.
@@ -41,7 +46,7 @@ import numpy.typing as npt
 
 F64 = npt.NDArray[np.float64]
 
-FORMAT: Final = "healer-anomaly-cfar/1"
+FORMAT: Final = "healer-anomaly-cfar/2"
 DECIDING: Final = ("thermal_gpu", "thermal_rise", "thermal_node", "thermal_peer", "counters")
 """The components whose thresholds are calibrated (the forest only corroborates)."""
 LEVELS: Final = np.geomspace(0.1, 100.0, 61)
@@ -67,6 +72,8 @@ class CfarSettings:
     """Clusters above the fitting threshold ``u0`` (fewer at every level: the component is quiet)."""
     refit_s: float = 600.0
     """How often (seconds of scoring time) thresholds are fitted again."""
+    quarantine_steps: int = 720
+    """Instants (6 h at 30 s) a node's component is not counted after it went past its live threshold."""
     max_threshold: float = 50.0
     """Highest threshold a fit may set, in the model's units (a component past it is a fault anywhere)."""
 
@@ -117,20 +124,26 @@ def gpd_fit(levels: F64, counts: F64) -> tuple[float, float]:
     return arg
 
 
-def threshold_for(levels: F64, counts: F64, days: float, rate_per_day: float, s: CfarSettings) -> Fit:
+def threshold_for(levels: F64, counts: F64, days: F64 | float, rate_per_day: float, s: CfarSettings) -> Fit:
     """The level at which the fitted cluster rate is ``rate_per_day``, from cluster counts above each
-    of ``LEVELS`` in ``days`` node-days; never below 1.0 (the model's own edge)."""
-    counts = np.minimum.accumulate(counts)  # a higher level never has more clusters than a lower one
-    enough = np.flatnonzero(counts >= s.min_clusters)
-    if not len(enough) or days <= 0:
+    of ``levels`` in ``days`` node-days each (a level is watched only while it is under the threshold
+    of the moment, or in shadow); never below 1.0 (the model's own edge)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    days = np.broadcast_to(np.asarray(days, dtype=np.float64), counts.shape)
+    enough = np.flatnonzero((counts >= s.min_clusters) & (days > 0))
+    if not len(enough):
         return Fit(1.0, float(levels[0]), int(counts[0]), 0.0, 0.0)
     j = int(enough[-1])
     n0 = int(counts[j])
-    lam0 = (n0 + 1.96 * math.sqrt(n0) + 2.0) / days  # about the 95 % upper bound of the rate at u0
+    lam0 = (n0 + 1.96 * math.sqrt(n0) + 2.0) / days[j]  # about the 95 % upper bound of the rate at u0
     u0 = float(levels[j])
     if lam0 <= rate_per_day:
         return Fit(max(1.0, u0), u0, n0, 0.0, 0.0)
-    sigma, xi = gpd_fit(levels[j:], counts[j:].astype(np.float64)) if j < len(levels) - 1 else (u0, 0.0)
+    # each level's rate at u0's exposure; a higher level never has more clusters than a lower one
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eff = np.where(days[j:] > 0, counts[j:] * days[j] / days[j:], 0.0)
+    eff = np.minimum.accumulate(eff)
+    sigma, xi = gpd_fit(levels[j:], eff) if j < len(levels) - 1 else (u0, 0.0)
     ratio = lam0 / rate_per_day
     x = u0 + (sigma * math.log(ratio) if xi < 1e-9 else sigma / xi * (ratio**xi - 1.0))
     return Fit(float(min(s.max_threshold, max(1.0, x))), u0, n0, sigma, xi)
@@ -146,6 +159,10 @@ class Calibration:
         """Clusters per (pool, component, level)."""
         self.node_s = np.zeros(0)
         """Scored node-seconds per pool."""
+        self.watched_s = np.zeros((0, len(DECIDING), len(LEVELS)))
+        """Node-seconds per (pool, component, level) in which clusters there were counted: in shadow
+        every level, live only the levels under the threshold of the moment, and never a node that went
+        past its threshold in the last ``quarantine_steps`` (an incident is not evidence of normal)."""
         self.thresholds = np.ones((0, len(DECIDING)))
         """Each pool's threshold per component, in the model's units (1.0 until fitted)."""
         self.fits: dict[tuple[int, int], Fit] = {}
@@ -160,6 +177,7 @@ class Calibration:
         self._held = np.zeros((0, len(DECIDING), self.s.hold_steps))
         self._until = np.zeros((0, len(DECIDING), len(LEVELS)), dtype=np.int64)
         self._open_until = np.zeros(0, dtype=np.int64)
+        self._quarantine = np.zeros((0, len(DECIDING)), dtype=np.int64)
         self._step = 0
         self._fitted_at = -math.inf
 
@@ -171,6 +189,7 @@ class Calibration:
         self.pools.append(key)
         self.counts = np.concatenate([self.counts, np.zeros((1, *self.counts.shape[1:]))])
         self.node_s = np.append(self.node_s, 0.0)
+        self.watched_s = np.concatenate([self.watched_s, np.zeros((1, *self.watched_s.shape[1:]))])
         self.thresholds = np.concatenate([self.thresholds, np.ones((1, len(DECIDING)))])
         self.shadow = np.append(self.shadow, 0)
         self.opened = np.append(self.opened, 0)
@@ -187,6 +206,9 @@ class Calibration:
             [self._until, np.full((extra, *self._until.shape[1:]), -1, dtype=np.int64)]
         )
         self._open_until = np.concatenate([self._open_until, np.full(extra, -1, dtype=np.int64)])
+        self._quarantine = np.concatenate(
+            [self._quarantine, np.full((extra, len(DECIDING)), -1, dtype=np.int64)]
+        )
 
     def assign(self, node: int, key: str) -> None:
         self.node_pool[node] = self.pool(key)
@@ -222,12 +244,22 @@ class Calibration:
         until = self._until[:n]
         new = above & (self._step > until)
         until[above] = self._step + self.s.gap_steps
-        if dt > 0 and has.any():
-            np.add.at(self.counts, pool[has], new[has].astype(np.float64))
-            np.add.at(self.node_s, pool[has], dt)
-        # would-be node incidents with the thresholds of the moment: counted once per excursion
         live_pool = np.zeros(n, dtype=bool)
         live_pool[pool >= 0] = self.live[pool[pool >= 0]]
+        # what counts as normal: in shadow everything; live, only levels under the threshold of the
+        # moment and never a node past it lately (its incident is no evidence of this fleet's normal)
+        quar = self._quarantine[:n]
+        quar[live_pool[:, None] & (low >= thr)] = self._step + self.s.quarantine_steps
+        watched = (
+            has[:, None, None]
+            & (self._step > quar)[:, :, None]
+            & (~live_pool[:, None, None] | (LEVELS[None, None, :] < thr[:, :, None]))
+        )
+        if dt > 0 and has.any():
+            np.add.at(self.counts, pool[has], (new & watched)[has].astype(np.float64))
+            np.add.at(self.watched_s, pool[has], dt * watched[has])
+            np.add.at(self.node_s, pool[has], dt)
+        # would-be node incidents with the thresholds of the moment: counted once per excursion
         hit = has & (np.max(low / thr, axis=1) >= 1.0)
         start = hit & (self._step > self._open_until[:n])
         self._open_until[:n][hit] = self._step + self.s.gap_steps
@@ -246,9 +278,8 @@ class Calibration:
         """Fit every pool's thresholds again from what it has counted."""
         share = self.s.budget_per_1000_node_days / 1000.0 / len(DECIDING)
         for p in range(len(self.pools)):
-            days = self.node_s[p] / 86400.0
             for k in range(len(DECIDING)):
-                fit = threshold_for(LEVELS, self.counts[p, k], days, share, self.s)
+                fit = threshold_for(LEVELS, self.counts[p, k], self.watched_s[p, k] / 86400.0, share, self.s)
                 self.fits[(p, k)] = fit
                 self.thresholds[p, k] = fit.threshold
 
@@ -288,6 +319,7 @@ class Calibration:
                 key: {
                     "counts": [[float(v) for v in row] for row in self.counts[p]],
                     "node_s": float(self.node_s[p]),
+                    "watched_s": [[float(v) for v in row] for row in self.watched_s[p]],
                     "live_s": float(self.live_s[p]),
                     "shadow": int(self.shadow[p]),
                     "opened": int(self.opened[p]),
@@ -309,6 +341,7 @@ class Calibration:
             p = self.pool(key)
             self.counts[p] = np.array(v["counts"], dtype=np.float64)
             self.node_s[p] = float(v["node_s"])
+            self.watched_s[p] = np.array(v["watched_s"], dtype=np.float64)
             self.live_s[p] = float(v.get("live_s", 0.0))
             self.shadow[p] = int(v.get("shadow", 0))
             self.opened[p] = int(v.get("opened", 0))

@@ -104,3 +104,31 @@ def test_model_status_shows_each_pool_from_a_saved_state(
     assert rows[0]["node_days"] == pytest.approx(3000 * 30 / 86400, abs=0.01)
     assert cli.main([*args[:-1]]) == 0
     assert "NVIDIA A100|10s" in capsys.readouterr().out
+
+
+def test_a_fault_seen_while_live_does_not_raise_the_threshold_that_caught_it() -> None:
+    s = cfar.CfarSettings(min_node_days=1.0, hold_steps=1, gap_steps=1, refit_s=30.0)
+    cal = cfar.Calibration(s)
+    nodes = 40
+    cal.ensure(nodes)
+    for i in range(nodes):
+        cal.assign(i, "H|5s")
+    rng = np.random.default_rng(5)
+    t = 3_000_000.0
+
+    def run(steps: int, faulty: int) -> None:
+        nonlocal t
+        for _ in range(steps):
+            lifted = np.zeros((len(cfar.DECIDING), nodes, 1))
+            lifted[NODE, :, 0] = rng.exponential(0.5, nodes)
+            lifted[NODE, :faulty, 0] = rng.uniform(5.0, 40.0, faulty)  # far past any healthy value
+            cal.decide(lifted, np.ones(nodes, dtype=bool), t, 30.0)
+            t += 30.0
+
+    run(2200, 0)  # 1.02 node-days: live
+    assert cal.live[0]
+    before = float(cal.thresholds[0, NODE])
+    assert before > 1.0
+    run(1000, 10)  # a quarter of the pool faulty for 8 hours
+    assert float(cal.thresholds[0, NODE]) <= before * 1.05
+    assert cal.opened[0] >= 10
