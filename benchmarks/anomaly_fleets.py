@@ -101,6 +101,7 @@ def run_one(
         scorer = bt.scorers["model"]
         if calibrated is not None and scorer.cfar is not None:
             scorer.cfar.import_(calibrated)
+            scorer.cfar.frozen = args.hold_calibration
         bt.run(lines_of(cmd))
         truth = backtest.load_truth(truth_path) if truth_path else []
         out = bt.result(truth)
@@ -173,6 +174,12 @@ def main() -> int:
     ap.add_argument("--calibration", choices=("on", "off"), default="on", help="per-pool thresholds (cfar)")
     ap.add_argument("--budget", type=float, default=1.0, help="false incidents per 1,000 node-days")
     ap.add_argument("--min-node-days", type=float, default=2.0, help="calibration before a pool is live")
+    ap.add_argument(
+        "--hold-calibration",
+        action="store_true",
+        help="(with --calibrate-from) hold the healthy calibration during the fault runs instead of "
+        "learning on (one fault per node: most nodes of the run fail, which no fleet's normal is)",
+    )
     ap.add_argument(
         "--calibrate-from",
         type=int,

@@ -23,10 +23,11 @@ radar's CFAR detector does with its noise floor:
 - **Never below the model's own edge** (1.0): calibration only raises a threshold where this fleet's
   normal is wider; a quiet fleet keeps the model's sensitivity.
 - **What counts as normal**: in shadow every excursion; live, only levels under the threshold of the
-  moment, and never a node's component for ``quarantine_steps`` after it went past its threshold (an
-  incident, true or false, is no evidence of this fleet's normal: a fault does not raise the threshold
-  that caught it). Each level keeps the node-days in which it was watched, so its rate is not diluted
-  while it is not.
+  moment, and never a node for ``quarantine_steps`` after one of its components went past its
+  threshold (an incident, true or false, is no evidence of this fleet's normal: a fault does not raise
+  the threshold that caught it). Each level keeps the node-days in which it was watched, so its rate
+  is not diluted while it is not. A slow fault's ramp *below* the threshold is still counted, one
+  cluster per level: harmless among many healthy nodes, not in a small pool where most nodes fail.
 - **Shadow until calibrated**: a pool is live once it has ``min_node_days`` of scored node-days; before
   that its would-be incidents are counted (``shadow``), and its scores are capped below the anomaly
   rule's level (``SHADOW_CAP``), so it opens nothing.
@@ -73,7 +74,7 @@ class CfarSettings:
     refit_s: float = 600.0
     """How often (seconds of scoring time) thresholds are fitted again."""
     quarantine_steps: int = 720
-    """Instants (6 h at 30 s) a node's component is not counted after it went past its live threshold."""
+    """Instants (6 h at 30 s) a node is not counted after a component went past its live threshold."""
     max_threshold: float = 50.0
     """Highest threshold a fit may set, in the model's units (a component past it is a fault anywhere)."""
 
@@ -177,7 +178,10 @@ class Calibration:
         self._held = np.zeros((0, len(DECIDING), self.s.hold_steps))
         self._until = np.zeros((0, len(DECIDING), len(LEVELS)), dtype=np.int64)
         self._open_until = np.zeros(0, dtype=np.int64)
-        self._quarantine = np.zeros((0, len(DECIDING)), dtype=np.int64)
+        self._quarantine = np.zeros(0, dtype=np.int64)
+        self.frozen = False
+        """True: thresholds stay as they are, nothing is counted (a calibration taken on a healthy
+        period and held, as the fault runs of ``benchmarks/anomaly_fleets.py`` may)."""
         self._step = 0
         self._fitted_at = -math.inf
 
@@ -206,9 +210,7 @@ class Calibration:
             [self._until, np.full((extra, *self._until.shape[1:]), -1, dtype=np.int64)]
         )
         self._open_until = np.concatenate([self._open_until, np.full(extra, -1, dtype=np.int64)])
-        self._quarantine = np.concatenate(
-            [self._quarantine, np.full((extra, len(DECIDING)), -1, dtype=np.int64)]
-        )
+        self._quarantine = np.concatenate([self._quarantine, np.full(extra, -1, dtype=np.int64)])
 
     def assign(self, node: int, key: str) -> None:
         self.node_pool[node] = self.pool(key)
@@ -249,16 +251,15 @@ class Calibration:
         # what counts as normal: in shadow everything; live, only levels under the threshold of the
         # moment and never a node past it lately (its incident is no evidence of this fleet's normal)
         quar = self._quarantine[:n]
-        quar[live_pool[:, None] & (low >= thr)] = self._step + self.s.quarantine_steps
-        watched = (
-            has[:, None, None]
-            & (self._step > quar)[:, :, None]
-            & (~live_pool[:, None, None] | (LEVELS[None, None, :] < thr[:, :, None]))
+        quar[live_pool & (low >= thr).any(axis=1)] = self._step + self.s.quarantine_steps
+        watched = (has & (self._step > quar) & (not self.frozen))[:, None, None] & (
+            ~live_pool[:, None, None] | (LEVELS[None, None, :] < thr[:, :, None])
         )
         if dt > 0 and has.any():
             np.add.at(self.counts, pool[has], (new & watched)[has].astype(np.float64))
             np.add.at(self.watched_s, pool[has], dt * watched[has])
-            np.add.at(self.node_s, pool[has], dt)
+            if not self.frozen:
+                np.add.at(self.node_s, pool[has], dt)
         # would-be node incidents with the thresholds of the moment: counted once per excursion
         hit = has & (np.max(low / thr, axis=1) >= 1.0)
         start = hit & (self._step > self._open_until[:n])
@@ -268,7 +269,7 @@ class Calibration:
             np.add.at(self.opened, pool[start & live_pool], 1)
         if dt > 0 and (has & live_pool).any():
             np.add.at(self.live_s, pool[has & live_pool], dt)
-        if at - self._fitted_at >= self.s.refit_s:
+        if at - self._fitted_at >= self.s.refit_s and not self.frozen:
             self.refit()
             self._fitted_at = at
         cap = np.where(live_pool, 1.0, SHADOW_CAP)
