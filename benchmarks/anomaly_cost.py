@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from healer.anomaly import features, scoring
+from healer.anomaly import cfar, features, scoring
 from healer.schemas import codec
 from healer.sim import scenarios
 
@@ -36,12 +36,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--model", default=str(REPO / "models" / "default"))
+    ap.add_argument("--calibration", choices=("on", "off"), default="on", help="per-pool thresholds (cfar)")
     ap.add_argument(
         "--variants", type=int, default=500, help="distinct simulated nodes whose frames are reused"
     )
     args = ap.parse_args()
 
-    scorer = scoring.load(args.model)
+    calibration = cfar.CfarSettings() if args.calibration == "on" else None
+    scorer = scoring.load(args.model, calibration=calibration)
     bucket_s = scorer.window.bucket_s
     sim = scenarios.build(scenarios.load("mixed"), nodes=args.variants, gpus=8, seed=1)
     sim.step(1.0)

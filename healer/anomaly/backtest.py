@@ -11,10 +11,13 @@ For each recording (each one starts cold, as a controller without saved state wo
 
 - the **rules**: every condition rule of the pack except ``anomaly-score-high`` runs in one real
   ``rules.engine.Engine``, fed every frame, evaluated every ``eval_every_s`` of frame time;
-- each **model**: a real ``scoring.Scorer``, fed every frame, scored every ``score_every_s`` (the
-  controller's ``anomaly_interval_s``); its scores go through the pack's ``anomaly-score-high``
-  hysteresis (``for``, ``resolve``, ``cooldown``: ``evaluation.Episodes``), so several models are
-  compared on one pass over the same frames.
+- each **model**: a real ``scoring.Scorer`` (with ``calibration``, the controller's per-pool
+  thresholds and shadow mode: ``cfar``), fed every frame, scored every ``score_every_s`` (the
+  controller's ``anomaly_interval_s``) on the absolute grid plus ``score_offset_s`` (the scorer floors
+  each call to its own grid, so the offset changes nothing); its scores go through the pack's
+  ``anomaly-score-high`` hysteresis (``for``, ``resolve``, ``cooldown``: ``evaluation.Episodes``) and
+  the rule's node-wide grouping (``grouping.NodeGrouper``: incidents as the controller opens them,
+  beside the raw GPU firings), so several models are compared on one pass over the same frames.
 
 With a ground-truth file (the shared generator's ``--truth`` format: ``{"faults": [{"kind", "node",
 "gpu", "onset_ts", ...}]}``; ``gpu`` null for a node fault) each incident is true or false, and each

@@ -22,12 +22,12 @@ radar's CFAR detector does with its noise floor:
   node-days gets a higher threshold, never a lower one.
 - **Never below the model's own edge** (1.0): calibration only raises a threshold where this fleet's
   normal is wider; a quiet fleet keeps the model's sensitivity.
-- **What counts as normal**: in shadow every excursion; live, only levels under the threshold of the
-  moment, and never a node for ``quarantine_steps`` after one of its components went past its
-  threshold (an incident, true or false, is no evidence of this fleet's normal: a fault does not raise
-  the threshold that caught it). Each level keeps the node-days in which it was watched, so its rate
-  is not diluted while it is not. A slow fault's ramp *below* the threshold is still counted, one
-  cluster per level: harmless among many healthy nodes, not in a small pool where most nodes fail.
+- **What counts as normal**: every excursion up to the instant it opens an incident (live) counts,
+  at every level it has reached then: a false incident is exactly the evidence that the threshold is
+  too low. What the node does after, for ``quarantine_steps`` (6 h), is not counted: a fault's course
+  is no evidence of this fleet's normal, so a fault counts once, as one excursion, like a false alarm.
+  Each level keeps the node-days in which it was watched. A slow fault's ramp below the threshold is
+  counted too: harmless among many healthy nodes, not in a small pool where most nodes fail.
 - **Shadow until calibrated**: a pool is live once it has ``min_node_days`` of scored node-days; before
   that its would-be incidents are counted (``shadow``), and its scores are capped below the anomaly
   rule's level (``SHADOW_CAP``), so it opens nothing.
@@ -248,13 +248,12 @@ class Calibration:
         until[above] = self._step + self.s.gap_steps
         live_pool = np.zeros(n, dtype=bool)
         live_pool[pool >= 0] = self.live[pool[pool >= 0]]
-        # what counts as normal: in shadow everything; live, only levels under the threshold of the
-        # moment and never a node past it lately (its incident is no evidence of this fleet's normal)
+        # what counts as normal: every excursion up to the instant it opens an incident (a false one
+        # is the evidence that lifts the threshold), nothing a node does in the quarantine after (a
+        # fault's course is no evidence of this fleet's normal)
         quar = self._quarantine[:n]
+        watched = np.broadcast_to((has & (self._step > quar) & (not self.frozen))[:, None, None], new.shape)
         quar[live_pool & (low >= thr).any(axis=1)] = self._step + self.s.quarantine_steps
-        watched = (has & (self._step > quar) & (not self.frozen))[:, None, None] & (
-            ~live_pool[:, None, None] | (LEVELS[None, None, :] < thr[:, :, None])
-        )
         if dt > 0 and has.any():
             np.add.at(self.counts, pool[has], (new & watched)[has].astype(np.float64))
             np.add.at(self.watched_s, pool[has], dt * watched[has])

@@ -4,7 +4,7 @@
 frame). All numpy work happens once per scoring batch, in ``flush``: the queued rows become one array,
 counter increases are taken per node (resets handled), and the rows are summed into per-node ring
 buffers of ``bucket_s``-second buckets. A window is the last ``window_s / bucket_s`` buckets, so memory
-is nodes x GPUs x (buckets + 2) x channels float32 (46 MB for 10,000 nodes x 8 GPUs, 300 s of 30 s
+is nodes x GPUs x (buckets + 2) x channels float64 (108 MB for 10,000 nodes x 8 GPUs, 300 s of 30 s
 buckets, up to twice that while the node capacity has doubled past the fleet) whatever the frame rate.
 """
 

@@ -106,7 +106,7 @@ def test_model_status_shows_each_pool_from_a_saved_state(
     assert "NVIDIA A100|10s" in capsys.readouterr().out
 
 
-def test_a_fault_seen_while_live_does_not_raise_the_threshold_that_caught_it() -> None:
+def test_a_fault_seen_while_live_counts_once_when_it_opens_not_for_its_whole_course() -> None:
     s = cfar.CfarSettings(min_node_days=1.0, hold_steps=1, gap_steps=1, refit_s=30.0)
     cal = cfar.Calibration(s)
     nodes = 40
@@ -121,14 +121,19 @@ def test_a_fault_seen_while_live_does_not_raise_the_threshold_that_caught_it() -
         for _ in range(steps):
             lifted = np.zeros((len(cfar.DECIDING), nodes, 1))
             lifted[NODE, :, 0] = rng.exponential(0.5, nodes)
-            lifted[NODE, :faulty, 0] = rng.uniform(5.0, 40.0, faulty)  # far past any healthy value
+            lifted[NODE, :faulty, 0] = 30.0  # far past any healthy value, and staying there
             cal.decide(lifted, np.ones(nodes, dtype=bool), t, 30.0)
             t += 30.0
 
     run(2200, 0)  # 1.02 node-days: live
     assert cal.live[0]
-    before = float(cal.thresholds[0, NODE])
-    assert before > 1.0
-    run(1000, 10)  # a quarter of the pool faulty for 8 hours
-    assert float(cal.thresholds[0, NODE]) <= before * 1.05
-    assert cal.opened[0] >= 10
+    high = cfar.LEVELS >= 15.0
+    assert cal.counts[0, NODE, high].sum() == 0
+    run(960, 3)  # three nodes faulty for 8 hours: past the 6 h quarantine, still high
+    assert cal.opened[0] == 3
+    # each fault counted once, at its crossing, at every level up to what it reached then
+    assert cal.counts[0, NODE, cfar.LEVELS <= 30.0][-1] == 3
+    assert cal.counts[0, NODE, high].max() == 3
+    assert cal.counts[0, NODE, cfar.LEVELS > 30.0].sum() == 0
+    # and only while it was not in quarantine
+    assert cal.watched_s[0, NODE, 0] == pytest.approx(cal.node_s[0] - 3 * 720 * 30.0)
