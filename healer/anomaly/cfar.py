@@ -19,7 +19,9 @@ radar's CFAR detector does with its noise floor:
   ``sigma``; maximum likelihood on the binned counts), and the threshold is where the fitted rate
   equals the component's share of the budget (the budget over the deciding components: their union
   then stays under it). The rate at ``u0`` is taken at its 95 % upper bound, so a pool with few
-  node-days gets a higher threshold, never a lower one.
+  node-days gets a higher threshold, never a lower one; and the threshold is never under a level the
+  pool has reached while the budget allows less than one excursion in the node-days watched (where the
+  data contradict the extrapolation).
 - **Never below the model's own edge** (1.0): calibration only raises a threshold where this fleet's
   normal is wider; a quiet fleet keeps the model's sensitivity.
 - **What counts as normal**: every excursion up to the instant it opens an incident (live) counts,
@@ -147,6 +149,11 @@ def threshold_for(levels: F64, counts: F64, days: F64 | float, rate_per_day: flo
     sigma, xi = gpd_fit(levels[j:], eff) if j < len(levels) - 1 else (u0, 0.0)
     ratio = lam0 / rate_per_day
     x = u0 + (sigma * math.log(ratio) if xi < 1e-9 else sigma / xi * (ratio**xi - 1.0))
+    # never under a level this pool has reached while the budget allows less than one excursion in
+    # the node-days it was watched: there the fit's extrapolation is contradicted by the data
+    seen = np.flatnonzero((counts > 0) & (days * rate_per_day < 1.0))
+    if len(seen) and seen[-1] + 1 < len(levels):
+        x = max(x, float(levels[seen[-1] + 1]))
     return Fit(float(min(s.max_threshold, max(1.0, x))), u0, n0, sigma, xi)
 
 

@@ -137,3 +137,15 @@ def test_a_fault_seen_while_live_counts_once_when_it_opens_not_for_its_whole_cou
     assert cal.counts[0, NODE, cfar.LEVELS > 30.0].sum() == 0
     # and only while it was not in quarantine
     assert cal.watched_s[0, NODE, 0] == pytest.approx(cal.node_s[0] - 3 * 720 * 30.0)
+
+
+def test_the_threshold_is_never_under_a_level_the_pool_has_reached() -> None:
+    """A light bulk and one excursion to 8 in 3 node-days: the exponential fitted to the bulk would
+    put the threshold near 3, but at the budget less than one excursion past it is allowed in those
+    node-days, and one went to 8."""
+    counts = np.where(cfar.LEVELS <= 1.0, 400.0, np.where(cfar.LEVELS <= 1.5, 25.0, 0.0))
+    counts[(cfar.LEVELS > 1.5) & (cfar.LEVELS <= 8.0)] = 1.0
+    fit = cfar.threshold_for(cfar.LEVELS, counts, 3.0, 2e-4, cfar.CfarSettings())
+    assert fit.threshold > 8.0
+    light = np.where(cfar.LEVELS <= 1.0, 400.0, np.where(cfar.LEVELS <= 1.5, 25.0, 0.0))
+    assert cfar.threshold_for(cfar.LEVELS, light, 3.0, 2e-4, cfar.CfarSettings()).threshold < 8.0
