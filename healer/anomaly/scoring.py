@@ -110,6 +110,8 @@ class Scorer:
         clock = self._last_now is not None or bool(valid.any())
         if not clock and len(valid):
             self.last_scores, self.last_valid = out, valid
+            self.last_components = {k: np.zeros(valid.shape) for k in anomaly_model.COMPONENTS}
+            self.last_thermal = None  # nothing scored yet: ``explain`` says nothing
             return out, valid
         self.thermal.ensure(self.window.node_names)
         dt = 0.0 if self._last_now is None else max(0.0, at - self._last_now)
