@@ -729,6 +729,21 @@ class UiSettings(_Group):
         return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else value
 
 
+class AnomalySettings(_Group):
+    calibration: bool = True
+    """Each deciding component of the anomaly model takes its threshold from this fleet's own
+    distribution of it, per pool of alike nodes (GPU model and frame interval), so that the expected
+    rate of false ``anomaly-score-high`` incidents stays under ``false_alarm_budget`` (a
+    peaks-over-threshold tail fit; never below the model's own edge). A pool runs in shadow until it
+    has ``calibration_node_days``: its would-be incidents are counted, its scores capped at 0.5, so it
+    opens nothing. Off: the model's fixed edges decide everywhere from the start (docs/anomaly.md)."""
+    false_alarm_budget: float = pydantic.Field(default=1.0, gt=0)
+    """False anomaly incidents per 1,000 healthy node-days the calibration holds the model to, all its
+    deciding components together (each gets an equal share)."""
+    calibration_node_days: float = pydantic.Field(default=2.0, ge=0)
+    """Scored node-days a pool needs before its anomaly incidents go live (shadow until then)."""
+
+
 class LogSettings(_Group):
     level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
@@ -742,6 +757,7 @@ class Settings(_Group):
     agent: AgentSettings = pydantic.Field(default_factory=AgentSettings)
     feed: FeedSettings = pydantic.Field(default_factory=FeedSettings)
     controller: ControllerSettings = pydantic.Field(default_factory=ControllerSettings)
+    anomaly: AnomalySettings = pydantic.Field(default_factory=AnomalySettings)
     log: LogSettings = pydantic.Field(default_factory=LogSettings)
     actuators: ActuatorSettings = pydantic.Field(default_factory=ActuatorSettings)
     ui: UiSettings = pydantic.Field(default_factory=UiSettings)

@@ -11,10 +11,13 @@ For each recording (each one starts cold, as a controller without saved state wo
 
 - the **rules**: every condition rule of the pack except ``anomaly-score-high`` runs in one real
   ``rules.engine.Engine``, fed every frame, evaluated every ``eval_every_s`` of frame time;
-- each **model**: a real ``scoring.Scorer``, fed every frame, scored every ``score_every_s`` (the
-  controller's ``anomaly_interval_s``); its scores go through the pack's ``anomaly-score-high``
-  hysteresis (``for``, ``resolve``, ``cooldown``: ``evaluation.Episodes``), so several models are
-  compared on one pass over the same frames.
+- each **model**: a real ``scoring.Scorer`` (with ``calibration``, the controller's per-pool
+  thresholds and shadow mode: ``cfar``), fed every frame, scored every ``score_every_s`` (the
+  controller's ``anomaly_interval_s``) on the absolute grid plus ``score_offset_s`` (the scorer floors
+  each call to its own grid, so the offset changes nothing); its scores go through the pack's
+  ``anomaly-score-high`` hysteresis (``for``, ``resolve``, ``cooldown``: ``evaluation.Episodes``) and
+  the rule's node-wide grouping (``grouping.NodeGrouper``: incidents as the controller opens them,
+  beside the raw GPU firings), so several models are compared on one pass over the same frames.
 
 With a ground-truth file (the shared generator's ``--truth`` format: ``{"faults": [{"kind", "node",
 "gpu", "onset_ts", ...}]}``; ``gpu`` null for a node fault) each incident is true or false, and each
@@ -46,6 +49,7 @@ import numpy.typing as npt
 import orjson
 
 from healer import errors
+from healer.anomaly import grouping
 from healer.rules import engine, ruleset
 from healer.schemas import codec
 
@@ -160,6 +164,8 @@ class _Tracker:
     open_: npt.NDArray[np.bool_] = dataclasses.field(init=False)
     low_since: npt.NDArray[np.float64] = dataclasses.field(init=False)
     cool_until: npt.NDArray[np.float64] = dataclasses.field(init=False)
+    closed: list[tuple[int, int]] = dataclasses.field(init=False, default_factory=list)
+    """The (node row, gpu) whose incidents resolved at the last ``step``."""
 
     def __post_init__(self) -> None:
         shape = (0, self.gpus)
@@ -188,6 +194,8 @@ class _Tracker:
         ls[self.open_ & low & np.isnan(ls)] = t
         ls[~low] = np.nan
         done = self.open_ & ~np.isnan(ls) & (t - ls >= self.ep.resolve_s)
+        rows, cols = np.nonzero(done)
+        self.closed = list(zip(rows.tolist(), cols.tolist(), strict=True))
         self.open_[done] = False
         self.cool_until[done] = t + self.ep.cooldown_s
         ls[done] = np.nan
@@ -220,6 +228,9 @@ class Backtest:
         gpus_per_node: int = 8,
         score_every_s: float = 30.0,
         eval_every_s: float = 10.0,
+        score_offset_s: float = 0.0,
+        node_wide: ruleset.NodeWide | None = None,
+        calibration: Any = None,
     ) -> None:
         self.gpus = gpus_per_node
         kept = tuple(r for r in rules.rules if r.id != ANOMALY_RULE) if rules is not None else ()
@@ -231,11 +242,26 @@ class Backtest:
         if models:
             from healer.anomaly import scoring
         self.scorers = {
-            name: scoring.Scorer(m, {}, gpus_per_node=gpus_per_node) for name, m in models.items()
+            name: scoring.Scorer(m, {}, gpus_per_node=gpus_per_node, calibration=calibration)
+            for name, m in models.items()
         }
         ep = episodes or Episodes()
         self.trackers = {name: _Tracker(ep, gpus_per_node) for name in models}
+        anomaly_rule = rules.by_id(ANOMALY_RULE) if rules is not None else None
+        nw = node_wide or (anomaly_rule.node_wide if anomaly_rule is not None else None)
+        nw = nw or ruleset.NodeWide(group=ANOMALY_RULE)
+        self.groupers = {
+            name: grouping.NodeGrouper(
+                gpus_per_node=gpus_per_node, fraction=nw.fraction, min_gpus=nw.min_gpus, within_s=nw.within_s
+            )
+            for name in models
+        }
+        self.model_incidents: dict[str, list[Incident]] = {name: [] for name in models}
+        """Per model, the anomaly incidents as the controller opens them (node-wide grouping)."""
         self.score_every_s = score_every_s
+        self.score_offset_s = score_offset_s
+        """Scoring calls at the absolute grid of ``score_every_s`` plus this offset (the phase of the
+        controller's timer; the scorer floors each call to its own grid, so this must not matter)."""
         self.eval_every_s = eval_every_s
         self.frames = 0
         self.bad: collections.Counter[str] = collections.Counter()
@@ -259,7 +285,8 @@ class Backtest:
         self.first_seen.setdefault(frame.node, now)
         self.last_seen[frame.node] = now
         if self._next_score is None:
-            self._next_score = now + self.score_every_s
+            step, off = self.score_every_s, self.score_offset_s
+            self._next_score = math.floor((now - off) / step) * step + off + step
             self._next_eval = now + self.eval_every_s
         if self.engine is not None:
             self.engine.ingest(frame, at=now)
@@ -268,7 +295,8 @@ class Backtest:
         assert self._next_eval is not None
         if now >= self._next_score:
             self._score(now)
-            self._next_score = now + self.score_every_s
+            step = self.score_every_s
+            self._next_score += step * (math.floor((now - self._next_score) / step) + 1)
         if now >= self._next_eval:
             self._evaluate(now)
             self._next_eval = now + self.eval_every_s
@@ -281,11 +309,19 @@ class Backtest:
     def _score(self, now: float) -> None:
         for name, s in self.scorers.items():
             arr, valid = s.score_array(now)
+            at = s.scored_at if s.scored_at is not None else now
             arr = np.where(valid, arr, 0.0)
-            for i, g in self.trackers[name].step(arr, now):
+            tracker, grouper = self.trackers[name], self.groupers[name]
+            opened = tracker.step(arr, at)
+            for i, g in tracker.closed:
+                grouper.leave(s.window.node_names[i], g)
+            for i, g in opened:
                 comps = {k: float(v[i, g]) for k, v in s.last_components.items()}
                 top = max(comps, key=lambda k: comps[k]) if comps else ""
-                self.model_hits[name].append(Incident(s.window.node_names[i], g, now, ANOMALY_RULE, top))
+                node = s.window.node_names[i]
+                self.model_hits[name].append(Incident(node, g, at, ANOMALY_RULE, top))
+                if grouper.join(node, g, at) is not None:
+                    self.model_incidents[name].append(Incident(node, g, at, ANOMALY_RULE, top))
 
     def _evaluate(self, now: float) -> None:
         if self.engine is None:
@@ -309,9 +345,16 @@ class Backtest:
         out_models = {}
         for name, hits in self.model_hits.items():
             false = [h for h in hits if _is_false(h, truth)]
+            grouped = self.model_incidents[name]
+            false_grouped = [h for h in grouped if _is_false(h, truth)]
             out_models[name] = {
                 "incidents": len(hits),
                 "false": len(false),
+                "controller_incidents": len(grouped),
+                "false_controller": len(false_grouped),
+                "false_controller_by_component": dict(
+                    collections.Counter(h.component for h in false_grouped)
+                ),
                 "false_by_component": dict(collections.Counter(h.component for h in false)),
                 "false_node_episodes": _episodes(false, episode_gap_s),
                 "node_episodes": _episodes(hits, episode_gap_s),
@@ -449,6 +492,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "incidents": sum(r["incidents"] for r in rs),
             "false_incidents": _rate(sum(r["false"] for r in rs), days),
             "false_node_episodes": _rate(sum(r["false_node_episodes"] for r in rs), days),
+            "false_controller_incidents": _rate(sum(r.get("false_controller", 0) for r in rs), days),
             "false_by_component": dict(comp),
             "per_kind": per_kind,
         }
@@ -515,6 +559,7 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"model {name}: anomaly incidents {m['incidents']}")
         lines.append(f"  false incidents      {_r(m['false_incidents'])}")
         lines.append(f"  false node episodes  {_r(m['false_node_episodes'])}")
+        lines.append(f"  false incidents (node-wide grouping) {_r(m['false_controller_incidents'])}")
         if m["false_by_component"]:
             lines.append(
                 "  false by component   "
@@ -567,6 +612,7 @@ def run_sources(
     gpus_per_node: int = 8,
     score_every_s: float = 30.0,
     eval_every_s: float = 10.0,
+    calibration: Any = None,
 ) -> dict[str, Any]:
     """Replay each source (cold: a new engine and new scorers per source) with its ground truth
     (``truths[k]``, empty for none; or ``truths(k)``, called once source ``k`` has been replayed, so a
@@ -581,6 +627,7 @@ def run_sources(
             gpus_per_node=gpus_per_node,
             score_every_s=score_every_s,
             eval_every_s=eval_every_s,
+            calibration=calibration,
         ).run(src)
         truth = truths(k) if callable(truths) else truths[k] if k < len(truths) else []
         raw.append(bt.result(truth))

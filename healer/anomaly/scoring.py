@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from healer.anomaly import cfar, persist, thermal, window
 from healer.anomaly import model as anomaly_model
-from healer.anomaly import persist, thermal, window
 from healer.schemas import telemetry
 
 log = structlog.get_logger(__name__)
@@ -43,6 +43,7 @@ class Scorer:
         *,
         gpus_per_node: int = 8,
         min_interval_s: float = MIN_INTERVAL_S,
+        calibration: cfar.CfarSettings | None = None,
     ) -> None:
         self.model = m
         self.card = card
@@ -61,18 +62,59 @@ class Scorer:
         """What this fleet has shown (``thermal.ThermalState``): export it with ``export_state``."""
         self.last_thermal: thermal.Step | None = None
         self.last_scores: npt.NDArray[np.float64] = np.zeros((0, gpus_per_node))
+        self.last_valid: npt.NDArray[np.bool_] = np.zeros((0, gpus_per_node), dtype=bool)
         self._last_now: float | None = None
+        self.cfar = (
+            cfar.Calibration(calibration) if calibration is not None and m.forest_corroborates else None
+        )
+        """The fleet's own thresholds per pool and component, shadow until calibrated (``cfar``); None:
+        the model's fixed edges decide (``calibration`` not given, or an old card whose forest decides)."""
 
     def observe(self, frame: telemetry.FrameView, at: float | None = None) -> None:
         self.window.observe(frame, at)
 
+    def grid_at(self, now: float) -> float:
+        """The scoring instant ``now`` belongs to: ``now`` floored to the bucket grid (absolute time)."""
+        b = self.window.bucket_s
+        return math.floor(now / b) * b
+
     def score_array(self, now: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-        """Scores (nodes, gpus) in ``window.node_names`` order; 0 where a GPU had no data."""
+        """Scores (nodes, gpus) in ``window.node_names`` order; 0 where a GPU had no data.
+
+        Scoring is on the absolute bucket grid, never on when it was called: ``now`` is floored to the
+        grid (``grid_at``, kept in ``scored_at``), the window is the ``window_s`` of complete buckets
+        before that instant, and every grid instant since the last scoring is stepped in turn (a call
+        one instant late catches up exactly: the ring keeps one complete bucket beyond the window; a
+        longer gap steps its last two instants). A second call within one bucket returns the same
+        scores and learns nothing.
+        The same frames therefore give the same scores whatever the phase of the caller's timer."""
+        at = self.grid_at(now)
+        if self._last_now is not None and at <= self._last_now:
+            return self.last_scores, self.last_valid
         started = time.process_time()
-        base, valid = self.window.features(now)
+        b = self.window.bucket_s
+        # the ring keeps one complete bucket beyond the window: at most one instant back is exact
+        first = at - b if self._last_now is None else max(self._last_now + b, at - b)
+        steps = max(1, round((at - first) / b) + 1)
+        for k in range(steps):
+            out, valid = self._step(first + k * b)
+        self.last_cost_s = time.process_time() - started
+        return out, valid
+
+    def _step(self, at: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        # the window of complete buckets before ``at``: half a bucket back lands in the last of them
+        base, valid = self.window.features(at - self.window.bucket_s / 2)
         out = np.zeros(valid.shape)
+        # the scorer's clock starts at the first instant with data, so a caller that started earlier
+        # does not learn from a different first step (an empty fleet is stepped, learning nothing)
+        clock = self._last_now is not None or bool(valid.any())
+        if not clock and len(valid):
+            self.last_scores, self.last_valid = out, valid
+            self.last_components = {k: np.zeros(valid.shape) for k in anomaly_model.COMPONENTS}
+            self.last_thermal = None  # nothing scored yet: ``explain`` says nothing
+            return out, valid
         self.thermal.ensure(self.window.node_names)
-        dt = 0.0 if self._last_now is None else max(0.0, now - self._last_now)
+        dt = 0.0 if self._last_now is None else max(0.0, at - self._last_now)
         cls = self.model.class_index(self.window.models)
         hot = np.nan_to_num(base[..., anomaly_model.THROTTLE_COLUMN]) > 0
         th = self.thermal.step(
@@ -80,7 +122,7 @@ class Scorer:
             base[..., self.model.power_column],
             valid,
             cls,
-            now,
+            at,
             dt,
             hot,
         )
@@ -95,31 +137,70 @@ class Scorer:
             for k in anomaly_model.COMPONENTS:
                 comps_full[k][valid] = comps[k] / threshold
             out[valid] = anomaly_model.to_score(self.model.combine(comps), threshold)
+        if self.cfar is not None:
+            out = self._calibrated(comps_full, valid, at, dt)
         self.last_components = comps_full
         self.last_scores = out
-        self._last_now = now if self._last_now is None else max(now, self._last_now)
-        self.last_cost_s = time.process_time() - started
+        self.last_valid = valid
+        if clock:
+            self._last_now = at
         return out, valid
+
+    def _calibrated(
+        self, comps: dict[str, npt.NDArray[np.float64]], valid: npt.NDArray[np.bool_], at: float, dt: float
+    ) -> npt.NDArray[np.float64]:
+        """Scores against this fleet's own thresholds (``cfar.Calibration.decide``)."""
+        assert self.cfar is not None
+        w = self.window
+        self.cfar.ensure(len(w.node_names))
+        for i in np.flatnonzero(self.cfar.node_pool[: len(w.node_names)] < 0).tolist():
+            interval = w.interval_s(i)
+            if interval is not None:
+                self.cfar.assign(i, cfar.pool_key(w.models[i][0], interval))
+        forest = comps["forest"]
+        g = anomaly_model.CORROBORATE_GAIN
+        lifted = np.stack([np.maximum(comps[k], np.minimum(forest, g * comps[k])) for k in cfar.DECIDING])
+        scored: npt.NDArray[np.bool_] = np.asarray(valid.any(axis=1), dtype=bool)
+        ratio, cap = self.cfar.decide(lifted, scored, at, dt)
+        score = np.minimum(anomaly_model.to_score(ratio, 1.0), cap[:, None])
+        out: npt.NDArray[np.float64] = np.where(valid, score, 0.0)
+        return out
+
+    @property
+    def shadow_counts(self) -> dict[str, int]:
+        """Per pool, would-be incidents while in shadow (empty without calibration)."""
+        if self.cfar is None:
+            return {}
+        return {k: int(v) for k, v in zip(self.cfar.pools, self.cfar.shadow, strict=True)}
+
+    @property
+    def scored_at(self) -> float | None:
+        """The grid instant of the last scoring (``grid_at``), None before the first."""
+        return self._last_now
 
     def score(self, now: float) -> dict[str, dict[int, float]]:
         """``{node: {gpu_index: anomaly_score}}`` for every node seen, over the window ending ``now``."""
         arr, valid = self.score_array(now)
         rows = arr.tolist()
         ok = valid.tolist()
-        return {
-            name: {g: s for g, s in enumerate(rows[i]) if ok[i][g]}
-            for i, name in enumerate(self.window.node_names)
-        }
+        names = self.window.node_names
+        return {names[i]: {g: s for g, s in enumerate(rows[i]) if ok[i][g]} for i in range(len(rows))}
 
     def export_state(self) -> dict[str, Any]:
         """Everything learned about this fleet, JSON-able (``thermal.ThermalState.export``): save it
         (``healer.anomaly.scorer_state.save``) and ``import_state`` it after a restart or failover."""
-        return self.thermal.export()
+        out = self.thermal.export()
+        if self.cfar is not None:
+            out["cfar"] = self.cfar.export()
+        return out
 
     def import_state(self, state: dict[str, Any]) -> int:
         """Restore an exported state (nodes not seen yet are restored when they first report); returns
         the number of nodes it holds. ValueError if it was made for another GPU count or format."""
-        return self.thermal.import_(state)
+        n = self.thermal.import_(state)
+        if self.cfar is not None and isinstance(state.get("cfar"), dict):
+            self.cfar.import_(state["cfar"])
+        return n
 
     def explain(self, node: str, gpu: int) -> dict[str, float | str]:
         """Why ``node``/``gpu`` scored what it did at the last ``score``: the driving component and by
@@ -180,22 +261,32 @@ class NullScorer:
 
 
 def load(
-    path: str | pathlib.Path, *, gpus_per_node: int = 8, min_interval_s: float = MIN_INTERVAL_S
+    path: str | pathlib.Path,
+    *,
+    gpus_per_node: int = 8,
+    min_interval_s: float = MIN_INTERVAL_S,
+    calibration: cfar.CfarSettings | None = None,
 ) -> Scorer:
     """Load a saved model (raises ``persist.ModelMismatchError``)."""
     m, card = persist.load(path)
     log.info(
         "anomaly_model_loaded", path=str(path), threshold=m.calib["threshold"], trained=card.get("trained")
     )
-    return Scorer(m, card, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s)
+    return Scorer(
+        m, card, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s, calibration=calibration
+    )
 
 
 def load_or_null(
-    path: str | pathlib.Path, *, gpus_per_node: int = 8, min_interval_s: float = MIN_INTERVAL_S
+    path: str | pathlib.Path,
+    *,
+    gpus_per_node: int = 8,
+    min_interval_s: float = MIN_INTERVAL_S,
+    calibration: cfar.CfarSettings | None = None,
 ) -> Scorer | NullScorer:
     """``load``, or a NullScorer and an ``anomaly_model_unavailable`` error event when it fails."""
     try:
-        return load(path, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s)
+        return load(path, gpus_per_node=gpus_per_node, min_interval_s=min_interval_s, calibration=calibration)
     except persist.ModelMismatchError as e:
         log.error("anomaly_model_unavailable", path=str(path), error=str(e), anomaly_score=0)
         return NullScorer(str(e))

@@ -4,7 +4,7 @@
 frame). All numpy work happens once per scoring batch, in ``flush``: the queued rows become one array,
 counter increases are taken per node (resets handled), and the rows are summed into per-node ring
 buffers of ``bucket_s``-second buckets. A window is the last ``window_s / bucket_s`` buckets, so memory
-is nodes x GPUs x buckets x channels float32 (38 MB for 10,000 nodes x 8 GPUs, 300 s of 30 s
+is nodes x GPUs x (buckets + 2) x channels float64 (108 MB for 10,000 nodes x 8 GPUs, 300 s of 30 s
 buckets, up to twice that while the node capacity has doubled past the fleet) whatever the frame rate.
 """
 
@@ -19,6 +19,8 @@ from healer.anomaly import features
 from healer.schemas import telemetry
 
 _NAN = math.nan
+RING_SPARE = 2
+"""Ring slots beyond the window's buckets (``FleetWindow.slots``)."""
 
 
 def _fields(g: telemetry.GpuView, ts: float) -> tuple[float | int | None, ...]:
@@ -57,6 +59,9 @@ class FleetWindow:
         self.window_s = window_s
         self.bucket_s = bucket_s
         self.width = round(window_s / bucket_s)
+        self.slots = self.width + RING_SPARE
+        """Ring slots per node: the window's buckets, the one filling now and one more, so a window of
+        complete buckets is whole while the next bucket fills (and after one missed scoring)."""
         self.node_names: list[str] = []
         self.models: list[list[str | None]] = []
         self._index: dict[str, int] = {}
@@ -65,12 +70,17 @@ class FleetWindow:
         self._vals: list[float | int | None] = []
         self._kept: list[float] = []
         self.min_interval_s = min_interval_s
+        self.frames_seen: list[int] = []
+        """Per node, frames observed (kept or skipped), with the first and latest one's time: the
+        node's frame interval (``interval_s``)."""
+        self.first_ts: list[float] = []
+        self.latest_ts: list[float] = []
         self.skipped = 0
         """Frames skipped because they came sooner than ``min_interval_s`` after the node's last one."""
         self._rows = len(features.RAW)
         cap = 16
-        self._sums = np.zeros((cap, self.width, self.gpus, len(features.CHANNELS)), dtype=np.float32)
-        self._ids = np.full((cap, self.width), -1, dtype=np.int64)
+        self._sums = np.zeros((cap, self.slots, self.gpus, len(features.CHANNELS)), dtype=np.float64)
+        self._ids = np.full((cap, self.slots), -1, dtype=np.int64)
         self._last = np.full((cap, self.gpus, len(features.RAW_COUNTERS)), np.nan)
         self.dropped = 0
         """Rows ignored: older than the window by the time they were flushed, or GPU index too high."""
@@ -86,6 +96,9 @@ class FleetWindow:
             self.node_names.append(name)
             self.models.append([None] * self.gpus)
             self._kept.append(-math.inf)
+            self.frames_seen.append(0)
+            self.first_ts.append(math.nan)
+            self.latest_ts.append(math.nan)
             if i == len(self._ids):
                 grow = len(self._ids)
                 self._sums = np.concatenate([self._sums, np.zeros_like(self._sums[:grow])])
@@ -101,6 +114,10 @@ class FleetWindow:
         if i is None:
             i = self._node(frame.node)
         ts = frame.ts if at is None else at
+        if not self.frames_seen[i]:
+            self.first_ts[i] = ts
+        self.frames_seen[i] += 1
+        self.latest_ts[i] = ts
         if ts - self._kept[i] < self.min_interval_s:
             self.skipped += 1
             return
@@ -125,6 +142,13 @@ class FleetWindow:
         self._q_node.append(i)
         self._q_ts.append(ts)
 
+    def interval_s(self, i: int, *, min_span_s: float = 120.0) -> float | None:
+        """Node ``i``'s mean frame interval, once it has reported for ``min_span_s``; else None."""
+        span = self.latest_ts[i] - self.first_ts[i]
+        if not span >= min_span_s or self.frames_seen[i] < 2:
+            return None
+        return span / (self.frames_seen[i] - 1)
+
     def flush(self) -> None:
         """Fold the queued rows into the bucket rings (one batch of numpy work)."""
         if not self._q_node:
@@ -142,7 +166,7 @@ class FleetWindow:
         inc, self._last[blocks] = features.grouped_counter_increase(counters, starts, self._last[blocks])
         ch = features.channels(raw, inc)
         bucket = np.floor(ts / self.bucket_s).astype(np.int64)
-        slot = bucket % self.width
+        slot = bucket % self.slots
         current = self._ids[node, slot]
         too_old = bucket < current
         self.dropped += int(too_old.sum())
@@ -153,10 +177,10 @@ class FleetWindow:
         stale = bucket > self._ids[node, slot]
         self._sums[node[stale], slot[stale]] = 0.0
         self._ids[node[stale], slot[stale]] = bucket[stale]
-        key = node * self.width + slot
+        key = node * self.slots + slot
         brk = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]) | (bucket[1:] != bucket[:-1])])
         grouped = np.add.reduceat(ch, brk, axis=0)
-        np.add.at(self._sums, (node[brk], slot[brk]), grouped.astype(np.float32))
+        np.add.at(self._sums, (node[brk], slot[brk]), grouped)
 
     def window_sums(self, now: float) -> npt.NDArray[np.float64]:
         """Channel sums over the window ending at ``now`` (nodes, gpus, CHANNELS), after a flush."""
@@ -165,7 +189,7 @@ class FleetWindow:
         end = math.floor(now / self.bucket_s)
         ok = (self._ids[:n] > end - self.width) & (self._ids[:n] <= end)
         out: npt.NDArray[np.float64] = np.einsum(
-            "nb,nbgc->ngc", ok.astype(np.float32), self._sums[:n], dtype=np.float64
+            "nb,nbgc->ngc", ok.astype(np.float64), self._sums[:n], dtype=np.float64
         )
         return out
 

@@ -126,6 +126,18 @@ def register(sub: Any) -> None:
     cal.add_argument("--out", required=True, type=pathlib.Path, help="state file to write (JSON)")
     cal.set_defaults(func=_calibrate)
 
+    st = msub.add_parser(
+        "status",
+        help="each pool's calibration: shadow or live, node-days, thresholds, measured rate "
+        "(from the controller's KV, or a saved state file)",
+    )
+    st.add_argument("--state", type=pathlib.Path, help="a saved scorer state (JSON) instead of KV")
+    st.add_argument("--nats", metavar="URL", help="NATS URL (default: nats.url)")
+    st.add_argument("--prefix", help="subject prefix (default: nats.prefix, healer)")
+    common.add_config_option(st)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status)
+
     info = msub.add_parser("info", help="print the model card")
     info.add_argument("path", type=pathlib.Path)
     info.add_argument("--check", action="store_true", help="also load the model; exit 1 if it does not fit")
@@ -324,6 +336,19 @@ def add_backtest_options(p: argparse.ArgumentParser, *, models: bool) -> None:
     )
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--score-every", type=float, default=30.0, help="seconds between scorings (%(default)s)")
+    p.add_argument(
+        "--calibration",
+        choices=("on", "off"),
+        default=None,
+        help="per-pool thresholds from the recording's own tail, shadow until calibrated, as the "
+        "controller runs them (default: anomaly.calibration, on)",
+    )
+    p.add_argument(
+        "--calibration-node-days",
+        type=float,
+        default=None,
+        help="node-days a pool watches in shadow before it opens incidents (anomaly.calibration_node_days)",
+    )
     if models:
         p.add_argument(
             "--compare",
@@ -349,6 +374,21 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
     if result.ruleset is None:
         print("error: rule pack has errors: " + "; ".join(d.message for d in result.errors), file=sys.stderr)
         return 1
+    cal = getattr(args, "calibration", None)
+    a = common.settings(
+        args,
+        anomaly={
+            "calibration": None if cal is None else cal == "on",
+            "calibration_node_days": getattr(args, "calibration_node_days", None),
+        },
+    ).anomaly
+    calibration: Any = None
+    if a.calibration and model_paths:
+        from healer.anomaly import cfar
+
+        calibration = cfar.CfarSettings(
+            budget_per_1000_node_days=a.false_alarm_budget, min_node_days=a.calibration_node_days
+        )
     try:
         models: dict[str, Any] = {}
         if model_paths:
@@ -376,6 +416,7 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
             episodes=episodes,
             gpus_per_node=args.gpus_per_node,
             score_every_s=args.score_every,
+            calibration=calibration,
         )
     except (errors.HealerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -472,4 +513,64 @@ def _info(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(card, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    """Each pool's calibration (``cfar.Calibration.status``), from KV ``anomaly.state`` or a file."""
+    from healer.anomaly import cfar
+
+    s = common.settings(args)
+    doc: dict[str, Any] | None
+    if args.state is not None:
+        try:
+            doc = json.loads(args.state.read_text()).get("cfar")
+        except (OSError, ValueError) as e:
+            print(f"error: {args.state}: {e}", file=sys.stderr)
+            return 1
+    else:
+        import asyncio
+
+        from healer.anomaly import scorer_state
+        from healer.cli import controller_cmd
+
+        logs.configure("error")
+
+        async def read() -> dict[str, Any] | None:
+            bus, store = await controller_cmd._state_store(s)
+            try:
+                got = await store.get(scorer_state.DEFAULT_KEY)
+                return None if got is None else got.value.get("cfar")
+            finally:
+                await bus.close()
+
+        try:
+            doc = asyncio.run(read())
+        except errors.HealerError as e:
+            print(f"healer model status: {e}", file=sys.stderr)
+            return 1
+    a = s.anomaly
+    cal = cfar.Calibration(
+        cfar.CfarSettings(
+            budget_per_1000_node_days=a.false_alarm_budget, min_node_days=a.calibration_node_days
+        )
+    )
+    if not isinstance(doc, dict) or not cal.import_(doc):
+        none = "no pool calibration saved yet (a controller with a model saves it every anomaly_save_s)"
+        print("[]" if args.json else none)
+        return 0
+    rows = cal.status()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{'pool':<32} {'state':<6} {'node-days':>9} {'shadow':>6} {'live':>5} {'per 1,000':>9}  thresholds"
+    )
+    for r in rows:
+        rate = "-" if r["live_per_1000_node_days"] is None else f"{r['live_per_1000_node_days']:.1f}"
+        thr = ", ".join(f"{k} {v:g}" for k, v in r["thresholds"].items())
+        print(
+            f"{r['pool']:<32} {r['state']:<6} {r['node_days']:>9.2f} {r['shadow_incidents']:>6} "
+            f"{r['live_incidents']:>5} {rate:>9}  {thr}"
+        )
     return 0

@@ -29,3 +29,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory, healthy_recording: pathlib
     out = tmp_path_factory.mktemp("model") / "small"
     training.train([dataset.from_recording(healthy_recording)], out, SETTINGS, "test")
     return out
+
+
+@pytest.fixture(scope="session")
+def overheat_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    """healer's overheat scenario, 8 nodes x 40 min, as NodeFrame JSON lines: a node-wide inlet
+    failure and cooling faults."""
+    npz = tmp_path_factory.mktemp("overheat") / "overheat.npz"
+    sim = scenarios.build(scenarios.load("overheat"), nodes=8, gpus=8, seed=5)
+    recording.record(sim, npz, duration_s=40 * 60, interval_s=5.0)
+    with recording.Recording(npz) as rec:
+        return [data for _, frames in rec.frames() for _, data in frames]

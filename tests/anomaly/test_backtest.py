@@ -90,6 +90,8 @@ def test_model_eval_replays_standard_input_for_two_models_at_once(
             "--truth",
             str(truth),
             "--json",
+            "--calibration",  # 25 minutes: every pool would still be in shadow (test_phase.py)
+            "off",
         ]
     )
     assert rc == 0

@@ -29,6 +29,7 @@ class Learning:
         state: kv.Store,
         metrics: controller_metrics.ControllerMetrics,
         log: structlog.typing.FilteringBoundLogger,
+        anomaly: config.AnomalySettings | None = None,
     ) -> None:
         self.cs = cs
         self.state = state
@@ -42,9 +43,19 @@ class Learning:
         self.failslow = detector.FailSlow(fs) if cs.stragglers else None
         """Fail-slow detection (docs/fail-slow.md): on unless ``controller.stragglers`` is off."""
         if cs.model:
-            from healer.anomaly import scoring
+            from healer.anomaly import cfar, scoring
 
-            self.scorer = scoring.load_or_null(cs.model, gpus_per_node=cs.gpus_per_node)
+            a = anomaly or config.AnomalySettings()
+            calibration = (
+                cfar.CfarSettings(
+                    budget_per_1000_node_days=a.false_alarm_budget, min_node_days=a.calibration_node_days
+                )
+                if a.calibration
+                else None
+            )
+            self.scorer = scoring.load_or_null(
+                cs.model, gpus_per_node=cs.gpus_per_node, calibration=calibration
+            )
             loaded = isinstance(self.scorer, scoring.Scorer)
             metrics.anomaly_model_loaded.set(1 if loaded else 0)
             if not loaded:

@@ -124,7 +124,7 @@ class Controller:
         rules_sig = reload.signature(pathlib.Path(cs.rules_dir))
         self.engine = reload.load(cs)
         """Built with the rules at construction: a controller whose rules do not load is never made."""
-        self.learning = learning.Learning(cs, state, metrics, self.log)
+        self.learning = learning.Learning(cs, state, metrics, self.log, settings.anomaly)
         self.state = state
         self.book = book.Book(state)
         self.feed = feed_publisher.FeedPublisher(bus, self.subjects, cs.cluster)
