@@ -1,4 +1,5 @@
-"""``healer model train|eval|info``: train the anomaly model, measure it on simulated faults, show it."""
+"""``healer model train|eval|calibrate|info``: train the anomaly model, measure it on simulated faults, show
+it (``healer model status``: healer/cli/model_status.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from healer import errors, logs
 from healer.bus import subjects
-from healer.cli import common
+from healer.cli import common, model_status, model_summary
 
 # scikit-learn, skops and the rule engine are imported inside the commands, so that every other
 # ``healer`` command starts without them.
@@ -60,7 +61,17 @@ def register(sub: Any) -> None:
     parser = sub.add_parser("model", help="anomaly model: train, evaluate, show its card")
     msub = parser.add_subparsers(dest="model_command", metavar="ACTION")
     msub.required = True
+    _add_train(msub)
+    _add_eval(msub)
+    _add_calibrate(msub)
+    model_status.add_parser(msub)
+    info = msub.add_parser("info", help="print the model card")
+    info.add_argument("path", type=pathlib.Path)
+    info.add_argument("--check", action="store_true", help="also load the model; exit 1 if it does not fit")
+    info.set_defaults(func=_info)
 
+
+def _add_train(msub: Any) -> None:
     tr = msub.add_parser("train", help="train on recorded healthy telemetry")
     src = tr.add_mutually_exclusive_group(required=True)
     src.add_argument("--from", dest="from_files", nargs="+", type=pathlib.Path, help="sim recordings (.npz)")
@@ -77,6 +88,8 @@ def register(sub: Any) -> None:
     tr.add_argument("--gpus-per-node", type=int, default=8)
     tr.set_defaults(func=_train)
 
+
+def _add_eval(msub: Any) -> None:
     ev = msub.add_parser(
         "eval",
         help="replay labelled simulated scenarios, or recorded NodeFrames (--recorded, --from-stream), "
@@ -111,6 +124,8 @@ def register(sub: Any) -> None:
     )
     ev.set_defaults(func=_eval)
 
+
+def _add_calibrate(msub: Any) -> None:
     cal = msub.add_parser(
         "calibrate", help="learn this fleet's thermal baselines from recorded telemetry (state file)"
     )
@@ -125,23 +140,6 @@ def register(sub: Any) -> None:
     cal.add_argument("--state", type=pathlib.Path, help="continue from this state file")
     cal.add_argument("--out", required=True, type=pathlib.Path, help="state file to write (JSON)")
     cal.set_defaults(func=_calibrate)
-
-    st = msub.add_parser(
-        "status",
-        help="each pool's calibration: shadow or live, node-days, thresholds, measured rate "
-        "(from the controller's KV, or a saved state file)",
-    )
-    st.add_argument("--state", type=pathlib.Path, help="a saved scorer state (JSON) instead of KV")
-    st.add_argument("--nats", metavar="URL", help="NATS URL (default: nats.url)")
-    st.add_argument("--prefix", help="subject prefix (default: nats.prefix, healer)")
-    common.add_config_option(st)
-    st.add_argument("--json", action="store_true")
-    st.set_defaults(func=_status)
-
-    info = msub.add_parser("info", help="print the model card")
-    info.add_argument("path", type=pathlib.Path)
-    info.add_argument("--check", action="store_true", help="also load the model; exit 1 if it does not fit")
-    info.set_defaults(func=_info)
 
 
 def _bar(what: str) -> Any:
@@ -309,7 +307,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=float))
     else:
-        print(format_summary(result))
+        print(model_summary.format_summary(result))
     return 0
 
 
@@ -447,61 +445,6 @@ def _stream(args: argparse.Namespace) -> list[bytes] | None:
     return frames
 
 
-def _minutes(v: float | None) -> str:
-    return "-" if v is None else f"{v / 60:+.1f}"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.0f}%"
-
-
-def format_summary(result: dict[str, Any]) -> str:
-    lines = [
-        f"{'fault kind':<22} {'n':>3} {'recall':>7} {'prec':>6} {'rules':>6} "
-        f"{'lead min':>9} {'flag lead':>9} {'lead>=10m':>9} {'model 1st':>9}  rule",
-    ]
-    for kind, k in result["per_kind"].items():
-        lines.append(
-            f"{kind:<22} {k['faults']:>3} {_pct(k['model_recall']):>7} {_pct(k['model_precision']):>6} "
-            f"{_pct(k['rule_recall']):>6} {_minutes(k['median_lead_s']):>9} "
-            f"{_minutes(k['median_flag_lead_s']):>9} "
-            f"{_pct(k['share_lead_ge_600s']):>9} {_pct(k['share_model_first']):>9}  {k['rule'] or '-'}"
-        )
-    lines.append("")
-    lines.append(
-        f"{'vs static rule':<22} {'rule':<24} {'recall':>7} {'lead min':>9} {'before':>7} {'>=10m':>6} "
-        f"{'flag before':>11} {'flag>=10m':>9}"
-    )
-    for kind, k in result["per_kind"].items():
-        if k["static_rule"]:
-            lines.append(
-                f"{kind:<22} {k['static_rule']:<24} {_pct(k['static_rule_recall']):>7} "
-                f"{_minutes(k['median_lead_vs_static_s']):>9} {_pct(k['share_before_static']):>7} "
-                f"{_pct(k['share_10min_before_static']):>6} {_pct(k['share_flag_before_static']):>11} "
-                f"{_pct(k['share_flag_10min_before_static']):>9}"
-            )
-    rate = result["model_false_per_1000_node_days"]
-    rrate = result["rule_false_per_1000_node_days"]
-    lines.append(
-        f"healthy node-days {result['healthy_node_days']:.2f}: model false incidents "
-        f"{result['model_false_incidents']} ({'-' if rate is None else f'{rate:.1f}'} per 1,000 node-days), "
-        f"rules {result['rule_false_incidents']} ({'-' if rrate is None else f'{rrate:.1f}'} per 1,000)"
-    )
-    by_component = result.get("model_false_by_component") or {}
-    if by_component:
-        lines.append(
-            "false incidents by component: " + ", ".join(f"{k} {v}" for k, v in sorted(by_component.items()))
-        )
-    held = result.get("healthy_max_held") or {}
-    if held:
-        top = max(held, key=held.__getitem__)
-        lines.append(
-            f"closest a healthy GPU came to an incident: {held[top]:.2f} of the level, held for the whole "
-            f"hold ({top}; " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(held.items())) + ")"
-        )
-    return "\n".join(lines)
-
-
 def _info(args: argparse.Namespace) -> int:
     from healer.anomaly import persist
 
@@ -513,64 +456,4 @@ def _info(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(card, indent=2, ensure_ascii=False))
-    return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    """Each pool's calibration (``cfar.Calibration.status``), from KV ``anomaly.state`` or a file."""
-    from healer.anomaly import cfar
-
-    s = common.settings(args)
-    doc: dict[str, Any] | None
-    if args.state is not None:
-        try:
-            doc = json.loads(args.state.read_text()).get("cfar")
-        except (OSError, ValueError) as e:
-            print(f"error: {args.state}: {e}", file=sys.stderr)
-            return 1
-    else:
-        import asyncio
-
-        from healer.anomaly import scorer_state
-        from healer.cli import controller_cmd
-
-        logs.configure("error")
-
-        async def read() -> dict[str, Any] | None:
-            bus, store = await controller_cmd._state_store(s)
-            try:
-                got = await store.get(scorer_state.DEFAULT_KEY)
-                return None if got is None else got.value.get("cfar")
-            finally:
-                await bus.close()
-
-        try:
-            doc = asyncio.run(read())
-        except errors.HealerError as e:
-            print(f"healer model status: {e}", file=sys.stderr)
-            return 1
-    a = s.anomaly
-    cal = cfar.Calibration(
-        cfar.CfarSettings(
-            budget_per_1000_node_days=a.false_alarm_budget, min_node_days=a.calibration_node_days
-        )
-    )
-    if not isinstance(doc, dict) or not cal.import_(doc):
-        none = "no pool calibration saved yet (a controller with a model saves it every anomaly_save_s)"
-        print("[]" if args.json else none)
-        return 0
-    rows = cal.status()
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(
-        f"{'pool':<32} {'state':<6} {'node-days':>9} {'shadow':>6} {'live':>5} {'per 1,000':>9}  thresholds"
-    )
-    for r in rows:
-        rate = "-" if r["live_per_1000_node_days"] is None else f"{r['live_per_1000_node_days']:.1f}"
-        thr = ", ".join(f"{k} {v:g}" for k, v in r["thresholds"].items())
-        print(
-            f"{r['pool']:<32} {r['state']:<6} {r['node_days']:>9.2f} {r['shadow_incidents']:>6} "
-            f"{r['live_incidents']:>5} {rate:>9}  {thr}"
-        )
     return 0

@@ -137,7 +137,6 @@ def test_eval_counts_episodes_as_the_rule_pack_resolves_and_cools_them_down() ->
 
 
 def test_the_text_summary_says_what_drove_false_incidents_and_how_close_healthy_gpus_came() -> None:
-    from healer.cli import model_cmd
 
     result = {
         "per_kind": {},
@@ -149,7 +148,9 @@ def test_the_text_summary_says_what_drove_false_incidents_and_how_close_healthy_
         "model_false_by_component": {"thermal_gpu": 2},
         "healthy_max_held": {"thermal_gpu": 0.71, "forest": 0.67},
     }
-    text = model_cmd.format_summary(result)
+    from healer.cli import model_summary
+
+    text = model_summary.format_summary(result)
     assert "false incidents by component: thermal_gpu 2" in text
     assert "0.71 of the level" in text
     assert "(thermal_gpu; forest 0.67, thermal_gpu 0.71)" in text
