@@ -19,7 +19,7 @@ import dataclasses
 import enum
 import typing
 from datetime import UTC, datetime
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import pydantic
 
@@ -64,7 +64,35 @@ SEVERITY_LEVELS: Final[dict[Severity, SeverityLevel]] = {
 """The one catalogue of severities. Alertmanager's convention has three levels, so ``major`` and
 ``critical`` both become ``critical`` there (the original stays in the ``healer_severity`` label);
 PagerDuty's four levels keep them apart."""
-Mode = Literal["enforce", "dry-run", "observe"]
+
+
+class Mode(enum.StrEnum):
+    """How far the controller goes with what the rules ask for, declared once (settings ``mode``,
+    ``data.mode`` on the wire: the same strings). Code asks a mode's properties, never its name."""
+
+    ENFORCE = "enforce"
+    """Actions are carried out."""
+    DRY_RUN = "dry-run"
+    """Actions are planned and recorded (status ``planned``), nothing is done."""
+    OBSERVE = "observe"
+    """Incidents only: no action is planned."""
+
+    @property
+    def plans(self) -> bool:
+        """The incident's actions are planned (for real or as a dry run's plan)."""
+        return self is not Mode.OBSERVE
+
+    @property
+    def acts(self) -> bool:
+        """What is planned is carried out."""
+        return self is Mode.ENFORCE
+
+    @property
+    def dry_run(self) -> bool:
+        """Actions are planned but not carried out."""
+        return self.plans and not self.acts
+
+
 IncidentState = Literal["open", "resolved", "escalated"]
 ActionStatus = Literal[
     "planned", "done", "already-done", "refused", "failed-temporary", "failed-permanent", "skipped"
@@ -160,7 +188,7 @@ class IncidentData(pydantic.BaseModel):
     evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
     actions: list[ActionRecord] = pydantic.Field(default_factory=list)
     labels: dict[str, str] = pydantic.Field(default_factory=dict)
-    mode: Mode
+    mode: Annotated[Mode, base.inline(Mode)]
     domain: Domain | None = None
     """(v2) A shared-cause incident's domain and members; absent from every other incident."""
 

@@ -11,6 +11,7 @@ from healer import config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
 from healer.rules import actions, engine, ruleset
+from healer.schemas import incidents
 
 SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)
 
@@ -30,13 +31,16 @@ def firing(status: Any = "fired", **evidence: Any) -> engine.Firing:
 
 
 def incident(**overrides: Any) -> book.Incident:
-    return decide.new_incident(firing(), "inc-1", 10.0, "enforce", 1, SETTINGS).model_copy(update=overrides)
+    return decide.new_incident(firing(), "inc-1", 10.0, incidents.Mode.ENFORCE, 1, SETTINGS).model_copy(
+        update=overrides
+    )
 
 
 def attempt(**overrides: Any) -> decide.Attempt:
     base = decide.Attempt(
         kind="cordon", params={}, on_resolve=False, node="n1", incident_id="inc-1", now=1000.0,
-        mode="enforce", settings=SETTINGS, excluded=None, limits=decide.LimitsView(), lease_valid=True,
+        mode=incidents.Mode.ENFORCE, settings=SETTINGS, excluded=None, limits=decide.LimitsView(),
+        lease_valid=True,
     )  # fmt: skip
     return dataclasses.replace(base, **overrides)
 
@@ -72,7 +76,7 @@ def test_resolving_queues_the_on_resolve_actions_unless_the_node_was_forgotten()
 
 
 def test_the_third_fault_episode_on_a_gpu_asks_for_inspection() -> None:
-    inc = decide.new_incident(firing(), "inc-2", 10.0, "enforce", 3, SETTINGS)
+    inc = decide.new_incident(firing(), "inc-2", 10.0, incidents.Mode.ENFORCE, 3, SETTINGS)
     assert inc.escalated
     assert "fault #3" in inc.summary
     assert [a.kind for a in inc.actions] == ["power_limit", "inspect"]
@@ -294,7 +298,9 @@ def fire(
 
 
 def opened(rule: ruleset.Rule = DBE, gpu: int | None = 1, at: float = 100.0, **kw: Any) -> book.Incident:
-    return decide.new_incident(fire(rule, gpu, **kw), f"inc-{rule.id}", at, "enforce", 1, SETTINGS)
+    return decide.new_incident(
+        fire(rule, gpu, **kw), f"inc-{rule.id}", at, incidents.Mode.ENFORCE, 1, SETTINGS
+    )
 
 
 def joined(inc: book.Incident, f: engine.Firing, now: float = 102.0) -> book.Incident:

@@ -10,6 +10,7 @@ from healer import config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
 from healer.rules import actions, engine, loader, nodewide, ruleset
+from healer.schemas import incidents
 
 SETTINGS = config.ControllerSettings()
 HOT = ruleset.Rule(
@@ -61,7 +62,9 @@ class Node:
                 incident_shell.apply_join(into, decide.join(into, f, f.at, self.gpus, RULES.get))
             else:
                 self.incidents.append(
-                    decide.new_incident(f, f"inc-{len(self.incidents)}", f.at, "enforce", 1, SETTINGS)
+                    decide.new_incident(
+                        f, f"inc-{len(self.incidents)}", f.at, incidents.Mode.ENFORCE, 1, SETTINGS
+                    )
                 )
             return change
         if inc is None:

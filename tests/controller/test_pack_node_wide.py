@@ -10,6 +10,7 @@ from healer import config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
 from healer.rules import engine, loader, ruleset
+from healer.schemas import incidents
 
 PACK = pathlib.Path(__file__).resolve().parents[2] / "rules"
 
@@ -74,7 +75,7 @@ class Node:
         else:
             settings = config.ControllerSettings()
             self.incidents.append(
-                decide.new_incident(f, f"inc-{len(self.incidents)}", at, "enforce", 1, settings)
+                decide.new_incident(f, f"inc-{len(self.incidents)}", at, incidents.Mode.ENFORCE, 1, settings)
             )
 
 

@@ -34,7 +34,7 @@ def fire(
 
 
 def opened(f: engine.Firing, incident_id: str = "inc-1") -> book.Incident:
-    return decide.new_incident(f, incident_id, 100.0, "enforce", 1, SETTINGS)
+    return decide.new_incident(f, incident_id, 100.0, incidents.Mode.ENFORCE, 1, SETTINGS)
 
 
 def test_a_port_firing_opens_an_incident_keyed_and_named_by_its_port() -> None:

@@ -220,12 +220,15 @@ class Attempt:
     reboots_elsewhere: int = 0
     """(reboot_node) Other nodes rebooting for a recovery ladder now."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", incidents.Mode(self.mode))  # the enum, also when given its value
+
 
 Check = Callable[[Attempt], Verdict]
 
 
 def mode_gate(a: Attempt) -> Verdict:
-    return Verdict.settle("skipped", "observe mode: incidents only") if a.mode == "observe" else ALLOW
+    return Verdict.settle("skipped", "observe mode: incidents only") if not a.mode.plans else ALLOW
 
 
 def actuator_gate(a: Attempt) -> Verdict:

@@ -177,7 +177,7 @@ class ActionRunner:
             return {}
         now = self.clock()
         nodes = list(dict.fromkeys(a.node or inc.node for a in step))
-        if self.cs.mode != "observe":
+        if self.cs.mode.plans:
             reserved = await self.limits.reserve(first.kind, nodes, inc.id, now)
             if not reserved.allowed:
                 return {id(a): reserved for a in step}
@@ -256,7 +256,7 @@ class ActionRunner:
         if spec is None:
             return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
         if spec.takes_out_of_service:
-            breaker = self.breaker if mode == "enforce" else self.dry_breaker
+            breaker = self.breaker if mode.acts else self.dry_breaker
             fleet = self.shell.fleet_size()
             admission = await breaker.admit(node, fleet, inc.id, self.shell.domains(node))
             if admission.held is not None:
@@ -276,7 +276,7 @@ class ActionRunner:
             params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
             summary=(action.params.get("reason") or inc.summary)[:1024],
             fencing_token=token,
-            dry_run=mode == "dry-run",
+            dry_run=mode.dry_run,
             deadline=now + 600.0,
         )
         actuator = {actions.Actuator.POWER: self.power, actions.Actuator.GPU: self.gpu}.get(
@@ -377,7 +377,7 @@ class ActionRunner:
         for inc in found:
             if inc.state == "resolved":
                 continue
-            breaker = self.breaker if inc.mode == "enforce" else self.dry_breaker
+            breaker = self.breaker if inc.mode.acts else self.dry_breaker
             status = await breaker.status()
             if status.get("open"):
                 continue
