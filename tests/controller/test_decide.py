@@ -94,7 +94,7 @@ def test_the_ladder_cordons_an_incident_the_power_cap_did_not_help() -> None:
     inc = incident()
     later = inc.opened_at + SETTINGS.power_cap_escalate_s + 1
     assert decide.ladder_step(inc, later, SETTINGS) is None, "no cap yet"
-    inc.actions[0].status = "done"
+    inc.actions[0].status = incidents.ActionStatus.DONE
     assert decide.ladder_step(inc, inc.opened_at + 1, SETTINGS) is None, "too soon"
     step = decide.ladder_step(inc, later, SETTINGS)
     assert step is not None
@@ -116,9 +116,15 @@ def test_a_plain_cordon_passes_every_gate() -> None:
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        ({"mode": "observe"}, decide.Verdict.settle("skipped", "observe mode: incidents only")),
-        ({"kind": "notify", "params": {"message": "hi"}}, decide.Verdict.settle("done", "hi")),
-        ({"kind": "notify"}, decide.Verdict.settle("done", "incident published")),
+        (
+            {"mode": "observe"},
+            decide.Verdict.settle(incidents.ActionStatus.SKIPPED, "observe mode: incidents only"),
+        ),
+        (
+            {"kind": "notify", "params": {"message": "hi"}},
+            decide.Verdict.settle(incidents.ActionStatus.DONE, "hi"),
+        ),
+        ({"kind": "notify"}, decide.Verdict.settle(incidents.ActionStatus.DONE, "incident published")),
         ({"lease_valid": False}, decide.Verdict.wait("not the leader any more")),
     ],
 )
@@ -133,7 +139,9 @@ def test_gpu_resets_and_excluded_nodes_are_skipped() -> None:
     assert "recovery-ladder step" in reset.reason
     assert decide.gate(attempt(kind="reset_gpu", ladder_step=True)).allowed
     excluded = decide.gate(attempt(excluded={"by": "ops", "reason": "bios"}))
-    assert excluded == decide.Verdict.settle("skipped", "node excluded for maintenance by ops: bios")
+    assert excluded == decide.Verdict.settle(
+        incidents.ActionStatus.SKIPPED, "node excluded for maintenance by ops: bios"
+    )
     rung = decide.gate(attempt(kind="reboot_node", ladder_step=True, excluded={"by": "ops", "reason": "x"}))
     assert rung.status == "skipped"  # exclusions apply to every rung
 
@@ -182,7 +190,9 @@ def test_an_uncordon_only_undoes_our_own_cordon_on_a_node_nobody_else_holds() ->
     assert decide.gate(attempt(**uncordon, cordon_ours=True)).allowed
     for other in ({"cordon_ours": False}, {"cordon_ours": True, "held_elsewhere": True}):
         v = decide.gate(attempt(**uncordon, **other))
-        assert v == decide.Verdict.settle("skipped", "another open incident still holds this node cordoned")
+        assert v == decide.Verdict.settle(
+            incidents.ActionStatus.SKIPPED, "another open incident still holds this node cordoned"
+        )
 
 
 def test_ownership_reads_the_incidents() -> None:
@@ -367,7 +377,7 @@ def test_a_joined_incident_has_the_highest_severity_every_signal_and_each_action
 
 def test_actions_already_carried_out_are_kept_and_pending_ones_take_the_stronger_parameters() -> None:
     inc = opened(XID)
-    inc.actions[0].status = "done"
+    inc.actions[0].status = incidents.ActionStatus.DONE
     cordon = inc.actions[0]
     joined(inc, fire(RESET))
     assert inc.actions[0] is cordon, "the same object: an action task may be running it"

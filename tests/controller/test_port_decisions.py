@@ -73,7 +73,10 @@ def test_a_port_firing_joins_only_an_incident_on_the_same_port() -> None:
 
 def test_a_skipped_uncordon_hands_the_cordon_to_the_incidents_still_holding_the_node() -> None:
     a, b = opened(fire(DOWN, "mlx5_3/1"), "inc-a"), opened(fire(DOWN, "mlx5_6/1"), "inc-b")
-    a.actions[0].status, b.actions[0].status = "done", "already-done"
+    a.actions[0].status, b.actions[0].status = (
+        incidents.ActionStatus.DONE,
+        incidents.ActionStatus.ALREADY_DONE,
+    )
     assert decide.cordon_ours(a)
     assert not decide.cordon_ours(b), "its cordon found the node drained already"
     assert decide.holding(a, [a, b]) == [b]

@@ -228,17 +228,24 @@ Check = Callable[[Attempt], Verdict]
 
 
 def mode_gate(a: Attempt) -> Verdict:
-    return Verdict.settle("skipped", "observe mode: incidents only") if not a.mode.plans else ALLOW
+    return (
+        Verdict.settle(incidents.ActionStatus.SKIPPED, "observe mode: incidents only")
+        if not a.mode.plans
+        else ALLOW
+    )
 
 
 def actuator_gate(a: Attempt) -> Verdict:
     """Actions that need no actuator (notify) or are not automated outside a ladder (GPU reset)."""
     spec = actions.spec(a.kind)
     if spec.published_only:
-        return Verdict.settle("done", str(a.params.get("message") or "incident published"))
+        return Verdict.settle(
+            incidents.ActionStatus.DONE, str(a.params.get("message") or "incident published")
+        )
     if spec.runs_in_ladder_only and not a.ladder_step:
         return Verdict.settle(
-            "skipped", "a GPU reset is a recovery-ladder step: declare a ladder for this rule (ladders:)"
+            incidents.ActionStatus.SKIPPED,
+            "a GPU reset is a recovery-ladder step: declare a ladder for this rule (ladders:)",
         )
     return ALLOW
 
@@ -247,7 +254,8 @@ def exclusion_gate(a: Attempt) -> Verdict:
     if a.excluded is None:
         return ALLOW
     return Verdict.settle(
-        "skipped", f"node excluded for maintenance by {a.excluded.get('by')}: {a.excluded.get('reason')}"
+        incidents.ActionStatus.SKIPPED,
+        f"node excluded for maintenance by {a.excluded.get('by')}: {a.excluded.get('reason')}",
     )
 
 
@@ -262,9 +270,13 @@ def ownership_gate(a: Attempt) -> Verdict:
     if not (spec.undoes_cordon and (a.on_resolve or spec.ladder_only)):
         return ALLOW
     if not a.cordon_ours and spec.ladder_only:
-        return Verdict.settle("skipped", "healer did not take this node out of service: left as it is")
+        return Verdict.settle(
+            incidents.ActionStatus.SKIPPED, "healer did not take this node out of service: left as it is"
+        )
     if not a.cordon_ours or a.held_elsewhere:
-        return Verdict.settle("skipped", "another open incident still holds this node cordoned")
+        return Verdict.settle(
+            incidents.ActionStatus.SKIPPED, "another open incident still holds this node cordoned"
+        )
     return ALLOW
 
 
@@ -313,7 +325,7 @@ def cordon_ours(inc: book.Incident) -> bool:
         (spec := actions.kind(a.kind)) is not None
         and spec.scheduler_verb is not None
         and not spec.undoes_cordon
-        and a.status == "done"
+        and a.status == incidents.ActionStatus.DONE
         for a in inc.actions
     )
 

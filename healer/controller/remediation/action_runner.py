@@ -137,7 +137,7 @@ class ActionRunner:
             action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
             self.metrics.actions.labels(action.kind, status).inc()
             await self.shell.publish(inc, "action")
-            if status == "skipped":
+            if status == incidents.ActionStatus.SKIPPED:
                 await self._hand_over(inc, action)
             if action.ladder:
                 continue  # the recovery ladder reads the outcome and takes the next step
@@ -239,7 +239,7 @@ class ActionRunner:
         node = action.node or inc.node  # a domain incident's action acts on one of its members
         if shared_cause.needless(inc, action.kind, action.on_resolve):
             action.facts = {**action.facts, shared_cause.RECOVERED_FACT: "true"}  # the ladder returns it
-            return decide.Verdict.settle("skipped", shared_cause.RECOVERED_DETAIL)
+            return decide.Verdict.settle(incidents.ActionStatus.SKIPPED, shared_cause.RECOVERED_DETAIL)
         if not action.on_resolve:
             domain = shared_cause.holding(node, action.kind, self.book.open.values())
             if domain is not None:
@@ -254,7 +254,9 @@ class ActionRunner:
         if not verdict.allowed:
             return verdict
         if spec is None:
-            return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
+            return decide.Verdict.settle(
+                incidents.ActionStatus.FAILED_PERMANENT, f"no actuator for {action.kind}"
+            )
         if spec.takes_out_of_service:
             breaker = self.breaker if mode.acts else self.dry_breaker
             fleet = self.shell.fleet_size()
@@ -264,7 +266,7 @@ class ActionRunner:
             if admission.tripped:
                 await self._breaker_tripped(admission, inc, fleet)
             if not admission.allowed:
-                return decide.Verdict.settle("refused", admission.reason)
+                return decide.Verdict.settle(incidents.ActionStatus.REFUSED, admission.reason)
         token = self.lease.token
         if token is None or not self.lease.valid():
             return decide.Verdict.wait("not the leader any more")
@@ -283,11 +285,13 @@ class ActionRunner:
             spec.actuator, self.scheduler
         )
         if actuator is None:
-            return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
+            return decide.Verdict.settle(
+                incidents.ActionStatus.FAILED_PERMANENT, f"no actuator for {action.kind}"
+            )
         if not reserved:
             await self.limits.record(action.kind, node, inc.id, now)
         outcome = await actuator.apply(request)
-        if outcome.status == "failed-temporary":
+        if outcome.status == incidents.ActionStatus.FAILED_TEMPORARY:
             action.attempts += 1
             if action.attempts <= self.cs.action_retries:
                 return decide.Verdict.wait(f"attempt {action.attempts} failed: {outcome.detail}")

@@ -270,7 +270,7 @@ class Recovery:
                 p.reboot_requested = True  # counted by every shard's max_concurrent_reboots from now
                 await self._save(rec)
             return await self._reboot_progress(rec, late)
-        if action.status == "skipped" and action.facts.get(shared_cause.RECOVERED_FACT):
+        if action.status == incidents.ActionStatus.SKIPPED and action.facts.get(shared_cause.RECOVERED_FACT):
             return ladder.Outcome.RECOVERED, action.detail  # held by its domain, then came back by itself
         return ladder.outcome_of(p.kind, action.status), action.detail
 
