@@ -21,9 +21,10 @@ reported, earlier; ``evaluate`` reports them as ``firing`` after.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +36,19 @@ from healer.rules import state as fleet_state
 from healer.schemas import events, framecols, telemetry
 
 log = structlog.get_logger(__name__)
-Status = Literal["fired", "firing", "resolved"]
+
+
+class Status(enum.StrEnum):
+    """Where a firing is in its life, declared once: code compares with the members, never the words."""
+
+    FIRED = "fired"
+    """Started firing at this evaluation (a new incident, or an event on an open one)."""
+    FIRING = "firing"
+    """Still firing (reported by every evaluation while it lasts)."""
+    RESOLVED = "resolved"
+    """Stopped firing (or its node was forgotten)."""
+
+
 Evidence = dict[str, float | int | str | bool | None]
 _INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
 Key = tuple[str, str, int | None, str | None]
@@ -152,12 +165,14 @@ class Engine:
                 uuid = self.state.gpu_info[i].get(j, (None, None))[1] if gpu is not None else None
                 name = self.state.names[i]
                 port = self.state.ports.name(i, j) if rule.scope == "port" else None
-                gone.append(Firing(rule, name, gpu, "resolved", since, at, dict(reason), uuid, port))
+                gone.append(Firing(rule, name, gpu, Status.RESOLVED, since, at, dict(reason), uuid, port))
         for key, active in self._active.items():
             if key[0] not in new or not same(new[key[0]]):
                 since = active.since
                 gone.append(
-                    Firing(old[key[0]], key[1], key[2], "resolved", since, at, dict(reason), active.gpu_uuid)
+                    Firing(
+                        old[key[0]], key[1], key[2], Status.RESOLVED, since, at, dict(reason), active.gpu_uuid
+                    )
                 )
         self._tracks = {k: v for k, v in self._tracks.items() if k in keep}
         for track in self._tracks.values():
@@ -356,7 +371,7 @@ class Engine:
                     uuid = st.gpu_info[n].get(j, (None, None))[1] if gpu is not None else None
                     since = float(track.fired_at[n, j])
                     port = st.ports.name(n, j) if rule.scope == "port" else None
-                    out.append(Firing(rule, name, gpu, "resolved", since, now, dict(reason), uuid, port))
+                    out.append(Firing(rule, name, gpu, Status.RESOLVED, since, now, dict(reason), uuid, port))
                 track.state[n], track.since[n], track.fired_at[n] = _INACTIVE, 0.0, 0.0
                 track.rearm[n] = False
                 track.cool_until[n] = -np.inf
@@ -366,7 +381,14 @@ class Engine:
                 if rule is not None:
                     out.append(
                         Firing(
-                            rule, name, key[2], "resolved", active.since, now, dict(reason), active.gpu_uuid
+                            rule,
+                            name,
+                            key[2],
+                            Status.RESOLVED,
+                            active.since,
+                            now,
+                            dict(reason),
+                            active.gpu_uuid,
                         )
                     )
             for key in [k for k in self._restores if k[1] == name]:
@@ -478,9 +500,9 @@ class Engine:
         ongoing = ((s == _FIRING) | (s == _RESOLVING)) & ~promote
         track.busy = bool((s != _INACTIVE).any() or rearm.any())
         statuses: tuple[tuple[Status, npt.NDArray[np.bool_]], ...] = (
-            ("fired", promote),
-            ("firing", ongoing),
-            ("resolved", done),
+            (Status.FIRED, promote),
+            (Status.FIRING, ongoing),
+            (Status.RESOLVED, done),
         )
         return self._report(rule, statuses, evidence, fired_at, now, None)
 
@@ -517,7 +539,7 @@ class Engine:
         s[promote], fired_at[promote] = _FIRING, now
         track.state[rows], track.since[rows], track.fired_at[rows] = s, since, fired_at
         track.busy = True
-        return self._report(rule, (("fired", promote),), evidence, fired_at, now, rows)
+        return self._report(rule, ((Status.FIRED, promote),), evidence, fired_at, now, rows)
 
     def _report(
         self,
@@ -612,11 +634,11 @@ class Engine:
             rule = rules[key[0]]
             if self.events_read and now - active.last >= rule.resolve_for_s:
                 del self._active[key]
-                status: Status = "resolved"
+                status: Status = Status.RESOLVED
             elif key in reported:
                 continue
             else:
-                status = "firing"
+                status = Status.FIRING
             out.append(
                 Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
             )
@@ -650,12 +672,12 @@ class Engine:
             if active is not None:  # quiet periods run on the evaluator's clock, never the node's ts
                 active.last, active.evidence = max(active.last, now), evidence
                 out.append(
-                    Firing(rule, event.node, gpu, "firing", active.since, now, evidence, event.gpu_uuid)
+                    Firing(rule, event.node, gpu, Status.FIRING, active.since, now, evidence, event.gpu_uuid)
                 )
                 continue
             if rule.resolve_for_s > 0:
                 self._active[key] = _EventFiring(now, now, evidence, event.gpu_uuid)
-            out.append(Firing(rule, event.node, gpu, "fired", now, now, evidence, event.gpu_uuid))
+            out.append(Firing(rule, event.node, gpu, Status.FIRED, now, now, evidence, event.gpu_uuid))
         return out
 
 

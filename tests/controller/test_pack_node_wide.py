@@ -67,7 +67,7 @@ class Node:
         self.incidents: list[book.Incident] = []
 
     def fire(self, rule_id: str, gpu: int, at: float) -> None:
-        f = engine.Firing(self.by_id[rule_id], "n1", gpu, "fired", at, at, {}, f"GPU-{gpu}")
+        f = engine.Firing(self.by_id[rule_id], "n1", gpu, engine.Status.FIRED, at, at, {}, f"GPU-{gpu}")
         open_ = [i for i in self.incidents if i.state != "resolved"]
         into = decide.correlate(f, open_, at, 120.0)
         if into is not None:

@@ -30,7 +30,7 @@ XID = ruleset.Rule(id="xid-fatal", severity="critical", scope="gpu", actions=(ac
 def fire(
     rule: ruleset.Rule, port: str | None = None, gpu: int | None = None, **evidence: Any
 ) -> engine.Firing:
-    return engine.Firing(rule, "n1", gpu, "fired", 100.0, 100.0, dict(evidence), None, port)
+    return engine.Firing(rule, "n1", gpu, engine.Status.FIRED, 100.0, 100.0, dict(evidence), None, port)
 
 
 def opened(f: engine.Firing, incident_id: str = "inc-1") -> book.Incident:

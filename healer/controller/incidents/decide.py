@@ -389,7 +389,7 @@ def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no
     node-wide incident a per-GPU on_resolve action (restore_power_limit) runs for each GPU as the last
     of that GPU's signals resolves (``PART``, ``on_resolve``), and a GPU that fires again after that
     gets its rule's per-GPU actions again (``REFRESH``, ``actions``)."""
-    if f.status == "resolved":
+    if f.status == engine.Status.RESOLVED:
         if inc is None or inc.state == "resolved":
             return FiringChange(Change.NONE)
         forgotten = f.evidence.get("reason") == engine.FORGOTTEN  # the node left: undo nothing on it
@@ -421,7 +421,7 @@ def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no
         )
     if inc is None:
         return FiringChange(Change.OPEN, evidence=dict(f.evidence))
-    if f.status == "fired":
+    if f.status == engine.Status.FIRED:
         again: tuple[book.PlannedAction, ...] = ()
         if inc.node_wide is not None and f.gpu is not None:  # a GPU of the node fires again
             again = merge(inc.actions, _gpu_actions(f.rule.actions), gpu=f.gpu).add
