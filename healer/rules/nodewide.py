@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from healer.rules import engine, ruleset
+from healer.schemas import fields
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ def collapse(
         if (
             nw is not None
             and f.gpu is not None
-            and f.rule.scope == "gpu"
+            and f.rule.scope == fields.Scope.GPU
             and f.status != engine.Status.RESOLVED
         ):
             groups.setdefault((f.node, nw.group), []).append(f)

@@ -11,14 +11,14 @@ from healer import config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
 from healer.rules import actions, engine, ruleset
-from healer.schemas import incidents
+from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)
 
 HOT = ruleset.Rule(
     id="hot",
     severity="major",
-    scope="gpu",
+    scope=fields.Scope.GPU,
     description="too hot",
     labels={"team": "gpu"},
     actions=(actions.build("power_limit", {"percent_of_default": 80}),),
@@ -275,26 +275,29 @@ def test_the_catalogue_says_who_runs_each_action() -> None:
 
 # -- correlation: one incident per fault ------------------------------------------------------------
 DBE = ruleset.Rule(
-    id="ecc-dbe-new", severity="major", scope="gpu", description="new DBE", labels={"category": "memory"},
+    id="ecc-dbe-new", severity="major", scope=fields.Scope.GPU, description="new DBE",
+    labels={"category": "memory"},
     actions=(actions.build("cordon", None), actions.build("migrate", None)),
 )  # fmt: skip
 XID = ruleset.Rule(
-    id="xid-fatal", severity="critical", scope="gpu", on_event=ruleset.EventMatch("xid", frozenset({48})),
+    id="xid-fatal", severity="critical", scope=fields.Scope.GPU,
+    on_event=ruleset.EventMatch("xid", frozenset({48})),
     resolve_for_s=3600, has_resolve=True, labels={"category": "xid"},
     actions=(actions.build("cordon", {"reason": "xid"}), actions.build("migrate", None),
              actions.build("inspect", None)),
     on_resolve=(actions.build("uncordon", None),),
 )  # fmt: skip
 RESET = ruleset.Rule(
-    id="recovery-action-reset", severity="major", scope="gpu",
+    id="recovery-action-reset", severity="major", scope=fields.Scope.GPU,
     actions=(actions.build("drain", None), actions.build("reset_gpu", {"when_idle": False})),
     on_resolve=(actions.build("uncordon", None), actions.build("restore_power_limit", None)),
 )  # fmt: skip
 MISSING = ruleset.Rule(
-    id="gpu-missing", severity="critical", scope="node", actions=(actions.build("cordon", None),)
+    id="gpu-missing", severity="critical", scope=fields.Scope.NODE, actions=(actions.build("cordon", None),)
 )
 APP = ruleset.Rule(
-    id="xid-application", severity="info", scope="gpu", on_event=ruleset.EventMatch("xid", frozenset({13})),
+    id="xid-application", severity="info", scope=fields.Scope.GPU,
+    on_event=ruleset.EventMatch("xid", frozenset({13})),
     actions=(actions.build("notify", None),),
 )  # fmt: skip
 RULES = {r.id: r for r in (DBE, XID, RESET, MISSING, APP, HOT)}

@@ -11,20 +11,25 @@ from healer.controller.incidents import book, decide
 from healer.controller.store import kv
 from healer.feed import alertmanager
 from healer.rules import actions, engine, ruleset
-from healer.schemas import incidents
+from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings()
 DOWN = ruleset.Rule(
-    id="rdma-port-down", severity="major", scope="port", description="port down",
+    id="rdma-port-down", severity="major", scope=fields.Scope.PORT, description="port down",
     labels={"category": "fabric"}, actions=(actions.build("cordon", None),),
 )  # fmt: skip
 ERRORS = ruleset.Rule(
-    id="rdma-port-errors", severity="major", scope="port", actions=(actions.build("cordon", None),)
+    id="rdma-port-errors", severity="major", scope=fields.Scope.PORT, actions=(actions.build("cordon", None),)
 )
 MISSING = ruleset.Rule(
-    id="rdma-ports-missing", severity="major", scope="node", actions=(actions.build("cordon", None),)
+    id="rdma-ports-missing",
+    severity="major",
+    scope=fields.Scope.NODE,
+    actions=(actions.build("cordon", None),),
 )
-XID = ruleset.Rule(id="xid-fatal", severity="critical", scope="gpu", actions=(actions.build("cordon", None),))
+XID = ruleset.Rule(
+    id="xid-fatal", severity="critical", scope=fields.Scope.GPU, actions=(actions.build("cordon", None),)
+)
 
 
 def fire(

@@ -1,8 +1,8 @@
 """Each vocabulary is declared once and compared through its members (#40, "one vocabulary per fact"):
-a mode, an action's status and a firing's status are ``StrEnum``s (``incidents.Mode``,
-``incidents.ActionStatus``, ``rules.engine.Status``), and no module outside the one that declares a
-vocabulary compares a value with one of its words as a string literal, as tests/rules/test_action_catalog.py
-keeps kinds."""
+a mode, an action's status, a firing's status and a scope are ``StrEnum``s (``incidents.Mode``,
+``incidents.ActionStatus``, ``rules.engine.Status``, ``fields.Scope``), and no module outside the one that
+declares a vocabulary compares a value with one of its words as a string literal, as
+tests/rules/test_action_catalog.py keeps kinds."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import healer
 from healer import config
 from healer.actuators import base
 from healer.rules import engine
-from healer.schemas import incidents
+from healer.schemas import fields, incidents
 
 ROOT = pathlib.Path(healer.__file__).parent
 
@@ -96,6 +96,73 @@ def test_no_vocabulary_word_is_compared_outside_its_declaration() -> None:
                     offenders.append(f"{path.relative_to(ROOT.parent)}:{line}: {name} {word!r}")
     assert offenders == [], "compare with the enum's members or properties"
     assert sorted(STILL_COMPARED - found) == [], "no longer compared: take it off STILL_COMPARED"
+
+
+def _operands(node: ast.Compare) -> list[ast.expr]:
+    sides = (node.left, *node.comparators)
+    return [
+        e
+        for side in sides
+        for e in (side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side])
+    ]
+
+
+def scope_comparisons(source: str) -> list[tuple[int, str]]:
+    """``(line, word)`` for every comparison of something named ``scope`` or ``level`` (a rule's scope, a
+    metric's or an expression's level) with ``gpu``, ``node`` or ``port`` as a string literal; the words
+    alone are too common (field names, label keys) to look for everywhere."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = _operands(node)
+        if any(
+            (isinstance(e, ast.Attribute) and e.attr in SCOPE_NAMES)
+            or (isinstance(e, ast.Name) and e.id in SCOPE_NAMES)
+            for e in operands
+        ):
+            found += [
+                (node.lineno, e.value)
+                for e in operands
+                if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in SCOPES
+            ]
+    return found
+
+
+SCOPE_NAMES = frozenset({"scope", "level"})
+SCOPES = frozenset(fields.Scope)
+
+
+def test_the_scope_scanner_finds_scope_comparisons() -> None:
+    src = (
+        'if rule.scope == "gpu": pass\n'
+        'if {left.level, right.level} == {"gpu", "port"}: pass\n'
+        'if scope != "node": pass\n'
+        'if "port" in want.model_fields_set: pass\n'
+    )
+    assert scope_comparisons(src) == [(1, "gpu"), (2, "gpu"), (2, "port"), (3, "node")]
+
+
+def test_no_scope_is_compared_by_name() -> None:
+    found = {
+        (f"{path.relative_to(ROOT.parent)}: {word}", line)
+        for path in sorted(ROOT.rglob("*.py"))
+        if path != ROOT / "schemas" / "fields.py"
+        for line, word in scope_comparisons(path.read_text())
+    }
+    offenders = sorted(f"{where} (line {line})" for where, line in found if where not in SCOPE_STILL_COMPARED)
+    assert offenders == [], "compare with schemas.fields.Scope's members"
+    assert sorted(SCOPE_STILL_COMPARED - {where for where, _ in found}) == [], (
+        "take it off SCOPE_STILL_COMPARED"
+    )
+
+
+SCOPE_STILL_COMPARED = frozenset({
+    # The simulator's fault kinds keep their own gpu|node scope (sim.faults.Scope), not yet the enum.
+    "healer/evals/straggler_sim_eval.py: gpu",
+    "healer/sim/injector.py: gpu",
+    "healer/sim/scenarios.py: node",
+})  # fmt: skip
 
 
 def test_mode_properties() -> None:

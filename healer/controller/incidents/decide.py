@@ -36,7 +36,7 @@ from healer.controller.incidents import book
 from healer.controller.inventory import blast
 from healer.controller.power import power_budget
 from healer.rules import actions, engine, ruleset
-from healer.schemas import incidents
+from healer.schemas import fields, incidents
 
 EPISODE_S = 120.0
 """Incidents on one GPU opened within this long of each other count as one fault episode (also the
@@ -508,7 +508,7 @@ def signal_of(f: engine.Firing, now: float) -> book.Signal:
 
 def group_of(rule: ruleset.Rule) -> str | None:
     """The rule's node-wide group (``node_wide.group``), None when it has no ``node_wide``."""
-    return rule.node_wide.group if rule.node_wide is not None and rule.scope == "gpu" else None
+    return rule.node_wide.group if rule.node_wide is not None and rule.scope == fields.Scope.GPU else None
 
 
 def _gpu_actions(wanted: Iterable[actions.Action]) -> list[actions.Action]:
