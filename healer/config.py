@@ -8,6 +8,7 @@ config show`` prints the effective values.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import pathlib
@@ -459,7 +460,7 @@ class PowerPriority(_Group):
 class ControllerSettings(_Group):
     rules_dir: str = "rules"
     """Directory of rule files (*.yaml); watched and hot-reloaded."""
-    mode: incidents.Mode = "dry-run"
+    mode: incidents.Mode = incidents.Mode.DRY_RUN
     """enforce: act; dry-run: decide and publish, touch nothing; observe: incidents only."""
     actuator: ActuatorName = "log"
     """Where cordon/drain/migrate go. Power limits always go to the node agent."""
@@ -819,6 +820,11 @@ def describe(e: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _plain(default: Any) -> Any:
+    """A default as it is written in a settings file (an enum's value, not its member)."""
+    return default.value if isinstance(default, enum.Enum) else default
+
+
 def reference_markdown() -> str:
     """docs/configuration.md, generated from the models so it cannot drift (a test checks it)."""
     lines = [
@@ -850,7 +856,7 @@ def reference_markdown() -> str:
             "| --- | --- | --- | --- |",
         ]
         for name, f in group_model.model_fields.items():
-            default = "(host-dependent)" if f.default_factory is not None else repr(f.default)
+            default = "(host-dependent)" if f.default_factory is not None else repr(_plain(f.default))
             if group_name == "agent" and name == "state_dir":
                 default = "`$XDG_STATE_HOME/healer`"
             var = f"HEALER_{group_name}_{name}".upper()

@@ -28,8 +28,9 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Callable
+from typing import Final
 
-SCHEMA = "healer.steps.v1"
+SCHEMA: Final = "healer.steps.v1"
 DEFAULT_URL = "nats://127.0.0.1:4222"
 _ESCAPES = {"%": "%25", ".": "%2E", "*": "%2A", ">": "%3E", " ": "%20"}
 

@@ -68,8 +68,8 @@ class RecordingGpuActuator:
         if request.dry_run:
             return base.ActionOutcome(status="planned", dry_run=True, detail="dry run")
         queue = self.script.get(request.kind) or []
-        status: base.Status = queue.pop(0) if queue else "done"
-        if status == "done" and self.on_done is not None:
+        status: base.Status = queue.pop(0) if queue else base.Status.DONE
+        if status == base.Status.DONE and self.on_done is not None:
             self.on_done(request)
         facts = dict(self.device) if actions.spec(request.kind).reads_identity else {}
         return base.ActionOutcome(

@@ -50,11 +50,9 @@ RequestKind = Literal[
 action's own name; a test holds the two equal). ``reset_gpu``, ``reset_port`` and ``validate`` go to the
 node agent (actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``;
 Kubernetes through the agent): the recovery ladder's rungs."""
-Status = Literal["done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned"]
-ItemStatus = Literal[
-    "done", "already-done", "refused", "failed-temporary", "failed-permanent", "planned", "skipped"
-]
-"""``skipped``: left alone on purpose (a DaemonSet pod on a node being drained)."""
+Status = incidents.ActionStatus
+"""An action's status (``schemas.incidents.ActionStatus``): an outcome is one of ``incidents.OUTCOMES``
+(never skipped), an item inside it may be any (``skipped``: a DaemonSet pod on a node being drained)."""
 
 REASON_PREFIX = "healer:"
 """Every mark healer leaves on a node (Slurm reason, Kubernetes annotation value) starts with this."""
@@ -107,7 +105,7 @@ class ItemResult(pydantic.BaseModel):
     model_config = base.CONFIG
 
     item: str
-    status: ItemStatus
+    status: Status
     detail: str = ""
 
 
@@ -123,6 +121,13 @@ class ActionOutcome(pydantic.BaseModel):
     facts: dict[str, str | None] = pydantic.Field(default_factory=dict)
     """Device facts read on the way (validate: serial, uuid, board part number, VBIOS and driver of the
     request's GPU): a hardware replacement's evidence."""
+
+    @pydantic.field_validator("status")
+    @classmethod
+    def _an_outcome(cls, status: Status) -> Status:
+        if status not in incidents.OUTCOMES:
+            raise ValueError(f"an action's outcome is never {status.value} (only an item inside it may be)")
+        return status
 
     @property
     def ok(self) -> bool:
@@ -190,11 +195,17 @@ class AgentRouted(Protocol):
 
 def worst(items: list[ItemResult]) -> Status:
     """Overall status of an action made of items: the worst item wins (skipped items count as done)."""
-    order: list[Status] = ["failed-permanent", "failed-temporary", "refused", "planned", "done"]
+    order: list[Status] = [
+        incidents.ActionStatus.FAILED_PERMANENT,
+        incidents.ActionStatus.FAILED_TEMPORARY,
+        incidents.ActionStatus.REFUSED,
+        incidents.ActionStatus.PLANNED,
+        incidents.ActionStatus.DONE,
+    ]
     for status in order:
         if any(i.status == status for i in items):
             return status
-    return "done" if not items else "already-done"
+    return incidents.ActionStatus.DONE if not items else incidents.ActionStatus.ALREADY_DONE
 
 
 class NodeNames:

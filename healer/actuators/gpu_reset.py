@@ -143,7 +143,9 @@ def _outcome(
         return base.ActionOutcome(status="refused", detail=f"agent refused: {result.detail}", plan=plan)
     if result.status == "failed":
         status: base.Status = (
-            "failed-temporary" if result.detail.startswith("temporary:") else "failed-permanent"
+            base.Status.FAILED_TEMPORARY
+            if result.detail.startswith("temporary:")
+            else base.Status.FAILED_PERMANENT
         )
         return base.ActionOutcome(status=status, detail=f"agent: {result.detail}", plan=plan)
     return _DONE.get(action, _gpu_done)(request, result, detail, plan)
@@ -165,7 +167,7 @@ def _validated(
         for c in report.checks
         if not c.ok
     ]
-    status: base.Status = "done" if report.passed else "failed-permanent"
+    status: base.Status = base.Status.DONE if report.passed else base.Status.FAILED_PERMANENT
     return base.ActionOutcome(
         status=status, detail=detail, items=items, plan=plan, facts=_facts(report, request.gpu_index)
     )

@@ -399,10 +399,10 @@ class KubernetesActuator:
         failures = [i for i in items if i.status.startswith("failed")]
         if failures:
             status = base.worst(failures)
-        elif cordon.status == "done" or any(i.status == "done" for i in items):
-            status = "done"
+        elif cordon.status == base.Status.DONE or any(i.status == base.Status.DONE for i in items):
+            status = incidents.ActionStatus.DONE
         else:
-            status = "already-done"
+            status = incidents.ActionStatus.ALREADY_DONE
         moved = sum(i.status in incidents.TOOK_EFFECT for i in items)
         return base.ActionOutcome(
             status=status,

@@ -55,11 +55,11 @@ class PowerReadings(Protocol):
 # not believed (``identity_mismatch``: from another node; ``command_mismatch``: for another command).
 
 
-_ITEM_STATUS: dict[commands.ResultStatus, base.ItemStatus] = {
-    "applied": "done",
-    "already": "already-done",
-    "refused": "refused",
-    "failed": "failed-permanent",
+_ITEM_STATUS: dict[commands.ResultStatus, base.Status] = {
+    "applied": base.Status.DONE,
+    "already": base.Status.ALREADY_DONE,
+    "refused": base.Status.REFUSED,
+    "failed": base.Status.FAILED_PERMANENT,
 }
 
 

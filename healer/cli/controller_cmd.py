@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
     )
     common.add_nats_option(p)
     p.add_argument("--rules", help="rules directory (default: rules)")
-    p.add_argument("--mode", choices=typing.get_args(incidents.Mode), help="default: dry-run")
+    p.add_argument("--mode", choices=[m.value for m in incidents.Mode], help="default: dry-run")
     p.add_argument("--actuator", choices=typing.get_args(config.ActuatorName), help="default: log")
     p.add_argument("--model", help="anomaly model directory, e.g. models/default (default: none, score 0)")
     p.add_argument("--tick", type=float, help="seconds between evaluations (default 1)")

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from healer.demo import watch
+from healer.schemas import incidents
 
 SEVERITY_STYLE = {"info": "dim", "warning": "yellow", "major": "dark_orange", "critical": "bold red"}
 
@@ -88,7 +89,13 @@ def render(obs: watch.Observer, now: float, *, duration_s: float, header: str) -
     for col in ("at", "action", "status", "where", "rule"):
         acts.add_column(col)
     for a in obs.actions[-6:]:
-        style = "green" if a.status in watch.OK else "red" if a.status == "refused" else "yellow"
+        style = (
+            "green"
+            if a.status in watch.OK
+            else "red"
+            if a.status == incidents.ActionStatus.REFUSED
+            else "yellow"
+        )
         acts.add_row(_t(obs, a.at), a.kind, Text(a.status, style=style), _where(a.node, a.gpu), a.rule_id)
 
     lines = Text("\n".join(f"{_t(obs, at)}  {line}" for at, line in list(obs.log)[-4:]), style="dim")

@@ -143,7 +143,7 @@ class AlertBook:
         }
         if d.actions:
             annotations["actions"] = ", ".join(f"{a.kind}:{a.status}" for a in d.actions)
-        if d.mode != "enforce":
+        if not d.mode.acts:
             annotations["mode"] = d.mode
         alert: Alert = {
             "labels": dict(t.labels),

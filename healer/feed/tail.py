@@ -119,7 +119,7 @@ def render(item: envelope.Item) -> str:
     line = f"{_iso(ev.time)} {ev.change:<9} {d.severity:<8} {where} {d.rule_id} {summary}"
     if d.actions:
         line += " actions=" + ",".join(f"{a.kind}:{a.status}" for a in d.actions)
-    if d.mode != "enforce":
+    if not d.mode.acts:
         line += f" [{d.mode}]"
     return line
 

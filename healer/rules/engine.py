@@ -21,9 +21,10 @@ reported, earlier; ``evaluate`` reports them as ``firing`` after.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,10 +33,22 @@ import structlog
 from healer.rules import evaluate as evaluation
 from healer.rules import repeats, ruleset
 from healer.rules import state as fleet_state
-from healer.schemas import events, framecols, telemetry
+from healer.schemas import events, fields, framecols, telemetry
 
 log = structlog.get_logger(__name__)
-Status = Literal["fired", "firing", "resolved"]
+
+
+class Status(enum.StrEnum):
+    """Where a firing is in its life, declared once: code compares with the members, never the words."""
+
+    FIRED = "fired"
+    """Started firing at this evaluation (a new incident, or an event on an open one)."""
+    FIRING = "firing"
+    """Still firing (reported by every evaluation while it lasts)."""
+    RESOLVED = "resolved"
+    """Stopped firing (or its node was forgotten)."""
+
+
 Evidence = dict[str, float | int | str | bool | None]
 _INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
 Key = tuple[str, str, int | None, str | None]
@@ -147,17 +160,19 @@ class Engine:
             rows, cols = np.nonzero(track.state[:n] >= _FIRING)
             for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
                 rule = old[rule_id]
-                gpu = j if rule.scope == "gpu" else None
+                gpu = j if rule.scope == fields.Scope.GPU else None
                 since = float(track.fired_at[i, j])
                 uuid = self.state.gpu_info[i].get(j, (None, None))[1] if gpu is not None else None
                 name = self.state.names[i]
-                port = self.state.ports.name(i, j) if rule.scope == "port" else None
-                gone.append(Firing(rule, name, gpu, "resolved", since, at, dict(reason), uuid, port))
+                port = self.state.ports.name(i, j) if rule.scope == fields.Scope.PORT else None
+                gone.append(Firing(rule, name, gpu, Status.RESOLVED, since, at, dict(reason), uuid, port))
         for key, active in self._active.items():
             if key[0] not in new or not same(new[key[0]]):
                 since = active.since
                 gone.append(
-                    Firing(old[key[0]], key[1], key[2], "resolved", since, at, dict(reason), active.gpu_uuid)
+                    Firing(
+                        old[key[0]], key[1], key[2], Status.RESOLVED, since, at, dict(reason), active.gpu_uuid
+                    )
                 )
         self._tracks = {k: v for k, v in self._tracks.items() if k in keep}
         for track in self._tracks.values():
@@ -228,8 +243,13 @@ class Engine:
         rule = self.rules.by_id(rule_id)
         if rule is None:
             return False
-        key = (rule_id, node, gpu if rule.scope == "gpu" else None, port if rule.scope == "port" else None)
-        if rule.scope == "port" and key[3] is None:
+        key = (
+            rule_id,
+            node,
+            gpu if rule.scope == fields.Scope.GPU else None,
+            port if rule.scope == fields.Scope.PORT else None,
+        )
+        if rule.scope == fields.Scope.PORT and key[3] is None:
             return False
         if rule.on_event is not None:
             if rule.resolve_for_s > 0:
@@ -352,11 +372,11 @@ class Engine:
                 if rule is None or n >= track.state.shape[0]:
                     continue
                 for j in np.nonzero(track.state[n] >= _FIRING)[0].tolist():
-                    gpu = j if rule.scope == "gpu" else None
+                    gpu = j if rule.scope == fields.Scope.GPU else None
                     uuid = st.gpu_info[n].get(j, (None, None))[1] if gpu is not None else None
                     since = float(track.fired_at[n, j])
-                    port = st.ports.name(n, j) if rule.scope == "port" else None
-                    out.append(Firing(rule, name, gpu, "resolved", since, now, dict(reason), uuid, port))
+                    port = st.ports.name(n, j) if rule.scope == fields.Scope.PORT else None
+                    out.append(Firing(rule, name, gpu, Status.RESOLVED, since, now, dict(reason), uuid, port))
                 track.state[n], track.since[n], track.fired_at[n] = _INACTIVE, 0.0, 0.0
                 track.rearm[n] = False
                 track.cool_until[n] = -np.inf
@@ -366,7 +386,14 @@ class Engine:
                 if rule is not None:
                     out.append(
                         Firing(
-                            rule, name, key[2], "resolved", active.since, now, dict(reason), active.gpu_uuid
+                            rule,
+                            name,
+                            key[2],
+                            Status.RESOLVED,
+                            active.since,
+                            now,
+                            dict(reason),
+                            active.gpu_uuid,
                         )
                     )
             for key in [k for k in self._restores if k[1] == name]:
@@ -440,9 +467,9 @@ class Engine:
         assert rule.when is not None
         value, evidence = ev.condition(rule.when, rule.when_text)
         value = np.broadcast_to(value, (n, width))
-        if rule.scope == "gpu":
+        if rule.scope == fields.Scope.GPU:
             exists = st.seen[:n]
-        elif rule.scope == "port":
+        elif rule.scope == fields.Scope.PORT:
             exists = st.ports.known[:n]
         else:
             exists = np.ones((n, 1), dtype=bool)
@@ -478,9 +505,9 @@ class Engine:
         ongoing = ((s == _FIRING) | (s == _RESOLVING)) & ~promote
         track.busy = bool((s != _INACTIVE).any() or rearm.any())
         statuses: tuple[tuple[Status, npt.NDArray[np.bool_]], ...] = (
-            ("fired", promote),
-            ("firing", ongoing),
-            ("resolved", done),
+            (Status.FIRED, promote),
+            (Status.FIRING, ongoing),
+            (Status.RESOLVED, done),
         )
         return self._report(rule, statuses, evidence, fired_at, now, None)
 
@@ -496,9 +523,9 @@ class Engine:
         assert rule.when is not None
         value, evidence = ev.condition(rule.when, rule.when_text)
         value = np.broadcast_to(value, (len(rows), width))
-        if rule.scope == "gpu":
+        if rule.scope == fields.Scope.GPU:
             exists = st.seen[rows]
-        elif rule.scope == "port":
+        elif rule.scope == fields.Scope.PORT:
             exists = st.ports.known[rows]
         else:
             exists = np.ones((len(rows), 1), dtype=bool)
@@ -517,7 +544,7 @@ class Engine:
         s[promote], fired_at[promote] = _FIRING, now
         track.state[rows], track.since[rows], track.fired_at[rows] = s, since, fired_at
         track.busy = True
-        return self._report(rule, (("fired", promote),), evidence, fired_at, now, rows)
+        return self._report(rule, ((Status.FIRED, promote),), evidence, fired_at, now, rows)
 
     def _report(
         self,
@@ -540,7 +567,7 @@ class Engine:
             local, cols = np.nonzero(mask)
             # Evidence for every firing slot at once: one fancy index per evidence value (values
             # compared per GPU inside a node-scope aggregation are not the node's evidence).
-            port_hits = evidence.get(evaluation.PORT_HITS) if rule.scope != "port" else None
+            port_hits = evidence.get(evaluation.PORT_HITS) if rule.scope != fields.Scope.PORT else None
             columns = {
                 label: np.broadcast_to(arr, shape)[local, cols].tolist()
                 for label, v in evidence.items()
@@ -555,17 +582,17 @@ class Engine:
                 }
                 if port_hits is not None:  # the ports behind a port aggregation (rules/port_state.py)
                     facts["ports"] = st.ports.names(i, port_hits[local[k]])
-                gpu = j if rule.scope == "gpu" else None
+                gpu = j if rule.scope == fields.Scope.GPU else None
                 uuid = info[i].get(j, (None, None))[1] if gpu is not None else None
-                port = st.ports.name(i, j) if rule.scope == "port" else None
+                port = st.ports.name(i, j) if rule.scope == fields.Scope.PORT else None
                 out.append(Firing(rule, names[i], gpu, status, since_list[k], now, facts, uuid, port))
         return out
 
     def _width(self, rule: ruleset.Rule) -> int:
         """Targets per node row: the GPU slots, the port slots, or 1 (the node)."""
-        if rule.scope == "gpu":
+        if rule.scope == fields.Scope.GPU:
             return self.state.gpus
-        return self.state.ports.slots if rule.scope == "port" else 1
+        return self.state.ports.slots if rule.scope == fields.Scope.PORT else 1
 
     def _track(self, rule: ruleset.Rule, width: int) -> _Track:
         st = self.state
@@ -594,7 +621,7 @@ class Engine:
         for i, name in enumerate(st.names):
             if not rule.match.node_ok(name, st.labels[i]):
                 continue
-            if rule.scope != "gpu":
+            if rule.scope != fields.Scope.GPU:
                 models = [m for m, _ in st.gpu_info[i].values()]
                 mask[i] = rule.match.model is None or any(rule.match.model_ok(m) for m in models)
             elif rule.match.model is None:
@@ -612,11 +639,11 @@ class Engine:
             rule = rules[key[0]]
             if self.events_read and now - active.last >= rule.resolve_for_s:
                 del self._active[key]
-                status: Status = "resolved"
+                status: Status = Status.RESOLVED
             elif key in reported:
                 continue
             else:
-                status = "firing"
+                status = Status.FIRING
             out.append(
                 Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
             )
@@ -635,7 +662,7 @@ class Engine:
                 continue
             if rule.match.model is not None and not rule.match.model_ok(model):
                 continue
-            gpu = event.gpu_index if rule.scope == "gpu" else None
+            gpu = event.gpu_index if rule.scope == fields.Scope.GPU else None
             evidence: Evidence = {"kind": event.kind, "xid": event.xid, "message": event.message}
             if event.gpu_index is not None:
                 evidence["gpu_index"] = event.gpu_index
@@ -650,12 +677,12 @@ class Engine:
             if active is not None:  # quiet periods run on the evaluator's clock, never the node's ts
                 active.last, active.evidence = max(active.last, now), evidence
                 out.append(
-                    Firing(rule, event.node, gpu, "firing", active.since, now, evidence, event.gpu_uuid)
+                    Firing(rule, event.node, gpu, Status.FIRING, active.since, now, evidence, event.gpu_uuid)
                 )
                 continue
             if rule.resolve_for_s > 0:
                 self._active[key] = _EventFiring(now, now, evidence, event.gpu_uuid)
-            out.append(Firing(rule, event.node, gpu, "fired", now, now, evidence, event.gpu_uuid))
+            out.append(Firing(rule, event.node, gpu, Status.FIRED, now, now, evidence, event.gpu_uuid))
         return out
 
 

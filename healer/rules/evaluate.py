@@ -17,6 +17,7 @@ import numpy as np
 
 from healer.rules import state as fleet_state
 from healer.rules import tree
+from healer.schemas import fields
 
 Value = Any  # numpy array or float
 PORT_HITS: Final = "@ports"
@@ -102,7 +103,9 @@ class Evaluator:
         inner = np.asarray(self._eval(arg, text, evidence), dtype=np.float64)
         if node.func == "abs":
             return np.abs(inner)
-        if arg.level == "port":  # a node whose frames carry no ports: its port aggregations are unknown
+        if (
+            arg.level == fields.Scope.PORT
+        ):  # a node whose frames carry no ports: its port aggregations are unknown
             unread = np.isnan(self.state.ports.present[self.rows][:, None])
             return np.where(unread, np.nan, self._aggregate(node, arg, inner, evidence))
         return self._aggregate(node, arg, inner, evidence)
@@ -112,7 +115,7 @@ class Evaluator:
             inner = np.broadcast_to(inner, (self.n, self.state.gpus))
         valid = ~np.isnan(inner)
         any_valid = valid.any(axis=1, keepdims=True)
-        if arg.level == "port" and inner.shape[1]:
+        if arg.level == fields.Scope.PORT and inner.shape[1]:
             _port_hits(node.func, inner, evidence)
         if node.func == "count":
             return (inner == 1).sum(axis=1, keepdims=True).astype(np.float64)

@@ -18,7 +18,7 @@ import yaml
 
 from healer import durations
 from healer.rules import actions, parser, recovery, ruleset, spec, tree
-from healer.schemas import incidents
+from healer.schemas import fields, incidents
 
 RULE_SUFFIXES = (".yaml", ".yml")
 MAX_NODES = 100_000
@@ -248,7 +248,7 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
             f.at(_child(node, "for") or node, "'for' does not apply to on_event rules (events fire at once)")
         if s.on_event.xid is not None and s.on_event.kind not in ("xid", "sxid"):
             f.at(_child(node, "on_event") or node, "'xid' only applies to on_event kind xid or sxid")
-    if s.scope == "port" and s.on_event is not None:
+    if s.scope == fields.Scope.PORT and s.on_event is not None:
         f.at(
             _child(node, "scope") or node,
             "no node event names an RDMA port: an on_event rule has scope gpu or node",
@@ -310,7 +310,7 @@ def _node_wide(f: _File, node: yaml.Node, s: spec.RuleSpec) -> ruleset.NodeWide 
     if s.node_wide is None:
         return None
     where = _child(node, "node_wide") or node
-    if s.scope != "gpu":
+    if s.scope != fields.Scope.GPU:
         f.at(where, "node_wide groups GPU firings into a node incident: it needs scope gpu")
     nw = s.node_wide
     within_s = durations.value(nw.within) if nw.within is not None else ruleset.NODE_WIDE_WITHIN_S

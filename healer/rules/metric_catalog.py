@@ -19,7 +19,8 @@ from typing import Final, Literal
 
 from healer.schemas import dcgm, fabric, fields, telemetry
 
-Level = Literal["gpu", "node", "port"]
+Level = fields.Scope
+"""A metric's level: the scope of the value it reads."""
 Kind = Literal["gauge", "counter", "bool"]
 
 COUNTERS: Final = frozenset(fields.COUNTERS)
@@ -54,7 +55,7 @@ def _sample_metrics() -> dict[str, Metric]:
             kind = "counter" if name in COUNTERS else "gauge"
         else:
             continue
-        out[name] = Metric(name, "gpu", kind, field.description or name.replace("_", " "))
+        out[name] = Metric(name, fields.Scope.GPU, kind, field.description or name.replace("_", " "))
     return out
 
 
@@ -62,19 +63,28 @@ SAMPLE: Final = _sample_metrics()
 """GpuSample fields readable by rules, in field order (the ingest column order)."""
 
 DERIVED: Final = {
-    name: Metric(name, "gpu", "bool", f"{desc} (clocks_event_reasons & {int(bit):#x})", "derived")
+    name: Metric(name, fields.Scope.GPU, "bool", f"{desc} (clocks_event_reasons & {int(bit):#x})", "derived")
     for name, (bit, desc) in fields.CLOCK_BITS.items()
 }
 
 NODE: Final = {
-    "gpus_expected": Metric("gpus_expected", "node", "gauge", "GPUs configured for the node", "node", False),
-    "gpus_present": Metric("gpus_present", "node", "gauge", "GPUs in the node's latest frame", "node", False),
+    "gpus_expected": Metric(
+        "gpus_expected", fields.Scope.NODE, "gauge", "GPUs configured for the node", "node", False
+    ),
+    "gpus_present": Metric(
+        "gpus_present", fields.Scope.NODE, "gauge", "GPUs in the node's latest frame", "node", False
+    ),
     "gpus_missing": Metric(
-        "gpus_missing", "node", "gauge", "gpus_expected - gpus_present, 0 when none missing", "node", False
+        "gpus_missing",
+        fields.Scope.NODE,
+        "gauge",
+        "gpus_expected - gpus_present, 0 when none missing",
+        "node",
+        False,
     ),
     "fabric_manager_up": Metric(
         "fabric_manager_up",
-        "node",
+        fields.Scope.NODE,
         "bool",
         "NVIDIA Fabric Manager runs (1) or not (0); unknown where the agent does not check (no fabric)",
         "node",
@@ -82,7 +92,7 @@ NODE: Final = {
     ),
     "ports_present": Metric(
         "ports_present",
-        "node",
+        fields.Scope.NODE,
         "gauge",
         "RDMA ports in the node's latest frame (unknown from an agent that does not read them)",
         "node",
@@ -102,7 +112,7 @@ def _port_metrics() -> dict[str, Metric]:
         metric = name if name.startswith("port_") else f"port_{name}"
         kind: Kind = "counter" if name in fabric.ALL_COUNTERS else "gauge"
         out[metric] = Metric(
-            metric, "port", kind, field.description or name.replace("_", " "), "port", field=name
+            metric, fields.Scope.PORT, kind, field.description or name.replace("_", " "), "port", field=name
         )
     return out
 
@@ -111,7 +121,7 @@ PORT: Final = {
     **_port_metrics(),
     "port_infiniband": Metric(
         "port_infiniband",
-        "port",
+        fields.Scope.PORT,
         "bool",
         "1 for an InfiniBand port, 0 for Ethernet (RoCE): link_layer",
         "port",
@@ -125,7 +135,7 @@ PORT: Final = {
 EXTERNAL: Final = {
     "anomaly_score": Metric(
         "anomaly_score",
-        "gpu",
+        fields.Scope.GPU,
         "gauge",
         "anomaly model output, 0..1 (0 until a model is loaded)",
         "external",
@@ -133,7 +143,7 @@ EXTERNAL: Final = {
     ),
     "straggler_score": Metric(
         "straggler_score",
-        "gpu",
+        fields.Scope.GPU,
         "gauge",
         "fail-slow scorer: 1 while the GPU (or its node) persistently lags its job's peers or its own "
         "history under load (docs/fail-slow.md), else 0",

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from healer.rules import engine, ruleset
+from healer.schemas import fields
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,7 +41,12 @@ def collapse(
     groups: dict[tuple[str, str], list[engine.Firing]] = {}
     for f in items:
         nw = f.rule.node_wide
-        if nw is not None and f.gpu is not None and f.rule.scope == "gpu" and f.status != "resolved":
+        if (
+            nw is not None
+            and f.gpu is not None
+            and f.rule.scope == fields.Scope.GPU
+            and f.status != engine.Status.RESOLVED
+        ):
             groups.setdefault((f.node, nw.group), []).append(f)
     out: list[engine.Firing | NodeGroup] = []
     done: set[tuple[str, str]] = set()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from healer import durations, errors
 from healer.rules import lexer, metric_catalog, tree
+from healer.schemas import fields
 
 Problem = lexer.SyntaxProblem
 
@@ -122,11 +123,11 @@ class _Parser:
             return self.range(tok)
         if tok.text == metric_catalog.TELEMETRY:
             self.problem("'telemetry' only appears as absent(telemetry[window])", tok.pos)
-            return tree.Num(tok.pos, tok.end, "num", "node", 0.0)
+            return tree.Num(tok.pos, tok.end, "num", fields.Scope.NODE, 0.0)
         metric = metric_catalog.resolve(tok.text)
         if metric is None:
             self.problem(f"unknown metric {tok.text!r}{_suggest(tok.text)}", tok.pos)
-            return tree.Num(tok.pos, tok.end, "num", "gpu", 0.0)
+            return tree.Num(tok.pos, tok.end, "num", fields.Scope.GPU, 0.0)
         typ: tree.ValueType = "bool" if metric.kind == "bool" else "num"
         return tree.Ref(tok.pos, tok.end, typ, metric.level, metric.name)
 
@@ -143,11 +144,13 @@ class _Parser:
         if window_s <= 0:
             self.problem("a window must be longer than 0s", dur.pos)
         if tok.text == metric_catalog.TELEMETRY:
-            return tree.Range(tok.pos, close.end, "num", "node", metric_catalog.TELEMETRY, window_s)
+            return tree.Range(
+                tok.pos, close.end, "num", fields.Scope.NODE, metric_catalog.TELEMETRY, window_s
+            )
         metric = metric_catalog.resolve(tok.text)
         if metric is None:
             self.problem(f"unknown metric {tok.text!r}{_suggest(tok.text)}", tok.pos)
-            return tree.Range(tok.pos, close.end, "num", "gpu", "temp_c", window_s)
+            return tree.Range(tok.pos, close.end, "num", fields.Scope.GPU, "temp_c", window_s)
         if not metric.history:
             self.problem(f"{metric.name} keeps no history: use it without [ ] (and 'for:' to hold)", tok.pos)
         return tree.Range(tok.pos, close.end, "num", metric.level, metric.name, window_s)
@@ -172,11 +175,11 @@ class _Parser:
 
     def binary(self, op: str, left: tree.Node, right: tree.Node) -> tree.Node:
         level = tree.widest(left.level, right.level)
-        if {left.level, right.level} == {"gpu", "port"}:
+        if {left.level, right.level} == {fields.Scope.GPU, fields.Scope.PORT}:
             self.problem(
                 "a GPU value and an RDMA port value cannot meet in one operation: aggregate one of them "
                 "over the node first, e.g. count(port_state != 4)",
-                right if right.level == "port" else left,
+                right if right.level == fields.Scope.PORT else left,
             )
         if op in tree.LOGICAL:
             self.need(left, "bool", f"'{op}' needs conditions on both sides")
@@ -207,14 +210,14 @@ def _range_call(p: _Parser, pos: int, end: int, func: str, arg: tree.Node) -> tr
 def _aggregation(p: _Parser, pos: int, end: int, func: str, arg: tree.Node) -> tree.Node:
     if isinstance(arg, tree.Range):
         p.problem(f"{func}() aggregates over the node's GPUs; for a window use {func}_over_time()", arg)
-    elif arg.level not in ("gpu", "port"):
+    elif arg.level not in (fields.Scope.GPU, fields.Scope.PORT):
         p.problem(
             f"{func}() aggregates over the node's GPUs or ports: its argument must read a GPU or port metric",
             arg,
         )
     if func == "count":
         p.need(arg, "bool", "count() counts GPUs (or ports) for which a condition holds")
-    return tree.Call(pos, end, "num", "node", func, (arg,))
+    return tree.Call(pos, end, "num", fields.Scope.NODE, func, (arg,))
 
 
 def _abs(p: _Parser, pos: int, end: int, arg: tree.Node) -> tree.Node:
@@ -240,7 +243,7 @@ def _suggest(name: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def parse(src: str, scope: tree.Level = "gpu", *, condition: bool = True) -> Parsed:
+def parse(src: str, scope: tree.Level = fields.Scope.GPU, *, condition: bool = True) -> Parsed:
     """Parse and check one expression. ``condition``: it must be a 0/1 condition (``when``, ``resolve``)."""
     try:
         p = _Parser(src)
@@ -257,11 +260,11 @@ def parse(src: str, scope: tree.Level = "gpu", *, condition: bool = True) -> Par
         p.problem("a range (metric[window]) needs a function such as rate() around it", root)
     if condition and root.type != "bool":
         p.problem("this must be a condition (a comparison, and/or/not, absent(), or a 0/1 metric)", root)
-    if scope == "node" and root.level == "gpu":
+    if scope == fields.Scope.NODE and root.level == fields.Scope.GPU:
         for node in tree.walk(root):
             if (
                 isinstance(node, tree.Ref | tree.Range)
-                and node.level == "gpu"
+                and node.level == fields.Scope.GPU
                 and not _inside_agg(root, node)
             ):
                 p.problem(
@@ -269,19 +272,19 @@ def parse(src: str, scope: tree.Level = "gpu", *, condition: bool = True) -> Par
                     f"e.g. max({src[node.pos : node.end]})",
                     node,
                 )
-    if scope == "port":
+    if scope == fields.Scope.PORT:
         for node in tree.walk(root):
-            if isinstance(node, tree.Ref | tree.Range) and node.level == "gpu":
+            if isinstance(node, tree.Ref | tree.Range) and node.level == fields.Scope.GPU:
                 p.problem(
                     f"GPU metric {src[node.pos : node.end]!r} in a port-scope rule: a port rule reads "
                     "port and node metrics; put GPU conditions in a gpu- or node-scope rule",
                     node,
                 )
-    elif root.level == "port":
+    elif root.level == fields.Scope.PORT:
         for node in tree.walk(root):
             if (
                 isinstance(node, tree.Ref | tree.Range)
-                and node.level == "port"
+                and node.level == fields.Scope.PORT
                 and not _inside_agg(root, node)
             ):
                 text = src[node.pos : node.end]

@@ -14,7 +14,7 @@ from typing import Literal
 
 from healer.rules import actions as catalog
 from healer.rules import recovery, tree
-from healer.schemas import events, incidents
+from healer.schemas import events, fields, incidents
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ class NodeWide:
 class Rule:
     id: str
     severity: incidents.Severity
-    scope: Literal["gpu", "node", "port"]
+    scope: fields.Scope
     description: str = ""
     match: Match = Match()
     when: tree.Node | None = None

@@ -183,7 +183,7 @@ def _run_case(rules: Any, case: Case, interval: str | float) -> list[str]:
                     eng.set_anomaly_scores(plan.name, plan.anomaly_at(i))
                 if plan.straggler:
                     eng.set_straggler_scores(plan.name, plan.external_at(plan.straggler, i))
-        firing = [f for f in eng.evaluate(T0 + t) if f.status != "resolved"]
+        firing = [f for f in eng.evaluate(T0 + t) if f.status != engine.Status.RESOLVED]
         while k < len(expects) and expects[k][0] < t + step - 1e-9:
             failures += _compare(expects[k][1], firing)
             if expects[k][1].incidents is not None:

@@ -7,13 +7,13 @@ Expressions, durations and actions are plain strings/mappings here; the loader c
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import pydantic
 
 from healer import durations
 from healer.rules import actions, recovery
-from healer.schemas import events, incidents
+from healer.schemas import base, events, fields, incidents
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 DURATION_PATTERN = durations.PATTERN
@@ -128,8 +128,8 @@ class NodeWideSpec(_Spec):
 class RuleSpec(_Spec):
     id: str = pydantic.Field(pattern=ID_PATTERN, max_length=128, description="unique across all files")
     description: str = pydantic.Field(default="", max_length=2000, description="what and why; cite sources")
-    scope: Literal["gpu", "node", "port"] = pydantic.Field(
-        default="gpu",
+    scope: Annotated[fields.Scope, base.inline(fields.Scope, "Scope")] = pydantic.Field(
+        default=fields.Scope.GPU,
         description="one firing per GPU, per node, or per RDMA port (port metrics per port, node "
         "metrics and aggregations alike for each of the node's ports; one incident per node and port)",
     )

@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from healer.schemas import fields
+
 ValueType = Literal["num", "bool"]
-Level = Literal["const", "node", "gpu", "port"]
+Level = Literal["const"] | fields.Scope
+"""What a value is per: a constant, or a metric's scope (``schemas.fields.Scope``)."""
 
 RANGE_FUNCTIONS = {
     "rate": "per-second increase of a counter over the window, counter resets handled",

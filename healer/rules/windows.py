@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from healer.rules import metric_catalog, ruleset, tree
+from healer.schemas import fields
 
 F64 = npt.NDArray[np.float64]
 Rows = slice | npt.NDArray[np.intp]
@@ -172,7 +173,7 @@ def needs_of(rules: ruleset.RuleSet) -> Needs:
     port_wins = {m: {k: tuple(sorted(w)) for k, w in kw.items()} for m, kw in wins.items() if m in port_cols}
     reads = (
         bool(port_cols)
-        or any(rule.scope == "port" for rule in rules.rules)
+        or any(rule.scope == fields.Scope.PORT for rule in rules.rules)
         or any(
             isinstance(node, tree.Ref) and node.name in ("ports_present", "fabric_manager_up")
             for rule in rules.rules

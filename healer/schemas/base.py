@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import pydantic
@@ -22,3 +23,12 @@ class WireModel(pydantic.BaseModel):
         if info.context and info.context.get("wire") and isinstance(data, dict) and "schema" not in data:
             raise ValueError("missing 'schema' field: every healer document names its schema version")
         return data
+
+
+def inline(vocabulary: type[enum.StrEnum], title: str | None = None) -> pydantic.WithJsonSchema:
+    """A field's JSON schema for a vocabulary enum, written inline as a ``Literal`` of its values would be
+    (``{"enum": [...], "title": <the field's>, "type": "string"}``), so the published schemas stay what they
+    were."""
+    return pydantic.WithJsonSchema(
+        {"enum": [m.value for m in vocabulary], "title": title or vocabulary.__name__, "type": "string"}
+    )

@@ -17,6 +17,18 @@ from typing import Final, Literal
 ClearedBy = Literal["gpu-reset", "driver-load", "never"]
 
 
+class Scope(enum.StrEnum):
+    """What one value describes, declared once: a metric's level (``rules.metric_catalog``), what a
+    rule fires per (``scope:`` in a rule file, the same strings) and what an incident is about."""
+
+    GPU = "gpu"
+    """One GPU (a ``GpuSample`` field)."""
+    NODE = "node"
+    """The whole node (a ``NodeFrame`` field, or an aggregation over its GPUs)."""
+    PORT = "port"
+    """One RDMA port of the node (``fabric.PortSample``)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Counter:
     name: str

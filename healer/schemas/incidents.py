@@ -19,7 +19,7 @@ import dataclasses
 import enum
 import typing
 from datetime import UTC, datetime
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import pydantic
 
@@ -64,17 +64,42 @@ SEVERITY_LEVELS: Final[dict[Severity, SeverityLevel]] = {
 """The one catalogue of severities. Alertmanager's convention has three levels, so ``major`` and
 ``critical`` both become ``critical`` there (the original stays in the ``healer_severity`` label);
 PagerDuty's four levels keep them apart."""
-Mode = Literal["enforce", "dry-run", "observe"]
+
+
+class Mode(enum.StrEnum):
+    """How far the controller goes with what the rules ask for, declared once (settings ``mode``,
+    ``data.mode`` on the wire: the same strings). Code asks a mode's properties, never its name."""
+
+    ENFORCE = "enforce"
+    """Actions are carried out."""
+    DRY_RUN = "dry-run"
+    """Actions are planned and recorded (status ``planned``), nothing is done."""
+    OBSERVE = "observe"
+    """Incidents only: no action is planned."""
+
+    @property
+    def plans(self) -> bool:
+        """The incident's actions are planned (for real or as a dry run's plan)."""
+        return self is not Mode.OBSERVE
+
+    @property
+    def acts(self) -> bool:
+        """What is planned is carried out."""
+        return self is Mode.ENFORCE
+
+    @property
+    def dry_run(self) -> bool:
+        """Actions are planned but not carried out."""
+        return self.plans and not self.acts
+
+
 IncidentState = Literal["open", "resolved", "escalated"]
-ActionStatus = Literal[
-    "planned", "done", "already-done", "refused", "failed-temporary", "failed-permanent", "skipped"
-]
-"""The wire type of an action's status (``Status`` is the catalogue of what each one means)."""
 
 
-class Status(enum.StrEnum):
-    """The one catalogue of action statuses and what each means (the wire carries ``ActionStatus``, the
-    same strings; tests/schemas checks they agree)."""
+class ActionStatus(enum.StrEnum):
+    """The one catalogue of action statuses and what each means, declared once: the wire carries the
+    same strings (``ActionRecord.status``), an actuator returns one of ``OUTCOMES`` for an action and
+    any of them for an item inside it (``actuators.base``)."""
 
     PLANNED = "planned"
     """A dry run's plan: nothing was done, and the next action is planned too."""
@@ -85,39 +110,54 @@ class Status(enum.StrEnum):
     FAILED_TEMPORARY = "failed-temporary"
     FAILED_PERMANENT = "failed-permanent"
     SKIPPED = "skipped"
-    """Left alone on purpose (observe mode, a maintenance exclusion, nothing of healer's to undo)."""
+    """Left alone on purpose (observe mode, a maintenance exclusion, nothing of healer's to undo; an item
+    such as a DaemonSet pod on a node being drained). Never an actuator's outcome."""
 
     @property
     def ok(self) -> bool:
         """The incident's next action runs after this one (a failed or refused step stops the chain)."""
-        return self in (Status.PLANNED, Status.DONE, Status.ALREADY_DONE, Status.SKIPPED)
+        return self in (
+            ActionStatus.PLANNED,
+            ActionStatus.DONE,
+            ActionStatus.ALREADY_DONE,
+            ActionStatus.SKIPPED,
+        )
 
     @property
     def final(self) -> bool:
         """Never retried (all but a temporary failure)."""
-        return self is not Status.FAILED_TEMPORARY
+        return self is not ActionStatus.FAILED_TEMPORARY
 
     @property
     def took_effect(self) -> bool:
         """What the action asks for is true now (done by it, or found so)."""
-        return self in (Status.DONE, Status.ALREADY_DONE)
+        return self in (ActionStatus.DONE, ActionStatus.ALREADY_DONE)
+
+    @property
+    def outcome(self) -> bool:
+        """An actuator may return it for a whole action (all but skipped, which only an item may be)."""
+        return self is not ActionStatus.SKIPPED
 
 
-OK: Final[frozenset[str]] = frozenset(s.value for s in Status if s.ok)
+Status = ActionStatus
+"""The catalogue's earlier name."""
+OK: Final[frozenset[ActionStatus]] = frozenset(s for s in ActionStatus if s.ok)
 """Statuses after which the next action of the incident runs."""
-FAILED: Final[frozenset[str]] = frozenset(s.value for s in Status if not s.ok)
+FAILED: Final[frozenset[ActionStatus]] = frozenset(s for s in ActionStatus if not s.ok)
 """Statuses that stop the incident's chain of actions (and escalate it)."""
-FINAL: Final[frozenset[str]] = frozenset(s.value for s in Status if s.final)
+FINAL: Final[frozenset[ActionStatus]] = frozenset(s for s in ActionStatus if s.final)
 """Statuses that are never retried."""
-TOOK_EFFECT: Final[frozenset[str]] = frozenset(s.value for s in Status if s.took_effect)
+TOOK_EFFECT: Final[frozenset[ActionStatus]] = frozenset(s for s in ActionStatus if s.took_effect)
 """Statuses after which what the action asks for holds (a cordon is in place, a cap applied)."""
+OUTCOMES: Final[frozenset[ActionStatus]] = frozenset(s for s in ActionStatus if s.outcome)
+"""What an actuator may return for a whole action (``actuators.base.ActionOutcome.status``)."""
 
 
 class ActionRecord(pydantic.BaseModel):
     model_config = base.CONFIG
 
     kind: str = pydantic.Field(max_length=64)
-    status: ActionStatus
+    status: Annotated[ActionStatus, base.inline(ActionStatus, "Status")]
     detail: str = pydantic.Field(default="", max_length=4096)
     at: float
 
@@ -160,7 +200,7 @@ class IncidentData(pydantic.BaseModel):
     evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
     actions: list[ActionRecord] = pydantic.Field(default_factory=list)
     labels: dict[str, str] = pydantic.Field(default_factory=dict)
-    mode: Mode
+    mode: Annotated[Mode, base.inline(Mode)]
     domain: Domain | None = None
     """(v2) A shared-cause incident's domain and members; absent from every other incident."""
 

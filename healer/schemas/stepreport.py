@@ -12,9 +12,11 @@ from typing import Final, Literal
 
 import pydantic
 
+from healer import steps
 from healer.schemas import base, telemetry
 
-SCHEMA: Final = "healer.steps.v1"
+SCHEMA: Final = steps.SCHEMA
+"""Written once, in the standard-library-only reporter that training scripts copy (``healer.steps``)."""
 STEP_MAX_S: Final = 86_400.0
 """A step longer than a day is not a training iteration."""
 

@@ -13,9 +13,10 @@ from typing import Any, Final
 
 import numpy as np
 
+from healer.schemas import stepreport
 from healer.sim import physics
 
-SCHEMA: Final = "healer.steps.v1"
+SCHEMA: Final = stepreport.SCHEMA
 STEP_JITTER: Final = 0.01
 """A step's time varies by about this share from step to step (the job's), a rank's compute likewise."""
 

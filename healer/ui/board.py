@@ -216,7 +216,7 @@ class Board:
         entry.update(severity=d.severity, state=d.state, updated=at, change=change, summary=d.summary[:200])
         if d.state == "resolved":
             entry["resolved"] = at
-        mark = node_mark(list(d.actions)) if d.mode == "enforce" else None
+        mark = node_mark(list(d.actions)) if d.mode.acts else None
         marks = self.marks.setdefault(d.node, {})
         if mark is None:
             marks.pop(d.incident_id, None)

@@ -11,13 +11,14 @@ from healer import config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
 from healer.rules import actions, engine, ruleset
+from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)
 
 HOT = ruleset.Rule(
     id="hot",
     severity="major",
-    scope="gpu",
+    scope=fields.Scope.GPU,
     description="too hot",
     labels={"team": "gpu"},
     actions=(actions.build("power_limit", {"percent_of_default": 80}),),
@@ -30,13 +31,16 @@ def firing(status: Any = "fired", **evidence: Any) -> engine.Firing:
 
 
 def incident(**overrides: Any) -> book.Incident:
-    return decide.new_incident(firing(), "inc-1", 10.0, "enforce", 1, SETTINGS).model_copy(update=overrides)
+    return decide.new_incident(firing(), "inc-1", 10.0, incidents.Mode.ENFORCE, 1, SETTINGS).model_copy(
+        update=overrides
+    )
 
 
 def attempt(**overrides: Any) -> decide.Attempt:
     base = decide.Attempt(
         kind="cordon", params={}, on_resolve=False, node="n1", incident_id="inc-1", now=1000.0,
-        mode="enforce", settings=SETTINGS, excluded=None, limits=decide.LimitsView(), lease_valid=True,
+        mode=incidents.Mode.ENFORCE, settings=SETTINGS, excluded=None, limits=decide.LimitsView(),
+        lease_valid=True,
     )  # fmt: skip
     return dataclasses.replace(base, **overrides)
 
@@ -72,7 +76,7 @@ def test_resolving_queues_the_on_resolve_actions_unless_the_node_was_forgotten()
 
 
 def test_the_third_fault_episode_on_a_gpu_asks_for_inspection() -> None:
-    inc = decide.new_incident(firing(), "inc-2", 10.0, "enforce", 3, SETTINGS)
+    inc = decide.new_incident(firing(), "inc-2", 10.0, incidents.Mode.ENFORCE, 3, SETTINGS)
     assert inc.escalated
     assert "fault #3" in inc.summary
     assert [a.kind for a in inc.actions] == ["power_limit", "inspect"]
@@ -90,7 +94,7 @@ def test_the_ladder_cordons_an_incident_the_power_cap_did_not_help() -> None:
     inc = incident()
     later = inc.opened_at + SETTINGS.power_cap_escalate_s + 1
     assert decide.ladder_step(inc, later, SETTINGS) is None, "no cap yet"
-    inc.actions[0].status = "done"
+    inc.actions[0].status = incidents.ActionStatus.DONE
     assert decide.ladder_step(inc, inc.opened_at + 1, SETTINGS) is None, "too soon"
     step = decide.ladder_step(inc, later, SETTINGS)
     assert step is not None
@@ -112,9 +116,15 @@ def test_a_plain_cordon_passes_every_gate() -> None:
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        ({"mode": "observe"}, decide.Verdict.settle("skipped", "observe mode: incidents only")),
-        ({"kind": "notify", "params": {"message": "hi"}}, decide.Verdict.settle("done", "hi")),
-        ({"kind": "notify"}, decide.Verdict.settle("done", "incident published")),
+        (
+            {"mode": "observe"},
+            decide.Verdict.settle(incidents.ActionStatus.SKIPPED, "observe mode: incidents only"),
+        ),
+        (
+            {"kind": "notify", "params": {"message": "hi"}},
+            decide.Verdict.settle(incidents.ActionStatus.DONE, "hi"),
+        ),
+        ({"kind": "notify"}, decide.Verdict.settle(incidents.ActionStatus.DONE, "incident published")),
         ({"lease_valid": False}, decide.Verdict.wait("not the leader any more")),
     ],
 )
@@ -129,7 +139,9 @@ def test_gpu_resets_and_excluded_nodes_are_skipped() -> None:
     assert "recovery-ladder step" in reset.reason
     assert decide.gate(attempt(kind="reset_gpu", ladder_step=True)).allowed
     excluded = decide.gate(attempt(excluded={"by": "ops", "reason": "bios"}))
-    assert excluded == decide.Verdict.settle("skipped", "node excluded for maintenance by ops: bios")
+    assert excluded == decide.Verdict.settle(
+        incidents.ActionStatus.SKIPPED, "node excluded for maintenance by ops: bios"
+    )
     rung = decide.gate(attempt(kind="reboot_node", ladder_step=True, excluded={"by": "ops", "reason": "x"}))
     assert rung.status == "skipped"  # exclusions apply to every rung
 
@@ -178,7 +190,9 @@ def test_an_uncordon_only_undoes_our_own_cordon_on_a_node_nobody_else_holds() ->
     assert decide.gate(attempt(**uncordon, cordon_ours=True)).allowed
     for other in ({"cordon_ours": False}, {"cordon_ours": True, "held_elsewhere": True}):
         v = decide.gate(attempt(**uncordon, **other))
-        assert v == decide.Verdict.settle("skipped", "another open incident still holds this node cordoned")
+        assert v == decide.Verdict.settle(
+            incidents.ActionStatus.SKIPPED, "another open incident still holds this node cordoned"
+        )
 
 
 def test_ownership_reads_the_incidents() -> None:
@@ -261,26 +275,29 @@ def test_the_catalogue_says_who_runs_each_action() -> None:
 
 # -- correlation: one incident per fault ------------------------------------------------------------
 DBE = ruleset.Rule(
-    id="ecc-dbe-new", severity="major", scope="gpu", description="new DBE", labels={"category": "memory"},
+    id="ecc-dbe-new", severity="major", scope=fields.Scope.GPU, description="new DBE",
+    labels={"category": "memory"},
     actions=(actions.build("cordon", None), actions.build("migrate", None)),
 )  # fmt: skip
 XID = ruleset.Rule(
-    id="xid-fatal", severity="critical", scope="gpu", on_event=ruleset.EventMatch("xid", frozenset({48})),
+    id="xid-fatal", severity="critical", scope=fields.Scope.GPU,
+    on_event=ruleset.EventMatch("xid", frozenset({48})),
     resolve_for_s=3600, has_resolve=True, labels={"category": "xid"},
     actions=(actions.build("cordon", {"reason": "xid"}), actions.build("migrate", None),
              actions.build("inspect", None)),
     on_resolve=(actions.build("uncordon", None),),
 )  # fmt: skip
 RESET = ruleset.Rule(
-    id="recovery-action-reset", severity="major", scope="gpu",
+    id="recovery-action-reset", severity="major", scope=fields.Scope.GPU,
     actions=(actions.build("drain", None), actions.build("reset_gpu", {"when_idle": False})),
     on_resolve=(actions.build("uncordon", None), actions.build("restore_power_limit", None)),
 )  # fmt: skip
 MISSING = ruleset.Rule(
-    id="gpu-missing", severity="critical", scope="node", actions=(actions.build("cordon", None),)
+    id="gpu-missing", severity="critical", scope=fields.Scope.NODE, actions=(actions.build("cordon", None),)
 )
 APP = ruleset.Rule(
-    id="xid-application", severity="info", scope="gpu", on_event=ruleset.EventMatch("xid", frozenset({13})),
+    id="xid-application", severity="info", scope=fields.Scope.GPU,
+    on_event=ruleset.EventMatch("xid", frozenset({13})),
     actions=(actions.build("notify", None),),
 )  # fmt: skip
 RULES = {r.id: r for r in (DBE, XID, RESET, MISSING, APP, HOT)}
@@ -294,7 +311,9 @@ def fire(
 
 
 def opened(rule: ruleset.Rule = DBE, gpu: int | None = 1, at: float = 100.0, **kw: Any) -> book.Incident:
-    return decide.new_incident(fire(rule, gpu, **kw), f"inc-{rule.id}", at, "enforce", 1, SETTINGS)
+    return decide.new_incident(
+        fire(rule, gpu, **kw), f"inc-{rule.id}", at, incidents.Mode.ENFORCE, 1, SETTINGS
+    )
 
 
 def joined(inc: book.Incident, f: engine.Firing, now: float = 102.0) -> book.Incident:
@@ -361,7 +380,7 @@ def test_a_joined_incident_has_the_highest_severity_every_signal_and_each_action
 
 def test_actions_already_carried_out_are_kept_and_pending_ones_take_the_stronger_parameters() -> None:
     inc = opened(XID)
-    inc.actions[0].status = "done"
+    inc.actions[0].status = incidents.ActionStatus.DONE
     cordon = inc.actions[0]
     joined(inc, fire(RESET))
     assert inc.actions[0] is cordon, "the same object: an action task may be running it"

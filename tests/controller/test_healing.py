@@ -119,7 +119,7 @@ async def test_a_failed_reset_leads_to_a_reboot_then_validation_and_return(harne
     fleet = Fleet(harness.bus, ["n1"])
     sched = testing.RecordingActuator()
     gpu = testing.RecordingGpuActuator(
-        script={"reset_gpu": ["failed-permanent"]}, on_done=healer_on(fleet, "validate")
+        script={"reset_gpu": [incidents.ActionStatus.FAILED_PERMANENT]}, on_done=healer_on(fleet, "validate")
     )
     await harness.controller(sched, gpu=gpu)
     await warm(fleet)
@@ -141,7 +141,11 @@ async def test_validation_failing_twice_opens_a_hardware_replacement(harness: Ha
     ladder_rules(harness)
     fleet = Fleet(harness.bus, ["n1"])
     sched = testing.RecordingActuator()
-    gpu = testing.RecordingGpuActuator(script={"validate": ["failed-permanent", "failed-permanent"]})
+    gpu = testing.RecordingGpuActuator(
+        script={
+            "validate": [incidents.ActionStatus.FAILED_PERMANENT, incidents.ActionStatus.FAILED_PERMANENT]
+        }
+    )
     await harness.controller(sched, gpu=gpu)
     await warm(fleet)
     fault(fleet)
@@ -270,7 +274,9 @@ async def test_an_operator_stops_a_ladder_from_the_cli(harness: Harness) -> None
     ladder_rules(harness)
     fleet = Fleet(harness.bus, ["n1"])
     sched = testing.RecordingActuator()
-    gpu = testing.RecordingGpuActuator(script={"reset_gpu": ["refused"] * 10})  # asked again in 60 s
+    gpu = testing.RecordingGpuActuator(
+        script={"reset_gpu": [incidents.ActionStatus.REFUSED] * 10}
+    )  # asked again in 60 s
     ctl = await harness.controller(sched, gpu=gpu)
     await warm(fleet)
     fault(fleet)
@@ -299,7 +305,7 @@ async def test_at_most_max_concurrent_reboots_nodes_reboot_at_once(harness: Harn
     fleet = Fleet(harness.bus, ["n1", "n2"])
     sched = testing.RecordingActuator()
     sched.reboot_phase = base.RebootPhase.ISSUED  # the first reboot never finishes
-    gpu = testing.RecordingGpuActuator(script={"reset_gpu": ["failed-permanent"] * 2})
+    gpu = testing.RecordingGpuActuator(script={"reset_gpu": [incidents.ActionStatus.FAILED_PERMANENT] * 2})
     ctl: service.Controller = await harness.controller(sched, gpu=gpu, breaker_max_percent=100)
     await warm(fleet)
     fault(fleet, "n1")

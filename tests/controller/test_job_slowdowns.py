@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from healer.controller.failslow import detector, job_slowdowns
 from healer.controller.incidents import book
+from healer.schemas import incidents
 
 T0 = 1_800_000_000.0
 
@@ -15,13 +16,13 @@ def slow(job: str, pct: float = 12.0) -> detector.JobSlowdown:
 
 
 def opened(job: str, pct: float = 12.0) -> book.Incident:
-    return job_slowdowns.new_incident(slow(job, pct), f"i-{job}", T0, "enforce")
+    return job_slowdowns.new_incident(slow(job, pct), f"i-{job}", T0, incidents.Mode.ENFORCE)
 
 
 def test_a_slower_job_with_nobody_named_opens_one_info_incident_about_the_job() -> None:
     plan = job_slowdowns.plan([], [slow("41")], {"41"}, set())
     (new,) = plan.open
-    inc = job_slowdowns.new_incident(new, "i1", T0, "enforce")
+    inc = job_slowdowns.new_incident(new, "i1", T0, incidents.Mode.ENFORCE)
     assert (inc.rule_id, inc.severity, inc.node) == ("job-slowdown", "info", "job.41")
     assert inc.domain is not None
     assert (inc.domain.key, inc.domain.value, inc.domain.members) == ("job", "41", ["n1", "n2"])

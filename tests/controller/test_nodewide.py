@@ -10,27 +10,31 @@ from healer import config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
 from healer.rules import actions, engine, loader, nodewide, ruleset
+from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings()
 HOT = ruleset.Rule(
-    id="hot", severity="warning", scope="gpu", description="too hot",
+    id="hot", severity="warning", scope=fields.Scope.GPU, description="too hot",
     actions=(actions.build("power_limit", {"percent_of_default": 80}),),
     on_resolve=(actions.build("restore_power_limit", None),),
     node_wide=ruleset.NodeWide("thermal", min_gpus=2, fraction=0.5, within_s=120.0),
 )  # fmt: skip
 HBM = ruleset.Rule(
-    id="hbm", severity="major", scope="gpu", description="hot memory",
+    id="hbm", severity="major", scope=fields.Scope.GPU, description="hot memory",
     actions=(actions.build("power_limit", {"percent_of_default": 70}),),
     on_resolve=(actions.build("restore_power_limit", None),),
     node_wide=ruleset.NodeWide("thermal"),
 )  # fmt: skip
 SUSTAINED = ruleset.Rule(
-    id="sustained", severity="major", scope="gpu", description="throttling",
+    id="sustained", severity="major", scope=fields.Scope.GPU, description="throttling",
     actions=(actions.build("cordon", None),), on_resolve=(actions.build("uncordon", None),),
     node_wide=ruleset.NodeWide("thermal"),
 )  # fmt: skip
 PLAIN = ruleset.Rule(
-    id="plain", severity="major", scope="gpu", actions=(actions.build("power_limit", {"watts": 300}),)
+    id="plain",
+    severity="major",
+    scope=fields.Scope.GPU,
+    actions=(actions.build("power_limit", {"watts": 300}),),
 )
 RULES = {r.id: r for r in (HOT, HBM, SUSTAINED, PLAIN)}
 
@@ -61,7 +65,9 @@ class Node:
                 incident_shell.apply_join(into, decide.join(into, f, f.at, self.gpus, RULES.get))
             else:
                 self.incidents.append(
-                    decide.new_incident(f, f"inc-{len(self.incidents)}", f.at, "enforce", 1, SETTINGS)
+                    decide.new_incident(
+                        f, f"inc-{len(self.incidents)}", f.at, incidents.Mode.ENFORCE, 1, SETTINGS
+                    )
                 )
             return change
         if inc is None:

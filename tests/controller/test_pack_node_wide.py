@@ -10,6 +10,7 @@ from healer import config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
 from healer.rules import engine, loader, ruleset
+from healer.schemas import incidents
 
 PACK = pathlib.Path(__file__).resolve().parents[2] / "rules"
 
@@ -66,7 +67,7 @@ class Node:
         self.incidents: list[book.Incident] = []
 
     def fire(self, rule_id: str, gpu: int, at: float) -> None:
-        f = engine.Firing(self.by_id[rule_id], "n1", gpu, "fired", at, at, {}, f"GPU-{gpu}")
+        f = engine.Firing(self.by_id[rule_id], "n1", gpu, engine.Status.FIRED, at, at, {}, f"GPU-{gpu}")
         open_ = [i for i in self.incidents if i.state != "resolved"]
         into = decide.correlate(f, open_, at, 120.0)
         if into is not None:
@@ -74,7 +75,7 @@ class Node:
         else:
             settings = config.ControllerSettings()
             self.incidents.append(
-                decide.new_incident(f, f"inc-{len(self.incidents)}", at, "enforce", 1, settings)
+                decide.new_incident(f, f"inc-{len(self.incidents)}", at, incidents.Mode.ENFORCE, 1, settings)
             )
 
 

@@ -11,30 +11,35 @@ from healer.controller.incidents import book, decide
 from healer.controller.store import kv
 from healer.feed import alertmanager
 from healer.rules import actions, engine, ruleset
-from healer.schemas import incidents
+from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings()
 DOWN = ruleset.Rule(
-    id="rdma-port-down", severity="major", scope="port", description="port down",
+    id="rdma-port-down", severity="major", scope=fields.Scope.PORT, description="port down",
     labels={"category": "fabric"}, actions=(actions.build("cordon", None),),
 )  # fmt: skip
 ERRORS = ruleset.Rule(
-    id="rdma-port-errors", severity="major", scope="port", actions=(actions.build("cordon", None),)
+    id="rdma-port-errors", severity="major", scope=fields.Scope.PORT, actions=(actions.build("cordon", None),)
 )
 MISSING = ruleset.Rule(
-    id="rdma-ports-missing", severity="major", scope="node", actions=(actions.build("cordon", None),)
+    id="rdma-ports-missing",
+    severity="major",
+    scope=fields.Scope.NODE,
+    actions=(actions.build("cordon", None),),
 )
-XID = ruleset.Rule(id="xid-fatal", severity="critical", scope="gpu", actions=(actions.build("cordon", None),))
+XID = ruleset.Rule(
+    id="xid-fatal", severity="critical", scope=fields.Scope.GPU, actions=(actions.build("cordon", None),)
+)
 
 
 def fire(
     rule: ruleset.Rule, port: str | None = None, gpu: int | None = None, **evidence: Any
 ) -> engine.Firing:
-    return engine.Firing(rule, "n1", gpu, "fired", 100.0, 100.0, dict(evidence), None, port)
+    return engine.Firing(rule, "n1", gpu, engine.Status.FIRED, 100.0, 100.0, dict(evidence), None, port)
 
 
 def opened(f: engine.Firing, incident_id: str = "inc-1") -> book.Incident:
-    return decide.new_incident(f, incident_id, 100.0, "enforce", 1, SETTINGS)
+    return decide.new_incident(f, incident_id, 100.0, incidents.Mode.ENFORCE, 1, SETTINGS)
 
 
 def test_a_port_firing_opens_an_incident_keyed_and_named_by_its_port() -> None:
@@ -73,7 +78,10 @@ def test_a_port_firing_joins_only_an_incident_on_the_same_port() -> None:
 
 def test_a_skipped_uncordon_hands_the_cordon_to_the_incidents_still_holding_the_node() -> None:
     a, b = opened(fire(DOWN, "mlx5_3/1"), "inc-a"), opened(fire(DOWN, "mlx5_6/1"), "inc-b")
-    a.actions[0].status, b.actions[0].status = "done", "already-done"
+    a.actions[0].status, b.actions[0].status = (
+        incidents.ActionStatus.DONE,
+        incidents.ActionStatus.ALREADY_DONE,
+    )
     assert decide.cordon_ours(a)
     assert not decide.cordon_ours(b), "its cordon found the node drained already"
     assert decide.holding(a, [a, b]) == [b]

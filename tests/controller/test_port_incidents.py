@@ -74,12 +74,12 @@ class Drains(testing.RecordingActuator):
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
         self.requests.append(request)
-        status: base.Status = "done"
+        status: base.Status = incidents.ActionStatus.DONE
         if request.kind == "cordon":
-            status = "already-done" if self.drained else "done"
+            status = incidents.ActionStatus.ALREADY_DONE if self.drained else incidents.ActionStatus.DONE
             self.drained = True
         elif request.kind == "uncordon":
-            status = "done" if self.drained else "already-done"
+            status = incidents.ActionStatus.DONE if self.drained else incidents.ActionStatus.ALREADY_DONE
             self.drained = False
         elif request.kind == "reboot_node" and self.on_reboot is not None:
             self.on_reboot()
@@ -106,7 +106,7 @@ async def test_two_ports_down_are_two_incidents_one_cordon_and_one_ladder_throug
         rdma.write_tree(tree("cx7-ib-healthy.txt"), root)
 
     sched = Drains(on_reboot=reboot)
-    gpu = testing.RecordingGpuActuator(script={"reset_port": ["failed-permanent"]})
+    gpu = testing.RecordingGpuActuator(script={"reset_port": [incidents.ActionStatus.FAILED_PERMANENT]})
     ctl = await harness.controller(sched, gpu=gpu)
     agent = subprocess.Popen(  # noqa: ASYNC220 - started once, then only awaited on
         [sys.executable, "-m", "healer", "agent", "--nats", harness.srv.url, "--node", "ib-node",

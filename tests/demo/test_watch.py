@@ -17,7 +17,7 @@ def _event(
     node: str,
     gpu: int | None,
     at: float,
-    actions: list[tuple[str, incidents.ActionStatus, float]] | None = None,
+    actions: list[tuple[str, str, float]] | None = None,
     state: incidents.IncidentState = "open",
 ) -> incidents.IncidentEvent:
     data = incidents.IncidentData(
@@ -71,13 +71,13 @@ def test_node_fault_matches_node_incidents_and_other_nodes_count_as_unexpected()
 def test_story_needs_the_overheat_incident_resolved_with_its_limit_restored() -> None:
     obs = watch.Observer(T0)
     obs.on_truth([_truth("f1", "cooling_degradation", "n1", 5, 1.0, 1.5)])
-    capped: list[tuple[str, incidents.ActionStatus, float]] = [("power_limit", "done", 40.0)]
+    capped: list[tuple[str, str, float]] = [("power_limit", "done", 40.0)]
     obs.on_incident(_event("opened", "a", "gpu-temp-near-slowdown", "n1", 5, 39.0))
     obs.on_incident(_event("action", "a", "gpu-temp-near-slowdown", "n1", 5, 40.0, capped))
     story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]
     assert story["overheat_capped"] is True
     assert story["overheat_resolved_and_restored"] is False
-    restored: list[tuple[str, incidents.ActionStatus, float]] = [
+    restored: list[tuple[str, str, float]] = [
         *capped,
         ("restore_power_limit", "done", 90.0),
     ]
@@ -121,9 +121,7 @@ def test_the_power_story_is_read_from_the_racks_frames_and_its_domain_incident()
     obs.on_frame(_frame("n1", 11.0, 400.0))  # 800 + 400 W: over
     obs.on_frame(_frame("n1", 20.0, 100.0))  # 200 + 400 W: back under
     assert (pw.over_at, pw.under_at, pw.peak_w) == (T0 + 11.0, T0 + 20.0, 1200.0)
-    caps: list[tuple[str, incidents.ActionStatus, float]] = [
-        ("power_limit", "done", 14.0 + i) for i in range(4)
-    ]
+    caps: list[tuple[str, str, float]] = [("power_limit", "done", 14.0 + i) for i in range(4)]
     obs.on_incident(_event("opened", "p", watch.POWER_RULE, "rack.r1", None, 13.0))
     for i in range(4):
         obs.on_incident(_event("action", "p", watch.POWER_RULE, "rack.r1", None, 14.0 + i, caps[: i + 1]))

@@ -25,7 +25,7 @@ def event(
     change: incidents.Change = "opened",
     severity: incidents.Severity = "major",
     gpu_index: int | None = 3,
-    mode: incidents.Mode = "enforce",
+    mode: incidents.Mode = incidents.Mode.ENFORCE,
     actions: list[incidents.ActionRecord] | None = None,
 ) -> incidents.IncidentEvent:
     data = incidents.IncidentData(

@@ -214,7 +214,9 @@ def test_docs_list_every_label_and_annotation_the_alerts_carry() -> None:
     text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "alertmanager.md").read_text()
     book = alertmanager.AlertBook(resend_s=60, link_template="https://x/{node}")
     ev = helpers.event(
-        10, mode="dry-run", actions=[incidents.ActionRecord(kind="cordon", status="planned", at=1)]
+        10,
+        mode=incidents.Mode.DRY_RUN,
+        actions=[incidents.ActionRecord(kind="cordon", status="planned", at=1)],
     )
     [alert] = book.apply(item(ev, 1), NOW)
     for name in alert["labels"]:

@@ -175,7 +175,7 @@ def test_parse_since_accepts_durations_unix_seconds_rfc3339_and_now() -> None:
 def test_render_shows_time_change_severity_where_rule_summary_actions_and_mode() -> None:
     acts = [incidents.ActionRecord(kind="cordon", status="done", at=1.0),
             incidents.ActionRecord(kind="migrate", status="planned", at=1.0)]  # fmt: skip
-    ev = helpers.event(4, change="action", severity="critical", actions=acts, mode="dry-run")
+    ev = helpers.event(4, change="action", severity="critical", actions=acts, mode=incidents.Mode.DRY_RUN)
     line = tail.render(envelope.classify(codec.encode(ev)))
     stamp = ev.time.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert line == (

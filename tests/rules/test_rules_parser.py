@@ -8,9 +8,10 @@ import pytest
 
 from healer import errors
 from healer.rules import lexer, parser, tree
+from healer.schemas import fields
 
 
-def problems(src: str, scope: tree.Level = "gpu") -> list[tuple[str, int]]:
+def problems(src: str, scope: tree.Level = fields.Scope.GPU) -> list[tuple[str, int]]:
     return [(p.message, p.pos) for p in parser.parse(src, scope).problems]
 
 
@@ -81,11 +82,11 @@ def test_mistakes_are_reported_not_raised(src: str, message: str) -> None:
 
 
 def test_node_scope_refuses_bare_gpu_metrics_but_accepts_aggregations() -> None:
-    assert problems("temp_c > 80", "node") == [
+    assert problems("temp_c > 80", fields.Scope.NODE) == [
         ("GPU metric 'temp_c' in a node-scope rule: aggregate it, e.g. max(temp_c)", 0)
     ]
-    assert problems("count(temp_c > 80) >= 2 or max(rate(ecc_sbe_volatile[5m])) > 1", "node") == []
-    assert problems("absent(telemetry[2m]) and gpus_missing > 0", "node") == []
+    assert problems("count(temp_c > 80) >= 2 or max(rate(ecc_sbe_volatile[5m])) > 1", fields.Scope.NODE) == []
+    assert problems("absent(telemetry[2m]) and gpus_missing > 0", fields.Scope.NODE) == []
 
 
 def test_gpu_scope_may_compare_a_gpu_with_its_peers() -> None:

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from healer.rules import engine, loader, parser
-from healer.schemas import fabric, telemetry
+from healer.schemas import fabric, fields, telemetry
 from healer.telemetry import rdma
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
@@ -166,7 +166,7 @@ def test_the_checker_refuses_port_values_that_are_not_aggregated_or_mixed_with_g
 
 
 def test_port_aggregations_in_a_gpu_rule_are_node_values() -> None:
-    parsed = parser.parse("temp_c > 80 and count(port_state != 4) > 0", "gpu")
+    parsed = parser.parse("temp_c > 80 and count(port_state != 4) > 0", fields.Scope.GPU)
     assert parsed.problems == []
 
 
@@ -217,9 +217,12 @@ def test_a_port_scope_rule_restores_and_releases_by_port(tmp_path: pathlib.Path)
     ],
 )
 def test_a_port_scope_rule_reads_port_and_node_metrics_never_gpu_ones(text: str, message: str) -> None:
-    parsed = parser.parse(text, "port")
+    parsed = parser.parse(text, fields.Scope.PORT)
     assert any(message in p.message for p in parsed.problems), [p.message for p in parsed.problems]
-    assert parser.parse("port_state != 4 and port_rate_gbps < max(port_rate_gbps)", "port").problems == []
+    assert (
+        parser.parse("port_state != 4 and port_rate_gbps < max(port_rate_gbps)", fields.Scope.PORT).problems
+        == []
+    )
 
 
 def test_the_loader_refuses_an_event_port_rule_and_a_port_label() -> None:

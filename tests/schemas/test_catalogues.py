@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 
 import pytest
 
@@ -57,7 +56,14 @@ def test_rules_and_simulator_read_the_same_clock_reason_bits() -> None:
 
 
 def test_the_action_status_catalogue_is_the_wire_type() -> None:
-    assert {s.value for s in incidents.Status} == set(typing.get_args(incidents.ActionStatus))
+    """One declaration (#40): the wire field is the catalogue, and its published schema lists its values."""
+    assert incidents.Status is incidents.ActionStatus
+    assert incidents.ActionRecord.model_json_schema()["properties"]["status"]["enum"] == [
+        s.value for s in incidents.ActionStatus
+    ]
+    record = incidents.ActionRecord.model_validate_json('{"kind": "cordon", "status": "done", "at": 1}')
+    assert record.status is incidents.ActionStatus.DONE
+    assert record.model_dump_json() == '{"kind":"cordon","status":"done","detail":"","at":1.0}'
 
 
 def test_what_each_action_status_means() -> None:

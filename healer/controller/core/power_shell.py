@@ -188,7 +188,7 @@ class PowerShell:
         readings = power_budget.readings_of(
             frames, reporting, labels, budget, self.cs.power_priority, self.jobs_at(budget, frames)
         )
-        if self.cs.mode != "enforce":
+        if not self.cs.mode.acts:
             readings = power_views.planned(readings, state)
         inc = self.incident(budget)
         if not readings or self.pending(inc):

@@ -131,7 +131,7 @@ class Controller:
         self.breaker = policy.Breaker(state, cs)
         self.dry_breaker = policy.Breaker(kv.Prefixed(state, "dry-run."), cs)
         self.exclusions = policy.Exclusions(state)
-        self.limits = policy.Limits(cs, state if cs.mode == "enforce" else kv.Prefixed(state, f"{cs.mode}."))
+        self.limits = policy.Limits(cs, state if cs.mode.acts else kv.Prefixed(state, f"{cs.mode}."))
         self.lease = lease.Lease(leases, lease.key_of(cs.shard), self.holder, settings.nats.lease_ttl_s)
         self._stop = asyncio.Event()
         self.supervisor = tasks.Scheduler(

@@ -76,7 +76,7 @@ class Closer:
             for action in inc.actions:  # nothing more runs: the person decides what happens next
                 if action.status is None:
                     action.status, action.detail, action.at = (
-                        "skipped",
+                        incidents.ActionStatus.SKIPPED,
                         "incident closed by a person",
                         inc.resolved_at,
                     )

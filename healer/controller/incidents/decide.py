@@ -36,7 +36,7 @@ from healer.controller.incidents import book
 from healer.controller.inventory import blast
 from healer.controller.power import power_budget
 from healer.rules import actions, engine, ruleset
-from healer.schemas import incidents
+from healer.schemas import fields, incidents
 
 EPISODE_S = 120.0
 """Incidents on one GPU opened within this long of each other count as one fault episode (also the
@@ -220,22 +220,32 @@ class Attempt:
     reboots_elsewhere: int = 0
     """(reboot_node) Other nodes rebooting for a recovery ladder now."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", incidents.Mode(self.mode))  # the enum, also when given its value
+
 
 Check = Callable[[Attempt], Verdict]
 
 
 def mode_gate(a: Attempt) -> Verdict:
-    return Verdict.settle("skipped", "observe mode: incidents only") if a.mode == "observe" else ALLOW
+    return (
+        Verdict.settle(incidents.ActionStatus.SKIPPED, "observe mode: incidents only")
+        if not a.mode.plans
+        else ALLOW
+    )
 
 
 def actuator_gate(a: Attempt) -> Verdict:
     """Actions that need no actuator (notify) or are not automated outside a ladder (GPU reset)."""
     spec = actions.spec(a.kind)
     if spec.published_only:
-        return Verdict.settle("done", str(a.params.get("message") or "incident published"))
+        return Verdict.settle(
+            incidents.ActionStatus.DONE, str(a.params.get("message") or "incident published")
+        )
     if spec.runs_in_ladder_only and not a.ladder_step:
         return Verdict.settle(
-            "skipped", "a GPU reset is a recovery-ladder step: declare a ladder for this rule (ladders:)"
+            incidents.ActionStatus.SKIPPED,
+            "a GPU reset is a recovery-ladder step: declare a ladder for this rule (ladders:)",
         )
     return ALLOW
 
@@ -244,7 +254,8 @@ def exclusion_gate(a: Attempt) -> Verdict:
     if a.excluded is None:
         return ALLOW
     return Verdict.settle(
-        "skipped", f"node excluded for maintenance by {a.excluded.get('by')}: {a.excluded.get('reason')}"
+        incidents.ActionStatus.SKIPPED,
+        f"node excluded for maintenance by {a.excluded.get('by')}: {a.excluded.get('reason')}",
     )
 
 
@@ -259,9 +270,13 @@ def ownership_gate(a: Attempt) -> Verdict:
     if not (spec.undoes_cordon and (a.on_resolve or spec.ladder_only)):
         return ALLOW
     if not a.cordon_ours and spec.ladder_only:
-        return Verdict.settle("skipped", "healer did not take this node out of service: left as it is")
+        return Verdict.settle(
+            incidents.ActionStatus.SKIPPED, "healer did not take this node out of service: left as it is"
+        )
     if not a.cordon_ours or a.held_elsewhere:
-        return Verdict.settle("skipped", "another open incident still holds this node cordoned")
+        return Verdict.settle(
+            incidents.ActionStatus.SKIPPED, "another open incident still holds this node cordoned"
+        )
     return ALLOW
 
 
@@ -310,7 +325,7 @@ def cordon_ours(inc: book.Incident) -> bool:
         (spec := actions.kind(a.kind)) is not None
         and spec.scheduler_verb is not None
         and not spec.undoes_cordon
-        and a.status == "done"
+        and a.status == incidents.ActionStatus.DONE
         for a in inc.actions
     )
 
@@ -374,7 +389,7 @@ def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no
     node-wide incident a per-GPU on_resolve action (restore_power_limit) runs for each GPU as the last
     of that GPU's signals resolves (``PART``, ``on_resolve``), and a GPU that fires again after that
     gets its rule's per-GPU actions again (``REFRESH``, ``actions``)."""
-    if f.status == "resolved":
+    if f.status == engine.Status.RESOLVED:
         if inc is None or inc.state == "resolved":
             return FiringChange(Change.NONE)
         forgotten = f.evidence.get("reason") == engine.FORGOTTEN  # the node left: undo nothing on it
@@ -406,7 +421,7 @@ def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no
         )
     if inc is None:
         return FiringChange(Change.OPEN, evidence=dict(f.evidence))
-    if f.status == "fired":
+    if f.status == engine.Status.FIRED:
         again: tuple[book.PlannedAction, ...] = ()
         if inc.node_wide is not None and f.gpu is not None:  # a GPU of the node fires again
             again = merge(inc.actions, _gpu_actions(f.rule.actions), gpu=f.gpu).add
@@ -493,7 +508,7 @@ def signal_of(f: engine.Firing, now: float) -> book.Signal:
 
 def group_of(rule: ruleset.Rule) -> str | None:
     """The rule's node-wide group (``node_wide.group``), None when it has no ``node_wide``."""
-    return rule.node_wide.group if rule.node_wide is not None and rule.scope == "gpu" else None
+    return rule.node_wide.group if rule.node_wide is not None and rule.scope == fields.Scope.GPU else None
 
 
 def _gpu_actions(wanted: Iterable[actions.Action]) -> list[actions.Action]:

@@ -296,8 +296,8 @@ class ControllerMetrics:
         for change in typing.get_args(incidents.Change):
             self.incident_changes.labels(change)
         for kind in actions.CATALOG:
-            for status in typing.get_args(incidents.ActionStatus):
-                if status != "planned":
+            for status in incidents.ActionStatus:
+                if status is not incidents.ActionStatus.PLANNED:
                     self.actions.labels(kind, status)
         for kind in ("frame", "event", "command_result"):
             for reason in ("identity_mismatch", "unknown_node", "too_many_gpus"):

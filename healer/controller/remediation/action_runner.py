@@ -137,7 +137,7 @@ class ActionRunner:
             action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
             self.metrics.actions.labels(action.kind, status).inc()
             await self.shell.publish(inc, "action")
-            if status == "skipped":
+            if status == incidents.ActionStatus.SKIPPED:
                 await self._hand_over(inc, action)
             if action.ladder:
                 continue  # the recovery ladder reads the outcome and takes the next step
@@ -177,7 +177,7 @@ class ActionRunner:
             return {}
         now = self.clock()
         nodes = list(dict.fromkeys(a.node or inc.node for a in step))
-        if self.cs.mode != "observe":
+        if self.cs.mode.plans:
             reserved = await self.limits.reserve(first.kind, nodes, inc.id, now)
             if not reserved.allowed:
                 return {id(a): reserved for a in step}
@@ -239,7 +239,7 @@ class ActionRunner:
         node = action.node or inc.node  # a domain incident's action acts on one of its members
         if shared_cause.needless(inc, action.kind, action.on_resolve):
             action.facts = {**action.facts, shared_cause.RECOVERED_FACT: "true"}  # the ladder returns it
-            return decide.Verdict.settle("skipped", shared_cause.RECOVERED_DETAIL)
+            return decide.Verdict.settle(incidents.ActionStatus.SKIPPED, shared_cause.RECOVERED_DETAIL)
         if not action.on_resolve:
             domain = shared_cause.holding(node, action.kind, self.book.open.values())
             if domain is not None:
@@ -254,9 +254,11 @@ class ActionRunner:
         if not verdict.allowed:
             return verdict
         if spec is None:
-            return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
+            return decide.Verdict.settle(
+                incidents.ActionStatus.FAILED_PERMANENT, f"no actuator for {action.kind}"
+            )
         if spec.takes_out_of_service:
-            breaker = self.breaker if mode == "enforce" else self.dry_breaker
+            breaker = self.breaker if mode.acts else self.dry_breaker
             fleet = self.shell.fleet_size()
             admission = await breaker.admit(node, fleet, inc.id, self.shell.domains(node))
             if admission.held is not None:
@@ -264,7 +266,7 @@ class ActionRunner:
             if admission.tripped:
                 await self._breaker_tripped(admission, inc, fleet)
             if not admission.allowed:
-                return decide.Verdict.settle("refused", admission.reason)
+                return decide.Verdict.settle(incidents.ActionStatus.REFUSED, admission.reason)
         token = self.lease.token
         if token is None or not self.lease.valid():
             return decide.Verdict.wait("not the leader any more")
@@ -276,18 +278,20 @@ class ActionRunner:
             params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
             summary=(action.params.get("reason") or inc.summary)[:1024],
             fencing_token=token,
-            dry_run=mode == "dry-run",
+            dry_run=mode.dry_run,
             deadline=now + 600.0,
         )
         actuator = {actions.Actuator.POWER: self.power, actions.Actuator.GPU: self.gpu}.get(
             spec.actuator, self.scheduler
         )
         if actuator is None:
-            return decide.Verdict.settle("failed-permanent", f"no actuator for {action.kind}")
+            return decide.Verdict.settle(
+                incidents.ActionStatus.FAILED_PERMANENT, f"no actuator for {action.kind}"
+            )
         if not reserved:
             await self.limits.record(action.kind, node, inc.id, now)
         outcome = await actuator.apply(request)
-        if outcome.status == "failed-temporary":
+        if outcome.status == incidents.ActionStatus.FAILED_TEMPORARY:
             action.attempts += 1
             if action.attempts <= self.cs.action_retries:
                 return decide.Verdict.wait(f"attempt {action.attempts} failed: {outcome.detail}")
@@ -377,7 +381,7 @@ class ActionRunner:
         for inc in found:
             if inc.state == "resolved":
                 continue
-            breaker = self.breaker if inc.mode == "enforce" else self.dry_breaker
+            breaker = self.breaker if inc.mode.acts else self.dry_breaker
             status = await breaker.status()
             if status.get("open"):
                 continue

@@ -161,7 +161,7 @@ class Recovery:
     async def opened(self, inc: book.Incident, now: float) -> None:
         """Before the incident is first published: start its ladder (enforce), or add the planned
         ladder to it (dry-run)."""
-        if not self.cs.recovery or self.cs.mode == "observe":
+        if not self.cs.recovery or not self.cs.mode.plans:
             return
         lad = self.engine.rules.ladder_for(inc.rule_id)
         if lad is None:
@@ -177,7 +177,7 @@ class Recovery:
             inc.evidence[decide.LADDER_JOINED] = lead.state.incident_id
             inc.evidence["ladder.phase"] = lead.state.phase.name.lower()
             return
-        if self.cs.mode == "dry-run":
+        if self.cs.mode.dry_run:
             lines = ladder.plan(lad, inc.port)
             inc.evidence["ladder.plan"] = " | ".join(lines)[:4000]
             for line in lines[1:]:
@@ -270,7 +270,7 @@ class Recovery:
                 p.reboot_requested = True  # counted by every shard's max_concurrent_reboots from now
                 await self._save(rec)
             return await self._reboot_progress(rec, late)
-        if action.status == "skipped" and action.facts.get(shared_cause.RECOVERED_FACT):
+        if action.status == incidents.ActionStatus.SKIPPED and action.facts.get(shared_cause.RECOVERED_FACT):
             return ladder.Outcome.RECOVERED, action.detail  # held by its domain, then came back by itself
         return ladder.outcome_of(p.kind, action.status), action.detail
 

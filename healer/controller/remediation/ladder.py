@@ -454,7 +454,7 @@ def outcome_of(kind: StepKind, status: str) -> Outcome:
     holds it): the GPU is back all the same."""
     if kind is StepKind.RETURN_TO_SERVICE:
         return Outcome.FAILED if status in incidents.FAILED else Outcome.RETURNED
-    if status == "skipped":
+    if status == incidents.ActionStatus.SKIPPED:
         return Outcome.STOPPED
     if kind is StepKind.VALIDATE:
         if status in incidents.TOOK_EFFECT:
@@ -462,7 +462,7 @@ def outcome_of(kind: StepKind, status: str) -> Outcome:
         return Outcome.VALIDATION_FAILED if status == incidents.Status.FAILED_PERMANENT else Outcome.FAILED
     if status in incidents.OK:  # skipped was handled above
         return Outcome.DONE
-    return Outcome.REFUSED if status == "refused" else Outcome.FAILED
+    return Outcome.REFUSED if status == incidents.ActionStatus.REFUSED else Outcome.FAILED
 
 
 def flat_evidence(doc: Mapping[str, Any]) -> dict[str, str | int | float | bool | None]:
