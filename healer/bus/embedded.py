@@ -137,7 +137,11 @@ class EmbeddedServer:
                 start_new_session=True,
             )
         if wait:
-            self.wait_ready(timeout)
+            try:
+                self.wait_ready(timeout)
+            except errors.HealerError:
+                self.stop()  # a start that failed leaves no server behind
+                raise
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -225,11 +229,16 @@ class EmbeddedCluster:
         return ",".join(self.urls)
 
     def start(self, timeout: float = 30.0) -> None:
-        for s in self.servers:
-            s.start(wait=False)
-        for s in self.servers:
-            s.wait_ready(timeout)
-        self.wait_peers(timeout)
+        """Start every server and wait for the cluster; a start that fails stops what it started."""
+        try:
+            for s in self.servers:
+                s.start(wait=False)
+            for s in self.servers:
+                s.wait_ready(timeout)
+            self.wait_peers(timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def wait_peers(self, timeout: float = 30.0) -> None:
         """Until the JetStream meta leader sees every other server as a current peer: /healthz is

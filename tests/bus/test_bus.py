@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 
 import nats.errors
 import nats.js.api
@@ -334,3 +335,23 @@ async def test_provisioning_gives_up_after_its_retry_window() -> None:
             clock=lambda: now[0],
         )
     assert now[0] == 5.0
+
+
+def test_a_cluster_that_fails_to_start_leaves_no_process_behind(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that times out (a loaded machine) stops what it started: no test leaks a nats-server."""
+    started: list[int] = []
+    real_start = embedded.EmbeddedServer.start
+
+    def remember(self: embedded.EmbeddedServer, *, wait: bool = True, timeout: float = 20.0) -> None:
+        real_start(self, wait=wait, timeout=timeout)
+        assert self._proc is not None
+        started.append(self._proc.pid)
+
+    monkeypatch.setattr(embedded.EmbeddedServer, "start", remember)
+    cluster = embedded.EmbeddedCluster(tmp_path / "cluster", size=3)
+    with pytest.raises(errors.HealerError, match="not ready after 0"):
+        cluster.start(timeout=0.0)
+    assert len(started) == 3
+    assert [pid for pid in started if pathlib.Path(f"/proc/{pid}").exists()] == [], "all reaped"
