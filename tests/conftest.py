@@ -118,6 +118,19 @@ def nats_cluster(tmp_path: pathlib.Path) -> Iterator[embedded.EmbeddedCluster]:
 
 
 @pytest.fixture
+async def procs() -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """Processes a test started; whatever is still running at the end is killed (by its own PID)."""
+    started: list[asyncio.subprocess.Process] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+
+@pytest.fixture
 def subj() -> subjects.Subjects:
     return subjects.Subjects()
 

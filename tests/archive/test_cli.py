@@ -10,9 +10,6 @@ import sqlite3
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
-
-import pytest
 
 from healer.bus import embedded
 from healer.bus import nats as natsbus
@@ -20,19 +17,6 @@ from healer.cli import common
 from tests.feed import helpers
 
 HEALER = [sys.executable, "-m", "healer"]
-
-
-@pytest.fixture
-async def procs() -> AsyncIterator[list[asyncio.subprocess.Process]]:
-    """Processes a test started; whatever is still running at the end is killed (by its own PID)."""
-    started: list[asyncio.subprocess.Process] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
 
 
 def _get(url: str) -> str:

@@ -8,9 +8,6 @@ import os
 import signal
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
-
-import pytest
 
 from healer.bus import embedded
 from healer.bus import nats as natsbus
@@ -19,19 +16,6 @@ from tests import conftest
 from tests.feed import helpers
 
 HEALER = [sys.executable, "-m", "healer"]
-
-
-@pytest.fixture
-async def procs() -> AsyncIterator[list[asyncio.subprocess.Process]]:
-    """Processes a test started; whatever is still running at the end is killed (by its own PID)."""
-    started: list[asyncio.subprocess.Process] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
 
 
 async def healer(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
