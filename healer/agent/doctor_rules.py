@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from healer.agent import doctor
-from healer.rules import loader, metric_catalog, ruleset, tree
+from healer.rules import actions, loader, metric_catalog, ruleset, tree
 
 PORTS: Final = "rdma_ports"
 XID_SOURCE: Final = "xid_source"
@@ -196,8 +196,8 @@ def _port_reset(p: Privileges, netlink: bool) -> str | None:
 
 
 def rungs_used(rules: ruleset.RuleSet) -> frozenset[str]:
-    """The agent-side actions the pack can ask for: ladder rungs and the power_limit action."""
+    """The agent-side actions the pack can ask for: ladder rungs and the power cap (the catalogue's
+    ``caps_power`` kind)."""
     used: set[str] = {step for ladder in rules.ladders for step in ladder.steps}
-    if any(a.kind == "power_limit" for r in rules.rules for a in r.actions):
-        used.add("power_limit")
+    used.update(a.kind for r in rules.rules for a in r.actions if actions.spec(a.kind).caps_power)
     return frozenset(used)
