@@ -61,16 +61,16 @@ class Fairness:
     at most ``max_bytes`` (payload plus a per-message overhead); what is shed counts as dropped on the
     subscription (``Subscription.dropped``), and the handler takes them round-robin over sources.
 
-    ``vet(subject, data, crowded)``, when set, is asked about every message before it queues, with
-    ``crowded`` True when its source already has ``per_source`` waiting (the message would push the
-    oldest out); one it refuses is dropped there (it has counted why), so garbage on a source's own
-    subject can never crowd out that source's real messages. It decides how much to look: the
-    controller's looks only at crowded or suspect sources, so a well-behaved one pays nothing."""
+    ``vet(subject, data)``, when set, judges a message whose source already has ``per_source`` waiting,
+    before it may push the oldest out: one it refuses is dropped there (it has tallied why), so garbage
+    on a source's own subject can never crowd out that source's real messages. It is asked only under
+    that pressure, so a source whose queue has room pays nothing for it (the in-memory bus, whose
+    queue is first-in first-out, never asks)."""
 
     source: Callable[[str, bytes], str | None]
     per_source: int = 4
     max_bytes: int = 128 * 2**20
-    vet: Callable[[str, bytes, bool], bool] | None = None
+    vet: Callable[[str, bytes], bool] | None = None
 
 
 class Subscription(Protocol):

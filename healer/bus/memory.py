@@ -490,11 +490,8 @@ class MemoryBus:
         for sub in list(self._subs):
             if not subject_matches(sub.pattern, msg.subject):
                 continue
-            if sub.fair is not None and (
-                sub.fair.source(msg.subject, msg.data) is None
-                or (sub.fair.vet is not None and not sub.fair.vet(msg.subject, msg.data, False))
-            ):
-                continue  # screened out before it queues (its queue is first-in first-out: never crowded)
+            if sub.fair is not None and sub.fair.source(msg.subject, msg.data) is None:
+                continue  # screened out before it queues
             if sub.queue:
                 groups.setdefault(sub.queue, []).append(sub)
             else:

@@ -417,7 +417,9 @@ class _FairPending(asyncio.Queue):  # type: ignore[type-arg]
         # put_nowait counts one more unfinished task after this; one that is not kept must not count.
         source = self._fair_spec.source(item.subject, item.data)
         vet = self._fair_spec.vet
-        if source is None or (vet is not None and not vet(item.subject, item.data, self._queue.full(source))):
+        if source is None or (
+            vet is not None and self._queue.full(source) and not vet(item.subject, item.data)
+        ):
             self._unfinished_tasks -= 1  # type: ignore[attr-defined]
             return
         shed = self._queue.put(source, item)

@@ -203,14 +203,12 @@ class Ingest:
             return None
         return node
 
-    def vet_frame(self, subject: str, data: bytes, crowded: bool) -> bool:
-        """Before a message queues (after ``screen_frame``): when its node already has
-        ``frames_per_node`` waiting (``crowded``: a flood on its own subject), it may push the oldest
-        out only if the strict decoder reads it as a frame naming the subject's node. What is refused
-        is only tallied here, as cheaply as a shed (a flood sends hundreds of thousands a second), and
-        counted and logged at the next tick (``account``). An uncrowded node is never checked here."""
-        if not crowded:
-            return True
+    def vet_frame(self, subject: str, data: bytes) -> bool:
+        """Asked by the fair backlog only when the node already has ``frames_per_node`` waiting (a flood
+        on its own subject): the message may push the oldest out only if the strict decoder reads it
+        as a frame naming the subject's node. What is refused is only tallied here, as cheaply as a
+        shed (a flood sends hundreds of thousands a second), and counted and logged at the next tick
+        (``account``)."""
         named = codec.strict_node(data)
         if named is not None and named == self.node_of(subject):
             return True
