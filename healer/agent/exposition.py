@@ -7,7 +7,7 @@ import typing
 
 import prometheus_client as prom
 
-from healer import buildinfo, tasks
+from healer import actions, buildinfo, tasks
 from healer.agent import gpu_metrics, port_metrics, watcher_metrics
 from healer.schemas import codec, commands, events
 
@@ -97,7 +97,7 @@ class AgentMetrics:
         self.nats_connected = prom.Gauge(
             "healer_agent_nats_connected", "1 while connected to NATS", registry=r
         )
-        for action in typing.get_args(commands.CommandAction):  # zeros, not "No data", on a healthy node
+        for action in actions.AGENT_COMMANDS:  # zeros, not "No data", on a healthy node
             for status in typing.get_args(commands.ResultStatus):
                 self.commands.labels(action, status)
         for reason in codec.DECODE_REASONS:
