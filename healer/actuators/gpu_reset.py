@@ -139,9 +139,9 @@ def _outcome(
     plan: list[str],
 ) -> base.ActionOutcome:
     detail = f"{result.status}: {result.detail}" if result.detail else result.status
-    if result.status == "refused":
+    if result.status is commands.ResultStatus.REFUSED:
         return base.ActionOutcome(status="refused", detail=f"agent refused: {result.detail}", plan=plan)
-    if result.status == "failed":
+    if result.status is commands.ResultStatus.FAILED:
         status: base.Status = (
             base.Status.FAILED_TEMPORARY
             if result.detail.startswith("temporary:")

@@ -98,7 +98,7 @@ class AgentMetrics:
             "healer_agent_nats_connected", "1 while connected to NATS", registry=r
         )
         for action in actions.AGENT_COMMANDS:  # zeros, not "No data", on a healthy node
-            for status in typing.get_args(commands.ResultStatus):
+            for status in commands.ResultStatus:
                 self.commands.labels(action, status)
         for reason in codec.DECODE_REASONS:
             self.decode_errors.labels(reason)

@@ -7,6 +7,7 @@ leader's late command can never undo its successor's work.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Annotated, Final, Literal, Self
 
@@ -51,7 +52,29 @@ RESET_TIMEOUT_MAX_S: Final = 600.0
 PORT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/[0-9]{1,3}$"
 """An RDMA port as ``<device>/<port>`` (``mlx5_0/1``, ``fabric.PortSample.name``)."""
 PORTS_MAX: Final = 64
-ResultStatus = Literal["applied", "already", "refused", "failed"]
+
+
+class ResultStatus(enum.StrEnum):
+    """What the agent says came of a command (and of each GPU or port in it), declared once. Not an
+    action's status: the actuators read it into one (``incidents.ActionStatus``)."""
+
+    APPLIED = "applied"
+    ALREADY = "already"
+    """It was so already (nothing done)."""
+    REFUSED = "refused"
+    FAILED = "failed"
+
+    @property
+    def rank(self) -> int:
+        """Worse is higher: a command's status is its worst GPU's."""
+        return _RESULT_RANK[self]
+
+
+_RESULT_RANK: Final = {
+    ResultStatus.ALREADY: 0, ResultStatus.APPLIED: 1, ResultStatus.REFUSED: 2, ResultStatus.FAILED: 3,
+}  # fmt: skip
+Status = Annotated[ResultStatus, base.inline(ResultStatus, "Status")]
+"""A result's status field, published as the plain list of words it was before the enum."""
 
 
 class Command(base.WireModel):
@@ -126,7 +149,7 @@ class PowerChange(pydantic.BaseModel):
     requested_w: float | None = None
     applied_w: float | None = None
     clamped: bool = False
-    status: ResultStatus
+    status: Status
     detail: str = ""
 
 
@@ -136,7 +159,7 @@ class GpuReset(pydantic.BaseModel):
     model_config = base.CONFIG
 
     index: int = pydantic.Field(ge=0, le=255)
-    status: ResultStatus
+    status: Status
     pids: list[int] = pydantic.Field(default_factory=list, max_length=1024, description="compute processes")
     duration_s: float | None = None
     detail: str = ""
@@ -148,7 +171,7 @@ class PortReset(pydantic.BaseModel):
     model_config = base.CONFIG
 
     port: str = pydantic.Field(max_length=80, description="`mlx5_0/1`")
-    status: ResultStatus
+    status: Status
     link_layer: str | None = pydantic.Field(default=None, max_length=32)
     state: int | None = pydantic.Field(default=None, ge=0, le=15, description="PortState read last")
     phys_state: int | None = pydantic.Field(default=None, ge=0, le=15, description="PortPhysicalState")
@@ -201,7 +224,7 @@ class CommandResult(base.WireModel):
     schema_: Literal["healer.command_result.v1"] = pydantic.Field(default=RESULT_SCHEMA, alias="schema")
     command_id: str = pydantic.Field(max_length=128)
     node: str = pydantic.Field(max_length=253)
-    status: ResultStatus
+    status: Status
     detail: str = pydantic.Field(default="", max_length=4096)
     gpus: list[PowerChange] = pydantic.Field(default_factory=list, max_length=256)
     reset: GpuReset | None = None

@@ -116,10 +116,10 @@ def test_the_agent_counts_every_registered_command_from_zero() -> None:
     node shows 0, not "No data"), and for nothing else."""
     registry = exposition.AgentMetrics().registry
     labelled = {
-        s.labels["action"]
+        (s.labels["action"], s.labels["status"])
         for m in registry.collect()
         if m.name == "healer_agent_commands"
         for s in m.samples
         if s.name == "healer_agent_commands_total"
     }
-    assert labelled == set(actions.AGENT_COMMANDS)
+    assert labelled == {(a, s.value) for a in actions.AGENT_COMMANDS for s in commands.ResultStatus}

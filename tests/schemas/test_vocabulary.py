@@ -1,6 +1,7 @@
 """Each vocabulary is declared once and compared through its members (#40, "one vocabulary per fact"):
-a mode, an action's status, a firing's status and a scope are ``StrEnum``s (``incidents.Mode``,
-``incidents.ActionStatus``, ``rules.engine.Status``, ``fields.Scope``), and no module outside the one that
+a mode, an action's status, a firing's status, a scope, an incident's change and the agent's result
+status are ``StrEnum``s (``incidents.Mode``, ``incidents.ActionStatus``, ``rules.engine.Status``,
+``fields.Scope``, ``incidents.Change``, ``commands.ResultStatus``), and no module outside the one that
 declares a vocabulary compares a value with one of its words as a string literal, as
 tests/rules/test_action_catalog.py keeps kinds."""
 
@@ -16,7 +17,7 @@ import healer
 from healer import config
 from healer.actuators import base
 from healer.rules import engine
-from healer.schemas import fields, incidents
+from healer.schemas import commands, fields, incidents
 
 ROOT = pathlib.Path(healer.__file__).parent
 
@@ -26,16 +27,13 @@ VOCABULARIES: dict[str, tuple[pathlib.Path, frozenset[str]]] = {
     "action status": (ROOT / "schemas" / "incidents.py", frozenset(incidents.ActionStatus)),
     "firing status": (ROOT / "rules" / "engine.py", frozenset(engine.Status) - {"resolved"}),
     "incident change": (ROOT / "schemas" / "incidents.py", frozenset(incidents.Change) - SHARED_CHANGES),
+    "agent result status": (ROOT / "schemas" / "commands.py", frozenset(commands.ResultStatus)),
 }
 """Each vocabulary's declaring module and the words no other module may compare with. ``resolved`` and
 ``escalated`` are also an incident's state (not an enum yet) and ``action`` too common a word, so they are
 looked for only where a change is compared (``change_comparisons``)."""
 
 STILL_COMPARED = frozenset({
-    # The agent's own result status (``commands.ResultStatus``: applied, already, refused, failed) shares
-    # the word ``refused``; these compare a CommandResult's status, not an action's.
-    "healer/actuators/gpu_reset.py: refused",
-    "healer/actuators/power.py: refused",
     # The anomaly model's evaluation reads firings; it is being reworked on its own branch.
     "healer/anomaly/backtest.py: fired",
     "healer/anomaly/evaluation.py: fired",
