@@ -114,25 +114,26 @@ class Command(base.WireModel):
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> Self:
-        if self.ports and self.action not in TAKES_PORTS:
+        what = actions.AGENT_COMMANDS[self.action]  # the registry says what each command takes
+        if self.ports and what.ports == "none":
             raise ValueError(f"{self.action} takes no ports")
-        if self.action in RECOVERY:
+        if what.recovery:
             if self.watts is not None or self.percent_of_default is not None:
                 raise ValueError(f"{self.action} takes no watts or percent_of_default")
-            if self.action in NEEDS_GPU and self.gpu_index is None:
+            if what.gpu == "required" and self.gpu_index is None:
                 raise ValueError(f"{self.action} needs gpu_index (one GPU at a time)")
-            if self.action in WHOLE_NODE and self.gpu_index is not None:
+            if what.gpu == "none" and self.gpu_index is not None:
                 raise ValueError(f"{self.action} acts on the node's ports or the node: no gpu_index")
-            if self.action in NEEDS_PORTS and not self.ports:
+            if what.ports == "required" and not self.ports:
                 raise ValueError(f"{self.action} needs ports (`mlx5_0/1`)")
             if len(set(self.ports)) != len(self.ports):
                 raise ValueError("ports: each port at most once")
-        elif self.action in SETS_LIMIT:
+        elif what.sets_limit:
             if (self.watts is None) == (self.percent_of_default is None):
                 raise ValueError(f"{self.action} needs exactly one of watts or percent_of_default")
         elif self.watts is not None or self.percent_of_default is not None:
             raise ValueError(f"{self.action} takes no watts or percent_of_default")
-        if self.holder and self.action in RECOVERY:
+        if self.holder and what.recovery:
             raise ValueError(f"{self.action} takes no holder (only power limits are held)")
         if self.expires_at <= self.issued_at:
             raise ValueError("expires_at must be after issued_at")
