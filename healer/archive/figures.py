@@ -118,6 +118,7 @@ def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
     window_gpu_h = fleet_gpus * opts.since_s / 3600
     weighted = sum(SEVERITY_WEIGHT[r["severity"]] * h for r, h in lost["per_incident"])
     total_lost = sum(h for _, h in lost["per_incident"])
+    precision, by_component = _precision(archive, opts)
     return {
         "schema": SCHEMA,
         "window": {"start": opts.start, "end": opts.end, "seconds": opts.since_s},
@@ -144,7 +145,8 @@ def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
             for r in opened
             if r["rule_id"] == BREAKER_RULE
         ],
-        "precision": _precision(archive, opts),
+        "precision": precision,
+        "precision_by_component": by_component,
         "fleet": {
             "availability": (1 - total_lost / window_gpu_h) if window_gpu_h else None,
             "health_score": max(0.0, 100 * (1 - weighted / window_gpu_h)) if window_gpu_h else None,
@@ -268,26 +270,46 @@ def _repeat_offenders(archive: store.Archive, opts: Options) -> list[dict[str, A
     return out
 
 
-def _precision(archive: store.Archive, opts: Options) -> list[dict[str, Any]]:
-    """Per rule, over incidents opened in the window with a verdict: the latest verdict of each counts."""
-    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for r in archive.rows(
-        "SELECT i.rule_id, v.verdict FROM incidents i JOIN verdicts v ON v.incident_id = i.incident_id"
+ANOMALY_COMPONENT_KEY: Final = "anomaly.component"
+"""The evidence of an incident the anomaly model raised: the component that drove its score (the
+controller's ``anomaly.`` evidence, docs/anomaly.md)."""
+
+
+def _latest_verdicts(archive: store.Archive, opts: Options) -> Iterable[Mapping[str, Any]]:
+    """The incidents opened in the window that have a verdict, each with its latest verdict."""
+    return archive.rows(
+        "SELECT i.rule_id, i.evidence, v.verdict FROM incidents i"
+        " JOIN verdicts v ON v.incident_id = i.incident_id"
         " WHERE i.opened_at >= ? AND i.opened_at < ?"
         " AND v.id = (SELECT id FROM verdicts w WHERE w.incident_id = i.incident_id"
         " ORDER BY w.time DESC, w.id DESC LIMIT 1) ORDER BY i.rule_id",
         (opts.start, opts.end),
-    ):
-        counts[r["rule_id"]][r["verdict"]] += 1
+    )
+
+
+def _precision_rows(key: str, counts: Mapping[str, collections.Counter[str]]) -> list[dict[str, Any]]:
     out = []
-    for rule, c in sorted(counts.items()):
+    for name, c in sorted(counts.items()):
         confirmed, false_alarms = c[verdicts.Verdict.CONFIRMED], c[verdicts.Verdict.FALSE_ALARM]
         out.append(
             {
-                "rule_id": rule,
+                key: name,
                 "confirmed": confirmed,
                 "false_alarms": false_alarms,
                 "precision": confirmed / (confirmed + false_alarms),
             }
         )
     return out
+
+
+def _precision(archive: store.Archive, opts: Options) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per rule, and per anomaly component (the one that drove an anomaly incident's score), over the
+    incidents opened in the window with a verdict: the latest verdict of each counts."""
+    by_rule: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    by_component: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for r in _latest_verdicts(archive, opts):
+        by_rule[r["rule_id"]][r["verdict"]] += 1
+        component = orjson.loads(r["evidence"]).get(ANOMALY_COMPONENT_KEY)
+        if isinstance(component, str):
+            by_component[component][r["verdict"]] += 1
+    return _precision_rows("rule_id", by_rule), _precision_rows("component", by_component)

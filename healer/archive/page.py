@@ -197,6 +197,14 @@ def _tables(report: dict[str, Any]) -> list[str]:
                 for p in report["precision"]
             ],
         ),
+        "<h3>By anomaly component (what drove the model's score)</h3>",
+        _table(
+            ("component", "confirmed", "false alarms", "precision"),
+            [
+                (p["component"], p["confirmed"], p["false_alarms"], f"{100 * p['precision']:.0f} %")
+                for p in report["precision_by_component"]
+            ],
+        ),
     ]
 
 

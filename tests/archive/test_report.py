@@ -257,3 +257,29 @@ def test_a_gpu_two_incidents_cover_at_once_counts_once_and_a_replacement_is_no_n
     ]  # fmt: skip
     assert sorted(r["repair_times_s"]) == [2 * H, 2 * H, 5 * H]  # the replacement's is not a repair
     assert r["repeat_offenders"] == []  # n6/gpu0: one fault; its replacement is not a second
+
+
+def test_precision_per_anomaly_component_from_the_latest_verdicts(tmp_path: pathlib.Path) -> None:
+    with store.Archive(tmp_path / "anomaly.db") as db:
+        t = END - DAY
+        for n, component in enumerate(("thermal_gpu", "thermal_gpu", "forest", "thermal_gpu")):
+            iid = f"an-{n}"
+            incident(db, iid, "anomaly-score-high", "n7", n, "warning", t + n * H, resolved=t + n * H + 600,
+                     evidence={"anomaly.component": component, "anomaly_score": 0.95})  # fmt: skip
+        incident(db, "ecc", "ecc-uncorrectable", "n8", 0, "critical", t, resolved=t + H)  # no component
+        verdict(db, "an-0", verdicts.Verdict.CONFIRMED, END - 50)
+        verdict(db, "an-1", verdicts.Verdict.CONFIRMED, END - 49)
+        verdict(db, "an-1", verdicts.Verdict.FALSE_ALARM, END - 48)  # the latest counts
+        verdict(db, "an-2", verdicts.Verdict.FALSE_ALARM, END - 47)
+        verdict(db, "ecc", verdicts.Verdict.CONFIRMED, END - 46)
+        db.commit()  # an-3 has no verdict: it counts toward nothing
+        r = figures.build(db, figures.Options(end=END, since_s=7 * DAY))
+    assert r["precision_by_component"] == [
+        {"component": "forest", "confirmed": 0, "false_alarms": 1, "precision": 0.0},
+        {"component": "thermal_gpu", "confirmed": 1, "false_alarms": 1, "precision": 0.5},
+    ]
+    assert [(p["rule_id"], p["precision"]) for p in r["precision"]] == [
+        ("anomaly-score-high", pytest.approx(1 / 3)), ("ecc-uncorrectable", 1.0)
+    ]  # fmt: skip
+    text = page.render(r)
+    assert "<td>thermal_gpu</td>" in text
