@@ -11,7 +11,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -275,7 +276,7 @@ ANOMALY_COMPONENT_KEY: Final = "anomaly.component"
 controller's ``anomaly.`` evidence, docs/anomaly.md)."""
 
 
-def _latest_verdicts(archive: store.Archive, opts: Options) -> Iterable[Mapping[str, Any]]:
+def _latest_verdicts(archive: store.Archive, opts: Options) -> Iterator[sqlite3.Row]:
     """The incidents opened in the window that have a verdict, each with its latest verdict."""
     return archive.rows(
         "SELECT i.rule_id, i.evidence, v.verdict FROM incidents i"
