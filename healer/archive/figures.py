@@ -55,6 +55,8 @@ class Options:
     """A node's GPU count when its incident's evidence does not give one."""
     repeat_threshold: int = 3
     repeat_window_s: float = 30 * DAY_S
+    fleet_source: str = "given"
+    """How ``fleet_gpus`` was found, when given (the report's ``assumptions.fleet_gpus_source``)."""
 
     @property
     def start(self) -> float:
@@ -227,9 +229,8 @@ def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
     }
 
 
-def _fleet(archive: store.Archive, opts: Options) -> tuple[int, str]:
-    if opts.fleet_gpus is not None:
-        return opts.fleet_gpus, "given"
+def nodes_seen(archive: store.Archive) -> int:
+    """Nodes with a fault incident in the archive (any time)."""
     placeholders = ",".join("?" * len(NOT_FAULTS))
     (nodes,) = next(
         archive.rows(
@@ -237,7 +238,13 @@ def _fleet(archive: store.Archive, opts: Options) -> tuple[int, str]:
             tuple(sorted(NOT_FAULTS)),
         )
     )
-    return int(nodes) * opts.node_gpus, f"nodes seen in the archive x {opts.node_gpus}"
+    return int(nodes)
+
+
+def _fleet(archive: store.Archive, opts: Options) -> tuple[int, str]:
+    if opts.fleet_gpus is not None:
+        return opts.fleet_gpus, opts.fleet_source
+    return nodes_seen(archive) * opts.node_gpus, f"nodes seen in the archive x {opts.node_gpus}"
 
 
 def _repeat_offenders(archive: store.Archive, opts: Options) -> list[dict[str, Any]]:

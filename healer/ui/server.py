@@ -37,7 +37,7 @@ from aiohttp import web
 from healer import config, errors
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.ui import board, fleet, live, sources, verdict_api
+from healer.ui import board, fleet, live, reliability, sources, verdict_api
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +46,7 @@ STATIC = {
     "app.js": "text/javascript",
     "chart.js": "text/javascript",
     "verdicts.js": "text/javascript",
+    "reliability.js": "text/javascript",
     "style.css": "text/css",
     "icon.svg": "image/svg+xml",
 }
@@ -226,6 +227,7 @@ def build_app(
     anomaly: AnomalySource | None = None,
     stopping: asyncio.Event | None = None,
     verdicts: verdict_api.Publisher | None = None,
+    figures: reliability.Reliability | None = None,
 ) -> web.Application:
     assets = {name: _asset(name) for name in STATIC}
     index = _asset("index.html")
@@ -365,6 +367,9 @@ def build_app(
 
     app = web.Application(middlewares=[guard(ui)])
     verdict_api.add_routes(app, live, ui, verdicts)
+    reliability.add_routes(
+        app, figures or reliability.Reliability(None, subjects.Subjects(), ui, lambda: None)
+    )
     app.router.add_get("/", page)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/snapshot", snapshot)
@@ -401,12 +406,13 @@ async def serve(
     sources: sources.Sources | None = None,
     anomaly: AnomalySource | None = None,
     verdicts: verdict_api.Publisher | None = None,
+    figures: reliability.Reliability | None = None,
 ) -> Running:
     """Listen (sources already built, started here); ``PermanentError`` on a busy port or a bad host.
     ``verdicts``: how the page publishes an operator's verdict (none: the page takes none)."""
     check(ui)
     stopping = asyncio.Event()
-    app = build_app(live, ui, anomaly, stopping, verdicts)
+    app = build_app(live, ui, anomaly, stopping, verdicts, figures)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, ui.host, ui.port)
@@ -463,4 +469,10 @@ async def start(
         bus, subjects.Subjects(settings.nats.prefix), view, feed_window_s=ui.feed_window_s, push_s=ui.push_s
     )
     publish = verdict_api.publisher(bus, settings)
-    return await serve(view, ui, sources=src, anomaly=anomaly, verdicts=publish)
+    rel = reliability.Reliability(bus, subjects.Subjects(settings.nats.prefix), ui, lambda: fleet_gpus(view))
+    return await serve(view, ui, sources=src, anomaly=anomaly, verdicts=publish, figures=rel)
+
+
+def fleet_gpus(view: live.Live) -> int | None:
+    """The fleet's GPUs as the page's map has them (its nodes x GPUs per node); None before any node."""
+    return len(view.fleet.names) * view.fleet.gpus or None

@@ -33,13 +33,13 @@ DURATION_TOL_S = 1.0
 GPU_HOURS_TOL = 0.001
 
 
-def simulated() -> at.Run:
+def simulated(settings: at.Settings = SETTINGS) -> at.Run:
     pack = loader.load_paths([ROOT / "rules"]).ruleset
     assert pack is not None
     scenario = yaml.safe_load((ROOT / "healer/sim/scenarios/realistic.yaml").read_text())
     rates = {e["kind"]: float(e["rate_per_gpu_hour"]) for e in scenario["random_faults"]}
     ladders = {lad.id: lad for lad in pack.ladders}
-    return at.simulate(SETTINGS, rates, ladders, {r.id: r for r in pack.rules})
+    return at.simulate(settings, rates, ladders, {r.id: r for r in pack.rules})
 
 
 @pytest.fixture(scope="module")
