@@ -114,14 +114,14 @@ def test_every_figure_of_the_report(archive: pathlib.Path) -> None:
     assert r["totals"] == {"incidents": 5, "gpu_hours_lost": pytest.approx(24.0)}  # a, b, c, d, g
     assert r["by_rule"] == [
         {"rule_id": "ecc-uncorrectable", "kind": "gpu", "incidents": 3, "escalated": 0, "open": 0,
-         "to_containment": {"count": 3, "p50_s": 1200.0, "p90_s": 1800.0},
+         "waiting_for_a_person": 0, "to_containment": {"count": 3, "p50_s": 1200.0, "p90_s": 1800.0},
          "to_resolution": {"count": 3, "p50_s": 7200.0, "p90_s": 14400.0},
          "ladder_outcomes": {"recovered": 1}},
         {"rule_id": "gpu-overheating", "kind": "gpu", "incidents": 1, "escalated": 0, "open": 0,
-         "to_containment": {"count": 1, "p50_s": 300.0, "p90_s": 300.0},
+         "waiting_for_a_person": 0, "to_containment": {"count": 1, "p50_s": 300.0, "p90_s": 300.0},
          "to_resolution": {"count": 1, "p50_s": 3600.0, "p90_s": 3600.0}, "ladder_outcomes": {}},
         {"rule_id": "node-silent", "kind": "node", "incidents": 1, "escalated": 1, "open": 1,
-         "to_containment": {"count": 0, "p50_s": None, "p90_s": None},
+         "waiting_for_a_person": 1, "to_containment": {"count": 0, "p50_s": None, "p90_s": None},
          "to_resolution": {"count": 0, "p50_s": None, "p90_s": None}, "ladder_outcomes": {}},
     ]  # fmt: skip
     lost = r["gpu_hours_lost"]
@@ -189,7 +189,7 @@ def test_the_page_is_self_contained_with_both_plots(archive: pathlib.Path) -> No
     text = page.render(r)
     for outside in ("src=", "href=", "@import", "url(", "<script", "<link"):
         assert outside not in text, outside
-    assert text.count("<svg") == 2
+    assert text.count("<svg") == 3  # repair times, GPU-hours per day, the repeat offenders' map
     assert page.repair_histogram(r["repair_times_s"]) == [  # type: ignore[arg-type]
         ("0-5m", 0), ("5m-15m", 0), ("15m-1h", 0), ("1h-4h", 3), ("4h-1d", 1), (">1d", 0)
     ]  # fmt: skip
