@@ -64,8 +64,8 @@ def test_the_check_sees_every_form_of_import(tmp_path: pathlib.Path) -> None:
 LAYERS: dict[str, tuple[str, ...]] = {
     "bottom": (
         "healer.schemas", "healer.errors", "healer.config", "healer.logs", "healer.durations",
-        "healer.buildinfo", "healer.sdnotify", "healer.health", "healer.tasks", "healer.steps",
-        "healer.sizing",
+        "healer.buildinfo", "healer.metricdecl", "healer.sdnotify", "healer.health", "healer.tasks",
+        "healer.steps", "healer.sizing", "healer.actions",
     ),
     "middle": (
         "healer.telemetry", "healer.bus", "healer.rules", "healer.anomaly", "healer.sim", "healer.actuators",

@@ -37,12 +37,10 @@ FILES_STILL_OVER = frozenset({
 })  # fmt: skip
 
 FUNCTIONS_STILL_OVER = frozenset({
-    "healer/agent/exposition.py:__init__",
     "healer/anomaly/thermal.py:step",
     "healer/bus/nats.py:connect",
     "healer/controller/core/service.py:__init__",
     "healer/controller/failslow/stragglers.py:score",
-    "healer/controller/observability/metrics.py:__init__",
     "healer/demo/session.py:_run_with_server",
     "healer/evals/power_bench.py:measure",
     "healer/evals/straggler_sim_eval.py:run_sim_seed",

@@ -33,6 +33,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from healer import actions as action_kinds
 from healer.controller.remediation import ladder
 from healer.rules import recovery, ruleset
 from healer.schemas import incidents
@@ -141,15 +142,15 @@ def _walk(
     fixed = False
     while step.kind not in (ladder.StepKind.NONE, ladder.StepKind.REPLACE):
         status = incidents.ActionStatus.DONE
-        if step.kind is ladder.StepKind.RESET_GPU:
+        if step.kind in action_kinds.RUNGS and action_kinds.spec(step.kind).reboots:
+            t += s.reboot_min * MINUTE
+            fixed, outcome = repair.fixed_by(kind, step.kind, rng), ladder.Outcome.DONE
+        elif step.kind in action_kinds.RUNGS:  # a GPU reset: the ladders here never reach a port's
             t += s.reset_min * MINUTE
             if repair.MODEL[kind].reset == 0.0:  # a lost GPU: the reset itself fails
                 status, outcome = incidents.ActionStatus.FAILED_PERMANENT, ladder.Outcome.FAILED
             else:
-                fixed, outcome = repair.fixed_by(kind, "reset_gpu", rng), ladder.Outcome.DONE
-        elif step.kind is ladder.StepKind.REBOOT_NODE:
-            t += s.reboot_min * MINUTE
-            fixed, outcome = repair.fixed_by(kind, "reboot_node", rng), ladder.Outcome.DONE
+                fixed, outcome = repair.fixed_by(kind, step.kind, rng), ladder.Outcome.DONE
         elif step.kind is ladder.StepKind.VALIDATE:
             t += s.validate_min * MINUTE
             outcome = ladder.Outcome.PASSED if fixed else ladder.Outcome.VALIDATION_FAILED
@@ -158,7 +159,7 @@ def _walk(
         else:  # RETURN_TO_SERVICE
             t += s.return_min * MINUTE
             outcome = ladder.Outcome.RETURNED
-        actions.append((step.kind.value, status.value, t))
+        actions.append((str(step.kind), status.value, t))
         step = ladder.next_step(step.state, outcome, t, history)
     replaced = step.kind is ladder.StepKind.REPLACE
     fault = Fault(
