@@ -25,7 +25,6 @@ FILES_STILL_OVER = frozenset({
     "healer/anomaly/thermal.py",
     "healer/bus/memory.py",
     "healer/bus/nats.py",
-    "healer/config.py",
     "healer/controller/failslow/stragglers.py",
     "healer/controller/incidents/decide.py",
     "healer/rules/engine.py",
