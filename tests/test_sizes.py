@@ -23,7 +23,6 @@ FILES_STILL_OVER = frozenset({
     "healer/agent/execution.py",
     "healer/anomaly/backtest.py",
     "healer/anomaly/thermal.py",
-    "healer/bus/memory.py",
     "healer/controller/failslow/stragglers.py",
     "healer/controller/incidents/decide.py",
     "healer/rules/engine.py",
