@@ -11,19 +11,15 @@ ladders ask of the controller around them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
-import structlog
-
-from healer import config, errors
+from healer import errors
 from healer.actuators import base as actuators
-from healer.controller.core import learning
+from healer.controller.core import context, learning
 from healer.controller.failslow import job_slowdowns
 from healer.controller.incidents import book, decide, feed_publisher, shared_cause
 from healer.controller.inventory import admission, blast
-from healer.controller.observability import metrics as controller_metrics
 from healer.controller.remediation import action_runner, healing, policy
-from healer.controller.store import kv, lease, role
+from healer.controller.store import kv, lease
 from healer.rules import engine
 from healer.schemas import incidents
 
@@ -64,13 +60,12 @@ class IncidentShell:
 
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         *,
         state: kv.Store,
         book: book.Book,
         feed: feed_publisher.FeedPublisher,
         engine: engine.Engine,
-        role: role.Role,
         admission: admission.Admission,
         learning: learning.Learning,
         scheduler: actuators.Actuator,
@@ -81,31 +76,27 @@ class IncidentShell:
         dry_breaker: policy.Breaker,
         exclusions: policy.Exclusions,
         limits: policy.Limits,
-        metrics: controller_metrics.ControllerMetrics,
-        clock: Callable[[], float],
-        stop: asyncio.Event,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.cs = cs
+        self.cs = ctx.cs
         self.state = state
         self.book = book
         self._failslow_windows = 0
         """The fail-slow windows seen (``failslow`` runs once per window)."""
         self.feed = feed
         self.engine = engine
-        self.role = role
+        self.role = ctx.role
         self.admission = admission
         self.learning = learning
-        self.metrics = metrics
-        self.clock = clock
-        self.log = log
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.log = ctx.log
         self.actions = action_runner.ActionRunner(
-            cs, scheduler=scheduler, power=power, gpu=gpu, lease=lease, breaker=breaker,
-            dry_breaker=dry_breaker, exclusions=exclusions, limits=limits, book=book, metrics=metrics,
-            shell=self, clock=clock, stop=stop, log=log,
+            ctx.cs, scheduler=scheduler, power=power, gpu=gpu, lease=lease, breaker=breaker,
+            dry_breaker=dry_breaker, exclusions=exclusions, limits=limits, book=book, metrics=ctx.metrics,
+            shell=self, clock=ctx.clock, stop=ctx.stop, log=ctx.log,
         )  # fmt: skip
         self.recovery = healing.Recovery(
-            cs, state, book, scheduler=scheduler, engine=engine, shell=self, clock=clock, log=log
+            ctx.cs, state, book, scheduler=scheduler, engine=engine, shell=self, clock=ctx.clock, log=ctx.log
         )
 
     # -- shell.Shell ----------------------------------------------------------------------------------
