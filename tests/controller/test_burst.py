@@ -62,9 +62,11 @@ def test_a_batch_gets_the_verdicts_one_admission_per_ask_would_get() -> None:
             for k, node in enumerate(f"n{rng.randrange(16)}" for _ in range(rng.randint(1, 12)))
         ]
         expected, expected_doc = _fold(state, asks, 1000.0, cs)
-        got, doc = breaker_batch.admit_all(state, asks, 1000.0, cs)
+        got, doc, parsed = breaker_batch.admit_all(state, asks, 1000.0, cs)
         assert [_verdict(a) for a in got] == [_verdict(a) for a in expected], trial
         assert doc == expected_doc, trial
+        if doc is not None:
+            assert parsed == tuple(map(decide.BreakerEntry.of, doc["entries"])), "the next batch's Known"
         tripped = [(g.state, e.state) for g, e in zip(got, expected, strict=True) if e.tripped]
         assert all(g == e for g, e in tripped), "the tripping ask carries the counted entries"
 

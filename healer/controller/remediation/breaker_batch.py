@@ -15,6 +15,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,21 +47,33 @@ class Known:
         return cls(value, revision, tuple(map(decide.BreakerEntry.of, value.get("entries") or [])))
 
 
+class Decided(typing.NamedTuple):
+    """What ``admit_all`` decided: each ask's admission in order, the document to write (None: nothing
+    changes) and that document's entries, parsed (for the next batch's ``Known``)."""
+
+    admissions: list[decide.BreakerAdmission]
+    doc: dict[str, Any] | None
+    entries: tuple[decide.BreakerEntry, ...]
+
+
 def admit_all(
     state: Mapping[str, Any],
     asks: Sequence[Ask],
     now: float,
     settings: config.ControllerSettings,
     parsed: Sequence[decide.BreakerEntry] | None = None,
-) -> tuple[list[decide.BreakerAdmission], dict[str, Any] | None]:
-    """Each ask's admission, in order, and the document to write (None: nothing changes). The tripping
-    ask's admission carries the document (its ``state``: the counted entries, for the breaker incident);
-    the others carry none (the caller writes the one document). ``parsed``: ``state``'s entries already
-    parsed (``Known``); None: parsed here."""
+) -> Decided:
+    """Each ask's admission, in order, and the document to write. The tripping ask's admission carries
+    the document (its ``state``: the counted entries, for the breaker incident); the others carry none
+    (the caller writes the one document). ``parsed``: ``state``'s entries already parsed (``Known``);
+    None: parsed here."""
     window = settings.breaker_window_s
+    raw = list(state.get("entries", []))
     if parsed is None:
-        parsed = [decide.BreakerEntry.of(e) for e in state.get("entries", [])]
-    entries = [e for e in parsed if now - e.at < window]
+        parsed = [decide.BreakerEntry.of(e) for e in raw]
+    kept = [(e, r) for e, r in zip(parsed, raw, strict=True) if now - e.at < window]
+    entries = [e for e, _ in kept]
+    dumped = [r for _, r in kept]
     out = [e.node for e in entries]
     counted = set(out)
     doc: dict[str, Any] | None = None
@@ -91,17 +104,17 @@ def admit_all(
                 "open": True,
                 "opened_at": now,
                 "reason": reason,
-                "entries": [e.dump() for e in entries],
+                "entries": list(dumped),
                 "refused": [ask.node, ask.incident_id],
             }
             opened = f"circuit breaker open since {now}: {reason}"
             results.append(decide.BreakerAdmission(False, reason, tripped=True, state=doc))
             continue
-        entries.append(decide.BreakerEntry(ask.node, now, ask.incident_id))
+        entry = decide.BreakerEntry(ask.node, now, ask.incident_id)
+        entries.append(entry)
+        dumped.append(entry.dump())
         out.append(ask.node)
         counted.add(ask.node)
-        doc = {"open": False, "entries": None}  # the entries are filled in once, below
+        doc = {"open": False, "entries": dumped}
         results.append(decide.BreakerAdmission(True, f"{len(entries)} of {limit} in the window"))
-    if doc is not None and doc["entries"] is None:
-        doc["entries"] = [e.dump() for e in entries]
-    return results, doc
+    return Decided(results, doc, tuple(entries))

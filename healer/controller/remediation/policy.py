@@ -77,6 +77,7 @@ class Breaker:
         self._asks.append((ask, answer))
         async with self._writing:
             if not answer.done():
+                await asyncio.sleep(0)  # the asks made in the same turn of the loop join this batch
                 batch, self._asks = self._asks, []
                 try:
                     await self._admit_batch(batch)
@@ -97,7 +98,9 @@ class Breaker:
             state = known.value if known else {"open": False, "entries": []}
             asks = [a for a, _ in batch]
             parsed = known.entries if known else ()
-            admissions, written = breaker_batch.admit_all(state, asks, time.time(), self.settings, parsed)
+            admissions, written, entries = breaker_batch.admit_all(
+                state, asks, time.time(), self.settings, parsed
+            )
             if written is not None:
                 try:
                     if known is None:
@@ -107,7 +110,7 @@ class Breaker:
                 except kv.Conflict:
                     self._known = None
                     continue
-                self._known = breaker_batch.Known.of(written, revision)
+                self._known = breaker_batch.Known(written, revision, entries)
             for (ask, answer), admission in zip(batch, admissions, strict=True):
                 if admission.tripped:
                     log.error("breaker.tripped", node=ask.node, reason=admission.reason)
