@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 from typing import Any
 
 import structlog
 
 from healer import config, errors
+from healer.actuators import batching
 from healer.controller.incidents import decide
 from healer.controller.inventory import blast
 from healer.controller.remediation import breaker_batch
@@ -156,6 +158,7 @@ class Limits:
         self.store = store
         self.last: dict[tuple[str, str], decide.LastAction] = {}
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._appends: dict[str, batching.Coalesced[tuple[float, int], None]] = {}
 
     async def _last(self, kind: str, node: str) -> decide.LastAction | None:
         """The newest action of ``kind`` on ``node``: this process's, or KV's when newer (another
@@ -222,13 +225,22 @@ class Limits:
         self.last[(kind, node)] = decide.LastAction(now, incident_id)
 
     async def _append(self, kind: str, now: float, count: int) -> None:
-        """``count`` entries at ``now`` in ``kind``'s rate window (compare-and-set in KV)."""
+        """``count`` entries at ``now`` in ``kind``'s rate window (compare-and-set in KV). The appends
+        that arrive while one is written go in the next write together: a burst's actions would
+        otherwise race for the one key and give up (``too much contention``) (#43)."""
         self.recent[kind].extend([now] * count)
         if self.store is None:
             return
+        if kind not in self._appends:
+            self._appends[kind] = batching.Coalesced(functools.partial(self._append_all, kind))
+        await self._appends[kind]((now, count))
+
+    async def _append_all(self, kind: str, items: list[tuple[float, int]]) -> list[None]:
+        assert self.store is not None
+        now = max(at for at, _ in items)
         for _ in range(20):
             times, doc = await self._window(kind, now)
-            value = {"at": [*times, *[now] * count]}
+            value = {"at": [*times, *(at for at, count in items for _ in range(count))]}
             try:
                 if doc is None:
                     await self.store.create(f"{RATE_PREFIX}{kind}", value)
@@ -236,7 +248,7 @@ class Limits:
                     await self.store.update(f"{RATE_PREFIX}{kind}", value, doc.revision)
             except kv.Conflict:
                 continue
-            return
+            return [None] * len(items)
         raise errors.TemporaryError(f"rate limit: too much contention on {RATE_PREFIX}{kind}")
 
 
