@@ -14,8 +14,9 @@ this script adds the two schedulers from the test tree:
   against the real slurmctld; the first drain of each Slurm node is real, the others find it drained
   already (``already-done``). A slurmctld with 10,000 nodes would answer larger ``sinfo`` documents.
   The four are resumed between bursts.
-- **kubernetes**: tests/fakes/fake_kube_api.py in a process of its own, with all 10,000 nodes and RBAC,
-  answering at once (no network round trip, no etcd write: a lower bound for the API server's share).
+- **kubernetes**: tests/fakes/fake_kube_api.py in a process of its own, a fresh one per burst, with all
+  10,000 nodes and RBAC, answering at once (no network round trip, no etcd write: a lower bound for the
+  API server's share).
 
 Every burst runs on a nats-server of its own (no incident of an earlier burst to join).
 """
@@ -107,6 +108,22 @@ def _one(n: int, make: Any, backend: str, tmp: pathlib.Path, rules: str, fleet: 
     return result
 
 
+def _kube_burst(n: int, tmp: pathlib.Path, rules: str, fleet: int) -> burst_bench.Result:
+    """One burst against a fresh fake API server (every node schedulable), in a process of its own."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    kubeconfig = str(tmp / f"kubeconfig-{n}")
+    proc = ctx.Process(target=_kube_server, args=(fleet, kubeconfig, ready, done), daemon=True)
+    proc.start()
+    make = functools.partial(kubernetes.KubernetesActuator, _actuator_settings(kube_config=kubeconfig))
+    try:
+        ready.wait(120)
+        return _one(n, make, "kubernetes (fake API)", tmp, rules, fleet)
+    finally:
+        done.set()
+        proc.join(30)
+
+
 def run(bursts: list[int], backends: list[str], fleet: int, rules: str) -> list[burst_bench.Result]:
     results: list[burst_bench.Result] = []
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -126,20 +143,7 @@ def run(bursts: list[int], backends: list[str], fleet: int, rules: str) -> list[
                 finally:
                     cluster.stop()
             elif backend == "kubernetes":
-                ctx = multiprocessing.get_context("spawn")
-                ready, done = ctx.Event(), ctx.Event()
-                kubeconfig = str(tmp / "kubeconfig")
-                proc = ctx.Process(target=_kube_server, args=(fleet, kubeconfig, ready, done), daemon=True)
-                proc.start()
-                make = functools.partial(
-                    kubernetes.KubernetesActuator, _actuator_settings(kube_config=kubeconfig)
-                )
-                try:
-                    ready.wait(120)
-                    results += [_one(n, make, "kubernetes (fake API)", tmp, rules, fleet) for n in bursts]
-                finally:
-                    done.set()
-                    proc.join(30)
+                results += [_kube_burst(n, tmp, rules, fleet) for n in bursts]
     return results
 
 
