@@ -26,6 +26,8 @@ from healer.bus import nats as natsbus
 from healer.schemas import codec, commands, telemetry
 
 STEP_W = 10.0
+FIRST_FRAME_S = 30.0
+"""How long the check waits for the agent's first frame before its clock (``--seconds``) starts."""
 
 
 async def run(url: str, node: str, seconds: float, power_after: float, source: str) -> dict[str, Any]:
@@ -41,6 +43,7 @@ async def run(url: str, node: str, seconds: float, power_after: float, source: s
             bad.append(str(e)[:200])
 
     await bus.subscribe(subj.telemetry(node), on_frame)
+    await first_frame(frames)  # an agent still starting (a loaded host) is not a failed check
     started = time.monotonic()
     power: dict[str, Any] = {"ran": False}
     try:
@@ -50,6 +53,13 @@ async def run(url: str, node: str, seconds: float, power_after: float, source: s
     finally:
         await bus.close()
     return {"frames": frame_report(frames, bad, source), "power": power}
+
+
+async def first_frame(frames: list[telemetry.NodeFrame], timeout_s: float = FIRST_FRAME_S) -> None:
+    """Wait until the agent's first frame arrived (or ``timeout_s`` passed: the report then says none)."""
+    deadline = time.monotonic() + timeout_s
+    while not frames and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
 
 
 def frame_report(frames: list[telemetry.NodeFrame], bad: list[str], source: str) -> dict[str, Any]:

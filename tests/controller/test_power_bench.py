@@ -84,7 +84,7 @@ def test_a_high_qos_job_that_starts_last_is_ranked_by_its_qos_before_its_rack_is
     r = asyncio.run(
         power_bench.measure(
             policy="priority", nodes=3, gpus=4, budget_fraction=0.85, ramp_s=97.5, steady_s=90.0,
-            settle_s=30.0, fall_s=3.0, restore_s=200.0, speed=20.0, hold_s=30.0, restore_after_s=5.0,
+            settle_s=30.0, fall_s=3.0, restore_s=200.0, speed=10.0, hold_s=30.0, restore_after_s=5.0,
         )
     )  # fmt: skip
     assert r.max_over_percent > 0, "the jobs took the rack over its budget"
