@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
@@ -35,15 +36,18 @@ async def run(url: str, node: str, seconds: float, power_after: float, source: s
     bus = await natsbus.NatsBus.connect(url, name="gpu-check", nats_settings=config.NatsSettings(url=url))
     frames: list[telemetry.NodeFrame] = []
     bad: list[str] = []
+    arrived = asyncio.Event()
 
     async def on_frame(msg: base.Msg) -> None:
+        arrived.set()
         try:
             frames.append(codec.decode_frame(msg.data))
         except Exception as e:
             bad.append(str(e)[:200])
 
     await bus.subscribe(subj.telemetry(node), on_frame)
-    await first_frame(frames)  # an agent still starting (a loaded host) is not a failed check
+    with contextlib.suppress(TimeoutError):  # an agent still starting (a loaded host) is no failed check
+        await asyncio.wait_for(arrived.wait(), FIRST_FRAME_S)
     started = time.monotonic()
     power: dict[str, Any] = {"ran": False}
     try:
@@ -53,13 +57,6 @@ async def run(url: str, node: str, seconds: float, power_after: float, source: s
     finally:
         await bus.close()
     return {"frames": frame_report(frames, bad, source), "power": power}
-
-
-async def first_frame(frames: list[telemetry.NodeFrame], timeout_s: float = FIRST_FRAME_S) -> None:
-    """Wait until the agent's first frame arrived (or ``timeout_s`` passed: the report then says none)."""
-    deadline = time.monotonic() + timeout_s
-    while not frames and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
 
 
 def frame_report(frames: list[telemetry.NodeFrame], bad: list[str], source: str) -> dict[str, Any]:
