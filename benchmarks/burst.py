@@ -31,6 +31,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,7 @@ class Slurm:
     def stop(self) -> None:
         stop = slurm_cluster.HERE / "stop.sh"
         subprocess.run([str(stop), str(self.state)], env=self.env, timeout=60, check=False)
+        shutil.rmtree(self.state, ignore_errors=True)
 
 
 def _kube_server(fleet: int, kubeconfig: str, ready: Any, done: Any) -> None:

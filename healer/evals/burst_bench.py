@@ -169,7 +169,7 @@ def stage(times: list[float], statuses: list[str]) -> Stage:
     if not times:
         return Stage(0, None, None, None, None, counts)
     times = sorted(times)
-    q = statistics.quantiles(times, n=100) if len(times) >= 2 else [times[0]] * 99
+    q = statistics.quantiles(times, n=100, method="inclusive") if len(times) >= 2 else [times[0]] * 99
     span = times[-1] - times[0]
     rate = round((len(times) - 1) / span, 1) if span > 0 else None
     median = round(statistics.median(times), 3)

@@ -4,12 +4,14 @@ ticks, through the same incident shell (gates, fencing, breaker) a tick uses. Re
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from healer import errors, testing
 from healer.bus import subjects
 from healer.controller.core import service
+from healer.controller.remediation import healing
 from healer.schemas import codec, events
 from tests.conftest import until
 from tests.controller.conftest import Fleet, Harness, metric, warm
@@ -111,23 +113,25 @@ async def test_an_event_that_arrives_during_a_tick_is_acted_on_between_its_steps
     await until(lambda: ctl.ingest.unacked == [] and "opened" in harness.feed.changes("n1"))
 
 
-async def test_the_ladders_step_serves_arrivals_after_each_ladder(harness: Harness) -> None:
-    """Each ladder of a tick waits on KV; ``between`` (the tick's arrivals) runs after every one of them,
-    not once after all."""
+async def test_the_ladders_step_serves_arrivals_after_each_chunk_of_ladders(harness: Harness) -> None:
+    """Each ladder of a tick waits on KV; ``between`` (the tick's arrivals) runs after every chunk of
+    ``ADVANCE_AT_ONCE`` ladders walked together (#43), not once after all."""
     ctl = await harness.controller(testing.RecordingActuator(), tick_s=3600.0)
     await until(lambda: ctl.role.took_over and _ticks(ctl) >= 1)  # the first tick is over: none until 1 h
     order: list[str] = []
 
-    async def one_ladder(rec: object, now: float) -> None:
-        order.append(f"ladder {rec}")
+    async def one_ladder(rec: Any, now: float, inc: object) -> None:
+        order.append(f"ladder {rec.state.incident_id}")
 
     async def between() -> None:
         order.append("arrivals")
 
+    chunk = healing.ADVANCE_AT_ONCE
+    ids = [f"inc-{i:02d}" for i in range(chunk + 1)]
     ctl.recovery._advance = one_ladder  # type: ignore[method-assign]
-    ctl.recovery.ladders = {"inc-a": "a", "inc-b": "b"}  # type: ignore[dict-item]
+    ctl.recovery.ladders = {i: types.SimpleNamespace(state=types.SimpleNamespace(incident_id=i)) for i in ids}  # type: ignore[misc]
     await ctl.recovery.advance(0.0, between)
-    assert order == ["ladder a", "arrivals", "ladder b", "arrivals"]
+    assert order == [*(f"ladder {i}" for i in ids[:chunk]), "arrivals", f"ladder {ids[chunk]}", "arrivals"]
     ctl.recovery.ladders = {}
 
 

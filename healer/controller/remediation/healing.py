@@ -21,6 +21,7 @@ runs; in observe mode nothing happens at all.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,6 +43,8 @@ STOP_PREFIX = "ladder-stop."
 """KV ``healer-state``: an operator's request to stop a ladder (``healer ladder stop``)."""
 HISTORY_PREFIX = "recoveries."
 """KV ``healer-state``: a GPU's earlier recoveries (``recoveries.<node>.<gpu index | node>``)."""
+ADVANCE_AT_ONCE = 16
+"""Ladders walked together in one ``advance`` (each waits on KV for its own incident)."""
 REPLACEMENT_RULE = "hardware-replacement"
 """The rule id of the incidents the ladders open when a GPU needs replacing."""
 
@@ -200,17 +203,24 @@ class Recovery:
     async def advance(self, now: float, between: Callable[[], Awaitable[None]] | None = None) -> None:
         """Each ladder one step on, if its step is done; ``between`` runs after each ladder (the tick
         serves the events that arrived meanwhile: each ladder waits on KV, so all of them take a good
-        part of a tick under load)."""
-        for rec in list(self.ladders.values()):
-            try:
-                await self._advance(rec, now)
-            except errors.HealerError as e:  # KV away: the ladder stays where it is, tried next tick
-                self.log.warning("ladder.advance_failed", incident_id=rec.state.incident_id, error=str(e))
+        part of a tick under load). Up to ``ADVANCE_AT_ONCE`` ladders are walked together, each on its
+        own incident: a burst's thousand ladders do not wait on KV one after another (#43)."""
+        recs = list(self.ladders.values())
+        for start in range(0, len(recs), ADVANCE_AT_ONCE):
+            by_id = {i.id: i for i in self.book.all()}  # again after ``between``: it may open or close some
+            await asyncio.gather(
+                *(self._advance_guarded(rec, by_id, now) for rec in recs[start : start + ADVANCE_AT_ONCE])
+            )
             if between is not None:
                 await between()
 
-    async def _advance(self, rec: Record, now: float) -> None:
-        inc = next((i for i in self.book.all() if i.id == rec.state.incident_id), None)
+    async def _advance_guarded(self, rec: Record, by_id: Mapping[str, book.Incident], now: float) -> None:
+        try:
+            await self._advance(rec, now, by_id.get(rec.state.incident_id))
+        except errors.HealerError as e:  # KV away: the ladder stays where it is, tried next tick
+            self.log.warning("ladder.advance_failed", incident_id=rec.state.incident_id, error=str(e))
+
+    async def _advance(self, rec: Record, now: float, inc: book.Incident | None) -> None:
         stop = await self.store.get(STOP_PREFIX + rec.state.incident_id)
         outcome: ladder.Outcome | None
         if inc is None:
