@@ -78,12 +78,16 @@ def gpus_of(row: Mapping[str, Any], node_gpus: int) -> int:
         return 0
     if row["scope"] != "node":
         return 1
-    evidence = orjson.loads(row["evidence"])
+    return node_gpus_of(orjson.loads(row["evidence"]), node_gpus)
+
+
+def node_gpus_of(evidence: Mapping[str, Any], default: int) -> int:
+    """A node incident's GPU count: its evidence's ``gpus_expected`` or ``gpu_count``, else ``default``."""
     for key in NODE_GPU_KEYS:
         value = evidence.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
             return int(value)
-    return node_gpus
+    return default
 
 
 def _day(ts: float) -> str:

@@ -22,6 +22,7 @@ from healer.controller.failslow import job_slowdowns
 from healer.controller.incidents import book, decide, feed_publisher, shared_cause
 from healer.controller.inventory import admission, blast
 from healer.controller.observability import metrics as controller_metrics
+from healer.controller.observability import repairs
 from healer.controller.remediation import action_runner, healing, policy
 from healer.controller.store import kv, lease, role
 from healer.rules import engine
@@ -99,6 +100,7 @@ class IncidentShell:
         self.metrics = metrics
         self.clock = clock
         self.log = log
+        self.repairs = repairs.RepairMeter(metrics, cs.gpus_per_node)
         self.actions = action_runner.ActionRunner(
             cs, scheduler=scheduler, power=power, gpu=gpu, lease=lease, breaker=breaker,
             dry_breaker=dry_breaker, exclusions=exclusions, limits=limits, book=book, metrics=metrics,
@@ -133,6 +135,10 @@ class IncidentShell:
         await self.book.save(inc)
         self.feed.kick()  # published by the feed task: a slow incidents stream never delays an action
         self.metrics.incident_changes.labels(change).inc()
+        if change == "opened":
+            self.repairs.opened(inc)
+        elif change == "resolved":
+            self.repairs.resolved(inc, inc.resolved_at if inc.resolved_at is not None else inc.updated_at)
         self.log.info(
             "incident." + change, incident_id=inc.id, rule_id=inc.rule_id, node=inc.node, gpu=inc.gpu_index,
             port=inc.port, severity=inc.severity,

@@ -23,6 +23,7 @@ from healer.bus import base as bus_base
 from healer.bus import subjects
 from healer.controller.core import incident_shell
 from healer.controller.observability import metrics as controller_metrics
+from healer.controller.observability import repairs
 from healer.controller.store import role
 from healer.rules import engine, loader
 from healer.schemas import codec, incidents
@@ -95,6 +96,7 @@ class Reloader:
             return
         gone = self.engine.set_rules(result.ruleset, now=self.clock())
         self.metrics.rules_loaded.set(len(result.ruleset.rules))
+        repairs.start_at_zero(self.metrics, ((r.id, str(r.scope)) for r in result.ruleset.rules))
         self.log.info("rules.reloaded", rules=len(result.ruleset.rules), resolved=len(gone))
         if self.role.leader:
             for f in gone:
