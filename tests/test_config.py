@@ -32,7 +32,7 @@ def test_every_setting_is_documented() -> None:
     for group_field in config.Settings.model_fields.values():
         group = group_field.annotation
         assert isinstance(group, type)
-        assert issubclass(group, config._Group)
+        assert issubclass(group, config.Group)
         for name, field in group.model_fields.items():
             assert field.description, f"{group.__name__}.{name} has no docstring"
 

@@ -13,7 +13,7 @@ flood of ghost subjects) hold nothing. Telemetry frames are readings, not events
 the node's state and its counters are cumulative, so shedding an older one loses no fault.
 
 No I/O, no clock. ``NatsBus.subscribe(fair_by=...)`` puts nats-py's messages here as they are read off
-the socket (healer/bus/nats.py), and the subscription's handler takes them.
+the socket (healer/bus/nats_pending.py), and the subscription's handler takes them.
 """
 
 from __future__ import annotations

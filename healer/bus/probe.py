@@ -36,6 +36,7 @@ import nats.errors
 
 from healer import config, errors
 from healer.bus import nats as natsbus
+from healer.bus import nats_errors
 
 PROBE_STREAM: Final = "HEALER_DOCTOR_PROBE_NEVER_A_STREAM"
 """The stream name no one creates: JetStream refuses a message that expects it, and stores nothing."""
@@ -116,7 +117,7 @@ async def connect(url: str, ns: config.NatsSettings, name: str) -> tuple[Any, li
     except (OSError, TimeoutError, nats.errors.Error) as e:
         with contextlib.suppress(Exception):
             await nc.close()
-        raise errors.PermanentError(f"cannot connect to NATS at {url}: {natsbus.describe(e)}") from e
+        raise errors.PermanentError(f"cannot connect to NATS at {url}: {nats_errors.describe(e)}") from e
     return nc, denied
 
 

@@ -1,4 +1,5 @@
-"""Every subject, stream and bucket name healer uses is built here and nowhere else.
+"""Every subject, stream and bucket name healer uses is built here and nowhere else; NATS's subject matching
+(``subject_matches``, ``valid_subject``) is written here too, for the in-memory bus.
 
 Node names may contain dots (FQDN-style Kubernetes node names), which NATS treats as token separators,
 so a node name is escaped into exactly one subject token: ``%`` → ``%25``, ``.`` → ``%2E`` (and the
@@ -150,3 +151,32 @@ class Subjects:
     def node_of(self, subject: str) -> str:
         """The node a per-node subject belongs to (its last token, unescaped)."""
         return unescape_node(subject.rsplit(".", 1)[-1])
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS matching of a concrete subject against a pattern with ``*`` and ``>``."""
+    p_tokens = pattern.split(".")
+    s_tokens = subject.split(".")
+    for i, p in enumerate(p_tokens):
+        if p == ">":
+            return len(s_tokens) > i
+        if i >= len(s_tokens):
+            return False
+        if p != "*" and p != s_tokens[i]:
+            return False
+    return len(p_tokens) == len(s_tokens)
+
+
+def valid_subject(subject: str, *, wildcards: bool) -> bool:
+    if not subject or subject != subject.strip() or " " in subject:
+        return False
+    tokens = subject.split(".")
+    for i, t in enumerate(tokens):
+        if not t:
+            return False
+        if t in ("*", ">"):
+            if not wildcards or (t == ">" and i != len(tokens) - 1):
+                return False
+        elif "*" in t or ">" in t:
+            return False
+    return True

@@ -205,28 +205,8 @@ async def _run_with_server(
         say(f"fleet: {opts.nodes} simulated nodes x {opts.gpus} GPUs, scenario {sc.name!r}")
         log.info("demo.started", nodes=opts.nodes, duration_s=opts.duration_s)
         started = time.monotonic()
-        jobs = 0  # the power story: 0 before its jobs start, 1 while they run, 2 after they end
-        while not stop.is_set() and time.monotonic() - started < opts.duration_s:
-            if story is not None and power_watch is not None:
-                jobs = _power_story(story, power_watch, obs, sim, jobs, time.monotonic() - started)
-            if fleet_task.done():
-                fleet_task.result()  # an error in the fleet ends the demo with that error
-                raise errors.PermanentError("the simulated fleet stopped")
-            if on_tick is not None:
-                on_tick(obs, time.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=tick_s)
-        if on_tick is not None:
-            on_tick(obs, time.time())
-        with contextlib.suppress(errors.HealerError, TimeoutError):
-            status = await asyncio.wait_for(ctl.breaker.status(), timeout=STOP_STEP_S)
-            obs.breaker = {
-                **obs.breaker,
-                "open": bool(status.get("open")),
-                "reason": status.get("reason", obs.breaker.get("reason")),
-                "nodes_in_window": len(status.get("entries", [])),
-                "limit": ctl.breaker.limit(max(len(ctl.nodes), 1)),
-            }
+        await _play(opts, sim, obs, fleet_task, story, stop, on_tick, tick_s)
+        await _final_breaker(ctl, obs)
     finally:
         fleet_stop.set()
         if fleet_task is not None:
@@ -243,6 +223,48 @@ async def _run_with_server(
     return obs.summary(
         duration_s=time.monotonic() - started, nodes=opts.nodes, gpus=opts.gpus, interrupted=stop.is_set()
     )
+
+
+async def _play(
+    opts: Options,
+    sim: simulation.Simulation,
+    obs: watch.Observer,
+    fleet_task: asyncio.Task[sim_fleet.Stats],
+    story: stage.PowerStory | None,
+    stop: asyncio.Event,
+    on_tick: Tick | None,
+    tick_s: float,
+) -> None:
+    """The demo's run: until ``stop`` or ``opts.duration_s``, the power story's steps and ``on_tick`` each
+    ``tick_s``; an error in the fleet ends it with that error."""
+    started = time.monotonic()
+    power_watch = obs.power
+    jobs = 0  # the power story: 0 before its jobs start, 1 while they run, 2 after they end
+    while not stop.is_set() and time.monotonic() - started < opts.duration_s:
+        if story is not None and power_watch is not None:
+            jobs = _power_story(story, power_watch, obs, sim, jobs, time.monotonic() - started)
+        if fleet_task.done():
+            fleet_task.result()  # an error in the fleet ends the demo with that error
+            raise errors.PermanentError("the simulated fleet stopped")
+        if on_tick is not None:
+            on_tick(obs, time.time())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=tick_s)
+    if on_tick is not None:
+        on_tick(obs, time.time())
+
+
+async def _final_breaker(ctl: service.Controller, obs: watch.Observer) -> None:
+    """The breaker as the demo ends, for the summary (left as it was if KV does not answer in time)."""
+    with contextlib.suppress(errors.HealerError, TimeoutError):
+        status = await asyncio.wait_for(ctl.breaker.status(), timeout=STOP_STEP_S)
+        obs.breaker = {
+            **obs.breaker,
+            "open": bool(status.get("open")),
+            "reason": status.get("reason", obs.breaker.get("reason")),
+            "nodes_in_window": len(status.get("entries", [])),
+            "limit": ctl.breaker.limit(max(len(ctl.nodes), 1)),
+        }
 
 
 def _power_story(

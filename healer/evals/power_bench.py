@@ -69,6 +69,7 @@ from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import service
 from healer.evals.power_targets import Report, Watch, second_of, summarize
+from healer.schemas import incidents
 from healer.sim import scenarios, simulation, workloads
 
 F64 = npt.NDArray[np.float64]
@@ -244,7 +245,9 @@ async def measure(
                 await asyncio.sleep(1.0 / speed)
                 if resolved_at is None:
                     done = [
-                        at for e, at in zip(watch.events, watch.at, strict=True) if e.change == "resolved"
+                        at
+                        for e, at in zip(watch.events, watch.at, strict=True)
+                        if e.change is incidents.Change.RESOLVED
                     ]
                     if done and ended == nodes:
                         resolved_at = done[-1]

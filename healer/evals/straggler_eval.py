@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from healer.anomaly import backtest
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import straggler_settings, stragglers
 from healer.evals import straggler_sim_eval
 from healer.evals.straggler_tally import JOB_LEVEL_KINDS, Fault, Tally
 
@@ -78,7 +78,7 @@ def lower95(k: int, n: int) -> float:
 
 
 def run_seed(
-    gen: ModuleType, nodes: int, hours: float, seed: int, faults: int, settings: stragglers.Settings
+    gen: ModuleType, nodes: int, hours: float, seed: int, faults: int, settings: straggler_settings.Settings
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed + 7919)
     chosen = [int(x) for x in rng.choice(nodes, size=min(faults, nodes), replace=False)] if faults else []
@@ -242,7 +242,7 @@ def main(
     fleet."""
     import json
 
-    settings = stragglers.Settings()
+    settings = straggler_settings.Settings()
     kinds: tuple[str, ...] = FAULT_KINDS
     if generator is None:
         results = [straggler_sim_eval.run_sim_seed(nodes, hours, s, faults, settings) for s in seeds]

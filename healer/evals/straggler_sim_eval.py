@@ -33,7 +33,7 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
-from healer.controller.failslow import detector, steptimes, stragglers
+from healer.controller.failslow import detector, steptimes, straggler_settings, stragglers
 from healer.evals import straggler_tally
 from healer.sim import faults, scenarios
 
@@ -131,7 +131,7 @@ def _params(f: straggler_tally.Fault, rng: np.random.Generator) -> dict[str, flo
 
 
 def run_sim_seed(
-    nodes: int, hours: float, seed: int, faults_n: int, settings: stragglers.Settings
+    nodes: int, hours: float, seed: int, faults_n: int, settings: straggler_settings.Settings
 ) -> dict[str, Any]:
     """One run of ``SIM_SCENARIO`` with ``faults_n`` faults (``SIM_KINDS`` in rotation)."""
     sc = scenarios.Scenario.model_validate(SIM_SCENARIO)

@@ -207,21 +207,9 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
     rule_id = raw.get("id")
     if isinstance(rule_id, str):
         f.ids.append((rule_id, node.start_mark.line + 1))
-    try:
-        s = spec.RuleSpec.model_validate(raw)
-        structure_ok = True
-    except pydantic.ValidationError as e:
-        _structure_errors(f, node, e)
-        # Check what is left anyway, so one typo does not hide the next mistake.
-        bad = {err["loc"][0] for err in e.errors() if err["loc"]}
-        lenient = {k: v for k, v in raw.items() if k not in bad}
-        lenient.setdefault("id", "invalid")
-        lenient.setdefault("severity", "info")
-        try:
-            s = spec.RuleSpec.model_validate(lenient)
-        except pydantic.ValidationError:
-            return None
-        structure_ok = False
+    s, structure_ok = _rule_spec(f, node, raw)
+    if s is None:
+        return None
     before = len([d for d in f.diags if d.severity == "error"])
     when_node = _child(node, "when")
     when = None
@@ -231,31 +219,8 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
         f.at(node, f"rule {s.id!r} needs 'when' (a condition) or 'on_event'")
     elif s.when is not None:
         when = _expr(f, when_node, s.when, s.scope)
-    resolve_when = None
-    resolve_for_s = 0.0
-    if s.resolve is not None:
-        rnode = _child(node, "resolve") or node
-        if s.resolve.when is not None:
-            if s.on_event is not None:
-                f.at(rnode, "an event rule resolves by time only: resolve: {for: 1h}")
-            else:
-                resolve_when = _expr(f, _child(rnode, "when"), s.resolve.when, s.scope)
-        resolve_for_s = durations.value(s.resolve.for_) if s.resolve.for_ is not None else 0.0
-        if s.on_event is not None and resolve_for_s <= 0:
-            f.at(rnode, "an event rule's resolve needs 'for' (quiet time after the last event)")
-    if s.on_event is not None:
-        if s.for_ is not None:
-            f.at(_child(node, "for") or node, "'for' does not apply to on_event rules (events fire at once)")
-        if s.on_event.xid is not None and s.on_event.kind not in ("xid", "sxid"):
-            f.at(_child(node, "on_event") or node, "'xid' only applies to on_event kind xid or sxid")
-    if s.scope == fields.Scope.PORT and s.on_event is not None:
-        f.at(
-            _child(node, "scope") or node,
-            "no node event names an RDMA port: an on_event rule has scope gpu or node",
-        )
-    if incidents.PORT_LABEL in s.labels:
-        reserved = f"label {incidents.PORT_LABEL!r} is the controller's"
-        f.at(_child(node, "labels") or node, f"{reserved} (a port-scope rule's incident names its port)")
+    resolve_when, resolve_for_s = _resolve(f, node, s)
+    _check_event_and_labels(f, node, s)
     repeat = _repeat(f, node, s)
     node_wide = _node_wide(f, node, s)
     acts = _actions(f, _child(node, "actions"), s.actions)
@@ -293,6 +258,57 @@ def _load_rule(f: _File, node: yaml.Node, raw: Any) -> ruleset.Rule | None:
     )
     _lint(f, node, rule)
     return rule
+
+
+def _rule_spec(f: _File, node: yaml.Node, raw: dict[str, Any]) -> tuple[spec.RuleSpec | None, bool]:
+    """The rule's structure, and whether it was valid as written. An invalid one is reported and what is
+    left of it validated anyway, so one typo does not hide the next mistake (None: nothing is left)."""
+    try:
+        return spec.RuleSpec.model_validate(raw), True
+    except pydantic.ValidationError as e:
+        _structure_errors(f, node, e)
+        bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+        lenient = {k: v for k, v in raw.items() if k not in bad}
+        lenient.setdefault("id", "invalid")
+        lenient.setdefault("severity", "info")
+        try:
+            return spec.RuleSpec.model_validate(lenient), False
+        except pydantic.ValidationError:
+            return None, False
+
+
+def _resolve(f: _File, node: yaml.Node, s: spec.RuleSpec) -> tuple[tree.Node | None, float]:
+    """The rule's resolve condition and quiet time (an event rule resolves by time only)."""
+    resolve_when = None
+    resolve_for_s = 0.0
+    if s.resolve is not None:
+        rnode = _child(node, "resolve") or node
+        if s.resolve.when is not None:
+            if s.on_event is not None:
+                f.at(rnode, "an event rule resolves by time only: resolve: {for: 1h}")
+            else:
+                resolve_when = _expr(f, _child(rnode, "when"), s.resolve.when, s.scope)
+        resolve_for_s = durations.value(s.resolve.for_) if s.resolve.for_ is not None else 0.0
+        if s.on_event is not None and resolve_for_s <= 0:
+            f.at(rnode, "an event rule's resolve needs 'for' (quiet time after the last event)")
+    return resolve_when, resolve_for_s
+
+
+def _check_event_and_labels(f: _File, node: yaml.Node, s: spec.RuleSpec) -> None:
+    """What an event rule may not say, and the label the controller reserves."""
+    if s.on_event is not None:
+        if s.for_ is not None:
+            f.at(_child(node, "for") or node, "'for' does not apply to on_event rules (events fire at once)")
+        if s.on_event.xid is not None and s.on_event.kind not in ("xid", "sxid"):
+            f.at(_child(node, "on_event") or node, "'xid' only applies to on_event kind xid or sxid")
+    if s.scope == fields.Scope.PORT and s.on_event is not None:
+        f.at(
+            _child(node, "scope") or node,
+            "no node event names an RDMA port: an on_event rule has scope gpu or node",
+        )
+    if incidents.PORT_LABEL in s.labels:
+        reserved = f"label {incidents.PORT_LABEL!r} is the controller's"
+        f.at(_child(node, "labels") or node, f"{reserved} (a port-scope rule's incident names its port)")
 
 
 def _repeat(f: _File, node: yaml.Node, s: spec.RuleSpec) -> ruleset.Repeat | None:

@@ -17,6 +17,7 @@ import numpy.typing as npt
 import orjson
 
 from healer.schemas import telemetry
+from healer.sim import profiles
 
 FLOAT_FIELDS: Final = (("power_w", 1), ("power_limit_w", 1), ("energy_j", 3))
 """Float fields and the decimals they are rounded to."""
@@ -147,3 +148,35 @@ class Encoder:
 
 def encode_event(event: Mapping[str, Any]) -> bytes:
     return orjson.dumps(event)
+
+
+def static_fields(
+    node_profiles: Sequence[profiles.Profile], uuids: Sequence[Sequence[str]]
+) -> list[list[dict[str, Any]]]:
+    """The GpuSample fields that never change, per node and GPU (``uuids[node][gpu]``)."""
+    out = []
+    for i, prof in enumerate(node_profiles):
+        sheet = prof.sheet
+        row = []
+        for g in range(len(uuids[i])):
+            row.append(
+                {
+                    "index": g,
+                    "uuid": uuids[i][g],
+                    "model": sheet.model,
+                    "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
+                    "slowdown_temp_c": sheet.slowdown_temp_c,
+                    "shutdown_temp_c": sheet.shutdown_temp_c,
+                    "mem_max_temp_c": sheet.mem_max_temp_c,
+                    "power_default_w": sheet.power_default_w,
+                    "power_min_w": sheet.power_min_w,
+                    "power_max_w": sheet.power_max_w,
+                    "mem_total_mib": sheet.mem_total_mib,
+                    "sm_clock_max_mhz": sheet.sm_clock_max_mhz,
+                    "nvlink_links_total": sheet.nvlink_links,
+                    "pcie_gen_max": sheet.pcie_gen_max,
+                    "pcie_width_max": sheet.pcie_width_max,
+                }
+            )
+        out.append(row)
+    return out

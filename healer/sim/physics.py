@@ -84,6 +84,30 @@ class Fleet:
         """Per GPU (node, gpu; gpu None for a node-scope fault): (start time, kind) of every fault it had,
         so the recovery ladder's "N recoveries in a window" rule can be exercised on a simulated fleet."""
 
+        self._init_datasheets()
+
+        shape = (n, gpus)
+        self.inlet_base = inlet_c + self._rng.uniform(-inlet_spread_c, inlet_spread_c, n)
+        self.inlet_delta = np.zeros(n)
+        self.cool_base = np.clip(self._rng.normal(1.0, 0.04, shape), 0.85, 1.15)
+        self._init_variation(inlet_c)
+        self._init_state(seed)
+        self.silent = np.zeros(n, dtype=np.bool_)
+        self.ports: hca.Ports | None = None
+        """The nodes' RDMA ports (scenario ``ports``; sim/hca.py); None: frames carry no ports."""
+        self.boot_no = np.zeros(n, dtype=np.int64)
+        self.seq = np.zeros(n, dtype=np.int64)
+        self.events: list[dict[str, Any]] = []
+        self._event_no = 0
+        self.uuids = [[f"GPU-{run_id}-{i:05d}-{g:02d}" for g in range(gpus)] for i in range(n)]
+        for i in range(n):
+            self.emit_event(i, "agent_start", message="simulated agent started")
+
+    def _init_datasheets(self) -> None:
+        """Each GPU's datasheet figures (power envelope, temperatures, clocks, thermal model, links), as
+        (nodes, gpus) arrays."""
+        gpus = self.gpus
+
         def per_gpu(attr: str) -> F64:
             vals = np.array([p.figure(attr) for p in self.profiles], dtype=np.float64)
             return np.repeat(vals[:, None], gpus, axis=1)
@@ -110,11 +134,9 @@ class Fleet:
         self.pcie_gen_max = per_gpu("pcie_gen_max").astype(np.int64)
         self.pcie_width_max = per_gpu("pcie_width_max").astype(np.int64)
 
-        shape = (n, gpus)
-        self.inlet_base = inlet_c + self._rng.uniform(-inlet_spread_c, inlet_spread_c, n)
-        self.inlet_delta = np.zeros(n)
-        self.cool_base = np.clip(self._rng.normal(1.0, 0.04, shape), 0.85, 1.15)
-        self._init_variation(inlet_c)
+    def _init_state(self, seed: int) -> None:
+        """Every GPU's dynamic state at start: readings, counters, fault rates and the fail-slow knobs."""
+        shape = (self.nodes, self.gpus)
         self.cool_factor = np.ones(shape)
         self.power_limit = self.p_default.copy()
         self.util = self.work.util.copy()
@@ -153,16 +175,6 @@ class Fleet:
         """Each GPU's rank in its training job and the work a step asks of it (sim/ranks.py)."""
         self.job_time: F64 = np.ones(shape)
         """Each GPU's job's time per step against its nominal step: its slowest rank's work / speed."""
-        self.silent = np.zeros(n, dtype=np.bool_)
-        self.ports: hca.Ports | None = None
-        """The nodes' RDMA ports (scenario ``ports``; sim/hca.py); None: frames carry no ports."""
-        self.boot_no = np.zeros(n, dtype=np.int64)
-        self.seq = np.zeros(n, dtype=np.int64)
-        self.events: list[dict[str, Any]] = []
-        self._event_no = 0
-        self.uuids = [[f"GPU-{run_id}-{i:05d}-{g:02d}" for g in range(gpus)] for i in range(n)]
-        for i in range(n):
-            self.emit_event(i, "agent_start", message="simulated agent started")
 
     # ----------------------------------------------------------------- physics
 
@@ -472,32 +484,3 @@ class Fleet:
         }
         cols.update(self.counters)
         return cols
-
-    def static(self) -> list[list[dict[str, Any]]]:
-        """The GpuSample fields that never change, per node and GPU."""
-        out = []
-        for i, prof in enumerate(self.profiles):
-            sheet = prof.sheet
-            row = []
-            for g in range(self.gpus):
-                row.append(
-                    {
-                        "index": g,
-                        "uuid": self.uuids[i][g],
-                        "model": sheet.model,
-                        "pci_bus_id": f"00000000:{0x18 + g * 0x10:02X}:00.0",
-                        "slowdown_temp_c": sheet.slowdown_temp_c,
-                        "shutdown_temp_c": sheet.shutdown_temp_c,
-                        "mem_max_temp_c": sheet.mem_max_temp_c,
-                        "power_default_w": sheet.power_default_w,
-                        "power_min_w": sheet.power_min_w,
-                        "power_max_w": sheet.power_max_w,
-                        "mem_total_mib": sheet.mem_total_mib,
-                        "sm_clock_max_mhz": sheet.sm_clock_max_mhz,
-                        "nvlink_links_total": sheet.nvlink_links,
-                        "pcie_gen_max": sheet.pcie_gen_max,
-                        "pcie_width_max": sheet.pcie_width_max,
-                    }
-                )
-            out.append(row)
-        return out

@@ -93,7 +93,7 @@ class Writer:
             "format": FORMAT,
             "node_names": fl.node_names,
             "gpus": fl.gpus,
-            "static": fl.static(),
+            "static": frames.static_fields(fl.profiles, fl.uuids),
             "run_id": fl.run_id,
             "interval_s": interval_s,
             "start_ts": fl.t,

@@ -287,7 +287,9 @@ def build(
     ]
     multiplier = sc.fault_rate_multiplier if fault_rate_multiplier is None else fault_rate_multiplier
     inj = injector.Injector(fl, scheduled, specs, multiplier=multiplier, rng=np.random.default_rng(fault_ss))
-    encoder = frames.Encoder(names, fl.static(), source=source, job_prefix=run)
+    encoder = frames.Encoder(
+        names, frames.static_fields(fl.profiles, fl.uuids), source=source, job_prefix=run
+    )
     steps = step_reports.StepSource(fl, run, seed) if sc.steps else None
     return simulation.Simulation(fl, inj, encoder, steps)
 

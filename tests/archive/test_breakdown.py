@@ -65,25 +65,39 @@ def test_rungs_labels_domains_and_power_budgets(tmp_path: pathlib.Path) -> None:
     with store.Archive(tmp_path / "a.db") as db:
         # pool a: drained at +10 min, reset, back at 1 h (rung reset_gpu)
         reset = [act("drain", t + 600), act("reset_gpu", t + 900), act("validate", t + 1800)]
-        put(db, "i1", "opened", t, labels={"pool": "a"})
-        put(db, "i1", "resolved", t + H, labels={"pool": "a"}, actions=reset)
+        put(db, "i1", incidents.Change.OPENED, t, labels={"pool": "a"})
+        put(db, "i1", incidents.Change.RESOLVED, t + H, labels={"pool": "a"}, actions=reset)
         # pool b: the reset failed, the reboot did it: 2 h (rung reboot_node, the deepest that ran)
         reboot = [act("cordon", t + 600), act("reset_gpu", t + 700, incidents.ActionStatus.FAILED_PERMANENT),
                   act("reboot_node", t + 2000), act("validate", t + 3000)]  # fmt: skip
-        put(db, "i2", "opened", t, labels={"pool": "b"}, node="n2")
-        put(db, "i2", "resolved", t + 2 * H, labels={"pool": "b"}, node="n2", actions=reboot)
+        put(db, "i2", incidents.Change.OPENED, t, labels={"pool": "b"}, node="n2")
+        put(db, "i2", incidents.Change.RESOLVED, t + 2 * H, labels={"pool": "b"}, node="n2", actions=reboot)
         # a shared-cause incident over n1 and n2, and a power budget's episode with its energy
         domain = incidents.Domain(key="switch", value="leaf-7", suspected="switch leaf-7", signal_rule="ecc",
                                   members=["n1", "n2"], member_count=2, size=4)  # fmt: skip
         shared = {"rule_id": figures.SHARED_CAUSE_RULE, "node": "switch.leaf-7", "gpu_index": None,
                   "domain": domain, "schema": incidents.SCHEMA_V2}  # fmt: skip
-        put(db, "s1", "opened", t, **shared)
-        put(db, "s1", "resolved", t + 3 * H, **shared, evidence={"outcome": "recovered"})
+        put(db, "s1", incidents.Change.OPENED, t, **shared)
+        put(db, "s1", incidents.Change.RESOLVED, t + 3 * H, **shared, evidence={"outcome": "recovered"})
         power = {"rule_id": breakdown.POWER_RULE, "node": "rack.r7", "gpu_index": None, "severity": "warning"}
-        put(db, "p1", "opened", t, **power, evidence={"domain": "rack=r7", "capped_gpus": 6, "budget_w": 4e4})
-        put(db, "p1", "updated", t + 600, **power, evidence={"domain": "rack=r7", "capped_gpus": 2})
-        put(db, "p1", "resolved", t + H, **power, evidence={"domain": "rack=r7", "capped_gpus": 0,
-                                                             "energy_kwh": 31.5})  # fmt: skip
+        put(
+            db,
+            "p1",
+            incidents.Change.OPENED,
+            t,
+            **power,
+            evidence={"domain": "rack=r7", "capped_gpus": 6, "budget_w": 4e4},
+        )
+        put(
+            db,
+            "p1",
+            incidents.Change.UPDATED,
+            t + 600,
+            **power,
+            evidence={"domain": "rack=r7", "capped_gpus": 2},
+        )
+        ended = {"domain": "rack=r7", "capped_gpus": 0, "energy_kwh": 31.5}
+        put(db, "p1", incidents.Change.RESOLVED, t + H, **power, evidence=ended)
         db.commit()
         r = figures.build(db, figures.Options(end=END, since_s=7 * DAY, fleet_gpus=16))
     assert r["totals"]["incidents"] == 2, "neither the domain nor the power budget is a fault of its own"

@@ -26,14 +26,16 @@ def incident(
 ) -> None:  # fmt: skip
     """Its events: opened, then an action (containment), escalated, resolved, as the controller sends them."""
     acts: list[incidents.ActionRecord] = []
-    steps: list[tuple[incidents.Change, float, incidents.IncidentState]] = [("opened", opened, "open")]
+    steps: list[tuple[incidents.Change, float, incidents.IncidentState]] = [
+        (incidents.Change.OPENED, opened, "open")
+    ]
     if contained is not None:
         acts = [incidents.ActionRecord(kind=contain_kind, status="done", at=contained)]
-        steps.append(("action", contained, "open"))
+        steps.append((incidents.Change.ACTION, contained, "open"))
     if escalated is not None:
-        steps.append(("escalated", escalated, "escalated"))
+        steps.append((incidents.Change.ESCALATED, escalated, "escalated"))
     if resolved is not None:
-        steps.append(("resolved", resolved, "resolved"))
+        steps.append((incidents.Change.RESOLVED, resolved, "resolved"))
     for k, (change, ts, state) in enumerate(steps):
         data = incidents.IncidentData(
             incident_id=iid, rule_id=rule, severity=severity, node=node, gpu_index=gpu, state=state,

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from healer import errors
-from healer.bus import base, subjects
+from healer.bus import base, nats_jetstream, subjects
 from healer.bus import nats as natsbus
 from healer.controller.store import kv, lease
 
@@ -108,11 +108,11 @@ async def test_a_key_listing_reads_every_key_past_one_fetch(
     """A listing reads exactly the keys there were when it began, in several fetches when there are many
     (the pull consumer's own count, not a push consumer's guess at when the last one came)."""
     bucket = await nats_bus.key_value(subj.kv_state)
-    for i in range(2 * natsbus.KEYS_BATCH + 7):
+    for i in range(2 * nats_jetstream.KEYS_BATCH + 7):
         await bucket.put(f"k.{i:04d}", b"x")
     await bucket.delete("k.0003")
     listed = await bucket.keys()
-    assert sorted(listed) == [f"k.{i:04d}" for i in range(2 * natsbus.KEYS_BATCH + 7) if i != 3]
+    assert sorted(listed) == [f"k.{i:04d}" for i in range(2 * nats_jetstream.KEYS_BATCH + 7) if i != 3]
 
 
 async def test_a_bucket_that_was_never_provisioned_is_not_found(bus: base.Bus) -> None:

@@ -14,7 +14,7 @@ import pytest
 import structlog.testing
 
 from healer import config, errors, testing
-from healer.bus import memory, subjects
+from healer.bus import memory, nats_errors, nats_jetstream, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import incident_shell, ingest, service
 from healer.controller.incidents import book, decide
@@ -66,7 +66,7 @@ class FailingKV:
 
 @pytest.mark.parametrize("error", TRY_AGAIN, ids=lambda e: type(e).__name__)
 async def test_every_try_again_error_of_kv_is_temporary(error: Exception) -> None:
-    store = kv.Store(natsbus.NatsKeyValue(FailingKV(error), FailingKV(error), "healer-state"))  # type: ignore[arg-type]
+    store = kv.Store(nats_jetstream.NatsKeyValue(FailingKV(error), FailingKV(error), "healer-state"))  # type: ignore[arg-type]
     calls = [
         store.get("k"), store.put("k", {}), store.create("k", {}), store.update("k", {}, 1),
         store.delete("k"), store.keys(),
@@ -78,7 +78,7 @@ async def test_every_try_again_error_of_kv_is_temporary(error: Exception) -> Non
 
 async def test_a_refusal_of_kv_is_permanent() -> None:
     refusal = JS.BadRequestError(code=400, description="invalid key")
-    store = kv.Store(natsbus.NatsKeyValue(FailingKV(refusal), FailingKV(refusal), "healer-state"))  # type: ignore[arg-type]
+    store = kv.Store(nats_jetstream.NatsKeyValue(FailingKV(refusal), FailingKV(refusal), "healer-state"))  # type: ignore[arg-type]
     with pytest.raises(errors.PermanentError):
         await store.get("k")
 
@@ -99,7 +99,7 @@ async def test_the_lease_outlives_a_renewal_that_fails_with_no_stream_response()
 
         async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
             if self.fail:
-                raise natsbus.translate("KV update", JS.NoStreamResponseError())
+                raise nats_errors.translate("KV update", JS.NoStreamResponseError())
             self.rev += 1
             return self.rev
 
@@ -180,7 +180,7 @@ async def test_the_leader_gauge_falls_when_renewals_fail(
     await run_until(fleet, lambda: ctl.leader and metric(ctl.metrics, "leader") == 1)
 
     async def unreachable(self: kv.Store, key: str, value: dict[str, Any], revision: int) -> int:
-        raise natsbus.translate("KV update", JS.ServiceUnavailableError(code=503))
+        raise nats_errors.translate("KV update", JS.ServiceUnavailableError(code=503))
 
     monkeypatch.setattr(kv.Store, "update", unreachable)
     await run_until(fleet, lambda: not ctl.leader, timeout=LEASE_TTL_S * 2)

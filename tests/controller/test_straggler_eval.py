@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from healer.controller.failslow import stragglers
+from healer.controller.failslow import straggler_settings
 from healer.evals import straggler_eval, straggler_sim_eval
 
 
@@ -54,7 +54,7 @@ def test_the_summary_counts_from_onset_from_the_drawn_time_and_from_the_first_lo
 
 
 def test_on_healers_own_simulator_it_names_the_culprits_and_nobody_for_a_job_level_stall() -> None:
-    run = straggler_sim_eval.run_sim_seed(32, 2.5, 3, 8, stragglers.Settings())
+    run = straggler_sim_eval.run_sim_seed(32, 2.5, 3, 8, straggler_settings.Settings())
     faults = run["faults"]
     assert sorted(f["kind"] for f in faults) == sorted(straggler_sim_eval.SIM_KINDS * 2)
     assert run["false_episodes"] == 0
@@ -78,7 +78,7 @@ def test_on_healers_own_simulator_it_names_the_culprits_and_nobody_for_a_job_lev
 
 
 def test_the_simulators_healthy_node_days_are_told_by_job_size_split_nodes_and_training() -> None:
-    run = straggler_sim_eval.run_sim_seed(32, 2.5, 3, 8, stragglers.Settings())
+    run = straggler_sim_eval.run_sim_seed(32, 2.5, 3, 8, straggler_settings.Settings())
     days = run["computing_node_days"]
     by_size = [days[f"jobs of {c} node{'' if c == '1' else 's'}"] for c in straggler_sim_eval.SIZE_CLASSES]
     # seed 3's 32 nodes: jobs of 1 to 8-15 nodes compute, split nodes among the single ones

@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from healer.controller.failslow import detector, straggler_ports, stragglers
+from healer.controller.failslow import detector, straggler_ports, straggler_settings
 from healer.schemas import telemetry
 
 P = straggler_ports.NodePorts
@@ -121,7 +121,7 @@ def test_the_port_watch_gives_each_nodes_worst_port_per_window_and_survives_a_co
 
 
 def test_the_failslow_part_names_a_congested_node_of_a_job_as_one_node_straggler() -> None:
-    fs = detector.FailSlow(stragglers.Settings(window_s=60.0, sample_every_s=5.0))
+    fs = detector.FailSlow(straggler_settings.Settings(window_s=60.0, sample_every_s=5.0))
     for t, node in itertools.product(range(0, 301, 5), ("a", "b", "c")):
         gpus = [
             {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from healer.controller.failslow import detector, peer_stats, stragglers
+from healer.controller.failslow import detector, peer_stats, straggler_settings, stragglers
 from healer.schemas import telemetry
 
 
@@ -203,7 +203,7 @@ def test_a_small_clock_limit_on_a_gpu_that_ran_ahead_of_its_capped_peers_is_name
     assert why["straggler.basis"] == "unconstrained clock"
     assert why["straggler.clock_deficit_pct"] == 10.0
     # without the unconstrained-clock tests the loaded clock alone never names it
-    fs = detector.FailSlow(stragglers.Settings(free_min=10**6))
+    fs = detector.FailSlow(straggler_settings.Settings(free_min=10**6))
     assert all(v["n1"][3] == 0.0 for v in run(fs, make, 20))
 
 
@@ -225,7 +225,7 @@ def test_a_whole_node_slowed_as_a_new_job_starts_is_named_from_its_chips_past() 
     assert why["straggler.test"] == "history"
     assert why["straggler.basis"] == "unconstrained clock"
     assert why["straggler.job"] == "b"
-    fs = detector.FailSlow(stragglers.Settings(free_min=10**6))
+    fs = detector.FailSlow(straggler_settings.Settings(free_min=10**6))
     assert all(v["n1"][0] == 0.0 for v in run(fs, make, 25))
 
 
@@ -350,7 +350,7 @@ def test_a_whole_node_lagging_its_jobs_other_nodes_is_a_node_straggler() -> None
 
 
 def test_a_nodes_frames_are_folded_at_most_every_sample_every_s() -> None:
-    scorer = stragglers.Scorer(stragglers.Settings(sample_every_s=5.0))
+    scorer = stragglers.Scorer(straggler_settings.Settings(sample_every_s=5.0))
     for t in range(60):
         scorer.observe(frame("n1", [gpu(0)], ts=1000.0 + t))
     scorer._fold_pending()

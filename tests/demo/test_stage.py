@@ -13,7 +13,7 @@ import pathlib
 import pytest
 import yaml
 
-from healer.controller.failslow import detector, stragglers
+from healer.controller.failslow import detector, straggler_settings
 from healer.demo import stage
 from healer.rules import engine, loader
 from healer.schemas import codec, events
@@ -144,7 +144,7 @@ def test_the_demo_straggler_is_named_before_the_mass_fault_and_no_other(seed: in
     from healer.demo import session
 
     window = session.STRAGGLER_WINDOW_S
-    fs = detector.FailSlow(stragglers.Settings(window_s=window, sample_every_s=window / 12))
+    fs = detector.FailSlow(straggler_settings.Settings(window_s=window, sample_every_s=window / 12))
     t0 = 1_900_000_000.0
     sim = stage.build_fleet(stage.load_scenario(None), nodes=32, gpus=8, seed=seed, start_ts=t0)
     named_at = None

@@ -7,7 +7,7 @@ import pytest
 
 from healer import errors
 from healer.schemas import fields
-from healer.sim import faults, physics, profiles, scenarios, workloads
+from healer.sim import faults, frames, physics, profiles, scenarios, workloads
 
 
 def _fleet(nodes: int = 2, kind: int = workloads.TRAINING, seed: int = 3) -> physics.Fleet:
@@ -151,7 +151,7 @@ def test_a100_profile_has_its_own_envelope() -> None:
     fl.work.kind[:] = workloads.TRAINING
     _run(fl, 200)
     assert fl.power.max() <= profiles.A100.sheet.power_max_w + 20
-    assert fl.static()[0][0]["model"] == profiles.A100.sheet.model
+    assert frames.static_fields(fl.profiles, fl.uuids)[0][0]["model"] == profiles.A100.sheet.model
     assert (fl.nvlink_up == 12).all()
 
 

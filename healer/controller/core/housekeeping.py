@@ -16,17 +16,13 @@ import contextlib
 import math
 import time
 
-import structlog
-
 from healer import config, errors
 from healer.actuators import base as actuators
-from healer.controller.core import learning, reload
+from healer.controller.core import context, learning, reload
 from healer.controller.incidents import closing
 from healer.controller.inventory import admission, jobs
-from healer.controller.observability import metrics as controller_metrics
 from healer.controller.observability import storage
 from healer.controller.remediation import action_runner, policy
-from healer.controller.store import role
 from healer.rules import engine
 
 
@@ -45,7 +41,7 @@ def listing_due(cs: config.ControllerSettings, since_s: float, unlisted: bool) -
 class Housekeeping:
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         *,
         storage: storage.StorageWatch,
         actions: action_runner.ActionRunner,
@@ -55,16 +51,11 @@ class Housekeeping:
         engine: engine.Engine,
         admission: admission.Admission,
         reloader: reload.Reloader,
-        role: role.Role,
         exclusions: policy.Exclusions,
         breaker: policy.Breaker,
         learning: learning.Learning,
-        turn: asyncio.Lock,
-        metrics: controller_metrics.ControllerMetrics,
-        stop: asyncio.Event,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.cs = cs
+        self.cs = ctx.cs
         self.storage = storage
         self.actions = actions
         self.closer = closer
@@ -75,14 +66,14 @@ class Housekeeping:
         self.engine = engine
         self.admission = admission
         self.reloader = reloader
-        self.role = role
+        self.role = ctx.role
         self.exclusions = exclusions
         self.breaker = breaker
         self.learning = learning
-        self.turn = turn
-        self.metrics = metrics
-        self.stop = stop
-        self.log = log
+        self.turn = ctx.turn
+        self.metrics = ctx.metrics
+        self.stop = ctx.stop
+        self.log = ctx.log
         self._labels_at = -math.inf
         self._jobs_at = -math.inf
 

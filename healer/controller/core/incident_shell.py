@@ -11,20 +11,16 @@ ladders ask of the controller around them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
-import structlog
-
-from healer import config, errors
+from healer import errors
 from healer.actuators import base as actuators
-from healer.controller.core import learning
+from healer.controller.core import context, learning
 from healer.controller.failslow import job_slowdowns
 from healer.controller.incidents import book, decide, feed_publisher, shared_cause
 from healer.controller.inventory import admission, blast
-from healer.controller.observability import metrics as controller_metrics
 from healer.controller.observability import repairs
 from healer.controller.remediation import action_runner, healing, policy
-from healer.controller.store import kv, lease, role
+from healer.controller.store import kv, lease
 from healer.rules import engine
 from healer.schemas import incidents
 
@@ -65,13 +61,12 @@ class IncidentShell:
 
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         *,
         state: kv.Store,
         book: book.Book,
         feed: feed_publisher.FeedPublisher,
         engine: engine.Engine,
-        role: role.Role,
         admission: admission.Admission,
         learning: learning.Learning,
         scheduler: actuators.Actuator,
@@ -82,32 +77,28 @@ class IncidentShell:
         dry_breaker: policy.Breaker,
         exclusions: policy.Exclusions,
         limits: policy.Limits,
-        metrics: controller_metrics.ControllerMetrics,
-        clock: Callable[[], float],
-        stop: asyncio.Event,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.cs = cs
+        self.cs = ctx.cs
         self.state = state
         self.book = book
         self._failslow_windows = 0
         """The fail-slow windows seen (``failslow`` runs once per window)."""
         self.feed = feed
         self.engine = engine
-        self.role = role
+        self.role = ctx.role
         self.admission = admission
         self.learning = learning
-        self.metrics = metrics
-        self.clock = clock
-        self.log = log
-        self.repairs = repairs.RepairMeter(metrics, cs.gpus_per_node)
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.log = ctx.log
+        self.repairs = repairs.RepairMeter(ctx.metrics, ctx.cs.gpus_per_node)
         self.actions = action_runner.ActionRunner(
-            cs, scheduler=scheduler, power=power, gpu=gpu, lease=lease, breaker=breaker,
-            dry_breaker=dry_breaker, exclusions=exclusions, limits=limits, book=book, metrics=metrics,
-            shell=self, clock=clock, stop=stop, log=log,
+            ctx.cs, scheduler=scheduler, power=power, gpu=gpu, lease=lease, breaker=breaker,
+            dry_breaker=dry_breaker, exclusions=exclusions, limits=limits, book=book, metrics=ctx.metrics,
+            shell=self, clock=ctx.clock, stop=ctx.stop, log=ctx.log,
         )  # fmt: skip
         self.recovery = healing.Recovery(
-            cs, state, book, scheduler=scheduler, engine=engine, shell=self, clock=clock, log=log
+            ctx.cs, state, book, scheduler=scheduler, engine=engine, shell=self, clock=ctx.clock, log=ctx.log
         )
 
     # -- shell.Shell ----------------------------------------------------------------------------------
@@ -135,9 +126,9 @@ class IncidentShell:
         await self.book.save(inc)
         self.feed.kick()  # published by the feed task: a slow incidents stream never delays an action
         self.metrics.incident_changes.labels(change).inc()
-        if change == "opened":
+        if change == incidents.Change.OPENED:
             self.repairs.opened(inc)
-        elif change == "resolved":
+        elif change == incidents.Change.RESOLVED:
             self.repairs.resolved(inc, inc.resolved_at if inc.resolved_at is not None else inc.updated_at)
         self.log.info(
             "incident." + change, incident_id=inc.id, rule_id=inc.rule_id, node=inc.node, gpu=inc.gpu_index,
@@ -180,7 +171,7 @@ class IncidentShell:
             inc.resolved_at = self.clock()
             inc.evidence = {**inc.evidence, **change.evidence}
             inc.actions += change.on_resolve
-            await self.publish(inc, "resolved")
+            await self.publish(inc, incidents.Change.RESOLVED)
             if any(a.on_resolve and a.status is None for a in inc.actions):
                 self.spawn(inc)
             return
@@ -189,7 +180,7 @@ class IncidentShell:
             signal.evidence, signal.resolved_at = change.evidence, None
             inc.evidence = decide.evidence_of(inc)
             inc.actions += change.actions  # node-wide: a GPU capped again after its restore
-            await self.publish(inc, "updated")
+            await self.publish(inc, incidents.Change.UPDATED)
             if change.actions:
                 self.spawn(inc)
 
@@ -210,9 +201,9 @@ class IncidentShell:
         if self.learning.failslow is not None and "straggler_score" in (f.rule.when_text or ""):
             inc.evidence.update(self.learning.failslow.explain(f.node, f.gpu))  # job, peers, cause
         await self.recovery.opened(inc, now)
-        await self.publish(inc, "opened")
+        await self.publish(inc, incidents.Change.OPENED)
         if inc.escalated:
-            await self.publish(inc, "escalated")
+            await self.publish(inc, incidents.Change.ESCALATED)
         self.spawn(inc)
 
     async def _join(self, inc: book.Incident, f: engine.Firing, now: float) -> None:
@@ -226,9 +217,9 @@ class IncidentShell:
             up = decide.repeat_escalation(inc.actions, repeats, self.cs)
             if up is not None:
                 escalate(inc, up)
-        await self.publish(inc, "updated")
+        await self.publish(inc, incidents.Change.UPDATED)
         if up is not None:
-            await self.publish(inc, "escalated")
+            await self.publish(inc, incidents.Change.ESCALATED)
         if any(a.status is None for a in inc.actions):
             self.spawn(inc)
 
@@ -258,7 +249,7 @@ class IncidentShell:
                 "controller.shared_cause", incident_id=inc.id, domain=f.domain, rule_id=f.rule_id,
                 members=len(f.members),
             )  # fmt: skip
-            await self.publish(inc, "opened")
+            await self.publish(inc, incidents.Change.OPENED)
             await self._mark_members(inc, f)
         for inc, f in todo.grow:
             before, before_ids = shared_cause.members_of(inc), shared_cause.member_incidents(inc)
@@ -266,13 +257,13 @@ class IncidentShell:
                 before, before_ids = inc.domain.members, inc.domain.member_incidents
             inc.evidence = {**inc.evidence, **shared_cause.evidence(f, before, before_ids)}
             inc.domain = shared_cause.domain(f, before, before_ids)
-            await self.publish(inc, "updated")
+            await self.publish(inc, incidents.Change.UPDATED)
             await self._mark_members(inc, f)
         for inc in todo.resolve:
             inc.state = "resolved"
             inc.resolved_at = now
             inc.evidence = {**inc.evidence, "outcome": "domain recovered"}
-            await self.publish(inc, "resolved")
+            await self.publish(inc, incidents.Change.RESOLVED)
 
     async def failslow(self, now: float) -> None:
         """After each fail-slow window: a straggler incident opened before its job's step times said how
@@ -291,22 +282,22 @@ class IncidentShell:
             said = fs.step_evidence(found) if found is not None else {}
             if said:
                 inc.evidence = {**inc.evidence, **said}
-                await self.publish(inc, "updated")
+                await self.publish(inc, incidents.Change.UPDATED)
         named = {found.job for found in fs.scorer.stragglers.values() if found.job is not None}
         slower = fs.steps.slower_jobs(now)
         todo = job_slowdowns.plan(self.book.open.values(), fs.job_level(now), slower, named)
         for slow in todo.open:
             inc = job_slowdowns.new_incident(slow, book.new_id(), now, self.cs.mode)
             self.log.warning("controller.job_slowdown", incident_id=inc.id, job=slow.job, pct=slow.slower_pct)
-            await self.publish(inc, "opened")
+            await self.publish(inc, incidents.Change.OPENED)
         for inc, slow in todo.update:
             inc.summary = job_slowdowns.summary(slow)
             inc.evidence = {**inc.evidence, **job_slowdowns.evidence(slow)}
-            await self.publish(inc, "updated")
+            await self.publish(inc, incidents.Change.UPDATED)
         for inc, outcome in todo.resolve:
             inc.state, inc.resolved_at = "resolved", now
             inc.evidence = {**inc.evidence, "outcome": outcome}
-            await self.publish(inc, "resolved")
+            await self.publish(inc, incidents.Change.RESOLVED)
 
     async def _mark_members(self, domain: book.Incident, f: shared_cause.Finding) -> None:
         """Each member incident names the domain incident that holds its repairs (``held_by_incident``),
@@ -320,7 +311,7 @@ class IncidentShell:
                     "held_by_incident": domain.id,
                     "held_by_shared_cause": str(domain.evidence.get("domain")),
                 }
-                await self.publish(inc, "updated")
+                await self.publish(inc, incidents.Change.UPDATED)
 
     async def count_repeat(self, node: str, gpu: int | None, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""
@@ -352,5 +343,5 @@ class IncidentShell:
             up = decide.ladder_step(inc, now, self.cs)
             if up is not None:
                 escalate(inc, up)
-                await self.publish(inc, "escalated")
+                await self.publish(inc, incidents.Change.ESCALATED)
                 self.spawn(inc)

@@ -21,20 +21,15 @@ import contextlib
 import math
 import time
 import zlib
-from collections.abc import Callable
 from typing import Any
 
-import structlog
-
-from healer import config, errors
+from healer import errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.controller.core import frame_order, learning
+from healer.controller.core import context, frame_order, learning
 from healer.controller.inventory import admission
 from healer.controller.observability import drops, throttle
-from healer.controller.observability import metrics as controller_metrics
 from healer.controller.power import energy_meter
-from healer.controller.store import role
 from healer.rules import engine
 from healer.schemas import codec, events, telemetry
 
@@ -65,37 +60,34 @@ class Ingest:
 
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         bus: bus_base.Bus,
         subjects: subjects.Subjects,
         *,
         engine: engine.Engine,
         learning: learning.Learning,
         admission: admission.Admission,
-        role: role.Role,
-        metrics: controller_metrics.ControllerMetrics,
-        clock: Callable[[], float],
-        stop: asyncio.Event,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.cs = cs
+        self.cs = ctx.cs
         self.bus = bus
         self.subjects = subjects
         self.engine = engine
         self.learning = learning
         self.admission = admission
-        self.role = role
-        self.metrics = metrics
-        self.clock = clock
-        self.stop = stop
-        self.log = log
+        self.role = ctx.role
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.stop = ctx.stop
+        self.log = ctx.log
         self.nodes: set[str] = set()
         self._node_of: dict[str, str] = {}
         """Subject → node, for the subjects seen (unescaping a subject costs more than the lookup); with
         several shards, "" for another shard's node (a CRC32 per frame costs more than the lookup too)."""
         self.newest: dict[str, telemetry.FrameView] = {}
         """Per node: its newest frame, kept only with ``power_budgets`` set (``power_shell`` reads it)."""
-        self.energy = energy_meter.EnergyMeter(metrics, cs.energy_keys) if cs.energy_accounting else None
+        self.energy = (
+            energy_meter.EnergyMeter(ctx.metrics, ctx.cs.energy_keys) if ctx.cs.energy_accounting else None
+        )
         """Energy per domain and job (``controller.energy_accounting``), from every frame ingested."""
         self._topology_at = -math.inf
         self.unacked: list[Any] = []
@@ -103,14 +95,14 @@ class Ingest:
         """Set when a pulled event matched an event rule: the ticker evaluates it at once, between ticks
         (``tick.Ticker.arrivals``), instead of at the next tick."""
         self._received_at = -math.inf
-        self._bad_frames = throttle.Throttled(log, "controller.bad_frame")
+        self._bad_frames = throttle.Throttled(ctx.log, "controller.bad_frame")
         """Bad frames are counted each (``_decode_errors_total``) and logged at most once per 10 s."""
-        self._bad_events = throttle.Throttled(log, "controller.bad_event")
+        self._bad_events = throttle.Throttled(ctx.log, "controller.bad_event")
         self.order = frame_order.FrameOrder()
         for verdict in frame_order.STALE:  # every reason at 0 from the start
-            metrics.frames_stale.labels(verdict.value)
+            ctx.metrics.frames_stale.labels(verdict.value)
         """Each node's (boot_id, seq): a repeated or late frame is dropped before it reaches a counter."""
-        self._stale = throttle.Throttled(log, "controller.frame_stale")
+        self._stale = throttle.Throttled(ctx.log, "controller.frame_stale")
         self._vetted_out = [0, 0]
         """Refused at the door since the last tick: [naming another node, not a frame at all]."""
         self._vetted_subject = ""
@@ -119,11 +111,11 @@ class Ingest:
         self.steps_sub: bus_base.Subscription | None = None
         self._subscribed = False
         self._frames_dropped = 0
-        self._drops = drops.DropLog(log)
+        self._drops = drops.DropLog(ctx.log)
         self._disconnects = {"main": 0, "telemetry": 0}
         self.events = bus.pull_consumer(
             subjects.stream_events, subjects.all_events,
-            durable=f"healer-controller-s{cs.shard}",
+            durable=f"healer-controller-s{ctx.cs.shard}",
             ack_wait_s=EVENTS_ACK_WAIT_S, max_ack_pending=20000,
         )  # fmt: skip
 

@@ -19,15 +19,11 @@ import asyncio
 import contextlib
 import time
 
-import structlog
-
-from healer.controller.core import ingest
+from healer.controller.core import context, ingest
 from healer.controller.failslow import job_slowdowns
 from healer.controller.incidents import book, feed_publisher, shared_cause
-from healer.controller.observability import metrics as controller_metrics
 from healer.controller.power import power_budget
 from healer.controller.remediation import healing, policy, shell
-from healer.controller.store import role
 from healer.rules import engine
 
 TAKEOVER_ATTEMPTS = 3
@@ -40,7 +36,7 @@ class Leadership:
 
     def __init__(
         self,
-        role: role.Role,
+        ctx: context.Context,
         *,
         book: book.Book,
         recovery: healing.Recovery,
@@ -50,13 +46,9 @@ class Leadership:
         shell: shell.Shell,
         feed: feed_publisher.FeedPublisher,
         dedup_window_s: float,
-        turn: asyncio.Lock,
-        metrics: controller_metrics.ControllerMetrics,
-        stop: asyncio.Event,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.role = role
-        self.lease = role.lease
+        self.role = ctx.role
+        self.lease = ctx.role.lease
         self.book = book
         self.recovery = recovery
         self.engine = engine
@@ -66,12 +58,12 @@ class Leadership:
         self.feed = feed
         self.dedup_window_s = dedup_window_s
         """The incidents stream's duplicate window: what the feed resends on a takeover must fall in it."""
-        self.turn = turn
+        self.turn = ctx.turn
         """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
         tick that started before a lost lease was won again (that tick's objects would act twice)."""
-        self.metrics = metrics
-        self.stop = stop
-        self.log = log
+        self.metrics = ctx.metrics
+        self.stop = ctx.stop
+        self.log = ctx.log
         self.failures = 0
         """Takeovers failed in a row."""
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from healer import config, errors
-from healer.controller.failslow import detector, stragglers
+from healer.controller.failslow import detector, straggler_settings
 from healer.controller.observability import metrics as controller_metrics
 from healer.controller.store import kv
 
@@ -39,7 +39,7 @@ class Learning:
         self.saved_at = time.monotonic()
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
         window = cs.straggler_window_s
-        fs = stragglers.Settings(window_s=window, sample_every_s=window / 12)
+        fs = straggler_settings.Settings(window_s=window, sample_every_s=window / 12)
         self.failslow = detector.FailSlow(fs) if cs.stragglers else None
         """Fail-slow detection (docs/fail-slow.md): on unless ``controller.stragglers`` is off."""
         if cs.model:

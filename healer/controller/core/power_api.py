@@ -14,19 +14,12 @@ leads). A request that does not decode is answered ``ok: false`` with why, count
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
-import structlog
-
 from healer import errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.controller.core import power_shell, power_views
-from healer.controller.observability import metrics as controller_metrics
+from healer.controller.core import context, power_shell, power_views
 from healer.controller.observability import throttle
 from healer.controller.power import power_budget
-from healer.controller.store import role
 from healer.schemas import budgets, codec
 
 PHASES: dict[power_budget.Phase, budgets.Phase] = {
@@ -49,25 +42,22 @@ def status_of(view: power_views.DomainView) -> budgets.DomainStatus:
 class PowerApi:
     def __init__(
         self,
+        ctx: context.Context,
         bus: bus_base.Bus,
         subj: subjects.Subjects,
         *,
         shell: power_shell.PowerShell,
-        role: role.Role,
         holder: str,
-        metrics: controller_metrics.ControllerMetrics,
-        clock: Callable[[], float] = time.time,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self.bus = bus
         self.subjects = subj
         self.shell = shell
-        self.role = role
+        self.role = ctx.role
         self.holder = holder
-        self.metrics = metrics
-        self.clock = clock
-        self.log = log
-        self._bad = throttle.Throttled(log, "controller.bad_power_request")
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.log = ctx.log
+        self._bad = throttle.Throttled(ctx.log, "controller.bad_power_request")
         self._subs: list[bus_base.Subscription] = []
 
     async def subscribe(self) -> None:

@@ -36,49 +36,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-
-import structlog
+from collections.abc import Mapping, Sequence
 
 from healer import config, errors
-from healer.controller.core import incident_shell, ingest, power_views
+from healer.controller.core import context, incident_shell, ingest, power_views
 from healer.controller.incidents import book, shared_cause
 from healer.controller.inventory import admission, jobs, topology
-from healer.controller.observability import metrics as controller_metrics
 from healer.controller.power import power_budget
-from healer.controller.store import kv, role
+from healer.controller.store import kv
 from healer.schemas import incidents
 
 
 class PowerShell:
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         *,
         state: kv.Store,
         book: book.Book,
         ingest: ingest.Ingest,
         admission: admission.Admission,
         shell: incident_shell.IncidentShell,
-        role: role.Role,
-        turn: asyncio.Lock,
-        metrics: controller_metrics.ControllerMetrics,
-        clock: Callable[[], float],
-        stop: asyncio.Event,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.cs = cs
+        self.cs = ctx.cs
         self.store = state
         self.book = book
         self.ingest = ingest
         self.admission = admission
         self.shell = shell
-        self.role = role
-        self.turn = turn
-        self.metrics = metrics
-        self.clock = clock
-        self.stop = stop
-        self.log = log
+        self.role = ctx.role
+        self.turn = ctx.turn
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.stop = ctx.stop
+        self.log = ctx.log
         self.states: dict[str, power_budget.DomainState] | None = None
         """Each budget's state by domain (``rack=r7``) while this process leads; None: not loaded."""
         self.views: dict[str, power_views.DomainView] = {}
@@ -89,12 +80,12 @@ class PowerShell:
         """Each domain's live view as last written to KV (``LIVE_KEY``)."""
         self.meter = ingest.energy
         self.measure_after: set[str] = set()
-        """Domains whose last step lowered limits: once its actions are done, the draw and SM clock after
+        """Domains whose last step lowered limits: once its actions are done, the draw and SM ctx.clock after
         it go into the incident (``draw_after_w``, ``sm_clock_after_mhz``): the cost of the cap."""
         self.lock = asyncio.Lock()
         """Held by a step and by a demand-response request (both change a domain's state)."""
-        for b in cs.power_budgets:  # every budget's series from the start, at 0
-            metrics.power_episodes.labels(b.domain)
+        for b in ctx.cs.power_budgets:  # every budget's series from the start, at 0
+            ctx.metrics.power_episodes.labels(b.domain)
 
     def budget(self, domain: str) -> config.PowerBudget | None:
         return next((b for b in self.cs.power_budgets if b.domain == domain), None)
@@ -204,7 +195,7 @@ class PowerShell:
             if clock is not None:
                 after["sm_clock_after_mhz"] = clock
             inc.evidence = {**inc.evidence, **after}
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
         decision = power_budget.step(readings, budget, state, now, since)
         await self.save(budget, decision.state)
         if decision.changes:
@@ -293,7 +284,7 @@ class PowerShell:
             f"{decision.budget_w / 1000:.1f} kW; {what} ({budget.policy}); {len(decision.state.capped_w)} "
             "GPUs held under healer's limit"
         )
-        change: incidents.Change = "updated"
+        change: incidents.Change = incidents.Change.UPDATED
         if inc is None:
             node = shared_cause.domain_node(budget.key, budget.value)
             cap = incidents.DOMAIN_MEMBERS_MAX
@@ -308,7 +299,7 @@ class PowerShell:
                 ),
                 mode=self.cs.mode, opened_at=now, updated_at=now,
             )  # fmt: skip
-            change = "opened"
+            change = incidents.Change.OPENED
             self.metrics.power_episodes.labels(budget.domain).inc()
             if self.meter is not None:
                 inc.evidence["energy_start_j"] = round(self.meter.joules(budget.domain), 1)
@@ -362,7 +353,7 @@ class PowerShell:
             "capped_gpus": 0,
             "draw_w": round(decision.total_w, 1),
         }
-        await self.shell.publish(inc, "resolved")
+        await self.shell.publish(inc, incidents.Change.RESOLVED)
 
     def cost(
         self, changes: Sequence[power_budget.Change], inc: book.Incident, now: float

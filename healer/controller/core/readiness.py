@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import time
 
-from healer import config, health, tasks
+from healer import health, tasks
 from healer.bus import base as bus_base
-from healer.controller.core import learning
-from healer.controller.observability import metrics as controller_metrics
-from healer.controller.store import role
+from healer.controller.core import context, learning
 from healer.rules import engine
 
 STANDING_TASKS = frozenset(
@@ -27,22 +25,20 @@ TICK_STALE_MIN_S = 10.0
 class Readiness:
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         *,
         bus: bus_base.Bus,
         engine: engine.Engine,
         learning: learning.Learning,
-        role: role.Role,
         supervisor: tasks.Scheduler,
-        metrics: controller_metrics.ControllerMetrics,
     ) -> None:
-        self.cs = cs
+        self.cs = ctx.cs
         self.bus = bus
         self.engine = engine
         self.learning = learning
-        self.role = role
+        self.role = ctx.role
         self.supervisor = supervisor
-        self.metrics = metrics
+        self.metrics = ctx.metrics
         self._ticks: tuple[float, float] | None = None
         """(tick count, monotonic time it was first seen), to tell a stuck tick."""
 

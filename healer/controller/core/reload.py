@@ -13,18 +13,13 @@ import contextlib
 import datetime
 import pathlib
 import uuid
-from collections.abc import Callable
 from typing import Any
-
-import structlog
 
 from healer import config, errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.controller.core import incident_shell
-from healer.controller.observability import metrics as controller_metrics
+from healer.controller.core import context, incident_shell
 from healer.controller.observability import repairs
-from healer.controller.store import role
 from healer.rules import engine, loader
 from healer.schemas import codec, incidents
 
@@ -54,30 +49,26 @@ def load(cs: config.ControllerSettings) -> engine.Engine:
 class Reloader:
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         bus: bus_base.Bus,
         subjects: subjects.Subjects,
         *,
         sig: Signature,
         engine: engine.Engine,
-        role: role.Role,
         shell: incident_shell.IncidentShell,
-        metrics: controller_metrics.ControllerMetrics,
-        clock: Callable[[], float],
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         """``sig``: the files' signature taken before the engine's rules were read."""
-        self.cs = cs
+        self.cs = ctx.cs
         self.bus = bus
         self.subjects = subjects
-        self.rules_path = pathlib.Path(cs.rules_dir)
+        self.rules_path = pathlib.Path(ctx.cs.rules_dir)
         self.sig = sig
         self.engine = engine
-        self.role = role
+        self.role = ctx.role
         self.shell = shell
-        self.metrics = metrics
-        self.clock = clock
-        self.log = log
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.log = ctx.log
 
     async def maybe_reload(self) -> None:
         sig = signature(self.rules_path)

@@ -42,6 +42,7 @@ from healer.actuators import base as actuators
 from healer.bus import base as bus_base
 from healer.bus import subjects
 from healer.controller.core import (
+    context,
     housekeeping,
     incident_shell,
     ingest,
@@ -138,60 +139,64 @@ class Controller:
             "controller", metrics.task_failures, log=self.log, stop=self._stop,
             initial_delay_s=settings.retry.initial_delay_s, max_delay_s=settings.retry.max_delay_s,
         )  # fmt: skip
-        turn = asyncio.Lock()
-        """Held by a tick, a takeover and a rules reload: a takeover never reloads the incidents under a
-        tick that started before a lost lease was won again (that tick's objects would act twice)."""
+        turn = asyncio.Lock()  # ``context.Context.turn``
         self.role = role.Role(self.lease, metrics, self.log, shard=cs.shard, margin_s=cs.leaderless_margin_s)
-        stop, lg = self._stop, self.log
+        self.ctx = context.Context(cs, metrics, self.role, clock, self._stop, self.log, turn)
+        self._wire_roles(self.ctx, state, scheduler, gpu, rules_sig)
+
+    def _wire_roles(
+        self,
+        ctx: context.Context,
+        state: kv.Store,
+        scheduler: actuators.Actuator,
+        gpu: actuators.Actuator | None,
+        rules_sig: reload.Signature,
+    ) -> None:
+        """The controller's roles, each given the shared ``ctx`` and its own collaborators."""
+        bus = self.bus
         self.ingest = ingest.Ingest(
-            cs, bus, self.subjects, engine=self.engine, learning=self.learning, admission=self.admission,
-            role=self.role, metrics=metrics, clock=clock, stop=stop, log=lg,
-        )  # fmt: skip
+            ctx, bus, self.subjects, engine=self.engine, learning=self.learning, admission=self.admission
+        )
         self.incidents = incident_shell.IncidentShell(
-            cs, state=state, book=self.book, feed=self.feed, engine=self.engine, role=self.role,
+            ctx, state=state, book=self.book, feed=self.feed, engine=self.engine,
             admission=self.admission, learning=self.learning, scheduler=scheduler, power=self.power,
             gpu=gpu, lease=self.lease, breaker=self.breaker, dry_breaker=self.dry_breaker,
-            exclusions=self.exclusions, limits=self.limits, metrics=metrics, clock=clock, stop=stop, log=lg,
+            exclusions=self.exclusions, limits=self.limits,
         )  # fmt: skip
         self.actions = self.incidents.actions
         self.recovery = self.incidents.recovery
         self.leadership = leadership.Leadership(
-            self.role, book=self.book, recovery=self.recovery, engine=self.engine,
+            ctx, book=self.book, recovery=self.recovery, engine=self.engine,
             exclusions=self.exclusions, ingest=self.ingest, shell=self.incidents, feed=self.feed,
-            dedup_window_s=settings.nats.dedup_window_s, turn=turn,
-            metrics=metrics, stop=stop, log=lg,
+            dedup_window_s=self.settings.nats.dedup_window_s,
         )  # fmt: skip
         self.reloader = reload.Reloader(
-            cs, bus, self.subjects, sig=rules_sig, engine=self.engine, role=self.role,
-            shell=self.incidents, metrics=metrics, clock=clock, log=lg,
-        )  # fmt: skip
-        self.storage = storage.StorageWatch(bus, self.subjects, metrics, self.log)
-        self.closer = closing.Closer(
-            state, self.book, publish=self.incidents.publish, release=self.engine.release, clock=clock, log=lg
+            ctx, bus, self.subjects, sig=rules_sig, engine=self.engine, shell=self.incidents
         )
+        self.storage = storage.StorageWatch(bus, self.subjects, ctx.metrics, ctx.log)
+        self.closer = closing.Closer(
+            state, self.book, publish=self.incidents.publish, release=self.engine.release, clock=ctx.clock,
+            log=ctx.log,
+        )  # fmt: skip
         self.housekeeping = housekeeping.Housekeeping(
-            cs, storage=self.storage, actions=self.actions, closer=self.closer, scheduler=scheduler,
-            nodes=self.ingest.nodes, engine=self.engine,
-            admission=self.admission, reloader=self.reloader, role=self.role, exclusions=self.exclusions,
-            breaker=self.breaker, learning=self.learning, turn=turn, metrics=metrics, stop=stop, log=lg,
+            ctx, storage=self.storage, actions=self.actions, closer=self.closer, scheduler=scheduler,
+            nodes=self.ingest.nodes, engine=self.engine, admission=self.admission, reloader=self.reloader,
+            exclusions=self.exclusions, breaker=self.breaker, learning=self.learning,
         )  # fmt: skip
         self.ticker = tick.Ticker(
-            cs, engine=self.engine, ingest=self.ingest, learning=self.learning, shell=self.incidents,
-            book=self.book, feed=self.feed, role=self.role, turn=turn, metrics=metrics, clock=clock,
-            stop=stop, log=lg,
+            ctx, engine=self.engine, ingest=self.ingest, learning=self.learning, shell=self.incidents,
+            book=self.book, feed=self.feed,
         )  # fmt: skip
         self.power_budgets = power_shell.PowerShell(
-            cs, state=state, book=self.book, ingest=self.ingest, admission=self.admission,
-            shell=self.incidents, role=self.role, turn=turn, metrics=metrics, clock=clock, stop=stop, log=lg,
+            ctx, state=state, book=self.book, ingest=self.ingest, admission=self.admission,
+            shell=self.incidents,
         )  # fmt: skip
         self.power_api = power_api.PowerApi(
-            bus, self.subjects, shell=self.power_budgets, role=self.role, holder=self.holder, metrics=metrics,
-            clock=clock, log=lg,
-        )  # fmt: skip
+            ctx, bus, self.subjects, shell=self.power_budgets, holder=self.holder
+        )
         self.readiness = readiness.Readiness(
-            cs, bus=bus, engine=self.engine, learning=self.learning, role=self.role,
-            supervisor=self.supervisor, metrics=metrics,
-        )  # fmt: skip
+            ctx, bus=bus, engine=self.engine, learning=self.learning, supervisor=self.supervisor
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:

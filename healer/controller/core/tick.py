@@ -23,16 +23,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
-import structlog
-
-from healer import config, errors
-from healer.controller.core import incident_shell, ingest, learning
+from healer import errors
+from healer.controller.core import context, incident_shell, ingest, learning
 from healer.controller.incidents import book, feed_publisher
-from healer.controller.observability import metrics as controller_metrics
-from healer.controller.store import role
 from healer.rules import engine
 
 FRAME_ARRIVALS_SHARE = 0.1
@@ -43,7 +38,7 @@ spaced further apart than ``controller.frame_arrivals_s`` (``Ticker._evaluate_fr
 class Ticker:
     def __init__(
         self,
-        cs: config.ControllerSettings,
+        ctx: context.Context,
         *,
         engine: engine.Engine,
         ingest: ingest.Ingest,
@@ -51,28 +46,22 @@ class Ticker:
         shell: incident_shell.IncidentShell,
         book: book.Book,
         feed: feed_publisher.FeedPublisher,
-        role: role.Role,
-        turn: asyncio.Lock,
-        metrics: controller_metrics.ControllerMetrics,
-        clock: Callable[[], float],
-        stop: asyncio.Event,
-        log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        self.cs = cs
+        self.cs = ctx.cs
         self.engine = engine
         self.ingest = ingest
         self.learning = learning
         self.shell = shell
         self.book = book
         self.feed = feed
-        self.role = role
-        self.turn = turn
-        self.metrics = metrics
-        self.clock = clock
-        self.stop = stop
-        self.log = log
+        self.role = ctx.role
+        self.turn = ctx.turn
+        self.metrics = ctx.metrics
+        self.clock = ctx.clock
+        self.stop = ctx.stop
+        self.log = ctx.log
         self._frames_at = -math.inf
-        """When the next arrival evaluation of frames is due, on the event loop's clock."""
+        """When the next arrival evaluation of frames is due, on the event loop's ctx.clock."""
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -10,12 +10,12 @@ import dataclasses
 import time
 from collections.abc import Mapping
 
-from healer.controller.failslow import steptimes, straggler_ports, stragglers
+from healer.controller.failslow import steptimes, straggler_ports, straggler_settings, stragglers
 from healer.controller.inventory import jobs
 from healer.schemas import telemetry
 
 
-def port_straggler(lag: straggler_ports.Lagging, windows: int) -> stragglers.Straggler:
+def port_straggler(lag: straggler_ports.Lagging, windows: int) -> straggler_settings.Straggler:
     """A node named by the port test (``straggler_ports``): its worst port, against its job's others."""
     p = lag.ports
     ev: dict[str, float | str] = {
@@ -33,7 +33,7 @@ def port_straggler(lag: straggler_ports.Lagging, windows: int) -> stragglers.Str
         ev["straggler.port"] = p.error_port
         ev["straggler.port_errors"] = round(p.errors)
         ev["straggler.cause"] = "port_erroring"
-    return stragglers.Straggler(lag.node, None, lag.job, "port", ev)
+    return straggler_settings.Straggler(lag.node, None, lag.job, "port", ev)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ class FailSlow:
 
     def __init__(
         self,
-        settings: stragglers.Settings | None = None,
+        settings: straggler_settings.Settings | None = None,
         port_settings: straggler_ports.Settings | None = None,
     ) -> None:
         self.jobs = jobs.JobIndex()
@@ -127,7 +127,7 @@ class FailSlow:
         out.update(self.step_evidence(found))
         return out
 
-    def step_evidence(self, found: stragglers.Straggler) -> dict[str, float | str]:
+    def step_evidence(self, found: straggler_settings.Straggler) -> dict[str, float | str]:
         """What the job's step times say of a straggler's job (empty: not slower, or no reports)."""
         if found.job is None:
             return {}

@@ -38,13 +38,12 @@ utilisation, is the test.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Final
 
 import numpy as np
 
-from healer.controller.failslow import peer_stats
+from healer.controller.failslow import peer_stats, straggler_settings
 from healer.controller.failslow.clock_reasons import CAPPED_BITS, FREE_POWER, describe_cause
 from healer.schemas import framecols, telemetry
 
@@ -62,54 +61,11 @@ _READ_COLUMNS: Final = np.array([framecols.COLUMN[c] for c in _READ], dtype=np.i
 """What ``Scorer.observe`` reads of a GPU, as columns of a frame's plane rows (``Frame.readings``)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    window_s: float = 60.0
-    persist: int = 3
-    """Lagging windows in a row before a straggler is confirmed (3 x 60 s: found within 5 minutes)."""
-    min_loaded: float = 0.5
-    """Share of a window's samples that must be loaded for the window to give a verdict."""
-    min_peers: int = 4
-    min_nodes: int = 3
-    min_deficit: float = 0.08
-    """Clock ratio below the reference by this fraction (8 %) or more to lag."""
-    z_min: float = 4.0
-    mad_floor: float = 0.01
-    power_margin: float = 0.02
-    """The GPU's power ratio (power / limit) must be below its peers' (own history's) by this much: a
-    healthy chip at its power cap clocks low at the same power as its peers, a faulty one at less."""
-    sample_every_s: float = 5.0
-    """A node's frames are folded at most this often (the window's statistics need no more; it keeps
-    the per-frame cost of 10,000 nodes at 1 Hz under 5 % of a core)."""
-    history_windows: int = 10
-    history_alpha: float = 0.05
-    link_share: float = 0.8
-    free_min: int = 2
-    """Unconstrained (free, ``FREE_POWER``) loaded samples a GPU needs in a window for the free-clock
-    tests: its clock where no power cap or temperature explains a low one, against its job's peers'
-    and against its own past (kept across jobs: that clock is the chip's, not the job's)."""
-    free_persist: int = 2
-    """Windows in a row whose free clock lags before a straggler is confirmed; a window with fewer
-    than ``free_min`` free samples neither counts nor resets."""
-    free_history_windows: int = 5
-
-
-@dataclasses.dataclass(frozen=True)
-class Straggler:
-    node: str
-    gpu: int | None
-    """None: the whole node lags its job's other nodes."""
-    job: str | None
-    test: str
-    """``peers``, ``history``, ``link``, ``nodes`` or ``port`` (straggler_ports)."""
-    evidence: dict[str, float | str]
-
-
 class Scorer:
     """Folds frames per GPU slot, scores at each window's end; ``stragglers`` is the confirmed set."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        self.s = settings or Settings()
+    def __init__(self, settings: straggler_settings.Settings | None = None) -> None:
+        self.s = settings or straggler_settings.Settings()
         self._slot: dict[tuple[str, int], int] = {}
         self._keys: list[tuple[str, int]] = []
         self._sum = np.zeros((len(FIELDS), 0))
@@ -137,7 +93,7 @@ class Scorer:
         last fold: a clock ratio of 0 is a sample without load, a free clock ratio of 0 one that is not
         unconstrained."""
         self.window_start: float | None = None
-        self.stragglers: dict[tuple[str, int | None], Straggler] = {}
+        self.stragglers: dict[tuple[str, int | None], straggler_settings.Straggler] = {}
         self.job_nodes: dict[str, list[str]] = {}
         """Each job's nodes with a loaded window in the last ``score`` (the port test compares them)."""
         self.pending_jobs: set[str] = set()
@@ -295,7 +251,9 @@ class Scorer:
             self.window_start = now
         return now - self.window_start >= self.s.window_s
 
-    def score(self, now: float, job_of: Mapping[tuple[str, int], str | None]) -> list[Straggler]:
+    def score(
+        self, now: float, job_of: Mapping[tuple[str, int], str | None]
+    ) -> list[straggler_settings.Straggler]:
         """Close the window: the new verdicts (``stragglers`` updated); the next window starts at ``now``."""
         self._fold_pending()
         n = len(self._keys)
@@ -307,22 +265,9 @@ class Scorer:
         clock, power, link = mean[0], mean[1], mean[2]
         jobs = [job_of.get(k) for k in self._keys]
         codes, job_names = peer_stats.codes(jobs, valid)
-        lag = np.zeros(n, dtype=bool)
         test = np.full(n, "", dtype=object)
-        ref_clock = np.full(n, np.nan)
-        ref_power = np.full(n, np.nan)
-        z = np.full(n, np.nan)
-        # peers: median and MAD per job, vectorised by sorting on the job code
-        # (one more entry, NaN / 0, at the end: code -1, no job, reads it)
-        med, mad, size = (
-            np.append(a, fill)
-            for a, fill in zip(peer_stats.group_median_mad(codes, clock), (np.nan, np.nan, 0), strict=True)
-        )
-        pmed = np.append(peer_stats.group_median_mad(codes, power)[0], np.nan)
-        big = (codes >= 0) & (size[codes] >= s.min_peers)
+        big, size, ref_clock, ref_power, z = self._peers(codes, clock, power)
         c = codes
-        ref_clock[big], ref_power[big] = med[c[big]], pmed[c[big]]
-        z[big] = (clock[big] - ref_clock[big]) / np.maximum(1.4826 * mad[c[big]], s.mad_floor)
         with np.errstate(invalid="ignore", divide="ignore"):
             peer_lag = (
                 big
@@ -333,10 +278,7 @@ class Scorer:
             # own history: a small job's GPUs, and a GPU whose node's GPUs of its job lag their own
             # pasts as a whole (a node-wide slowdown of a one-node job has no healthy peer); it starts
             # again when the slot's job changes
-            for i, job in enumerate(jobs):
-                if self._hist_job[i] != job:
-                    self._hist_job[i] = job
-                    self._hist_n[i] = 0
+            self._restart_histories(jobs)
             hist_clock, hist_power = self._hist[0, :n], self._hist[1, :n]
             warm = valid & (self._hist_n[:n] >= s.history_windows) & ~peer_lag
             own = 1 - clock / hist_clock
@@ -354,18 +296,9 @@ class Scorer:
         lag |= link_lag
         free_lag, fclock, fref, fz, fsize = self._free_test(codes, valid, lag)
         # learn the history from windows that did not lag
-        learn = valid & ~lag & ~free_lag
-        a = s.history_alpha
-        first = learn & (self._hist_n[:n] == 0)
-        rest = learn & ~first
-        for row, values in ((0, clock), (1, power)):
-            h = self._hist[row, :n]
-            h[first] = values[first]
-            h[rest] = (1 - a) * h[rest] + a * values[rest]
-        self._hist_n[:n][learn] += 1
+        self._learn(valid & ~lag & ~free_lag, clock, power)
         streak = self._streak[:n]
-        streak[valid & lag] += 1
-        streak[valid & ~lag] = 0
+        streak[valid & lag], streak[valid & ~lag] = streak[valid & lag] + 1, 0
         free_streak = self._free_streak[:n]
         by_free = (free_streak >= s.free_persist) & valid  # the cleaner evidence, when both name it
         by_all = (streak >= s.persist) & valid & ~by_free
@@ -381,30 +314,59 @@ class Scorer:
         self.stragglers = {}
         for i in np.flatnonzero(confirmed).tolist():
             node, gpu = self._keys[i]
-            ev: dict[str, float | str] = {
-                "straggler.clock_ratio": round(float(shown[i]), 4),
-                "straggler.power_ratio": round(float(power[i]), 4),
-                "straggler.windows": int(streak[i] if by_all[i] else free_streak[i]),
-                "straggler.basis": "unconstrained clock" if by_free[i] else "loaded clock",
-            }
-            if np.isfinite(ref_clock[i]):
-                ev["straggler.reference_clock_ratio"] = round(float(ref_clock[i]), 4)
-                ev["straggler.clock_deficit_pct"] = round(100 * float(deficit[i]), 1)
-            if np.isfinite(z[i]):
-                ev["straggler.z"] = round(float(z[i]), 2)
-                ev["straggler.peers"] = int(fsize[i] if by_free[i] else size[c[i]])
-            if jobs[i] is not None:
-                ev["straggler.job"] = str(jobs[i])
-            cause = describe_cause(int(self._reasons[i]), float(link[i]) >= s.link_share)
-            if cause:
-                ev["straggler.cause"] = cause
-            self.stragglers[(node, gpu)] = Straggler(node, gpu, jobs[i], str(test[i]), ev)
+            ev = straggler_settings.evidence(
+                (float(shown[i]), float(power[i]), float(ref_clock[i]), float(deficit[i]), float(z[i])),
+                int(streak[i] if by_all[i] else free_streak[i]),
+                bool(by_free[i]),
+                int(fsize[i] if by_free[i] else size[c[i]]),
+                jobs[i],
+                describe_cause(int(self._reasons[i]), float(link[i]) >= s.link_share),
+            )
+            self.stragglers[(node, gpu)] = straggler_settings.Straggler(node, gpu, jobs[i], str(test[i]), ev)
         self._node_test(codes, job_names, clock, valid, confirmed)
         pending = valid & ~confirmed & ((streak > 0) | (free_streak > 0))
         self.pending_jobs = {str(jobs[i]) for i in np.flatnonzero(pending).tolist() if jobs[i] is not None}
         self.pending_jobs |= {job for (job, _), n in self._node_streak.items() if 0 < n < s.persist}
         self._reset(now)
         return list(self.stragglers.values())
+
+    def _peers(
+        self, codes: np.ndarray, clock: np.ndarray, power: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per slot, against its job's peers: whether the job has ``min_peers`` (big), the job's size,
+        its median clock and power (the reference) and the slot's robust z-score (NaN where not big).
+        Median and MAD per job are vectorised by sorting on the job code (one more entry, NaN / 0, at
+        the end: code -1, no job, reads it)."""
+        s, n = self.s, codes.size
+        ref_clock, ref_power, z = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        med, mad, size = (
+            np.append(a, fill)
+            for a, fill in zip(peer_stats.group_median_mad(codes, clock), (np.nan, np.nan, 0), strict=True)
+        )
+        pmed = np.append(peer_stats.group_median_mad(codes, power)[0], np.nan)
+        big = (codes >= 0) & (size[codes] >= s.min_peers)
+        c = codes
+        ref_clock[big], ref_power[big] = med[c[big]], pmed[c[big]]
+        z[big] = (clock[big] - ref_clock[big]) / np.maximum(1.4826 * mad[c[big]], s.mad_floor)
+        return big, size, ref_clock, ref_power, z
+
+    def _restart_histories(self, jobs: Sequence[str | None]) -> None:
+        """A slot's own history starts again when its job changes."""
+        for i, job in enumerate(jobs):
+            if self._hist_job[i] != job:
+                self._hist_job[i] = job
+                self._hist_n[i] = 0
+
+    def _learn(self, learn: np.ndarray, clock: np.ndarray, power: np.ndarray) -> None:
+        """Fold the windows that did not lag into each slot's own history (clock, power)."""
+        n, a = learn.size, self.s.history_alpha
+        first = learn & (self._hist_n[:n] == 0)
+        rest = learn & ~first
+        for row, values in ((0, clock), (1, power)):
+            h = self._hist[row, :n]
+            h[first] = values[first]
+            h[rest] = (1 - a) * h[rest] + a * values[rest]
+        self._hist_n[:n][learn] += 1
 
     def _node_lags(self, codes: np.ndarray, warm: np.ndarray, own: np.ndarray) -> np.ndarray:
         """Per slot: the GPUs of its job on its node (those with a warm history) lag their own pasts by
@@ -503,7 +465,9 @@ class Scorer:
                         "straggler.reference_clock_ratio": round(med, 4),
                         "straggler.nodes": len(nodes),
                     }
-                    self.stragglers[(node, None)] = Straggler(node, None, job_names[code], "nodes", ev)
+                    self.stragglers[(node, None)] = straggler_settings.Straggler(
+                        node, None, job_names[code], "nodes", ev
+                    )
         for key in [k for k in self._node_streak if k not in seen]:
             del self._node_streak[key]
 

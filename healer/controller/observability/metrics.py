@@ -322,7 +322,7 @@ class ControllerMetrics(metricdecl.MetricSet):
             self.incidents_open.labels(severity).set(0)
         for kind in ("gpu", "node", "port"):  # repairs.KINDS
             self.time_between_failures.labels(kind)
-        for change in typing.get_args(incidents.Change):
+        for change in incidents.Change:
             self.incident_changes.labels(change)
         for kind in actions.CATALOG:
             for status in incidents.ActionStatus:

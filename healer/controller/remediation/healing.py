@@ -156,7 +156,7 @@ class Recovery:
         """The incident's rule resolved while its ladder runs: noted, the ladder still decides the end."""
         if not inc.evidence.get("ladder.rule_resolved"):
             inc.evidence["ladder.rule_resolved"] = True
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
 
     # -- a new incident ----------------------------------------------------------------------------
     async def opened(self, inc: book.Incident, now: float) -> None:
@@ -319,7 +319,7 @@ class Recovery:
         if inc is not None:
             inc.evidence["ladder.phase"] = step.state.phase.name.lower()
             inc.evidence["ladder.next"] = f"{step.kind}: {step.reason}"[:1000]
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
             await self._add_action(rec, inc, now)
 
     async def _add_action(self, rec: Record, inc: book.Incident, now: float) -> None:
@@ -343,7 +343,7 @@ class Recovery:
             # refuses the field, and a validation it refused after a reboot would end in replacement.
             params["ports"] = ports
         inc.actions.append(book.PlannedAction(kind=str(p.kind), params=params, ladder=True))
-        await self.shell.publish(inc, "updated")
+        await self.shell.publish(inc, incidents.Change.UPDATED)
         self.shell.spawn(inc)
 
     def _ports(self, rec: Record) -> list[str]:
@@ -396,7 +396,7 @@ class Recovery:
                     at=now, ladder=True,
                 )
             )  # fmt: skip
-            await self.shell.publish(inc, "action")
+            await self.shell.publish(inc, incidents.Change.ACTION)
             return
         if state.phase is ladder.Phase.REPLACEMENT:
             inc.evidence["outcome"] = "hardware_replacement"
@@ -407,7 +407,7 @@ class Recovery:
                 # Still firing: it resolves on its rule's terms; its uncordon is then skipped, because
                 # the replacement incident holds the node out of service.
                 inc.state = "escalated"
-                await self.shell.publish(inc, "escalated")
+                await self.shell.publish(inc, incidents.Change.ESCALATED)
                 return
         else:
             inc.evidence["outcome"] = "recovered"
@@ -415,7 +415,7 @@ class Recovery:
         inc.resolved_at = now
         for signal in inc.signals:  # every rule that joined the fault, not only the first
             self.engine.release(signal.rule_id, inc.node, signal.gpu_index, signal.port)
-        await self.shell.publish(inc, "resolved")
+        await self.shell.publish(inc, incidents.Change.RESOLVED)
 
     async def _replacement(
         self,
@@ -457,7 +457,7 @@ class Recovery:
                 )
             ],
         )  # fmt: skip
-        await self.shell.publish(rep, "opened")
+        await self.shell.publish(rep, incidents.Change.OPENED)
         return rep
 
     # -- reboots in flight -------------------------------------------------------------------------

@@ -452,7 +452,9 @@ def outcome_of(kind: str, status: str) -> Outcome:
     if kind is StepKind.VALIDATE:
         if status in incidents.TOOK_EFFECT:
             return Outcome.PASSED
-        return Outcome.VALIDATION_FAILED if status == incidents.Status.FAILED_PERMANENT else Outcome.FAILED
+        return (
+            Outcome.VALIDATION_FAILED if status == incidents.ActionStatus.FAILED_PERMANENT else Outcome.FAILED
+        )
     if status in incidents.OK:  # skipped was handled above
         return Outcome.DONE
     return Outcome.REFUSED if status == incidents.ActionStatus.REFUSED else Outcome.FAILED
