@@ -236,11 +236,11 @@ class Recovery:
         ):
             # Straight from containment to a replacement (contact support, a repeat offender): that too
             # waits while the node's failure domain is suspected, and is never done once it recovered.
-            if shared_cause.needless(inc, "hardware_replacement", False):
+            if shared_cause.needless(inc, ladder.StepKind.REPLACE, False):
                 step = ladder.next_step(
                     rec.state, ladder.Outcome.RECOVERED, now, repeats, shared_cause.RECOVERED_DETAIL
                 )
-            elif shared_cause.holding(inc.node, "hardware_replacement", self.book.open.values()) is not None:
+            elif shared_cause.holding(inc.node, ladder.StepKind.REPLACE, self.book.open.values()) is not None:
                 inc.evidence["ladder.next"] = f"hardware_replacement: held by its domain ({step.reason})"[
                     :1000
                 ]
@@ -399,7 +399,7 @@ class Recovery:
             await self.shell.publish(inc, incidents.Change.ACTION)
             return
         if state.phase is ladder.Phase.REPLACEMENT:
-            inc.evidence["outcome"] = "hardware_replacement"
+            inc.evidence["outcome"] = str(ladder.StepKind.REPLACE)
             if history is not None:
                 replacement = await self._replacement(inc, state, step.reason, history, now)
                 inc.evidence["replacement"] = replacement.id
@@ -452,7 +452,7 @@ class Recovery:
             escalated=True,
             actions=[
                 book.PlannedAction(
-                    kind="hardware_replacement", params={"reason": why[:200]}, status="done",
+                    kind=str(ladder.StepKind.REPLACE), params={"reason": why[:200]}, status="done",
                     detail=f"the node stays out of service: {why}"[:4096], at=now, ladder=True,
                 )
             ],

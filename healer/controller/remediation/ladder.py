@@ -342,7 +342,7 @@ def plan(ladder: recovery.Ladder, port: str | None = None) -> tuple[str, ...]:
         return (*lines, "hardware_replacement (NVIDIA: contact support)")
     rungs = [r for r in ladder.steps if not actions.per_port(r) or port is not None]
     for i, rung in enumerate(rungs):
-        on_fail = rungs[i + 1] if i + 1 < len(rungs) else "hardware_replacement"
+        on_fail = rungs[i + 1] if i + 1 < len(rungs) else str(StepKind.REPLACE)
         what = f"{rung} {port}" if actions.per_port(rung) else rung
         lines.append(f"{what} (refused or failed: {on_fail})")
         soak = f"{ladder.soak_s:g}s soak"
