@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
@@ -78,26 +79,32 @@ def gpus_of(row: Mapping[str, Any], node_gpus: int) -> int:
         return 0
     if row["scope"] != "node":
         return 1
-    evidence = orjson.loads(row["evidence"])
+    return node_gpus_of(orjson.loads(row["evidence"]), node_gpus)
+
+
+def node_gpus_of(evidence: Mapping[str, Any], default: int) -> int:
+    """A node incident's GPU count: its evidence's ``gpus_expected`` or ``gpu_count``, else ``default``."""
     for key in NODE_GPU_KEYS:
         value = evidence.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
             return int(value)
-    return node_gpus
+    return default
 
 
-def _day(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
+@functools.lru_cache(maxsize=4096)
+def _day_name(day: int) -> str:
+    """The UTC date of day number ``day`` since the epoch (a report's window has a few dozen)."""
+    return datetime.fromtimestamp(day * DAY_S, tz=UTC).strftime("%Y-%m-%d")
 
 
 def _split_by_day(start: float, end: float) -> Iterable[tuple[str, float]]:
     """``[start, end)`` cut at UTC midnights: (day, seconds in it)."""
+    day = math.floor(start / DAY_S)
     t = start
     while t < end:
-        midnight = (math.floor(t / DAY_S) + 1) * DAY_S
-        upto = min(end, midnight)
-        yield _day(t), upto - t
-        t = upto
+        upto = min(end, (day + 1) * DAY_S)
+        yield _day_name(day), upto - t
+        t, day = upto, day + 1
 
 
 def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
@@ -199,43 +206,53 @@ def _by_rule(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _keys(row: Mapping[str, Any], node_gpus: int) -> list[tuple[str, str]]:
-    """The GPUs an incident takes out of service, as (node, GPU) keys: every GPU of its node for a node
-    incident, its own GPU for a GPU incident; a port incident is a GPU of its own (keyed by the incident)."""
-    gpus = gpus_of(row, node_gpus)
-    if not gpus:
-        return []
-    if row["scope"] == "node":
-        return [(row["node"], str(g)) for g in range(gpus)]
-    if row["scope"] == "gpu":
-        return [(row["node"], str(row["gpu_index"]))]
-    return [(row["node"], f"port:{row['incident_id']}")]
+def _key(row: Mapping[str, Any]) -> str:
+    """The GPU a GPU or port incident is about, within its node (a port is a GPU of its own, keyed by
+    the incident)."""
+    return str(row["gpu_index"]) if row["scope"] == "gpu" else f"port:{row['incident_id']}"
+
+
+def _spans_by_gpu(
+    node_spans: list[tuple[float, float, int]], rows: list[dict[str, Any]], node_gpus: int
+) -> list[tuple[int, list[tuple[float, float, int]]]]:
+    """One node's incident spans as (GPUs, spans) groups, each group one GPU's (or, when the node has
+    only node incidents of one GPU count, the node's GPUs together: the same union for each)."""
+    counts = {gpus_of(rows[i], node_gpus) for _, _, i in node_spans if rows[i]["scope"] == "node"}
+    if all(rows[i]["scope"] == "node" for _, _, i in node_spans) and len(counts) == 1:
+        return [(counts.pop(), node_spans)]
+    per_gpu: dict[str, list[tuple[float, float, int]]] = collections.defaultdict(list)
+    for span in node_spans:
+        row = rows[span[2]]
+        keys = [str(g) for g in range(gpus_of(row, node_gpus))] if row["scope"] == "node" else [_key(row)]
+        for key in keys:
+            per_gpu[key].append(span)
+    return [(1, spans) for spans in per_gpu.values()]
 
 
 def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
     """GPU-hours out of service: per GPU, the union of the time its incidents cover in the window; a stretch
     two incidents cover (a node incident over a GPU's, a replacement over its fault) counts once, for the
-    one opened first."""
-    intervals: dict[tuple[str, str], list[tuple[float, float, int]]] = collections.defaultdict(list)
+    one opened first. A node incident covers its node's GPUs 0 to its count - 1."""
+    by_node: dict[str, list[tuple[float, float, int]]] = collections.defaultdict(list)
     for i, r in enumerate(rows):  # rows come ordered by open time, then id
         start = max(r["opened_at"], opts.start)
         end = min(r["resolved_at"] if r["resolved_at"] is not None else opts.end, opts.end)
-        if end > start:
-            for key in _keys(r, opts.node_gpus):
-                intervals[key].append((start, end, i))
+        if end > start and gpus_of(r, opts.node_gpus):
+            by_node[r["node"]].append((start, end, i))
     seconds: dict[int, float] = collections.defaultdict(float)
     pieces: list[tuple[dict[str, Any], float, float, int]] = []
     by_day: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
-    for spans in intervals.values():
-        covered = -math.inf
-        for start, end, i in sorted(spans, key=lambda s: (rows[s[2]]["opened_at"], s[2])):
-            piece = max(start, covered)
-            if end > piece:
-                seconds[i] += end - piece
-                pieces.append((rows[i], piece, end, 1))
-                for day, part in _split_by_day(piece, end):
-                    by_day[day][rows[i]["rule_id"]] += part / 3600
-            covered = max(covered, end)
+    for node_spans in by_node.values():
+        for gpus, spans in _spans_by_gpu(node_spans, rows, opts.node_gpus):
+            covered = -math.inf
+            for start, end, i in sorted(spans, key=lambda s: (rows[s[2]]["opened_at"], s[2])):
+                piece = max(start, covered)
+                if end > piece:
+                    seconds[i] += gpus * (end - piece)
+                    pieces.append((rows[i], piece, end, gpus))
+                    for day, part in _split_by_day(piece, end):
+                        by_day[day][rows[i]["rule_id"]] += gpus * part / 3600
+                covered = max(covered, end)
     per_incident = [(rows[i], seconds[i] / 3600) for i in sorted(seconds)]
     by_cause: dict[tuple[str, str], float] = collections.defaultdict(float)
     for r, hours in per_incident:

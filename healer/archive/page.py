@@ -209,11 +209,20 @@ def _tables(report: dict[str, Any]) -> list[str]:
     ]
 
 
+MAP_NODES_MAX: Final = 100
+"""Nodes drawn in the repeat offenders' map, those with the most incidents first (the table lists all)."""
+
+
 def offender_map_svg(rows: Sequence[dict[str, Any]], gpus: int = 8) -> str:
-    """The repeat offenders' map: a row per node with a repeat offender, a cell per GPU (and one for the
-    node's own incidents), darker with more fault incidents in the repeat window."""
+    """The repeat offenders' map: a row per node with a repeat offender (the ``MAP_NODES_MAX`` with the most
+    incidents), a cell per GPU (and one for the node's own incidents), darker with more fault incidents
+    in the repeat window."""
     if not rows:
         return '<p class="muted">none</p>'
+    more = len(rows) - MAP_NODES_MAX
+    if more > 0:
+        rows = sorted(rows, key=lambda r: (-sum(r["counts"].values()), r["node"]))[:MAP_NODES_MAX]
+        return offender_map_svg(rows, gpus) + f'<p class="muted">and {more} more nodes (the table)</p>'
     top = max(n for r in rows for n in r["counts"].values())
     cols = ["node", *(str(g) for g in range(gpus))]
     cell, left = 22, 120

@@ -1,4 +1,4 @@
-"""``healer ui``: the read-only status page (docs/ui.md)."""
+"""``healer ui``: the status page (docs/ui.md)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from typing import Any
 from healer import errors, logs
 from healer.cli import common
 
-DESCRIPTION = """Serve the read-only status page: the fleet map, open incidents with their timelines, the
-breaker and exclusions, the recent feed, live over server-sent events. Listens on 127.0.0.1:9744 unless
-told otherwise; any other address needs a token. Never writes to NATS. docs/ui.md."""
+DESCRIPTION = """Serve the status page: the fleet map, open incidents with their timelines, the breaker
+and exclusions, the recent feed, live over server-sent events, and a reliability tab (the last 7 days).
+Listens on 127.0.0.1:9744 unless told otherwise; any other address needs a token. Writes to NATS only
+the operators' verdicts posted with the token. docs/ui.md."""
 
 
 def register(sub: Any) -> None:
     # healer.ui (aiohttp, a controller extra) is imported only when the command runs: the agent-only
     # install builds this parser too.
-    p = sub.add_parser("ui", help="serve the read-only status page", description=DESCRIPTION)
+    p = sub.add_parser("ui", help="serve the status page", description=DESCRIPTION)
     common.add_nats_option(p)
     p.add_argument("--host", help="listen address (default 127.0.0.1; anything else needs --token)")
     p.add_argument("--port", type=int, help="listen port (default 9744; 0: any free port)")

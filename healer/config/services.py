@@ -42,7 +42,7 @@ class FeedSettings(base.Group):
 
 
 class UiSettings(base.Group):
-    """The read-only status page: ``healer ui``, or served by the controller with ``enabled``."""
+    """The status page: ``healer ui``, or served by the controller with ``enabled``."""
 
     enabled: bool = False
     """Serve the status page from ``healer controller`` too (``healer ui`` always serves it)."""

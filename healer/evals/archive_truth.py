@@ -282,3 +282,19 @@ def gpu_hours_by_day(run: Run) -> dict[int, float]:
     """GPU-hours out of service per day of the run (0 = its first UTC day)."""
     per_minute = run.out.sum(axis=(0, 1))
     return {d: float(per_minute[d * 1440 : (d + 1) * 1440].sum()) / 60.0 for d in range(run.settings.days)}
+
+
+def gpu_hours_contained(run: Run) -> dict[str, float]:
+    """The truth by what the scheduler did: of each GPU-minute out of service, whether the fault that took
+    the GPU out first (``cause``) was contained by then, and by which kind of its rule's first action;
+    the key "" for the minutes before containment."""
+    cause = run.cause[run.cause >= 0]
+    minute = np.nonzero(run.cause >= 0)[2]
+    contained = np.array([(f.contained_at - run.settings.start) / MINUTE for f in run.faults])
+    before = minute < contained[cause]
+    out: dict[str, float] = {"": float(before.sum()) / 60.0}
+    after = np.bincount(cause[~before], minlength=len(run.faults))
+    for f, minutes in zip(run.faults, after, strict=True):
+        kind = run.contain_kind[RULE_OF[f.kind]]
+        out[kind] = out.get(kind, 0.0) + float(minutes) / 60.0
+    return out

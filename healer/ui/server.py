@@ -24,10 +24,8 @@ import importlib.resources
 import ipaddress
 import pathlib
 import socket
-import time
-import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import structlog
@@ -37,7 +35,7 @@ from aiohttp import web
 from healer import config, errors
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.ui import board, fleet, live, reliability, sources, verdict_api
+from healer.ui import board, fleet, live, reliability, sources, verdict_api, views
 
 log = structlog.get_logger(__name__)
 
@@ -55,27 +53,10 @@ CSP = (
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 HEARTBEAT_S = 15.0
-NO_ANOMALY = (
-    "anomaly scores and their components are computed inside the controller and are not published on "
-    "NATS; this page shows the anomaly evidence of incidents only (docs/ui.md)"
-)
-
-
-class AnomalySource(Protocol):
-    """Per-GPU anomaly components, for a page served inside the controller that holds the model."""
-
-    def components(self, node: str, gpu: int) -> Mapping[str, float] | None: ...
-
-
-NO_VERSIONS = "not reported yet: healer learns the driver and VBIOS versions from a validation (docs/ui.md)"
-
-
-def grafana_link(template: str | None, node: str, gpu: int | None = None) -> str | None:
-    """``ui.grafana_url`` with ``{node}`` and ``{gpu}`` filled in, URL-quoted; ``None`` when unset."""
-    if not template:
-        return None
-    quote = urllib.parse.quote
-    return template.replace("{node}", quote(node, safe="")).replace("{gpu}", "" if gpu is None else str(gpu))
+NO_ANOMALY = views.NO_ANOMALY
+NO_VERSIONS = views.NO_VERSIONS
+AnomalySource = views.AnomalySource
+grafana_link = views.grafana_link
 
 
 def _asset(name: str) -> bytes:
@@ -221,6 +202,43 @@ def guard(ui: config.UiSettings) -> Any:
     return check_request
 
 
+def event_stream(
+    live: live.Live, stopping: asyncio.Event
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``/api/events``: the snapshot, then every change, as server-sent events, a ping when quiet."""
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        await resp.prepare(request)
+        client, first = live.connect()
+        try:
+            await resp.write(b"retry: 2000\n\n" + first)
+            while not stopping.is_set():
+                try:
+                    msg = await asyncio.wait_for(client.queue.get(), HEARTBEAT_S)
+                except TimeoutError:
+                    msg = b": ping\n\n"
+                if msg is None:
+                    break
+                await resp.write(msg)
+                live.stats["sent_bytes"] += len(msg)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            live.disconnect(client)
+        return resp
+
+    return events
+
+
 def build_app(
     live: live.Live,
     ui: config.UiSettings,
@@ -255,112 +273,22 @@ def build_app(
             index = int(request.query.get("gpu", ""))
         except ValueError:
             raise web.HTTPBadRequest(text="gpu must be an integer\n") from None
-        data = live.fleet.series(node, index)
+        data = views.gpu_view(live, ui, anomaly, node, index)
         if data is None:
             raise web.HTTPNotFound(text=f"no GPU {index} on node {node!r}\n")
-        related = [
-            s.as_json()
-            for s in live.board.open.values()
-            if s.data.node == node and s.data.gpu_index in (None, index)
-        ]
-        comps = anomaly.components(node, index) if anomaly is not None else None
-        scores = {
-            s["id"]: s["evidence"]["anomaly_score"] for s in related if "anomaly_score" in s["evidence"]
-        }
-        seen_at = data.get("seen_at")
-        age = time.time() - seen_at if isinstance(seen_at, float | int) else None
-        data.update(
-            incidents=related,
-            labels={**live.board.node_labels.get(node, {}), **live.extra_labels.get(node, {})},
-            excluded=node in live.board.exclusions,
-            stale=age is None or age > live.stale_after_s,
-            age_s=None if age is None else round(age, 1),
-            marks=live.board.node_marks().get(node, []),
-            grafana=grafana_link(ui.grafana_url, node, index),
-            anomaly={
-                "available": comps is not None,
-                "components": dict(comps) if comps is not None else None,
-                "incident_scores": scores,
-                "note": None if comps is not None else NO_ANOMALY,
-            },
-        )
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
     async def node_view(request: web.Request) -> web.Response:
         name = request.query.get("node", "")
-        live.sync_nodes()
-        data = live.fleet.node(name)
+        data = views.node_view(live, ui, name)
         if data is None:
             raise web.HTTPNotFound(text=f"no node {name!r}\n")
-        open_board = live.board
-        seen_at = data.get("seen_at")
-        age = time.time() - seen_at if isinstance(seen_at, float | int) else None
-        stale = age is None or age > live.stale_after_s
-        open_by_gpu: dict[int | None, str] = {}
-        for s in open_board.open.values():
-            if s.data.node == name:
-                g = s.data.gpu_index
-                worse = board.SEVERITY_CODE.get(s.data.severity, 1)
-                if worse > board.SEVERITY_CODE.get(open_by_gpu.get(g, ""), 0):
-                    open_by_gpu[g] = s.data.severity
-        gpus: list[dict[str, Any]] = data["gpus"]
-        for row in gpus:
-            row["state"] = "stale" if stale else ("present" if row["present"] else "missing")
-            row["severity"] = open_by_gpu.get(row["gpu"])
-            row["grafana"] = grafana_link(ui.grafana_url, name, row["gpu"])
-        versions = open_board.versions.get(name, {})
-        data.update(
-            stale=stale,
-            age_s=None if age is None else round(age, 1),
-            stale_after_s=live.stale_after_s,
-            marks=open_board.node_marks().get(name, []),
-            exclusion=open_board.exclusions.get(name),
-            labels={**open_board.node_labels.get(name, {}), **live.extra_labels.get(name, {})},
-            node_severity=open_by_gpu.get(None),
-            driver=versions.get("driver"),
-            vbios=versions.get("vbios"),
-            versions_note=None if versions else NO_VERSIONS,
-            xids=sorted(open_board.xids.get(name, ()), key=lambda x: x["time"], reverse=True),
-            incidents=open_board.node_history(name),
-            open=[s.as_json() for s in open_board.open.values() if s.data.node == name],
-            grafana=grafana_link(ui.grafana_url, name),
-            ports=None,  # the node's fabric ports, when healer publishes them (a later change)
-        )
         return web.Response(body=orjson.dumps(data), content_type="application/json")
 
     async def search(request: web.Request) -> web.Response:
         live.sync_nodes()
         found = live.fleet.find(request.query.get("q", "")[:253])
         return web.Response(body=orjson.dumps(found), content_type="application/json")
-
-    async def events(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-store",
-                "X-Accel-Buffering": "no",
-            }
-        )
-        resp.headers["Content-Security-Policy"] = CSP
-        resp.headers["X-Content-Type-Options"] = "nosniff"
-        await resp.prepare(request)
-        client, first = live.connect()
-        try:
-            await resp.write(b"retry: 2000\n\n" + first)
-            while not stopping.is_set():
-                try:
-                    msg = await asyncio.wait_for(client.queue.get(), HEARTBEAT_S)
-                except TimeoutError:
-                    msg = b": ping\n\n"
-                if msg is None:
-                    break
-                await resp.write(msg)
-                live.stats["sent_bytes"] += len(msg)
-        except (ConnectionResetError, ConnectionError):
-            pass
-        finally:
-            live.disconnect(client)
-        return resp
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -376,7 +304,7 @@ def build_app(
     app.router.add_get("/api/gpu", gpu)
     app.router.add_get("/api/node", node_view)
     app.router.add_get("/api/search", search)
-    app.router.add_get("/api/events", events)
+    app.router.add_get("/api/events", event_stream(live, stopping))
     app.router.add_get("/healthz", healthz)
     return app
 

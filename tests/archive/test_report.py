@@ -285,3 +285,11 @@ def test_precision_per_anomaly_component_from_the_latest_verdicts(tmp_path: path
     ]  # fmt: skip
     text = page.render(r)
     assert "<td>thermal_gpu</td>" in text
+
+
+def test_the_map_of_repeat_offenders_draws_the_worst_nodes_only() -> None:
+    rows = [{"node": f"n{i:03d}", "counts": {"0": 3 + (i == 7)}} for i in range(page.MAP_NODES_MAX + 5)]
+    svg = page.offender_map_svg(rows)
+    assert svg.count("<text") == 9 + page.MAP_NODES_MAX  # the header's 9 cells, a name per node drawn
+    assert ">n007<" in svg, "the node with the most incidents is drawn"
+    assert "and 5 more nodes" in svg

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from healer.archive import consumer, figures, page, store
+from healer import actions
+from healer.archive import breakdown, consumer, figures, page, store
 from healer.bus import nats as natsbus
 from healer.evals import archive_truth as at
 from healer.rules import loader
@@ -143,6 +144,15 @@ async def test_every_figure_the_simulator_knows_matches_the_report(
         key = datetime.fromordinal(first_day + day).strftime("%Y-%m-%d")
         got_h = sum(report["gpu_hours_lost"]["by_day"].get(key, {}).values())
         assert got_h == pytest.approx(hours, abs=GPU_HOURS_TOL), key
+    # by scheduler state: before containment, then cordoned or drained by the rule's first action
+    by_contain = at.gpu_hours_contained(run)
+    states = {breakdown.NOT_CONTAINED: by_contain.pop("")}
+    for kind, hours in by_contain.items():
+        state = "drained" if actions.CATALOG[kind].drains else "cordoned"
+        states[state] = states.get(state, 0.0) + hours
+    assert set(report["gpu_hours_lost"]["by_state"]) == set(states)
+    for state, hours in states.items():
+        assert report["gpu_hours_lost"]["by_state"][state] == pytest.approx(hours, abs=GPU_HOURS_TOL), state
     fleet_h = SETTINGS.nodes * SETTINGS.gpus * SETTINGS.days * 24
     assert report["fleet"]["availability"] == pytest.approx(1 - truth_h / fleet_h, abs=1e-9)
 

@@ -18,6 +18,7 @@ from healer.controller.core import context, learning
 from healer.controller.failslow import job_slowdowns
 from healer.controller.incidents import book, decide, feed_publisher, shared_cause
 from healer.controller.inventory import admission, blast
+from healer.controller.observability import repairs
 from healer.controller.remediation import action_runner, healing, policy
 from healer.controller.store import kv, lease
 from healer.rules import engine
@@ -90,6 +91,7 @@ class IncidentShell:
         self.metrics = ctx.metrics
         self.clock = ctx.clock
         self.log = ctx.log
+        self.repairs = repairs.RepairMeter(ctx.metrics, ctx.cs.gpus_per_node)
         self.actions = action_runner.ActionRunner(
             ctx.cs, scheduler=scheduler, power=power, gpu=gpu, lease=lease, breaker=breaker,
             dry_breaker=dry_breaker, exclusions=exclusions, limits=limits, book=book, metrics=ctx.metrics,
@@ -124,6 +126,10 @@ class IncidentShell:
         await self.book.save(inc)
         self.feed.kick()  # published by the feed task: a slow incidents stream never delays an action
         self.metrics.incident_changes.labels(change).inc()
+        if change == incidents.Change.OPENED:
+            self.repairs.opened(inc)
+        elif change == incidents.Change.RESOLVED:
+            self.repairs.resolved(inc, inc.resolved_at if inc.resolved_at is not None else inc.updated_at)
         self.log.info(
             "incident." + change, incident_id=inc.id, rule_id=inc.rule_id, node=inc.node, gpu=inc.gpu_index,
             port=inc.port, severity=inc.severity,

@@ -19,6 +19,7 @@ from healer import config, errors
 from healer.bus import base as bus_base
 from healer.bus import subjects
 from healer.controller.core import context, incident_shell
+from healer.controller.observability import repairs
 from healer.rules import engine, loader
 from healer.schemas import codec, incidents
 
@@ -86,6 +87,7 @@ class Reloader:
             return
         gone = self.engine.set_rules(result.ruleset, now=self.clock())
         self.metrics.rules_loaded.set(len(result.ruleset.rules))
+        repairs.start_at_zero(self.metrics, ((r.id, str(r.scope)) for r in result.ruleset.rules))
         self.log.info("rules.reloaded", rules=len(result.ruleset.rules), resolved=len(gone))
         if self.role.leader:
             for f in gone:

@@ -57,7 +57,7 @@ from healer.controller.core import (
 from healer.controller.incidents import book, closing, feed_publisher
 from healer.controller.inventory import admission
 from healer.controller.observability import metrics as controller_metrics
-from healer.controller.observability import storage
+from healer.controller.observability import repairs, storage
 from healer.controller.remediation import policy
 from healer.controller.store import kv, lease, role
 from healer.schemas import framecols
@@ -203,6 +203,7 @@ class Controller:
         """Subscribe and run: the lease, leadership, events, ticks, housekeeping and the feed."""
         rules = self.engine.rules.rules
         self.metrics.rules_loaded.set(len(rules))
+        repairs.start_at_zero(self.metrics, ((r.id, str(r.scope)) for r in rules))
         await self.learning.restore()
         await self.ingest.subscribe()
         await self.power_api.subscribe()

@@ -219,3 +219,6 @@ class Ticker:
         await self.ingest.ack(acks)
         for sev, n in self.book.by_severity().items():
             self.metrics.incidents_open.labels(sev).set(n)
+        self.shell.repairs.health(
+            self.book.open.values(), len(self.shell.admission.admitted) * self.cs.gpus_per_node
+        )

@@ -56,6 +56,23 @@ class BatchedHistogram(prom.registry.Collector):
         )
 
 
+REPAIR_BUCKETS_S = (
+    60.0,
+    300.0,
+    900.0,
+    1800.0,
+    3600.0,
+    4 * 3600.0,
+    12 * 3600.0,
+    86400.0,
+    2 * 86400.0,
+    7 * 86400.0,
+)
+"""Repair-time buckets: a minute to a week (a replacement takes days)."""
+BETWEEN_FAILURES_BUCKETS_S = tuple(h * 3600.0 for h in (1, 6, 24, 72, 168, 336, 720, 2160))
+"""Time-between-failures buckets: an hour to 90 days (the incident stream's default retention)."""
+
+
 class ControllerMetrics(metricdecl.MetricSet):
     """Every metric of the controller, declared once (``healer.metricdecl``); ``ControllerMetrics(registry)``
     registers them, with ``healer_build_info``, and starts the label sets known up front at zero."""
@@ -119,6 +136,21 @@ class ControllerMetrics(metricdecl.MetricSet):
     incidents_open = metricdecl.gauge("healer_controller_incidents_open", "open incidents", ["severity"])
     incident_changes = metricdecl.counter(
         "healer_controller_incident_events_total", "feed events published", ["change"]
+    )
+    # live reliability (#42; healer.controller.observability.repairs, docs/archive.md's definitions)
+    repair_seconds = metricdecl.histogram(
+        "healer_controller_repair_seconds",
+        "fault incidents from open to resolved, observed as each resolves (kind: gpu, node, port)",
+        REPAIR_BUCKETS_S, ["rule", "kind"],
+    )  # fmt: skip
+    time_between_failures = metricdecl.histogram(
+        "healer_controller_time_between_failures_seconds",
+        "time since the same GPU's (node's, port's) previous fault incident opened, observed as one opens",
+        BETWEEN_FAILURES_BUCKETS_S, ["kind"],
+    )  # fmt: skip
+    fleet_health_score = metricdecl.gauge(
+        "healer_controller_fleet_health_score",
+        "100 x (1 - severity-weighted share of this controller's admitted GPUs held by open fault incidents)",
     )
     actions = metricdecl.counter(
         "healer_controller_actions_total", "actions by kind and result", ["kind", "result"]
@@ -288,6 +320,8 @@ class ControllerMetrics(metricdecl.MetricSet):
                 self.decode_errors.labels(kind, reason)
         for severity in typing.get_args(incidents.Severity):
             self.incidents_open.labels(severity).set(0)
+        for kind in ("gpu", "node", "port"):  # repairs.KINDS
+            self.time_between_failures.labels(kind)
         for change in incidents.Change:
             self.incident_changes.labels(change)
         for kind in actions.CATALOG:
