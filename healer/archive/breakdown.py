@@ -83,6 +83,20 @@ def by_label(
     return {k: dict(sorted(v.items())) for k, v in out.items() if set(v) != {"(none)"}}
 
 
+def availability_by_label(
+    lost: Mapping[str, Mapping[str, float]], sizes: Mapping[str, Mapping[str, int]], window_s: float
+) -> dict[str, dict[str, float]]:
+    """The share of each sized pool's (or domain's) GPU-hours in service over the window: ``sizes`` gives
+    its GPUs (``{"pool": {"a": 64}}``), ``lost`` its GPU-hours lost (``by_label``; none lost: 1.0)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, values in sizes.items():
+        for value, gpus in values.items():
+            if gpus > 0 and window_s > 0:
+                share = lost.get(key, {}).get(value, 0.0) / (gpus * window_s / 3600)
+                out.setdefault(key, {})[value] = max(0.0, 1 - share)
+    return out
+
+
 def percentile(values: Sequence[float], p: float) -> float | None:
     """Nearest rank: the smallest value with at least ``p`` % of the values at or below it."""
     if not values:

@@ -60,6 +60,10 @@ class Options:
     repeat_window_s: float = 30 * DAY_S
     group_by: tuple[str, ...] = ("pool", "partition", "rack")
     """Label keys the GPU-hours lost are also broken down by (``gpu_hours_lost.by_label``)."""
+    label_gpus: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
+    """GPUs per value of a label key (``{"pool": {"a100": 512}}``): the pools' and domains' availability
+    (``fleet.availability_by_label``). The archive holds only nodes that failed, so a pool's size is
+    given, never guessed."""
     fleet_source: str = "given"
     """How ``fleet_gpus`` was found, when given (the report's ``assumptions.fleet_gpus_source``)."""
 
@@ -174,6 +178,9 @@ def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
         "precision_by_component": by_component,
         "fleet": {
             "availability": (1 - total_lost / window_gpu_h) if window_gpu_h else None,
+            "availability_by_label": breakdown.availability_by_label(
+                breakdown.by_label(lost["pieces"], tuple(opts.label_gpus)), opts.label_gpus, opts.since_s
+            ),
             "health_score": max(0.0, 100 * (1 - weighted / window_gpu_h)) if window_gpu_h else None,
         },
     }

@@ -247,6 +247,11 @@ def offender_map_svg(rows: Sequence[dict[str, Any]], gpus: int = 8) -> str:
     return "".join(out)
 
 
+def _share(share: float | None) -> str:
+    """An availability, or "-" for a pool whose size was not given (``healer report --label-gpus``)."""
+    return "-" if share is None else f"{100 * share:.2f} %"
+
+
 def _finer(report: dict[str, Any]) -> list[str]:
     """The finer figures (healer.archive.breakdown)."""
     lost, repair, tbf = report["gpu_hours_lost"], report["repair"], report["between_failures"]
@@ -255,8 +260,17 @@ def _finer(report: dict[str, Any]) -> list[str]:
     def spreads(rows: Sequence[dict[str, Any]], key: str) -> list[tuple[object, ...]]:
         return [(r[key], r["count"], _dur(r["p50_s"]), _dur(r["p90_s"])) for r in rows]
 
+    avail = report["fleet"].get("availability_by_label", {})
     labels = [
-        (key, value, round(h, 2)) for key, values in lost["by_label"].items() for value, h in values.items()
+        (key, value, round(h, 2), _share(avail.get(key, {}).get(value)))
+        for key, values in lost["by_label"].items()
+        for value, h in values.items()
+    ]
+    labels += [  # sized pools that lost nothing
+        (key, value, 0.0, _share(share))
+        for key, values in avail.items()
+        for value, share in values.items()
+        if value not in lost["by_label"].get(key, {})
     ]
     mtbf = tbf["fleet_mtbf_gpu_hours"]
     return [
@@ -265,7 +279,7 @@ def _finer(report: dict[str, Any]) -> list[str]:
         "<h2>GPU-hours lost by scheduler state</h2>",
         _table(("state", "GPU-hours"), [(k, round(v, 2)) for k, v in lost["by_state"].items()]),
         "<h2>GPU-hours lost by pool or domain</h2>",
-        _table(("label", "value", "GPU-hours"), labels),
+        _table(("label", "value", "GPU-hours lost", "availability"), labels),
         "<h2>Time to repair by action and by ladder rung</h2>",
         _table(("action that took effect", *spread), spreads(repair["by_action"], "action")),
         _table(("deepest rung", *spread), spreads(repair["by_rung"], "rung")),

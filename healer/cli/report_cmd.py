@@ -27,6 +27,15 @@ else:
     store = lazy.module("healer.archive.store")
 
 
+def _label_gpus(text: str) -> tuple[str, str, int]:
+    """``KEY=VALUE:GPUS`` (``pool=a100:512``): a pool's or domain's size, for its availability."""
+    key, sep, rest = text.partition("=")
+    value, sep2, gpus = rest.rpartition(":")
+    if not (sep and sep2 and key and value and gpus.isdigit() and int(gpus) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE:GPUS, e.g. pool=a100:512")
+    return key, value, int(gpus)
+
+
 def _duration(text: str) -> float:
     try:
         return durations.parse(text)
@@ -54,8 +63,19 @@ def register(sub: Any) -> None:
     r.add_argument(
         "--repeat-window", type=_duration, default=30 * 86400.0, help="window of repeat offenders (30d)"
     )
+    r.add_argument(
+        "--label-gpus", type=_label_gpus, action="append", default=[], metavar="KEY=VALUE:GPUS",
+        help="a pool's or domain's GPUs (pool=a100:512), for its availability; repeat per pool",
+    )  # fmt: skip
     r.add_argument("--now", type=float, help=argparse.SUPPRESS)  # the window's end, for tests
     r.set_defaults(func=_report)
+
+
+def _sizes(given: list[tuple[str, str, int]]) -> dict[str, dict[str, int]]:
+    sizes: dict[str, dict[str, int]] = {}
+    for key, value, gpus in given:
+        sizes.setdefault(key, {})[value] = gpus
+    return sizes
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -64,7 +84,7 @@ def _report(args: argparse.Namespace) -> int:
     opts = figures.Options(
         end=args.now if args.now is not None else time.time(), since_s=args.since,
         fleet_gpus=args.fleet_gpus, node_gpus=args.node_gpus, repeat_threshold=args.repeat_threshold,
-        repeat_window_s=args.repeat_window,
+        repeat_window_s=args.repeat_window, label_gpus=_sizes(args.label_gpus),
     )  # fmt: skip
     try:
         with store.Archive(args.db, readonly=True) as db:

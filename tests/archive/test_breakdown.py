@@ -99,8 +99,13 @@ def test_rungs_labels_domains_and_power_budgets(tmp_path: pathlib.Path) -> None:
         ended = {"domain": "rack=r7", "capped_gpus": 0, "energy_kwh": 31.5}
         put(db, "p1", incidents.Change.RESOLVED, t + H, **power, evidence=ended)
         db.commit()
-        r = figures.build(db, figures.Options(end=END, since_s=7 * DAY, fleet_gpus=16))
+        sizes = {"pool": {"a": 8, "c": 4}, "rack": {"r1": 16}}  # c and r1 lost nothing
+        r = figures.build(db, figures.Options(end=END, since_s=7 * DAY, fleet_gpus=16, label_gpus=sizes))
     assert r["totals"]["incidents"] == 2, "neither the domain nor the power budget is a fault of its own"
+    # pool a: 1 GPU-hour lost of 8 GPUs x 168 h; b has no size given, so no availability
+    assert r["fleet"]["availability_by_label"] == {
+        "pool": {"a": pytest.approx(1 - 1 / (8 * 168)), "c": 1.0}, "rack": {"r1": 1.0},
+    }  # fmt: skip
     assert r["totals"]["gpu_hours_lost"] == pytest.approx(3.0)
     assert r["gpu_hours_lost"]["by_label"] == {"pool": {"a": pytest.approx(1.0), "b": pytest.approx(2.0)}}
     assert r["gpu_hours_lost"]["by_state"] == {

@@ -156,6 +156,7 @@ def test_every_figure_of_the_report(archive: pathlib.Path) -> None:
     assert r["fleet"] == {
         "availability": pytest.approx(1 - 24 / 16800),
         "health_score": pytest.approx(100 * (1 - 18 / 16800)),
+        "availability_by_label": {},  # no pool sized (--label-gpus)
     }
     assert r["assumptions"] == {
         "node_gpus": 8, "fleet_gpus": 100, "fleet_gpus_source": "given", "percentile": "nearest rank"
@@ -228,6 +229,15 @@ def test_the_command_prints_the_json_and_writes_the_page(
         "  repeat offender n1/gpu0: 3 incidents (ecc-uncorrectable)",
     ]
     assert cli.main(["report", "--db", str(tmp_path / "none.db")]) == 2
+    for bad in ("pool", "pool=a", "pool=a:0", "=a:8"):  # KEY=VALUE:GPUS, GPUS > 0
+        with pytest.raises(SystemExit) as refused:
+            cli.main(["report", "--db", str(archive), "--label-gpus", bad])
+        assert refused.value.code == 2, bad
+    assert (
+        cli.main(["report", "--db", str(archive), "--json", "--label-gpus", "pool=x:8", "--now", str(END)])
+        == 0
+    )
+    assert orjson.loads(capsys.readouterr().out)["fleet"]["availability_by_label"] == {"pool": {"x": 1.0}}
 
 
 def test_a_gpu_two_incidents_cover_at_once_counts_once_and_a_replacement_is_no_new_fault(
