@@ -283,7 +283,43 @@ class ControllerMetrics:
             registry=r,
         )
         self.build_info = buildinfo.register(r, "controller")
+        self._anomaly_pools(r)
         self._start_at_zero()
+
+    def _anomaly_pools(self, r: prom.CollectorRegistry) -> None:
+        """The anomaly model's calibration per pool (docs/anomaly.md, "Shadow mode")."""
+        self.anomaly_pool_live = prom.Gauge(
+            "healer_controller_anomaly_pool_live",
+            "1 when a pool's anomaly calibration is live (opens incidents), 0 in shadow",
+            ["pool"],
+            registry=r,
+        )
+        self.anomaly_pool_node_days = prom.Gauge(
+            "healer_controller_anomaly_pool_node_days",
+            "node-days a pool's calibration has watched",
+            ["pool"],
+            registry=r,
+        )
+        self.anomaly_pool_rate = prom.Gauge(
+            "healer_controller_anomaly_pool_incidents_per_1000_node_days",
+            "a live pool's measured anomaly incidents per 1,000 node-days live"
+            " (its budget: anomaly.false_alarm_budget)",
+            ["pool"],
+            registry=r,
+        )
+        self.anomaly_pool_threshold = prom.Gauge(
+            "healer_controller_anomaly_pool_threshold",
+            "a pool's calibrated threshold per deciding component (model units; 1.0 = the model's own edge)",
+            ["pool", "component"],
+            registry=r,
+        )
+        self.anomaly_shadow = prom.Counter(
+            "healer_controller_anomaly_shadow_incidents_total",
+            "would-be anomaly incidents of pools in shadow"
+            " (published on the feed as io.healer.anomaly.shadow.v1)",
+            ["pool"],
+            registry=r,
+        )
 
     def _start_at_zero(self) -> None:
         """Every label set whose values are known up front exists from the start at 0, so a healthy
