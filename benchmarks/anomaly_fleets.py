@@ -78,6 +78,7 @@ def run_one(
     *,
     faults_on: bool = False,
     calibrated: dict[str, Any] | None = None,
+    hours: float | None = None,
 ) -> dict[str, Any]:
     """One cold run (``calibrated``: a pool calibration to start from, as a deployment that has
     watched this fleet healthy before)."""
@@ -94,7 +95,7 @@ def run_one(
         faults = [kinds[i % len(kinds)] for i in range(min(args.nodes, args.per_kind * len(kinds)))]
     with tempfile.TemporaryDirectory() as tmp:
         truth_path = str(pathlib.Path(tmp) / "truth.json") if faults else None
-        cmd = gen_command(fleet, seed, args.nodes, args.hours, faults, truth_path)
+        cmd = gen_command(fleet, seed, args.nodes, hours or args.hours, faults, truth_path)
         started = time.process_time()
         settings = (
             cfar.CfarSettings(budget_per_1000_node_days=args.budget, min_node_days=args.min_node_days)
@@ -209,6 +210,12 @@ def main() -> int:
         help="(with --faults) first watch this healthy seed, same nodes and hours, and start each fault "
         "run from its pool calibration (a deployment that has watched the fleet before)",
     )
+    ap.add_argument(
+        "--calibrate-hours",
+        type=float,
+        help="(with --calibrate-from) hours of that healthy run (default: --hours): a deployment that has "
+        "watched its fleet this long",
+    )
     args = ap.parse_args()
 
     from healer.anomaly import backtest, persist
@@ -235,9 +242,14 @@ def main() -> int:
     for fleet in args.fleet:
         calibrated = None
         if args.faults and args.calibrate_from is not None:
-            warm = run_one(fleet, args.calibrate_from, args, loaded.ruleset, model, episodes)
+            warm = run_one(
+                fleet, args.calibrate_from, args, loaded.ruleset, model, episodes, hours=args.calibrate_hours
+            )
             calibrated = warm["calibration"]
-            print(f"{fleet}: calibrated on healthy seed {args.calibrate_from}:")
+            print(
+                f"{fleet}: calibrated on healthy seed {args.calibrate_from} "
+                f"({args.nodes} nodes x {args.calibrate_hours or args.hours} h):"
+            )
             print("\n".join(pool_lines(warm)))
         for seed in args.seeds:
             r = run_one(
