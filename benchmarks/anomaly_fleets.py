@@ -2,8 +2,9 @@
 
 Streams each shared fleet's ``gen.py`` (``../shared/fleets/<fleet>/gen.py``, NodeFrame JSON lines on a
 pipe, never stored) through the controller's decoder, the default rule pack's engine, one cold
-``scoring.Scorer`` and the anomaly rule's hysteresis and node-wide grouping (``anomaly.backtest``, as
-``healer model eval --recorded`` does), one run per fleet and seed, and prints per fleet and seed:
+``scoring.Scorer``, the anomaly rule's hysteresis and node-wide grouping, and the controller's
+fail-slow part feeding the pack's ``gpu-straggler`` rule (``anomaly.backtest``, as ``healer model eval
+--recorded`` does), one run per fleet and seed, and prints per fleet and seed:
 
 - healthy runs: false anomaly incidents as GPU firings, as the controller opens them (node-wide
   grouping), as node episodes, per 1,000 healthy node-days with the exact 95 % upper bound, the
@@ -38,8 +39,8 @@ FLEETS_DIR = REPO.parent / "shared" / "fleets"
 FLEETS = ("h100-independent", "h200-a100-mixed")
 FAULT_KINDS = {
     "h100-independent": ("cooling_degradation", "node_cooling_loss", "nvlink_crc_rising"),
-    # fail_slow is the fail-slow scorer's (``gpu-straggler``), which this replay does not run
-    "h200-a100-mixed": ("coolant_flow", "tim_degradation", "fan_failure", "nvlink_degradation"),
+    # fail_slow is the fail-slow scorer's (``gpu-straggler``), run as the controller runs it
+    "h200-a100-mixed": ("coolant_flow", "tim_degradation", "fan_failure", "nvlink_degradation", "fail_slow"),
 }
 
 
@@ -77,10 +78,16 @@ def run_one(
     *,
     faults_on: bool = False,
     calibrated: dict[str, Any] | None = None,
+    hours: float | None = None,
 ) -> dict[str, Any]:
     """One cold run (``calibrated``: a pool calibration to start from, as a deployment that has
     watched this fleet healthy before)."""
+    from healer import config
     from healer.anomaly import backtest, cfar
+    from healer.cli import model_cmd
+
+    # the controller's fail-slow part, as the controller builds it
+    failslow = model_cmd.failslow_factory(config.ControllerSettings()) or (lambda: None)
 
     faults: list[str] = []
     if faults_on:
@@ -88,7 +95,7 @@ def run_one(
         faults = [kinds[i % len(kinds)] for i in range(min(args.nodes, args.per_kind * len(kinds)))]
     with tempfile.TemporaryDirectory() as tmp:
         truth_path = str(pathlib.Path(tmp) / "truth.json") if faults else None
-        cmd = gen_command(fleet, seed, args.nodes, args.hours, faults, truth_path)
+        cmd = gen_command(fleet, seed, args.nodes, hours or args.hours, faults, truth_path)
         started = time.process_time()
         settings = (
             cfar.CfarSettings(budget_per_1000_node_days=args.budget, min_node_days=args.min_node_days)
@@ -96,7 +103,12 @@ def run_one(
             else None
         )
         bt = backtest.Backtest(
-            rules, {"model": model}, episodes=episodes, score_every_s=args.score_every, calibration=settings
+            rules,
+            {"model": model},
+            episodes=episodes,
+            score_every_s=args.score_every,
+            calibration=settings,
+            failslow=failslow(),
         )
         scorer = bt.scorers["model"]
         if calibrated is not None and scorer.cfar is not None:
@@ -149,13 +161,24 @@ def fault_lines(results: list[dict[str, Any]]) -> list[str]:
     for r in results:
         for f in r["models"]["model"]["faults"]:
             kinds.setdefault(f["kind"], []).append(f)
-    out = [f"{'fault kind':<22} {'n':>3} {'model':>5} {'median min':>10} {'any rule':>8} {'static':>6}"]
+    out = [
+        f"{'fault kind':<22} {'n':>3} {'model':>5} {'median min':>10} {'any rule':>8} {'median min':>10} "
+        f"{'static':>6}"
+    ]
     for kind, fs in sorted(kinds.items()):
         caught = [f["model_s"] for f in fs if f["model_s"] is not None]
         med = f"{statistics.median(caught) / 60:.1f}" if caught else "-"
         any_rule = sum(f["any_rule_s"] is not None or f["model_s"] is not None for f in fs)
         static = sum(f["static_rule_s"] is not None for f in fs)
-        out.append(f"{kind:<22} {len(fs):>3} {len(caught):>5} {med:>10} {any_rule:>8} {static:>6}")
+        first = [
+            min(v for v in (f["any_rule_s"], f["model_s"]) if v is not None)
+            for f in fs
+            if f["any_rule_s"] is not None or f["model_s"] is not None
+        ]
+        any_med = f"{statistics.median(first) / 60:.1f}" if first else "-"
+        out.append(
+            f"{kind:<22} {len(fs):>3} {len(caught):>5} {med:>10} {any_rule:>8} {any_med:>10} {static:>6}"
+        )
     return out
 
 
@@ -187,6 +210,12 @@ def main() -> int:
         help="(with --faults) first watch this healthy seed, same nodes and hours, and start each fault "
         "run from its pool calibration (a deployment that has watched the fleet before)",
     )
+    ap.add_argument(
+        "--calibrate-hours",
+        type=float,
+        help="(with --calibrate-from) hours of that healthy run (default: --hours): a deployment that has "
+        "watched its fleet this long",
+    )
     args = ap.parse_args()
 
     from healer.anomaly import backtest, persist
@@ -213,9 +242,14 @@ def main() -> int:
     for fleet in args.fleet:
         calibrated = None
         if args.faults and args.calibrate_from is not None:
-            warm = run_one(fleet, args.calibrate_from, args, loaded.ruleset, model, episodes)
+            warm = run_one(
+                fleet, args.calibrate_from, args, loaded.ruleset, model, episodes, hours=args.calibrate_hours
+            )
             calibrated = warm["calibration"]
-            print(f"{fleet}: calibrated on healthy seed {args.calibrate_from}:")
+            print(
+                f"{fleet}: calibrated on healthy seed {args.calibrate_from} "
+                f"({args.nodes} nodes x {args.calibrate_hours or args.hours} h):"
+            )
             print("\n".join(pool_lines(warm)))
         for seed in args.seeds:
             r = run_one(

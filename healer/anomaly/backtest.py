@@ -66,9 +66,10 @@ STATIC_RULES: Final = {
     "nvlink_crc_rising": "nvlink-crc-storm",
     "pcie_replay_storm": "pcie-replay-rate",
     "ecc_sbe_storm": "ecc-sbe-rate-high",
+    "fail_slow": "gpu-straggler",
 }
 """Per fault kind, the static rule a lead time is measured against (``evaluation.STATIC_RULES`` plus
-the shared generator's ``node_cooling_loss``)."""
+the shared generators' ``node_cooling_loss``, and ``fail_slow``: the fail-slow scorer's rule)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +232,12 @@ class Backtest:
         score_offset_s: float = 0.0,
         node_wide: ruleset.NodeWide | None = None,
         calibration: Any = None,
+        failslow: Any = None,
     ) -> None:
         self.gpus = gpus_per_node
+        self.failslow = failslow
+        """The controller's fail-slow part (``observe(frame)``, ``tick(now)``: per node and GPU the
+        straggler verdicts), whose verdicts reach the pack's ``gpu-straggler`` rule as in the controller."""
         kept = tuple(r for r in rules.rules if r.id != ANOMALY_RULE) if rules is not None else ()
         self.engine = (
             engine.Engine(ruleset.RuleSet(rules=kept, files=rules.files), gpus_per_node=gpus_per_node)
@@ -290,6 +295,8 @@ class Backtest:
             self._next_eval = now + self.eval_every_s
         if self.engine is not None:
             self.engine.ingest(frame, at=now)
+        if self.failslow is not None:
+            self.failslow.observe(frame)
         for s in self.scorers.values():
             s.observe(frame, at=now)
         assert self._next_eval is not None
@@ -326,6 +333,9 @@ class Backtest:
     def _evaluate(self, now: float) -> None:
         if self.engine is None:
             return
+        verdicts = self.failslow.tick(now) if self.failslow is not None else None
+        for node, per_gpu in (verdicts or {}).items():
+            self.engine.set_straggler_scores(node, per_gpu)
         for f in self.engine.evaluate(now):
             if f.status == "fired":
                 self.rule_hits.append(Incident(f.node, f.gpu, now, f.rule.id))
@@ -613,11 +623,12 @@ def run_sources(
     score_every_s: float = 30.0,
     eval_every_s: float = 10.0,
     calibration: Any = None,
+    failslow: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    """Replay each source (cold: a new engine and new scorers per source) with its ground truth
-    (``truths[k]``, empty for none; or ``truths(k)``, called once source ``k`` has been replayed, so a
-    generator piping its frames may write its truth file as it starts) and summarize; ``raw`` holds
-    each recording's own result."""
+    """Replay each source (cold: a new engine, new scorers and a new ``failslow()`` per source) with
+    its ground truth (``truths[k]``, empty for none; or ``truths(k)``, called once source ``k`` has
+    been replayed, so a generator piping its frames may write its truth file as it starts) and
+    summarize; ``raw`` holds each recording's own result."""
     raw = []
     for k, src in enumerate(sources):
         bt = Backtest(
@@ -628,6 +639,7 @@ def run_sources(
             score_every_s=score_every_s,
             eval_every_s=eval_every_s,
             calibration=calibration,
+            failslow=failslow() if failslow is not None else None,
         ).run(src)
         truth = truths(k) if callable(truths) else truths[k] if k < len(truths) else []
         raw.append(bt.result(truth))

@@ -56,6 +56,8 @@ LEVELS: Final = np.geomspace(0.1, 100.0, 61)
 """Levels at which clusters are counted, in the model's units (1.0 = scores 0.9 uncalibrated)."""
 SHADOW_CAP: Final = 0.5
 """A shadow pool's scores are capped here: under the anomaly rule's level (0.9) and its resolve (0.6)."""
+SHADOW_KEPT: Final = 1000
+"""Would-be incidents a scorer holds for its caller (``Scorer.take_shadow``); older ones are dropped."""
 INTERVALS_S: Final = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0)
 """Frame intervals pools are told apart by (a node's measured interval goes to the nearest, in log)."""
 _XI: Final = np.linspace(0.0, 1.0, 21)
@@ -130,25 +132,37 @@ def gpd_fit(levels: F64, counts: F64) -> tuple[float, float]:
 def threshold_for(levels: F64, counts: F64, days: F64 | float, rate_per_day: float, s: CfarSettings) -> Fit:
     """The level at which the fitted cluster rate is ``rate_per_day``, from cluster counts above each
     of ``levels`` in ``days`` node-days each (a level is watched only while it is under the threshold
-    of the moment, or in shadow); never below 1.0 (the model's own edge)."""
+    of the moment, or in shadow); never below 1.0 (the model's own edge).
+
+    Thin data give a higher threshold, never a lower one: the rate at ``u0`` is its 95 % upper bound
+    (a pool with few node-days extrapolates from a higher rate), the threshold is never under a level
+    the pool has reached while the budget allows less than one excursion in the node-days watched, and
+    a pool with fewer than ``min_clusters`` clusters at every level is fitted from its lowest level
+    with any. (It used to fall back to the model's edge, 1.0: the mixed fleet's H200 pool, which had
+    shown four excursions past 3 in its 2 node-days of shadow, went live at 1.0 and opened most of the
+    fifth round's false incidents in its first hours.) A component that has stayed quiet keeps a
+    threshold near the model's edge."""
     counts = np.asarray(counts, dtype=np.float64)
     days = np.broadcast_to(np.asarray(days, dtype=np.float64), counts.shape)
+    some = np.flatnonzero((counts > 0) & (days > 0))
+    if not len(some):
+        return Fit(1.0, float(levels[0]), 0, 0.0, 0.0)
     enough = np.flatnonzero((counts >= s.min_clusters) & (days > 0))
-    if not len(enough):
-        return Fit(1.0, float(levels[0]), int(counts[0]), 0.0, 0.0)
-    j = int(enough[-1])
+    j = int(enough[-1]) if len(enough) else int(some[0])
     n0 = int(counts[j])
     lam0 = (n0 + 1.96 * math.sqrt(n0) + 2.0) / days[j]  # about the 95 % upper bound of the rate at u0
     u0 = float(levels[j])
+    sigma, xi = 0.0, 0.0
     if lam0 <= rate_per_day:
-        return Fit(max(1.0, u0), u0, n0, 0.0, 0.0)
-    # each level's rate at u0's exposure; a higher level never has more clusters than a lower one
-    with np.errstate(divide="ignore", invalid="ignore"):
-        eff = np.where(days[j:] > 0, counts[j:] * days[j] / days[j:], 0.0)
-    eff = np.minimum.accumulate(eff)
-    sigma, xi = gpd_fit(levels[j:], eff) if j < len(levels) - 1 else (u0, 0.0)
-    ratio = lam0 / rate_per_day
-    x = u0 + (sigma * math.log(ratio) if xi < 1e-9 else sigma / xi * (ratio**xi - 1.0))
+        x = u0
+    else:
+        # each level's rate at u0's exposure; a higher level never has more clusters than a lower one
+        with np.errstate(divide="ignore", invalid="ignore"):
+            eff = np.where(days[j:] > 0, counts[j:] * days[j] / days[j:], 0.0)
+        eff = np.minimum.accumulate(eff)
+        sigma, xi = gpd_fit(levels[j:], eff) if j < len(levels) - 1 else (u0, 0.0)
+        ratio = lam0 / rate_per_day
+        x = u0 + (sigma * math.log(ratio) if xi < 1e-9 else sigma / xi * (ratio**xi - 1.0))
     # never under a level this pool has reached while the budget allows less than one excursion in
     # the node-days it was watched: there the fit's extrapolation is contradicted by the data
     seen = np.flatnonzero((counts > 0) & (days * rate_per_day < 1.0))
@@ -186,6 +200,8 @@ class Calibration:
         self._until = np.zeros((0, len(DECIDING), len(LEVELS)), dtype=np.int64)
         self._open_until = np.zeros(0, dtype=np.int64)
         self._quarantine = np.zeros(0, dtype=np.int64)
+        self.last_shadow: list[tuple[int, int, float, float]] = []
+        """The last instant's would-be incidents in shadow: (node, component, held value, threshold)."""
         self.frozen = False
         """True: thresholds stay as they are, nothing is counted (a calibration taken on a healthy
         period and held, as the fault runs of ``benchmarks/anomaly_fleets.py`` may)."""
@@ -270,6 +286,10 @@ class Calibration:
         hit = has & (np.max(low / thr, axis=1) >= 1.0)
         start = hit & (self._step > self._open_until[:n])
         self._open_until[:n][hit] = self._step + self.s.gap_steps
+        self.last_shadow = []
+        for i in np.flatnonzero(start & ~live_pool).tolist():
+            k = int(np.argmax(low[i] / thr[i]))
+            self.last_shadow.append((i, k, float(low[i, k]), float(thr[i, k])))
         if start.any():
             np.add.at(self.shadow, pool[start & ~live_pool], 1)
             np.add.at(self.opened, pool[start & live_pool], 1)

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from healer.anomaly import cfar, persist, thermal, window
+from healer.anomaly import cfar, counters, persist, thermal, thermal_lag, window
 from healer.anomaly import model as anomaly_model
 from healer.schemas import telemetry
 
@@ -60,6 +60,16 @@ class Scorer:
         component alone scores 0.9); 0 where not scored."""
         self.thermal = m.new_state(gpus_per_node)
         """What this fleet has shown (``thermal.ThermalState``): export it with ``export_state``."""
+        self.lag = thermal_lag.LagFit(gpus_per_node)
+        """How each GPU's temperature follows its power, learned from its load changes."""
+        self.counter_hold = counters.Persistence(
+            gpus_per_node, lookback=max(1, round(m.settings.window_s / m.settings.bucket_s))
+        )
+        """The counters component as the calibration judges it: persistent over two windows."""
+        self.shadow_events: list[dict[str, Any]] = []
+        """Would-be incidents of pools in shadow since the caller last took them (``take_shadow``)."""
+        self._lag_known = np.zeros(0, dtype=bool)
+        """Per node: most of its GPUs' slopes have been known (``_lag_step``)."""
         self.last_thermal: thermal.Step | None = None
         self.last_scores: npt.NDArray[np.float64] = np.zeros((0, gpus_per_node))
         self.last_valid: npt.NDArray[np.bool_] = np.zeros((0, gpus_per_node), dtype=bool)
@@ -117,15 +127,9 @@ class Scorer:
         dt = 0.0 if self._last_now is None else max(0.0, at - self._last_now)
         cls = self.model.class_index(self.window.models)
         hot = np.nan_to_num(base[..., anomaly_model.THROTTLE_COLUMN]) > 0
-        th = self.thermal.step(
-            base[..., anomaly_model.TEMP_COLUMN],
-            base[..., self.model.power_column],
-            valid,
-            cls,
-            at,
-            dt,
-            hot,
-        )
+        temp, power = base[..., anomaly_model.TEMP_COLUMN], base[..., self.model.power_column]
+        lagged = self._lag_step(temp, power, valid, cls, dt)
+        th = self.thermal.step(temp, power, valid, cls, at, dt, hot, lagged)
         self.last_thermal = th
         comps_full = {k: np.zeros(valid.shape) for k in anomaly_model.COMPONENTS}
         if valid.any():
@@ -146,6 +150,47 @@ class Scorer:
             self._last_now = at
         return out, valid
 
+    def _lag_step(
+        self,
+        temp: npt.NDArray[np.float64],
+        power: npt.NDArray[np.float64],
+        valid: npt.NDArray[np.bool_],
+        cls: npt.NDArray[np.intp],
+        dt: float,
+    ) -> npt.NDArray[np.float64]:
+        """How each GPU's temperature follows its power (``thermal_lag``): learn from this window's
+        change, hand each GPU's own resistance (and each class's median) to the thermal fit, and return
+        the power lagged by each GPU's own time constant."""
+        lag, th = self.lag, self.thermal
+        lag.ensure(self.window.node_names)
+        n = len(temp)
+        # a GPU past half its edge (its own residual, or its node's) does not learn: not absorbed
+        learn = np.ones(temp.shape, dtype=bool)
+        prev = self.last_thermal
+        if prev is not None and prev.rise_c.shape == temp.shape:
+            with np.errstate(invalid="ignore"):
+                odd = (prev.rise_c > th.s.freeze_at * th.edges[0]) | (
+                    prev.node_c > th.s.freeze_at * th.edges[2]
+                )
+            learn &= ~odd
+        lagged = lag.step(temp, power, valid, dt, learn)
+        cls = np.asarray(cls, dtype=np.intp).reshape(n, temp.shape[1])
+        th.gpu_r = lag.resistance(n)
+        # a node whose GPUs' own slopes have just become known starts its inlet level and load offsets
+        # over: they were learned against another model's slope
+        known = (~np.isnan(th.gpu_r)).sum(axis=1) * 2 >= th.gpus
+        if len(self._lag_known) < n:
+            self._lag_known = np.concatenate(
+                [self._lag_known, np.zeros(n - len(self._lag_known), dtype=bool)]
+            )
+        first = known & ~self._lag_known[:n]
+        if first.any():
+            th.restart_nodes(np.flatnonzero(first))
+        self._lag_known[:n] |= known
+        for c, r in lag.class_medians(cls, len(th.classes) + 1).items():
+            th.prior_r[c] = r
+        return lagged
+
     def _calibrated(
         self, comps: dict[str, npt.NDArray[np.float64]], valid: npt.NDArray[np.bool_], at: float, dt: float
     ) -> npt.NDArray[np.float64]:
@@ -157,13 +202,35 @@ class Scorer:
             interval = w.interval_s(i)
             if interval is not None:
                 self.cfar.assign(i, cfar.pool_key(w.models[i][0], interval))
+        # a counter burst is gone a window later, a rising or steady rate is not (``counters``)
+        comps["counters"] = self.counter_hold.step(comps["counters"])
         forest = comps["forest"]
         g = anomaly_model.CORROBORATE_GAIN
         lifted = np.stack([np.maximum(comps[k], np.minimum(forest, g * comps[k])) for k in cfar.DECIDING])
         scored: npt.NDArray[np.bool_] = np.asarray(valid.any(axis=1), dtype=bool)
         ratio, cap = self.cfar.decide(lifted, scored, at, dt)
+        for i, k, value, thr in self.cfar.last_shadow:
+            self.shadow_events.append(
+                {
+                    "node": w.node_names[i],
+                    "pool": self.cfar.pools[self.cfar.node_pool[i]],
+                    "component": cfar.DECIDING[k],
+                    "value": round(value, 4),
+                    "threshold": round(thr, 4),
+                    "node_days": round(float(self.cfar.node_s[self.cfar.node_pool[i]]) / 86400.0, 4),
+                    "node_days_needed": self.cfar.s.min_node_days,
+                    "at": at,
+                }
+            )
+        del self.shadow_events[: -cfar.SHADOW_KEPT]
         score = np.minimum(anomaly_model.to_score(ratio, 1.0), cap[:, None])
         out: npt.NDArray[np.float64] = np.where(valid, score, 0.0)
+        return out
+
+    def take_shadow(self) -> list[dict[str, Any]]:
+        """The would-be incidents of pools in shadow since the last call (at most ``cfar.SHADOW_KEPT``,
+        the newest): node, pool, component, value, threshold, node_days, node_days_needed, at."""
+        out, self.shadow_events = self.shadow_events, []
         return out
 
     @property
@@ -190,6 +257,7 @@ class Scorer:
         """Everything learned about this fleet, JSON-able (``thermal.ThermalState.export``): save it
         (``healer.anomaly.scorer_state.save``) and ``import_state`` it after a restart or failover."""
         out = self.thermal.export()
+        out["lag"] = self.lag.export()
         if self.cfar is not None:
             out["cfar"] = self.cfar.export()
         return out
@@ -198,6 +266,8 @@ class Scorer:
         """Restore an exported state (nodes not seen yet are restored when they first report); returns
         the number of nodes it holds. ValueError if it was made for another GPU count or format."""
         n = self.thermal.import_(state)
+        if isinstance(state.get("lag"), dict):
+            self.lag.import_(state["lag"])
         if self.cfar is not None and isinstance(state.get("cfar"), dict):
             self.cfar.import_(state["cfar"])
         return n

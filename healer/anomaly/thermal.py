@@ -44,6 +44,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from healer.anomaly import thermal_peers
+
 F64 = npt.NDArray[np.float64]
 BOOL = npt.NDArray[np.bool_]
 
@@ -181,6 +183,9 @@ class ThermalState:
         self.ref_at = np.full(0, -math.inf)
         self.peer_off = np.zeros(0)
         """Each node's own learned offset from its peers, °C (0 at a cold start)."""
+        self.gpu_r: F64 | None = None
+        """Each GPU's resistance from its own load changes (``thermal_lag``; nan: not known), the prior
+        of its fit in place of its class's median."""
         self.node_names: list[str] = []
         self._pending: dict[str, Any] = {}
         """Imported node states whose nodes have not reported yet (applied when they appear)."""
@@ -224,6 +229,8 @@ class ThermalState:
         (or towards ``prior``, per class)."""
         w, sp, sy, spp, spy = self.stats
         r0 = (self.fleet_r if prior is None else prior)[cls]
+        if self.gpu_r is not None and self.gpu_r.shape == r0.shape:  # its own step responses' slope
+            r0 = np.where(np.isnan(self.gpu_r), r0, self.gpu_r)
         lam = self.s.prior_s * PRIOR_SPREAD**2
         eps = 1.0
         # minimise sum w (y - a - r p)^2 + lam (r - r0)^2 + eps a^2
@@ -248,11 +255,12 @@ class ThermalState:
         now: float,
         dt: float,
         throttled: BOOL | None = None,
+        lagged: F64 | None = None,
     ) -> Step:
         """Score one window (arrays (nodes, gpus) in ``node_names`` order) and learn from it.
         ``throttled``: GPUs under thermal slowdown in the window; their power moves because they are
         too hot, so they are scored even when not steady (the lag then errs towards hot), never
-        learned from."""
+        learned from. ``lagged``: the power temperature follows (``thermal_lag.LagFit``)."""
         n = len(temp)
         s = self.s
         # an empty fleet's class index comes as (0,), not (0, gpus): never broadcast against that
@@ -268,12 +276,8 @@ class ThermalState:
         a, r = self.fit(cls)
         a, r = a[:n], r[:n]
         pz = np.nan_to_num(p)
-        # temperature follows power with a lag: a window's mean temperature belongs to the mean power
-        # of a window lag_s earlier, i.e. this window's mean moved lag_s / dt of the way back towards
-        # the previous window's
-        prev = self.hist[:n, :, 1] if self.hist.shape[2] > 1 else p
-        back = min(1.0, s.lag_s / dt) if dt > 0 else 0.0
-        p_th = np.where(np.isnan(prev), p, p + back * (prev - p))
+        # temperature follows power with a lag: each GPU's own (``thermal_lag``), else lag_s's
+        p_th = self._lagged(n, p, dt) if lagged is None else np.where(valid, lagged, np.nan)
         pt = np.nan_to_num(p_th)
         implied = np.where(valid, temp - a - r * pt, np.nan)
         ready = self.ready[:n]
@@ -358,7 +362,7 @@ class ThermalState:
         self.ref_last[:n][fresh] = ref[fresh]
         self.ref_at[:n][fresh] = now
         self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, now, dt)
-        peer = self._peers(n, temp, pt, (steady | hot) & busy, cls, dt)
+        peer = thermal_peers.peer_z(self, n, temp, pt, (steady | hot) & busy, cls, dt)
         return Step(
             out[0],
             out[1],
@@ -369,30 +373,27 @@ class ThermalState:
             np.broadcast_to(peer[:, None], temp.shape).copy(),
         )
 
-    def _peers(self, n: int, temp: F64, pt: F64, ok: BOOL, cls: npt.NDArray[np.intp], dt: float) -> F64:
-        """Each node against its peers at this moment: the median over its steady busy GPUs of
-        ``temp - fleet_r x power`` (no fit of its own needed, so it holds from the first window and
-        after any gap), less the fleet's median of the same, less the node's own slow offset from its
-        peers; over an edge of ``peer_k`` robust standard deviations of this fleet's nodes (at least
-        ``peer_floor_c``). A room-wide swing moves every node and cancels."""
-        s = self.s
-        implied = np.where(ok, temp - self.fleet_r[cls[:n]] * pt, np.nan)
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            node_in = np.nanmedian(implied, axis=1)
-            node_in[ok.sum(axis=1) < s.peer_min_gpus] = np.nan
-            have = ~np.isnan(node_in)
-            if have.sum() < s.peer_min_nodes:
-                return np.full(n, np.nan)
-            x = node_in - np.nanmedian(node_in) - self.peer_off[:n]
-            x = x - np.nanmedian(x)
-            mad = 1.4826 * float(np.nanmedian(np.abs(x)))
-        edge = max(s.peer_floor_c, s.peer_k * mad)
-        if dt > 0:
-            alpha = 1.0 - math.exp(-dt / s.peer_tau_s)
-            self.peer_off[:n][have] += alpha * x[have]
-        out: F64 = x / edge
+    def _lagged(self, n: int, p: F64, dt: float) -> F64:
+        """A window's mean temperature belongs to the mean power of a window ``lag_s`` earlier: this
+        window's mean moved ``lag_s / dt`` of the way back towards the previous window's."""
+        prev = self.hist[:n, :, 1] if self.hist.shape[2] > 1 else p
+        back = min(1.0, self.s.lag_s / dt) if dt > 0 else 0.0
+        out: F64 = np.where(np.isnan(prev), p, p + back * (prev - p))
         return out
+
+    def restart_nodes(self, idx: npt.NDArray[np.intp]) -> None:
+        """Nodes whose GPUs' fits, inlet level and load offsets start over: learned against slopes
+        since replaced (``thermal_lag`` has measured their GPUs' own), their inlet and offsets trade
+        the error off between them."""
+        self.stats[:, idx], self.busy_s[idx], self.seen[:, idx], self.last_at[:, idx] = (
+            0.0,
+            0.0,
+            0.0,
+            -math.inf,
+        )
+        self.level[idx], self.level_s[idx], self.level_at[idx] = np.nan, 0.0, -math.inf
+        self.trend[idx], self.band_off[:, idx], self.band_s[:, idx] = 0.0, 0.0, 0.0
+        self.ref_last[idx], self.ref_at[idx] = np.nan, -math.inf
 
     def _learn(
         self,

@@ -82,6 +82,10 @@ class Subjects:
         """An operator's verdict on an incident (``schemas.verdicts``; stored in the incidents stream)."""
         return f"{self.prefix}.incidents.verdict.{escape_node(incident_id)}"
 
+    def anomaly_shadow(self, node: str) -> str:
+        """A would-be anomaly incident of a pool in shadow (``schemas.shadow``; in the incidents stream)."""
+        return f"{self.prefix}.incidents.shadow.{escape_node(node)}"
+
     @property
     def rules_rejected(self) -> str:
         """Controller notices that a rule reload was rejected (stored in the incidents stream)."""

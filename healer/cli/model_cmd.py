@@ -8,9 +8,10 @@ import json
 import pathlib
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from healer import errors, logs
+from healer import config, errors, logs
 from healer.bus import subjects
 from healer.cli import common, model_status, model_summary
 
@@ -360,6 +361,17 @@ def add_backtest_options(p: argparse.ArgumentParser, *, models: bool) -> None:
         common.add_config_option(p)
 
 
+def failslow_factory(cs: config.ControllerSettings) -> Callable[[], Any] | None:
+    """A new fail-slow part per replay, as the controller builds it (``controller.stragglers``,
+    ``controller.straggler_window_s``); None when the controller would not run it."""
+    if not cs.stragglers:
+        return None
+    from healer.controller.failslow import detector, straggler_settings
+
+    window = cs.straggler_window_s
+    return lambda: detector.FailSlow(straggler_settings.Settings(window_s=window, sample_every_s=window / 12))
+
+
 def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
     """Replay recorded NodeFrames through the rule pack and the models; print the figures."""
     from healer.anomaly import backtest as bt
@@ -373,13 +385,14 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
         print("error: rule pack has errors: " + "; ".join(d.message for d in result.errors), file=sys.stderr)
         return 1
     cal = getattr(args, "calibration", None)
-    a = common.settings(
+    settings = common.settings(
         args,
         anomaly={
             "calibration": None if cal is None else cal == "on",
             "calibration_node_days": getattr(args, "calibration_node_days", None),
         },
-    ).anomaly
+    )
+    a = settings.anomaly
     calibration: Any = None
     if a.calibration and model_paths:
         from healer.anomaly import cfar
@@ -415,6 +428,7 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
             gpus_per_node=args.gpus_per_node,
             score_every_s=args.score_every,
             calibration=calibration,
+            failslow=failslow_factory(settings.controller),
         )
     except (errors.HealerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -138,7 +138,7 @@ class Watch:
         self.count += 1
 
     async def on_incident(self, msg: base.Msg) -> None:
-        if not msg.subject.startswith("healer.incidents.rules"):
+        if not msg.subject.startswith(("healer.incidents.rules", "healer.incidents.shadow")):
             self.events.append(codec.decode_incident(msg.data))
             self.at.append(self.clock())
 

@@ -255,3 +255,47 @@ def test_each_nodes_offset_from_its_peers_survives_a_restart() -> None:
     again.import_(orjson.loads(orjson.dumps(st.export())))
     again.ensure(names)
     assert again.peer_off.tolist() == pytest.approx(st.peer_off.tolist())
+
+
+def test_rules_backtest_runs_the_fail_slow_part_as_the_controller_does(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#39 item 7: the replay feeds the controller's fail-slow part, whose verdicts reach the pack's
+    ``gpu-straggler`` rule: a clock-limited GPU of a multi-node job is caught, and nothing else is."""
+    sc = scenarios.Scenario.model_validate(
+        {
+            "name": "one-slow-gpu",
+            "models": {"H100": 1.0},
+            "workload": {"training": 1.0},
+            "job_nodes": 4,
+            "faults": [
+                {"kind": "clock_limit", "at_s": 120, "nodes": [2], "gpu": 6, "params": {"drop": 0.15}}
+            ],
+        }
+    )
+    sim = scenarios.build(sc, nodes=4, gpus=8, seed=5)
+    npz = tmp_path / "slow.npz"
+    recording.record(sim, npz, duration_s=12 * 60, interval_s=5.0)
+    with recording.Recording(npz) as rec:
+        truth = rec.truth()
+        lines = [data for _, frames in rec.frames() for _, data in frames]
+    (tmp_path / "frames.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    rows = [
+        {"kind": "fail_slow", "node": f["node"], "gpu": f.get("gpu"), "onset_ts": f["start"]} for f in truth
+    ]
+    assert [(r["node"], r["gpu"]) for r in rows] == [(sim.fleet.node_names[2], 6)]
+    (tmp_path / "truth.json").write_text(json.dumps({"faults": rows}))
+    args = [
+        "rules",
+        "backtest",
+        str(tmp_path / "frames.jsonl"),
+        "--truth",
+        str(tmp_path / "truth.json"),
+        "--json",
+    ]
+    assert cli.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rules_per_kind"]["fail_slow"]["static_rule"] == "gpu-straggler"
+    assert out["rules_per_kind"]["fail_slow"]["static_rule_caught"] == 1
+    assert out["rules"]["gpu-straggler"]["false"] == 0
+    assert sum(v["false"] for v in out["rules"].values()) == 0

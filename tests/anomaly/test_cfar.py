@@ -149,3 +149,18 @@ def test_the_threshold_is_never_under_a_level_the_pool_has_reached() -> None:
     assert fit.threshold > 8.0
     light = np.where(cfar.LEVELS <= 1.0, 400.0, np.where(cfar.LEVELS <= 1.5, 25.0, 0.0))
     assert cfar.threshold_for(cfar.LEVELS, light, 3.0, 2e-4, cfar.CfarSettings()).threshold < 8.0
+
+
+def test_a_thin_pool_does_not_go_live_under_what_it_has_shown_and_a_quiet_one_keeps_the_edge() -> None:
+    """Fewer than ``min_clusters`` clusters at every level (a pool's first node-days): the fit starts
+    at the lowest level with any. The mixed fleet's H200 pool (seed 11) had shown four excursions past
+    3 in 2.8 node-days of shadow, and used to go live at the model's edge (1.0)."""
+    s = cfar.CfarSettings()
+    share = 1.0 / 1000 / len(cfar.DECIDING)
+    heavy = np.where(cfar.LEVELS <= 3.16, 4.0, 0.0)
+    heavy[cfar.LEVELS <= 0.35] = 7.0
+    heavy[0] = 13.0
+    assert cfar.threshold_for(cfar.LEVELS, heavy, 2.8, share, s).threshold > 3.16
+    quiet = np.where(cfar.LEVELS <= 0.11, 4.0, 0.0)
+    fit = cfar.threshold_for(cfar.LEVELS, quiet, 2.8, share, s)
+    assert 1.0 <= fit.threshold < 1.5

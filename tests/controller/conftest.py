@@ -69,8 +69,8 @@ class Feed:
         self.ids: set[str] = set()
 
     async def __call__(self, msg: base.Msg) -> None:
-        if msg.subject.startswith("healer.incidents.rules"):
-            return
+        if msg.subject.startswith(("healer.incidents.rules", "healer.incidents.shadow")):
+            return  # not incidents: a rule reload's rejection, a shadow pool's would-be anomaly incident
         event = codec.decode_incident(msg.data)
         if event.id not in self.ids:
             self.ids.add(event.id)

@@ -313,6 +313,8 @@ async def test_an_anomaly_incident_says_which_component_and_against_what(harness
 
         def __init__(self) -> None:
             self.last_cost_s = 0.0
+            self.cfar = None  # no calibration: no pools, no shadow would-be incidents
+            self.shadow_events = []
 
         def observe(self, frame: object, at: float | None = None) -> None:
             pass

@@ -17,6 +17,7 @@ from healer import config, errors
 from healer.controller.failslow import detector, straggler_settings
 from healer.controller.observability import metrics as controller_metrics
 from healer.controller.store import kv
+from healer.schemas import shadow
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
     from healer.anomaly import scoring
@@ -76,7 +77,35 @@ class Learning:
         self.scored_at = now
         scores = self.scorer.score(now)
         self.metrics.anomaly_seconds.observe(self.scorer.last_cost_s)
+        self._pool_metrics()
         return scores
+
+    def _pool_metrics(self) -> None:
+        """Each calibration pool's state, node-days, measured rate and thresholds on /metrics."""
+        scorer = self.learning_scorer()
+        if scorer is None or scorer.cfar is None:
+            return
+        m = self.metrics
+        for p in scorer.cfar.status():
+            pool = p["pool"]
+            m.anomaly_pool_live.labels(pool).set(1 if p["state"] == "live" else 0)
+            m.anomaly_pool_node_days.labels(pool).set(p["node_days"])
+            if p["live_per_1000_node_days"] is not None:
+                m.anomaly_pool_rate.labels(pool).set(p["live_per_1000_node_days"])
+            for component, thr in p["thresholds"].items():
+                m.anomaly_pool_threshold.labels(pool, component).set(thr)
+
+    def shadow_events(self, cluster: str) -> list[shadow.ShadowEvent]:
+        """The would-be incidents of pools in shadow since the last call, as feed events (counted)."""
+        scorer = self.learning_scorer()
+        if scorer is None:
+            return []
+        out = []
+        for d in scorer.take_shadow():
+            at = d.pop("at")
+            self.metrics.anomaly_shadow.labels(d["pool"]).inc()
+            out.append(shadow.build(cluster=cluster, data=shadow.ShadowData(**d), ts=at))
+        return out
 
     def explain(self, node: str, gpu: int) -> dict[str, float | str]:
         """Which component scored high, against what (empty without a loaded model)."""

@@ -196,9 +196,14 @@ class Ticker:
         self.ingest.account()
         self.metrics.evaluations.inc(len(self.engine.rules.rules))
         self.metrics.fleet_nodes.set(len(self.ingest.nodes))
+        shadow = self.learning.shadow_events(
+            self.feed.cluster
+        )  # taken on every controller, sent by the leader
         if not self.role.leader:
             self.ingest.keep(acks)  # not ours to acknowledge yet
             return
+        for ev in shadow:
+            self.feed.enqueue_shadow(ev)
         try:
             for f in firings:
                 await self.shell.handle(f, now)

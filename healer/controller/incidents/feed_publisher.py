@@ -21,7 +21,7 @@ import structlog
 from healer import errors
 from healer.bus import base, subjects
 from healer.controller.incidents import book
-from healer.schemas import codec, incidents
+from healer.schemas import codec, incidents, shadow
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +62,10 @@ class FeedPublisher:
     def enqueue(self, event: incidents.IncidentEvent) -> None:
         """Queue an event built while the incident was at this ``seq`` (call before any await)."""
         self._append((self.subjects.incident(event.change, event.data.node), codec.encode(event), event.id))
+
+    def enqueue_shadow(self, event: shadow.ShadowEvent) -> None:
+        """Queue a shadow pool's would-be anomaly incident (its own type: never an incident)."""
+        self._append((self.subjects.anomaly_shadow(event.data.node), codec.encode(event), event.id))
 
     def unpublished(self, inc: book.Incident) -> list[str]:
         """``inc``'s events still in the outbox other than its current one (``<id>.<seq>``), oldest

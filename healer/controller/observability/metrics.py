@@ -306,6 +306,32 @@ class ControllerMetrics(metricdecl.MetricSet):
         "nodes whose state was reclaimed after controller.node_retention_s of silence",
     )
 
+    # the anomaly model's calibration per pool (docs/anomaly.md, "Shadow mode")
+    anomaly_pool_live = metricdecl.gauge(
+        "healer_controller_anomaly_pool_live",
+        "1 when a pool's anomaly calibration is live (opens incidents), 0 in shadow",
+        ["pool"],
+    )
+    anomaly_pool_node_days = metricdecl.gauge(
+        "healer_controller_anomaly_pool_node_days", "node-days a pool's calibration has watched", ["pool"]
+    )
+    anomaly_pool_rate = metricdecl.gauge(
+        "healer_controller_anomaly_pool_incidents_per_1000_node_days",
+        "a live pool's measured anomaly incidents per 1,000 node-days live"
+        " (its budget: anomaly.false_alarm_budget)",
+        ["pool"],
+    )
+    anomaly_pool_threshold = metricdecl.gauge(
+        "healer_controller_anomaly_pool_threshold",
+        "a pool's calibrated threshold per deciding component (model units; 1.0 = the model's own edge)",
+        ["pool", "component"],
+    )
+    anomaly_shadow = metricdecl.counter(
+        "healer_controller_anomaly_shadow_incidents_total",
+        "would-be anomaly incidents of pools in shadow"
+        " (published on the feed as io.healer.anomaly.shadow.v1)",
+        ["pool"],
+    )
     build_info = metricdecl.Declared(lambda r: buildinfo.register(r, "controller"))
 
     def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
