@@ -58,14 +58,14 @@ def walk(
     step = ladder.next_step(step.state, ladder.Outcome.CONTAINED, t, history)
     fixed = False
     while step.kind not in (ladder.StepKind.NONE, ladder.StepKind.REPLACE):
-        if step.kind is ladder.StepKind.RESET_GPU:
+        if step.kind == "reset_gpu":  # a rung: its kind's name
             t += d.reset_min * 60
             if repair.MODEL[kind].reset == 0.0:  # a lost GPU: the reset itself fails
                 step = ladder.next_step(step.state, ladder.Outcome.FAILED, t, history)
                 continue
             fixed = repair.fixed_by(kind, "reset_gpu", rng)
             outcome = ladder.Outcome.DONE
-        elif step.kind is ladder.StepKind.REBOOT_NODE:
+        elif step.kind == "reboot_node":
             t += d.reboot_min * 60
             fixed = repair.fixed_by(kind, "reboot_node", rng)
             outcome = ladder.Outcome.DONE

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from healer import actions
 from healer.actuators import base
-from healer.rules import actions
 
 
 class RecordingActuator:

@@ -14,11 +14,17 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import prometheus_client as prom
 import pytest
 import structlog
+from hypothesis import HealthCheck, settings
 
 from healer import config
 from healer.bus import base, embedded, memory, provision, subjects
 from healer.bus import nats as natsbus
 from healer.schemas import framecols
+
+# Property tests check behaviour, not speed: no per-example deadline and no "too slow" health check, so
+# a loaded machine (CI, the suite beside a benchmark) cannot fail them. Speed is the benchmarks' job.
+settings.register_profile("healer", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("healer")
 
 MARKED_BY_FIXTURE: dict[str, str] = {
     "nats_server": "nats",

@@ -65,7 +65,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "bottom": (
         "healer.schemas", "healer.errors", "healer.config", "healer.logs", "healer.durations",
         "healer.buildinfo", "healer.metricdecl", "healer.sdnotify", "healer.health", "healer.tasks",
-        "healer.steps", "healer.sizing",
+        "healer.steps", "healer.sizing", "healer.actions",
     ),
     "middle": (
         "healer.telemetry", "healer.bus", "healer.rules", "healer.anomaly", "healer.sim", "healer.actuators",

@@ -22,33 +22,29 @@ import enum
 import pathlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 import pydantic
 import structlog
 import tenacity
 import yaml
 
-from healer import config, errors
+from healer import actions, config, errors
 from healer.schemas import base, incidents, telemetry
 
 log = structlog.get_logger(__name__)
 
-RequestKind = Literal[
-    "power_limit",
-    "restore_power_limit",
-    "cordon",
-    "uncordon",
-    "migrate",
-    "notify",
-    "reset_gpu",
-    "validate",
-    "reboot_node",
-    "reset_port",
-]
-"""What an actuator is asked to do: the catalogue's ``actions.REQUESTS`` (a scheduler's verb, else the
-action's own name; a test holds the two equal). ``reset_gpu``, ``reset_port`` and ``validate`` go to the
-node agent (actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``;
+
+def _requested(kind: str) -> str:
+    if kind not in actions.REQUESTS:
+        raise ValueError(f"no actuator is asked for {kind!r} (known: {', '.join(sorted(actions.REQUESTS))})")
+    return kind
+
+
+RequestKind = Annotated[str, pydantic.AfterValidator(_requested)]
+"""What an actuator is asked to do: one of the registry's ``actions.REQUESTS`` (a scheduler's verb, else the
+action's own name), checked when the request is made. ``reset_gpu``, ``reset_port`` and ``validate`` go to
+the node agent (actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``;
 Kubernetes through the agent): the recovery ladder's rungs."""
 Status = incidents.ActionStatus
 """An action's status (``schemas.incidents.ActionStatus``): an outcome is one of ``incidents.OUTCOMES``
@@ -342,12 +338,22 @@ class LogActuator:
         return await guarded(self.name, self.settings, request, work)
 
 
+Handler = Callable[[str, ActionRequest], Awaitable[ActionOutcome]]
+"""A scheduler actuator's method for one request kind: ``(scheduler node name, request) -> outcome``."""
+
+
+def handlers(actuator: str) -> actions.Handlers:
+    """A scheduler actuator's handler table (``@HANDLERS.handler("cordon")`` on each ``Handler`` method),
+    keyed by the registry's requests."""
+    return actions.Handlers(actuator, actions.REQUESTS)
+
+
 async def dispatch(
     actuator: str,
     settings: config.ActuatorSettings,
     request: ActionRequest,
     node: str,
-    handlers: Mapping[str, Callable[[str, ActionRequest], Awaitable[ActionOutcome]]],
+    handlers: Mapping[str, Handler],
 ) -> ActionOutcome:
     """Run the handler for ``request.kind`` on the scheduler's ``node`` name, under ``guarded``."""
 

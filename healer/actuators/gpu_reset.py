@@ -36,11 +36,10 @@ from typing import Final
 import structlog
 
 import healer
-from healer import config, errors
+from healer import actions, config, errors
 from healer.actuators import base
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.rules import actions
 from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
@@ -105,15 +104,16 @@ class GpuRecoveryActuator:
     def command(self, request: base.ActionRequest) -> commands.Command:
         now = self._clock()
         params = request.params
-        action = actions.spec(request.kind).agent_command
-        if action is None or action not in commands.RECOVERY:
+        agent = actions.spec(request.kind).agent_command
+        if agent is None or not agent.recovery:
             raise errors.PermanentError(f"the gpu actuator does not do {request.kind}")
+        action = agent.name
         if action in commands.NEEDS_GPU and request.gpu_index is None:
             raise errors.PermanentError(f"{request.kind} needs a GPU (the incident's gpu_index)")
         if action in commands.NEEDS_PORTS and not params.get("ports"):
             raise errors.PermanentError(f"{request.kind} needs ports (the incident's port)")
-        limit = _TIMEOUTS.get(action)
-        timeout_s = None if limit is None else float(params.get("timeout_s") or limit(self.settings))
+        limit = agent.timeout
+        timeout_s = None if limit is None else float(params.get("timeout_s") or getattr(self.settings, limit))
         suffix = f":{request.gpu_index}" if action in commands.NEEDS_GPU else ""
         return commands.Command(
             id=str(params.get("action_id") or f"{request.incident_id}:{request.kind}{suffix}")[:128],
@@ -133,7 +133,7 @@ class GpuRecoveryActuator:
 
 
 def _outcome(
-    action: commands.CommandAction,
+    action: str,
     request: base.ActionRequest,
     result: commands.CommandResult,
     plan: list[str],
@@ -148,9 +148,14 @@ def _outcome(
             else base.Status.FAILED_PERMANENT
         )
         return base.ActionOutcome(status=status, detail=f"agent: {result.detail}", plan=plan)
-    return _DONE.get(action, _gpu_done)(request, result, detail, plan)
+    return READERS.get(action, _gpu_done)(request, result, detail, plan)
 
 
+READERS: Final = actions.Handlers("gpu", actions.AGENT_COMMANDS)
+"""How a command's applied result reads, where it is not a plain ``done`` for the GPU (``_gpu_done``)."""
+
+
+@READERS.handler("validate")
 def _validated(
     request: base.ActionRequest, result: commands.CommandResult, detail: str, plan: list[str]
 ) -> base.ActionOutcome:
@@ -173,6 +178,7 @@ def _validated(
     )
 
 
+@READERS.handler("reset_port")
 def _ports_reset(
     request: base.ActionRequest, result: commands.CommandResult, detail: str, plan: list[str]
 ) -> base.ActionOutcome:
@@ -189,19 +195,6 @@ def _gpu_done(
     """``reset_gpu`` and ``reboot_node``: done, with the request's GPU as the item."""
     item = base.ItemResult(item=f"gpu {request.gpu_index}", status="done", detail=result.detail)
     return base.ActionOutcome(status="done", detail=detail, items=[item], plan=plan)
-
-
-_DONE: Final[dict[commands.CommandAction, Callable[..., base.ActionOutcome]]] = {
-    "validate": _validated,
-    "reset_port": _ports_reset,
-}
-"""How a command's applied result reads, where it is not a plain ``done`` for the GPU."""
-_TIMEOUTS: Final[dict[commands.CommandAction, Callable[[config.ActuatorSettings], float]]] = {
-    "reset_gpu": lambda s: s.gpu_reset_timeout_s,
-    "reset_port": lambda s: s.port_reset_timeout_s,
-    "validate": lambda s: s.validate_timeout_s,
-}
-"""The most each command may take on the node (``reboot_node``: none, the node goes away)."""
 
 
 def _facts(report: commands.Validation, gpu_index: int | None) -> dict[str, str | None]:

@@ -33,7 +33,7 @@ import datetime
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import urllib3.exceptions
@@ -91,6 +91,10 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+HANDLERS: Final = base.handlers("kubernetes")
+"""What this actuator carries out, one decorated method per request (a new scheduler verb adds one)."""
+
+
 class KubernetesActuator:
     name = "kubernetes"
 
@@ -117,12 +121,7 @@ class KubernetesActuator:
             self._api_client = None
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
-        handlers = {
-            "cordon": self._cordon,
-            "uncordon": self._uncordon,
-            "migrate": self._migrate,
-            "reboot_node": self._reboot,
-        }
+        handlers = HANDLERS.bound(self)
         return await base.dispatch(self.name, self.settings, request, self.names(request.node), handlers)
 
     async def node_labels(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -185,6 +184,7 @@ class KubernetesActuator:
 
     # -- actions ------------------------------------------------------------------------------------
 
+    @HANDLERS.handler("cordon")
     async def _cordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         obj = await self._api("read_node", node)
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -230,6 +230,7 @@ class KubernetesActuator:
             )
         return await self._run_steps(node, steps, request, f"cordoned {node}")
 
+    @HANDLERS.handler("uncordon")
     async def _uncordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         obj = await self._api("read_node", node)
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -273,6 +274,7 @@ class KubernetesActuator:
         ]
         return await self._run_steps(node, steps, request, f"uncordoned {node}")
 
+    @HANDLERS.handler("reboot_node")
     async def _reboot(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         obj = await self._api("read_node", node)
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -365,6 +367,7 @@ class KubernetesActuator:
                 latest = await self._patch_node(node, body)
         return base.ActionOutcome(status="done", detail=done, plan=plan)
 
+    @HANDLERS.handler("migrate")
     async def _migrate(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         cordon = await self._cordon(node, request)
         pods = await self._api("list_pod_for_all_namespaces", field_selector=f"spec.nodeName={node}")

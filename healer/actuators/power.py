@@ -27,19 +27,20 @@ from typing import Final, Protocol
 import structlog
 
 import healer
-from healer import config, errors, logs
+from healer import actions, config, errors, logs
 from healer.actuators import base
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.rules import actions
 from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
 
-POWER_COMMANDS: Final[frozenset[commands.CommandAction]] = frozenset(
-    {"set_power_limit", "restore_power_limit"}
+POWER_COMMANDS: Final = frozenset(
+    k.agent_command.name
+    for k in actions.CATALOG.values()
+    if k.actuator is actions.Actuator.POWER and k.agent_command is not None
 )
-"""The agent's commands this actuator sends (the catalogue's ``agent_command`` of each kind it carries
+"""The agent's commands this actuator sends (the registry's ``agent_command`` of each kind it carries
 out)."""
 
 
@@ -116,7 +117,8 @@ class PowerActuator:
 
     def command(self, request: base.ActionRequest) -> commands.Command:
         """The command for a request (raises ValueError on bad parameters)."""
-        action = actions.spec(request.kind).agent_command
+        agent = actions.spec(request.kind).agent_command
+        action = None if agent is None else agent.name
         if action is None or action not in POWER_COMMANDS:
             raise errors.PermanentError(f"the power actuator does not do {request.kind}")
         params = request.params

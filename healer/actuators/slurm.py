@@ -28,7 +28,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -123,6 +123,10 @@ def reason_for(request: base.ActionRequest) -> str:
     return " ".join(text.split())[:MAX_REASON_CHARS]
 
 
+HANDLERS: Final = base.handlers("slurm")
+"""What this actuator carries out, one decorated method per request (a new scheduler verb adds one)."""
+
+
 class SlurmActuator:
     name = "slurm"
 
@@ -140,12 +144,7 @@ class SlurmActuator:
             self._env["SLURM_CONF"] = self.settings.slurm_conf
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
-        handlers = {
-            "cordon": self._cordon,
-            "uncordon": self._uncordon,
-            "migrate": self._migrate,
-            "reboot_node": self._reboot,
-        }
+        handlers = HANDLERS.bound(self)
         return await base.dispatch(self.name, self.settings, request, self.names(request.node), handlers)
 
     # -- reading state ------------------------------------------------------------------------------
@@ -217,6 +216,7 @@ class SlurmActuator:
 
     # -- actions ------------------------------------------------------------------------------------
 
+    @HANDLERS.handler("cordon")
     async def _cordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         argv = self._argv(
             "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason_for(request)}"
@@ -234,6 +234,7 @@ class SlurmActuator:
         await self._checked(argv)
         return base.ActionOutcome(status="done", detail=f"drained {node}", plan=[shlex.join(argv)])
 
+    @HANDLERS.handler("uncordon")
     async def _uncordon(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         argv = self._argv("scontrol", "update", f"NodeName={node}", "State=RESUME")
         state = await self.node_state(node)
@@ -267,6 +268,7 @@ class SlurmActuator:
             raise classify(result.error)(result.error)
         return base.ActionOutcome(status="done", detail=f"resumed {node}", plan=[shlex.join(argv)])
 
+    @HANDLERS.handler("reboot_node")
     async def _reboot(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         argv = self._argv(
             "scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={reason_for(request)}", node
@@ -295,6 +297,7 @@ class SlurmActuator:
             plan=[shlex.join(argv)],
         )
 
+    @HANDLERS.handler("migrate")
     async def _migrate(self, node: str, request: base.ActionRequest) -> base.ActionOutcome:
         drain = await self._cordon(node, request)
         job_ids = await self.jobs_on(node)

@@ -18,8 +18,9 @@ import socket
 from collections.abc import Sequence
 from typing import Final
 
+from healer import actions
 from healer.agent import doctor
-from healer.rules import actions, loader, metric_catalog, ruleset, tree
+from healer.rules import loader, metric_catalog, ruleset, tree
 
 PORTS: Final = "rdma_ports"
 XID_SOURCE: Final = "xid_source"

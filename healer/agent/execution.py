@@ -45,11 +45,11 @@ import os
 import pathlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import structlog
 
-from healer import errors
+from healer import actions, errors
 from healer.agent import validation
 from healer.schemas import commands, events, fabric, telemetry
 from healer.telemetry import source
@@ -110,7 +110,9 @@ class Health:
 
 DcgmRunner = Callable[[int, float | None], validation.DcgmResult | None]
 
-_Handler = Callable[[commands.Command, Any], commands.CommandResult]
+RECOVERY: Final = actions.Handlers("agent", actions.AGENT_COMMANDS)
+"""The recovery commands (``commands.RECOVERY``), each with its ``@RECOVERY.handler`` method
+``(command, bound log) -> result``; the rest set or restore power limits."""
 _RANK = {"failed": 3, "refused": 2, "applied": 1, "already": 0}
 
 
@@ -148,14 +150,6 @@ class CommandExecutor:
         """Commands refused because their new token is no live lease's (or the lease was unreadable)."""
         self.originals: dict[int, dict[str, Any]] = {}
         self.recent: dict[str, dict[str, Any]] = {}
-        self._recovery: dict[commands.CommandAction, _Handler] = {
-            "reset_gpu": self._reset,
-            "validate": self._validate,
-            "reboot_node": self._reboot,
-            "reset_port": self._reset_ports,
-        }
-        """The recovery commands (``commands.RECOVERY``), each with its handler; the rest set or restore
-        power limits."""
         self._load()
 
     # -- persistence -------------------------------------------------------------------------------
@@ -213,9 +207,10 @@ class CommandExecutor:
             return self._result(cmd, "refused", refusal, [], remember=False)
         if cmd.fencing_token > self.fencing_token:
             self.fencing_token = cmd.fencing_token
-        recovery = self._recovery.get(cmd.action)
+        recovery = RECOVERY.bound(self).get(cmd.action)
         if recovery is not None:
-            return recovery(cmd, bound)
+            done: commands.CommandResult = recovery(cmd, bound)
+            return done
         targets = self._targets(cmd)
         if not targets:
             return self._result(cmd, "refused", "no GPU to act on", [], remember=False)
@@ -229,6 +224,7 @@ class CommandExecutor:
         bound.info("commands.executed", status=status, detail=detail)
         return result
 
+    @RECOVERY.handler("reset_gpu")
     def _reset(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
         assert cmd.gpu_index is not None  # the schema requires it
         index = cmd.gpu_index
@@ -264,6 +260,7 @@ class CommandExecutor:
         bound.warning("commands.gpu_reset", gpu=index, duration_s=report.duration_s)
         return self._result(cmd, "applied", report.detail, [], remember=True, reset=report)
 
+    @RECOVERY.handler("validate")
     def _validate(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
         if self.health is None:
             return self._result(
@@ -291,6 +288,7 @@ class CommandExecutor:
         bound.info("commands.validated", passed=report.passed, failed=failed)
         return self._result(cmd, "applied", detail[:4096], [], remember=True, validation=report)
 
+    @RECOVERY.handler("reboot_node")
     def _reboot(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
         if self.reboot is None:
             detail = "this agent does not reboot its host (agent.reboot_command is unset)"
@@ -324,6 +322,7 @@ class CommandExecutor:
                     busy.append(f"GPU {index}: pids {', '.join(map(str, pids))}")
         return busy
 
+    @RECOVERY.handler("reset_port")
     def _reset_ports(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
         if self.ports is None:
             detail = (

@@ -26,6 +26,11 @@ BREAKER_RULE: Final = "circuit-breaker"
 SHARED_CAUSE_RULE: Final = "shared-cause"
 """A shared-cause domain incident (docs/controller.md): its members are incidents of their own."""
 NOT_FAULTS: Final = frozenset({BREAKER_RULE, SHARED_CAUSE_RULE})
+REPLACEMENT_RULE: Final = "hardware-replacement"
+"""A recovery ladder's hardware replacement (docs/remediation.md): a follow-up of a fault incident (its
+``evidence.incident``), not a fault of its own. Listed per rule, and its time is out of service, but it
+counts neither as an incident of the window nor toward repeat offenders or repair times."""
+FOLLOW_UPS: Final = frozenset({REPLACEMENT_RULE})
 NODE_GPU_KEYS: Final = ("gpus_expected", "gpu_count")
 """Evidence values that give a node's GPU count, first found wins."""
 SEVERITY_WEIGHT: Final[dict[str, float]] = {
@@ -122,10 +127,17 @@ def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
             "fleet_gpus_source": fleet_source,
             "percentile": "nearest rank",
         },
-        "totals": {"incidents": len(faults), "gpu_hours_lost": total_lost},
+        "totals": {
+            "incidents": sum(1 for r in faults if r["rule_id"] not in FOLLOW_UPS),
+            "gpu_hours_lost": total_lost,
+        },
         "by_rule": _by_rule(faults),
         "gpu_hours_lost": {"by_cause": lost["by_cause"], "by_day": lost["by_day"]},
-        "repair_times_s": [r["resolved_at"] - r["opened_at"] for r in faults if r["resolved_at"] is not None],
+        "repair_times_s": [
+            r["resolved_at"] - r["opened_at"]
+            for r in faults
+            if r["resolved_at"] is not None and r["rule_id"] not in FOLLOW_UPS
+        ],
         "repeat_offenders": _repeat_offenders(archive, opts),
         "breaker_trips": [
             {"incident_id": r["incident_id"], "opened_at": r["opened_at"], "resolved_at": r["resolved_at"]}
@@ -164,23 +176,45 @@ def _by_rule(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _keys(row: Mapping[str, Any], node_gpus: int) -> list[tuple[str, str]]:
+    """The GPUs an incident takes out of service, as (node, GPU) keys: every GPU of its node for a node
+    incident, its own GPU for a GPU incident; a port incident is a GPU of its own (keyed by the incident)."""
+    gpus = gpus_of(row, node_gpus)
+    if not gpus:
+        return []
+    if row["scope"] == "node":
+        return [(row["node"], str(g)) for g in range(gpus)]
+    if row["scope"] == "gpu":
+        return [(row["node"], str(row["gpu_index"]))]
+    return [(row["node"], f"port:{row['incident_id']}")]
+
+
 def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
-    per_incident = []
-    by_cause: dict[tuple[str, str], float] = collections.defaultdict(float)
-    by_day: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
-    for r in rows:
-        gpus = gpus_of(r, opts.node_gpus)
-        if not gpus:
-            continue
+    """GPU-hours out of service: per GPU, the union of the time its incidents cover in the window; a stretch
+    two incidents cover (a node incident over a GPU's, a replacement over its fault) counts once, for the
+    one opened first."""
+    intervals: dict[tuple[str, str], list[tuple[float, float, int]]] = collections.defaultdict(list)
+    for i, r in enumerate(rows):  # rows come ordered by open time, then id
         start = max(r["opened_at"], opts.start)
         end = min(r["resolved_at"] if r["resolved_at"] is not None else opts.end, opts.end)
-        if end <= start:
-            continue
-        hours = gpus * (end - start) / 3600
-        per_incident.append((r, hours))
+        if end > start:
+            for key in _keys(r, opts.node_gpus):
+                intervals[key].append((start, end, i))
+    seconds: dict[int, float] = collections.defaultdict(float)
+    by_day: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    for spans in intervals.values():
+        covered = -math.inf
+        for start, end, i in sorted(spans, key=lambda s: (rows[s[2]]["opened_at"], s[2])):
+            piece = max(start, covered)
+            if end > piece:
+                seconds[i] += end - piece
+                for day, part in _split_by_day(piece, end):
+                    by_day[day][rows[i]["rule_id"]] += part / 3600
+            covered = max(covered, end)
+    per_incident = [(rows[i], seconds[i] / 3600) for i in sorted(seconds)]
+    by_cause: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for r, hours in per_incident:
         by_cause[(r["rule_id"], r["scope"])] += hours
-        for day, seconds in _split_by_day(start, end):
-            by_day[day][r["rule_id"]] += gpus * seconds / 3600
     return {
         "per_incident": per_incident,
         "by_cause": [
@@ -211,7 +245,7 @@ def _repeat_offenders(archive: store.Archive, opts: Options) -> list[dict[str, A
         " WHERE opened_at >= ? AND opened_at < ? ORDER BY opened_at, incident_id",
         (since, opts.end),
     ):
-        if r["rule_id"] not in NOT_FAULTS:
+        if r["rule_id"] not in NOT_FAULTS | FOLLOW_UPS:
             groups[(r["node"], r["gpu_index"])].append(dict(r))
     out = []
     for (node, gpu), members in sorted(

@@ -22,8 +22,7 @@ from typing import Final
 
 import orjson
 
-from healer import errors
-from healer.rules import actions
+from healer import actions, errors
 from healer.schemas import incidents, verdicts
 
 SCHEMA_VERSION: Final = 1

@@ -14,10 +14,9 @@ import sys
 import typing
 from typing import Any
 
-from healer import config, errors, logs
+from healer import actions, config, errors, logs
 from healer.actuators import base
 from healer.cli import common
-from healer.rules import actions
 
 SYSTEMS = typing.get_args(config.ActuatorName)
 KINDS = (*actions.SCHEDULER_VERBS, "notify")

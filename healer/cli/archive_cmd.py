@@ -1,7 +1,8 @@
 """``healer archive``: keep the incident feed in an SQLite file (docs/archive.md).
 
 A service: it runs until SIGTERM or SIGINT, retrying NATS as ``retry`` says; the events it wrote are
-acknowledged only after they are committed, so a stop at any moment loses nothing.
+acknowledged only after they are committed, so a stop at any moment loses nothing. With
+``--export-parquet DIR`` it writes the archive's tables as Parquet files instead, and exits.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import pathlib
+import sqlite3
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client as prom
@@ -20,9 +22,10 @@ from healer.bus import subjects
 from healer.cli import common, lazy
 
 if TYPE_CHECKING:  # the real modules, for mypy; at run time they load on first use (cli/lazy.py)
-    from healer.archive import consumer, store
+    from healer.archive import consumer, parquet, store
 else:
     consumer = lazy.module("healer.archive.consumer")
+    parquet = lazy.module("healer.archive.parquet")
     store = lazy.module("healer.archive.store")
 
 log = structlog.get_logger(__name__)
@@ -44,12 +47,36 @@ def register(sub: Any) -> None:
     a.add_argument(
         "--metrics-port", type=int, default=0, help="/metrics, /healthz, /readyz port, 0 = off (0)"
     )
+    a.add_argument(
+        "--export-parquet",
+        type=pathlib.Path,
+        metavar="DIR",
+        help="write each table of the archive to DIR/<table>.parquet and exit (needs healer[archive])",
+    )
     a.set_defaults(func=_archive)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """``--export-parquet``: read the archive (read-only, beside a running archiver) into Parquet files."""
+    if not args.db.is_file():
+        raise common.SettingsError(f"no archive at {args.db} (healer archive --db writes it)")
+    try:
+        with store.Archive(args.db, readonly=True) as db:
+            written = parquet.export(db, args.export_parquet)
+    except sqlite3.Error as e:
+        raise errors.PermanentError(f"cannot read the archive {args.db}: {e}") from e
+    except errors.PermanentError as e:
+        raise common.SettingsError(str(e)) from e
+    for w in written:
+        print(f"{w.path}: {w.rows} rows")
+    return 0
 
 
 def _archive(args: argparse.Namespace) -> int:
     """Archive until a signal: /metrics and health on ``--metrics-port``, systemd's READY and watchdog
     from the heartbeat, an interruptible connect."""
+    if args.export_parquet is not None:
+        return _export(args)
     s = common.settings(args)
     logs.configure(s.log.level, s.log.format)
     registry = prom.CollectorRegistry()

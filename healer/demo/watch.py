@@ -13,7 +13,7 @@ import collections
 import dataclasses
 from typing import Any
 
-from healer.rules import actions
+from healer import actions
 from healer.schemas import incidents, telemetry
 
 BREAKER_RULE = "circuit-breaker"

@@ -16,8 +16,8 @@ from typing import Any
 import pydantic
 import yaml
 
-from healer import durations
-from healer.rules import actions, parser, recovery, ruleset, spec, tree
+from healer import actions, durations
+from healer.rules import parser, recovery, ruleset, spec, tree
 from healer.schemas import fields, incidents
 
 RULE_SUFFIXES = (".yaml", ".yml")

@@ -28,15 +28,27 @@ file:line:col errors; ``Ladder`` is the typed result). The state machine that wa
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final
 
 import pydantic
 
-from healer import durations
+from healer import actions, durations
 
-Rung = Literal["reset_gpu", "reset_port", "reboot_node"]
-RUNGS: tuple[Rung, ...] = ("reset_gpu", "reset_port", "reboot_node")
-"""Every rung, smallest hammer first (the order a ladder's ``steps`` must keep)."""
+RUNGS: Final = actions.RUNGS
+"""Every rung, smallest hammer first (the order a ladder's ``steps`` must keep): the registry's kinds with
+a ``rung``, by its ``order``."""
+
+
+def _a_rung(name: str) -> str:
+    if name not in RUNGS:
+        raise ValueError(f"{name!r} is no rung (rungs: {', '.join(RUNGS)})")
+    return name
+
+
+Rung = Annotated[
+    str, pydantic.AfterValidator(_a_rung), pydantic.WithJsonSchema({"enum": list(RUNGS), "type": "string"})
+]
+"""A rung's kind name (``actions.ActionKind.rung`` says its place, phase and budget)."""
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 DEFAULT_SOAK_S = 600.0
 """Validation's quiet soak: no XID for this long after the rung (the issue's default, 10 minutes)."""
@@ -82,15 +94,11 @@ class LadderSpec(pydantic.BaseModel):
         if len(set(self.steps)) != len(self.steps):
             raise ValueError("steps: each rung at most once")
         if self.steps and list(self.steps) != [r for r in RUNGS if r in self.steps]:
-            raise ValueError(
-                "steps: reset_gpu and reset_port come before reboot_node (the smaller hammer first)"
-            )
+            raise ValueError(f"steps: in the order {', '.join(RUNGS)} (the smaller hammer first)")
         if self.contact_support and self.steps:
             raise ValueError("a contact_support ladder has no steps (the GPU goes to replacement)")
         if not self.contact_support and not self.steps:
-            raise ValueError(
-                "a ladder needs steps (reset_gpu, reset_port, reboot_node) or contact_support: true"
-            )
+            raise ValueError(f"a ladder needs steps ({', '.join(RUNGS)}) or contact_support: true")
         return self
 
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
-from healer.rules import actions as catalog
+from healer import actions as catalog
 from healer.rules import recovery, tree
 from healer.schemas import events, fields, incidents
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import pydantic
 
-from healer import durations
-from healer.rules import actions, recovery
+from healer import actions, durations
+from healer.rules import recovery
 from healer.schemas import base, events, fields, incidents
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"

@@ -7,27 +7,46 @@ leader's late command can never undo its successor's work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Final, Literal, Self
 
 import pydantic
 
+from healer import actions
 from healer.schemas import base, telemetry
 
 SCHEMA: Final = "healer.command.v1"
 RESULT_SCHEMA: Final = "healer.command_result.v1"
 
-CommandAction = Literal[
-    "set_power_limit", "restore_power_limit", "reset_gpu", "validate", "reboot_node", "reset_port"
-]  # fmt: skip
-SETS_LIMIT: Final[frozenset[CommandAction]] = frozenset({"set_power_limit"})
+
+def _registered(action: str) -> str:
+    if action not in actions.AGENT_COMMANDS:
+        raise ValueError(f"unknown command {action!r} (known: {', '.join(actions.AGENT_COMMANDS)})")
+    return action
+
+
+CommandAction = Annotated[
+    str,
+    pydantic.AfterValidator(_registered),
+    pydantic.WithJsonSchema({"enum": list(actions.AGENT_COMMANDS), "title": "Action", "type": "string"}),
+]
+"""The node agent's commands: the registry's ``AgentCommand`` names (``actions.AGENT_COMMANDS``); what each
+takes is said there, once."""
+
+
+def _where(test: Callable[[actions.AgentCommand], bool]) -> frozenset[str]:
+    return frozenset(n for n, c in actions.AGENT_COMMANDS.items() if test(c))
+
+
+SETS_LIMIT: Final = _where(lambda c: c.sets_limit)
 """Commands that take exactly one of ``watts`` or ``percent_of_default``."""
-RECOVERY: Final[frozenset[CommandAction]] = frozenset({"reset_gpu", "validate", "reboot_node", "reset_port"})
+RECOVERY: Final = _where(lambda c: c.recovery)
 """The recovery commands (actuators.gpu_reset): no watts, no percent."""
-NEEDS_GPU: Final[frozenset[CommandAction]] = frozenset({"reset_gpu"})
-WHOLE_NODE: Final[frozenset[CommandAction]] = frozenset({"reboot_node", "reset_port"})
+NEEDS_GPU: Final = _where(lambda c: c.gpu == "required")
+WHOLE_NODE: Final = _where(lambda c: c.gpu == "none")
 """Act on the node or its ports: no ``gpu_index``."""
-TAKES_PORTS: Final[frozenset[CommandAction]] = frozenset({"reset_port", "validate"})
-NEEDS_PORTS: Final[frozenset[CommandAction]] = frozenset({"reset_port"})
+TAKES_PORTS: Final = _where(lambda c: c.ports != "none")
+NEEDS_PORTS: Final = _where(lambda c: c.ports == "required")
 RESET_TIMEOUT_MAX_S: Final = 600.0
 PORT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/[0-9]{1,3}$"
 """An RDMA port as ``<device>/<port>`` (``mlx5_0/1``, ``fabric.PortSample.name``)."""

@@ -21,7 +21,7 @@ from typing import Final
 
 import numpy as np
 
-from healer.rules import actions
+from healer import actions
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

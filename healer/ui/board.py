@@ -12,7 +12,7 @@ Per node it also keeps what the per-node view shows: the last ``HISTORY_MAX`` in
 resolved), the last ``XIDS_MAX`` XID-like events from the events stream, the driver and VBIOS versions a
 validation reported (incident evidence and action facts), and whether healer holds the node cordoned or
 drained: the latest scheduler action that completed in each incident, read through the action catalogue
-(``healer.rules.actions``: which kinds take a node out of service, which lift the cordon).
+(``healer.actions``: which kinds take a node out of service, which lift the cordon).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-from healer.rules import actions as actions_catalog
+from healer import actions as actions_catalog
 from healer.schemas import events, incidents
 
 SEVERITY_CODE = {"info": 1, "warning": 2, "major": 3, "critical": 4}

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pathlib
 import time
-import typing
 
+import pydantic
 import pytest
 import structlog
 
-from healer import config, errors
+from healer import actions, config, errors
 from healer.actuators import base
-from healer.rules import actions
 
 FAST = config.ActuatorSettings(retry_attempts=3, retry_initial_delay_s=0.0, retry_max_delay_s=0.0)
 
@@ -125,9 +124,12 @@ async def test_log_actuator_only_logs_and_dry_run_says_so() -> None:
 
 
 def test_the_request_kinds_are_the_catalogues() -> None:
-    """``RequestKind`` types what the action catalogue says actuators are asked (#25: one list of kinds,
-    not two that drift): every scheduler verb and every kind with an actuator, and notify."""
-    assert set(typing.get_args(base.RequestKind)) == actions.REQUESTS
+    """``RequestKind`` is what the registry says actuators are asked (#40: derived, not a second list):
+    every scheduler verb and every kind with an actuator, and notify; anything else is refused."""
+    for kind in actions.REQUESTS:
+        assert base.ActionRequest(incident_id="i", kind=kind, node="n").kind == kind
+    with pytest.raises(pydantic.ValidationError, match="no actuator is asked for 'drain'"):
+        base.ActionRequest(incident_id="i", kind="drain", node="n")
     assert "drain" not in actions.REQUESTS  # a drain asks for a cordon
     assert "cordon" in actions.REQUESTS
     assert "hardware_replacement" not in actions.REQUESTS  # recorded, never sent

@@ -226,3 +226,34 @@ def test_the_command_prints_the_json_and_writes_the_page(
         "  repeat offender n1/gpu0: 3 incidents (ecc-uncorrectable)",
     ]
     assert cli.main(["report", "--db", str(tmp_path / "none.db")]) == 2
+
+
+def test_a_gpu_two_incidents_cover_at_once_counts_once_and_a_replacement_is_no_new_fault(
+    tmp_path: pathlib.Path,
+) -> None:
+    with store.Archive(tmp_path / "overlap.db") as db:
+        t = END - 2 * DAY  # Dec 5 00:00
+        # n5 silent 00:00-02:00 (8 GPUs: 16 GPU-hours); its GPU 2 has an ECC incident 01:00-03:00, whose
+        # first hour the node's incident already covers: 1 GPU-hour more, not 2
+        incident(db, "o-node", "node-silent", "n5", None, "major", t, resolved=t + 2 * H)
+        incident(db, "o-gpu", "ecc-uncorrectable", "n5", 2, "critical", t + H, resolved=t + 3 * H)
+        # n6/gpu0: a fault 10:00-15:00 whose ladder ends in a replacement opened at 11:00 and closed with
+        # it: 5 GPU-hours, all the fault's; the replacement is listed but is no incident of its own
+        f = t + 10 * H
+        ended: Evidence = {"outcome": "hardware_replacement"}
+        incident(db, "o-fault", "ecc-uncorrectable", "n6", 0, "critical", f, contained=f + 600,
+                 escalated=f + H, resolved=f + 5 * H, evidence=ended)  # fmt: skip
+        incident(db, "o-rep", figures.REPLACEMENT_RULE, "n6", 0, "critical", f + H, resolved=f + 5 * H,
+                 evidence={"incident": "o-fault"})  # fmt: skip
+        db.commit()
+        r = figures.build(db, figures.Options(end=END, since_s=7 * DAY, fleet_gpus=100, repeat_threshold=2))
+    assert r["totals"] == {"incidents": 3, "gpu_hours_lost": pytest.approx(16 + 1 + 5)}
+    assert r["gpu_hours_lost"]["by_cause"] == [
+        {"rule_id": "ecc-uncorrectable", "kind": "gpu", "gpu_hours": pytest.approx(1 + 5)},
+        {"rule_id": "node-silent", "kind": "node", "gpu_hours": pytest.approx(16)},
+    ]  # the replacement lost nothing the fault had not: no row of its own
+    assert [(b["rule_id"], b["incidents"]) for b in r["by_rule"]] == [
+        ("ecc-uncorrectable", 2), (figures.REPLACEMENT_RULE, 1), ("node-silent", 1)
+    ]  # fmt: skip
+    assert sorted(r["repair_times_s"]) == [2 * H, 2 * H, 5 * H]  # the replacement's is not a repair
+    assert r["repeat_offenders"] == []  # n6/gpu0: one fault; its replacement is not a second

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from healer import config
+from healer import actions, config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
-from healer.rules import actions, engine, ruleset
+from healer.rules import engine, ruleset
 from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings(action_cooldown_s=600, actions_per_minute=2, repeat_faults=3)
@@ -251,7 +251,7 @@ def test_the_breaker_limit_is_the_smaller_of_nodes_and_percent_but_at_least_one(
 
 
 def test_the_catalogue_says_who_runs_each_action() -> None:
-    assert actions.SCHEDULER_VERBS == ("cordon", "uncordon", "migrate")
+    assert actions.SCHEDULER_VERBS == ["cordon", "uncordon", "migrate"]
     # a reboot takes capacity out (the breaker counts it); a replacement holds the node out
     assert {"cordon", "drain", "migrate", "inspect", "reboot_node", "hardware_replacement"} == (
         actions.TAKES_OUT_OF_SERVICE

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from healer import actions
 from healer.controller.remediation import ladder
 from healer.rules import recovery
 
@@ -39,7 +40,7 @@ def test_a_ladder_starts_by_containing() -> None:
 
 def test_a_reset_that_validates_returns_the_node_to_service() -> None:
     steps = _walk(_start(), Out.CONTAINED, Out.DONE, Out.PASSED, Out.RETURNED)
-    assert [s.kind for s in steps] == [K.CONTAIN, K.RESET_GPU, K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
+    assert [s.kind for s in steps] == [K.CONTAIN, "reset_gpu", K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
     assert steps[-1].state.phase is P.RETURNED
     assert steps[-1].state.finished
     assert steps[2].soak_s == 600.0
@@ -56,9 +57,9 @@ def test_a_reset_that_validates_returns_the_node_to_service() -> None:
 @pytest.mark.parametrize("failure", [[Out.FAILED], [Out.DONE, Out.VALIDATION_FAILED], [Out.DONE, Out.FAILED]])
 def test_a_failed_reset_or_validation_leads_to_a_reboot(failure: list[Out]) -> None:
     steps = _walk(_start(), Out.CONTAINED, *failure)
-    assert steps[-1].kind is K.REBOOT_NODE
+    assert steps[-1].kind == "reboot_node"
     assert steps[-1].state.phase is P.REBOOTING
-    assert steps[-1].deadline == steps[-1].state.updated_at + ladder.REBOOT_BUDGET_S
+    assert steps[-1].deadline == steps[-1].state.updated_at + actions.REBOOT_BUDGET_S
     back = _walk(steps[-1], Out.DONE, Out.PASSED, Out.RETURNED)
     assert [s.kind for s in back[1:]] == [K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
 
@@ -75,11 +76,11 @@ def test_a_failed_reboot_or_its_validation_ends_in_replacement() -> None:
 def test_a_refused_reset_is_asked_again_later_then_counts_as_failed() -> None:
     steps = _walk(_start(), Out.CONTAINED, *[Out.REFUSED] * (ladder.MAX_REFUSALS - 1))
     for s in steps[2:]:
-        assert s.kind is K.RESET_GPU
+        assert s.kind == "reset_gpu"
         assert s.not_before == s.state.updated_at + ladder.REFUSAL_RETRY_S
     assert steps[-1].state.refusals == ladder.MAX_REFUSALS - 1
     last = ladder.next_step(steps[-1].state, Out.REFUSED, 9999.0, EMPTY, detail="pid 42 runs")
-    assert last.kind is K.REBOOT_NODE
+    assert last.kind == "reboot_node"
     assert last.state.refusals == 0
 
 
@@ -89,7 +90,7 @@ def test_the_second_recovery_of_a_gpu_within_30_days_goes_to_replacement() -> No
     assert steps[-1].kind is K.REPLACE
     assert "recovery number 2 of this GPU within 30 days (limit 2)" in steps[-1].reason
     old = ladder.History((1000.0 - 31 * DAY,))
-    assert _walk(_start(), Out.CONTAINED, history=old)[-1].kind is K.RESET_GPU
+    assert _walk(_start(), Out.CONTAINED, history=old)[-1].kind == "reset_gpu"
 
 
 def test_a_contact_support_ladder_goes_straight_to_replacement() -> None:
@@ -123,11 +124,11 @@ def test_a_replacement_held_by_a_domain_returns_the_node_once_it_recovered() -> 
 def test_a_reboot_only_ladder_starts_with_the_reboot() -> None:
     rb = recovery.Ladder(id="rb", rules=("gpu-lost-event",), steps=("reboot_node",))
     steps = _walk(_start(rb), Out.CONTAINED, Out.DONE, Out.VALIDATION_FAILED)
-    assert [s.kind for s in steps] == [K.CONTAIN, K.REBOOT_NODE, K.VALIDATE, K.REPLACE]
+    assert [s.kind for s in steps] == [K.CONTAIN, "reboot_node", K.VALIDATE, K.REPLACE]
 
 
 def test_containment_that_never_finishes_moves_to_the_reboot_which_drains_by_itself() -> None:
-    assert _walk(_start(), Out.FAILED)[-1].kind is K.REBOOT_NODE
+    assert _walk(_start(), Out.FAILED)[-1].kind == "reboot_node"
     reset_only = recovery.Ladder(id="r", rules=("x",), steps=("reset_gpu",))
     assert _walk(_start(reset_only), Out.FAILED)[-1].kind is K.REPLACE
 
@@ -218,9 +219,9 @@ def _port_start(port: str | None = "mlx5_3/1") -> ladder.Step:
 
 def test_a_port_fault_bounces_its_link_validates_and_returns_without_a_reboot() -> None:
     steps = _walk(_port_start(), Out.CONTAINED, Out.DONE, Out.PASSED, Out.RETURNED)
-    assert [s.kind for s in steps] == [K.CONTAIN, K.RESET_PORT, K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
+    assert [s.kind for s in steps] == [K.CONTAIN, "reset_port", K.VALIDATE, K.RETURN_TO_SERVICE, K.NONE]
     assert steps[1].state.phase is P.PORT_RESETTING
-    assert steps[1].deadline == steps[1].state.updated_at + ladder.PORT_RESET_BUDGET_S
+    assert steps[1].deadline == steps[1].state.updated_at + actions.PORT_RESET_BUDGET_S
     assert steps[2].reason == "validate after reset_port"
     assert steps[-1].state.phase is P.RETURNED
     assert steps[-1].state.port == "mlx5_3/1"
@@ -229,7 +230,7 @@ def test_a_port_fault_bounces_its_link_validates_and_returns_without_a_reboot() 
 @pytest.mark.parametrize("failure", [[Out.FAILED], [Out.DONE, Out.VALIDATION_FAILED], [Out.DONE, Out.FAILED]])
 def test_a_port_that_does_not_come_back_leads_to_the_reboot(failure: list[Out]) -> None:
     steps = _walk(_port_start(), Out.CONTAINED, *failure)
-    assert steps[-1].kind is K.REBOOT_NODE
+    assert steps[-1].kind == "reboot_node"
     assert steps[-1].state.phase is P.REBOOTING
     assert steps[-1].reason.startswith("reset_port ")
     assert steps[-1].reason.endswith("; next rung: reboot_node")
@@ -246,13 +247,13 @@ def test_a_reboot_that_does_not_bring_the_port_back_ends_in_replacement_naming_t
 
 def test_a_refused_port_reset_is_asked_again_later() -> None:
     steps = _walk(_port_start(), Out.CONTAINED, Out.REFUSED)
-    assert steps[-1].kind is K.RESET_PORT
+    assert steps[-1].kind == "reset_port"
     assert steps[-1].not_before == steps[-1].state.updated_at + ladder.REFUSAL_RETRY_S
 
 
 def test_an_incident_without_a_port_skips_the_port_reset_and_reboots() -> None:
     steps = _walk(_port_start(port=None), Out.CONTAINED)
-    assert steps[-1].kind is K.REBOOT_NODE
+    assert steps[-1].kind == "reboot_node"
     assert steps[-1].state.rung == 1
     only = recovery.Ladder(id="p", rules=("r",), steps=("reset_port",))
     start = ladder.start(only, incident_id="i", node="n", gpu_uuid=None, gpu_index=None, now=1.0)
@@ -274,7 +275,7 @@ def test_a_port_ladder_survives_a_round_trip_through_kv_json() -> None:
 def test_a_rule_file_keeps_reset_port_before_the_reboot() -> None:
     spec = recovery.LadderSpec(id="f", rules=["r"], steps=["reset_port", "reboot_node"])
     assert recovery.build(spec, "f.yaml", 1).steps == ("reset_port", "reboot_node")
-    with pytest.raises(ValueError, match="reset_port come before reboot_node"):
+    with pytest.raises(ValueError, match="in the order reset_gpu, reset_port, reboot_node"):
         recovery.LadderSpec(id="f", rules=["r"], steps=["reboot_node", "reset_port"])
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from healer import config
+from healer import actions, config
 from healer.controller.core import incident_shell
 from healer.controller.incidents import book, decide
-from healer.rules import actions, engine, loader, nodewide, ruleset
+from healer.rules import engine, loader, nodewide, ruleset
 from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from healer import config
+from healer import actions, config
 from healer.bus import memory
 from healer.controller.incidents import book, decide
 from healer.controller.store import kv
 from healer.feed import alertmanager
-from healer.rules import actions, engine, ruleset
+from healer.rules import engine, ruleset
 from healer.schemas import fields, incidents
 
 SETTINGS = config.ControllerSettings()

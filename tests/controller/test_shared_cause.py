@@ -268,7 +268,7 @@ XID_LADDER = XID_RESET.replace("actions: [cordon, reset_gpu]", "actions: [cordon
 
 
 def test_the_catalogue_says_which_repairs_a_domain_incident_holds() -> None:
-    from healer.rules import actions
+    from healer import actions
 
     held = {k for k, spec in actions.CATALOG.items() if spec.held_by_shared_cause}
     assert held == {"reset_gpu", "reset_port", "reboot_node", "hardware_replacement"}

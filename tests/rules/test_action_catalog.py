@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import typing
 
 import pytest
 
 import healer
-from healer import config
+from healer import actions, config
 from healer.actuators import base, gpu_reset, power
 from healer.bus.memory import MemoryBus
-from healer.rules import actions
 from healer.schemas import commands
 
 ROOT = pathlib.Path(healer.__file__).parent
@@ -59,8 +57,8 @@ def test_no_kind_is_compared_by_name_outside_the_catalogue() -> None:
 def test_agent_commands_are_the_wire_commands() -> None:
     """Every command the agent takes is some kind's ``agent_command``, and each actuator that talks to
     the agent carries out exactly the kinds whose command it sends."""
-    named = {k.agent_command for k in actions.CATALOG.values() if k.agent_command is not None}
-    assert named == set(typing.get_args(commands.CommandAction))
+    named = {k.agent_command.name for k in actions.CATALOG.values() if k.agent_command is not None}
+    assert named == set(actions.AGENT_COMMANDS)
     for k in actions.CATALOG.values():
         if k.actuator in (actions.Actuator.POWER, actions.Actuator.GPU):
             assert k.agent_command is not None, k.name
@@ -69,7 +67,7 @@ def test_agent_commands_are_the_wire_commands() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", sorted(k.name for k in actions.CATALOG.values() if k.agent_command in commands.RECOVERY)
+    "kind", sorted(k.name for k in actions.CATALOG.values() if k.agent_command and k.agent_command.recovery)
 )
 def test_the_gpu_actuator_sends_each_kinds_own_command(kind: str) -> None:
     actuator = gpu_reset.GpuRecoveryActuator(
@@ -77,7 +75,7 @@ def test_the_gpu_actuator_sends_each_kinds_own_command(kind: str) -> None:
     )
     spec = actions.spec(kind)
     request = base.ActionRequest(
-        kind=typing.cast(base.RequestKind, kind),
+        kind=kind,
         node="node-1",
         gpu_index=2 if spec.per_gpu else None,
         incident_id="inc-1",
@@ -85,7 +83,8 @@ def test_the_gpu_actuator_sends_each_kinds_own_command(kind: str) -> None:
         params={"ports": ["mlx5_0/1"]} if spec.per_port else {},
     )
     command = actuator.command(request)
-    assert command.action == spec.agent_command
+    assert spec.agent_command is not None
+    assert command.action == spec.agent_command.name
     assert command.gpu_index == (2 if spec.per_gpu else None)
     assert command.ports == (["mlx5_0/1"] if spec.per_port else [])
     assert command.id == f"inc-1:{kind}" + (":2" if spec.per_gpu else "")

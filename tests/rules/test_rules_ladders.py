@@ -65,7 +65,7 @@ def test_bad_ladders_report_every_error_with_its_position() -> None:
     lines = [(line, col) for line, col, _ in errs]
     messages = " | ".join(m for _, _, m in errs)
     assert (8, 5) in lines
-    assert "reset_gpu and reset_port come before reboot_node" in messages
+    assert "in the order reset_gpu, reset_port, reboot_node" in messages
     assert (14, 11) in lines
     assert "soak" in messages
     assert (15, 5) in lines

@@ -31,11 +31,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from healer import config
+from healer import actions, config
 from healer.controller.incidents import book
 from healer.controller.inventory import blast
 from healer.controller.power import power_budget
-from healer.rules import actions, engine, ruleset
+from healer.rules import engine, ruleset
 from healer.schemas import fields, incidents
 
 EPISODE_S = 120.0

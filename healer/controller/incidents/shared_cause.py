@@ -30,10 +30,9 @@ import fnmatch
 import re
 from collections.abc import Iterable, Sequence
 
-from healer import config
+from healer import actions, config
 from healer.controller.incidents import book
 from healer.controller.inventory import topology
-from healer.rules import actions
 from healer.schemas import incidents
 
 RULE_ID = "shared-cause"

@@ -9,8 +9,7 @@ import numpy as np
 import prometheus_client as prom
 from prometheus_client import metrics_core
 
-from healer import buildinfo, metricdecl
-from healer.rules import actions
+from healer import actions, buildinfo, metricdecl
 from healer.schemas import codec, incidents
 
 

@@ -27,14 +27,13 @@ from collections.abc import Callable
 
 import structlog
 
-from healer import config, errors, tasks
+from healer import actions, config, errors, tasks
 from healer.actuators import base as actuators
 from healer.controller.incidents import book, decide, shared_cause
 from healer.controller.inventory import blast
 from healer.controller.observability import metrics
 from healer.controller.remediation import policy, shell
 from healer.controller.store import lease
-from healer.rules import actions
 from healer.schemas import incidents
 
 BREAKER_RULE = "circuit-breaker"

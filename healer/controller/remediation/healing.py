@@ -28,12 +28,12 @@ from typing import Any
 
 import structlog
 
-from healer import config, errors
+from healer import actions, config, errors
 from healer.actuators import base as actuators
 from healer.controller.incidents import book, decide, shared_cause
 from healer.controller.remediation import ladder, shell
 from healer.controller.store import kv
-from healer.rules import actions, engine
+from healer.rules import engine
 from healer.schemas import incidents
 
 PREFIX = "ladder."
@@ -50,7 +50,8 @@ REPLACEMENT_RULE = "hardware-replacement"
 class Pending:
     """The step the ladder waits on, stored with its state."""
 
-    kind: ladder.StepKind
+    kind: str
+    """A ``ladder.StepKind``, or the rung's kind name."""
     reason: str = ""
     not_before: float = 0.0
     deadline: float | None = None
@@ -79,13 +80,13 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         pending = dataclasses.asdict(self.pending)
-        pending["kind"] = self.pending.kind.value
+        pending["kind"] = str(self.pending.kind)
         return {"state": self.state.to_json(), "pending": pending, "followers": list(self.followers)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Record:
         pending = dict(doc["pending"])
-        pending["kind"] = ladder.StepKind(pending["kind"])
+        pending["kind"] = ladder.step_kind(pending["kind"])
         followers = [str(f) for f in doc.get("followers", [])]
         return cls(ladder.LadderState.from_json(doc["state"]), Pending(**pending), followers)
 
@@ -139,7 +140,7 @@ class Recovery:
                 continue
             if self._mine(rec):
                 self.ladders[rec.state.incident_id] = rec
-                if rec.pending.kind is ladder.StepKind.REBOOT_NODE and rec.pending.action is not None:
+                if actions.spec(rec.pending.kind).reboots and rec.pending.action is not None:
                     self.reserved.add(rec.state.node)
         return len(self.ladders)
 
@@ -264,8 +265,8 @@ class Recovery:
             return None, ""
         action = inc.actions[p.action]
         if action.status is None:
-            return (ladder.Outcome.FAILED, f"{p.kind.value} ran past its deadline") if late else (None, "")
-        if p.kind is ladder.StepKind.REBOOT_NODE and action.status in incidents.TOOK_EFFECT:
+            return (ladder.Outcome.FAILED, f"{p.kind} ran past its deadline") if late else (None, "")
+        if actions.spec(p.kind).reboots and action.status in incidents.TOOK_EFFECT:
             if not p.reboot_requested:
                 p.reboot_requested = True  # counted by every shard's max_concurrent_reboots from now
                 await self._save(rec)
@@ -302,7 +303,7 @@ class Recovery:
         rec.state = step.state
         self.log.info(
             "ladder.step", incident_id=before.incident_id, node=before.node, gpu=before.gpu_index,
-            phase=step.state.phase.name.lower(), step=step.kind.value, reason=step.reason,
+            phase=step.state.phase.name.lower(), step=str(step.kind), reason=step.reason,
         )  # fmt: skip
         if step.state.attempted_recovery and before.started_at not in history.recoveries:
             await self.store.put(
@@ -317,7 +318,7 @@ class Recovery:
         await self._save(rec)
         if inc is not None:
             inc.evidence["ladder.phase"] = step.state.phase.name.lower()
-            inc.evidence["ladder.next"] = f"{step.kind.value}: {step.reason}"[:1000]
+            inc.evidence["ladder.next"] = f"{step.kind}: {step.reason}"[:1000]
             await self.shell.publish(inc, "updated")
             await self._add_action(rec, inc, now)
 
@@ -336,12 +337,12 @@ class Recovery:
             params |= {"soak_since": rec.state.updated_at, "dcgm_level": p.dcgm_level}
         ports = self._ports(rec)
         after_reset = rec.state.rung >= 0 and actions.per_port(rec.state.steps[rec.state.rung])
-        if ports and (actions.per_port(p.kind.value) or (p.kind is ladder.StepKind.VALIDATE and after_reset)):
+        if ports and (actions.per_port(p.kind) or (p.kind is ladder.StepKind.VALIDATE and after_reset)):
             # The link reset bounces them; the validation right after it checks they are back at their
             # rate. Only an agent that answered reset_port is sent ports on validate: an older agent
             # refuses the field, and a validation it refused after a reboot would end in replacement.
             params["ports"] = ports
-        inc.actions.append(book.PlannedAction(kind=p.kind.value, params=params, ladder=True))
+        inc.actions.append(book.PlannedAction(kind=str(p.kind), params=params, ladder=True))
         await self.shell.publish(inc, "updated")
         self.shell.spawn(inc)
 

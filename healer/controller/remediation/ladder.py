@@ -23,17 +23,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from healer.rules import actions, recovery
+from healer import actions
+from healer.rules import recovery
 from healer.schemas import incidents
 
-RESET_BUDGET_S = 180.0
-"""How long a GPU reset may take, from the command to the agent's answer (nvidia-smi needs ~10-60 s)."""
-PORT_RESET_BUDGET_S = 900.0
-"""How long a port link reset may take, from the command to the agent's answer (the bounce, training and
-the subnet manager's ACTIVE: seconds to a minute; the agent's own limit, ``port_reset_timeout_s``, is
-at most 600 s)."""
-REBOOT_BUDGET_S = 1800.0
-"""How long a node reboot may take, from the scheduler's reboot to the node answering again."""
 VALIDATE_MARGIN_S = 600.0
 """Validation's budget beyond its soak (dcgmi diag -r 1 takes about a minute, -r 3 up to ~30)."""
 RETURN_BUDGET_S = 300.0
@@ -86,10 +79,10 @@ class Outcome(enum.StrEnum):
 
 
 class StepKind(enum.StrEnum):
+    """The ladder's own steps around its rungs. A rung's step is its kind's name (``actions.RUNGS``: the
+    registry's kinds with a ``rung``, which says the step's phase and budget)."""
+
     CONTAIN = "contain"
-    RESET_GPU = "reset_gpu"
-    RESET_PORT = "reset_port"
-    REBOOT_NODE = "reboot_node"
     VALIDATE = "validate"
     RETURN_TO_SERVICE = "return_to_service"
     REPLACE = "hardware_replacement"
@@ -98,30 +91,27 @@ class StepKind(enum.StrEnum):
     """Nothing to do: the ladder is finished."""
 
 
-_RUNG_PHASE = {
-    "reset_gpu": Phase.RESETTING,
-    "reset_port": Phase.PORT_RESETTING,
-    "reboot_node": Phase.REBOOTING,
-}
-_RUNG_STEP = {
-    "reset_gpu": (StepKind.RESET_GPU, RESET_BUDGET_S),
-    "reset_port": (StepKind.RESET_PORT, PORT_RESET_BUDGET_S),
-    "reboot_node": (StepKind.REBOOT_NODE, REBOOT_BUDGET_S),
-}
-_RUNG_PHASES = frozenset(_RUNG_PHASE.values())
-_PHASE_STEP = {
-    Phase.CONTAINING: StepKind.CONTAIN,
-    Phase.RESETTING: StepKind.RESET_GPU,
-    Phase.PORT_RESETTING: StepKind.RESET_PORT,
-    Phase.REBOOTING: StepKind.REBOOT_NODE,
-    Phase.VALIDATING: StepKind.VALIDATE,
-    Phase.RETURNING: StepKind.RETURN_TO_SERVICE,
-}
+def step_kind(value: str) -> str:
+    """A stored step's kind back: a ``StepKind``, or a registered rung's name. Raises ValueError."""
+    if value in StepKind.__members__.values():
+        return StepKind(value)
+    if value in actions.RUNGS:
+        return value
+    raise ValueError(f"{value!r} is no ladder step")
+
+
+def _rung_phase(rung: str) -> Phase:
+    spec = actions.spec(rung).rung
+    if spec is None:
+        raise ValueError(f"{rung!r} is no rung")
+    return Phase[spec.phase]
+
+
+_RUNG_PHASES = frozenset(_rung_phase(r) for r in actions.RUNGS)
+_RUNG_OUTCOMES = frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED})
 _EXPECTED: dict[Phase, frozenset[Outcome]] = {
     Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED, Outcome.RECOVERED}),
-    Phase.RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
-    Phase.PORT_RESETTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
-    Phase.REBOOTING: frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED}),
+    **dict.fromkeys(_RUNG_PHASES, _RUNG_OUTCOMES),
     Phase.VALIDATING: frozenset({Outcome.PASSED, Outcome.VALIDATION_FAILED, Outcome.FAILED}),
     Phase.RETURNING: frozenset({Outcome.RETURNED, Outcome.FAILED}),
 }
@@ -144,7 +134,8 @@ class LadderState:
     node: str
     gpu_uuid: str | None
     gpu_index: int | None
-    steps: tuple[recovery.Rung, ...]
+    steps: tuple[str, ...]
+    """The rungs (``actions.RUNGS``' kind names)."""
     contact_support: bool
     soak_s: float
     dcgm_level: int
@@ -225,7 +216,8 @@ class History:
 class Step:
     """What the shell does next, and the state to store before doing it."""
 
-    kind: StepKind
+    kind: str
+    """A ``StepKind``, or the rung's kind name."""
     state: LadderState
     reason: str
     not_before: float = 0.0
@@ -307,7 +299,7 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
                 state, outcome, now, detail, "no rung fits (reset_port needs the incident's port)"
             )
         return _rung_step(
-            _moved(state, _RUNG_PHASE[state.steps[first]], outcome, now, detail, rung=first), now, ""
+            _moved(state, _rung_phase(state.steps[first]), outcome, now, detail, rung=first), now, ""
         )
     if state.phase in _RUNG_PHASES:
         if outcome is Outcome.RECOVERED:
@@ -411,9 +403,10 @@ def _runnable(state: LadderState, start: int) -> int | None:
 
 def _rung_step(state: LadderState, when: float, reason: str) -> Step:
     rung = state.steps[state.rung]
-    kind, budget = _RUNG_STEP[rung]
+    spec = actions.spec(rung).rung
+    budget = spec.budget_s if spec is not None else 0.0
     return Step(
-        kind,
+        rung,
         state,
         reason or f"rung {state.rung + 1} of {len(state.steps)}: {rung}",
         not_before=when,
@@ -427,7 +420,7 @@ def _next_rung(state: LadderState, outcome: Outcome, now: float, detail: str) ->
         what = state.steps[state.rung]
         back = f"port {state.port}" if state.port is not None else "the GPU"
         return _replace(state, outcome, now, detail, f"{what} did not bring {back} back ({outcome.value})")
-    nxt = _moved(state, _RUNG_PHASE[state.steps[nxt_rung]], outcome, now, detail, rung=nxt_rung)
+    nxt = _moved(state, _rung_phase(state.steps[nxt_rung]), outcome, now, detail, rung=nxt_rung)
     why = f"{state.steps[state.rung]} {outcome.value}; next rung: {state.steps[nxt_rung]}"
     return _rung_step(nxt, now, why)
 
@@ -447,7 +440,7 @@ def containment(statuses: Sequence[str | None]) -> Outcome | None:
     return Outcome.CONTAINED
 
 
-def outcome_of(kind: StepKind, status: str) -> Outcome:
+def outcome_of(kind: str, status: str) -> Outcome:
     """What a settled ladder action's status means for its step. ``skipped`` is a gate saying no for
     good (observe mode, a maintenance exclusion): the ladder stops there and leaves the node as it is;
     for the return to service it means the node was not healer's to return (or another incident still

@@ -9,7 +9,7 @@
   NVLink domain among the breaker's entries; a domain at its limit holds the action (it waits) and opens
   nothing, so the rest of the fleet keeps healing.
 - **Exclusions**: nodes under maintenance (``healer exclude add NODE``) get incidents, never actions.
-- **Cooldown** (the kinds the catalogue in ``healer.rules.actions`` marks ``per_node_cooldown``): a power
+- **Cooldown** (the kinds the catalogue in ``healer.actions`` marks ``per_node_cooldown``): a power
   cap on a GPU for another incident within ``action_cooldown_s`` of the last one waits (no cap/restore
   flapping). The last cap per node lives in KV (``cooldown.<kind>.<node>``), so a
   restarted controller or a standby that takes over honours it. Cordon, drain and migrate have no
@@ -28,11 +28,10 @@ from typing import Any
 
 import structlog
 
-from healer import config, errors
+from healer import actions, config, errors
 from healer.controller.incidents import decide
 from healer.controller.inventory import blast
 from healer.controller.store import kv
-from healer.rules import actions
 
 log = structlog.get_logger(__name__)
 
