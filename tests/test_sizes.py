@@ -33,7 +33,6 @@ FILES_STILL_OVER = frozenset({
 
 FUNCTIONS_STILL_OVER = frozenset({
     "healer/anomaly/thermal.py:step",
-    "healer/evals/power_bench.py:measure",
     "healer/evals/straggler_sim_eval.py:run_sim_seed",
     "healer/ui/server.py:build_app",
 })  # fmt: skip
