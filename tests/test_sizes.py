@@ -26,7 +26,6 @@ FILES_STILL_OVER = frozenset({
     "healer/controller/incidents/decide.py",
     "healer/rules/engine.py",
     "healer/schemas/_framec.c",
-    "healer/telemetry/nvml.py",
     "healer/ui/static/app.js",
 })  # fmt: skip
 
