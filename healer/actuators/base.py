@@ -47,8 +47,19 @@ action's own name), checked when the request is made. ``reset_gpu``, ``reset_por
 the node agent (actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``;
 Kubernetes through the agent): the recovery ladder's rungs."""
 Status = incidents.ActionStatus
-"""An action's status (``schemas.incidents.ActionStatus``): an outcome is one of ``incidents.OUTCOMES``
-(never skipped), an item inside it may be any (``skipped``: a DaemonSet pod on a node being drained)."""
+"""An action's status: ``schemas.incidents.ActionStatus``, the one status type, named here for actuators.
+An item inside an action may be any status (``skipped``: a DaemonSet pod on a node being drained); the
+action's own outcome is an ``OutcomeStatus``."""
+
+
+def _an_outcome(status: incidents.ActionStatus) -> incidents.ActionStatus:
+    if status not in incidents.OUTCOMES:
+        raise ValueError(f"an action's outcome is never {status.value} (only an item inside it may be)")
+    return status
+
+
+OutcomeStatus = Annotated[incidents.ActionStatus, pydantic.AfterValidator(_an_outcome)]
+"""The subset an actuator may return for a whole action: ``incidents.OUTCOMES`` (all but skipped)."""
 
 REASON_PREFIX = "healer:"
 """Every mark healer leaves on a node (Slurm reason, Kubernetes annotation value) starts with this."""
@@ -108,7 +119,7 @@ class ItemResult(pydantic.BaseModel):
 class ActionOutcome(pydantic.BaseModel):
     model_config = base.CONFIG
 
-    status: Status
+    status: OutcomeStatus
     detail: str = ""
     items: list[ItemResult] = pydantic.Field(default_factory=list)
     plan: list[str] = pydantic.Field(default_factory=list)
@@ -117,13 +128,6 @@ class ActionOutcome(pydantic.BaseModel):
     facts: dict[str, str | None] = pydantic.Field(default_factory=dict)
     """Device facts read on the way (validate: serial, uuid, board part number, VBIOS and driver of the
     request's GPU): a hardware replacement's evidence."""
-
-    @pydantic.field_validator("status")
-    @classmethod
-    def _an_outcome(cls, status: Status) -> Status:
-        if status not in incidents.OUTCOMES:
-            raise ValueError(f"an action's outcome is never {status.value} (only an item inside it may be)")
-        return status
 
     @property
     def ok(self) -> bool:

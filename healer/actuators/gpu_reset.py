@@ -108,18 +108,19 @@ class GpuRecoveryActuator:
         if agent is None or not agent.recovery:
             raise errors.PermanentError(f"the gpu actuator does not do {request.kind}")
         action = agent.name
-        if action in commands.NEEDS_GPU and request.gpu_index is None:
+        needs_gpu = agent.gpu == "required"
+        if needs_gpu and request.gpu_index is None:
             raise errors.PermanentError(f"{request.kind} needs a GPU (the incident's gpu_index)")
-        if action in commands.NEEDS_PORTS and not params.get("ports"):
+        if agent.ports == "required" and not params.get("ports"):
             raise errors.PermanentError(f"{request.kind} needs ports (the incident's port)")
         limit = agent.timeout
         timeout_s = None if limit is None else float(params.get("timeout_s") or getattr(self.settings, limit))
-        suffix = f":{request.gpu_index}" if action in commands.NEEDS_GPU else ""
+        suffix = f":{request.gpu_index}" if needs_gpu else ""
         return commands.Command(
             id=str(params.get("action_id") or f"{request.incident_id}:{request.kind}{suffix}")[:128],
             node=request.node,
             action=action,
-            gpu_index=request.gpu_index if action in commands.NEEDS_GPU else None,
+            gpu_index=request.gpu_index if needs_gpu else None,
             fencing_token=request.fencing_token,
             issued_at=now,
             expires_at=now + self.settings.power_command_ttl_s,
@@ -128,7 +129,7 @@ class GpuRecoveryActuator:
             timeout_s=timeout_s,
             soak_since=params.get("soak_since"),
             dcgm_level=int(params.get("dcgm_level") or 0),
-            ports=[str(p) for p in params.get("ports") or ()] if action in commands.TAKES_PORTS else [],
+            ports=[str(p) for p in params.get("ports") or ()] if agent.ports != "none" else [],
         )
 
 
@@ -139,9 +140,9 @@ def _outcome(
     plan: list[str],
 ) -> base.ActionOutcome:
     detail = f"{result.status}: {result.detail}" if result.detail else result.status
-    if result.status == "refused":
+    if result.status is commands.ResultStatus.REFUSED:
         return base.ActionOutcome(status="refused", detail=f"agent refused: {result.detail}", plan=plan)
-    if result.status == "failed":
+    if result.status is commands.ResultStatus.FAILED:
         status: base.Status = (
             base.Status.FAILED_TEMPORARY
             if result.detail.startswith("temporary:")

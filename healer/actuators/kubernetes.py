@@ -41,7 +41,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from healer import config, errors
-from healer.actuators import base
+from healer.actuators import base, batching
 from healer.schemas import incidents
 
 log = structlog.get_logger(__name__)
@@ -84,6 +84,7 @@ def build_api_client(settings: config.ActuatorSettings) -> k8s_client.ApiClient:
                 )
     except (k8s_config.ConfigException, OSError, ValueError) as e:
         raise errors.PermanentError(f"no usable Kubernetes configuration: {e}") from e
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, batching.KUBE_CONCURRENCY)
     return k8s_client.ApiClient(cfg)
 
 
@@ -114,8 +115,11 @@ class KubernetesActuator:
         self._api_client = api_client
         self._sleep = sleep
         self._clock = clock
+        self.pool = batching.BoundedPool(batching.KUBE_CONCURRENCY, "healer-kube")
+        """The client's calls, a burst's cordons among them, run here: concurrent, bounded (#43)."""
 
     def close(self) -> None:
+        self.pool.close()
         if self._api_client is not None:
             self._api_client.close()  # type: ignore[no-untyped-call]
             self._api_client = None
@@ -157,7 +161,7 @@ class KubernetesActuator:
         fn = getattr(core, method)
         kwargs.update(_preload_content=False, _request_timeout=self.settings.call_timeout_s)
         try:
-            response = await asyncio.to_thread(fn, *args, **kwargs)
+            response = await self.pool.run(fn, *args, **kwargs)
         except k8s_client.ApiException as e:
             raise ApiError(int(e.status or 0), _message(e.body, e.reason)) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:

@@ -57,10 +57,10 @@ class PowerReadings(Protocol):
 
 
 _ITEM_STATUS: dict[commands.ResultStatus, base.Status] = {
-    "applied": base.Status.DONE,
-    "already": base.Status.ALREADY_DONE,
-    "refused": base.Status.REFUSED,
-    "failed": base.Status.FAILED_PERMANENT,
+    commands.ResultStatus.APPLIED: base.Status.DONE,
+    commands.ResultStatus.ALREADY: base.Status.ALREADY_DONE,
+    commands.ResultStatus.REFUSED: base.Status.REFUSED,
+    commands.ResultStatus.FAILED: base.Status.FAILED_PERMANENT,
 }
 
 
@@ -153,7 +153,9 @@ class PowerActuator:
             )
         # An agent that cannot decode a command answers a bare refusal without its id; nothing else
         # may come back without the command's id.
-        bare_refusal = not result.command_id and result.status == "refused" and not result.gpus
+        bare_refusal = (
+            not result.command_id and result.status is commands.ResultStatus.REFUSED and not result.gpus
+        )
         if result.command_id != command.id and not bare_refusal:
             self._reject(
                 "command_mismatch", command, f"reply for command {result.command_id!r}, not {command.id!r}"
@@ -176,16 +178,24 @@ class PowerActuator:
     async def _confirm(
         self, request: base.ActionRequest, result: commands.CommandResult, plan: list[str]
     ) -> base.ActionOutcome:
-        if result.status == "refused" and not result.gpus:
+        if result.status is commands.ResultStatus.REFUSED and not result.gpus:
             return base.ActionOutcome(status="refused", detail=f"agent refused: {result.detail}", plan=plan)
-        if result.status == "failed" and not result.gpus and result.detail.startswith("temporary:"):
+        if (
+            result.status is commands.ResultStatus.FAILED
+            and not result.gpus
+            and result.detail.startswith("temporary:")
+        ):
             # e.g. the agent could not read the lease to check a new fencing token: try again later
             return base.ActionOutcome(status="failed-temporary", detail=f"agent: {result.detail}", plan=plan)
         items = [
             base.ItemResult(item=f"gpu {c.index}", status=_ITEM_STATUS[c.status], detail=_describe(c))
             for c in result.gpus
         ]
-        waiting = {c.index: c for c in result.gpus if c.status == "applied" and c.applied_w is not None}
+        waiting = {
+            c.index: c
+            for c in result.gpus
+            if c.status is commands.ResultStatus.APPLIED and c.applied_w is not None
+        }
         deadline = self._monotonic() + self.settings.power_confirm_timeout_s
         seen: dict[int, float | None] = dict.fromkeys(waiting)
         while waiting:

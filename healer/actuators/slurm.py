@@ -33,7 +33,7 @@ from typing import Any, Final
 import structlog
 
 from healer import config, errors
-from healer.actuators import base
+from healer.actuators import base, batching
 from healer.schemas import incidents
 
 log = structlog.get_logger(__name__)
@@ -142,6 +142,8 @@ class SlurmActuator:
         self._env = dict(os.environ)
         if self.settings.slurm_conf:
             self._env["SLURM_CONF"] = self.settings.slurm_conf
+        self.batch = batching.SlurmBatch(self._run_argv, self._argv, lambda: self._json("sinfo", "--json"))
+        """A burst's reads and drains, batched (#43, ``batching``)."""
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
         handlers = HANDLERS.bound(self)
@@ -150,8 +152,9 @@ class SlurmActuator:
     # -- reading state ------------------------------------------------------------------------------
 
     async def node_state(self, node: str) -> NodeState | None:
-        """The node as ``sinfo --json`` shows it; ``None`` when Slurm does not know it."""
-        data = await self._json("sinfo", "--json")
+        """The node as ``sinfo --json`` shows it (read after the call; one read for concurrent calls);
+        ``None`` when Slurm does not know it."""
+        data = await self.batch.read(None)
         for entry in data.get("nodes", []):
             if entry.get("name") == node:
                 return NodeState(
@@ -231,7 +234,9 @@ class SlurmActuator:
             )
         if request.dry_run:
             return self._planned(f"would drain {node}", [argv])
-        await self._checked(argv)
+        error = await self.batch.drain((node, reason_for(request), argv))  # with the burst's other drains
+        if error:
+            raise classify(error)(error)
         return base.ActionOutcome(status="done", detail=f"drained {node}", plan=[shlex.join(argv)])
 
     @HANDLERS.handler("uncordon")
@@ -446,12 +451,12 @@ class SlurmActuator:
             raise errors.TemporaryError(f"{tool} printed JSON that is not an object")
         return data
 
-    async def _run_argv(self, argv: Sequence[str]) -> Result:
+    async def _run_argv(self, argv: Sequence[str], stdin: str | None = None) -> Result:
         timeout = self.settings.call_timeout_s
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self._env,
@@ -463,7 +468,9 @@ class SlurmActuator:
         except OSError as e:
             raise errors.PermanentError(f"cannot run {argv[0]}: {e}") from e
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            out, err = await asyncio.wait_for(
+                proc.communicate(None if stdin is None else stdin.encode()), timeout
+            )
         except TimeoutError as e:
             proc.kill()
             await proc.wait()

@@ -113,7 +113,6 @@ DcgmRunner = Callable[[int, float | None], validation.DcgmResult | None]
 RECOVERY: Final = actions.Handlers("agent", actions.AGENT_COMMANDS)
 """The recovery commands (``commands.RECOVERY``), each with its ``@RECOVERY.handler`` method
 ``(command, bound log) -> result``; the rest set or restore power limits."""
-_RANK = {"failed": 3, "refused": 2, "applied": 1, "already": 0}
 
 
 class CommandExecutor:
@@ -201,10 +200,12 @@ class CommandExecutor:
                 bound.error("commands.fencing_refused", reason=refusal, seen=self.fencing_token)
                 self.fencing_refused += 1
             if refusal and live.error:  # not a verdict on the token: the controller tries again
-                return self._result(cmd, "failed", f"temporary: {refusal}", [], remember=False)
+                return self._result(
+                    cmd, commands.ResultStatus.FAILED, f"temporary: {refusal}", [], remember=False
+                )
         if refusal:
             bound.warning("commands.refused", reason=refusal)
-            return self._result(cmd, "refused", refusal, [], remember=False)
+            return self._result(cmd, commands.ResultStatus.REFUSED, refusal, [], remember=False)
         if cmd.fencing_token > self.fencing_token:
             self.fencing_token = cmd.fencing_token
         recovery = RECOVERY.bound(self).get(cmd.action)
@@ -213,12 +214,12 @@ class CommandExecutor:
             return done
         targets = self._targets(cmd)
         if not targets:
-            return self._result(cmd, "refused", "no GPU to act on", [], remember=False)
+            return self._result(cmd, commands.ResultStatus.REFUSED, "no GPU to act on", [], remember=False)
         if cmd.action in commands.SETS_LIMIT:
             changes = [self._set(cmd, i) for i in targets]
         else:
             changes = [self._restore(cmd, i) for i in targets]
-        status = max((c.status for c in changes), key=_RANK.__getitem__)
+        status = max((c.status for c in changes), key=lambda s: s.rank)
         detail = "; ".join(f"gpu{c.index}: {c.detail}" for c in changes if c.detail)
         result = self._result(cmd, status, detail, changes, remember=True)
         bound.info("commands.executed", status=status, detail=detail)
@@ -229,18 +230,26 @@ class CommandExecutor:
         assert cmd.gpu_index is not None  # the schema requires it
         index = cmd.gpu_index
         if self.gpu is None:
-            return self._result(cmd, "refused", "this agent's source cannot reset a GPU", [], remember=False)
+            return self._result(
+                cmd,
+                commands.ResultStatus.REFUSED,
+                "this agent's source cannot reset a GPU",
+                [],
+                remember=False,
+            )
         try:
             pids = self.gpu.compute_processes(index)
         except errors.HealerError as e:
             kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
             report = commands.GpuReset(index=index, status="failed", detail=f"{kind}: {e}")
-            return self._result(cmd, "failed", report.detail, [], remember=False, reset=report)
+            return self._result(
+                cmd, commands.ResultStatus.FAILED, report.detail, [], remember=False, reset=report
+            )
         if pids:
             detail = f"compute processes still run on GPU {index}: pids {', '.join(map(str, pids))}"
             report = commands.GpuReset(index=index, status="refused", pids=pids, detail=detail)
             bound.warning("commands.reset_refused", gpu=index, pids=pids)
-            return self._result(cmd, "refused", detail, [], remember=False, reset=report)
+            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False, reset=report)
         timeout_s = cmd.timeout_s or RESET_TIMEOUT_S
         started = self.clock()
         try:
@@ -251,20 +260,28 @@ class CommandExecutor:
                 index=index, status="failed", duration_s=self.clock() - started, detail=f"{kind}: {e}"
             )
             bound.error("commands.reset_failed", gpu=index, error=str(e))
-            return self._result(cmd, "failed", report.detail, [], remember=True, reset=report)
+            return self._result(
+                cmd, commands.ResultStatus.FAILED, report.detail, [], remember=True, reset=report
+            )
         if self.originals.pop(index, None) is not None:
             message += "; the reset returned the default power limit (healer's cap is gone)"
         report = commands.GpuReset(
             index=index, status="applied", duration_s=self.clock() - started, detail=message[:1024]
         )
         bound.warning("commands.gpu_reset", gpu=index, duration_s=report.duration_s)
-        return self._result(cmd, "applied", report.detail, [], remember=True, reset=report)
+        return self._result(
+            cmd, commands.ResultStatus.APPLIED, report.detail, [], remember=True, reset=report
+        )
 
     @RECOVERY.handler("validate")
     def _validate(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
         if self.health is None:
             return self._result(
-                cmd, "refused", "this agent cannot validate (no health view)", [], remember=False
+                cmd,
+                commands.ResultStatus.REFUSED,
+                "this agent cannot validate (no health view)",
+                [],
+                remember=False,
             )
         health = self.health(cmd.soak_since)
         ports = health.ports
@@ -286,26 +303,28 @@ class CommandExecutor:
         ]
         detail = "passed" if report.passed else "failed: " + ", ".join(failed)
         bound.info("commands.validated", passed=report.passed, failed=failed)
-        return self._result(cmd, "applied", detail[:4096], [], remember=True, validation=report)
+        return self._result(
+            cmd, commands.ResultStatus.APPLIED, detail[:4096], [], remember=True, validation=report
+        )
 
     @RECOVERY.handler("reboot_node")
     def _reboot(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
         if self.reboot is None:
             detail = "this agent does not reboot its host (agent.reboot_command is unset)"
-            return self._result(cmd, "refused", detail, [], remember=False)
+            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False)
         busy = self._busy(cmd)  # a lost GPU lists nothing: that is what the reboot is for
         if busy:
             detail = "compute processes still run: " + "; ".join(busy)
-            return self._result(cmd, "refused", detail, [], remember=False)
+            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False)
         result = self._result(
-            cmd, "applied", "reboot started", [], remember=True
+            cmd, commands.ResultStatus.APPLIED, "reboot started", [], remember=True
         )  # saved before it goes down
         try:
             message = self.reboot()
         except errors.HealerError as e:
             self.recent.pop(cmd.id, None)
             bound.error("commands.reboot_failed", error=str(e))
-            return self._result(cmd, "failed", f"permanent: {e}", [], remember=False)
+            return self._result(cmd, commands.ResultStatus.FAILED, f"permanent: {e}", [], remember=False)
         bound.warning("commands.rebooting", message=message)
         return result
 
@@ -328,29 +347,31 @@ class CommandExecutor:
             detail = (
                 "permanent: this agent cannot reset RDMA ports (agent.rdma_ports is off, or a simulated node)"
             )
-            return self._result(cmd, "failed", detail, [], remember=False)
+            return self._result(cmd, commands.ResultStatus.FAILED, detail, [], remember=False)
         try:
             known = {p.name for p in self.ports.read_ports()}
         except OSError as e:
-            return self._result(cmd, "failed", f"temporary: ports unreadable: {e}", [], remember=False)
+            return self._result(
+                cmd, commands.ResultStatus.FAILED, f"temporary: ports unreadable: {e}", [], remember=False
+            )
         unknown = [p for p in cmd.ports if p not in known]
         if unknown:
             listed = ", ".join(sorted(known)) or "none"
             detail = f"permanent: no such port {', '.join(unknown)} (sysfs lists {listed}); nothing was reset"
             bound.warning("commands.port_reset_unknown", ports=unknown)
-            return self._result(cmd, "failed", detail[:4096], [], remember=False)
+            return self._result(cmd, commands.ResultStatus.FAILED, detail[:4096], [], remember=False)
         busy = self._busy(cmd)
         if busy:
             detail = "compute processes still run: " + "; ".join(busy)
-            return self._result(cmd, "refused", detail, [], remember=False)
+            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False)
         timeout_s = cmd.timeout_s or PORT_RESET_TIMEOUT_S
         started = self.clock()
         reports: list[commands.PortReset] = []
         for name in cmd.ports:
             left = max(0.0, timeout_s - (self.clock() - started))  # shared: the controller waits timeout_s
             reports.append(self.ports.reset_port(name, left))
-        bad = [r for r in reports if r.status != "applied"]
-        status: commands.ResultStatus = "failed" if bad else "applied"
+        bad = [r for r in reports if r.status is not commands.ResultStatus.APPLIED]
+        status: commands.ResultStatus = commands.ResultStatus.FAILED if bad else commands.ResultStatus.APPLIED
         detail = "; ".join(r.detail for r in (bad or reports))
         if bad and not detail.startswith(("permanent:", "temporary:")):
             detail = f"permanent: {detail}"

@@ -7,7 +7,7 @@ import typing
 
 import prometheus_client as prom
 
-from healer import buildinfo, metricdecl, tasks
+from healer import actions, buildinfo, metricdecl, tasks
 from healer.agent import gpu_metrics, port_metrics, watcher_metrics
 from healer.schemas import codec, commands, events
 
@@ -81,8 +81,8 @@ class AgentMetrics(metricdecl.MetricSet):
         self.watchers = watcher_metrics.WatcherCollector()
         """The event watchers' counts (docs/agent.md); the Agent attaches its watcher."""
         self.registry.register(self.watchers)
-        for action in typing.get_args(commands.CommandAction):  # zeros, not "No data", on a healthy node
-            for status in typing.get_args(commands.ResultStatus):
+        for action in actions.AGENT_COMMANDS:  # zeros, not "No data", on a healthy node
+            for status in commands.ResultStatus:
                 self.commands.labels(action, status)
         for reason in codec.DECODE_REASONS:
             self.decode_errors.labels(reason)

@@ -93,23 +93,25 @@ class LinkResetter:
         try:
             argvs = self._argvs(port)
         except errors.PermanentError as e:
-            return report("refused", None, str(e))
+            return report(commands.ResultStatus.REFUSED, None, str(e))
         for argv in argvs:
             try:
                 self._run(argv, max(1.0, min(STEP_TIMEOUT_S, deadline - self.clock())))
             except errors.PermanentError as e:
                 log.error("link_reset.command_failed", port=name, argv=argv, error=str(e))
-                return report("failed", None, f"permanent: {e}")
+                return report(commands.ResultStatus.FAILED, None, f"permanent: {e}")
         log.warning("link_reset.bounced", port=name, link_layer=port.link_layer, commands=len(argvs))
         seen: fabric.PortSample | None = None
         while True:
             seen = next((p for p in self.read_ports() if p.name == name), None)
             why = validation.port_not_up(seen, expected)
             if not why:
-                return report("applied", seen, f"{name} back: {validation.describe(seen)}")
+                return report(
+                    commands.ResultStatus.APPLIED, seen, f"{name} back: {validation.describe(seen)}"
+                )
             if self.clock() >= deadline:
                 late = f"permanent: {name} did not come back in {timeout_s:.1f}s: {why}"
-                return report("failed", seen, late)
+                return report(commands.ResultStatus.FAILED, seen, late)
             self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))
 
     def _argvs(self, port: fabric.PortSample) -> list[list[str]]:

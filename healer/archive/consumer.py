@@ -83,7 +83,7 @@ class Archiver:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Archive until ``stop`` is set."""
-        loop = asyncio.create_task(self._loop(), name="healer-archive")
+        loop = asyncio.create_task(self._loop(stop), name="healer-archive")
         waiter = asyncio.create_task(stop.wait(), name="healer-archive-stop")
         try:
             await asyncio.wait({loop, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -95,9 +95,12 @@ class Archiver:
         if not loop.cancelled() and (failed := loop.exception()) is not None:
             raise failed
 
-    async def _loop(self) -> None:
+    async def _loop(self, stop: asyncio.Event) -> None:
+        """Fetch, write, acknowledge until ``stop``; it checks ``stop`` itself as well as being cancelled,
+        because a cancellation that lands as a pull completes can be lost inside the client (Python 3.11's
+        ``wait_for``), and the loop would then run on and hold up the stop."""
         failures = 0
-        while True:
+        while not stop.is_set():
             try:
                 if self.consumer is None:
                     consumer = self.bus.pull_consumer(

@@ -11,13 +11,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
-from healer.archive import store
+from healer.archive import breakdown, store
 from healer.schemas import incidents, verdicts
 
 SCHEMA: Final = "healer.report.v1"
@@ -25,7 +26,9 @@ BREAKER_RULE: Final = "circuit-breaker"
 """The circuit breaker's incidents (docs/events.md): trips, not faults; no capacity of their own."""
 SHARED_CAUSE_RULE: Final = "shared-cause"
 """A shared-cause domain incident (docs/controller.md): its members are incidents of their own."""
-NOT_FAULTS: Final = frozenset({BREAKER_RULE, SHARED_CAUSE_RULE})
+NOT_FAULTS: Final = frozenset({BREAKER_RULE, SHARED_CAUSE_RULE, breakdown.POWER_RULE})
+"""Incidents that are no fault of their own: no incident of the window, no GPU-hours (a power budget's
+GPUs are capped, not out of service); each is listed on its own."""
 REPLACEMENT_RULE: Final = "hardware-replacement"
 """A recovery ladder's hardware replacement (docs/remediation.md): a follow-up of a fault incident (its
 ``evidence.incident``), not a fault of its own. Listed per rule, and its time is out of service, but it
@@ -54,22 +57,18 @@ class Options:
     """A node's GPU count when its incident's evidence does not give one."""
     repeat_threshold: int = 3
     repeat_window_s: float = 30 * DAY_S
+    group_by: tuple[str, ...] = ("pool", "partition", "rack")
+    """Label keys the GPU-hours lost are also broken down by (``gpu_hours_lost.by_label``)."""
+    fleet_source: str = "given"
+    """How ``fleet_gpus`` was found, when given (the report's ``assumptions.fleet_gpus_source``)."""
 
     @property
     def start(self) -> float:
         return self.end - self.since_s
 
 
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Nearest rank: the smallest value with at least ``p`` % of the values at or below it."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(math.ceil(p / 100 * len(ordered)), 1) - 1]
-
-
-def _spread(values: Sequence[float]) -> dict[str, Any]:
-    return {"count": len(values), "p50_s": percentile(values, 50), "p90_s": percentile(values, 90)}
+percentile = breakdown.percentile
+_spread = breakdown.spread
 
 
 def gpus_of(row: Mapping[str, Any], node_gpus: int) -> int:
@@ -118,6 +117,10 @@ def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
     window_gpu_h = fleet_gpus * opts.since_s / 3600
     weighted = sum(SEVERITY_WEIGHT[r["severity"]] * h for r, h in lost["per_incident"])
     total_lost = sum(h for _, h in lost["per_incident"])
+    precision, by_component = _precision(archive, opts)
+    kinds = breakdown.containing_kinds(archive, {r["incident_id"] for r, _ in lost["per_incident"]})
+    resolved = [r for r in faults if r["resolved_at"] is not None and r["rule_id"] not in FOLLOW_UPS]
+    offenders, groups = _repeat_offenders(archive, opts)
     return {
         "schema": SCHEMA,
         "window": {"start": opts.start, "end": opts.end, "seconds": opts.since_s},
@@ -132,19 +135,36 @@ def build(archive: store.Archive, opts: Options) -> dict[str, Any]:
             "gpu_hours_lost": total_lost,
         },
         "by_rule": _by_rule(faults),
-        "gpu_hours_lost": {"by_cause": lost["by_cause"], "by_day": lost["by_day"]},
+        "gpu_hours_lost": {
+            "by_cause": lost["by_cause"],
+            "by_day": lost["by_day"],
+            "by_state": breakdown.by_state(lost["pieces"], kinds),
+            "by_label": breakdown.by_label(lost["pieces"], opts.group_by),
+        },
+        "repair": breakdown.repair_by(archive, resolved),
+        "between_failures": breakdown.between_failures(
+            [r for r in faults if r["rule_id"] not in FOLLOW_UPS], fleet_gpus, opts.since_s / 3600
+        ),
         "repair_times_s": [
             r["resolved_at"] - r["opened_at"]
             for r in faults
             if r["resolved_at"] is not None and r["rule_id"] not in FOLLOW_UPS
         ],
-        "repeat_offenders": _repeat_offenders(archive, opts),
+        "repeat_offenders": offenders,
+        "repeat_map": breakdown.repeat_map(groups, [o["node"] for o in offenders]),
         "breaker_trips": [
             {"incident_id": r["incident_id"], "opened_at": r["opened_at"], "resolved_at": r["resolved_at"]}
             for r in opened
             if r["rule_id"] == BREAKER_RULE
         ],
-        "precision": _precision(archive, opts),
+        "shared_cause": breakdown.shared_causes(
+            archive, [r for r in opened if r["rule_id"] == SHARED_CAUSE_RULE]
+        ),
+        "power_budgets": breakdown.power_budgets(
+            archive, [r for r in rows if r["rule_id"] == breakdown.POWER_RULE], opts.end
+        ),
+        "precision": precision,
+        "precision_by_component": by_component,
         "fleet": {
             "availability": (1 - total_lost / window_gpu_h) if window_gpu_h else None,
             "health_score": max(0.0, 100 * (1 - weighted / window_gpu_h)) if window_gpu_h else None,
@@ -168,6 +188,9 @@ def _by_rule(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "incidents": len(members),
                 "escalated": sum(1 for r in members if r["escalated_at"] is not None),
                 "open": sum(1 for r in members if r["resolved_at"] is None),
+                "waiting_for_a_person": sum(
+                    1 for r in members if r["escalated_at"] is not None and r["resolved_at"] is None
+                ),
                 "to_containment": _spread(contain),
                 "to_resolution": _spread(resolve),
                 "ladder_outcomes": dict(sorted(outcomes.items())),
@@ -201,6 +224,7 @@ def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
             for key in _keys(r, opts.node_gpus):
                 intervals[key].append((start, end, i))
     seconds: dict[int, float] = collections.defaultdict(float)
+    pieces: list[tuple[dict[str, Any], float, float, int]] = []
     by_day: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
     for spans in intervals.values():
         covered = -math.inf
@@ -208,6 +232,7 @@ def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
             piece = max(start, covered)
             if end > piece:
                 seconds[i] += end - piece
+                pieces.append((rows[i], piece, end, 1))
                 for day, part in _split_by_day(piece, end):
                     by_day[day][rows[i]["rule_id"]] += part / 3600
             covered = max(covered, end)
@@ -217,6 +242,7 @@ def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
         by_cause[(r["rule_id"], r["scope"])] += hours
     return {
         "per_incident": per_incident,
+        "pieces": pieces,
         "by_cause": [
             {"rule_id": rule, "kind": kind, "gpu_hours": h} for (rule, kind), h in sorted(by_cause.items())
         ],
@@ -224,9 +250,8 @@ def _gpu_hours(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
     }
 
 
-def _fleet(archive: store.Archive, opts: Options) -> tuple[int, str]:
-    if opts.fleet_gpus is not None:
-        return opts.fleet_gpus, "given"
+def nodes_seen(archive: store.Archive) -> int:
+    """Nodes with a fault incident in the archive (any time)."""
     placeholders = ",".join("?" * len(NOT_FAULTS))
     (nodes,) = next(
         archive.rows(
@@ -234,10 +259,19 @@ def _fleet(archive: store.Archive, opts: Options) -> tuple[int, str]:
             tuple(sorted(NOT_FAULTS)),
         )
     )
-    return int(nodes) * opts.node_gpus, f"nodes seen in the archive x {opts.node_gpus}"
+    return int(nodes)
 
 
-def _repeat_offenders(archive: store.Archive, opts: Options) -> list[dict[str, Any]]:
+def _fleet(archive: store.Archive, opts: Options) -> tuple[int, str]:
+    if opts.fleet_gpus is not None:
+        return opts.fleet_gpus, opts.fleet_source
+    return nodes_seen(archive) * opts.node_gpus, f"nodes seen in the archive x {opts.node_gpus}"
+
+
+def _repeat_offenders(
+    archive: store.Archive, opts: Options
+) -> tuple[list[dict[str, Any]], dict[tuple[str, int | None], list[dict[str, Any]]]]:
+    """The repeat offenders, and every GPU's fault incidents in the repeat window (for the map)."""
     since = opts.end - opts.repeat_window_s
     groups: dict[tuple[str, int | None], list[dict[str, Any]]] = collections.defaultdict(list)
     for r in archive.rows(
@@ -265,29 +299,49 @@ def _repeat_offenders(archive: store.Archive, opts: Options) -> list[dict[str, A
                 "incident_ids": [m["incident_id"] for m in members],
             }
         )
-    return out
+    return out, groups
 
 
-def _precision(archive: store.Archive, opts: Options) -> list[dict[str, Any]]:
-    """Per rule, over incidents opened in the window with a verdict: the latest verdict of each counts."""
-    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for r in archive.rows(
-        "SELECT i.rule_id, v.verdict FROM incidents i JOIN verdicts v ON v.incident_id = i.incident_id"
+ANOMALY_COMPONENT_KEY: Final = "anomaly.component"
+"""The evidence of an incident the anomaly model raised: the component that drove its score (the
+controller's ``anomaly.`` evidence, docs/anomaly.md)."""
+
+
+def _latest_verdicts(archive: store.Archive, opts: Options) -> Iterator[sqlite3.Row]:
+    """The incidents opened in the window that have a verdict, each with its latest verdict."""
+    return archive.rows(
+        "SELECT i.rule_id, i.evidence, v.verdict FROM incidents i"
+        " JOIN verdicts v ON v.incident_id = i.incident_id"
         " WHERE i.opened_at >= ? AND i.opened_at < ?"
         " AND v.id = (SELECT id FROM verdicts w WHERE w.incident_id = i.incident_id"
         " ORDER BY w.time DESC, w.id DESC LIMIT 1) ORDER BY i.rule_id",
         (opts.start, opts.end),
-    ):
-        counts[r["rule_id"]][r["verdict"]] += 1
+    )
+
+
+def _precision_rows(key: str, counts: Mapping[str, collections.Counter[str]]) -> list[dict[str, Any]]:
     out = []
-    for rule, c in sorted(counts.items()):
+    for name, c in sorted(counts.items()):
         confirmed, false_alarms = c[verdicts.Verdict.CONFIRMED], c[verdicts.Verdict.FALSE_ALARM]
         out.append(
             {
-                "rule_id": rule,
+                key: name,
                 "confirmed": confirmed,
                 "false_alarms": false_alarms,
                 "precision": confirmed / (confirmed + false_alarms),
             }
         )
     return out
+
+
+def _precision(archive: store.Archive, opts: Options) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per rule, and per anomaly component (the one that drove an anomaly incident's score), over the
+    incidents opened in the window with a verdict: the latest verdict of each counts."""
+    by_rule: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    by_component: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for r in _latest_verdicts(archive, opts):
+        by_rule[r["rule_id"]][r["verdict"]] += 1
+        component = orjson.loads(r["evidence"]).get(ANOMALY_COMPONENT_KEY)
+        if isinstance(component, str):
+            by_component[component][r["verdict"]] += 1
+    return _precision_rows("rule_id", by_rule), _precision_rows("component", by_component)

@@ -1,8 +1,8 @@
 """The report as one self-contained HTML page: inline CSS, inline SVG plots, nothing loaded from outside.
 
-Two plots, where a person would rather look than read: the distribution of repair times (open to
-resolved, a histogram on fixed buckets) and the GPU-hours lost per day, stacked by cause (rule). The
-rest is tables of ``figures.build``'s data.
+Three plots, where a person would rather look than read: the distribution of repair times (open to
+resolved, a histogram on fixed buckets), the GPU-hours lost per day, stacked by cause (rule), and a map
+of the repeat offenders (a row per node, a cell per GPU). The rest is tables of ``figures.build``'s data.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def render(report: dict[str, Any]) -> str:
         "<h2>GPU-hours lost per day, by cause</h2>",
         bars_svg(days, "GPU-hours"),
         *_tables(report),
+        *_finer(report),
         "</body></html>\n",
     ]
     return "".join(parts)
@@ -195,6 +196,103 @@ def _tables(report: dict[str, Any]) -> list[str]:
             [
                 (p["rule_id"], p["confirmed"], p["false_alarms"], f"{100 * p['precision']:.0f} %")
                 for p in report["precision"]
+            ],
+        ),
+        "<h3>By anomaly component (what drove the model's score)</h3>",
+        _table(
+            ("component", "confirmed", "false alarms", "precision"),
+            [
+                (p["component"], p["confirmed"], p["false_alarms"], f"{100 * p['precision']:.0f} %")
+                for p in report["precision_by_component"]
+            ],
+        ),
+    ]
+
+
+def offender_map_svg(rows: Sequence[dict[str, Any]], gpus: int = 8) -> str:
+    """The repeat offenders' map: a row per node with a repeat offender, a cell per GPU (and one for the
+    node's own incidents), darker with more fault incidents in the repeat window."""
+    if not rows:
+        return '<p class="muted">none</p>'
+    top = max(n for r in rows for n in r["counts"].values())
+    cols = ["node", *(str(g) for g in range(gpus))]
+    cell, left = 22, 120
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + cell * len(cols) + 10}" '
+        f'height="{cell * (len(rows) + 1) + 10}">'
+    ]
+    for j, c in enumerate(cols):
+        out.append(f'<text x="{left + j * cell + 4}" y="14">{_e("n" if c == "node" else c)}</text>')
+    for i, r in enumerate(rows):
+        y = cell * (i + 1)
+        out.append(f'<text x="4" y="{y + 15}">{_e(r["node"])}</text>')
+        for j, c in enumerate(cols):
+            n = r["counts"].get(c, 0)
+            shade = "#eee" if n == 0 else f"rgba(225,87,89,{0.25 + 0.75 * n / top:.2f})"
+            out.append(
+                f'<rect x="{left + j * cell}" y="{y}" width="{cell - 2}" height="{cell - 2}" fill="{shade}">'
+                f"<title>{_e(r['node'])} {'node' if c == 'node' else 'GPU ' + c}: {n} incidents</title>"
+                "</rect>"
+            )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _finer(report: dict[str, Any]) -> list[str]:
+    """The finer figures (healer.archive.breakdown)."""
+    lost, repair, tbf = report["gpu_hours_lost"], report["repair"], report["between_failures"]
+    spread = ("count", "p50", "p90")
+
+    def spreads(rows: Sequence[dict[str, Any]], key: str) -> list[tuple[object, ...]]:
+        return [(r[key], r["count"], _dur(r["p50_s"]), _dur(r["p90_s"])) for r in rows]
+
+    labels = [
+        (key, value, round(h, 2)) for key, values in lost["by_label"].items() for value, h in values.items()
+    ]
+    mtbf = tbf["fleet_mtbf_gpu_hours"]
+    return [
+        "<h2>Map of repeat offenders</h2>",
+        offender_map_svg(report["repeat_map"], report["assumptions"]["node_gpus"]),
+        "<h2>GPU-hours lost by scheduler state</h2>",
+        _table(("state", "GPU-hours"), [(k, round(v, 2)) for k, v in lost["by_state"].items()]),
+        "<h2>GPU-hours lost by pool or domain</h2>",
+        _table(("label", "value", "GPU-hours"), labels),
+        "<h2>Time to repair by action and by ladder rung</h2>",
+        _table(("action that took effect", *spread), spreads(repair["by_action"], "action")),
+        _table(("deepest rung", *spread), spreads(repair["by_rung"], "rung")),
+        "<h2>Time between failures</h2>",
+        f"<p>Per GPU (consecutive fault incidents of one GPU or node): {tbf['per_gpu']['count']} gaps, p50 "
+        f"{_e(_dur(tbf['per_gpu']['p50_s']))}, p90 {_e(_dur(tbf['per_gpu']['p90_s']))}. Fleet mean: "
+        f"{'-' if mtbf is None else _e(_num(mtbf, 0))} GPU-hours per incident.</p>",
+        "<h2>Shared-cause incidents (failure domains)</h2>",
+        _table(
+            ("incident", "domain", "suspected", "members", "opened", "closed", "outcome"),
+            [
+                (
+                    d["incident_id"],
+                    d["domain"],
+                    d["suspected"] or "-",
+                    f"{d['member_count']} of {d['size']}" if d["member_count"] is not None else "-",
+                    _ts(d["opened_at"]),
+                    _ts(d["resolved_at"]),
+                    d["outcome"] or "-",
+                )
+                for d in report["shared_cause"]
+            ],
+        ),
+        "<h2>Power budgets: caps and energy</h2>",
+        _table(
+            ("incident", "domain", "capped for", "most GPUs capped", "energy kWh", "opened"),
+            [
+                (
+                    p["incident_id"],
+                    p["domain"],
+                    _dur(p["capped_s"]),
+                    p["max_capped_gpus"] or "-",
+                    "-" if p["energy_kwh"] is None else p["energy_kwh"],
+                    _ts(p["opened_at"]),
+                )
+                for p in report["power_budgets"]
             ],
         ),
     ]

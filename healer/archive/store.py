@@ -91,9 +91,9 @@ OUTCOME_KEY: Final = "outcome"
 """``evidence.outcome``: how a recovery ladder (or a shared-cause incident) ended (docs/remediation.md)."""
 LADDER_KEY: Final = "ladder"
 """``evidence.ladder``: the recovery ladder an incident follows."""
-RESOLVED: Final[incidents.Change] = "resolved"
+RESOLVED: Final[incidents.Change] = incidents.Change.RESOLVED
 """The change that ends an incident (typed by the schema's ``Change``, so mypy holds it to the model)."""
-ESCALATED: Final[incidents.Change] = "escalated"
+ESCALATED: Final[incidents.Change] = incidents.Change.ESCALATED
 
 _INCIDENT_UPSERT: Final = """
 INSERT INTO incidents VALUES (

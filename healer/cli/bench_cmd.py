@@ -1,7 +1,8 @@
 """``healer bench controller``: measured throughput and latency (see healer/evals/controller_bench.py);
 ``healer bench stragglers``: the fail-slow scorer's figures (healer/evals/straggler_eval.py); ``healer bench
-power``: the power-budget targets through the wired controller (healer/evals/power_bench.py). The
-harnesses are imported only when their command runs."""
+power``: the power-budget targets through the wired controller (healer/evals/power_bench.py); ``healer bench
+burst``: N fatal XIDs at once in a 10,000-node fleet (healer/evals/burst_bench.py). The harnesses are
+imported only when their command runs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def register(sub: Any) -> None:
     _register_controller(bsub)
     _register_stragglers(bsub)
     _register_power(bsub)
+    _register_burst(bsub)
 
 
 def _register_controller(bsub: Any) -> None:
@@ -113,6 +115,27 @@ def _register_power(bsub: Any) -> None:
     )
     pw.add_argument("--json", action="store_true")
     pw.set_defaults(func=_power)
+
+
+def _register_burst(bsub: Any) -> None:
+    b = bsub.add_parser(
+        "burst",
+        help="N fatal XIDs at once in a fleet: all contained and all ladders started, p50/p99, CPU"
+        " (limits set to allow the burst; the recording scheduler; benchmarks/burst.py adds Slurm and"
+        " Kubernetes)",
+    )
+    b.add_argument("--bursts", default="100,200,400,1000", help="burst sizes (default %(default)s)")
+    b.add_argument("--fleet", type=int, default=10_000, help="nodes in the fleet (default %(default)s)")
+    b.add_argument("--rules", default="rules", help="rule pack (default %(default)s)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=_burst)
+
+
+def _burst(args: argparse.Namespace) -> int:
+    from healer.evals import burst_bench
+
+    bursts = [int(x) for x in args.bursts.split(",") if x.strip()]
+    return burst_bench.main(bursts, args.rules, args.json, args.fleet)
 
 
 def _controller(args: argparse.Namespace) -> int:

@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import re
 import sys
-import time
 from typing import Any
 
 from healer import errors, logs
 from healer.bus import subjects
 from healer.cli import common
-from healer.schemas import codec, telemetry, verdicts
+from healer.feed import operator
+from healer.schemas import verdicts
 
 
 def register(isub: Any) -> None:
@@ -44,24 +43,25 @@ def register(isub: Any) -> None:
 def _verdict(args: argparse.Namespace) -> int:
     s = common.settings(args)
     logs.configure("error")
-    if not re.fullmatch(telemetry.NODE_PATTERN, args.incident) or len(args.incident) > 128:
-        raise common.SettingsError(f"{args.incident!r} is not an incident id")
+    try:
+        operator.check_incident_id(args.incident)
+    except ValueError as e:
+        raise common.SettingsError(str(e)) from None
     verdict = verdicts.Verdict.CONFIRMED if args.confirmed else verdicts.Verdict.FALSE_ALARM
     data = verdicts.VerdictData(
         incident_id=args.incident, verdict=verdict, by=args.by or getpass.getuser(), note=args.note
     )
-    event = verdicts.build(cluster=s.controller.cluster, data=data, ts=time.time())
-    subject = subjects.Subjects(s.nats.prefix).verdict(args.incident)
 
-    async def main() -> None:
+    async def main() -> verdicts.VerdictEvent:
         bus = await common.connect(s, "healer-cli")
         try:
-            await bus.publish_durable(subject, codec.encode(event), msg_id=event.id)
+            subj = subjects.Subjects(s.nats.prefix)
+            return await operator.publish_verdict(bus, subj, s.controller.cluster, data)
         finally:
             await bus.close()
 
     try:
-        asyncio.run(main())
+        event = asyncio.run(main())
     except errors.HealerError as e:
         print(f"healer incidents verdict: {e}", file=sys.stderr)
         return common.EXIT_FAILED

@@ -75,6 +75,11 @@ class UiSettings(base.Group):
     comma-separated in the environment."""
     labels_file: str | None = None
     """YAML or JSON mapping node -> {label: value} for grouping nodes that have had no incident yet."""
+    archive_db: str | None = None
+    """The incident archive (``healer archive --db``) the reliability tab reads, on this host; unset: the
+    tab reads the incident feed's last 30 days itself (docs/ui.md, "Reliability")."""
+    reliability_cache_s: float = pydantic.Field(default=300.0, ge=0)
+    """How long the reliability tab's figures are kept before they are computed again."""
     grafana_url: str | None = None
     """Grafana link for each node and GPU on the page, ``{node}`` and ``{gpu}`` filled in (URL-quoted;
     ``{gpu}`` is empty for a node), e.g. ``https://grafana.example/d/healer-overview?var-node={node}``;

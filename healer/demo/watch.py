@@ -211,20 +211,24 @@ class Observer:
         inc.state, inc.summary, inc.actions = d.state, d.summary, list(d.actions)
         where = d.node + (f" GPU {d.gpu_index}" if d.gpu_index is not None else "")
         change = ev.change
-        if d.rule_id == POWER_RULE and change in ("opened", "updated"):
+        if d.rule_id == POWER_RULE and change in (incidents.Change.OPENED, incidents.Change.UPDATED):
             self._flush_power(d.incident_id, where)  # the step before is settled: a new one or its cost
-        if change == "opened":
+        if change is incidents.Change.OPENED:
             self._say(at, f"incident opened: {d.rule_id} ({d.severity}) on {where}{_straggler(d)}{_power(d)}")
-        elif change == "resolved":
+        elif change is incidents.Change.RESOLVED:
             inc.resolved_at = at
             self._say(at, f"incident resolved: {d.rule_id} on {where}")
-        elif change == "escalated":
+        elif change is incidents.Change.ESCALATED:
             if d.rule_id == BREAKER_RULE:
                 self.breaker = {"open": True, "at": at, "reason": d.summary}
                 self._say(at, f"CIRCUIT BREAKER OPEN: {d.summary}")
             else:
                 self._say(at, f"incident escalated: {d.rule_id} on {where}")
-        elif change == "updated" and d.rule_id == POWER_RULE and "sm_clock_after_mhz" in d.evidence:
+        elif (
+            change is incidents.Change.UPDATED
+            and d.rule_id == POWER_RULE
+            and "sm_clock_after_mhz" in d.evidence
+        ):
             ev_ = d.evidence
             self._say(
                 at,
@@ -246,7 +250,7 @@ class Observer:
                 self._say(a.at, f"action {a.kind} on {where}: {a.status} ({d.rule_id}) {a.detail}".rstrip())
         if d.rule_id == POWER_RULE:
             self._power_step.setdefault(d.incident_id, []).extend(fresh)
-            if change == "resolved":
+            if change is incidents.Change.RESOLVED:
                 self._flush_power(d.incident_id, where)
 
     def _flush_power(self, incident_id: str, where: str) -> None:

@@ -144,7 +144,9 @@ class Watch:
 
     def last_resolved(self) -> float | None:
         """When the newest ``resolved`` feed event arrived (None: none yet)."""
-        done = [at for e, at in zip(self.events, self.at, strict=True) if e.change == "resolved"]
+        done = [
+            at for e, at in zip(self.events, self.at, strict=True) if e.change is incidents.Change.RESOLVED
+        ]
         return done[-1] if done else None
 
 
@@ -214,9 +216,11 @@ def summarize(
     optimal = sum(s.optimal for s in capped)
     level = sum(s.level for s in capped)
     steady_s = max(1.0, marks["fall"] - marks["steady"])
-    ends = [at for e, at in zip(watch.events, watch.at, strict=True) if e.change == "resolved"]
+    ends = [at for e, at in zip(watch.events, watch.at, strict=True) if e.change is incidents.Change.RESOLVED]
     cycles = [at for at in ends if marks["steady"] <= at < marks["fall"]]
-    episodes = sum(e.change == "opened" and e.data.rule_id == power_budget.RULE_ID for e in watch.events)
+    episodes = sum(
+        e.change is incidents.Change.OPENED and e.data.rule_id == power_budget.RULE_ID for e in watch.events
+    )
     reversals = 0
     rose = False
     for a, b in itertools.pairwise(steady):  # a limit raised, then lowered again

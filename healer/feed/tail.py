@@ -27,7 +27,7 @@ from healer.schemas import codec, incidents
 
 log = structlog.get_logger(__name__)
 
-CHANGES: tuple[str, ...] = get_args(incidents.Change)
+CHANGES: tuple[str, ...] = tuple(incidents.Change)
 SEVERITIES: tuple[str, ...] = get_args(incidents.Severity)
 SEVERITY_RANK: dict[str, int] = {name: level.rank for name, level in incidents.SEVERITY_LEVELS.items()}
 

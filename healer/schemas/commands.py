@@ -7,6 +7,7 @@ leader's late command can never undo its successor's work.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Annotated, Final, Literal, Self
 
@@ -51,7 +52,29 @@ RESET_TIMEOUT_MAX_S: Final = 600.0
 PORT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/[0-9]{1,3}$"
 """An RDMA port as ``<device>/<port>`` (``mlx5_0/1``, ``fabric.PortSample.name``)."""
 PORTS_MAX: Final = 64
-ResultStatus = Literal["applied", "already", "refused", "failed"]
+
+
+class ResultStatus(enum.StrEnum):
+    """What the agent says came of a command (and of each GPU or port in it), declared once. Not an
+    action's status: the actuators read it into one (``incidents.ActionStatus``)."""
+
+    APPLIED = "applied"
+    ALREADY = "already"
+    """It was so already (nothing done)."""
+    REFUSED = "refused"
+    FAILED = "failed"
+
+    @property
+    def rank(self) -> int:
+        """Worse is higher: a command's status is its worst GPU's."""
+        return _RESULT_RANK[self]
+
+
+_RESULT_RANK: Final = {
+    ResultStatus.ALREADY: 0, ResultStatus.APPLIED: 1, ResultStatus.REFUSED: 2, ResultStatus.FAILED: 3,
+}  # fmt: skip
+Status = Annotated[ResultStatus, base.inline(ResultStatus, "Status")]
+"""A result's status field, published as the plain list of words it was before the enum."""
 
 
 class Command(base.WireModel):
@@ -91,25 +114,26 @@ class Command(base.WireModel):
 
     @pydantic.model_validator(mode="after")
     def _one_target(self) -> Self:
-        if self.ports and self.action not in TAKES_PORTS:
+        what = actions.AGENT_COMMANDS[self.action]  # the registry says what each command takes
+        if self.ports and what.ports == "none":
             raise ValueError(f"{self.action} takes no ports")
-        if self.action in RECOVERY:
+        if what.recovery:
             if self.watts is not None or self.percent_of_default is not None:
                 raise ValueError(f"{self.action} takes no watts or percent_of_default")
-            if self.action in NEEDS_GPU and self.gpu_index is None:
+            if what.gpu == "required" and self.gpu_index is None:
                 raise ValueError(f"{self.action} needs gpu_index (one GPU at a time)")
-            if self.action in WHOLE_NODE and self.gpu_index is not None:
+            if what.gpu == "none" and self.gpu_index is not None:
                 raise ValueError(f"{self.action} acts on the node's ports or the node: no gpu_index")
-            if self.action in NEEDS_PORTS and not self.ports:
+            if what.ports == "required" and not self.ports:
                 raise ValueError(f"{self.action} needs ports (`mlx5_0/1`)")
             if len(set(self.ports)) != len(self.ports):
                 raise ValueError("ports: each port at most once")
-        elif self.action in SETS_LIMIT:
+        elif what.sets_limit:
             if (self.watts is None) == (self.percent_of_default is None):
                 raise ValueError(f"{self.action} needs exactly one of watts or percent_of_default")
         elif self.watts is not None or self.percent_of_default is not None:
             raise ValueError(f"{self.action} takes no watts or percent_of_default")
-        if self.holder and self.action in RECOVERY:
+        if self.holder and what.recovery:
             raise ValueError(f"{self.action} takes no holder (only power limits are held)")
         if self.expires_at <= self.issued_at:
             raise ValueError("expires_at must be after issued_at")
@@ -126,7 +150,7 @@ class PowerChange(pydantic.BaseModel):
     requested_w: float | None = None
     applied_w: float | None = None
     clamped: bool = False
-    status: ResultStatus
+    status: Status
     detail: str = ""
 
 
@@ -136,7 +160,7 @@ class GpuReset(pydantic.BaseModel):
     model_config = base.CONFIG
 
     index: int = pydantic.Field(ge=0, le=255)
-    status: ResultStatus
+    status: Status
     pids: list[int] = pydantic.Field(default_factory=list, max_length=1024, description="compute processes")
     duration_s: float | None = None
     detail: str = ""
@@ -148,7 +172,7 @@ class PortReset(pydantic.BaseModel):
     model_config = base.CONFIG
 
     port: str = pydantic.Field(max_length=80, description="`mlx5_0/1`")
-    status: ResultStatus
+    status: Status
     link_layer: str | None = pydantic.Field(default=None, max_length=32)
     state: int | None = pydantic.Field(default=None, ge=0, le=15, description="PortState read last")
     phys_state: int | None = pydantic.Field(default=None, ge=0, le=15, description="PortPhysicalState")
@@ -201,7 +225,7 @@ class CommandResult(base.WireModel):
     schema_: Literal["healer.command_result.v1"] = pydantic.Field(default=RESULT_SCHEMA, alias="schema")
     command_id: str = pydantic.Field(max_length=128)
     node: str = pydantic.Field(max_length=253)
-    status: ResultStatus
+    status: Status
     detail: str = pydantic.Field(default="", max_length=4096)
     gpus: list[PowerChange] = pydantic.Field(default_factory=list, max_length=256)
     reset: GpuReset | None = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import typing
 from datetime import UTC, datetime
 from typing import Annotated, Final, Literal
 
@@ -36,7 +35,19 @@ port-scope rule's incident is about one RDMA port of its node. A label, not a fi
 ``v1`` stays complete; the subject names the port too (``subject_of``)."""
 TYPE_PREFIX = "io.healer.incident."
 
-Change = Literal["opened", "updated", "action", "resolved", "escalated"]
+
+class Change(enum.StrEnum):
+    """What an incident event says happened, declared once: the CloudEvents ``type`` carries the word
+    (``io.healer.incident.<change>.v1``)."""
+
+    OPENED = "opened"
+    UPDATED = "updated"
+    ACTION = "action"
+    """An action's status changed."""
+    RESOLVED = "resolved"
+    ESCALATED = "escalated"
+
+
 Severity = Literal["info", "warning", "major", "critical"]
 
 
@@ -139,8 +150,6 @@ class ActionStatus(enum.StrEnum):
         return self is not ActionStatus.SKIPPED
 
 
-Status = ActionStatus
-"""The catalogue's earlier name."""
 OK: Final[frozenset[ActionStatus]] = frozenset(s for s in ActionStatus if s.ok)
 """Statuses after which the next action of the incident runs."""
 FAILED: Final[frozenset[ActionStatus]] = frozenset(s for s in ActionStatus if not s.ok)
@@ -224,9 +233,7 @@ class IncidentEvent(cloudevent.CloudEvent):
 
     @property
     def change(self) -> Change:
-        value = self.type.removeprefix(TYPE_PREFIX).removesuffix(".v1")
-        assert value in typing.get_args(Change)
-        return value  # type: ignore[return-value]
+        return Change(self.type.removeprefix(TYPE_PREFIX).removesuffix(".v1"))
 
 
 def event_type(change: Change) -> str:

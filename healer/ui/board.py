@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from healer import actions as actions_catalog
-from healer.schemas import events, incidents
+from healer.schemas import events, incidents, verdicts
 
 SEVERITY_CODE = {"info": 1, "warning": 2, "major": 3, "critical": 4}
 """Health codes of a GPU with an open incident; the page's legend uses the same numbers."""
@@ -51,6 +51,9 @@ DONE = incidents.TOOK_EFFECT
 
 XID_KINDS = ("xid", "sxid", "gpu_lost")
 """Event kinds the per-node view lists as its XID history."""
+
+VERDICTS_MAX = 10_000
+"""Incidents whose latest verdict the page remembers (the oldest dropped first)."""
 
 VERSION_KEYS = {"driver_version": "driver", "vbios_version": "vbios"}
 """Evidence or fact keys (or their ``*.driver_version`` flattened forms) naming versions."""
@@ -144,6 +147,8 @@ class Board:
         self.xids: dict[str, collections.deque[dict[str, Any]]] = {}
         self.versions: dict[str, dict[str, str]] = {}
         """node -> {"driver": ..., "vbios": ...} as a validation last reported them."""
+        self.verdicts: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        """incident id -> its latest operator's verdict seen on the feed (bounded: ``VERDICTS_MAX``)."""
         self.version = 0
         """Bumped on every change the page must hear about."""
 
@@ -258,8 +263,9 @@ class Board:
         return item
 
     def node_history(self, node: str) -> list[dict[str, Any]]:
-        """The node's remembered incidents, newest first."""
-        return sorted((self.history.get(node) or {}).values(), key=lambda e: e["opened"], reverse=True)
+        """The node's remembered incidents, newest first, each with its latest verdict (or None)."""
+        entries = sorted((self.history.get(node) or {}).values(), key=lambda e: e["opened"], reverse=True)
+        return [{**e, "verdict": self.verdicts.get(e["id"])} for e in entries]
 
     def other(self, env_type: str, ev_id: str, at: float, subject: str | None) -> dict[str, Any]:
         """A CloudEvent of a type this page does not know: a feed line all the same (a later controller's
@@ -273,6 +279,31 @@ class Board:
         if "rules.rejected" in env_type:
             line["severity"] = "major"
             self.rejected_rules = {"time": at, "dir": subject or "", "errors": None, "problems": []}
+        self.recent.append(line)
+        self.version += 1
+        return line
+
+    def verdict(self, ev: verdicts.VerdictEvent) -> dict[str, Any] | None:
+        """An operator's verdict from the feed: remembered as the incident's latest unless an older one
+        (by time); returns its feed line, or ``None`` for an event already applied."""
+        if ev.id in self.seen:
+            return None
+        self.seen[ev.id] = None
+        d, at = ev.data, _ts(ev.time)
+        kept = self.verdicts.get(d.incident_id)
+        if kept is None or kept["time"] <= at:
+            self.verdicts[d.incident_id] = {
+                "incident": d.incident_id, "verdict": str(d.verdict), "by": d.by, "note": d.note, "time": at,
+            }  # fmt: skip
+            self.verdicts.move_to_end(d.incident_id)
+            while len(self.verdicts) > VERDICTS_MAX:
+                self.verdicts.popitem(last=False)
+        said = f"{d.verdict} on {d.incident_id} by {d.by}{f': {d.note}' if d.note else ''}"
+        line = {
+            "id": ev.id, "time": at, "change": "verdict", "severity": "info", "node": None, "gpu": None,
+            "rule": "", "summary": said[:200],
+            "incident": d.incident_id, "actions": [],
+        }  # fmt: skip
         self.recent.append(line)
         self.version += 1
         return line

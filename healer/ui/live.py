@@ -180,6 +180,7 @@ class Live:
             "temp": _b64(temps),
             "health": _b64(health),
             "incidents": [s.as_json() for s in self.board.open.values()],
+            "verdicts": {i: v for i, v in self.board.verdicts.items() if i in self.board.open},
             "recent": list(self.board.recent)[-100:],
             "safety": self.board.safety(),
             "excluded": sorted(self.board.exclusions),

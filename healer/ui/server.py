@@ -1,6 +1,7 @@
 """The status page's HTTP server (aiohttp): the page, its script and style, a snapshot, one GPU's chart
 data, one node's view (every GPU, XID and incident history, versions), search, and the live stream
-(server-sent events). Read-only: every route is GET or HEAD.
+(server-sent events). Read-only but for one route: an operator's verdict (``POST /api/verdict``, only
+behind a token; healer.ui.verdict_api); every other route is GET or HEAD.
 
 Security: it listens on loopback unless told otherwise, and refuses to listen anywhere else without a
 token. With a token, every request must carry it: ``Authorization: Bearer <token>``, or ``?token=`` once
@@ -36,7 +37,7 @@ from aiohttp import web
 from healer import config, errors
 from healer.bus import nats as natsbus
 from healer.bus import subjects
-from healer.ui import board, fleet, live, sources
+from healer.ui import board, fleet, live, reliability, sources, verdict_api
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +45,8 @@ COOKIE = "healer_ui_token"
 STATIC = {
     "app.js": "text/javascript",
     "chart.js": "text/javascript",
+    "verdicts.js": "text/javascript",
+    "reliability.js": "text/javascript",
     "style.css": "text/css",
     "icon.svg": "image/svg+xml",
 }
@@ -178,21 +181,18 @@ def load_labels(path: str | None) -> dict[str, dict[str, str]]:
     return {str(n): {str(k): str(v) for k, v in labels.items()} for n, labels in doc.items()}
 
 
-def build_app(
-    live: live.Live,
-    ui: config.UiSettings,
-    anomaly: AnomalySource | None = None,
-    stopping: asyncio.Event | None = None,
-) -> web.Application:
-    assets = {name: _asset(name) for name in STATIC}
-    index = _asset("index.html")
-    stopping = stopping or asyncio.Event()
+def guard(ui: config.UiSettings) -> Any:
+    """The middleware every request passes: GET and HEAD only (and POST on the verdict path), the token
+    when there is one, and the headers that forbid loading anything from elsewhere."""
 
     @web.middleware
-    async def guard(
+    async def check_request(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if request.method not in ("GET", "HEAD"):
+        if request.method not in ("GET", "HEAD") and (request.method, request.path) != (
+            "POST",
+            verdict_api.PATH,
+        ):
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"])
         if ui.token:
             given = request.query.get("token")
@@ -217,6 +217,21 @@ def build_app(
         resp.headers["Referrer-Policy"] = "no-referrer"
         resp.headers.setdefault("Cache-Control", "no-store")
         return resp
+
+    return check_request
+
+
+def build_app(
+    live: live.Live,
+    ui: config.UiSettings,
+    anomaly: AnomalySource | None = None,
+    stopping: asyncio.Event | None = None,
+    verdicts: verdict_api.Publisher | None = None,
+    figures: reliability.Reliability | None = None,
+) -> web.Application:
+    assets = {name: _asset(name) for name in STATIC}
+    index = _asset("index.html")
+    stopping = stopping or asyncio.Event()
 
     async def page(request: web.Request) -> web.Response:
         return web.Response(body=index, content_type="text/html", charset="utf-8")
@@ -350,7 +365,11 @@ def build_app(
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    app = web.Application(middlewares=[guard])
+    app = web.Application(middlewares=[guard(ui)])
+    verdict_api.add_routes(app, live, ui, verdicts)
+    reliability.add_routes(
+        app, figures or reliability.Reliability(None, subjects.Subjects(), ui, lambda: None)
+    )
     app.router.add_get("/", page)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/snapshot", snapshot)
@@ -386,11 +405,15 @@ async def serve(
     *,
     sources: sources.Sources | None = None,
     anomaly: AnomalySource | None = None,
+    verdicts: verdict_api.Publisher | None = None,
+    figures: reliability.Reliability | None = None,
 ) -> Running:
-    """Listen (sources already built, started here); ``PermanentError`` on a busy port or a bad host."""
+    """Listen (sources already built, started here); ``PermanentError`` on a busy port or a bad host.
+    ``verdicts``: how the page publishes an operator's verdict (none: the page takes none)."""
     check(ui)
     stopping = asyncio.Event()
-    runner = web.AppRunner(build_app(live, ui, anomaly, stopping), access_log=None, shutdown_timeout=2.0)
+    app = build_app(live, ui, anomaly, stopping, verdicts, figures)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, ui.host, ui.port)
     try:
@@ -445,4 +468,11 @@ async def start(
     src = sources.Sources(
         bus, subjects.Subjects(settings.nats.prefix), view, feed_window_s=ui.feed_window_s, push_s=ui.push_s
     )
-    return await serve(view, ui, sources=src, anomaly=anomaly)
+    publish = verdict_api.publisher(bus, settings)
+    rel = reliability.Reliability(bus, subjects.Subjects(settings.nats.prefix), ui, lambda: fleet_gpus(view))
+    return await serve(view, ui, sources=src, anomaly=anomaly, verdicts=publish, figures=rel)
+
+
+def fleet_gpus(view: live.Live) -> int | None:
+    """The fleet's GPUs as the page's map has them (its nodes x GPUs per node); None before any node."""
+    return len(view.fleet.names) * view.fleet.gpus or None

@@ -117,6 +117,11 @@ class Sources:
                 "incident",
                 shown.as_json() if shown is not None else {"id": ev.data.incident_id, "state": ev.data.state},
             )
+        elif item.verdict is not None:
+            line = self.live.board.verdict(item.verdict)
+            if line is not None:
+                self.live.broadcast("feed", line)
+                self.live.broadcast("verdict", self.live.board.verdicts[item.verdict.data.incident_id])
         elif item.rules_rejected is not None:
             self.live.broadcast("feed", self.live.board.rules_rejected(item.rules_rejected))
             self.live.broadcast("safety", self.live.board.safety())

@@ -39,9 +39,13 @@ SETTINGS = FAST.model_copy(
 def incident(
     n: int, rule: str, *, state: incidents.IncidentState = "open", severity: incidents.Severity = "major"
 ) -> incidents.IncidentEvent:
-    ev = helpers.event(n, severity=severity, change="resolved" if state == "resolved" else "opened")
+    ev = helpers.event(
+        n,
+        severity=severity,
+        change=incidents.Change.RESOLVED if state == "resolved" else incidents.Change.OPENED,
+    )
     data = ev.data.model_copy(update={"rule_id": rule, "state": state, "incident_id": f"inc-{rule}"})
-    change: incidents.Change = "resolved" if state == "resolved" else "opened"
+    change: incidents.Change = incidents.Change.RESOLVED if state == "resolved" else incidents.Change.OPENED
     return incidents.build(
         event_id=f"{rule}.{n}", cluster="test", change=change, data=data, ts=ev.time.timestamp()
     )

@@ -49,7 +49,11 @@ def lifecycle(n: int) -> list[incidents.IncidentEvent]:
     """Incident ``inc-<n>``: opened, a cordon done, resolved; event ids ``ev-<n>-<k>``."""
     out = []
     cordon = incidents.ActionRecord(kind="cordon", status="done", at=1000.0 + n)
-    changes: tuple[incidents.Change, ...] = ("opened", "action", "resolved")
+    changes: tuple[incidents.Change, ...] = (
+        incidents.Change.OPENED,
+        incidents.Change.ACTION,
+        incidents.Change.RESOLVED,
+    )
     for k, change in enumerate(changes):
         ev = helpers.event(n, change=change, actions=[cordon] if k else None)
         data = ev.data.model_copy(update={"state": "resolved" if change == "resolved" else "open"})

@@ -53,9 +53,11 @@ async def test_the_page_opens_in_chromium_self_contained_with_both_plots(
     assert seen["title"] == "healer reliability report"
     assert seen["resources"] == 0  # nothing fetched: no stylesheet, script, font or image
     assert seen["errors"] == []
-    assert len(seen["svg_sizes"]) == 2
-    assert all(w > 300 and h > 100 for w, h in seen["svg_sizes"])
-    # the histogram: 2 non-empty buckets (1h-4h, 4h-1d); the days: 6 segments on 5 days; plus legends
-    assert seen["bars"] == [2 + 1, 6 + 3]
+    assert len(seen["svg_sizes"]) == 3
+    assert all(w > 300 and h > 100 for w, h in seen["svg_sizes"][:2])
+    assert seen["svg_sizes"][2][0] > 200  # the map of repeat offenders: one row (n1)
+    # the histogram: 2 non-empty buckets (1h-4h, 4h-1d); the days: 6 segments on 5 days; plus legends;
+    # the map: n1's node cell and its 8 GPUs' (GPU 0 with its 3 incidents)
+    assert seen["bars"] == [2 + 1, 6 + 3, 9]
     assert seen["shot"]
     assert (tmp_path / "report.png").read_bytes().startswith(b"\x89PNG")

@@ -26,14 +26,16 @@ def incident(
 ) -> None:  # fmt: skip
     """Its events: opened, then an action (containment), escalated, resolved, as the controller sends them."""
     acts: list[incidents.ActionRecord] = []
-    steps: list[tuple[incidents.Change, float, incidents.IncidentState]] = [("opened", opened, "open")]
+    steps: list[tuple[incidents.Change, float, incidents.IncidentState]] = [
+        (incidents.Change.OPENED, opened, "open")
+    ]
     if contained is not None:
         acts = [incidents.ActionRecord(kind=contain_kind, status="done", at=contained)]
-        steps.append(("action", contained, "open"))
+        steps.append((incidents.Change.ACTION, contained, "open"))
     if escalated is not None:
-        steps.append(("escalated", escalated, "escalated"))
+        steps.append((incidents.Change.ESCALATED, escalated, "escalated"))
     if resolved is not None:
-        steps.append(("resolved", resolved, "resolved"))
+        steps.append((incidents.Change.RESOLVED, resolved, "resolved"))
     for k, (change, ts, state) in enumerate(steps):
         data = incidents.IncidentData(
             incident_id=iid, rule_id=rule, severity=severity, node=node, gpu_index=gpu, state=state,
@@ -114,14 +116,14 @@ def test_every_figure_of_the_report(archive: pathlib.Path) -> None:
     assert r["totals"] == {"incidents": 5, "gpu_hours_lost": pytest.approx(24.0)}  # a, b, c, d, g
     assert r["by_rule"] == [
         {"rule_id": "ecc-uncorrectable", "kind": "gpu", "incidents": 3, "escalated": 0, "open": 0,
-         "to_containment": {"count": 3, "p50_s": 1200.0, "p90_s": 1800.0},
+         "waiting_for_a_person": 0, "to_containment": {"count": 3, "p50_s": 1200.0, "p90_s": 1800.0},
          "to_resolution": {"count": 3, "p50_s": 7200.0, "p90_s": 14400.0},
          "ladder_outcomes": {"recovered": 1}},
         {"rule_id": "gpu-overheating", "kind": "gpu", "incidents": 1, "escalated": 0, "open": 0,
-         "to_containment": {"count": 1, "p50_s": 300.0, "p90_s": 300.0},
+         "waiting_for_a_person": 0, "to_containment": {"count": 1, "p50_s": 300.0, "p90_s": 300.0},
          "to_resolution": {"count": 1, "p50_s": 3600.0, "p90_s": 3600.0}, "ladder_outcomes": {}},
         {"rule_id": "node-silent", "kind": "node", "incidents": 1, "escalated": 1, "open": 1,
-         "to_containment": {"count": 0, "p50_s": None, "p90_s": None},
+         "waiting_for_a_person": 1, "to_containment": {"count": 0, "p50_s": None, "p90_s": None},
          "to_resolution": {"count": 0, "p50_s": None, "p90_s": None}, "ladder_outcomes": {}},
     ]  # fmt: skip
     lost = r["gpu_hours_lost"]
@@ -189,7 +191,7 @@ def test_the_page_is_self_contained_with_both_plots(archive: pathlib.Path) -> No
     text = page.render(r)
     for outside in ("src=", "href=", "@import", "url(", "<script", "<link"):
         assert outside not in text, outside
-    assert text.count("<svg") == 2
+    assert text.count("<svg") == 3  # repair times, GPU-hours per day, the repeat offenders' map
     assert page.repair_histogram(r["repair_times_s"]) == [  # type: ignore[arg-type]
         ("0-5m", 0), ("5m-15m", 0), ("15m-1h", 0), ("1h-4h", 3), ("4h-1d", 1), (">1d", 0)
     ]  # fmt: skip
@@ -257,3 +259,29 @@ def test_a_gpu_two_incidents_cover_at_once_counts_once_and_a_replacement_is_no_n
     ]  # fmt: skip
     assert sorted(r["repair_times_s"]) == [2 * H, 2 * H, 5 * H]  # the replacement's is not a repair
     assert r["repeat_offenders"] == []  # n6/gpu0: one fault; its replacement is not a second
+
+
+def test_precision_per_anomaly_component_from_the_latest_verdicts(tmp_path: pathlib.Path) -> None:
+    with store.Archive(tmp_path / "anomaly.db") as db:
+        t = END - DAY
+        for n, component in enumerate(("thermal_gpu", "thermal_gpu", "forest", "thermal_gpu")):
+            iid = f"an-{n}"
+            incident(db, iid, "anomaly-score-high", "n7", n, "warning", t + n * H, resolved=t + n * H + 600,
+                     evidence={"anomaly.component": component, "anomaly_score": 0.95})  # fmt: skip
+        incident(db, "ecc", "ecc-uncorrectable", "n8", 0, "critical", t, resolved=t + H)  # no component
+        verdict(db, "an-0", verdicts.Verdict.CONFIRMED, END - 50)
+        verdict(db, "an-1", verdicts.Verdict.CONFIRMED, END - 49)
+        verdict(db, "an-1", verdicts.Verdict.FALSE_ALARM, END - 48)  # the latest counts
+        verdict(db, "an-2", verdicts.Verdict.FALSE_ALARM, END - 47)
+        verdict(db, "ecc", verdicts.Verdict.CONFIRMED, END - 46)
+        db.commit()  # an-3 has no verdict: it counts toward nothing
+        r = figures.build(db, figures.Options(end=END, since_s=7 * DAY))
+    assert r["precision_by_component"] == [
+        {"component": "forest", "confirmed": 0, "false_alarms": 1, "precision": 0.0},
+        {"component": "thermal_gpu", "confirmed": 1, "false_alarms": 1, "precision": 0.5},
+    ]
+    assert [(p["rule_id"], p["precision"]) for p in r["precision"]] == [
+        ("anomaly-score-high", pytest.approx(1 / 3)), ("ecc-uncorrectable", 1.0)
+    ]  # fmt: skip
+    text = page.render(r)
+    assert "<td>thermal_gpu</td>" in text

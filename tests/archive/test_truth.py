@@ -33,13 +33,13 @@ DURATION_TOL_S = 1.0
 GPU_HOURS_TOL = 0.001
 
 
-def simulated() -> at.Run:
+def simulated(settings: at.Settings = SETTINGS) -> at.Run:
     pack = loader.load_paths([ROOT / "rules"]).ruleset
     assert pack is not None
     scenario = yaml.safe_load((ROOT / "healer/sim/scenarios/realistic.yaml").read_text())
     rates = {e["kind"]: float(e["rate_per_gpu_hour"]) for e in scenario["random_faults"]}
     ladders = {lad.id: lad for lad in pack.ladders}
-    return at.simulate(SETTINGS, rates, ladders, {r.id: r for r in pack.rules})
+    return at.simulate(settings, rates, ladders, {r.id: r for r in pack.rules})
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +54,14 @@ def nearest_rank(values: list[float], p: float) -> float | None:
 
 async def archived_report(run: at.Run, bus: natsbus.NatsBus, db_path: pathlib.Path) -> dict[str, Any]:
     events = at.feed(run)
-    for ev in events:
-        await helpers.publish(bus, ev)
+    for start in range(0, len(events), 64):  # 64 at a time: the stream keeps each subject's order
+        await asyncio.gather(*(helpers.publish(bus, ev) for ev in events[start : start + 64]))
     db = store.Archive(db_path)
     archiver = consumer.Archiver(bus, helpers.SUBJ, db, test_consumer.FAST)
     stop = asyncio.Event()
     task = asyncio.create_task(archiver.run(stop))
     try:
-        await conftest.until(lambda: archiver.counts.stored >= len(events), timeout=60)
+        await conftest.until(lambda: archiver.counts.stored >= len(events), timeout=90)
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

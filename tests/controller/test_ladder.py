@@ -284,3 +284,20 @@ def test_dry_run_plans_the_port_reset_only_for_an_incident_with_a_port() -> None
     assert with_port[1] == "reset_port mlx5_3/1 (refused or failed: reboot_node)"
     assert with_port[3] == "reboot_node (refused or failed: hardware_replacement)"
     assert not [line for line in ladder.plan(FABRIC) if line.startswith("reset_port")]
+
+
+def test_the_ladder_reads_its_rungs_from_the_registry() -> None:
+    """Each rung is a registered kind whose ``Rung`` names a ladder phase and a budget (#40); the ladder's
+    own steps after a rung are registered kinds too."""
+    rungs = [actions.spec(r).rung for r in recovery.RUNGS]
+    assert recovery.RUNGS == ["reset_gpu", "reset_port", "reboot_node"]
+    assert [r.order for r in rungs if r is not None] == sorted(r.order for r in rungs if r is not None)
+    for rung in rungs:
+        assert rung is not None
+        assert ladder.Phase[rung.phase] not in ladder.TERMINAL
+        assert rung.budget_s > 0
+    own = {ladder.StepKind.VALIDATE, ladder.StepKind.RETURN_TO_SERVICE, ladder.StepKind.REPLACE}
+    assert own <= set(actions.CATALOG)
+    assert {ladder.step_kind(k) for k in ("reset_port", "contain")} == {"reset_port", ladder.StepKind.CONTAIN}
+    with pytest.raises(ValueError, match="no ladder step"):
+        ladder.step_kind("cordon")

@@ -8,7 +8,7 @@ import pathlib
 from healer import config, testing
 from healer.bus import subjects
 from healer.controller.core import service
-from healer.schemas import codec, events
+from healer.schemas import codec, events, incidents
 from tests import conftest
 from tests.controller.conftest import DBE_RULES, Fleet, run_until, warm
 
@@ -55,7 +55,7 @@ async def test_the_controller_acts_on_frames_and_events_over_the_memory_bus(tmp_
         await run_until(fleet, lambda: ("uncordon", "n1") in {(r.kind, r.node) for r in actuator.executed()})
         stream = bus.stream(subj.stream_incidents)
         changes = [codec.decode_incident(m.data).change for m in stream.messages]
-        assert changes.count("opened") == 2, changes
+        assert changes.count(incidents.Change.OPENED) == 2, changes
         assert "resolved" in changes
     finally:
         await ctl.stop()

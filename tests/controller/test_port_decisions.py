@@ -52,13 +52,13 @@ def test_a_port_firing_opens_an_incident_keyed_and_named_by_its_port() -> None:
     data = inc.data()
     assert incidents.port_of(data) == "mlx5_3/1"
     assert data.labels == {"category": "fabric", "port": "mlx5_3/1"}
-    ev = incidents.build(event_id="e", cluster="c", change="opened", data=data, ts=1.7e9)
+    ev = incidents.build(event_id="e", cluster="c", change=incidents.Change.OPENED, data=data, ts=1.7e9)
     assert ev.subject == "node/n1/port/mlx5_3/1"
     assert alertmanager.labels_for(ev)["port"] == "mlx5_3/1"
     node = opened(fire(MISSING), "inc-2").data()
     assert incidents.port_of(node) is None
     assert "port" not in alertmanager.labels_for(
-        incidents.build(event_id="e", cluster="c", change="opened", data=node, ts=1.7e9)
+        incidents.build(event_id="e", cluster="c", change=incidents.Change.OPENED, data=node, ts=1.7e9)
     )
 
 

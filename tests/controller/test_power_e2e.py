@@ -190,7 +190,9 @@ async def test_a_steps_caps_go_out_together_and_count_once_per_node_in_the_rate_
 
 def assert_one_restored_episode(rig: Rig) -> incidents.IncidentData:
     events = domain_events(rig.harness)
-    assert [e.change for e in events].count("opened") == 1, "one domain incident for the episode"
+    assert [e.change for e in events].count(incidents.Change.OPENED) == 1, (
+        "one domain incident for the episode"
+    )
     assert all(e.data.incident_id == events[0].data.incident_id for e in events)
     final = events[-1].data
     assert final.state == "resolved"

@@ -16,7 +16,7 @@ from healer.bus import subjects
 from healer.controller.core import service
 from healer.controller.incidents import book, shared_cause
 from healer.controller.inventory import topology
-from healer.schemas import codec, events
+from healer.schemas import codec, events, incidents
 from tests.conftest import until
 from tests.controller.conftest import Harness
 
@@ -258,7 +258,9 @@ async def test_a_domain_incident_survives_a_failover_holds_and_still_resolves(
     assert dom.domain.members == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"], "the structured members, from KV"
     await firing.recover()
     await until(lambda: dom.state == "resolved", timeout=40)
-    assert [e.change for e in harness.feed.events if e.data.node == "pdu.p1"].count("opened") == 1
+    assert [e.change for e in harness.feed.events if e.data.node == "pdu.p1"].count(
+        incidents.Change.OPENED
+    ) == 1
 
 
 XID_LADDER = XID_RESET.replace("actions: [cordon, reset_gpu]", "actions: [cordon]") + (

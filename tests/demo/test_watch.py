@@ -46,10 +46,16 @@ def _truth(
 def test_latency_runs_from_visible_to_the_first_action_that_changes_something() -> None:
     obs = watch.Observer(T0)
     obs.on_truth([_truth("f1", "nvlink_crc_rising", "n1", 2, 3.0, 4.0)])
-    obs.on_incident(_event("opened", "a", "nvlink-replay-recovery", "n1", 2, 5.0))
-    obs.on_incident(_event("action", "a", "nvlink-replay-recovery", "n1", 2, 5.0, [("notify", "done", 5.0)]))
-    obs.on_incident(_event("opened", "b", "nvlink-crc-storm", "n1", 2, 130.0))
-    obs.on_incident(_event("action", "b", "nvlink-crc-storm", "n1", 2, 130.5, [("cordon", "done", 130.5)]))
+    obs.on_incident(_event(incidents.Change.OPENED, "a", "nvlink-replay-recovery", "n1", 2, 5.0))
+    obs.on_incident(
+        _event(
+            incidents.Change.ACTION, "a", "nvlink-replay-recovery", "n1", 2, 5.0, [("notify", "done", 5.0)]
+        )
+    )
+    obs.on_incident(_event(incidents.Change.OPENED, "b", "nvlink-crc-storm", "n1", 2, 130.0))
+    obs.on_incident(
+        _event(incidents.Change.ACTION, "b", "nvlink-crc-storm", "n1", 2, 130.5, [("cordon", "done", 130.5)])
+    )
     (row,) = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["faults"]
     assert row["detected"] is True
     assert row["t_detected_s"] == 5.0
@@ -61,8 +67,8 @@ def test_latency_runs_from_visible_to_the_first_action_that_changes_something() 
 def test_node_fault_matches_node_incidents_and_other_nodes_count_as_unexpected() -> None:
     obs = watch.Observer(T0)
     obs.on_truth([_truth("f1", "node_silent", "n3", None, 4.0, 4.0)])
-    obs.on_incident(_event("opened", "a", "node-silent", "n3", None, 124.0))
-    obs.on_incident(_event("opened", "b", "gpu-temp-near-slowdown", "n9", 0, 50.0))
+    obs.on_incident(_event(incidents.Change.OPENED, "a", "node-silent", "n3", None, 124.0))
+    obs.on_incident(_event(incidents.Change.OPENED, "b", "gpu-temp-near-slowdown", "n9", 0, 50.0))
     s = obs.summary(duration_s=150, nodes=10, gpus=8, interrupted=False)
     assert s["faults_detected"] == 1
     assert s["incidents"]["unexpected"] == ["gpu-temp-near-slowdown on n9 GPU 0"]
@@ -72,8 +78,8 @@ def test_story_needs_the_overheat_incident_resolved_with_its_limit_restored() ->
     obs = watch.Observer(T0)
     obs.on_truth([_truth("f1", "cooling_degradation", "n1", 5, 1.0, 1.5)])
     capped: list[tuple[str, str, float]] = [("power_limit", "done", 40.0)]
-    obs.on_incident(_event("opened", "a", "gpu-temp-near-slowdown", "n1", 5, 39.0))
-    obs.on_incident(_event("action", "a", "gpu-temp-near-slowdown", "n1", 5, 40.0, capped))
+    obs.on_incident(_event(incidents.Change.OPENED, "a", "gpu-temp-near-slowdown", "n1", 5, 39.0))
+    obs.on_incident(_event(incidents.Change.ACTION, "a", "gpu-temp-near-slowdown", "n1", 5, 40.0, capped))
     story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]
     assert story["overheat_capped"] is True
     assert story["overheat_resolved_and_restored"] is False
@@ -81,8 +87,12 @@ def test_story_needs_the_overheat_incident_resolved_with_its_limit_restored() ->
         *capped,
         ("restore_power_limit", "done", 90.0),
     ]
-    obs.on_incident(_event("resolved", "a", "gpu-temp-near-slowdown", "n1", 5, 89.0, capped, "resolved"))
-    obs.on_incident(_event("action", "a", "gpu-temp-near-slowdown", "n1", 5, 90.0, restored, "resolved"))
+    obs.on_incident(
+        _event(incidents.Change.RESOLVED, "a", "gpu-temp-near-slowdown", "n1", 5, 89.0, capped, "resolved")
+    )
+    obs.on_incident(
+        _event(incidents.Change.ACTION, "a", "gpu-temp-near-slowdown", "n1", 5, 90.0, restored, "resolved")
+    )
     story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]
     assert story["overheat_resolved_and_restored"] is True
 
@@ -91,11 +101,21 @@ def test_breaker_incident_opens_the_breaker_and_mass_faults_print_as_one_line() 
     obs = watch.Observer(T0)
     obs.on_truth([_truth(f"f{i}", "gsp_timeout", f"n{i}", 0, 140.0, 140.0) for i in range(4)])
     for i in range(4):
-        obs.on_incident(_event("opened", f"x{i}", "xid-fatal", f"n{i}", 0, 141.0))
+        obs.on_incident(_event(incidents.Change.OPENED, f"x{i}", "xid-fatal", f"n{i}", 0, 141.0))
         obs.on_incident(
-            _event("action", f"x{i}", "xid-fatal", f"n{i}", 0, 141.0, [("cordon", "refused", 141.0)])
+            _event(
+                incidents.Change.ACTION,
+                f"x{i}",
+                "xid-fatal",
+                f"n{i}",
+                0,
+                141.0,
+                [("cordon", "refused", 141.0)],
+            )
         )
-    obs.on_incident(_event("escalated", "cb", watch.BREAKER_RULE, "fleet", None, 141.0, state="escalated"))
+    obs.on_incident(
+        _event(incidents.Change.ESCALATED, "cb", watch.BREAKER_RULE, "fleet", None, 141.0, state="escalated")
+    )
     s = obs.summary(duration_s=150, nodes=32, gpus=8, interrupted=False)
     assert s["story"]["breaker_tripped"] is True
     assert s["actions"] == {"cordon:refused": 4}
@@ -122,18 +142,24 @@ def test_the_power_story_is_read_from_the_racks_frames_and_its_domain_incident()
     obs.on_frame(_frame("n1", 20.0, 100.0))  # 200 + 400 W: back under
     assert (pw.over_at, pw.under_at, pw.peak_w) == (T0 + 11.0, T0 + 20.0, 1200.0)
     caps: list[tuple[str, str, float]] = [("power_limit", "done", 14.0 + i) for i in range(4)]
-    obs.on_incident(_event("opened", "p", watch.POWER_RULE, "rack.r1", None, 13.0))
+    obs.on_incident(_event(incidents.Change.OPENED, "p", watch.POWER_RULE, "rack.r1", None, 13.0))
     for i in range(4):
-        obs.on_incident(_event("action", "p", watch.POWER_RULE, "rack.r1", None, 14.0 + i, caps[: i + 1]))
+        obs.on_incident(
+            _event(incidents.Change.ACTION, "p", watch.POWER_RULE, "rack.r1", None, 14.0 + i, caps[: i + 1])
+        )
     s = obs.summary(duration_s=60, nodes=3, gpus=2, interrupted=False)
     assert s["story"]["rack_over_budget_capped"] is True
     assert s["story"]["rack_under_budget_no_job_stopped"] is True
     assert s["story"]["rack_restored_when_load_fell"] is False
     assert s["incidents"]["unexpected"] == [], "the budget's incident matches no fault and is expected"
     assert s["power"]["under_within_s"] == 9.0
-    obs.on_incident(_event("updated", "p", watch.POWER_RULE, "rack.r1", None, 39.0, caps))  # the next step
+    obs.on_incident(
+        _event(incidents.Change.UPDATED, "p", watch.POWER_RULE, "rack.r1", None, 39.0, caps)
+    )  # the next step
     restored = [*caps, *[("restore_power_limit", "done", 40.0 + i) for i in range(4)]]
-    obs.on_incident(_event("resolved", "p", watch.POWER_RULE, "rack.r1", None, 44.0, restored, "resolved"))
+    obs.on_incident(
+        _event(incidents.Change.RESOLVED, "p", watch.POWER_RULE, "rack.r1", None, 44.0, restored, "resolved")
+    )
     s = obs.summary(duration_s=60, nodes=3, gpus=2, interrupted=False)
     assert s["story"]["rack_restored_when_load_fell"] is True
     assert s["power"]["restored_s"] == 44.0

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterable
 from http import server
@@ -150,6 +151,12 @@ class FakeKubeAPI:
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
+        self.latency_s = 0.0
+        """Each request is answered this much later (an API server's round trip), outside the lock."""
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """The most requests this server was answering at once."""
+        self._flight = threading.Lock()
         self._version = 100
         self._httpd: server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -325,8 +332,17 @@ class FakeKubeAPI:
         length = int(req.headers.get("Content-Length") or 0)
         raw = req.rfile.read(length) if length else b""
         content_type = (req.headers.get("Content-Type") or "").split(";")[0].strip()
-        with self.lock:
-            code, body = self._answer(req, method, url.path, query, content_type, raw)
+        with self._flight:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.latency_s:
+                time.sleep(self.latency_s)
+            with self.lock:
+                code, body = self._answer(req, method, url.path, query, content_type, raw)
+        finally:
+            with self._flight:
+                self.in_flight -= 1
         data = json.dumps(body).encode()
         req.send_response(code)
         req.send_header("Content-Type", "application/json")

@@ -22,7 +22,7 @@ def event(
     n: int,
     *,
     node: str = "gpu-node-1",
-    change: incidents.Change = "opened",
+    change: incidents.Change = incidents.Change.OPENED,
     severity: incidents.Severity = "major",
     gpu_index: int | None = 3,
     mode: incidents.Mode = incidents.Mode.ENFORCE,

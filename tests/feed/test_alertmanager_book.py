@@ -56,7 +56,7 @@ def test_resolve_sets_ends_at_and_leaves_nothing_to_resend() -> None:
     book = alertmanager.AlertBook(resend_s=60)
     ev = helpers.event(2)
     book.apply(item(ev, 1), NOW)
-    resolved = change(ev, 2, "resolved", state="resolved")
+    resolved = change(ev, 2, incidents.Change.RESOLVED, state="resolved")
     [alert] = book.apply(item(resolved, 2), NOW)
     assert datetime.fromisoformat(alert["endsAt"]) == resolved.time
     assert alert["startsAt"] == ev.time.isoformat().replace("+00:00", "Z")
@@ -67,7 +67,7 @@ def test_an_older_redelivered_event_does_not_reopen_a_resolved_incident() -> Non
     book = alertmanager.AlertBook(resend_s=60)
     ev = helpers.event(3)
     book.apply(item(ev, 1), NOW)
-    book.apply(item(change(ev, 2, "resolved", state="resolved"), 2), NOW)
+    book.apply(item(change(ev, 2, incidents.Change.RESOLVED, state="resolved"), 2), NOW)
     [again] = book.apply(item(ev, 1), NOW)
     assert again["annotations"]["state"] == "resolved"
     assert book.open_alerts(NOW) == []
@@ -77,7 +77,7 @@ def test_a_severity_change_ends_the_old_alert_and_starts_the_new_one() -> None:
     book = alertmanager.AlertBook(resend_s=60)
     ev = helpers.event(4, severity="warning")
     book.apply(item(ev, 1), NOW)
-    old, new = book.apply(item(change(ev, 2, "updated", severity="critical"), 2), NOW)
+    old, new = book.apply(item(change(ev, 2, incidents.Change.UPDATED, severity="critical"), 2), NOW)
     assert (old["labels"]["severity"], old["endsAt"]) == ("warning", "2026-12-01T12:00:00Z")
     assert new["labels"]["severity"] == "critical"
     assert [a["labels"]["severity"] for a in book.open_alerts(NOW)] == ["critical"]
@@ -87,7 +87,7 @@ def test_other_events_are_not_alerts_and_the_link_is_quoted() -> None:
     book = alertmanager.AlertBook(resend_s=60, link_template="https://x.example/i/{incident_id}?r={rule_id}")
     rejected = envelope.classify(codec.encode(helpers.rules_rejected("rules-1")))
     assert book.apply(rejected, NOW) == []
-    ev = change(helpers.event(5), 1, "opened", rule_id="a b&c")
+    ev = change(helpers.event(5), 1, incidents.Change.OPENED, rule_id="a b&c")
     [alert] = book.apply(item(ev, 1), NOW)
     assert alert["generatorURL"] == "https://x.example/i/inc-5?r=a%20b%26c"
     assert alert["annotations"]["link"] == alert["generatorURL"]
@@ -138,7 +138,7 @@ async def test_open_incidents_are_resent_after_a_restart_and_nothing_is_lost(
     await asyncio.wait_for(task, 10)
 
     # while stopped: the incident resolves, another opens
-    await helpers.publish(nats_bus, change(ev, 2, "resolved", state="resolved"))
+    await helpers.publish(nats_bus, change(ev, 2, incidents.Change.RESOLVED, state="resolved"))
     other = helpers.event(7)
     await helpers.publish(nats_bus, other)
 
@@ -174,7 +174,7 @@ def test_the_same_event_again_gives_the_same_alerts_so_a_retry_repeats_the_ended
     book = alertmanager.AlertBook(resend_s=60)
     ev = helpers.event(8, severity="warning")
     book.apply(item(ev, 1), NOW)
-    updated = item(change(ev, 2, "updated", severity="critical"), 2)
+    updated = item(change(ev, 2, incidents.Change.UPDATED, severity="critical"), 2)
     first = book.apply(updated, NOW)
     later = NOW + timedelta(minutes=10)
     again = book.apply(updated, later)

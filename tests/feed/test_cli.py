@@ -11,7 +11,7 @@ import urllib.request
 
 from healer.bus import embedded
 from healer.bus import nats as natsbus
-from healer.schemas import codec
+from healer.schemas import codec, incidents
 from tests import conftest
 from tests.feed import helpers
 
@@ -32,7 +32,7 @@ async def test_tail_prints_json_and_lines_and_reports_garbage(
 ) -> None:
     events = [helpers.event(0, severity="warning"), helpers.event(1, severity="critical", node="n2")]
     await helpers.publish(nats_bus, events[0])
-    await helpers.publish_raw(nats_bus, helpers.SUBJ.incident("opened", "n2"), b"{oops")
+    await helpers.publish_raw(nats_bus, helpers.SUBJ.incident(incidents.Change.OPENED, "n2"), b"{oops")
     await helpers.publish(nats_bus, events[1])
 
     rc, out, err = await healer("incidents", "tail", "--nats", nats_server.url, "--json")
@@ -66,7 +66,7 @@ async def test_tail_follow_sees_new_events_and_exits_cleanly_on_sigterm(
     assert p.stdout is not None
     first = await asyncio.wait_for(p.stdout.readline(), 30)
     assert codec.decode_incident(first).id == "ev-0"
-    await helpers.publish(nats_bus, helpers.event(1, change="resolved"))
+    await helpers.publish(nats_bus, helpers.event(1, change=incidents.Change.RESOLVED))
     second = await asyncio.wait_for(p.stdout.readline(), 30)
     assert codec.decode_incident(second).id == "ev-1"
     p.send_signal(signal.SIGTERM)

@@ -96,9 +96,9 @@ async def test_the_official_sdk_parses_every_event_healer_forwards(
         codec.encode(helpers.rules_rejected("rules-1")),
         _foreign(),
     ]
-    subjects = [helpers.SUBJ.incident("opened", "gpu-node-1")] * 2 + [
+    subjects = [helpers.SUBJ.incident(incidents.Change.OPENED, "gpu-node-1")] * 2 + [
         helpers.SUBJ.rules_rejected,
-        helpers.SUBJ.incident("opened", "other"),
+        helpers.SUBJ.incident(incidents.Change.OPENED, "other"),
     ]
     for subject, body in zip(subjects, stored, strict=True):
         await helpers.publish_raw(nats_bus, subject, body)
@@ -211,7 +211,7 @@ def test_healer_built_events_carry_no_empty_optional_attributes() -> None:
 
 async def test_tail_accepts_and_passes_on_extension_attributes(nats_bus: natsbus.NatsBus) -> None:
     raw = _with_extensions(3)
-    await helpers.publish_raw(nats_bus, helpers.SUBJ.incident("opened", "gpu-node-1"), raw)
+    await helpers.publish_raw(nats_bus, helpers.SUBJ.incident(incidents.Change.OPENED, "gpu-node-1"), raw)
     items: list[envelope.Item] = []
     bad: list[errors.DecodeError] = []
     await tail.read(nats_bus, helpers.SUBJ, tail.Query(), items.append, lambda _s, _q, e: bad.append(e))

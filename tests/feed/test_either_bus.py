@@ -11,6 +11,7 @@ import orjson
 from healer import config, errors
 from healer.bus import base
 from healer.feed import envelope, forward, tail, webhook
+from healer.schemas import incidents
 from tests import conftest
 from tests.feed import helpers
 
@@ -57,7 +58,9 @@ async def test_tail_reads_the_feed_in_order_and_filtered_on_either_bus(bus: base
     events = [helpers.event(n, node=f"node-{n % 2}") for n in range(4)]
     for ev in events:
         await helpers.publish(bus, ev)
-    await bus.publish_durable(helpers.SUBJ.incident("opened", "node-0"), b"not json", msg_id="junk")
+    await bus.publish_durable(
+        helpers.SUBJ.incident(incidents.Change.OPENED, "node-0"), b"not json", msg_id="junk"
+    )
     items: list[envelope.Item] = []
     bad: list[int] = []
     stats = await tail.read(

@@ -14,7 +14,7 @@ from healer import config, errors
 from healer.bus import embedded, provision
 from healer.bus import nats as natsbus
 from healer.feed import forward, webhook
-from healer.schemas import codec
+from healer.schemas import codec, incidents
 from tests import conftest
 from tests.feed import helpers
 
@@ -101,7 +101,7 @@ async def test_refused_and_malformed_events_are_dead_lettered_without_blocking_t
     receiver.answer = lambda ce_id: 400 if ce_id == "ev-1" else 202
     receiver.start()
     await helpers.publish(nats_bus, helpers.event(0))
-    await helpers.publish_raw(nats_bus, helpers.SUBJ.incident("opened", "x"), b"garbage")
+    await helpers.publish_raw(nats_bus, helpers.SUBJ.incident(incidents.Change.OPENED, "x"), b"garbage")
     await helpers.publish(nats_bus, helpers.event(1))
     await helpers.publish(nats_bus, helpers.event(2))
     dead = tmp_path / "dead.jsonl"

@@ -32,7 +32,10 @@ def ids(items: list[envelope.Item]) -> list[str]:
 
 async def test_tail_reads_every_event_in_publish_order(nats_bus: natsbus.NatsBus) -> None:
     published = [
-        helpers.event(n, node=f"node-{n % 3}", change="opened" if n % 2 else "action") for n in range(8)
+        helpers.event(
+            n, node=f"node-{n % 3}", change=incidents.Change.OPENED if n % 2 else incidents.Change.ACTION
+        )
+        for n in range(8)
     ]
     for ev in published:
         await helpers.publish(nats_bus, ev)
@@ -98,11 +101,11 @@ async def test_since_now_follows_only_new_events(nats_bus: natsbus.NatsBus) -> N
 async def test_node_change_and_severity_filters(nats_bus: natsbus.NatsBus) -> None:
     fqdn = "gpu-7.rack2.example.com"
     published = [
-        helpers.event(0, node="gpu-1", change="opened", severity="warning"),
-        helpers.event(1, node=fqdn, change="opened", severity="critical"),
-        helpers.event(2, node=fqdn, change="resolved", severity="info"),
-        helpers.event(3, node="gpu-1", change="action", severity="major"),
-        helpers.event(4, node="gpu-10", change="opened", severity="critical"),
+        helpers.event(0, node="gpu-1", change=incidents.Change.OPENED, severity="warning"),
+        helpers.event(1, node=fqdn, change=incidents.Change.OPENED, severity="critical"),
+        helpers.event(2, node=fqdn, change=incidents.Change.RESOLVED, severity="info"),
+        helpers.event(3, node="gpu-1", change=incidents.Change.ACTION, severity="major"),
+        helpers.event(4, node="gpu-10", change=incidents.Change.OPENED, severity="critical"),
     ]
     for ev in published:
         await helpers.publish(nats_bus, ev)
@@ -120,7 +123,7 @@ async def test_node_change_and_severity_filters(nats_bus: natsbus.NatsBus) -> No
 
 
 async def test_garbage_is_counted_and_reported_not_fatal(nats_bus: natsbus.NatsBus) -> None:
-    subject = helpers.SUBJ.incident("opened", "gpu-1")
+    subject = helpers.SUBJ.incident(incidents.Change.OPENED, "gpu-1")
     broken_incident = orjson.loads(codec.encode(helpers.event(9)))
     broken_incident["data"]["severity"] = "apocalyptic"
     other = {"specversion": "1.0", "id": "x-1", "source": "urn:example", "type": "io.example.other.v1"}
@@ -175,7 +178,9 @@ def test_parse_since_accepts_durations_unix_seconds_rfc3339_and_now() -> None:
 def test_render_shows_time_change_severity_where_rule_summary_actions_and_mode() -> None:
     acts = [incidents.ActionRecord(kind="cordon", status="done", at=1.0),
             incidents.ActionRecord(kind="migrate", status="planned", at=1.0)]  # fmt: skip
-    ev = helpers.event(4, change="action", severity="critical", actions=acts, mode=incidents.Mode.DRY_RUN)
+    ev = helpers.event(
+        4, change=incidents.Change.ACTION, severity="critical", actions=acts, mode=incidents.Mode.DRY_RUN
+    )
     line = tail.render(envelope.classify(codec.encode(ev)))
     stamp = ev.time.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert line == (

@@ -12,6 +12,7 @@ import pytest
 import healer
 from healer import actions, config
 from healer.actuators import base, gpu_reset, power
+from healer.agent import exposition
 from healer.bus.memory import MemoryBus
 from healer.schemas import commands
 
@@ -48,7 +49,7 @@ def test_no_kind_is_compared_by_name_outside_the_catalogue() -> None:
     offenders = [
         f"{path.relative_to(ROOT.parent)}:{line}: {kind}"
         for path in sorted(ROOT.rglob("*.py"))
-        if path != ROOT / "rules" / "actions.py"
+        if path != ROOT / "actions.py"
         for line, kind in kind_comparisons(path.read_text())
     ]
     assert offenders == []
@@ -108,3 +109,17 @@ def test_properties_that_replaced_names() -> None:
     assert {k.name for k in actions.CATALOG.values() if k.undoes_cordon} == {
         k.name for k in actions.CATALOG.values() if k.scheduler_verb == "uncordon"
     }
+
+
+def test_the_agent_counts_every_registered_command_from_zero() -> None:
+    """``healer_agent_commands_total`` has a zero series for each command the registry names (a healthy
+    node shows 0, not "No data"), and for nothing else."""
+    registry = exposition.AgentMetrics().registry
+    labelled = {
+        (s.labels["action"], s.labels["status"])
+        for m in registry.collect()
+        if m.name == "healer_agent_commands"
+        for s in m.samples
+        if s.name == "healer_agent_commands_total"
+    }
+    assert labelled == {(a, s.value) for a in actions.AGENT_COMMANDS for s in commands.ResultStatus}

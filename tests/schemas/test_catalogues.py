@@ -57,7 +57,7 @@ def test_rules_and_simulator_read_the_same_clock_reason_bits() -> None:
 
 def test_the_action_status_catalogue_is_the_wire_type() -> None:
     """One declaration (#40): the wire field is the catalogue, and its published schema lists its values."""
-    assert incidents.Status is incidents.ActionStatus
+    assert not hasattr(incidents, "Status"), "one name for it"
     assert incidents.ActionRecord.model_json_schema()["properties"]["status"]["enum"] == [
         s.value for s in incidents.ActionStatus
     ]

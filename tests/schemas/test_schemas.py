@@ -170,7 +170,7 @@ def test_incident_event_is_a_cloudevent() -> None:
         incident_id="inc-1", rule_id="ecc-uncorrectable", severity="critical", node="n1", gpu_index=3,
         state="open", summary="DBE on GPU 3", evidence={"ecc_dbe_volatile": 1}, mode="enforce",
     )  # fmt: skip
-    ev = incidents.build(event_id="e-1", cluster="prod", change="opened", data=data, ts=1.7e9)
+    ev = incidents.build(event_id="e-1", cluster="prod", change=incidents.Change.OPENED, data=data, ts=1.7e9)
     doc = json.loads(codec.encode(ev))
     assert doc["specversion"] == "1.0"
     assert doc["type"] == "io.healer.incident.opened.v1"
@@ -186,7 +186,9 @@ def test_a_domain_incident_is_v2_with_its_domain_and_every_other_incident_stays_
         mode="enforce",
     )  # fmt: skip
     doc = json.loads(
-        codec.encode(incidents.build(event_id="e", cluster="c", change="opened", data=plain, ts=1e9))
+        codec.encode(
+            incidents.build(event_id="e", cluster="c", change=incidents.Change.OPENED, data=plain, ts=1e9)
+        )
     )
     assert doc["data"]["schema"] == "healer.incident.v1"
     assert "domain" not in doc["data"], "a v1 incident is what a v1 decoder accepts"
@@ -198,7 +200,7 @@ def test_a_domain_incident_is_v2_with_its_domain_and_every_other_incident_stays_
     data = plain.model_copy(
         update={"schema_": incidents.SCHEMA_V2, "domain": domain, "node": "switch.leaf-07"}
     )
-    ev = incidents.build(event_id="e", cluster="c", change="opened", data=data, ts=1e9)
+    ev = incidents.build(event_id="e", cluster="c", change=incidents.Change.OPENED, data=data, ts=1e9)
     doc = json.loads(codec.encode(ev))
     assert doc["type"] == "io.healer.incident.opened.v1", "the envelope is unchanged"
     assert doc["data"]["schema"] == "healer.incident.v2"

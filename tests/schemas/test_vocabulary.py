@@ -1,6 +1,7 @@
 """Each vocabulary is declared once and compared through its members (#40, "one vocabulary per fact"):
-a mode, an action's status, a firing's status and a scope are ``StrEnum``s (``incidents.Mode``,
-``incidents.ActionStatus``, ``rules.engine.Status``, ``fields.Scope``), and no module outside the one that
+a mode, an action's status, a firing's status, a scope, an incident's change and the agent's result
+status are ``StrEnum``s (``incidents.Mode``, ``incidents.ActionStatus``, ``rules.engine.Status``,
+``fields.Scope``, ``incidents.Change``, ``commands.ResultStatus``), and no module outside the one that
 declares a vocabulary compares a value with one of its words as a string literal, as
 tests/rules/test_action_catalog.py keeps kinds."""
 
@@ -16,23 +17,23 @@ import healer
 from healer import config
 from healer.actuators import base
 from healer.rules import engine
-from healer.schemas import fields, incidents
+from healer.schemas import commands, fields, incidents
 
 ROOT = pathlib.Path(healer.__file__).parent
 
+SHARED_CHANGES = frozenset({"resolved", "escalated", "action"})
 VOCABULARIES: dict[str, tuple[pathlib.Path, frozenset[str]]] = {
     "mode": (ROOT / "schemas" / "incidents.py", frozenset(incidents.Mode)),
     "action status": (ROOT / "schemas" / "incidents.py", frozenset(incidents.ActionStatus)),
     "firing status": (ROOT / "rules" / "engine.py", frozenset(engine.Status) - {"resolved"}),
+    "incident change": (ROOT / "schemas" / "incidents.py", frozenset(incidents.Change) - SHARED_CHANGES),
+    "agent result status": (ROOT / "schemas" / "commands.py", frozenset(commands.ResultStatus)),
 }
-"""Each vocabulary's declaring module and the words no other module may compare with. ``resolved`` is
-also an incident's state and change, which are not enums yet, so it is not looked for."""
+"""Each vocabulary's declaring module and the words no other module may compare with. ``resolved`` and
+``escalated`` are also an incident's state (not an enum yet) and ``action`` too common a word, so they are
+looked for only where a change is compared (``change_comparisons``)."""
 
 STILL_COMPARED = frozenset({
-    # The agent's own result status (``commands.ResultStatus``: applied, already, refused, failed) shares
-    # the word ``refused``; these compare a CommandResult's status, not an action's.
-    "healer/actuators/gpu_reset.py: refused",
-    "healer/actuators/power.py: refused",
     # The anomaly model's evaluation reads firings; it is being reworked on its own branch.
     "healer/anomaly/backtest.py: fired",
     "healer/anomaly/evaluation.py: fired",
@@ -131,6 +132,63 @@ def scope_comparisons(source: str) -> list[tuple[int, str]]:
 
 SCOPE_NAMES = frozenset({"scope", "level"})
 SCOPES = frozenset(fields.Scope)
+
+
+def named_comparisons(source: str, names: frozenset[str], words: frozenset[str]) -> list[tuple[int, str]]:
+    """``(line, word)`` for every comparison of something called one of ``names`` with one of ``words``
+    as a string literal (``ev.change == "resolved"``, ``change in ("opened", "updated")``)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = _operands(node)
+        if any(
+            (isinstance(e, ast.Attribute) and e.attr in names) or (isinstance(e, ast.Name) and e.id in names)
+            for e in operands
+        ):
+            found += [
+                (node.lineno, e.value)
+                for e in operands
+                if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in words
+            ]
+    return found
+
+
+CHANGE_NAMES = frozenset({"change"})
+CHANGES = frozenset(incidents.Change)
+
+
+def test_the_change_scanner_finds_change_comparisons() -> None:
+    src = (
+        'if ev.change == "resolved": pass\n'
+        'if change in ("opened", "updated"): pass\n'
+        'if inc.state == "resolved": pass\n'
+        "if ev.change is incidents.Change.ESCALATED: pass\n"
+    )
+    assert named_comparisons(src, CHANGE_NAMES, CHANGES) == [(1, "resolved"), (2, "opened"), (2, "updated")]
+
+
+def test_no_incident_change_is_compared_by_name() -> None:
+    """An incident event's change is ``incidents.Change`` (#40): compared through its members."""
+    offenders = [
+        f"{path.relative_to(ROOT.parent)}:{line}: {word}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if path != ROOT / "schemas" / "incidents.py"
+        for line, word in named_comparisons(path.read_text(), CHANGE_NAMES, CHANGES)
+    ]
+    assert offenders == [], "compare with schemas.incidents.Change's members"
+
+
+def test_a_change_reads_and_writes_as_its_word() -> None:
+    """The CloudEvents type carries the same words as before the enum."""
+    for change in incidents.Change:
+        assert incidents.event_type(change) == f"io.healer.incident.{change.value}.v1"
+    data = incidents.IncidentData(
+        incident_id="i", rule_id="r", severity="info", node="n1", state="open", summary="s", mode="enforce"
+    )
+    ev = incidents.build(event_id="e", cluster="c", change=incidents.Change.ESCALATED, data=data, ts=1.0)
+    assert ev.change is incidents.Change.ESCALATED
+    assert ev.type == "io.healer.incident.escalated.v1"
 
 
 def test_the_scope_scanner_finds_scope_comparisons() -> None:

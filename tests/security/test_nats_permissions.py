@@ -27,7 +27,7 @@ from healer import config, errors
 from healer.agent import daemon
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
-from healer.schemas import codec
+from healer.schemas import codec, incidents
 from healer.security import natsconf
 from healer.sim import node_source
 from tests.agent import test_runner as agent_tests
@@ -158,7 +158,7 @@ async def test_node_cannot_command_another_node(
 async def test_node_cannot_publish_incidents(controller: natsbus.NatsBus, node_a: natsbus.NatsBus) -> None:
     spy = Spy()
     await spy.attach(controller, SUBJ.all_incidents, SUBJ.all_telemetry)
-    incident = SUBJ.incident("opened", NODE_B)
+    incident = SUBJ.incident(incidents.Change.OPENED, NODE_B)
     with capture_logs() as logs:
         await node_a.publish(incident, b"{}")
         await node_a.publish(SUBJ.telemetry(NODE_A), b"own")
@@ -206,7 +206,9 @@ async def test_node_answers_its_own_commands(controller: natsbus.NatsBus, node_a
 async def test_controller_publishes_incidents_and_reads_events(
     controller: natsbus.NatsBus, node_b: natsbus.NatsBus
 ) -> None:
-    stored = await controller.publish_durable(SUBJ.incident("opened", NODE_B), b"{}", msg_id="inc-ctl-1")
+    stored = await controller.publish_durable(
+        SUBJ.incident(incidents.Change.OPENED, NODE_B), b"{}", msg_id="inc-ctl-1"
+    )
     assert stored is True
     await node_b.publish_durable(SUBJ.events(NODE_B), b"{}", msg_id="evt-b-1")
     sub = await controller.js.pull_subscribe(SUBJ.all_events, stream=SUBJ.stream_events)
@@ -217,7 +219,7 @@ async def test_controller_publishes_incidents_and_reads_events(
 async def test_feed_reads_incidents_through_a_consumer(
     controller: natsbus.NatsBus, feed: natsbus.NatsBus
 ) -> None:
-    subject = SUBJ.incident("resolved", NODE_A)
+    subject = SUBJ.incident(incidents.Change.RESOLVED, NODE_A)
     await controller.publish_durable(subject, b'{"x": 1}', msg_id="inc-feed-1")
     with capture_logs() as logs:
         durable = await feed.js.pull_subscribe(
@@ -289,7 +291,7 @@ async def test_feed_cannot_read_telemetry(feed: natsbus.NatsBus) -> None:
 
 async def test_feed_cannot_publish_incidents_or_commands(feed: natsbus.NatsBus) -> None:
     with capture_logs() as logs:
-        await feed.publish(SUBJ.incident("opened", NODE_A), b"{}")
+        await feed.publish(SUBJ.incident(incidents.Change.OPENED, NODE_A), b"{}")
         await feed.publish(SUBJ.command(NODE_A), b"{}")
         await feed.flush()
     assert len(denials(logs)) == 2

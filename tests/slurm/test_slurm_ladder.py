@@ -70,7 +70,7 @@ async def test_xid79_walks_the_reboot_ladder_on_slurm_and_the_node_returns(
     async def feed(msg: base.Msg) -> None:
         resolved.append(codec.decode_incident(msg.data).data)
 
-    await bus.subscribe(subjects.Subjects().incident("resolved", node), feed)
+    await bus.subscribe(subjects.Subjects().incident(incidents.Change.RESOLVED, node), feed)
     await eventually("controller leads", lambda: ctl.leader)
     await xid(bus, node)
     await eventually("the job requeued off the node", lambda: job_state(cluster, job_id)[1] != node, 60)

@@ -15,7 +15,9 @@ def port_event(port: str, incident_id: str) -> incidents.IncidentEvent:
         summary="rdma-port-down on node n1 port " + port, labels={"category": "fabric", "port": port},
         mode="enforce",
     )  # fmt: skip
-    return incidents.build(event_id=f"{incident_id}.1", cluster="c", change="opened", data=data, ts=1.7e9)
+    return incidents.build(
+        event_id=f"{incident_id}.1", cluster="c", change=incidents.Change.OPENED, data=data, ts=1.7e9
+    )
 
 
 def test_port_incidents_show_their_port_and_leave_the_nodes_labels_alone() -> None:

@@ -165,7 +165,7 @@ class IncidentShell:
             inc.resolved_at = self.clock()
             inc.evidence = {**inc.evidence, **change.evidence}
             inc.actions += change.on_resolve
-            await self.publish(inc, "resolved")
+            await self.publish(inc, incidents.Change.RESOLVED)
             if any(a.on_resolve and a.status is None for a in inc.actions):
                 self.spawn(inc)
             return
@@ -174,7 +174,7 @@ class IncidentShell:
             signal.evidence, signal.resolved_at = change.evidence, None
             inc.evidence = decide.evidence_of(inc)
             inc.actions += change.actions  # node-wide: a GPU capped again after its restore
-            await self.publish(inc, "updated")
+            await self.publish(inc, incidents.Change.UPDATED)
             if change.actions:
                 self.spawn(inc)
 
@@ -195,9 +195,9 @@ class IncidentShell:
         if self.learning.failslow is not None and "straggler_score" in (f.rule.when_text or ""):
             inc.evidence.update(self.learning.failslow.explain(f.node, f.gpu))  # job, peers, cause
         await self.recovery.opened(inc, now)
-        await self.publish(inc, "opened")
+        await self.publish(inc, incidents.Change.OPENED)
         if inc.escalated:
-            await self.publish(inc, "escalated")
+            await self.publish(inc, incidents.Change.ESCALATED)
         self.spawn(inc)
 
     async def _join(self, inc: book.Incident, f: engine.Firing, now: float) -> None:
@@ -211,9 +211,9 @@ class IncidentShell:
             up = decide.repeat_escalation(inc.actions, repeats, self.cs)
             if up is not None:
                 escalate(inc, up)
-        await self.publish(inc, "updated")
+        await self.publish(inc, incidents.Change.UPDATED)
         if up is not None:
-            await self.publish(inc, "escalated")
+            await self.publish(inc, incidents.Change.ESCALATED)
         if any(a.status is None for a in inc.actions):
             self.spawn(inc)
 
@@ -243,7 +243,7 @@ class IncidentShell:
                 "controller.shared_cause", incident_id=inc.id, domain=f.domain, rule_id=f.rule_id,
                 members=len(f.members),
             )  # fmt: skip
-            await self.publish(inc, "opened")
+            await self.publish(inc, incidents.Change.OPENED)
             await self._mark_members(inc, f)
         for inc, f in todo.grow:
             before, before_ids = shared_cause.members_of(inc), shared_cause.member_incidents(inc)
@@ -251,13 +251,13 @@ class IncidentShell:
                 before, before_ids = inc.domain.members, inc.domain.member_incidents
             inc.evidence = {**inc.evidence, **shared_cause.evidence(f, before, before_ids)}
             inc.domain = shared_cause.domain(f, before, before_ids)
-            await self.publish(inc, "updated")
+            await self.publish(inc, incidents.Change.UPDATED)
             await self._mark_members(inc, f)
         for inc in todo.resolve:
             inc.state = "resolved"
             inc.resolved_at = now
             inc.evidence = {**inc.evidence, "outcome": "domain recovered"}
-            await self.publish(inc, "resolved")
+            await self.publish(inc, incidents.Change.RESOLVED)
 
     async def failslow(self, now: float) -> None:
         """After each fail-slow window: a straggler incident opened before its job's step times said how
@@ -276,22 +276,22 @@ class IncidentShell:
             said = fs.step_evidence(found) if found is not None else {}
             if said:
                 inc.evidence = {**inc.evidence, **said}
-                await self.publish(inc, "updated")
+                await self.publish(inc, incidents.Change.UPDATED)
         named = {found.job for found in fs.scorer.stragglers.values() if found.job is not None}
         slower = fs.steps.slower_jobs(now)
         todo = job_slowdowns.plan(self.book.open.values(), fs.job_level(now), slower, named)
         for slow in todo.open:
             inc = job_slowdowns.new_incident(slow, book.new_id(), now, self.cs.mode)
             self.log.warning("controller.job_slowdown", incident_id=inc.id, job=slow.job, pct=slow.slower_pct)
-            await self.publish(inc, "opened")
+            await self.publish(inc, incidents.Change.OPENED)
         for inc, slow in todo.update:
             inc.summary = job_slowdowns.summary(slow)
             inc.evidence = {**inc.evidence, **job_slowdowns.evidence(slow)}
-            await self.publish(inc, "updated")
+            await self.publish(inc, incidents.Change.UPDATED)
         for inc, outcome in todo.resolve:
             inc.state, inc.resolved_at = "resolved", now
             inc.evidence = {**inc.evidence, "outcome": outcome}
-            await self.publish(inc, "resolved")
+            await self.publish(inc, incidents.Change.RESOLVED)
 
     async def _mark_members(self, domain: book.Incident, f: shared_cause.Finding) -> None:
         """Each member incident names the domain incident that holds its repairs (``held_by_incident``),
@@ -305,7 +305,7 @@ class IncidentShell:
                     "held_by_incident": domain.id,
                     "held_by_shared_cause": str(domain.evidence.get("domain")),
                 }
-                await self.publish(inc, "updated")
+                await self.publish(inc, incidents.Change.UPDATED)
 
     async def count_repeat(self, node: str, gpu: int | None, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""
@@ -337,5 +337,5 @@ class IncidentShell:
             up = decide.ladder_step(inc, now, self.cs)
             if up is not None:
                 escalate(inc, up)
-                await self.publish(inc, "escalated")
+                await self.publish(inc, incidents.Change.ESCALATED)
                 self.spawn(inc)

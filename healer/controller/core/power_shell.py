@@ -195,7 +195,7 @@ class PowerShell:
             if clock is not None:
                 after["sm_clock_after_mhz"] = clock
             inc.evidence = {**inc.evidence, **after}
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
         decision = power_budget.step(readings, budget, state, now, since)
         await self.save(budget, decision.state)
         if decision.changes:
@@ -284,7 +284,7 @@ class PowerShell:
             f"{decision.budget_w / 1000:.1f} kW; {what} ({budget.policy}); {len(decision.state.capped_w)} "
             "GPUs held under healer's limit"
         )
-        change: incidents.Change = "updated"
+        change: incidents.Change = incidents.Change.UPDATED
         if inc is None:
             node = shared_cause.domain_node(budget.key, budget.value)
             cap = incidents.DOMAIN_MEMBERS_MAX
@@ -299,7 +299,7 @@ class PowerShell:
                 ),
                 mode=self.cs.mode, opened_at=now, updated_at=now,
             )  # fmt: skip
-            change = "opened"
+            change = incidents.Change.OPENED
             self.metrics.power_episodes.labels(budget.domain).inc()
             if self.meter is not None:
                 inc.evidence["energy_start_j"] = round(self.meter.joules(budget.domain), 1)
@@ -353,7 +353,7 @@ class PowerShell:
             "capped_gpus": 0,
             "draw_w": round(decision.total_w, 1),
         }
-        await self.shell.publish(inc, "resolved")
+        await self.shell.publish(inc, incidents.Change.RESOLVED)
 
     def cost(
         self, changes: Sequence[power_budget.Change], inc: book.Incident, now: float

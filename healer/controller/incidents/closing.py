@@ -80,7 +80,7 @@ class Closer:
                         "incident closed by a person",
                         inc.resolved_at,
                     )
-            await self.publish(inc, "resolved")
+            await self.publish(inc, incidents.Change.RESOLVED)
             await self.store.delete(key)
             closed += 1
         return closed

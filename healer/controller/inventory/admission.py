@@ -78,6 +78,8 @@ class Admission:
         self._inventory_sig: tuple[float, int] | None = None
         self.domains: dict[str, dict[str, str]] = {}
         """Failure domains by node, from the inventory file or the scheduler's labels."""
+        self._version = 0
+        self._believed: tuple[tuple[int, ...], topology.Topology] | None = None
         self.switches: dict[str, dict[str, str]] = {}
         """Failure domains by node from ``topology_file`` (Slurm's switch tree)."""
         self._topology_sig: tuple[float, int] | None = None
@@ -216,14 +218,28 @@ class Admission:
                 self.domains[node] = topology.domains_from_scheduler(
                     node_labels, self.cs.domain_labels, self.cs.domain_features
                 )
+        self._changed()
 
     def topology(self) -> topology.Topology:
-        """The failure domains of the admitted fleet: the source's labels, then the switch tree."""
+        """The failure domains of the admitted fleet: the source's labels, then the switch tree. Built
+        once per change of what it is made of (``_changed``), not once per call: a burst asks it for
+        every node it takes out (#43), and at 10,000 nodes building it is ~20 ms. Treat it as read-only."""
+        key = (
+            self._version, id(self.admitted), len(self.admitted), id(self.domains), len(self.domains),
+            id(self.switches), len(self.switches),
+        )  # fmt: skip
+        if self._believed is not None and self._believed[0] == key:
+            return self._believed[1]
         believed = topology.Topology({n: self.domains.get(n, {}) for n in self.admitted})
         for node, switches in self.switches.items():
             if node in self.admitted:
                 believed.update(node, switches)
+        self._believed = (key, believed)
         return believed
+
+    def _changed(self) -> None:
+        """Something ``topology`` is made of changed in place: build it again on the next call."""
+        self._version += 1
 
     def _reload_topology(self) -> None:
         assert self.cs.topology_file
@@ -243,6 +259,7 @@ class Admission:
             self.log.warning("controller.topology_line_rejected", problem=problem)
         self._topology_sig = sig
         self.switches = parsed.domains
+        self._changed()
         self.log.info("controller.topology_loaded", nodes=len(parsed.domains), rejected=len(parsed.problems))
 
     def _reload_file(self) -> None:
@@ -267,5 +284,6 @@ class Admission:
         self._inventory_sig = sig
         self.admitted = inventory.names
         self.domains = inventory.domains
+        self._changed()
         self.metrics.nodes_admitted.set(len(self.admitted))
         self.log.info("controller.inventory_loaded", nodes=len(inventory.names))

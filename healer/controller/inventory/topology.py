@@ -275,12 +275,15 @@ class Topology:
 
     def __init__(self, domains: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.domains: dict[str, dict[str, str]] = {n: dict(d) for n, d in (domains or {}).items()}
+        self._members: dict[tuple[str, str], frozenset[str]] | None = None
+        """Members by (key, value), built on the first ``members`` call (one pass, not one per call)."""
 
     def of(self, node: str) -> dict[str, str]:
         return self.domains.get(node, {})
 
     def update(self, node: str, domains: Mapping[str, str]) -> None:
         self.domains.setdefault(node, {}).update(domains)
+        self._members = None
 
     def keys(self) -> list[str]:
         return sorted({k for d in self.domains.values() for k in d})
@@ -295,7 +298,13 @@ class Topology:
         return out
 
     def members(self, key: str, value: str) -> frozenset[str]:
-        return frozenset(n for n, d in self.domains.items() if d.get(key) == value)
+        if self._members is None:
+            index: dict[tuple[str, str], set[str]] = {}
+            for node, d in self.domains.items():
+                for k, v in d.items():
+                    index.setdefault((k, v), set()).add(node)
+            self._members = {kv: frozenset(nodes) for kv, nodes in index.items()}
+        return self._members.get((key, value), frozenset())
 
     def restrict(self, nodes: Iterable[str]) -> Topology:
         keep = set(nodes)

@@ -288,7 +288,7 @@ class ControllerMetrics(metricdecl.MetricSet):
                 self.decode_errors.labels(kind, reason)
         for severity in typing.get_args(incidents.Severity):
             self.incidents_open.labels(severity).set(0)
-        for change in typing.get_args(incidents.Change):
+        for change in incidents.Change:
             self.incident_changes.labels(change)
         for kind in actions.CATALOG:
             for status in incidents.ActionStatus:

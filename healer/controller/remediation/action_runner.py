@@ -135,14 +135,14 @@ class ActionRunner:
             status = verdict.status
             action.status, action.detail, action.at = status, verdict.reason[:4096], self.clock()
             self.metrics.actions.labels(action.kind, status).inc()
-            await self.shell.publish(inc, "action")
+            await self.shell.publish(inc, incidents.Change.ACTION)
             if status == incidents.ActionStatus.SKIPPED:
                 await self._hand_over(inc, action)
             if action.ladder:
                 continue  # the recovery ladder reads the outcome and takes the next step
             if status in incidents.FAILED and not inc.escalated:
                 inc.escalated = True
-                await self.shell.publish(inc, "escalated")
+                await self.shell.publish(inc, incidents.Change.ESCALATED)
             if status not in incidents.OK and action.gpu_index is None:
                 return
             if held and not batch:
@@ -319,7 +319,7 @@ class ActionRunner:
             inc.evidence.update(
                 held_by_incident=domain.id, held_by_shared_cause=str(domain.evidence.get("domain"))
             )
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
         return decide.Verdict.wait(reason)
 
     async def _domain_held(self, hold: blast.Hold, inc: book.Incident) -> decide.Verdict:
@@ -337,7 +337,7 @@ class ActionRunner:
             )
             self.metrics.domain_holds.inc()
             self.log.warning("controller.domain_hold", incident_id=inc.id, node=inc.node, reason=hold.reason)
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
         return decide.Verdict.wait(hold.reason)
 
     async def _breaker_tripped(
@@ -369,7 +369,7 @@ class ActionRunner:
         )
         self.breaker_incident = inc
         self.metrics.breaker_open.set(1)
-        await self.shell.publish(inc, "escalated")
+        await self.shell.publish(inc, incidents.Change.ESCALATED)
 
     async def settle_breaker(self) -> None:
         """Resolve the open ``circuit-breaker`` incidents whose breaker is closed now (reset by a person,
@@ -392,4 +392,4 @@ class ActionRunner:
             if self.breaker_incident is inc:
                 self.breaker_incident = None
             self.metrics.breaker_open.set(0)
-            await self.shell.publish(inc, "resolved")
+            await self.shell.publish(inc, incidents.Change.RESOLVED)

@@ -156,7 +156,7 @@ class Recovery:
         """The incident's rule resolved while its ladder runs: noted, the ladder still decides the end."""
         if not inc.evidence.get("ladder.rule_resolved"):
             inc.evidence["ladder.rule_resolved"] = True
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
 
     # -- a new incident ----------------------------------------------------------------------------
     async def opened(self, inc: book.Incident, now: float) -> None:
@@ -236,11 +236,11 @@ class Recovery:
         ):
             # Straight from containment to a replacement (contact support, a repeat offender): that too
             # waits while the node's failure domain is suspected, and is never done once it recovered.
-            if shared_cause.needless(inc, "hardware_replacement", False):
+            if shared_cause.needless(inc, ladder.StepKind.REPLACE, False):
                 step = ladder.next_step(
                     rec.state, ladder.Outcome.RECOVERED, now, repeats, shared_cause.RECOVERED_DETAIL
                 )
-            elif shared_cause.holding(inc.node, "hardware_replacement", self.book.open.values()) is not None:
+            elif shared_cause.holding(inc.node, ladder.StepKind.REPLACE, self.book.open.values()) is not None:
                 inc.evidence["ladder.next"] = f"hardware_replacement: held by its domain ({step.reason})"[
                     :1000
                 ]
@@ -319,7 +319,7 @@ class Recovery:
         if inc is not None:
             inc.evidence["ladder.phase"] = step.state.phase.name.lower()
             inc.evidence["ladder.next"] = f"{step.kind}: {step.reason}"[:1000]
-            await self.shell.publish(inc, "updated")
+            await self.shell.publish(inc, incidents.Change.UPDATED)
             await self._add_action(rec, inc, now)
 
     async def _add_action(self, rec: Record, inc: book.Incident, now: float) -> None:
@@ -343,7 +343,7 @@ class Recovery:
             # refuses the field, and a validation it refused after a reboot would end in replacement.
             params["ports"] = ports
         inc.actions.append(book.PlannedAction(kind=str(p.kind), params=params, ladder=True))
-        await self.shell.publish(inc, "updated")
+        await self.shell.publish(inc, incidents.Change.UPDATED)
         self.shell.spawn(inc)
 
     def _ports(self, rec: Record) -> list[str]:
@@ -396,10 +396,10 @@ class Recovery:
                     at=now, ladder=True,
                 )
             )  # fmt: skip
-            await self.shell.publish(inc, "action")
+            await self.shell.publish(inc, incidents.Change.ACTION)
             return
         if state.phase is ladder.Phase.REPLACEMENT:
-            inc.evidence["outcome"] = "hardware_replacement"
+            inc.evidence["outcome"] = str(ladder.StepKind.REPLACE)
             if history is not None:
                 replacement = await self._replacement(inc, state, step.reason, history, now)
                 inc.evidence["replacement"] = replacement.id
@@ -407,7 +407,7 @@ class Recovery:
                 # Still firing: it resolves on its rule's terms; its uncordon is then skipped, because
                 # the replacement incident holds the node out of service.
                 inc.state = "escalated"
-                await self.shell.publish(inc, "escalated")
+                await self.shell.publish(inc, incidents.Change.ESCALATED)
                 return
         else:
             inc.evidence["outcome"] = "recovered"
@@ -415,7 +415,7 @@ class Recovery:
         inc.resolved_at = now
         for signal in inc.signals:  # every rule that joined the fault, not only the first
             self.engine.release(signal.rule_id, inc.node, signal.gpu_index, signal.port)
-        await self.shell.publish(inc, "resolved")
+        await self.shell.publish(inc, incidents.Change.RESOLVED)
 
     async def _replacement(
         self,
@@ -452,12 +452,12 @@ class Recovery:
             escalated=True,
             actions=[
                 book.PlannedAction(
-                    kind="hardware_replacement", params={"reason": why[:200]}, status="done",
+                    kind=str(ladder.StepKind.REPLACE), params={"reason": why[:200]}, status="done",
                     detail=f"the node stays out of service: {why}"[:4096], at=now, ladder=True,
                 )
             ],
         )  # fmt: skip
-        await self.shell.publish(rep, "opened")
+        await self.shell.publish(rep, incidents.Change.OPENED)
         return rep
 
     # -- reboots in flight -------------------------------------------------------------------------

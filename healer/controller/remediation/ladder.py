@@ -342,7 +342,7 @@ def plan(ladder: recovery.Ladder, port: str | None = None) -> tuple[str, ...]:
         return (*lines, "hardware_replacement (NVIDIA: contact support)")
     rungs = [r for r in ladder.steps if not actions.per_port(r) or port is not None]
     for i, rung in enumerate(rungs):
-        on_fail = rungs[i + 1] if i + 1 < len(rungs) else "hardware_replacement"
+        on_fail = rungs[i + 1] if i + 1 < len(rungs) else str(StepKind.REPLACE)
         what = f"{rung} {port}" if actions.per_port(rung) else rung
         lines.append(f"{what} (refused or failed: {on_fail})")
         soak = f"{ladder.soak_s:g}s soak"
@@ -452,7 +452,9 @@ def outcome_of(kind: str, status: str) -> Outcome:
     if kind is StepKind.VALIDATE:
         if status in incidents.TOOK_EFFECT:
             return Outcome.PASSED
-        return Outcome.VALIDATION_FAILED if status == incidents.Status.FAILED_PERMANENT else Outcome.FAILED
+        return (
+            Outcome.VALIDATION_FAILED if status == incidents.ActionStatus.FAILED_PERMANENT else Outcome.FAILED
+        )
     if status in incidents.OK:  # skipped was handled above
         return Outcome.DONE
     return Outcome.REFUSED if status == incidents.ActionStatus.REFUSED else Outcome.FAILED

@@ -22,15 +22,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import functools
 import time
 from typing import Any
 
 import structlog
 
 from healer import actions, config, errors
+from healer.actuators import batching
 from healer.controller.incidents import decide
 from healer.controller.inventory import blast
+from healer.controller.remediation import breaker_batch
 from healer.controller.store import kv
 
 log = structlog.get_logger(__name__)
@@ -47,6 +51,12 @@ class Breaker:
     def __init__(self, store: kv.Store, settings: config.ControllerSettings) -> None:
         self.store = store
         self.settings = settings
+        self._asks: list[tuple[breaker_batch.Ask, asyncio.Future[decide.BreakerAdmission]]] = []
+        """Asks waiting for the next batch (``admit``)."""
+        self._writing = asyncio.Lock()
+        """Held while one batch is decided and written: the asks arriving meanwhile form the next."""
+        self._known: breaker_batch.Known | None = None
+        """The document as this breaker last wrote it (parsed once), tried first; None: read it."""
 
     def limit(self, fleet_size: int) -> int:
         return decide.limit_of(fleet_size, self.settings)
@@ -58,31 +68,61 @@ class Breaker:
     async def admit(
         self, node: str, fleet_size: int, incident_id: str, domains: blast.View | None = None
     ) -> decide.BreakerAdmission:
-        """May healer take ``node`` out of service? Decided by ``decide.breaker_admission``, written with
-        compare-and-set (every shard and controller shares the breaker). ``domains``: the node's limited
-        failure domains (``blast``), counted against the same document's entries."""
+        """May healer take ``node`` out of service? Decided by ``decide.breaker_admission`` (for a batch:
+        ``breaker_batch.admit_all``, the same verdicts), written with compare-and-set (every shard and
+        controller shares the breaker). ``domains``: the node's limited failure domains (``blast``),
+        counted against the same document's entries. The asks that arrive while one batch is written
+        are the next batch: one compare-and-set for a burst's nodes, not one each (#43)."""
+        ask = breaker_batch.Ask(node, fleet_size, incident_id, domains)
+        answer: asyncio.Future[decide.BreakerAdmission] = asyncio.get_running_loop().create_future()
+        self._asks.append((ask, answer))
+        async with self._writing:
+            if not answer.done():
+                await asyncio.sleep(0)  # the asks made in the same turn of the loop join this batch
+                batch, self._asks = self._asks, []
+                try:
+                    await self._admit_batch(batch)
+                finally:  # cancelled or failed before its answers: the rest wait for the next batch
+                    self._asks[:0] = [(a, f) for a, f in batch if not f.done() and f is not answer]
+        return answer.result()
+
+    async def _admit_batch(
+        self, batch: list[tuple[breaker_batch.Ask, asyncio.Future[decide.BreakerAdmission]]]
+    ) -> None:
+        """One compare-and-set for ``batch``: against the document this breaker last wrote when it is
+        still current (a conflict means someone else wrote since: read it and decide again)."""
         for _ in range(20):
-            doc = await self.store.get(BREAKER_KEY)
-            state: dict[str, Any] = doc.value if doc else {"open": False, "entries": []}
-            admission = decide.breaker_admission(
-                state, node, fleet_size, incident_id, time.time(), self.settings, domains
+            known = self._known
+            if known is None:
+                doc = await self.store.get(BREAKER_KEY)
+                known = breaker_batch.Known.of(doc.value, doc.revision) if doc else None
+            state = known.value if known else {"open": False, "entries": []}
+            asks = [a for a, _ in batch]
+            parsed = known.entries if known else ()
+            admissions, written, entries = breaker_batch.admit_all(
+                state, asks, time.time(), self.settings, parsed
             )
-            if admission.state is None:
-                return admission
-            try:
-                if doc is None:
-                    await self.store.create(BREAKER_KEY, admission.state)
-                else:
-                    await self.store.update(BREAKER_KEY, admission.state, doc.revision)
-            except kv.Conflict:
-                continue
-            if admission.tripped:
-                log.error("breaker.tripped", node=node, reason=admission.reason)
-            return admission
+            if written is not None:
+                try:
+                    if known is None:
+                        revision = await self.store.create(BREAKER_KEY, written)
+                    else:
+                        revision = await self.store.update(BREAKER_KEY, written, known.revision)
+                except kv.Conflict:
+                    self._known = None
+                    continue
+                self._known = breaker_batch.Known(written, revision, entries)
+            for (ask, answer), admission in zip(batch, admissions, strict=True):
+                if admission.tripped:
+                    log.error("breaker.tripped", node=ask.node, reason=admission.reason)
+                if not answer.done():
+                    answer.set_result(admission)
+            return
         raise errors.TemporaryError("breaker: too much contention on the KV key")
 
     async def reset(self, by: str) -> dict[str, Any]:
         state = {"open": False, "entries": [], "reset_by": by, "reset_at": time.time()}
+        self._known = None
         await self.store.put(BREAKER_KEY, state)
         log.warning("breaker.reset", by=by)
         return state
@@ -117,6 +157,7 @@ class Limits:
         self.store = store
         self.last: dict[tuple[str, str], decide.LastAction] = {}
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._appends: dict[str, batching.Coalesced[tuple[float, int], None]] = {}
 
     async def _last(self, kind: str, node: str) -> decide.LastAction | None:
         """The newest action of ``kind`` on ``node``: this process's, or KV's when newer (another
@@ -183,13 +224,22 @@ class Limits:
         self.last[(kind, node)] = decide.LastAction(now, incident_id)
 
     async def _append(self, kind: str, now: float, count: int) -> None:
-        """``count`` entries at ``now`` in ``kind``'s rate window (compare-and-set in KV)."""
+        """``count`` entries at ``now`` in ``kind``'s rate window (compare-and-set in KV). The appends
+        that arrive while one is written go in the next write together: a burst's actions would
+        otherwise race for the one key and give up (``too much contention``) (#43)."""
         self.recent[kind].extend([now] * count)
         if self.store is None:
             return
+        if kind not in self._appends:
+            self._appends[kind] = batching.Coalesced(functools.partial(self._append_all, kind))
+        await self._appends[kind]((now, count))
+
+    async def _append_all(self, kind: str, items: list[tuple[float, int]]) -> list[None]:
+        assert self.store is not None
+        now = max(at for at, _ in items)
         for _ in range(20):
             times, doc = await self._window(kind, now)
-            value = {"at": [*times, *[now] * count]}
+            value = {"at": [*times, *(at for at, count in items for _ in range(count))]}
             try:
                 if doc is None:
                     await self.store.create(f"{RATE_PREFIX}{kind}", value)
@@ -197,7 +247,7 @@ class Limits:
                     await self.store.update(f"{RATE_PREFIX}{kind}", value, doc.revision)
             except kv.Conflict:
                 continue
-            return
+            return [None] * len(items)
         raise errors.TemporaryError(f"rate limit: too much contention on {RATE_PREFIX}{kind}")
 
 

@@ -1,5 +1,6 @@
 // The status page: a fleet map drawn on one canvas, incidents, safety and the feed, kept live by
-// server-sent events (/api/events: a snapshot first, then changes). Read-only: it only ever GETs.
+// server-sent events (/api/events: a snapshot first, then changes). It only ever GETs; an operator's
+// verdict is verdicts.js's one POST.
 "use strict";
 (function () {
   const HEALTH = [
@@ -363,6 +364,7 @@
     if (S.nodes.includes(inc.node)) actions.append(nodeButton(inc.node, inc.gpu));
     if (S.links.grafana && S.nodes.includes(inc.node)) actions.append(link(grafanaUrl(inc.node, inc.gpu), "Grafana ↗"));
     box.append(actions);
+    if (window.healerVerdicts) box.append(window.healerVerdicts.box(inc.id));
     return box;
   }
   function grafanaUrl(node, gpu) {
@@ -446,6 +448,7 @@
       li.append(el("span", "muted", `${hhmmss(i.opened)} `), el("span", "sevtext", i.severity), el("span", "", ` ${i.rule}${i.gpu !== null ? ` gpu${i.gpu}` : ""}${i.port ? ` port ${i.port}` : ""} `),
         el("span", "muted", i.resolved ? `resolved ${ago(i.resolved)}` : i.state));
       li.title = i.summary;
+      if (window.healerVerdicts) { window.healerVerdicts.remember(i.id, i.verdict); li.append(window.healerVerdicts.box(i.id, true)); }
       hist.append(li);
     }
     if (!n.incidents.length) hist.append(el("li", "muted", "none in the page's window"));
@@ -563,6 +566,7 @@
     S.nodes = d.nodes; S.groups = d.groups; S.gpus = d.gpus;
     S.temp = b64(d.temp); S.health = b64(d.health);
     S.incidents = new Map(d.incidents.map((i) => [i.id, i]));
+    window.healerVerdicts?.onSnapshot(d);
     S.marks = d.marks || {}; S.links = d.links || {}; S.staleAfter = d.stale_after_s;
     renderSafety(d.safety);
     renderIncidents();
@@ -597,6 +601,7 @@
     on("incident", onIncident);
     on("feed", (line) => addFeed(line, true));
     on("safety", (s) => { renderSafety(s); drawAll(); });
+    on("verdict", (v) => window.healerVerdicts?.onVerdict(v));
   }
 
   // For tests and benchmarks: what is drawn, read back from the canvas itself.

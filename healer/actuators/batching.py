@@ -1,0 +1,173 @@
+"""Batching a burst's scheduler calls (#43): a thousand nodes faulting at once must not mean a thousand
+``sinfo --json`` and a thousand ``scontrol`` processes, nor a thousand API calls at once.
+
+``Coalesced`` is the one mechanism: the calls that arrive while a batch is being carried out form the next
+batch, and each caller gets its own answer. A call never joins a batch that started before it (so a read
+it gets was made after it asked), and a batch of one is the call on its own. The actuators keep their
+contract (one request in, one outcome out): each node's outcome is still decided and recorded on its own,
+with the controller's fencing, breaker and domain limits applied per node before the actuator is asked.
+
+- Slurm (``SlurmBatch``): the state reads of concurrent actions share one ``sinfo --json``; concurrent
+  drains go out as one ``scontrol`` process reading one ``update`` line per node from its standard input
+  (a hostlist line, ``NodeName=a,b,c``, for nodes drained with the same reason). Slurm rejects a
+  hostlist with one unknown name as a whole and reports a failed line without naming its node, so every
+  node's outcome is read back from a fresh ``sinfo --json``: drained with its reason is done; any other
+  node is drained again on its own, with its own command, which gives Slurm's own error text for that
+  node only. A reason that ``scontrol``'s line parser could read differently (quotes, backslashes) is
+  never put in a line: that node's drain runs on its own, as before. Nothing is done twice: a retried
+  action reads the node first, and a node already drained by healer is ``already-done``.
+- Kubernetes (``BoundedPool``): the synchronous client's calls run in the actuator's own pool of
+  ``KUBE_CONCURRENCY`` threads, so a burst's cordons go out concurrently, bounded, and never wait
+  behind (or starve) the process's default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+KUBE_CONCURRENCY = 16
+"""Kubernetes API calls one actuator has in flight at most (its own worker threads)."""
+UNSAFE_IN_A_LINE = frozenset("\"'\\\n\r#")
+"""Characters that ``scontrol``'s own line parser treats specially: a reason with one is never batched."""
+
+
+class Coalesced(Generic[T, R]):
+    """``await coalesced(item)``: ``run`` is called with every item that arrived while the batch before
+    was running, and returns one answer per item, in order (an exception: every caller of the batch
+    gets it)."""
+
+    def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]]) -> None:
+        self._run = run
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._turn = asyncio.Lock()
+        self.batches = 0
+        """Batches run so far (for tests and benchmarks)."""
+
+    async def __call__(self, item: T) -> R:
+        answer: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, answer))
+        async with self._turn:
+            if not answer.done():
+                await asyncio.sleep(0)  # the calls made in the same turn of the loop join this batch
+                batch, self._waiting = self._waiting, []
+                self.batches += 1
+                try:
+                    results = await self._run([i for i, _ in batch])
+                except Exception as e:
+                    for _, f in batch:
+                        if not f.done():
+                            f.set_exception(e)
+                            if f is not answer:
+                                f.exception()  # marked as seen: a caller cancelled meanwhile never reads it
+                except BaseException:  # cancelled: the others' items go to the next batch
+                    self._waiting[:0] = [(i, f) for i, f in batch if f is not answer and not f.done()]
+                    raise
+                else:
+                    for (_, f), r in zip(batch, results, strict=True):
+                        if not f.done():
+                            f.set_result(r)
+        return answer.result()
+
+
+def line_safe(reason: str) -> bool:
+    """May ``reason`` go in an ``scontrol`` input line (between double quotes) and arrive verbatim?"""
+    return not (UNSAFE_IN_A_LINE & set(reason))
+
+
+def drain_script(drains: list[tuple[str, str]]) -> str:
+    """``scontrol``'s input for ``(node, reason)`` pairs: one ``update`` line per reason, its nodes as a
+    hostlist (every reason ``line_safe``)."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in drains:
+        nodes = by_reason.setdefault(reason, [])
+        if node not in nodes:
+            nodes.append(node)
+    return "".join(
+        f'update NodeName={",".join(nodes)} State=DRAIN Reason="{reason}"\n'
+        for reason, nodes in by_reason.items()
+    )
+
+
+class Ran(Protocol):
+    """A finished command: its exit status and its error text."""
+
+    @property
+    def rc(self) -> int: ...
+
+    @property
+    def error(self) -> str: ...
+
+
+SINGLES_AT_ONCE = 8
+"""Drains run on their own (not in a line, or not done by the batch) at most this many at once."""
+
+
+class SlurmBatch:
+    """The Slurm actuator's shared state reads (``read``) and batched drains (``drain``): module docstring.
+    ``run(argv, input)`` runs a command, ``argv(tool, *args)`` names it, ``read_nodes()`` is one
+    ``sinfo --json``."""
+
+    def __init__(
+        self,
+        run: Callable[[Sequence[str], str | None], Awaitable[Ran]],
+        argv: Callable[..., list[str]],
+        read_nodes: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self._cmd, self._argv, self._read_nodes = run, argv, read_nodes
+        self.read: Coalesced[None, dict[str, Any]] = Coalesced(self._read_batch)
+        """``await read(None)``: ``sinfo --json``'s document, read after the call was made."""
+        self.drain: Coalesced[tuple[str, str, list[str]], str] = Coalesced(self.drain_all)
+        """``await drain((node, reason, argv))``: ``""`` once drained with ``reason``, else Slurm's error
+        text for that node (``argv``: the node's own drain command, run when the batch did not do it)."""
+
+    async def _read_batch(self, items: list[None]) -> list[dict[str, Any]]:
+        data = await self._read_nodes()
+        return [data] * len(items)
+
+    async def drain_all(self, items: list[tuple[str, str, list[str]]]) -> list[str]:
+        """One batch of drains, each ``(node, reason, its own argv)``: each node's error text or ``""``."""
+        lined = [(node, reason) for node, reason, _ in items if line_safe(reason)]
+        done: set[str] = set()
+        if len(items) > 1 and len(lined) > 1:
+            await self._cmd(self._argv("scontrol"), drain_script(lined))  # its text names no node: read back
+            nodes = {str(e.get("name")): e for e in (await self.read(None)).get("nodes", [])}
+            done = {node for node, reason in lined if _drained_with(nodes.get(node), reason)}
+        gate = asyncio.Semaphore(SINGLES_AT_ONCE)
+
+        async def one(node: str, argv: list[str]) -> str:
+            if node in done:
+                return ""
+            async with gate:
+                result = await self._cmd(argv, None)
+            return result.error if result.rc != 0 else ""
+
+        return list(await asyncio.gather(*(one(node, argv) for node, _, argv in items)))
+
+
+def _drained_with(entry: dict[str, Any] | None, reason: str) -> bool:
+    return entry is not None and "DRAIN" in (entry.get("state_flags") or ()) and entry.get("reason") == reason
+
+
+class BoundedPool:
+    """Runs synchronous calls in ``size`` worker threads of its own (``asyncio.to_thread``'s context
+    handling, another executor)."""
+
+    def __init__(self, size: int = KUBE_CONCURRENCY, name: str = "healer-actuator") -> None:
+        self.size = size
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

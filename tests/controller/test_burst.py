@@ -1,0 +1,148 @@
+"""A burst of fatal faults (#43): the breaker decides a batch of asks exactly as one admission each would,
+and a burst past the shipped breaker, on the memory bus, trips it at its limit once, with one breaker
+incident, and loses no fault."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import random
+from typing import Any
+
+import yaml
+
+from healer import config, testing
+from healer.bus import subjects
+from healer.controller.core import service
+from healer.controller.incidents import decide
+from healer.controller.inventory import blast, topology
+from healer.controller.remediation import breaker_batch
+from healer.schemas import codec, events
+from tests import conftest
+
+RACKS = topology.Topology({f"n{i}": {"rack": f"r{i // 4}"} for i in range(16)})
+
+
+def _fold(
+    state: dict[str, Any], asks: list[breaker_batch.Ask], now: float, cs: config.ControllerSettings
+) -> tuple[list[decide.BreakerAdmission], dict[str, Any] | None]:
+    """One ``decide.breaker_admission`` per ask, each against the document the one before wrote."""
+    out, written = [], None
+    for a in asks:
+        adm = decide.breaker_admission(state, a.node, a.fleet_size, a.incident_id, now, cs, a.domains)
+        out.append(adm)
+        if adm.state is not None:
+            state = written = adm.state
+    return out, written
+
+
+def _verdict(a: decide.BreakerAdmission) -> tuple[Any, ...]:
+    return (a.allowed, a.reason, a.tripped, a.held)
+
+
+def test_a_batch_gets_the_verdicts_one_admission_per_ask_would_get() -> None:
+    rng = random.Random(43)
+    for trial in range(300):
+        limits = rng.choice([{}, {"rack": {"max_nodes": 2}}, {"rack": {"max_percent": 50}}])
+        cs = config.ControllerSettings.model_validate(
+            {"breaker_max_nodes": rng.randint(1, 10), "breaker_max_percent": 100.0,
+             "breaker_window_s": 600.0, "domain_limits": limits}
+        )  # fmt: skip
+        entries = [
+            [f"n{rng.randrange(16)}", rng.choice([0.0, 900.0]), "old"] for _ in range(rng.randrange(5))
+        ]
+        state: dict[str, Any] = {
+            "open": rng.random() < 0.1,
+            "entries": entries,
+            "opened_at": 1.0,
+            "reason": "r",
+        }
+        asks = [
+            breaker_batch.Ask(node, 16, f"i{k}", blast.View.of(RACKS, node, cs.domain_limits))
+            for k, node in enumerate(f"n{rng.randrange(16)}" for _ in range(rng.randint(1, 12)))
+        ]
+        expected, expected_doc = _fold(state, asks, 1000.0, cs)
+        got, doc, parsed = breaker_batch.admit_all(state, asks, 1000.0, cs)
+        assert [_verdict(a) for a in got] == [_verdict(a) for a in expected], trial
+        assert doc == expected_doc, trial
+        if doc is not None:
+            assert parsed == tuple(map(decide.BreakerEntry.of, doc["entries"])), "the next batch's Known"
+        tripped = [(g.state, e.state) for g, e in zip(got, expected, strict=True) if e.tripped]
+        assert all(g == e for g, e in tripped), "the tripping ask carries the counted entries"
+
+
+XID_RULE = """
+rules:
+  - id: xid-fatal
+    description: fatal XID
+    on_event: {kind: xid, xid: [48]}
+    severity: critical
+    actions: [cordon]
+    resolve: {for: 1h}
+"""
+
+
+async def test_a_burst_past_the_shipped_breaker_trips_it_once_and_loses_no_fault(
+    tmp_path: pathlib.Path,
+) -> None:
+    subj = subjects.Subjects()
+    bus = conftest.make_memory_bus(subj)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "xid.yaml").write_text(XID_RULE)
+    fleet = [f"gpu-{i:03d}" for i in range(100)]
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"nodes": fleet}))
+    # the shipped breaker: at most 50 nodes and 10 % of the fleet, so 10 of these 100
+    cs = config.ControllerSettings.model_validate(
+        {"rules_dir": str(rules), "tick_s": 0.2, "mode": "enforce", "admission": "file",
+         "inventory_file": str(inventory), "actions_per_minute": 1000}
+    )  # fmt: skip
+    assert (cs.breaker_max_nodes, cs.breaker_max_percent) == (
+        config.ControllerSettings().breaker_max_nodes,
+        config.ControllerSettings().breaker_max_percent,
+    )
+    actuator = testing.RecordingActuator()
+    ctl = await service.build(config.Settings(controller=cs), bus, scheduler=actuator)
+    await ctl.start()
+    burst = fleet[::3][:30]
+    try:
+        await conftest.until(lambda: ctl.leader)
+        await asyncio.gather(
+            *(
+                bus.publish_durable(subj.events(node), codec.encode(e), msg_id=e.id)
+                for node in burst
+                for e in [events.new(node, "xid", gpu_index=0, xid=48)]
+            )
+        )
+        feed = bus.stream(subj.stream_incidents)
+
+        def incidents() -> list[Any]:
+            return [codec.decode_incident(m.data) for m in feed.messages]
+
+        def settled(inc: Any) -> bool:
+            return any(a.status is not None for a in inc.data.actions)
+
+        def every_fault_settled() -> bool:
+            last = {i.data.node: i for i in incidents() if i.data.rule_id == "xid-fatal"}
+            return set(last) == set(burst) and all(settled(i) for i in last.values())
+
+        await conftest.until(every_fault_settled, timeout=30)
+        cordoned = [r.node for r in actuator.executed("cordon")]
+        assert len(cordoned) == len(set(cordoned)) == 10, "the breaker's limit, each node once"
+        last = {i.data.node: i.data for i in incidents() if i.data.rule_id == "xid-fatal"}
+        assert set(last) == set(burst), "every fault has its incident: none lost"
+        refused = {n for n, d in last.items() if d.actions[0].status == "refused"}
+        assert refused == set(burst) - set(cordoned)
+        details = [last[n].actions[0].detail for n in refused]
+        assert all("circuit breaker open" in d or "would exceed" in d for d in details), details
+        breakers = {i.data.incident_id for i in incidents() if i.data.rule_id == "circuit-breaker"}
+        assert len(breakers) == 1, "one breaker incident"
+        [opened] = [i.data for i in incidents() if i.data.rule_id == "circuit-breaker"][:1]
+        assert opened.evidence["counted"] == 10
+        assert set(str(opened.evidence["counted_nodes"]).split(", ")) == set(cordoned)
+        status = await ctl.breaker.status()
+        assert status["open"]
+        assert sorted(e[0] for e in status["entries"]) == sorted(cordoned)
+    finally:
+        await ctl.stop()
