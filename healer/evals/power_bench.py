@@ -56,6 +56,7 @@ import json
 import pathlib
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -69,7 +70,6 @@ from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import service
 from healer.evals.power_targets import Report, Watch, second_of, summarize
-from healer.schemas import incidents
 from healer.sim import scenarios, simulation, workloads
 
 F64 = npt.NDArray[np.float64]
@@ -128,6 +128,107 @@ class SimScheduler(testing.RecordingActuator):
         return out
 
 
+@dataclasses.dataclass
+class _Rig:
+    """The bench's controller, live fleet and watcher, each on a connection of its own."""
+
+    bus: natsbus.NatsBus
+    fleet_bus: natsbus.NatsBus
+    fleet: sim_fleet.LiveFleet
+    scheduler: SimScheduler
+    ctl_bus: natsbus.NatsBus
+    ctl: service.Controller
+
+    @classmethod
+    async def start(
+        cls,
+        url: str,
+        settings: config.Settings,
+        sim: simulation.Simulation,
+        watch: Watch,
+        clock: Callable[[], float],
+    ) -> _Rig:
+        bus = await natsbus.NatsBus.connect(url, name="bench-power")
+        subj = subjects.Subjects()
+        await provision.ensure(bus, subj, settings.nats)
+        await bus.subscribe("healer.incidents.>", watch.on_incident)
+        await bus.subscribe(subj.all_telemetry, watch.on_frame)
+        fleet_bus = await natsbus.NatsBus.connect(url, name="bench-power-fleet")
+        fleet = sim_fleet.LiveFleet(sim, fleet_bus, subj, clock=clock)
+        await fleet.start()
+        scheduler = SimScheduler(sim)
+        ctl_bus = await natsbus.NatsBus.connect(url, name="bench-power-controller")
+        ctl = await service.build(
+            settings, ctl_bus, scheduler=scheduler, clock=clock,
+            power=lambda c: power.PowerActuator(ctl_bus, c, c.subjects, settings.actuators, clock=clock),
+        )  # fmt: skip
+        await ctl.start()
+        return cls(bus, fleet_bus, fleet, scheduler, ctl_bus, ctl)
+
+    async def close(self) -> None:
+        await self.ctl.stop()
+        await self.ctl_bus.close()
+        await self.fleet.close()
+        await self.fleet_bus.close()
+        await self.bus.close()
+
+
+def _fleet_sim(nodes: int, gpus: int, seed: int) -> simulation.Simulation:
+    """A rack of training nodes whose jobs the bench starts and ends (no checkpoint dip within the run)."""
+    sc = scenarios.Scenario.model_validate({"name": "power-bench", "workload": {"training": 1.0}})
+    sim = scenarios.build(
+        sc, nodes=nodes, gpus=gpus, seed=seed, start_ts=time.time(), run_id=scenarios.fresh_run_id(),
+        names=[f"gpu-{i:03d}" for i in range(nodes)],
+    )  # fmt: skip
+    w = sim.fleet.work
+    w.end_t[:] = np.inf  # the bench starts and ends the jobs
+    w.ckpt_phase[:] = workloads.CHECKPOINT_LENGTH_S + 1.0  # no checkpoint dip within the run
+    return sim
+
+
+def _peak_w(nodes: int, gpus: int, seed: int) -> float:
+    """The rack's draw at full load, to set its budget."""
+    probe = _fleet_sim(nodes, gpus, seed)
+    for _ in range(30):
+        probe.step(1.0)
+    return float(probe.fleet.power.sum())
+
+
+def _idle_rack(nodes: int, gpus: int, seed: int) -> tuple[simulation.Simulation, npt.NDArray[np.int64]]:
+    """The rack with every job stopped (the bench starts them), and each node's job to start."""
+    sim = _fleet_sim(nodes, gpus, seed)
+    work = sim.fleet.work
+    job_of = work.job_no.copy()
+    work.kind[:] = workloads.IDLE
+    work.job_no[:] = -1
+    for _ in range(10):
+        sim.step(1.0)
+    return sim, job_of
+
+
+def _settings(
+    tmp: pathlib.Path, url: str, node_names: list[str], speed: float, budget: dict[str, object]
+) -> config.Settings:
+    """The controller's settings: the bench's rules, the rack's inventory, one budget, ``speed`` x time."""
+    rules = tmp / "rules"
+    rules.mkdir()
+    (rules / "bench.yaml").write_text(RULES)
+    inventory = tmp / "nodes.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in node_names))
+    return config.Settings(
+        nats=config.NatsSettings(url=url),
+        controller=config.ControllerSettings.model_validate({
+            "rules_dir": str(rules), "mode": "enforce", "admission": "file",
+            "inventory_file": str(inventory), "tick_s": 1.0 / speed, "energy_accounting": True,
+            "reload_check_s": RELOAD_CHECK_S / speed, "jobs_refresh_s": JOBS_REFRESH_S / speed,
+            "jobs_unlisted_refresh_s": JOBS_UNLISTED_REFRESH_S / speed,
+            "power_priority": {"qos": {QOS[0]: 1, QOS[1]: 0}},
+            "power_budgets": [budget],
+        }),
+        actuators=config.ActuatorSettings(power_confirm_poll_s=0.5 / speed),
+    )  # fmt: skip
+
+
 async def measure(
     *,
     nodes: int = 8,
@@ -146,80 +247,28 @@ async def measure(
 ) -> Report:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))  # warnings are per step
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    sc = scenarios.Scenario.model_validate({"name": "power-bench", "workload": {"training": 1.0}})
-
-    def fleet_sim() -> simulation.Simulation:
-        sim = scenarios.build(
-            sc, nodes=nodes, gpus=gpus, seed=seed, start_ts=time.time(), run_id=scenarios.fresh_run_id(),
-            names=[f"gpu-{i:03d}" for i in range(nodes)],
-        )  # fmt: skip
-        w = sim.fleet.work
-        w.end_t[:] = np.inf  # the bench starts and ends the jobs
-        w.ckpt_phase[:] = workloads.CHECKPOINT_LENGTH_S + 1.0  # no checkpoint dip within the run
-        return sim
-
-    probe = fleet_sim()  # the rack at full load, to set its budget
-    for _ in range(30):
-        probe.step(1.0)
-    peak = float(probe.fleet.power.sum())
+    peak = _peak_w(nodes, gpus, seed)
     budget_kw = round(budget_fraction * peak / 1000.0, 3)
-
-    sim = fleet_sim()
-    fl = sim.fleet
-    work = fl.work
-    job_of = work.job_no.copy()
-    work.kind[:] = workloads.IDLE
-    work.job_no[:] = -1
-    for _ in range(10):
-        sim.step(1.0)
+    sim, job_of = _idle_rack(nodes, gpus, seed)
+    fl, work = sim.fleet, sim.fleet.work
 
     def clock() -> float:
         return float(fl.t)
 
     watch = Watch(clock)
     with tempfile.TemporaryDirectory() as tmp, embedded.EmbeddedServer(pathlib.Path(tmp) / "nats") as srv:
-        rules = pathlib.Path(tmp) / "rules"
-        rules.mkdir()
-        (rules / "bench.yaml").write_text(RULES)
-        inventory = pathlib.Path(tmp) / "nodes.yaml"
-        inventory.write_text("nodes:\n" + "".join(f"  {n}: {{rack: r1}}\n" for n in fl.node_names))
-        settings = config.Settings(
-            nats=config.NatsSettings(url=srv.url),
-            controller=config.ControllerSettings.model_validate({
-                "rules_dir": str(rules), "mode": "enforce", "admission": "file",
-                "inventory_file": str(inventory), "tick_s": 1.0 / speed, "energy_accounting": True,
-                "reload_check_s": RELOAD_CHECK_S / speed, "jobs_refresh_s": JOBS_REFRESH_S / speed,
-                "jobs_unlisted_refresh_s": JOBS_UNLISTED_REFRESH_S / speed,
-                "power_priority": {"qos": {QOS[0]: 1, QOS[1]: 0}},
-                "power_budgets": [{
-                    "key": "rack", "value": "r1", "contract_kw": budget_kw, "policy": policy,
-                    "hold_s": hold_s, "restore_after_s": restore_after_s,
-                }],
-            }),
-            actuators=config.ActuatorSettings(power_confirm_poll_s=0.5 / speed),
-        )  # fmt: skip
-        bus = await natsbus.NatsBus.connect(srv.url, name="bench-power")
-        await provision.ensure(bus, subjects.Subjects(), settings.nats)
-        await bus.subscribe("healer.incidents.>", watch.on_incident)
-        subj = subjects.Subjects()
-        await bus.subscribe(subj.all_telemetry, watch.on_frame)
-        fleet_bus = await natsbus.NatsBus.connect(srv.url, name="bench-power-fleet")
-        fleet = sim_fleet.LiveFleet(sim, fleet_bus, subj, clock=clock)
-        await fleet.start()
-        scheduler = SimScheduler(sim)
-        ctl_bus = await natsbus.NatsBus.connect(srv.url, name="bench-power-controller")
-        ctl = await service.build(
-            settings, ctl_bus, scheduler=scheduler, clock=clock,
-            power=lambda c: power.PowerActuator(ctl_bus, c, c.subjects, settings.actuators, clock=clock),
-        )  # fmt: skip
-        await ctl.start()
+        budget = {
+            "key": "rack", "value": "r1", "contract_kw": budget_kw, "policy": policy, "hold_s": hold_s,
+            "restore_after_s": restore_after_s,
+        }  # fmt: skip
+        settings = _settings(pathlib.Path(tmp), srv.url, fl.node_names, speed, budget)
+        rig = await _Rig.start(srv.url, settings, sim, watch, clock)
         demand: dict[float, F64] = {}
-        idle = fl.p_idle.copy()
-        sm_max = fl.sm_max.copy()
+        idle, sm_max = fl.p_idle.copy(), fl.sm_max.copy()
         try:
             async with asyncio.timeout(60):
-                while not ctl.leader:
-                    await fleet.tick(1.0)
+                while not rig.ctl.leader:  # the frames flow while the controller takes the lease
+                    await rig.fleet.tick(1.0)
                     await asyncio.sleep(1.0 / speed)
             t0 = clock()
             marks = {
@@ -231,36 +280,24 @@ async def measure(
             while True:
                 t = clock() - t0
                 while started < nodes and t >= started * ramp_s / nodes:  # the next node's job starts
-                    work.kind[started] = workloads.TRAINING
-                    work.job_no[started] = job_of[started]
+                    work.kind[started], work.job_no[started] = workloads.TRAINING, job_of[started]
                     started += 1
                 while ended < nodes and t >= ramp_s + steady_s + ended * fall_s / nodes:
-                    work.kind[ended] = workloads.IDLE  # the job ends (its own end, not healer's doing)
-                    work.job_no[ended] = -1
+                    work.kind[ended], work.job_no[ended] = workloads.IDLE, -1  # the job's own end
                     ended += 1
-                await fleet.tick(1.0)
+                await rig.fleet.tick(1.0)
                 ts = round(clock(), 3)
                 util = fl.util
                 demand[ts] = (fl.p_full - fl.p_idle) * np.where(util >= 1.0, util, 0.0) / 100.0
                 await asyncio.sleep(1.0 / speed)
-                if resolved_at is None:
-                    done = [
-                        at
-                        for e, at in zip(watch.events, watch.at, strict=True)
-                        if e.change is incidents.Change.RESOLVED
-                    ]
-                    if done and ended == nodes:
-                        resolved_at = done[-1]
+                if resolved_at is None and ended == nodes:
+                    resolved_at = watch.last_resolved()
                 if resolved_at is not None or t > ramp_s + steady_s + fall_s + restore_s:
                     break
             for _ in range(3):  # the last frames arrive
                 await asyncio.sleep(1.0 / speed)
         finally:
-            await ctl.stop()
-            await ctl_bus.close()
-            await fleet.close()
-            await fleet_bus.close()
-            await bus.close()
+            await rig.close()
     budget_w = budget_kw * 1000.0
     seconds = [
         second_of(fs, ts, idle, demand[ts], sm_max)
@@ -269,8 +306,8 @@ async def measure(
     ]
     return summarize(
         seconds, watch, budget_w, peak, hold_s, marks, resolved_at, nodes, gpus, speed,
-        time.perf_counter() - wall0, time.process_time() - cpu0, len(scheduler.requests),
-        scheduler.listings,
+        time.perf_counter() - wall0, time.process_time() - cpu0, len(rig.scheduler.requests),
+        rig.scheduler.listings,
     )  # fmt: skip
 
 

@@ -142,6 +142,13 @@ class Watch:
             self.events.append(codec.decode_incident(msg.data))
             self.at.append(self.clock())
 
+    def last_resolved(self) -> float | None:
+        """When the newest ``resolved`` feed event arrived (None: none yet)."""
+        done = [
+            at for e, at in zip(self.events, self.at, strict=True) if e.change is incidents.Change.RESOLVED
+        ]
+        return done[-1] if done else None
+
 
 def second_of(frames: Sequence[Any], ts: float, idle: F64, dyn_demand: F64, sm_max: F64) -> Second:
     """The rack at ``ts``: ``idle``, ``dyn_demand`` and ``sm_max`` are (nodes, gpus) arrays by node

@@ -162,16 +162,7 @@ def run_sim_seed(
         sim.step(interval)
         t += interval
         util, computing = fl.util, fl.work.computing(fl.t)
-        for f in plan:
-            if t < f.drawn_at:
-                continue
-            cols = slice(None) if f.gpu is None else f.gpu
-            if f.loaded_at is None and util[f.node, f.gpu or 0] >= stragglers.LOAD_UTIL_PCT:
-                f.loaded_at = t
-            if f.onset_at is None and computing[f.node, cols].any() and _slows(fl, f):
-                f.onset_at = t
-            for j in set(fl.job[f.node, cols].ravel().tolist()) - {-1}:
-                fault_jobs[steps_src.job_id(int(j))] = f
+        _mark_faults(plan, t, fl, computing, steps_src, fault_jobs)
         busy_s += interval * _busy_nodes(computing, fl.ranks.rank >= 0, size_class, split, plan, t)
         reports = steps_src.reports(interval)
         link = (fl.pcie_gen < fl.pcie_gen_max) | (fl.nvlink_up < fl.nvlink_total)
@@ -201,14 +192,7 @@ def run_sim_seed(
         level = fs.job_level(t)
         cost_s += time.process_time() - started
         tally.window(t, set(fs.scorer.stragglers))
-        for slow in level:
-            had = fault_jobs.get(slow.job)
-            if had is None:
-                if t - job_level_false.get(slow.job, -math.inf) >= straggler_tally.EPISODE_S:
-                    job_level_false[slow.job] = t
-                    tally.job_level_false += 1
-            elif had.kind in straggler_tally.JOB_LEVEL_KINDS and had.found_at is None:
-                had.found_at = t
+        _tally_job_level(level, t, fault_jobs, job_level_false, tally)
     healthy_node_s = nodes * hours * 3600.0 - sum(hours * 3600.0 - f.drawn_at for f in plan)
     return {
         "seed": seed,
@@ -225,6 +209,48 @@ def run_sim_seed(
         "step_reports": fs.steps.accepted,
         "sim_s": hours * 3600.0,
     }
+
+
+def _mark_faults(
+    plan: list[straggler_tally.Fault],
+    t: float,
+    fl: Any,
+    computing: np.ndarray,
+    steps_src: Any,
+    fault_jobs: dict[str, straggler_tally.Fault],
+) -> None:
+    """For each fault drawn by ``t``: when its GPU was first loaded, when it first slowed a computing
+    GPU, and the jobs it runs under (a job-level slowdown of those is found, not false)."""
+    util = fl.util
+    for f in plan:
+        if t < f.drawn_at:
+            continue
+        cols = slice(None) if f.gpu is None else f.gpu
+        if f.loaded_at is None and util[f.node, f.gpu or 0] >= stragglers.LOAD_UTIL_PCT:
+            f.loaded_at = t
+        if f.onset_at is None and computing[f.node, cols].any() and _slows(fl, f):
+            f.onset_at = t
+        for j in set(fl.job[f.node, cols].ravel().tolist()) - {-1}:
+            fault_jobs[steps_src.job_id(int(j))] = f
+
+
+def _tally_job_level(
+    level: Any,
+    t: float,
+    fault_jobs: dict[str, straggler_tally.Fault],
+    job_level_false: dict[str, float],
+    tally: straggler_tally.Tally,
+) -> None:
+    """A job-level slowdown of a job no fault runs under is false (once per episode); of a faulty job's,
+    it finds that fault."""
+    for slow in level:
+        had = fault_jobs.get(slow.job)
+        if had is None:
+            if t - job_level_false.get(slow.job, -math.inf) >= straggler_tally.EPISODE_S:
+                job_level_false[slow.job] = t
+                tally.job_level_false += 1
+        elif had.kind in straggler_tally.JOB_LEVEL_KINDS and had.found_at is None:
+            had.found_at = t
 
 
 def _busy_nodes(

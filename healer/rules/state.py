@@ -458,8 +458,7 @@ class FleetState:
         self.last_ts[n] = self.frame_ts[n] = -np.inf
         self.present[n] = self.expected[n] = np.nan
         self.seen[n] = False
-        self.anomaly[n] = 0.0
-        self.straggler[n] = 0.0
+        self.anomaly[n] = self.straggler[n] = 0.0
         self.power_limit[n] = np.nan
         self.latest[:, n] = np.nan
         self.ports.forget(n)

@@ -20,7 +20,7 @@ import structlog
 
 from healer import errors
 from healer.schemas import events, xids
-from healer.telemetry import nvml, source
+from healer.telemetry import nvml, nvml_control, source
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +58,7 @@ class XidWatcher:
         try:
             nv.nvmlInit()
         except nv.NVMLError as e:
-            raise nvml.init_failed(nv, e) from e
+            raise nvml_control.init_failed(nv, e) from e
         self._nv = nv
         try:
             self._set = nv.nvmlEventSetCreate()
@@ -122,8 +122,8 @@ class XidWatcher:
 
     def _run(self, nv: ModuleType, sink: source.EventSink) -> None:
         wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
-        timeout_cls = nvml.error_classes(nv, "NVMLError_Timeout")
-        lost_cls = nvml.error_classes(nv, "NVMLError_GpuIsLost")
+        timeout_cls = nvml_control.error_classes(nv, "NVMLError_Timeout")
+        lost_cls = nvml_control.error_classes(nv, "NVMLError_GpuIsLost")
         reported: set[int | str] = set()  # error codes already reported; cleared by the next event
         backoff_s = max(0.05, self.wait_ms / 1000.0)
         while not self._stop.is_set():
