@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Container
 from typing import Any
 
 from healer import actions
@@ -25,9 +26,11 @@ POWER_RULE = "power-budget"
 """A domain's power-budget incident (#30): one per cap episode, its per-GPU limits as actions; matched to
 no fault (the rack's jobs ramping is the story, not a fault), so never unexpected."""
 OK = incidents.TOOK_EFFECT
-RESTORES = frozenset(k.reversible_by for k in actions.CATALOG.values() if k.caps_power)
+RESTORES = actions.View(
+    lambda: (k.reversible_by for k in actions.CATALOG.values() if k.caps_power and k.reversible_by)
+)
 """The kinds that undo a power cap (``restore_power_limit``)."""
-CAPS = frozenset(k.name for k in actions.CATALOG.values() if k.caps_power)
+CAPS = actions.kinds_where(lambda k: k.caps_power)
 """The kinds that cap a GPU's power (``power_limit``)."""
 INFORM_ONLY = ("notify",)
 """Actions that change nothing: not counted as the first action on a fault."""
@@ -459,7 +462,7 @@ class Observer:
         incs = self.power_incidents()
         members = p.members
 
-        def done(i: Incident, kinds: frozenset[str | None]) -> bool:
+        def done(i: Incident, kinds: Container[str]) -> bool:
             return any(a.kind in kinds and a.status in OK for a in i.actions)
 
         stopped = [
