@@ -59,7 +59,9 @@ def one_incident(rng: random.Random, n: int, nodes: int, span_s: float) -> list[
     ]  # fmt: skip
     if n % 20 and repaired < T0 + span_s:
         evidence = {"ladder": "gpu", "outcome": "recovered"} if n % 10 == 1 else {}
-        done = data.model_copy(update={"actions": [cordon], "state": "resolved", "evidence": evidence})
+        done = data.model_copy(
+            update={"actions": [cordon], "state": incidents.IncidentState.RESOLVED, "evidence": evidence}
+        )
         out.append(
             incidents.build(event_id=f"{iid}.3", cluster="bench", change="resolved", data=done, ts=repaired)
         )

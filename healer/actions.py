@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Set
 from typing import Any, Final, Literal, TypeVar
 
 import pydantic
@@ -337,6 +337,59 @@ def _derive() -> None:
 
 for _kind in _BUILT_IN:
     register(_kind)
+
+
+class View(Set[str]):
+    """Names computed from the registry each time they are read (``x in view``, iteration, ``|``, ``&``):
+    a module's table of kinds or commands as a ``View`` also holds a kind registered after it was imported
+    (a test's toy kind, a plugin's), where a ``frozenset`` built at import would miss it."""
+
+    __slots__ = ("_names",)
+
+    def __init__(self, names: Callable[[], Iterable[str]]) -> None:
+        self._names = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in set(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(self._names()))
+
+    def __len__(self) -> int:
+        return len(set(self._names()))
+
+    def __repr__(self) -> str:
+        return f"View({sorted(self)})"
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[Any]) -> frozenset[Any]:
+        return frozenset(it)
+
+
+class EnumSchema:
+    """A name field's JSON schema, ``{"enum": [...], "title": ..., "type": "string"}``, listing ``names``
+    (a live table of the registry's, or a ``View``) when the schema is asked for: put it in the field's
+    ``Annotated`` where ``pydantic.WithJsonSchema`` would freeze the list at import."""
+
+    __slots__ = ("names", "title")
+
+    def __init__(self, names: Iterable[str], title: str | None = None) -> None:
+        self.names = names
+        self.title = title
+
+    def __get_pydantic_json_schema__(self, core: Any, handler: Any) -> dict[str, Any]:
+        titled = {"title": self.title} if self.title else {}
+        return {"enum": list(self.names), **titled, "type": "string"}
+
+
+def commands_where(test: Callable[[AgentCommand], bool]) -> View:
+    """The agent's commands for which ``test`` holds, read live (``View``)."""
+    return View(lambda: (n for n, c in AGENT_COMMANDS.items() if test(c)))
+
+
+def kinds_where(test: Callable[[ActionKind], bool]) -> View:
+    """The registered kinds for which ``test`` holds, in catalogue order, read live (``View``)."""
+    return View(lambda: (k.name for k in CATALOG.values() if test(k)))
 
 
 def agent_commands(*, recovery: bool | None = None) -> frozenset[str]:

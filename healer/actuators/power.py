@@ -35,13 +35,15 @@ from healer.schemas import codec, commands
 
 log = structlog.get_logger(__name__)
 
-POWER_COMMANDS: Final = frozenset(
-    k.agent_command.name
-    for k in actions.CATALOG.values()
-    if k.actuator is actions.Actuator.POWER and k.agent_command is not None
+POWER_COMMANDS: Final = actions.View(
+    lambda: (
+        k.agent_command.name
+        for k in actions.CATALOG.values()
+        if k.actuator is actions.Actuator.POWER and k.agent_command is not None
+    )
 )
 """The agent's commands this actuator sends (the registry's ``agent_command`` of each kind it carries
-out)."""
+out), read live."""
 
 
 class PowerReadings(Protocol):

@@ -23,9 +23,9 @@ from healer.schemas import incidents
 NOT_CONTAINED: Final = "in service, not contained"
 """Time between an incident's opening and its containment (or all of it, for one never contained: observe
 or dry-run mode, a rule without a containing action): the GPU was suspect but still scheduled."""
-RUNGS: Final = tuple(actions.RUNGS)
-"""The recovery ladder's rungs (the action registry's, in its order: reset_gpu, reset_port, reboot_node);
-the deepest one run names the repair."""
+RUNGS: Final = actions.RUNGS
+"""The recovery ladder's rungs (the action registry's live list, in its order: reset_gpu, reset_port,
+reboot_node); the deepest one run names the repair."""
 NO_RUNG: Final = "no rung"
 REPLACED: Final = "hardware_replacement"
 POWER_RULE: Final = "power-budget"

@@ -19,8 +19,9 @@ from healer.actuators import base
 from healer.cli import common
 
 SYSTEMS = typing.get_args(config.ActuatorName)
-KINDS = (*actions.SCHEDULER_VERBS, "notify")
-"""What a scheduler actuator can be asked to do, from the action catalogue, and notify."""
+KINDS = actions.View(lambda: (*actions.SCHEDULER_VERBS, *actions.kinds_where(lambda k: k.published_only)))
+"""What a scheduler actuator can be asked to do, and the kinds only recorded (notify), from the registry
+when the command line is read."""
 
 
 def register(sub: Any) -> None:

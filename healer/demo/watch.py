@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Container
 from typing import Any
 
 from healer import actions
@@ -25,9 +26,11 @@ POWER_RULE = "power-budget"
 """A domain's power-budget incident (#30): one per cap episode, its per-GPU limits as actions; matched to
 no fault (the rack's jobs ramping is the story, not a fault), so never unexpected."""
 OK = incidents.TOOK_EFFECT
-RESTORES = frozenset(k.reversible_by for k in actions.CATALOG.values() if k.caps_power)
+RESTORES = actions.View(
+    lambda: (k.reversible_by for k in actions.CATALOG.values() if k.caps_power and k.reversible_by)
+)
 """The kinds that undo a power cap (``restore_power_limit``)."""
-CAPS = frozenset(k.name for k in actions.CATALOG.values() if k.caps_power)
+CAPS = actions.kinds_where(lambda k: k.caps_power)
 """The kinds that cap a GPU's power (``power_limit``)."""
 INFORM_ONLY = ("notify",)
 """Actions that change nothing: not counted as the first action on a fault."""
@@ -50,7 +53,7 @@ class Incident:
     severity: str
     node: str
     gpu: int | None
-    state: str
+    state: incidents.IncidentState
     summary: str
     opened_at: float
     resolved_at: float | None = None
@@ -273,7 +276,11 @@ class Observer:
     # -- views -------------------------------------------------------------------------------------
     def open_incidents(self) -> list[Incident]:
         return sorted(
-            (i for i in self.incidents.values() if i.state != "resolved" and i.rule_id != BREAKER_RULE),
+            (
+                i
+                for i in self.incidents.values()
+                if i.state != incidents.IncidentState.RESOLVED and i.rule_id != BREAKER_RULE
+            ),
             key=lambda i: i.opened_at,
         )
 
@@ -327,7 +334,7 @@ class Observer:
                     "first_action": f"{first.kind}:{first.status}" if first else None,
                     "latency_to_action_s": round(first.at - f.visible_at, 1) if first else None,
                     "actions": [f"{a.kind}:{a.status}" for a in acts],
-                    "resolved": bool(incs) and all(i.state == "resolved" for i in incs),
+                    "resolved": bool(incs) and all(i.state == incidents.IncidentState.RESOLVED for i in incs),
                 }
             )
         return rows
@@ -362,7 +369,9 @@ class Observer:
             "faults": rows,
             "incidents": {
                 "opened": sum(1 for i in self.incidents.values() if i.rule_id != BREAKER_RULE),
-                "resolved": sum(1 for i in self.incidents.values() if i.state == "resolved"),
+                "resolved": sum(
+                    1 for i in self.incidents.values() if i.state == incidents.IncidentState.RESOLVED
+                ),
                 "unexpected": sorted(unexpected),
             },
             "actions": dict(sorted(by_kind.items())),
@@ -427,7 +436,8 @@ class Observer:
         return {
             "overheat_capped": anyhas(hot, "power_limit"),
             "overheat_resolved_and_restored": any(
-                i.state == "resolved" and any(a.kind in RESTORES and a.status in OK for a in i.actions)
+                i.state == incidents.IncidentState.RESOLVED
+                and any(a.kind in RESTORES and a.status in OK for a in i.actions)
                 for i in hot_incidents
             ),
             "dbe_cordoned_and_migrated": has(row("ecc_dbe"), "cordon", "migrate"),
@@ -452,7 +462,7 @@ class Observer:
         incs = self.power_incidents()
         members = p.members
 
-        def done(i: Incident, kinds: frozenset[str | None]) -> bool:
+        def done(i: Incident, kinds: Container[str]) -> bool:
             return any(a.kind in kinds and a.status in OK for a in i.actions)
 
         stopped = [
@@ -463,5 +473,7 @@ class Observer:
         return {
             "rack_over_budget_capped": any(done(i, CAPS) for i in incs),
             "rack_under_budget_no_job_stopped": p.under_at is not None and bool(incs) and not stopped,
-            "rack_restored_when_load_fell": any(i.state == "resolved" and done(i, RESTORES) for i in incs),
+            "rack_restored_when_load_fell": any(
+                i.state == incidents.IncidentState.RESOLVED and done(i, RESTORES) for i in incs
+            ),
         }

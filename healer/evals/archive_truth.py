@@ -233,14 +233,18 @@ def _data(
 
 def _fault_events(run: Run, f: Fault) -> Iterator[tuple[float, incidents.Change, incidents.IncidentData]]:
     lad = {} if f.outcome is None else {"ladder": str(repair.MODEL[f.kind].ladder)}
-    yield f.start, incidents.Change.OPENED, _data(run, f, "open", None, **lad)
+    yield f.start, incidents.Change.OPENED, _data(run, f, incidents.IncidentState.OPEN, None, **lad)
     own = f.actions
-    yield f.contained_at, incidents.Change.ACTION, _data(run, f, "open", [], **lad)
+    yield f.contained_at, incidents.Change.ACTION, _data(run, f, incidents.IncidentState.OPEN, [], **lad)
     for n, (_, _, at) in enumerate(own, 1):
-        yield at, incidents.Change.ACTION, _data(run, f, "open", own[:n], **lad)
+        yield at, incidents.Change.ACTION, _data(run, f, incidents.IncidentState.OPEN, own[:n], **lad)
     ended = {**lad, "outcome": f.outcome} if f.outcome is not None else lad
     if f.replaced_from is not None:
-        yield f.replaced_from, incidents.Change.ESCALATED, _data(run, f, "escalated", own, **ended)
+        yield (
+            f.replaced_from,
+            incidents.Change.ESCALATED,
+            _data(run, f, incidents.IncidentState.ESCALATED, own, **ended),
+        )
         rep = incidents.IncidentData(
             incident_id=f"{f.id}-rep", rule_id=REPLACEMENT_RULE, severity="critical",
             node=run.node_name(f.node), gpu_index=f.gpu, state="escalated", summary="hardware replacement",
@@ -248,8 +252,12 @@ def _fault_events(run: Run, f: Fault) -> Iterator[tuple[float, incidents.Change,
             actions=[incidents.ActionRecord(kind="hardware_replacement", status="done", at=f.replaced_from)],
         )  # fmt: skip
         yield f.replaced_from, incidents.Change.OPENED, rep
-        yield f.back_at, incidents.Change.RESOLVED, rep.model_copy(update={"state": "resolved"})
-    yield f.back_at, incidents.Change.RESOLVED, _data(run, f, "resolved", own, **ended)
+        yield (
+            f.back_at,
+            incidents.Change.RESOLVED,
+            rep.model_copy(update={"state": incidents.IncidentState.RESOLVED}),
+        )
+    yield f.back_at, incidents.Change.RESOLVED, _data(run, f, incidents.IncidentState.RESOLVED, own, **ended)
 
 
 def feed(run: Run, cluster: str = "sim") -> list[incidents.IncidentEvent]:

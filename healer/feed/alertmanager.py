@@ -126,12 +126,16 @@ class AlertBook:
 
     def open_alerts(self, now: datetime) -> list[Alert]:
         """Every incident not resolved, as alerts to send again."""
-        return [self._alert(t, now) for t in self._incidents.values() if t.event.data.state != "resolved"]
+        return [
+            self._alert(t, now)
+            for t in self._incidents.values()
+            if t.event.data.state != incidents.IncidentState.RESOLVED
+        ]
 
     def _alert(self, t: _Tracked, now: datetime, ends_at: datetime | None = None) -> Alert:
         ev, d = t.event, t.event.data
         if ends_at is None:
-            if d.state == "resolved":
+            if d.state == incidents.IncidentState.RESOLVED:
                 ends_at = max(ev.time, t.starts_at)
             else:
                 ends_at = now + timedelta(seconds=RESEND_FACTOR * self.resend_s)

@@ -45,9 +45,7 @@ def _a_rung(name: str) -> str:
     return name
 
 
-Rung = Annotated[
-    str, pydantic.AfterValidator(_a_rung), pydantic.WithJsonSchema({"enum": list(RUNGS), "type": "string"})
-]
+Rung = Annotated[str, pydantic.AfterValidator(_a_rung), actions.EnumSchema(RUNGS)]
 """A rung's kind name (``actions.ActionKind.rung`` says its place, phase and budget)."""
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 DEFAULT_SOAK_S = 600.0

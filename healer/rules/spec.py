@@ -47,7 +47,17 @@ DurationValue = Annotated[
     pydantic.BeforeValidator(_duration),
     pydantic.WithJsonSchema({"anyOf": [{"type": "string", "pattern": DURATION_PATTERN}, {"type": "number"}]}),
 ]
-ActionList = Annotated[list[Any], pydantic.WithJsonSchema(_action_schema())]
+
+
+class _ActionListSchema:
+    """``ActionList``'s JSON schema, from the registry when asked for (a kind registered after import is
+    in it)."""
+
+    def __get_pydantic_json_schema__(self, core: Any, handler: Any) -> dict[str, Any]:
+        return _action_schema()
+
+
+ActionList = Annotated[list[Any], _ActionListSchema()]
 
 
 class _Spec(pydantic.BaseModel):

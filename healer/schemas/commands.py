@@ -8,7 +8,6 @@ leader's late command can never undo its successor's work.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from typing import Annotated, Final, Literal, Self
 
 import pydantic
@@ -27,27 +26,18 @@ def _registered(action: str) -> str:
 
 
 CommandAction = Annotated[
-    str,
-    pydantic.AfterValidator(_registered),
-    pydantic.WithJsonSchema({"enum": list(actions.AGENT_COMMANDS), "title": "Action", "type": "string"}),
+    str, pydantic.AfterValidator(_registered), actions.EnumSchema(actions.AGENT_COMMANDS, "Action")
 ]
 """The node agent's commands: the registry's ``AgentCommand`` names (``actions.AGENT_COMMANDS``); what each
 takes is said there, once."""
 
 
-def _where(test: Callable[[actions.AgentCommand], bool]) -> frozenset[str]:
-    return frozenset(n for n, c in actions.AGENT_COMMANDS.items() if test(c))
-
-
-SETS_LIMIT: Final = _where(lambda c: c.sets_limit)
-"""Commands that take exactly one of ``watts`` or ``percent_of_default``."""
-RECOVERY: Final = _where(lambda c: c.recovery)
+SETS_LIMIT: Final = actions.commands_where(lambda c: c.sets_limit)
+"""Commands that take exactly one of ``watts`` or ``percent_of_default``. This and the sets below are
+read from the registry live (``actions.View``): a command registered after import is in them."""
+RECOVERY: Final = actions.commands_where(lambda c: c.recovery)
 """The recovery commands (actuators.gpu_reset): no watts, no percent."""
-NEEDS_GPU: Final = _where(lambda c: c.gpu == "required")
-WHOLE_NODE: Final = _where(lambda c: c.gpu == "none")
-"""Act on the node or its ports: no ``gpu_index``."""
-TAKES_PORTS: Final = _where(lambda c: c.ports != "none")
-NEEDS_PORTS: Final = _where(lambda c: c.ports == "required")
+NEEDS_PORTS: Final = actions.commands_where(lambda c: c.ports == "required")
 RESET_TIMEOUT_MAX_S: Final = 600.0
 PORT_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/[0-9]{1,3}$"
 """An RDMA port as ``<device>/<port>`` (``mlx5_0/1``, ``fabric.PortSample.name``)."""

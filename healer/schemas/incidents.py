@@ -104,7 +104,15 @@ class Mode(enum.StrEnum):
         return self.plans and not self.acts
 
 
-IncidentState = Literal["open", "resolved", "escalated"]
+class IncidentState(enum.StrEnum):
+    """Where an incident stands, declared once (``data.state`` on the wire: the same strings)."""
+
+    OPEN = "open"
+    RESOLVED = "resolved"
+    """Closed: nothing more happens to it."""
+    ESCALATED = "escalated"
+    """Not closed, handed to people: the circuit breaker is open, or the node awaits a hardware
+    replacement."""
 
 
 class ActionStatus(enum.StrEnum):
@@ -204,7 +212,7 @@ class IncidentData(pydantic.BaseModel):
     node: str = pydantic.Field(max_length=253, pattern=telemetry.NODE_PATTERN)
     gpu_index: int | None = None
     gpu_uuid: str | None = None
-    state: IncidentState
+    state: Annotated[IncidentState, base.inline(IncidentState, "State")]
     summary: str = pydantic.Field(max_length=4096)
     evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
     actions: list[ActionRecord] = pydantic.Field(default_factory=list)

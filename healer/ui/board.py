@@ -182,7 +182,7 @@ class Board:
         self._label_members(d)
         self._remember(d, at, ev.change)
         step = {"time": at, "change": ev.change, "summary": d.summary, "actions": len(d.actions)}
-        if d.state == "resolved":
+        if d.state == incidents.IncidentState.RESOLVED:
             self.open.pop(d.incident_id, None)
             self.closed[d.incident_id] = None
             while len(self.closed) > 10_000:
@@ -219,7 +219,7 @@ class Board:
             while len(hist) > HISTORY_MAX:
                 hist.popitem(last=False)
         entry.update(severity=d.severity, state=d.state, updated=at, change=change, summary=d.summary[:200])
-        if d.state == "resolved":
+        if d.state == incidents.IncidentState.RESOLVED:
             entry["resolved"] = at
         mark = node_mark(list(d.actions)) if d.mode.acts else None
         marks = self.marks.setdefault(d.node, {})
@@ -318,7 +318,7 @@ class Board:
                 node=doc["node"],
                 gpu_index=doc.get("gpu_index"),
                 gpu_uuid=doc.get("gpu_uuid"),
-                state=doc.get("state", "open"),
+                state=doc.get("state", incidents.IncidentState.OPEN),
                 summary=str(doc.get("summary", ""))[:4096],
                 evidence=doc.get("evidence") or {},
                 actions=[
@@ -338,7 +338,11 @@ class Board:
             )
         except (KeyError, TypeError, ValueError):
             return False
-        if data.incident_id in self.open or data.incident_id in self.closed or data.state == "resolved":
+        if (
+            data.incident_id in self.open
+            or data.incident_id in self.closed
+            or data.state == incidents.IncidentState.RESOLVED
+        ):
             return False
         opened = float(doc.get("opened_at") or 0.0)
         updated = float(doc.get("updated_at") or opened)

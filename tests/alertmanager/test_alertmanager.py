@@ -37,7 +37,11 @@ SETTINGS = FAST.model_copy(
 
 
 def incident(
-    n: int, rule: str, *, state: incidents.IncidentState = "open", severity: incidents.Severity = "major"
+    n: int,
+    rule: str,
+    *,
+    state: incidents.IncidentState = incidents.IncidentState.OPEN,
+    severity: incidents.Severity = "major",
 ) -> incidents.IncidentEvent:
     ev = helpers.event(
         n,
@@ -119,7 +123,7 @@ async def test_an_incident_becomes_an_alert_that_is_routed_and_resolves(
     firing = ("firing", alert["labels"])
     await until_async(lambda: firing in real_alertmanager.webhook.notified(), "the firing notification")
 
-    await helpers.publish(nats_bus, incident(2, "ecc-uncorrectable", state="resolved"))
+    await helpers.publish(nats_bus, incident(2, "ecc-uncorrectable", state=incidents.IncidentState.RESOLVED))
     resolved = ("resolved", alert["labels"])
     await until_async(lambda: resolved in real_alertmanager.webhook.notified(), "the resolved notification")
     await until_async(
@@ -186,7 +190,9 @@ async def test_the_command_sends_incidents_and_stops_cleanly_on_sigterm(
             lambda: find(real_alertmanager, "gpu-thermal-slowdown-sustained"), "the alert"
         )
         assert alert["generatorURL"] == "https://grafana.example/d/gpu?var-node=gpu-node-1"
-        await helpers.publish(nats_bus, incident(2, "gpu-thermal-slowdown-sustained", state="resolved"))
+        await helpers.publish(
+            nats_bus, incident(2, "gpu-thermal-slowdown-sustained", state=incidents.IncidentState.RESOLVED)
+        )
         await until_async(
             lambda: find(real_alertmanager, "gpu-thermal-slowdown-sustained") is None, "the alert resolved"
         )

@@ -56,7 +56,13 @@ def lifecycle(n: int) -> list[incidents.IncidentEvent]:
     )
     for k, change in enumerate(changes):
         ev = helpers.event(n, change=change, actions=[cordon] if k else None)
-        data = ev.data.model_copy(update={"state": "resolved" if change == "resolved" else "open"})
+        data = ev.data.model_copy(
+            update={
+                "state": incidents.IncidentState.RESOLVED
+                if change is incidents.Change.RESOLVED
+                else incidents.IncidentState.OPEN
+            }
+        )
         out.append(ev.model_copy(update={"id": f"ev-{n}-{k}", "data": data}))
     return out
 

@@ -27,15 +27,15 @@ def incident(
     """Its events: opened, then an action (containment), escalated, resolved, as the controller sends them."""
     acts: list[incidents.ActionRecord] = []
     steps: list[tuple[incidents.Change, float, incidents.IncidentState]] = [
-        (incidents.Change.OPENED, opened, "open")
+        (incidents.Change.OPENED, opened, incidents.IncidentState.OPEN)
     ]
     if contained is not None:
         acts = [incidents.ActionRecord(kind=contain_kind, status="done", at=contained)]
-        steps.append((incidents.Change.ACTION, contained, "open"))
+        steps.append((incidents.Change.ACTION, contained, incidents.IncidentState.OPEN))
     if escalated is not None:
-        steps.append((incidents.Change.ESCALATED, escalated, "escalated"))
+        steps.append((incidents.Change.ESCALATED, escalated, incidents.IncidentState.ESCALATED))
     if resolved is not None:
-        steps.append((incidents.Change.RESOLVED, resolved, "resolved"))
+        steps.append((incidents.Change.RESOLVED, resolved, incidents.IncidentState.RESOLVED))
     for k, (change, ts, state) in enumerate(steps):
         data = incidents.IncidentData(
             incident_id=iid, rule_id=rule, severity=severity, node=node, gpu_index=gpu, state=state,

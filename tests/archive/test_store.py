@@ -30,10 +30,10 @@ CAP_PLANNED = incidents.ActionRecord(kind="cordon", status="failed-temporary", a
 CORDON = incidents.ActionRecord(kind="cordon", status="done", at=T0 + 100)
 NOTIFY = incidents.ActionRecord(kind="notify", status="done", at=T0 + 10)
 EVENTS = [
-    ev(0, incidents.Change.OPENED, "open", []),
-    ev(1, incidents.Change.ACTION, "open", [NOTIFY, CAP_PLANNED]),
-    ev(2, incidents.Change.ACTION, "open", [NOTIFY, CORDON]),
-    ev(3, incidents.Change.RESOLVED, "resolved", [NOTIFY, CORDON]),
+    ev(0, incidents.Change.OPENED, incidents.IncidentState.OPEN, []),
+    ev(1, incidents.Change.ACTION, incidents.IncidentState.OPEN, [NOTIFY, CAP_PLANNED]),
+    ev(2, incidents.Change.ACTION, incidents.IncidentState.OPEN, [NOTIFY, CORDON]),
+    ev(3, incidents.Change.RESOLVED, incidents.IncidentState.RESOLVED, [NOTIFY, CORDON]),
 ]
 
 

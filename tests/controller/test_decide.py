@@ -329,7 +329,7 @@ def test_a_second_rule_on_the_same_gpu_within_the_window_joins_its_incident() ->
     assert decide.correlate(fire(XID, gpu=2), [inc], 101.0, 120.0) is None, "another GPU"
     assert decide.correlate(fire(XID, node="n2"), [inc], 101.0, 120.0) is None, "another node"
     assert decide.correlate(fire(XID), [inc], 101.0, 0.0) is None, "a window of 0 turns it off"
-    resolved = opened().model_copy(update={"state": "resolved"})
+    resolved = opened().model_copy(update={"state": incidents.IncidentState.RESOLVED})
     assert decide.correlate(fire(XID), [resolved], 101.0, 120.0) is None
 
 
@@ -452,7 +452,7 @@ async def test_the_book_finds_a_joined_incident_by_every_signal_and_forgets_all_
     restarted = book.Book(store)
     await restarted.load()
     assert restarted.get(("xid-fatal", "n1", 1, None)) is not None, "the join is kept in KV"
-    inc.state = "resolved"
+    inc.state = incidents.IncidentState.RESOLVED
     await b.save(inc)
     assert b.get(("ecc-dbe-new", "n1", 1, None)) is None
     assert b.get(("xid-fatal", "n1", 1, None)) is None

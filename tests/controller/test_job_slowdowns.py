@@ -45,7 +45,7 @@ def test_an_open_job_slowdown_is_updated_when_it_moves_and_resolved_when_it_ends
 
 def test_other_incidents_are_left_alone() -> None:
     other = opened("41").model_copy(update={"rule_id": "gpu-straggler"})
-    resolved = opened("42").model_copy(update={"state": "resolved"})
+    resolved = opened("42").model_copy(update={"state": incidents.IncidentState.RESOLVED})
     plan = job_slowdowns.plan([other, resolved], [slow("42")], {"42"}, set())
     assert plan.resolve == ()
     assert [s.job for s in plan.open] == ["42"]

@@ -296,6 +296,13 @@ def test_the_ladder_reads_its_rungs_from_the_registry() -> None:
         assert rung is not None
         assert ladder.Phase[rung.phase] not in ladder.TERMINAL
         assert rung.budget_s > 0
+    # The names a running fleet stored in KV (docs/remediation.md, "Adding an action"): never renamed.
+    assert [r.phase for r in rungs if r is not None] == ["RESETTING", "PORT_RESETTING", "REBOOTING"]
+    assert ladder.rung_phases() == {
+        ladder.Phase.RESETTING,
+        ladder.Phase.PORT_RESETTING,
+        ladder.Phase.REBOOTING,
+    }
     own = {ladder.StepKind.VALIDATE, ladder.StepKind.RETURN_TO_SERVICE, ladder.StepKind.REPLACE}
     assert own <= set(actions.CATALOG)
     assert {ladder.step_kind(k) for k in ("reset_port", "contain")} == {"reset_port", ladder.StepKind.CONTAIN}

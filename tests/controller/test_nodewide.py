@@ -78,7 +78,7 @@ class Node:
             signal.resolved_at = f.at
             inc.actions += change.on_resolve
         if change.change is decide.Change.RESOLVE:
-            inc.state = "resolved"
+            inc.state = incidents.IncidentState.RESOLVED
         if change.change is decide.Change.REFRESH:
             signal.resolved_at = None
             inc.actions += change.actions

@@ -18,7 +18,7 @@ def _event(
     gpu: int | None,
     at: float,
     actions: list[tuple[str, str, float]] | None = None,
-    state: incidents.IncidentState = "open",
+    state: incidents.IncidentState = incidents.IncidentState.OPEN,
 ) -> incidents.IncidentEvent:
     data = incidents.IncidentData(
         incident_id=inc_id, rule_id=rule, severity="major", node=node, gpu_index=gpu, state=state,
@@ -88,10 +88,28 @@ def test_story_needs_the_overheat_incident_resolved_with_its_limit_restored() ->
         ("restore_power_limit", "done", 90.0),
     ]
     obs.on_incident(
-        _event(incidents.Change.RESOLVED, "a", "gpu-temp-near-slowdown", "n1", 5, 89.0, capped, "resolved")
+        _event(
+            incidents.Change.RESOLVED,
+            "a",
+            "gpu-temp-near-slowdown",
+            "n1",
+            5,
+            89.0,
+            capped,
+            incidents.IncidentState.RESOLVED,
+        )
     )
     obs.on_incident(
-        _event(incidents.Change.ACTION, "a", "gpu-temp-near-slowdown", "n1", 5, 90.0, restored, "resolved")
+        _event(
+            incidents.Change.ACTION,
+            "a",
+            "gpu-temp-near-slowdown",
+            "n1",
+            5,
+            90.0,
+            restored,
+            incidents.IncidentState.RESOLVED,
+        )
     )
     story = obs.summary(duration_s=150, nodes=2, gpus=8, interrupted=False)["story"]
     assert story["overheat_resolved_and_restored"] is True
@@ -114,7 +132,15 @@ def test_breaker_incident_opens_the_breaker_and_mass_faults_print_as_one_line() 
             )
         )
     obs.on_incident(
-        _event(incidents.Change.ESCALATED, "cb", watch.BREAKER_RULE, "fleet", None, 141.0, state="escalated")
+        _event(
+            incidents.Change.ESCALATED,
+            "cb",
+            watch.BREAKER_RULE,
+            "fleet",
+            None,
+            141.0,
+            state=incidents.IncidentState.ESCALATED,
+        )
     )
     s = obs.summary(duration_s=150, nodes=32, gpus=8, interrupted=False)
     assert s["story"]["breaker_tripped"] is True
@@ -158,7 +184,16 @@ def test_the_power_story_is_read_from_the_racks_frames_and_its_domain_incident()
     )  # the next step
     restored = [*caps, *[("restore_power_limit", "done", 40.0 + i) for i in range(4)]]
     obs.on_incident(
-        _event(incidents.Change.RESOLVED, "p", watch.POWER_RULE, "rack.r1", None, 44.0, restored, "resolved")
+        _event(
+            incidents.Change.RESOLVED,
+            "p",
+            watch.POWER_RULE,
+            "rack.r1",
+            None,
+            44.0,
+            restored,
+            incidents.IncidentState.RESOLVED,
+        )
     )
     s = obs.summary(duration_s=60, nodes=3, gpus=2, interrupted=False)
     assert s["story"]["rack_restored_when_load_fell"] is True

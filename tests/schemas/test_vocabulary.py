@@ -1,9 +1,9 @@
 """Each vocabulary is declared once and compared through its members (#40, "one vocabulary per fact"):
-a mode, an action's status, a firing's status, a scope, an incident's change and the agent's result
-status are ``StrEnum``s (``incidents.Mode``, ``incidents.ActionStatus``, ``rules.engine.Status``,
-``fields.Scope``, ``incidents.Change``, ``commands.ResultStatus``), and no module outside the one that
-declares a vocabulary compares a value with one of its words as a string literal, as
-tests/rules/test_action_catalog.py keeps kinds."""
+a mode, an action's status, a firing's status, a scope, an incident's change and state, and the agent's
+result status are ``StrEnum``s (``incidents.Mode``, ``incidents.ActionStatus``, ``rules.engine.Status``,
+``fields.Scope``, ``incidents.Change``, ``incidents.IncidentState``, ``commands.ResultStatus``), and no
+module outside the one that declares a vocabulary compares a value with one of its words as a string
+literal, as tests/rules/test_action_catalog.py keeps kinds."""
 
 from __future__ import annotations
 
@@ -21,17 +21,19 @@ from healer.schemas import commands, fields, incidents
 
 ROOT = pathlib.Path(healer.__file__).parent
 
-SHARED_CHANGES = frozenset({"resolved", "escalated", "action"})
+SHARED_CHANGES = frozenset({"action"})
 VOCABULARIES: dict[str, tuple[pathlib.Path, frozenset[str]]] = {
     "mode": (ROOT / "schemas" / "incidents.py", frozenset(incidents.Mode)),
     "action status": (ROOT / "schemas" / "incidents.py", frozenset(incidents.ActionStatus)),
     "firing status": (ROOT / "rules" / "engine.py", frozenset(engine.Status) - {"resolved"}),
     "incident change": (ROOT / "schemas" / "incidents.py", frozenset(incidents.Change) - SHARED_CHANGES),
     "agent result status": (ROOT / "schemas" / "commands.py", frozenset(commands.ResultStatus)),
+    "incident state": (ROOT / "schemas" / "incidents.py", frozenset(incidents.IncidentState)),
 }
-"""Each vocabulary's declaring module and the words no other module may compare with. ``resolved`` and
-``escalated`` are also an incident's state (not an enum yet) and ``action`` too common a word, so they are
-looked for only where a change is compared (``change_comparisons``)."""
+"""Each vocabulary's declaring module and the words no other module may compare with. ``action`` is too
+common a word to look for everywhere: it is looked for only where a change is compared
+(``named_comparisons``). ``resolved`` is a firing's status as well as an incident's state and change:
+the incident state's entry finds it compared anywhere."""
 
 STILL_COMPARED = frozenset({
     # The anomaly model's evaluation reads firings; it is being reworked on its own branch.
@@ -189,6 +191,52 @@ def test_a_change_reads_and_writes_as_its_word() -> None:
     ev = incidents.build(event_id="e", cluster="c", change=incidents.Change.ESCALATED, data=data, ts=1.0)
     assert ev.change is incidents.Change.ESCALATED
     assert ev.type == "io.healer.incident.escalated.v1"
+
+
+def test_an_incident_state_reads_and_writes_as_its_word() -> None:
+    """``data.state`` on the wire and the KV's incident documents carry the same words as before the
+    enum, and a stored word comes back as its member."""
+    for state in incidents.IncidentState:
+        data = incidents.IncidentData(
+            incident_id="i",
+            rule_id="r",
+            severity="info",
+            node="n1",
+            state=state.value,
+            summary="s",
+            mode="observe",
+        )
+        assert data.state is state
+        assert f'"state":"{state.value}"' in data.model_dump_json()
+    schema = incidents.IncidentData.model_json_schema()["properties"]["state"]
+    assert schema == {"enum": ["open", "resolved", "escalated"], "title": "State", "type": "string"}
+    with pytest.raises(pydantic.ValidationError):
+        incidents.IncidentData(
+            incident_id="i",
+            rule_id="r",
+            severity="info",
+            node="n1",
+            state="closed",
+            summary="s",
+            mode="observe",
+        )
+
+
+def test_a_new_incident_state_comparison_is_found() -> None:
+    """What the vocabulary check above would say of the shapes that used to be there."""
+    words = VOCABULARIES["incident state"][1]
+    src = (
+        'if inc.state == "resolved": pass\n'
+        'x = [i for i in incs if i.state != "open"]\n'
+        'if d.state in ("escalated", "resolved"): pass\n'
+        "if inc.state is incidents.IncidentState.RESOLVED: pass\n"
+    )
+    assert sorted(word_comparisons(src, words)) == [
+        (1, "resolved"),
+        (2, "open"),
+        (3, "escalated"),
+        (3, "resolved"),
+    ]
 
 
 def test_the_scope_scanner_finds_scope_comparisons() -> None:

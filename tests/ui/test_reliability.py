@@ -95,7 +95,13 @@ def lifecycle(
         if ts is None:
             continue
         ev = helpers.event(n, change=change, gpu_index=gpu)  # type: ignore[arg-type]
-        data = ev.data.model_copy(update={"state": "resolved" if change == "resolved" else "open"})
+        data = ev.data.model_copy(
+            update={
+                "state": incidents.IncidentState.RESOLVED
+                if change is incidents.Change.RESOLVED
+                else incidents.IncidentState.OPEN
+            }
+        )
         built = incidents.build(event_id=f"ev-{n}-{k}", cluster="c", change=change, data=data, ts=ts)  # type: ignore[arg-type]
         out.append(built)
     return out

@@ -167,7 +167,7 @@ class IncidentShell:
             if self.recovery.holds(inc.id):
                 await self.recovery.rule_resolved(inc)  # its recovery ladder closes it
                 return
-            inc.state = "resolved"
+            inc.state = incidents.IncidentState.RESOLVED
             inc.resolved_at = self.clock()
             inc.evidence = {**inc.evidence, **change.evidence}
             inc.actions += change.on_resolve
@@ -260,7 +260,7 @@ class IncidentShell:
             await self.publish(inc, incidents.Change.UPDATED)
             await self._mark_members(inc, f)
         for inc in todo.resolve:
-            inc.state = "resolved"
+            inc.state = incidents.IncidentState.RESOLVED
             inc.resolved_at = now
             inc.evidence = {**inc.evidence, "outcome": "domain recovered"}
             await self.publish(inc, incidents.Change.RESOLVED)
@@ -295,7 +295,7 @@ class IncidentShell:
             inc.evidence = {**inc.evidence, **job_slowdowns.evidence(slow)}
             await self.publish(inc, incidents.Change.UPDATED)
         for inc, outcome in todo.resolve:
-            inc.state, inc.resolved_at = "resolved", now
+            inc.state, inc.resolved_at = incidents.IncidentState.RESOLVED, now
             inc.evidence = {**inc.evidence, "outcome": outcome}
             await self.publish(inc, incidents.Change.RESOLVED)
 

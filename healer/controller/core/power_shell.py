@@ -338,7 +338,7 @@ class PowerShell:
         return inc
 
     async def _resolve(self, inc: book.Incident, decision: power_budget.Decision, now: float) -> None:
-        inc.state = "resolved"
+        inc.state = incidents.IncidentState.RESOLVED
         inc.resolved_at = now
         inc.summary = (
             f"{inc.evidence.get('domain_key')} {inc.evidence.get('domain_value')}: every GPU back at the "

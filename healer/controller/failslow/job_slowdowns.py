@@ -63,7 +63,7 @@ def plan(
     update, resolve = [], []
     for inc in open_incidents:
         job = job_of(inc)
-        if inc.rule_id != RULE_ID or inc.state != "open" or job is None:
+        if inc.rule_id != RULE_ID or inc.state != incidents.IncidentState.OPEN or job is None:
             continue
         opened[job] = inc
         if job in named:

@@ -100,7 +100,7 @@ class Incident(pydantic.BaseModel):
     """The RDMA port this incident is about (``mlx5_0/1``): opened by a port-scope rule's firing; only
     that port's firings join it (``decide.correlate``). None for a node or GPU incident. On the feed it
     is the label ``port`` (``incidents.PORT_LABEL``) and the subject's ``/port/<device>/<port>``."""
-    state: incidents.IncidentState = "open"
+    state: incidents.IncidentState = incidents.IncidentState.OPEN
     summary: str = ""
     evidence: dict[str, float | int | str | bool | None] = pydantic.Field(default_factory=dict)
     labels: dict[str, str] = pydantic.Field(default_factory=dict)
@@ -211,7 +211,7 @@ class Book:
             except pydantic.ValidationError as e:
                 log.error("incidents.unreadable", key=key, error=str(e))
                 continue
-            if inc.state == "resolved":
+            if inc.state == incidents.IncidentState.RESOLVED:
                 self.resolving[inc.id] = inc
             else:
                 self._index(inc)
@@ -240,7 +240,7 @@ class Book:
     async def save(self, inc: Incident) -> None:
         """Persist. A resolved incident leaves KV once its on_resolve actions have run (the feed keeps its
         history). The caller bumps ``seq`` when the change is published."""
-        if inc.state == "resolved":
+        if inc.state == incidents.IncidentState.RESOLVED:
             self._unindex(inc)
             if any(a.status is None for a in inc.actions):
                 self.resolving[inc.id] = inc

@@ -59,12 +59,12 @@ class Closer:
             doc = await self.store.get(key)
             incident_id = key.removeprefix(PREFIX)
             inc = next((i for i in self.book.all() if i.id == incident_id), None)
-            if inc is None or inc.state == "resolved":
+            if inc is None or inc.state == incidents.IncidentState.RESOLVED:
                 self.log.info("incident.close_dropped", incident_id=incident_id, detail="not open")
                 await self.store.delete(key)
                 continue
             who = doc.value if doc else {}
-            inc.state = "resolved"
+            inc.state = incidents.IncidentState.RESOLVED
             inc.resolved_at = self.clock()
             inc.evidence = {
                 **inc.evidence,

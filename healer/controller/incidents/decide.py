@@ -338,7 +338,7 @@ def holding(inc: book.Incident, others: Iterable[book.Incident]) -> list[book.In
         for other in others
         if other.id != inc.id
         and other.node == inc.node
-        and other.state != "resolved"
+        and other.state != incidents.IncidentState.RESOLVED
         and other.evidence.get(LADDER_JOINED) != inc.id
         and any(a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in incidents.OK for a in other.actions)
     ]
@@ -390,7 +390,7 @@ def on_firing(f: engine.Firing, inc: book.Incident | None, rule_of: RuleOf = _no
     of that GPU's signals resolves (``PART``, ``on_resolve``), and a GPU that fires again after that
     gets its rule's per-GPU actions again (``REFRESH``, ``actions``)."""
     if f.status == engine.Status.RESOLVED:
-        if inc is None or inc.state == "resolved":
+        if inc is None or inc.state == incidents.IncidentState.RESOLVED:
             return FiringChange(Change.NONE)
         forgotten = f.evidence.get("reason") == engine.FORGOTTEN  # the node left: undo nothing on it
         if any(s.open and s.key(inc.node) != f.key for s in inc.signals):
@@ -566,7 +566,7 @@ def correlate(
     incident then takes the GPU). A node-scope firing joins the node's only candidate (a port incident
     too: ``rdma-ports-missing`` beside the one port that is down); with two or more it cannot tell which
     fault it belongs to and opens its own."""
-    on_node = [i for i in open_incidents if i.node == f.node and i.state != "resolved"]
+    on_node = [i for i in open_incidents if i.node == f.node and i.state != incidents.IncidentState.RESOLVED]
     if f.port is not None:
         same_port = [i for i in on_node if i.port == f.port and 0 <= now - i.opened_at < window_s]
         return max(same_port, key=lambda i: i.opened_at) if same_port else None
@@ -801,7 +801,7 @@ def ladder_step(inc: book.Incident, now: float, settings: config.ControllerSetti
     if (
         capped
         and inc.rule_id != power_budget.RULE_ID  # a domain's budget cap is the remedy, not a failed one
-        and inc.state == "open"
+        and inc.state == incidents.IncidentState.OPEN
         and not any(a.kind == cordon.kind for a in inc.actions)
         and now - inc.opened_at > settings.power_cap_escalate_s
     ):

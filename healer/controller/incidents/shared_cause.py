@@ -112,7 +112,7 @@ def findings(
         return []
     recent: dict[str, dict[str, str]] = {}  # rule -> node -> incident id
     for inc in open_incidents:
-        if inc.rule_id in IGNORED_RULES or inc.state == "resolved":
+        if inc.rule_id in IGNORED_RULES or inc.state == incidents.IncidentState.RESOLVED:
             continue
         window = terms(inc.rule_id, settings).window_s
         if not window or now - inc.opened_at > window:
@@ -158,7 +158,7 @@ def member_incidents(inc: book.Incident) -> list[str]:
 
 
 def open_domain_incidents(open_incidents: Iterable[book.Incident]) -> list[book.Incident]:
-    return [i for i in open_incidents if i.rule_id == RULE_ID and i.state != "resolved"]
+    return [i for i in open_incidents if i.rule_id == RULE_ID and i.state != incidents.IncidentState.RESOLVED]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -252,7 +252,7 @@ def holding(node: str, kind: str, open_incidents: Iterable[book.Incident]) -> bo
 def recovered(inc: book.Incident) -> bool:
     """The node incident resolved, or none of its signals fires any more (a recovery ladder keeps the
     incident open after its rule resolved, until the ladder ends)."""
-    return inc.state == "resolved" or not any(s.open for s in inc.signals)
+    return inc.state == incidents.IncidentState.RESOLVED or not any(s.open for s in inc.signals)
 
 
 def needless(inc: book.Incident, kind: str, on_resolve: bool) -> bool:

@@ -147,7 +147,7 @@ class ActionRunner:
                 return
             if held and not batch:
                 return  # a step with a waiting action: what follows it waits too
-        if inc.state == "resolved":
+        if inc.state == incidents.IncidentState.RESOLVED:
             await self.book.save(inc)  # all on_resolve actions done: the incident leaves KV
 
     def _step(self, inc: book.Incident, first: book.PlannedAction) -> list[book.PlannedAction]:
@@ -350,7 +350,7 @@ class ActionRunner:
             rule_id=BREAKER_RULE,
             severity="critical",
             node="fleet",
-            state="escalated",
+            state=incidents.IncidentState.ESCALATED,
             summary=f"circuit breaker open: {admission.reason}. healer takes no more nodes out of service "
             "until the breaker is closed (`healer breaker reset`); this incident then resolves.",
             evidence={
@@ -378,13 +378,13 @@ class ActionRunner:
         if self.breaker_incident is not None and self.breaker_incident not in found:
             found.append(self.breaker_incident)
         for inc in found:
-            if inc.state == "resolved":
+            if inc.state == incidents.IncidentState.RESOLVED:
                 continue
             breaker = self.breaker if inc.mode.acts else self.dry_breaker
             status = await breaker.status()
             if status.get("open"):
                 continue
-            inc.state = "resolved"
+            inc.state = incidents.IncidentState.RESOLVED
             inc.resolved_at = self.clock()
             by = str(status.get("reset_by") or "the breaker closed")
             inc.evidence = {**inc.evidence, "closed_by": by, "closed_at": status.get("reset_at")}

@@ -380,7 +380,7 @@ class Recovery:
         await self.store.delete(PREFIX + state.incident_id)
         for follower_id in rec.followers:
             follower = next((i for i in self.book.all() if i.id == follower_id), None)
-            if follower is not None and follower.state != "resolved":
+            if follower is not None and follower.state != incidents.IncidentState.RESOLVED:
                 await self._end(follower, state, step, None, now)
         if inc is None:
             return
@@ -416,12 +416,12 @@ class Recovery:
             if not inc.evidence.get("ladder.rule_resolved"):
                 # Still firing: it resolves on its rule's terms; its uncordon is then skipped, because
                 # the replacement incident holds the node out of service.
-                inc.state = "escalated"
+                inc.state = incidents.IncidentState.ESCALATED
                 await self.shell.publish(inc, incidents.Change.ESCALATED)
                 return
         else:
             inc.evidence["outcome"] = "recovered"
-        inc.state = "resolved"
+        inc.state = incidents.IncidentState.RESOLVED
         inc.resolved_at = now
         for signal in inc.signals:  # every rule that joined the fault, not only the first
             self.engine.release(signal.rule_id, inc.node, signal.gpu_index, signal.port)
@@ -452,7 +452,7 @@ class Recovery:
             node=inc.node,
             gpu_index=inc.gpu_index,
             gpu_uuid=inc.gpu_uuid,
-            state="escalated",
+            state=incidents.IncidentState.ESCALATED,
             summary=f"hardware replacement for {where}: {why} (after {inc.rule_id}, {inc.id})",
             evidence={**ladder.flat_evidence(bundle), "incident": inc.id},
             labels=dict(inc.labels),

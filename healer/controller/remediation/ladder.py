@@ -107,14 +107,26 @@ def _rung_phase(rung: str) -> Phase:
     return Phase[spec.phase]
 
 
-_RUNG_PHASES = frozenset(_rung_phase(r) for r in actions.RUNGS)
+def rung_phases() -> frozenset[Phase]:
+    """The phases of the registered rungs, read from the registry when asked (a rung registered after
+    import is one)."""
+    return frozenset(_rung_phase(r) for r in actions.RUNGS)
+
+
 _RUNG_OUTCOMES = frozenset({Outcome.DONE, Outcome.REFUSED, Outcome.FAILED, Outcome.RECOVERED})
 _EXPECTED: dict[Phase, frozenset[Outcome]] = {
     Phase.CONTAINING: frozenset({Outcome.CONTAINED, Outcome.FAILED, Outcome.RECOVERED}),
-    **dict.fromkeys(_RUNG_PHASES, _RUNG_OUTCOMES),
     Phase.VALIDATING: frozenset({Outcome.PASSED, Outcome.VALIDATION_FAILED, Outcome.FAILED}),
     Phase.RETURNING: frozenset({Outcome.RETURNED, Outcome.FAILED}),
 }
+"""The outcomes each phase of the ladder's own may have; a rung's phase has ``_RUNG_OUTCOMES``."""
+
+
+def expected(phase: Phase) -> frozenset[Outcome]:
+    """The outcomes ``phase`` may have (none for a terminal phase)."""
+    if phase in rung_phases():
+        return _RUNG_OUTCOMES
+    return _EXPECTED.get(phase, frozenset())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -268,7 +280,7 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
     if outcome is Outcome.STOPPED:
         stopped = _moved(state, Phase.STOPPED, outcome, now, detail)
         return Step(StepKind.NONE, stopped, f"stopped by an operator: {detail}" if detail else "stopped")
-    if outcome not in _EXPECTED[state.phase]:
+    if outcome not in expected(state.phase):
         raise ValueError(f"outcome {outcome.value!r} cannot follow phase {state.phase.name}")
     if state.phase is Phase.CONTAINING:
         if outcome is Outcome.RECOVERED:  # a replacement held by the node's domain, then it came back
@@ -301,7 +313,7 @@ def next_step(state: LadderState, outcome: Outcome, now: float, history: History
         return _rung_step(
             _moved(state, _rung_phase(state.steps[first]), outcome, now, detail, rung=first), now, ""
         )
-    if state.phase in _RUNG_PHASES:
+    if state.phase in rung_phases():
         if outcome is Outcome.RECOVERED:
             held = state.steps[state.rung]
             nxt = _moved(state, Phase.RETURNING, outcome, now, detail, rung=state.rung - 1)  # it never ran
