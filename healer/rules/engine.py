@@ -16,12 +16,13 @@ rule whatever the fleet size; Python objects are only built for transitions. Bet
 ``evaluate_arrivals`` fires the events queued since and ``evaluate_frames`` the rules without ``for`` on
 only the nodes whose frames arrived since: the ``fired`` transitions the next ``evaluate`` would have
 reported, earlier; ``evaluate`` reports them as ``firing`` after.
+
+What it reports is firing.py's; event rules' firings are event_firings.py's, each rule's per-target state
+tracks.py's, and what the state says of one node or GPU node_view.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -31,85 +32,22 @@ import numpy.typing as npt
 import structlog
 
 from healer.rules import evaluate as evaluation
-from healer.rules import repeats, ruleset
+from healer.rules import event_firings, firing, node_view, ruleset, tracks
 from healer.rules import state as fleet_state
 from healer.schemas import events, fields, framecols, telemetry
 
 log = structlog.get_logger(__name__)
 
-
-class Status(enum.StrEnum):
-    """Where a firing is in its life, declared once: code compares with the members, never the words."""
-
-    FIRED = "fired"
-    """Started firing at this evaluation (a new incident, or an event on an open one)."""
-    FIRING = "firing"
-    """Still firing (reported by every evaluation while it lasts)."""
-    RESOLVED = "resolved"
-    """Stopped firing (or its node was forgotten)."""
+# What the engine reports lives in rules/firing.py; the controller reads it under these names.
+Status = firing.Status
+Evidence = firing.Evidence
+Key = firing.Key
+FORGOTTEN = firing.FORGOTTEN
+Firing = firing.Firing
+Forgotten = firing.Forgotten
 
 
-Evidence = dict[str, float | int | str | bool | None]
 _INACTIVE, _PENDING, _FIRING, _RESOLVING = 0, 1, 2, 3
-Key = tuple[str, str, int | None, str | None]
-"""A firing's target: (rule id, node, GPU index or None, port name such as ``mlx5_0/1`` or None)."""
-FORGOTTEN = "node forgotten: silent longer than its retention"
-"""The evidence ``reason`` of a firing resolved because its node was forgotten (``forget_silent``)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Firing:
-    """One transition or ongoing firing of a rule on one target: a GPU, a node (``gpu`` and ``port``
-    None) or an RDMA port of a port-scope rule (``port``: ``mlx5_0/1``)."""
-
-    rule: ruleset.Rule
-    node: str
-    gpu: int | None
-    status: Status
-    since: float
-    """When it fired (for ``resolved``: when the firing started)."""
-    at: float
-    evidence: Evidence
-    gpu_uuid: str | None = None
-    port: str | None = None
-
-    @property
-    def rule_id(self) -> str:
-        return self.rule.id
-
-    @property
-    def key(self) -> Key:
-        return (self.rule.id, self.node, self.gpu, self.port)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Forgotten:
-    """What ``forget_silent`` did: the nodes forgotten, and their firings, now resolved."""
-
-    nodes: list[str]
-    resolved: list[Firing]
-
-
-@dataclasses.dataclass(slots=True)
-class _Track:
-    state: npt.NDArray[np.int8]
-    since: npt.NDArray[np.float64]
-    fired_at: npt.NDArray[np.float64]
-    cool_until: npt.NDArray[np.float64]
-    rearm: npt.NDArray[np.bool_]
-    """Ended while the condition still held: may not start again until the condition is seen false."""
-    mask_version: int = -1
-    mask: npt.NDArray[np.bool_] | None = None
-    busy: bool = True
-    """Some target is pending, firing or resolving (False lets a quiet rule skip the state machine)."""
-
-
-@dataclasses.dataclass(slots=True)
-class _EventFiring:
-    since: float
-    last: float
-    evidence: Evidence
-    gpu_uuid: str | None
 
 
 class Engine:
@@ -119,12 +57,10 @@ class Engine:
     def __init__(self, rules: ruleset.RuleSet, **state_options: Any) -> None:
         self.rules = rules
         self.state = fleet_state.FleetState(rules, **state_options)
-        self._tracks: dict[str, _Track] = {}
-        self._queued: list[tuple[ruleset.Rule, events.NodeEvent]] = []
-        self._active: dict[Key, _EventFiring] = {}
+        self._tracks: dict[str, tracks.Track] = {}
+        self._events = event_firings.EventFirings()
         self._restores: dict[Key, tuple[float, float]] = {}
         """Restored condition firings waiting for a frame: key → (since, the node's newest frame then)."""
-        self._repeats = repeats.Counter()
         self.events_read = True
         """Whether the events stream's backlog has been read since this engine's owner began to lead.
         While False no event firing resolves: a quiet period is only quiet once the events that came
@@ -166,7 +102,7 @@ class Engine:
                 name = self.state.names[i]
                 port = self.state.ports.name(i, j) if rule.scope == fields.Scope.PORT else None
                 gone.append(Firing(rule, name, gpu, Status.RESOLVED, since, at, dict(reason), uuid, port))
-        for key, active in self._active.items():
+        for key, active in self._events.active.items():
             if key[0] not in new or not same(new[key[0]]):
                 since = active.since
                 gone.append(
@@ -177,8 +113,8 @@ class Engine:
         self._tracks = {k: v for k, v in self._tracks.items() if k in keep}
         for track in self._tracks.values():
             track.mask_version = -1
-        self._active = {k: v for k, v in self._active.items() if k[0] in keep}
-        self._repeats.retain(keep)
+        self._events.active = {k: v for k, v in self._events.active.items() if k[0] in keep}
+        self._events.repeats.retain(keep)
         self.rules = rules
         self.state.set_rules(rules)
         return gone
@@ -209,16 +145,13 @@ class Engine:
 
     def memory_bytes(self) -> int:
         """Fleet state plus per-rule hysteresis arrays."""
-        tracks = sum(
+        per_rule = sum(
             a.nbytes for t in self._tracks.values() for a in (t.state, t.since, t.fired_at, t.cool_until)
         )
-        return self.state.nbytes() + tracks
+        return self.state.nbytes() + per_rule
 
     def ingest_event(self, event: events.NodeEvent) -> None:
-        for rule in self.rules.event_rules:
-            assert rule.on_event is not None
-            if rule.on_event.matches(event):
-                self._queued.append((rule, event))
+        self._events.ingest(event, self.rules.event_rules)
 
     def restore(
         self,
@@ -253,7 +186,9 @@ class Engine:
             return False
         if rule.on_event is not None:
             if rule.resolve_for_s > 0:
-                self._active.setdefault(key, _EventFiring(since, last, dict(evidence), gpu_uuid))
+                self._events.active.setdefault(
+                    key, event_firings.EventFiring(since, last, dict(evidence), gpu_uuid)
+                )
         else:
             self.state.flush()
             n = self.state.node_index(node)
@@ -262,53 +197,18 @@ class Engine:
         return True
 
     def summary(self, node: str, gpu: int | None, now: float, window_s: float = 600.0) -> dict[str, float]:
-        """What the controller holds of one GPU's telemetry (the fields the loaded rules read): its newest
-        readings (``latest.<field>``),
-        for every field the rules keep a history of its average and maximum over ``window_s`` (where kept)
-        (``avg_10m.<field>``, ``max_10m.<field>`` for 10 minutes), and the age of its newest frame. The
-        telemetry part of a hardware-replacement bundle; empty for a node or GPU never seen."""
-        st = self.state
-        st.flush()
-        n = st.node_index(node)
-        if n is None or gpu is None or gpu >= st.gpus or not st.seen[n, gpu]:
-            return {}
-        # a frame received after ``now`` was taken (the flush above brought it in) is 0 s old, not negative
-        out: dict[str, float] = {"age_s": round(max(0.0, now - float(st.last_ts[n])), 3)}
-        for name, col in st.col.items():
-            v = float(st.latest[col, n, gpu])
-            if not math.isnan(v):
-                out[f"latest.{name}"] = round(v, 3)
-        span = f"{window_s / 60:g}m"
-        for name in sorted(st.history):
-            kept = set(st.history[name].rings)  # only what the rules' range functions need is kept
-            for func, label, needs in (
-                ("avg_over_time", "avg", {"sum", "cnt"}),
-                ("max_over_time", "max", {"max"}),
-            ):
-                if not needs <= kept:
-                    continue
-                v = float(np.asarray(st.window(func, name, window_s, now))[n, gpu])
-                if not math.isnan(v):
-                    out[f"{label}_{span}.{name}"] = round(v, 3)
-        return out
+        """One GPU's telemetry as the rules read it (``node_view.summary``)."""
+        return node_view.summary(self.state, node, gpu, now, window_s)
 
     def gpu_count(self, node: str) -> int:
-        """The GPUs ``node`` has: those it ever reported, or its ``gpus_expected`` if more (a node-wide
-        rule's threshold is a share of these); 0 for a node never seen."""
-        st = self.state
-        st.flush()
-        n = st.node_index(node)
-        if n is None:
-            return 0
-        expected = float(st.expected[n])
-        seen = int(st.seen[n].sum())
-        return max(seen, 0 if math.isnan(expected) else int(expected))
+        """The GPUs ``node`` has (``node_view.gpu_count``)."""
+        return node_view.gpu_count(self.state, node)
 
     def release(self, rule_id: str, node: str, gpu: int | None, port: str | None = None) -> None:
         """Forget that a firing is active, without resolving it: its incident was closed by someone else
         (a recovery ladder that returned the node to service). The fault showing again fires anew."""
         key = (rule_id, node, gpu, port)
-        self._active.pop(key, None)
+        self._events.active.pop(key, None)
         self._restores.pop(key, None)
         track = self._tracks.get(rule_id)
         n = self.state.node_index(node)
@@ -341,7 +241,7 @@ class Engine:
             if port is not None and slot is None:
                 continue  # the port has not been reported since: wait
             del self._restores[key]
-            track = self._track(rule, self._width(rule))
+            track = tracks.track_for(self._tracks, rule, tracks.width(rule, self.state), self.state)
             j = gpu if gpu is not None else slot if slot is not None else 0
             if track.state[n, j] == _INACTIVE:
                 track.state[n, j], track.since[n, j], track.fired_at[n, j] = _FIRING, since, since
@@ -380,22 +280,7 @@ class Engine:
                 track.state[n], track.since[n], track.fired_at[n] = _INACTIVE, 0.0, 0.0
                 track.rearm[n] = False
                 track.cool_until[n] = -np.inf
-            for key in [k for k in self._active if k[1] == name]:
-                active = self._active.pop(key)
-                rule = self.rules.by_id(key[0])
-                if rule is not None:
-                    out.append(
-                        Firing(
-                            rule,
-                            name,
-                            key[2],
-                            Status.RESOLVED,
-                            active.since,
-                            now,
-                            dict(reason),
-                            active.gpu_uuid,
-                        )
-                    )
+            out += self._events.forget(name, now, reason, self.rules.by_id)
             for key in [k for k in self._restores if k[1] == name]:
                 del self._restores[key]
             st.forget(name)
@@ -416,20 +301,20 @@ class Engine:
             except Exception:  # a bug must cost one rule one tick, never the controller
                 self.rule_errors += 1
                 log.exception("rule_evaluation_failed", rule_id=rule.id)
-        out += self._evaluate_events(now)
+        out += self._events.evaluate(now, self.rules.event_rules, self.events_read, self.state)
         return out
 
     @property
     def events_waiting(self) -> bool:
         """Events queued that match an event rule and were not evaluated yet."""
-        return bool(self._queued)
+        return bool(self._events.queued)
 
     def evaluate_arrivals(self, now: float) -> list[Firing]:
         """The events queued since the last evaluation, at once (the controller calls this as they
         arrive, between ticks): their ``fired`` and ``firing`` transitions, exactly what the next
         ``evaluate`` would have reported for them. Quiet periods and resolutions of event firings are
         left to ``evaluate``, which reports the ongoing ones every tick as before."""
-        return self._fire_queued(now)
+        return self._events.fire_queued(now, self.state)
 
     def flush(self) -> None:
         """The frames ingested so far into the fleet state now (``evaluate`` and ``evaluate_frames`` do
@@ -462,8 +347,8 @@ class Engine:
     def _evaluate_rule(self, rule: ruleset.Rule, ev: evaluation.Evaluator, now: float) -> list[Firing]:
         st = self.state
         n = st.n
-        width = self._width(rule)
-        track = self._track(rule, width)
+        width = tracks.width(rule, self.state)
+        track = tracks.track_for(self._tracks, rule, width, self.state)
         assert rule.when is not None
         value, evidence = ev.condition(rule.when, rule.when_text)
         value = np.broadcast_to(value, (n, width))
@@ -518,8 +403,8 @@ class Engine:
         ``_evaluate_rule`` would start and promote them at this ``now`` (rearm and cooldown included);
         everything else of the state machine waits for the tick."""
         st = self.state
-        width = self._width(rule)
-        track = self._track(rule, width)
+        width = tracks.width(rule, self.state)
+        track = tracks.track_for(self._tracks, rule, width, self.state)
         assert rule.when is not None
         value, evidence = ev.condition(rule.when, rule.when_text)
         value = np.broadcast_to(value, (len(rows), width))
@@ -587,112 +472,3 @@ class Engine:
                 port = st.ports.name(i, j) if rule.scope == fields.Scope.PORT else None
                 out.append(Firing(rule, names[i], gpu, status, since_list[k], now, facts, uuid, port))
         return out
-
-    def _width(self, rule: ruleset.Rule) -> int:
-        """Targets per node row: the GPU slots, the port slots, or 1 (the node)."""
-        if rule.scope == fields.Scope.GPU:
-            return self.state.gpus
-        return self.state.ports.slots if rule.scope == fields.Scope.PORT else 1
-
-    def _track(self, rule: ruleset.Rule, width: int) -> _Track:
-        st = self.state
-        track = self._tracks.get(rule.id)
-        if track is None or track.state.shape != (st.cap, width):
-            fresh = _Track(
-                np.zeros((st.cap, width), dtype=np.int8),
-                np.zeros((st.cap, width)),
-                np.zeros((st.cap, width)),
-                np.full((st.cap, width), -np.inf),
-                np.zeros((st.cap, width), dtype=bool),
-            )
-            if track is not None:  # the fleet grew: keep what we knew
-                rows, cols = track.state.shape
-                for name in ("state", "since", "fired_at", "cool_until", "rearm"):
-                    getattr(fresh, name)[:rows, :cols] = getattr(track, name)
-            track = self._tracks[rule.id] = fresh
-        if track.mask_version != st.version:
-            track.mask = None if rule.match.everything else self._mask(rule, width)
-            track.mask_version = st.version
-        return track
-
-    def _mask(self, rule: ruleset.Rule, width: int) -> npt.NDArray[np.bool_]:
-        st = self.state
-        mask = np.zeros((st.cap, width), dtype=bool)
-        for i, name in enumerate(st.names):
-            if not rule.match.node_ok(name, st.labels[i]):
-                continue
-            if rule.scope != fields.Scope.GPU:
-                models = [m for m, _ in st.gpu_info[i].values()]
-                mask[i] = rule.match.model is None or any(rule.match.model_ok(m) for m in models)
-            elif rule.match.model is None:
-                mask[i] = True
-            else:
-                for g, (model, _) in st.gpu_info[i].items():
-                    mask[i, g] = rule.match.model_ok(model)
-        return mask
-
-    def _evaluate_events(self, now: float) -> list[Firing]:
-        out = self._fire_queued(now)
-        rules = {r.id: r for r in self.rules.event_rules}
-        reported = {f.key for f in out}
-        for key, active in list(self._active.items()):
-            rule = rules[key[0]]
-            if self.events_read and now - active.last >= rule.resolve_for_s:
-                del self._active[key]
-                status: Status = Status.RESOLVED
-            elif key in reported:
-                continue
-            else:
-                status = Status.FIRING
-            out.append(
-                Firing(rule, key[1], key[2], status, active.since, now, active.evidence, active.gpu_uuid)
-            )
-        return out
-
-    def _fire_queued(self, now: float) -> list[Firing]:
-        out: list[Firing] = []
-        queued, self._queued = self._queued, []
-        for rule, event in queued:
-            n = self.state.node_index(event.node)
-            labels = self.state.labels[n] if n is not None else {}
-            model = None
-            if n is not None and event.gpu_index is not None:
-                model = self.state.gpu_info[n].get(event.gpu_index, (None, None))[0]
-            if not rule.match.node_ok(event.node, labels):
-                continue
-            if rule.match.model is not None and not rule.match.model_ok(model):
-                continue
-            gpu = event.gpu_index if rule.scope == fields.Scope.GPU else None
-            evidence: Evidence = {"kind": event.kind, "xid": event.xid, "message": event.message}
-            if event.gpu_index is not None:
-                evidence["gpu_index"] = event.gpu_index
-            evidence.update(_log_facts(event))
-            if rule.on_event is not None and rule.on_event.repeat is not None:
-                burst = self._repeats.observe(rule, event, gpu)
-                if burst is None:
-                    continue  # not a burst (yet)
-                evidence.update(burst)
-            key: Key = (rule.id, event.node, gpu, None)
-            active = self._active.get(key)
-            if active is not None:  # quiet periods run on the evaluator's clock, never the node's ts
-                active.last, active.evidence = max(active.last, now), evidence
-                out.append(
-                    Firing(rule, event.node, gpu, Status.FIRING, active.since, now, evidence, event.gpu_uuid)
-                )
-                continue
-            if rule.resolve_for_s > 0:
-                self._active[key] = _EventFiring(now, now, evidence, event.gpu_uuid)
-            out.append(Firing(rule, event.node, gpu, Status.FIRED, now, now, evidence, event.gpu_uuid))
-        return out
-
-
-def _log_facts(event: events.NodeEvent) -> Evidence:
-    """What the kernel log added to an event (process, PCI address, decoded registers), for evidence."""
-    facts: Evidence = {
-        k: v
-        for k, v in (("source", event.source), ("pid", event.pid), ("process", event.process),
-                     ("pci_bus_id", event.pci_bus_id))
-        if v is not None
-    }  # fmt: skip
-    facts.update({k: v for k, v in event.details.items() if k not in facts})
-    return facts
