@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import cast
 
 import prometheus_client as prom
+import pytest
 import structlog
 
 from healer import config
@@ -107,3 +108,13 @@ async def test_shadow_would_be_incidents_go_on_the_feed_as_their_own_type_and_ne
         )
         assert thr is not None
         assert thr >= 1.0
+    # in shadow the pool's rate is its would-be one, per node-day watched (as of the last score)
+    scorer = learn.learning_scorer()
+    assert scorer is not None
+    assert scorer.cfar is not None
+    for st in scorer.cfar.status():
+        rate = registry.get_sample_value(
+            "healer_controller_anomaly_pool_incidents_per_1000_node_days", {"pool": st["pool"]}
+        )
+        assert rate == pytest.approx(1000 * st["shadow_incidents"] / st["node_days"])
+    assert any(st["shadow_incidents"] for st in scorer.cfar.status())

@@ -189,6 +189,15 @@ def _wait_until_scraped(base: str, jobs: int, timeout: float = 60.0) -> None:
     raise AssertionError("Prometheus did not scrape every healer process in time")
 
 
+AFTER_A_SCORED_WINDOW = frozenset({
+    "Pools: live or shadow", "Anomaly incidents per 1,000 node-days", "Calibrated thresholds",
+    "Shadow would-be incidents",
+})  # fmt: skip
+"""Panels of the anomaly calibration's pools: a pool exists from its nodes' first complete scoring window
+(300 s of frames), longer than this test runs. Their queries are still sent (valid PromQL); their series
+are tested where the pools are made (tests/anomaly, tests/controller)."""
+
+
 def _fill(expr: str) -> str:
     return expr.replace("$cluster", "ci").replace("$instance", ".*")
 
@@ -202,7 +211,7 @@ def test_every_panel_has_data_on_a_healthy_system(tmp_path: pathlib.Path) -> Non
         empty = []
         for panel in dashboard["panels"]:
             for target in panel.get("targets", []):
-                if not _query(prom, _fill(target["expr"])):
+                if not _query(prom, _fill(target["expr"])) and panel["title"] not in AFTER_A_SCORED_WINDOW:
                     empty.append(f"{panel['title']}: {target['expr']}")
         for annotation in dashboard["annotations"]["list"]:
             _query(prom, _fill(annotation["expr"]))  # valid PromQL (empty while nothing happens)

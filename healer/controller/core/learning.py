@@ -90,8 +90,12 @@ class Learning:
             pool = p["pool"]
             m.anomaly_pool_live.labels(pool).set(1 if p["state"] == "live" else 0)
             m.anomaly_pool_node_days.labels(pool).set(p["node_days"])
-            if p["live_per_1000_node_days"] is not None:
-                m.anomaly_pool_rate.labels(pool).set(p["live_per_1000_node_days"])
+            m.anomaly_shadow.labels(pool)  # at 0 from the pool's first score, not "No data"
+            rate = p["live_per_1000_node_days"]
+            if p["state"] != "live" and p["node_days"] > 0:  # in shadow: the would-be rate
+                rate = 1000 * p["shadow_incidents"] / p["node_days"]
+            if rate is not None:
+                m.anomaly_pool_rate.labels(pool).set(rate)
             for component, thr in p["thresholds"].items():
                 m.anomaly_pool_threshold.labels(pool, component).set(thr)
 

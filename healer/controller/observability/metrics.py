@@ -317,8 +317,8 @@ class ControllerMetrics(metricdecl.MetricSet):
     )
     anomaly_pool_rate = metricdecl.gauge(
         "healer_controller_anomaly_pool_incidents_per_1000_node_days",
-        "a live pool's measured anomaly incidents per 1,000 node-days live"
-        " (its budget: anomaly.false_alarm_budget)",
+        "a pool's measured anomaly incidents per 1,000 node-days: live, its incidents per live node-day;"
+        " in shadow, its would-be incidents per node-day watched (the budget: anomaly.false_alarm_budget)",
         ["pool"],
     )
     anomaly_pool_threshold = metricdecl.gauge(
