@@ -350,7 +350,7 @@ class View(Set[str]):
         self._names = names
 
     def __contains__(self, name: object) -> bool:
-        return name in set(self._names())
+        return any(n == name for n in self._names())
 
     def __iter__(self) -> Iterator[str]:
         return iter(dict.fromkeys(self._names()))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from healer import actions
 from healer.actuators import base
+from healer.schemas import incidents
 
 
 class RecordingActuator:
@@ -17,7 +18,7 @@ class RecordingActuator:
 
     name = "recording"
 
-    def __init__(self, fail: dict[str, base.Status] | None = None, delay_s: float = 0.0) -> None:
+    def __init__(self, fail: dict[str, incidents.ActionStatus] | None = None, delay_s: float = 0.0) -> None:
         self.requests: list[base.ActionRequest] = []
         self.fail = dict(fail or {})
         self.delay_s = delay_s
@@ -38,7 +39,7 @@ class RecordingActuator:
 
     async def reboot_status(self, node: str) -> base.RebootStatus:
         """A reboot this actuator was asked for completes at once (``reboot_phase`` says otherwise)."""
-        if not any(r.node == node for r in self.executed("reboot_node")):
+        if not any(r.node == node and actions.spec(r.kind).reboots for r in self.executed()):
             return base.RebootStatus(base.RebootPhase.NONE)
         return base.RebootStatus(self.reboot_phase, "healer: reboot complete")
 
@@ -55,7 +56,7 @@ class RecordingGpuActuator:
 
     def __init__(
         self,
-        script: dict[str, list[base.Status]] | None = None,
+        script: dict[str, list[incidents.ActionStatus]] | None = None,
         on_done: Callable[[base.ActionRequest], None] | None = None,
     ) -> None:
         self.requests: list[base.ActionRequest] = []
@@ -68,8 +69,8 @@ class RecordingGpuActuator:
         if request.dry_run:
             return base.ActionOutcome(status="planned", dry_run=True, detail="dry run")
         queue = self.script.get(request.kind) or []
-        status: base.Status = queue.pop(0) if queue else base.Status.DONE
-        if status == base.Status.DONE and self.on_done is not None:
+        status: incidents.ActionStatus = queue.pop(0) if queue else incidents.ActionStatus.DONE
+        if status == incidents.ActionStatus.DONE and self.on_done is not None:
             self.on_done(request)
         facts = dict(self.device) if actions.spec(request.kind).reads_identity else {}
         return base.ActionOutcome(

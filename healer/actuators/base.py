@@ -46,10 +46,6 @@ RequestKind = Annotated[str, pydantic.AfterValidator(_requested)]
 action's own name), checked when the request is made. ``reset_gpu``, ``reset_port`` and ``validate`` go to
 the node agent (actuators/gpu_reset.py), ``reboot_node`` to the scheduler (Slurm ``scontrol reboot``;
 Kubernetes through the agent): the recovery ladder's rungs."""
-Status = incidents.ActionStatus
-"""An action's status: ``schemas.incidents.ActionStatus``, the one status type, named here for actuators.
-An item inside an action may be any status (``skipped``: a DaemonSet pod on a node being drained); the
-action's own outcome is an ``OutcomeStatus``."""
 
 
 def _an_outcome(status: incidents.ActionStatus) -> incidents.ActionStatus:
@@ -112,7 +108,9 @@ class ItemResult(pydantic.BaseModel):
     model_config = base.CONFIG
 
     item: str
-    status: Status
+    status: incidents.ActionStatus
+    """Any status (``skipped``: a DaemonSet pod on a node being drained); the action's own outcome is an
+    ``OutcomeStatus``."""
     detail: str = ""
 
 
@@ -193,9 +191,9 @@ class AgentRouted(Protocol):
     agent: Actuator | None
 
 
-def worst(items: list[ItemResult]) -> Status:
+def worst(items: list[ItemResult]) -> incidents.ActionStatus:
     """Overall status of an action made of items: the worst item wins (skipped items count as done)."""
-    order: list[Status] = [
+    order: list[incidents.ActionStatus] = [
         incidents.ActionStatus.FAILED_PERMANENT,
         incidents.ActionStatus.FAILED_TEMPORARY,
         incidents.ActionStatus.REFUSED,

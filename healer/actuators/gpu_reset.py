@@ -40,7 +40,7 @@ from healer import actions, config, errors
 from healer.actuators import base
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.schemas import codec, commands
+from healer.schemas import codec, commands, incidents
 
 log = structlog.get_logger(__name__)
 
@@ -143,10 +143,10 @@ def _outcome(
     if result.status is commands.ResultStatus.REFUSED:
         return base.ActionOutcome(status="refused", detail=f"agent refused: {result.detail}", plan=plan)
     if result.status is commands.ResultStatus.FAILED:
-        status: base.Status = (
-            base.Status.FAILED_TEMPORARY
+        status: incidents.ActionStatus = (
+            incidents.ActionStatus.FAILED_TEMPORARY
             if result.detail.startswith("temporary:")
-            else base.Status.FAILED_PERMANENT
+            else incidents.ActionStatus.FAILED_PERMANENT
         )
         return base.ActionOutcome(status=status, detail=f"agent: {result.detail}", plan=plan)
     return READERS.get(action, _gpu_done)(request, result, detail, plan)
@@ -173,7 +173,9 @@ def _validated(
         for c in report.checks
         if not c.ok
     ]
-    status: base.Status = base.Status.DONE if report.passed else base.Status.FAILED_PERMANENT
+    status: incidents.ActionStatus = (
+        incidents.ActionStatus.DONE if report.passed else incidents.ActionStatus.FAILED_PERMANENT
+    )
     return base.ActionOutcome(
         status=status, detail=detail, items=items, plan=plan, facts=_facts(report, request.gpu_index)
     )

@@ -406,7 +406,9 @@ class KubernetesActuator:
         failures = [i for i in items if i.status.startswith("failed")]
         if failures:
             status = base.worst(failures)
-        elif cordon.status == base.Status.DONE or any(i.status == base.Status.DONE for i in items):
+        elif cordon.status == incidents.ActionStatus.DONE or any(
+            i.status == incidents.ActionStatus.DONE for i in items
+        ):
             status = incidents.ActionStatus.DONE
         else:
             status = incidents.ActionStatus.ALREADY_DONE

@@ -31,7 +31,7 @@ from healer import actions, config, errors, logs
 from healer.actuators import base
 from healer.bus import base as bus_base
 from healer.bus import subjects
-from healer.schemas import codec, commands
+from healer.schemas import codec, commands, incidents
 
 log = structlog.get_logger(__name__)
 
@@ -58,11 +58,11 @@ class PowerReadings(Protocol):
 # not believed (``identity_mismatch``: from another node; ``command_mismatch``: for another command).
 
 
-_ITEM_STATUS: dict[commands.ResultStatus, base.Status] = {
-    commands.ResultStatus.APPLIED: base.Status.DONE,
-    commands.ResultStatus.ALREADY: base.Status.ALREADY_DONE,
-    commands.ResultStatus.REFUSED: base.Status.REFUSED,
-    commands.ResultStatus.FAILED: base.Status.FAILED_PERMANENT,
+_ITEM_STATUS: dict[commands.ResultStatus, incidents.ActionStatus] = {
+    commands.ResultStatus.APPLIED: incidents.ActionStatus.DONE,
+    commands.ResultStatus.ALREADY: incidents.ActionStatus.ALREADY_DONE,
+    commands.ResultStatus.REFUSED: incidents.ActionStatus.REFUSED,
+    commands.ResultStatus.FAILED: incidents.ActionStatus.FAILED_PERMANENT,
 }
 
 

@@ -113,7 +113,7 @@ def _would(blocker: str) -> str:
 
 
 def _explain(item: base.ItemResult, blocker: str) -> base.ItemResult:
-    if item.status != base.Status.FAILED_PERMANENT or not blocker:
+    if item.status != incidents.ActionStatus.FAILED_PERMANENT or not blocker:
         return item
     return item.model_copy(update={"detail": f"{item.detail} ({blocker})"})
 
@@ -344,7 +344,9 @@ class SlurmActuator:
             job_ids = await self.jobs_on(node)
         items = [await self._requeue(j, plan) for j in job_ids]
         failed = [
-            i for i in items if i.status == base.Status.FAILED_PERMANENT and "Invalid job id" in i.detail
+            i
+            for i in items
+            if i.status == incidents.ActionStatus.FAILED_PERMANENT and "Invalid job id" in i.detail
         ]
         if failed:  # a job that vanished between squeue and requeue has ended: nothing left to move
             still_here = set(await self.jobs_on(node))
@@ -356,11 +358,11 @@ class SlurmActuator:
                 else i
                 for i in items
             ]
-        if any(i.status == base.Status.FAILED_PERMANENT for i in items):
+        if any(i.status == incidents.ActionStatus.FAILED_PERMANENT for i in items):
             info = await self.jobs()
             items = [_explain(i, requeue_blocker(info.get(i.item.removeprefix("job ")))) for i in items]
         status = base.worst(items) if items else drain.status
-        if status == base.Status.ALREADY_DONE and drain.status == base.Status.DONE:
+        if status == incidents.ActionStatus.ALREADY_DONE and drain.status == incidents.ActionStatus.DONE:
             status = incidents.ActionStatus.DONE
         moved = sum(i.status in incidents.TOOK_EFFECT for i in items)
         return base.ActionOutcome(
@@ -386,7 +388,11 @@ class SlurmActuator:
             if "is pending execution" in result.error:
                 return base.ItemResult(item=item, status="already-done", detail="already pending")
             temporary = classify(result.error) is errors.TemporaryError
-            status = base.Status.FAILED_TEMPORARY if temporary else base.Status.FAILED_PERMANENT
+            status = (
+                incidents.ActionStatus.FAILED_TEMPORARY
+                if temporary
+                else incidents.ActionStatus.FAILED_PERMANENT
+            )
             return base.ItemResult(item=item, status=status, detail=result.error)
         # The requeued job sits in COMPLETING for a moment; once it is pending, lift the requeue hold.
         settle_until = time.monotonic() + self.settings.slurm_requeue_settle_s

@@ -117,8 +117,8 @@ class KeyValue(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
-    async def keys(self) -> list[str]:
-        """Every key that exists (deleted keys are not listed)."""
+    async def keys(self, prefix: str = "") -> list[str]:
+        """Every key that exists and starts with ``prefix`` (deleted keys are not listed)."""
 
 
 class Acker(Protocol):

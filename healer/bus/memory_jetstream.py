@@ -130,9 +130,9 @@ class MemoryKeyValue:
         self._revision += 1  # a delete marker takes a revision, as in JetStream
         self._entries.pop(key, None)
 
-    async def keys(self) -> list[str]:
+    async def keys(self, prefix: str = "") -> list[str]:
         self._check()
-        return list(self._entries)
+        return [k for k in self._entries if k.startswith(prefix)]
 
 
 class _MemAcker:

@@ -87,20 +87,22 @@ class NatsKeyValue:
         except nats_errors.FAILURES as e:
             raise nats_errors.translate(f"KV delete {key}", e) from e
 
-    async def keys(self) -> list[str]:
-        """Every key with a value (deleted, purged and expired ones left out): the last message of each
-        key's subject, headers only, read through a pull consumer made for the listing and deleted after
-        it. A pull consumer delivers nothing before it is asked, so the count it reports when made is
-        exactly what the listing reads: no key is missed however slow the machine. A consumer the
-        server refuses is an error, never an empty bucket."""
+    async def keys(self, prefix: str = "") -> list[str]:
+        """Every key with a value (deleted, purged and expired ones left out) that starts with ``prefix``:
+        the last message of each key's subject, headers only, read through a pull consumer made for the
+        listing and deleted after it. A prefix ending with a dot is the consumer's subject filter (the
+        server sends only those keys); any other is filtered here. A pull consumer delivers nothing
+        before it is asked, so the count it reports when made is exactly what the listing reads: no key
+        is missed however slow the machine. A consumer the server refuses is an error, never an empty
+        bucket."""
         name = f"healer-keys-{uuid.uuid4().hex[:16]}"
-        prefix = f"$KV.{self.bucket}."
+        start, prefix = prefix, f"$KV.{self.bucket}."
         config = js_api.ConsumerConfig(
             name=name,
             deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
             ack_policy=js_api.AckPolicy.NONE,
             headers_only=True,
-            filter_subject=prefix + ">",
+            filter_subject=prefix + (start if start.endswith(".") else "") + ">",
             inactive_threshold=KEYS_CONSUMER_IDLE_S,
             mem_storage=True,
             num_replicas=1,
@@ -109,7 +111,7 @@ class NatsKeyValue:
             async with asyncio.timeout(KEYS_TIMEOUT_S):
                 left = (await self.js.add_consumer(self.stream, config=config)).num_pending or 0
                 try:
-                    return await self._read_keys(name, prefix, left)
+                    return [k for k in await self._read_keys(name, prefix, left) if k.startswith(start)]
                 finally:
                     with contextlib.suppress(*nats_errors.FAILURES):
                         await self.js.delete_consumer(self.stream, name)

@@ -32,7 +32,7 @@ RESTORES = actions.View(
 """The kinds that undo a power cap (``restore_power_limit``)."""
 CAPS = actions.kinds_where(lambda k: k.caps_power)
 """The kinds that cap a GPU's power (``power_limit``)."""
-INFORM_ONLY = ("notify",)
+INFORM_ONLY = actions.kinds_where(lambda k: k.published_only)
 """Actions that change nothing: not counted as the first action on a fault."""
 
 
@@ -286,7 +286,7 @@ class Observer:
 
     def cordoned(self) -> list[str]:
         nodes = {a.node for a in self.actions if a.kind in actions.TAKES_OUT_OF_SERVICE and a.status in OK}
-        back = ("uncordon", "return_to_service")
+        back = actions.kinds_where(lambda k: k.undoes_cordon)
         nodes -= {a.node for a in self.actions if a.kind in back and a.status in OK}
         return sorted(nodes)
 

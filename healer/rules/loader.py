@@ -354,7 +354,8 @@ def _structure_errors(f: _File, node: yaml.Node, e: pydantic.ValidationError) ->
 
 def _lint(f: _File, node: yaml.Node, rule: ruleset.Rule) -> None:
     kinds = set(rule.action_kinds)
-    if rule.on_event is not None and kinds - {"notify"} and not rule.has_resolve:
+    acts = any(not actions.spec(k).published_only for k in kinds)  # notify only records: nothing to undo
+    if rule.on_event is not None and acts and not rule.has_resolve:
         f.at(
             node, f"rule {rule.id!r} has actions but no way to resolve: add resolve: {{for: ...}}", "warning"
         )

@@ -85,6 +85,23 @@ async def test_an_empty_bucket_has_no_keys_and_a_bad_key_is_refused(
         await bucket.update("never.written", b"x", 1)
 
 
+async def test_a_listing_by_prefix_names_only_the_keys_under_it(
+    bus: base.Bus, subj: subjects.Subjects
+) -> None:
+    """A prefix ending with a dot is the server's subject filter on JetStream; any other prefix is
+    filtered after the listing: the same keys either way, on both buses (#43)."""
+    bucket = await bus.key_value(subj.kv_state)
+    for key in ("close.a", "close.b", "closed.c", "incident.a", "ladder.a", "ladder-stop.a"):
+        await bucket.put(key, b"1")
+    await bucket.delete("close.b")
+    assert await bucket.keys("close.") == ["close.a"]
+    assert sorted(await bucket.keys("close")) == ["close.a", "closed.c"]
+    assert await bucket.keys("ladder.") == ["ladder.a"]
+    assert await bucket.keys("ladder-stop.") == ["ladder-stop.a"]
+    assert await bucket.keys("none.") == []
+    assert len(await bucket.keys()) == 5
+
+
 async def test_listing_keys_again_and_again_leaves_no_consumer_behind(
     nats_bus: natsbus.NatsBus, subj: subjects.Subjects
 ) -> None:

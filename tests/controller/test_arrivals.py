@@ -120,7 +120,7 @@ async def test_the_ladders_step_serves_arrivals_after_each_chunk_of_ladders(harn
     await until(lambda: ctl.role.took_over and _ticks(ctl) >= 1)  # the first tick is over: none until 1 h
     order: list[str] = []
 
-    async def one_ladder(rec: Any, now: float, inc: object) -> None:
+    async def one_ladder(rec: Any, now: float, inc: object, stopped: bool) -> None:
         order.append(f"ladder {rec.state.incident_id}")
 
     async def between() -> None:

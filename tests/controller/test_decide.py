@@ -72,7 +72,10 @@ def test_resolving_queues_the_on_resolve_actions_unless_the_node_was_forgotten()
     assert gone.change is decide.Change.RESOLVE
     assert gone.on_resolve == ()
     assert decide.on_firing(firing("resolved"), None).change is decide.Change.NONE
-    assert decide.on_firing(firing("resolved"), incident(state="resolved")).change is decide.Change.NONE
+    assert (
+        decide.on_firing(firing("resolved"), incident(state=incidents.IncidentState.RESOLVED)).change
+        is decide.Change.NONE
+    )
 
 
 def test_the_third_fault_episode_on_a_gpu_asks_for_inspection() -> None:

@@ -12,7 +12,7 @@ from healer.actuators import base
 from healer.bus import subjects
 from healer.cli import main as cli_main
 from healer.controller.core import service
-from healer.controller.remediation import healing
+from healer.controller.remediation import healing, ladder_record
 from healer.controller.store import kv
 from healer.schemas import codec, incidents
 from healer.schemas import events as node_events
@@ -107,7 +107,7 @@ async def test_reset_validate_return_resolves_the_incident_recovered(harness: Ha
     assert validate.params["soak_since"] >= reset_deadline - 600.0
     state = await store(harness)
     assert await state.keys(healing.PREFIX) == []  # finished ladders leave KV
-    history = await state.get(healing.history_key("n1", 0))
+    history = await state.get(ladder_record.history_key("n1", 0))
     assert history is not None
     assert len(history.value["recoveries"]) == 1
     assert len(events(harness, "ecc-dbe", "opened")) == 1  # the fault is gone: nothing reopens
@@ -201,7 +201,7 @@ async def test_a_contact_support_fault_goes_to_replacement_at_once(harness: Harn
 async def test_the_repeat_limit_sends_a_gpu_to_replacement_without_a_reset(harness: Harness) -> None:
     ladder_rules(harness, repeat_count=2)
     state = await store(harness)
-    await state.put(healing.history_key("n1", 0), {"recoveries": [time.time() - 86400.0]})
+    await state.put(ladder_record.history_key("n1", 0), {"recoveries": [time.time() - 86400.0]})
     fleet = Fleet(harness.bus, ["n1"])
     sched = testing.RecordingActuator()
     gpu = testing.RecordingGpuActuator()

@@ -74,7 +74,7 @@ class Drains(testing.RecordingActuator):
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
         self.requests.append(request)
-        status: base.Status = incidents.ActionStatus.DONE
+        status: incidents.ActionStatus = incidents.ActionStatus.DONE
         if request.kind == "cordon":
             status = incidents.ActionStatus.ALREADY_DONE if self.drained else incidents.ActionStatus.DONE
             self.drained = True

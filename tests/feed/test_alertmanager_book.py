@@ -56,7 +56,7 @@ def test_resolve_sets_ends_at_and_leaves_nothing_to_resend() -> None:
     book = alertmanager.AlertBook(resend_s=60)
     ev = helpers.event(2)
     book.apply(item(ev, 1), NOW)
-    resolved = change(ev, 2, incidents.Change.RESOLVED, state="resolved")
+    resolved = change(ev, 2, incidents.Change.RESOLVED, state=incidents.IncidentState.RESOLVED)
     [alert] = book.apply(item(resolved, 2), NOW)
     assert datetime.fromisoformat(alert["endsAt"]) == resolved.time
     assert alert["startsAt"] == ev.time.isoformat().replace("+00:00", "Z")
@@ -67,7 +67,7 @@ def test_an_older_redelivered_event_does_not_reopen_a_resolved_incident() -> Non
     book = alertmanager.AlertBook(resend_s=60)
     ev = helpers.event(3)
     book.apply(item(ev, 1), NOW)
-    book.apply(item(change(ev, 2, incidents.Change.RESOLVED, state="resolved"), 2), NOW)
+    book.apply(item(change(ev, 2, incidents.Change.RESOLVED, state=incidents.IncidentState.RESOLVED), 2), NOW)
     [again] = book.apply(item(ev, 1), NOW)
     assert again["annotations"]["state"] == "resolved"
     assert book.open_alerts(NOW) == []
@@ -138,7 +138,9 @@ async def test_open_incidents_are_resent_after_a_restart_and_nothing_is_lost(
     await asyncio.wait_for(task, 10)
 
     # while stopped: the incident resolves, another opens
-    await helpers.publish(nats_bus, change(ev, 2, incidents.Change.RESOLVED, state="resolved"))
+    await helpers.publish(
+        nats_bus, change(ev, 2, incidents.Change.RESOLVED, state=incidents.IncidentState.RESOLVED)
+    )
     other = helpers.event(7)
     await helpers.publish(nats_bus, other)
 

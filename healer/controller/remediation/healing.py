@@ -22,7 +22,6 @@ runs; in observe mode nothing happens at all.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -33,6 +32,7 @@ from healer import actions, config, errors
 from healer.actuators import base as actuators
 from healer.controller.incidents import book, decide, gates, shared_cause
 from healer.controller.remediation import ladder, shell
+from healer.controller.remediation.ladder_record import Pending, Record, history_key
 from healer.controller.store import kv
 from healer.rules import engine
 from healer.schemas import incidents
@@ -41,61 +41,10 @@ PREFIX = "ladder."
 """KV ``healer-state``: one ladder in flight per key (``ladder.<incident id>``)."""
 STOP_PREFIX = "ladder-stop."
 """KV ``healer-state``: an operator's request to stop a ladder (``healer ladder stop``)."""
-HISTORY_PREFIX = "recoveries."
-"""KV ``healer-state``: a GPU's earlier recoveries (``recoveries.<node>.<gpu index | node>``)."""
 ADVANCE_AT_ONCE = 16
 """Ladders walked together in one ``advance`` (each waits on KV for its own incident)."""
 REPLACEMENT_RULE = "hardware-replacement"
 """The rule id of the incidents the ladders open when a GPU needs replacing."""
-
-
-@dataclasses.dataclass(slots=True)
-class Pending:
-    """The step the ladder waits on, stored with its state."""
-
-    kind: str
-    """A ``ladder.StepKind``, or the rung's kind name."""
-    reason: str = ""
-    not_before: float = 0.0
-    deadline: float | None = None
-    soak_s: float = 0.0
-    dcgm_level: int = 0
-    action: int | None = None
-    """Index of the step's action in the incident's actions; None until it is added."""
-    reboot_requested: bool = False
-    """(reboot_node) The scheduler took the reboot: now its ``reboot_status`` is polled."""
-
-    @classmethod
-    def of(cls, step: ladder.Step) -> Pending:
-        not_before = step.not_before
-        if step.kind is ladder.StepKind.VALIDATE:  # the quiet soak runs before the agent is asked
-            not_before = max(not_before, step.state.updated_at + step.soak_s)
-        return cls(step.kind, step.reason, not_before, step.deadline, step.soak_s, step.dcgm_level)
-
-
-@dataclasses.dataclass(slots=True)
-class Record:
-    state: ladder.LadderState
-    pending: Pending
-    followers: list[str] = dataclasses.field(default_factory=list)
-    """Incidents on the same node whose rule has the same ladder, opened while this one walks it: they
-    follow it (one ladder per node: two ports down reboot the node once) and end as it ends."""
-
-    def to_json(self) -> dict[str, Any]:
-        pending = dataclasses.asdict(self.pending)
-        pending["kind"] = str(self.pending.kind)
-        return {"state": self.state.to_json(), "pending": pending, "followers": list(self.followers)}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Record:
-        pending = dict(doc["pending"])
-        pending["kind"] = ladder.step_kind(pending["kind"])
-        followers = [str(f) for f in doc.get("followers", [])]
-        return cls(ladder.LadderState.from_json(doc["state"]), Pending(**pending), followers)
-
-
-def history_key(node: str, gpu: int | None) -> str:
-    return f"{HISTORY_PREFIX}{node}.{'node' if gpu is None else gpu}"
 
 
 class Recovery:
@@ -204,24 +153,38 @@ class Recovery:
         """Each ladder one step on, if its step is done; ``between`` runs after each ladder (the tick
         serves the events that arrived meanwhile: each ladder waits on KV, so all of them take a good
         part of a tick under load). Up to ``ADVANCE_AT_ONCE`` ladders are walked together, each on its
-        own incident: a burst's thousand ladders do not wait on KV one after another (#43)."""
+        own incident: a burst's thousand ladders do not wait on KV one after another (#43). The stop
+        flags (``healer ladder stop``) are listed once per tick, not read once per ladder."""
         recs = list(self.ladders.values())
+        if not recs:
+            return
+        try:
+            stops = set(await self.store.keys(STOP_PREFIX))
+        except errors.HealerError as e:  # KV away: every ladder stays where it is, tried next tick
+            self.log.warning("ladder.advance_failed", error=str(e))
+            return
         for start in range(0, len(recs), ADVANCE_AT_ONCE):
             by_id = {i.id: i for i in self.book.all()}  # again after ``between``: it may open or close some
             await asyncio.gather(
-                *(self._advance_guarded(rec, by_id, now) for rec in recs[start : start + ADVANCE_AT_ONCE])
+                *(
+                    self._advance_guarded(rec, by_id, now, STOP_PREFIX + rec.state.incident_id in stops)
+                    for rec in recs[start : start + ADVANCE_AT_ONCE]
+                )
             )
             if between is not None:
                 await between()
 
-    async def _advance_guarded(self, rec: Record, by_id: Mapping[str, book.Incident], now: float) -> None:
+    async def _advance_guarded(
+        self, rec: Record, by_id: Mapping[str, book.Incident], now: float, stopped: bool
+    ) -> None:
         try:
-            await self._advance(rec, now, by_id.get(rec.state.incident_id))
+            await self._advance(rec, now, by_id.get(rec.state.incident_id), stopped)
         except errors.HealerError as e:  # KV away: the ladder stays where it is, tried next tick
             self.log.warning("ladder.advance_failed", incident_id=rec.state.incident_id, error=str(e))
 
-    async def _advance(self, rec: Record, now: float, inc: book.Incident | None) -> None:
-        stop = await self.store.get(STOP_PREFIX + rec.state.incident_id)
+    async def _advance(self, rec: Record, now: float, inc: book.Incident | None, stopped: bool) -> None:
+        """``stopped``: a stop flag was listed for its incident this tick (read here for who and why)."""
+        stop = await self.store.get(STOP_PREFIX + rec.state.incident_id) if stopped else None
         outcome: ladder.Outcome | None
         if inc is None:
             outcome, detail = ladder.Outcome.STOPPED, "the incident was closed"

@@ -158,6 +158,10 @@ class Limits:
         self.last: dict[tuple[str, str], gates.LastAction] = {}
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self._appends: dict[str, batching.Coalesced[tuple[float, int], None]] = {}
+        self._reads: dict[str, batching.Coalesced[None, kv.Doc | None]] = {}
+        """Each kind's rate window read: the reads asked while one is in flight share the next (#43)."""
+        self._written: dict[str, kv.Doc] = {}
+        """Each kind's rate window as this process last wrote it, tried first by the next append."""
 
     async def _last(self, kind: str, node: str) -> gates.LastAction | None:
         """The newest action of ``kind`` on ``node``: this process's, or KV's when newer (another
@@ -178,11 +182,14 @@ class Limits:
             while window and now - window[0] > RATE_WINDOW_S:
                 window.popleft()
             return list(window), None
+        if kind not in self._reads:
+            self._reads[kind] = batching.Coalesced(functools.partial(self._read_windows, kind))
+        return _times(await self._reads[kind](None), now)
+
+    async def _read_windows(self, kind: str, items: list[None]) -> list[kv.Doc | None]:
+        assert self.store is not None
         doc = await self.store.get(f"{RATE_PREFIX}{kind}")
-        times = [
-            float(t) for t in (doc.value.get("at", []) if doc else []) if now - float(t) <= RATE_WINDOW_S
-        ]
-        return times, doc
+        return [doc] * len(items)
 
     async def view(self, kind: str, node: str, now: float, *, window: bool = True) -> gates.LimitsView:
         """What ``gates.limits_gate`` needs to know about ``kind`` on ``node`` now (``window=False``: only
@@ -235,18 +242,23 @@ class Limits:
         await self._appends[kind]((now, count))
 
     async def _append_all(self, kind: str, items: list[tuple[float, int]]) -> list[None]:
+        """One compare-and-set for ``items``: against the window as this process last wrote it while it
+        is current (a conflict means another shard wrote since: read it and try again)."""
         assert self.store is not None
         now = max(at for at, _ in items)
         for _ in range(20):
-            times, doc = await self._window(kind, now)
+            doc = self._written.pop(kind, None) or await self.store.get(f"{RATE_PREFIX}{kind}")
+            times, _ = _times(doc, now)
             value = {"at": [*times, *(at for at, count in items for _ in range(count))]}
+            key = f"{RATE_PREFIX}{kind}"
             try:
                 if doc is None:
-                    await self.store.create(f"{RATE_PREFIX}{kind}", value)
+                    revision = await self.store.create(key, value)
                 else:
-                    await self.store.update(f"{RATE_PREFIX}{kind}", value, doc.revision)
+                    revision = await self.store.update(key, value, doc.revision)
             except kv.Conflict:
                 continue
+            self._written[kind] = kv.Doc(key, value, revision)
             return [None] * len(items)
         raise errors.TemporaryError(f"rate limit: too much contention on {RATE_PREFIX}{kind}")
 
@@ -254,3 +266,9 @@ class Limits:
 def _has_cooldown(kind: str) -> bool:
     spec = actions.kind(kind)
     return spec is not None and spec.per_node_cooldown
+
+
+def _times(doc: kv.Doc | None, now: float) -> tuple[list[float], kv.Doc | None]:
+    """The times in a stored rate window that are within the last minute of ``now``."""
+    times = [float(t) for t in (doc.value.get("at", []) if doc else []) if now - float(t) <= RATE_WINDOW_S]
+    return times, doc
