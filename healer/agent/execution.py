@@ -34,7 +34,9 @@ Safety rules, in the order they are checked:
    ladder moves on to the reboot); a port that does not come back fails it. Once done it is remembered.
 
 The executor is synchronous and shared by the real agent and the simulated fleet, so a simulated node
-answers exactly as a real one would.
+answers exactly as a real one would. This module checks and dispatches (rules 1 and 2, the record on
+disk); the power limits (3, 4) are ``power_limits.PowerLimits``, the recovery commands (5 to 8) the
+handlers in ``recovery_commands``.
 """
 
 from __future__ import annotations
@@ -45,24 +47,16 @@ import os
 import pathlib
 import time
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import structlog
 
-from healer import actions, errors
-from healer.agent import validation
+from healer.agent import power_limits, recovery_commands, validation
 from healer.schemas import commands, events, fabric, telemetry
-from healer.telemetry import source
 
 log = structlog.get_logger(__name__)
 
-TOLERANCE_W = 0.5
-"""Two limits closer than this are the same limit (NVML works in milliwatts; drivers round)."""
 RECENT_MAX = 256
-RESET_TIMEOUT_S = 120.0
-"""A reset's time limit when the command names none (nvidia-smi --gpu-reset takes ~10-60 s)."""
-PORT_RESET_TIMEOUT_S = 60.0
-"""A port link reset's time limit, bounce and wait, when the command names none."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,12 +65,6 @@ class LiveTokens:
 
     tokens: frozenset[int]
     error: str = ""
-
-
-class PowerControl(Protocol):
-    def power_limits(self, index: int) -> source.PowerLimits: ...
-
-    def set_power_limit(self, index: int, watts: float) -> None: ...
 
 
 class GpuControl(Protocol):
@@ -110,16 +98,12 @@ class Health:
 
 DcgmRunner = Callable[[int, float | None], validation.DcgmResult | None]
 
-RECOVERY: Final = actions.Handlers("agent", actions.AGENT_COMMANDS)
-"""The recovery commands (``commands.RECOVERY``), each with its ``@RECOVERY.handler`` method
-``(command, bound log) -> result``; the rest set or restore power limits."""
-
 
 class CommandExecutor:
     def __init__(
         self,
         node: str,
-        power: PowerControl,
+        power: power_limits.PowerControl,
         state_path: pathlib.Path | None,
         clock: Callable[[], float] = time.time,
         gpu_indices: Callable[[], list[int]] | None = None,
@@ -147,7 +131,7 @@ class CommandExecutor:
         self.fencing_token = 0
         self.fencing_refused = 0
         """Commands refused because their new token is no live lease's (or the lease was unreadable)."""
-        self.originals: dict[int, dict[str, Any]] = {}
+        self.limits = power_limits.PowerLimits(power, lambda: self.clock())
         self.recent: dict[str, dict[str, Any]] = {}
         self._load()
 
@@ -158,7 +142,7 @@ class CommandExecutor:
         try:
             doc = json.loads(self.state_path.read_text())
             self.fencing_token = int(doc.get("fencing_token", 0))
-            self.originals = {int(k): v for k, v in doc.get("originals", {}).items()}
+            self.limits.originals = {int(k): v for k, v in doc.get("originals", {}).items()}
             self.recent = dict(doc.get("recent", {}))
         except (OSError, ValueError, TypeError, AttributeError) as e:
             # Refusing to start would leave the GPUs capped forever; start empty and say so loudly.
@@ -200,196 +184,30 @@ class CommandExecutor:
                 bound.error("commands.fencing_refused", reason=refusal, seen=self.fencing_token)
                 self.fencing_refused += 1
             if refusal and live.error:  # not a verdict on the token: the controller tries again
-                return self._result(
+                return self.result(
                     cmd, commands.ResultStatus.FAILED, f"temporary: {refusal}", [], remember=False
                 )
         if refusal:
             bound.warning("commands.refused", reason=refusal)
-            return self._result(cmd, commands.ResultStatus.REFUSED, refusal, [], remember=False)
+            return self.result(cmd, commands.ResultStatus.REFUSED, refusal, [], remember=False)
         if cmd.fencing_token > self.fencing_token:
             self.fencing_token = cmd.fencing_token
-        recovery = RECOVERY.bound(self).get(cmd.action)
-        if recovery is not None:
-            done: commands.CommandResult = recovery(cmd, bound)
+        handler = recovery_commands.RECOVERY.bound(self).get(cmd.action)
+        if handler is not None:
+            done: commands.CommandResult = handler(cmd, bound)
             return done
-        targets = self._targets(cmd)
+        targets = self.targets(cmd)
         if not targets:
-            return self._result(cmd, commands.ResultStatus.REFUSED, "no GPU to act on", [], remember=False)
+            return self.result(cmd, commands.ResultStatus.REFUSED, "no GPU to act on", [], remember=False)
         if cmd.action in commands.SETS_LIMIT:
-            changes = [self._set(cmd, i) for i in targets]
+            changes = [self.limits.set_limit(cmd, i) for i in targets]
         else:
-            changes = [self._restore(cmd, i) for i in targets]
+            changes = [self.limits.restore_limit(cmd, i) for i in targets]
         status = max((c.status for c in changes), key=lambda s: s.rank)
         detail = "; ".join(f"gpu{c.index}: {c.detail}" for c in changes if c.detail)
-        result = self._result(cmd, status, detail, changes, remember=True)
+        result = self.result(cmd, status, detail, changes, remember=True)
         bound.info("commands.executed", status=status, detail=detail)
         return result
-
-    @RECOVERY.handler("reset_gpu")
-    def _reset(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
-        assert cmd.gpu_index is not None  # the schema requires it
-        index = cmd.gpu_index
-        if self.gpu is None:
-            return self._result(
-                cmd,
-                commands.ResultStatus.REFUSED,
-                "this agent's source cannot reset a GPU",
-                [],
-                remember=False,
-            )
-        try:
-            pids = self.gpu.compute_processes(index)
-        except errors.HealerError as e:
-            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
-            report = commands.GpuReset(index=index, status="failed", detail=f"{kind}: {e}")
-            return self._result(
-                cmd, commands.ResultStatus.FAILED, report.detail, [], remember=False, reset=report
-            )
-        if pids:
-            detail = f"compute processes still run on GPU {index}: pids {', '.join(map(str, pids))}"
-            report = commands.GpuReset(index=index, status="refused", pids=pids, detail=detail)
-            bound.warning("commands.reset_refused", gpu=index, pids=pids)
-            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False, reset=report)
-        timeout_s = cmd.timeout_s or RESET_TIMEOUT_S
-        started = self.clock()
-        try:
-            message = self.gpu.reset_gpu(index, timeout_s)
-        except errors.HealerError as e:
-            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
-            report = commands.GpuReset(
-                index=index, status="failed", duration_s=self.clock() - started, detail=f"{kind}: {e}"
-            )
-            bound.error("commands.reset_failed", gpu=index, error=str(e))
-            return self._result(
-                cmd, commands.ResultStatus.FAILED, report.detail, [], remember=True, reset=report
-            )
-        if self.originals.pop(index, None) is not None:
-            message += "; the reset returned the default power limit (healer's cap is gone)"
-        report = commands.GpuReset(
-            index=index, status="applied", duration_s=self.clock() - started, detail=message[:1024]
-        )
-        bound.warning("commands.gpu_reset", gpu=index, duration_s=report.duration_s)
-        return self._result(
-            cmd, commands.ResultStatus.APPLIED, report.detail, [], remember=True, reset=report
-        )
-
-    @RECOVERY.handler("validate")
-    def _validate(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
-        if self.health is None:
-            return self._result(
-                cmd,
-                commands.ResultStatus.REFUSED,
-                "this agent cannot validate (no health view)",
-                [],
-                remember=False,
-            )
-        health = self.health(cmd.soak_since)
-        ports = health.ports
-        if self.ports is not None:
-            try:
-                ports = self.ports.read_ports()  # fresh: a port that just came back is not missed
-            except OSError as e:
-                bound.warning("commands.ports_unreadable", error=str(e))
-        dcgm = self.dcgm(cmd.dcgm_level, cmd.timeout_s) if cmd.dcgm_level else None
-        report = validation.check(
-            health.gpus, health.expected, health.events, dcgm, cmd.dcgm_level, ports=ports,
-            expect_ports=cmd.ports if ports is not None else (),
-        )  # fmt: skip
-        report = report.model_copy(update={"devices": self._devices(health.gpus)})
-        failed = [
-            f"{c.name}{'' if c.gpu_index is None else f' gpu{c.gpu_index}'}"
-            for c in report.checks
-            if not c.ok
-        ]
-        detail = "passed" if report.passed else "failed: " + ", ".join(failed)
-        bound.info("commands.validated", passed=report.passed, failed=failed)
-        return self._result(
-            cmd, commands.ResultStatus.APPLIED, detail[:4096], [], remember=True, validation=report
-        )
-
-    @RECOVERY.handler("reboot_node")
-    def _reboot(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
-        if self.reboot is None:
-            detail = "this agent does not reboot its host (agent.reboot_command is unset)"
-            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False)
-        busy = self._busy(cmd)  # a lost GPU lists nothing: that is what the reboot is for
-        if busy:
-            detail = "compute processes still run: " + "; ".join(busy)
-            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False)
-        result = self._result(
-            cmd, commands.ResultStatus.APPLIED, "reboot started", [], remember=True
-        )  # saved before it goes down
-        try:
-            message = self.reboot()
-        except errors.HealerError as e:
-            self.recent.pop(cmd.id, None)
-            bound.error("commands.reboot_failed", error=str(e))
-            return self._result(cmd, commands.ResultStatus.FAILED, f"permanent: {e}", [], remember=False)
-        bound.warning("commands.rebooting", message=message)
-        return result
-
-    def _busy(self, cmd: commands.Command) -> list[str]:
-        """The GPUs compute processes still run on (a lost GPU lists nothing)."""
-        busy: list[str] = []
-        if self.gpu is not None:
-            for index in self._targets(cmd):
-                try:
-                    pids = self.gpu.compute_processes(index)
-                except errors.HealerError:
-                    continue
-                if pids:
-                    busy.append(f"GPU {index}: pids {', '.join(map(str, pids))}")
-        return busy
-
-    @RECOVERY.handler("reset_port")
-    def _reset_ports(self, cmd: commands.Command, bound: Any) -> commands.CommandResult:
-        if self.ports is None:
-            detail = (
-                "permanent: this agent cannot reset RDMA ports (agent.rdma_ports is off, or a simulated node)"
-            )
-            return self._result(cmd, commands.ResultStatus.FAILED, detail, [], remember=False)
-        try:
-            known = {p.name for p in self.ports.read_ports()}
-        except OSError as e:
-            return self._result(
-                cmd, commands.ResultStatus.FAILED, f"temporary: ports unreadable: {e}", [], remember=False
-            )
-        unknown = [p for p in cmd.ports if p not in known]
-        if unknown:
-            listed = ", ".join(sorted(known)) or "none"
-            detail = f"permanent: no such port {', '.join(unknown)} (sysfs lists {listed}); nothing was reset"
-            bound.warning("commands.port_reset_unknown", ports=unknown)
-            return self._result(cmd, commands.ResultStatus.FAILED, detail[:4096], [], remember=False)
-        busy = self._busy(cmd)
-        if busy:
-            detail = "compute processes still run: " + "; ".join(busy)
-            return self._result(cmd, commands.ResultStatus.REFUSED, detail, [], remember=False)
-        timeout_s = cmd.timeout_s or PORT_RESET_TIMEOUT_S
-        started = self.clock()
-        reports: list[commands.PortReset] = []
-        for name in cmd.ports:
-            left = max(0.0, timeout_s - (self.clock() - started))  # shared: the controller waits timeout_s
-            reports.append(self.ports.reset_port(name, left))
-        bad = [r for r in reports if r.status is not commands.ResultStatus.APPLIED]
-        status: commands.ResultStatus = commands.ResultStatus.FAILED if bad else commands.ResultStatus.APPLIED
-        detail = "; ".join(r.detail for r in (bad or reports))
-        if bad and not detail.startswith(("permanent:", "temporary:")):
-            detail = f"permanent: {detail}"
-        bound.warning(
-            "commands.ports_reset", status=status, ports=list(cmd.ports), failed=[r.port for r in bad]
-        )
-        return self._result(cmd, status, detail[:4096], [], remember=True, port_resets=reports)
-
-    def _devices(self, gpus: list[telemetry.GpuSample]) -> list[commands.Device]:
-        """Each answering GPU's identity, for a hardware replacement's evidence."""
-        out = []
-        for g in sorted(gpus, key=lambda g: g.index):
-            try:
-                info = self.gpu.device_info(g.index) if self.gpu is not None else {}
-            except errors.HealerError:
-                info = {}
-            out.append(commands.Device(index=g.index, **{**info, "uuid": info.get("uuid") or g.uuid}))
-        return out
 
     def refuse_undecodable(self, reason: str) -> commands.CommandResult:
         log.warning("commands.undecodable", node=self.node, reason=reason)
@@ -421,12 +239,12 @@ class CommandExecutor:
             )
         return ""
 
-    def _targets(self, cmd: commands.Command) -> list[int]:
+    def targets(self, cmd: commands.Command) -> list[int]:
         if cmd.gpu_index is not None:
             return [cmd.gpu_index]
         return list(self.gpu_indices()) if self.gpu_indices else []
 
-    def _result(
+    def result(
         self,
         cmd: commands.Command,
         status: commands.ResultStatus,
@@ -456,149 +274,7 @@ class CommandExecutor:
         self._save()
         return result
 
-    # -- actions -----------------------------------------------------------------------------------
-    def _set(self, cmd: commands.Command, index: int) -> commands.PowerChange:
-        try:
-            limits = self.power.power_limits(index)
-        except errors.HealerError as e:
-            return commands.PowerChange(index=index, status="failed", detail=f"cannot read limits: {e}")
-        if cmd.watts is not None:
-            requested = cmd.watts
-        else:
-            assert cmd.percent_of_default is not None
-            requested = limits.default_w * cmd.percent_of_default / 100.0
-        wanted = min(max(requested, limits.min_w), limits.max_w)
-        clamped = abs(wanted - requested) > TOLERANCE_W
-        record = self._held(index, limits.current_w)
-        holds = {**_holds(record), cmd.holder: wanted}
-        applied = min(holds.values())
-        below = _others(holds, cmd.holder, applied)
-        if abs(limits.current_w - applied) <= TOLERANCE_W:
-            if record is not None:  # the limit is right already; this holder's hold is kept all the same
-                self.originals[index] = {**record, "holds": holds}
-            return commands.PowerChange(
-                index=index,
-                previous_w=limits.current_w,
-                requested_w=requested,
-                applied_w=limits.current_w,
-                clamped=clamped,
-                status="already",
-                detail=below,
-            )
-        failed = self._apply(index, applied, limits.current_w, requested)
-        if failed is not None:
-            return failed
-        original = limits.current_w if record is None else record["original_w"]
-        self.originals[index] = {
-            "original_w": original,
-            "applied_w": applied,
-            "holds": holds,
-            "reason": cmd.reason,
-            "at": self.clock(),
-        }
-        detail = f"clamped to [{limits.min_w:g}, {limits.max_w:g}] W" if clamped else ""
-        return commands.PowerChange(
-            index=index,
-            previous_w=limits.current_w,
-            requested_w=requested,
-            applied_w=applied,
-            clamped=clamped,
-            status="applied",
-            detail="; ".join(d for d in (detail, below) if d),
-        )
-
-    def _held(self, index: int, current_w: float) -> dict[str, Any] | None:
-        """healer's record of the GPU's limit, or None; a limit someone changed since healer set it
-        drops the record (that limit is now the one to restore)."""
-        record = self.originals.get(index)
-        if record is not None and abs(current_w - record["applied_w"]) > TOLERANCE_W:
-            log.warning(
-                "commands.limit_changed_by_other",
-                gpu=index,
-                healer_set_w=record["applied_w"],
-                now_w=current_w,
-            )
-            return None
-        return record
-
-    def _apply(
-        self, index: int, watts: float, previous_w: float, requested_w: float
-    ) -> commands.PowerChange | None:
-        """Set the limit; None when it worked, else the failed change (temporary or permanent)."""
-        try:
-            self.power.set_power_limit(index, watts)
-        except errors.HealerError as e:
-            kind = "temporary" if isinstance(e, errors.TemporaryError) else "permanent"
-            return commands.PowerChange(
-                index=index,
-                previous_w=previous_w,
-                requested_w=requested_w,
-                status="failed",
-                detail=f"{kind}: {e}",
-            )
-        return None
-
-    def _restore(self, cmd: commands.Command, index: int) -> commands.PowerChange:
-        record = self.originals.get(index)
-        if record is None:
-            return commands.PowerChange(index=index, status="already", detail="healer holds no limit here")
-        try:
-            limits = self.power.power_limits(index)
-        except errors.HealerError as e:
-            return commands.PowerChange(index=index, status="failed", detail=f"cannot read limits: {e}")
-        if abs(limits.current_w - record["applied_w"]) > TOLERANCE_W:
-            del self.originals[index]
-            return commands.PowerChange(
-                index=index,
-                previous_w=limits.current_w,
-                status="refused",
-                detail=f"changed by someone else since healer set {record['applied_w']:g} W; left as is",
-            )
-        # a holder lifts its own hold and any unnamed one (an older controller's); no holder lifts all
-        left = {h: w for h, w in _holds(record).items() if cmd.holder and h and h != cmd.holder}
-        if left:
-            target = min(left.values())
-            detail = _others(left, "", target)
-            if abs(limits.current_w - target) <= TOLERANCE_W:
-                self.originals[index] = {**record, "holds": left}
-                return commands.PowerChange(
-                    index=index,
-                    previous_w=limits.current_w,
-                    applied_w=target,
-                    status="already",
-                    detail=detail,
-                )
-            failed = self._apply(index, target, limits.current_w, target)
-            if failed is not None:
-                return failed
-            self.originals[index] = {**record, "holds": left, "applied_w": target, "at": self.clock()}
-            return commands.PowerChange(
-                index=index, previous_w=limits.current_w, requested_w=target, applied_w=target,
-                status="applied", detail=detail,
-            )  # fmt: skip
-        target = float(record["original_w"])
-        failed = self._apply(index, target, limits.current_w, target)
-        if failed is not None:
-            return failed
-        del self.originals[index]
-        return commands.PowerChange(
-            index=index, previous_w=limits.current_w, requested_w=target, applied_w=target, status="applied"
-        )
-
-
-def _holds(record: dict[str, Any] | None) -> dict[str, float]:
-    """Each holder's limit in a record (a record written before holders were named has one, unnamed)."""
-    if record is None:
-        return {}
-    holds = record.get("holds")
-    if not isinstance(holds, dict):
-        return {"": float(record["applied_w"])}
-    return {str(h): float(w) for h, w in holds.items()}
-
-
-def _others(holds: dict[str, float], holder: str, applied: float) -> str:
-    """Why the GPU's limit is not (only) ``holder``'s: the other holders at the limit applied."""
-    by = sorted(
-        h or "an unnamed holder" for h, w in holds.items() if h != holder and w <= applied + TOLERANCE_W
-    )
-    return f"held at {applied:g} W by {', '.join(by)}" if by else ""
+    @property
+    def originals(self) -> dict[int, dict[str, Any]]:
+        """healer's record of each GPU's limit (``power_limits.PowerLimits.originals``)."""
+        return self.limits.originals

@@ -1,6 +1,6 @@
 """The controller's node-wide grouping of anomaly firings, for backtests: what an SRE is sent.
 
-The controller (``controller.decide.correlate``) lets a GPU firing of a ``node_wide`` rule join its
+The controller (``correlation.correlate``) lets a GPU firing of a ``node_wide`` rule join its
 node's open incident of the same group when that incident is node-wide already, or opened less than
 ``within_s`` ago; otherwise the firing opens an incident of its own. An incident becomes node-wide once
 ``NodeWide.threshold(gpus)`` of its node's GPUs have joined it, and it stays open while any of its GPUs'

@@ -154,7 +154,9 @@ async def controller_rate(
 class Cost:
     """What the paced latency controller cost while the publisher ran, per wall second: its process's
     CPU (the bench's own asyncio loop included; the publisher is another process), and of it the
-    arrival evaluations of frames (``controller.frame_arrivals_s``; their frames' flush not counted)."""
+    arrival evaluations of frames (``controller.frame_arrivals_s``; their frames' flush not counted).
+    Both are CPU time over the same window (the arrivals' counter read at its start and end), so the
+    second is part of the first also on a loaded machine."""
 
     core: float
     frame_arrivals: float
@@ -187,18 +189,22 @@ async def latency(
     """Fault-to-action latencies, frames dropped and the cost, for shard 0 of ``shards`` (all of the
     fleet's frames reach it; it ingests its share)."""
     bus, actuator, ctl = await _enforcing(url, "bench-latency", rules_dir, shards, arrivals)
+    value = ctl.metrics.registry.get_sample_value
+
+    def arrivals_cpu() -> float:
+        return value("healer_controller_frame_arrival_seconds_total") or 0.0
+
     proc, queue = frame_publisher.start_publisher(url, nodes, seconds, 1.0, faults, shards, spread)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, a0 = time.perf_counter(), time.process_time(), arrivals_cpu()
     await asyncio.to_thread(proc.join, seconds + 60)
-    t1, c1 = time.perf_counter(), time.process_time()
+    t1, c1, a1 = time.perf_counter(), time.process_time(), arrivals_cpu()
     await asyncio.sleep(3.0)
     await ctl.stop()
     await bus.close()
     injected: dict[str, float] = queue.get(timeout=5)["injected"]
-    value = ctl.metrics.registry.get_sample_value
     dropped = int(value("healer_controller_frames_dropped_total") or 0)
     wall = max(t1 - t0, 1e-9)
-    cost = Cost((c1 - c0) / wall, (value("healer_controller_frame_arrival_seconds_total") or 0.0) / wall)
+    cost = Cost((c1 - c0) / wall, (a1 - a0) / wall)
     return sorted(actuator.first[n] - t for n, t in injected.items() if n in actuator.first), dropped, cost
 
 

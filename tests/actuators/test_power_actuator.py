@@ -11,7 +11,7 @@ import structlog.testing
 
 from healer import config
 from healer.actuators import base, power
-from healer.agent import execution
+from healer.agent import execution, power_limits
 from healer.bus import base as bus_base
 from healer.bus import memory, subjects
 from healer.schemas import codec
@@ -35,7 +35,7 @@ class IgnoringDriver:
 class LiveReadings:
     """Telemetry as the controller sees it: a fresh frame from the simulated node on every look."""
 
-    def __init__(self, gpu: execution.PowerControl, node: str = "n1") -> None:
+    def __init__(self, gpu: power_limits.PowerControl, node: str = "n1") -> None:
         self.gpu = gpu
         self.node = node
         self.looks = 0
@@ -70,7 +70,7 @@ def gpu() -> node_source.SimSource:
     return node_source.SimSource("n1", gpus=2)
 
 
-async def serve_agent(bus: memory.MemoryBus, control: execution.PowerControl) -> execution.CommandExecutor:
+async def serve_agent(bus: memory.MemoryBus, control: power_limits.PowerControl) -> execution.CommandExecutor:
     executor = execution.CommandExecutor("n1", control, None, gpu_indices=lambda: [0, 1])
 
     async def on_command(msg: bus_base.Msg) -> None:
@@ -224,7 +224,7 @@ async def test_bad_parameters_are_a_permanent_failure(
 class CountingReadings(LiveReadings):
     """LiveReadings that also hears about replies the actuator did not believe (as the controller does)."""
 
-    def __init__(self, gpu: execution.PowerControl) -> None:
+    def __init__(self, gpu: power_limits.PowerControl) -> None:
         super().__init__(gpu)
         self.rejected: list[str] = []
 

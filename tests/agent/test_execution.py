@@ -9,7 +9,7 @@ import time
 import pytest
 
 from healer import errors
-from healer.agent import execution
+from healer.agent import execution, power_limits
 from healer.schemas import codec, commands
 from healer.sim import node_source
 from healer.telemetry import source
@@ -37,7 +37,7 @@ def power() -> node_source.SimSource:
     return node_source.SimSource("n1", gpus=2)
 
 
-def executor(power: execution.PowerControl, path: pathlib.Path | None) -> execution.CommandExecutor:
+def executor(power: power_limits.PowerControl, path: pathlib.Path | None) -> execution.CommandExecutor:
     return execution.CommandExecutor("n1", power, path, gpu_indices=lambda: [0, 1])
 
 

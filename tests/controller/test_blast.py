@@ -12,7 +12,7 @@ from healer import config, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import service
-from healer.controller.incidents import decide
+from healer.controller.incidents import gates
 from healer.controller.inventory import blast, topology
 from healer.controller.remediation import policy
 from healer.controller.store import kv
@@ -36,9 +36,9 @@ def entries(*nodes: str) -> dict[str, object]:
     return {"open": False, "entries": [[n, 100.0, f"i-{n}"] for n in nodes]}
 
 
-def admit(state: dict[str, object], node: str, cs: config.ControllerSettings) -> decide.BreakerAdmission:
+def admit(state: dict[str, object], node: str, cs: config.ControllerSettings) -> gates.BreakerAdmission:
     view = blast.View.of(RACKS, node, cs.domain_limits)
-    return decide.breaker_admission(state, node, 6, f"i-{node}", 110.0, cs, view)
+    return gates.breaker_admission(state, node, 6, f"i-{node}", 110.0, cs, view)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_a_full_domain_is_held_before_the_fleet_breaker_could_trip() -> None:
         {"breaker_max_nodes": 2, "domain_limits": {"rack": {"max_nodes": 2}}}
     )
     view = blast.View.of(RACKS, "a3", cs.domain_limits)
-    verdict = decide.breaker_admission(entries("a1", "a2"), "a3", 6, "i", 110.0, cs, view)
+    verdict = gates.breaker_admission(entries("a1", "a2"), "a3", 6, "i", 110.0, cs, view)
     assert verdict.held is not None
     assert not verdict.tripped
 
@@ -112,7 +112,7 @@ def test_entries_past_the_window_no_longer_count() -> None:
     cs = settings(rack={"max_nodes": 1})
     view = blast.View.of(RACKS, "a2", cs.domain_limits)
     late = 100.0 + cs.breaker_window_s + 1
-    assert decide.breaker_admission(entries("a1"), "a2", 6, "i", late, cs, view).allowed
+    assert gates.breaker_admission(entries("a1"), "a2", 6, "i", late, cs, view).allowed
 
 
 async def test_the_domain_count_lives_in_kv_and_a_restarted_controller_reads_it_back(

@@ -14,7 +14,7 @@ import yaml
 from healer import config, testing
 from healer.bus import subjects
 from healer.controller.core import service
-from healer.controller.incidents import decide
+from healer.controller.incidents import gates
 from healer.controller.inventory import blast, topology
 from healer.controller.remediation import breaker_batch
 from healer.schemas import codec, events
@@ -25,18 +25,18 @@ RACKS = topology.Topology({f"n{i}": {"rack": f"r{i // 4}"} for i in range(16)})
 
 def _fold(
     state: dict[str, Any], asks: list[breaker_batch.Ask], now: float, cs: config.ControllerSettings
-) -> tuple[list[decide.BreakerAdmission], dict[str, Any] | None]:
-    """One ``decide.breaker_admission`` per ask, each against the document the one before wrote."""
+) -> tuple[list[gates.BreakerAdmission], dict[str, Any] | None]:
+    """One ``gates.breaker_admission`` per ask, each against the document the one before wrote."""
     out, written = [], None
     for a in asks:
-        adm = decide.breaker_admission(state, a.node, a.fleet_size, a.incident_id, now, cs, a.domains)
+        adm = gates.breaker_admission(state, a.node, a.fleet_size, a.incident_id, now, cs, a.domains)
         out.append(adm)
         if adm.state is not None:
             state = written = adm.state
     return out, written
 
 
-def _verdict(a: decide.BreakerAdmission) -> tuple[Any, ...]:
+def _verdict(a: gates.BreakerAdmission) -> tuple[Any, ...]:
     return (a.allowed, a.reason, a.tripped, a.held)
 
 
@@ -66,7 +66,7 @@ def test_a_batch_gets_the_verdicts_one_admission_per_ask_would_get() -> None:
         assert [_verdict(a) for a in got] == [_verdict(a) for a in expected], trial
         assert doc == expected_doc, trial
         if doc is not None:
-            assert parsed == tuple(map(decide.BreakerEntry.of, doc["entries"])), "the next batch's Known"
+            assert parsed == tuple(map(gates.BreakerEntry.of, doc["entries"])), "the next batch's Known"
         tripped = [(g.state, e.state) for g, e in zip(got, expected, strict=True) if e.tripped]
         assert all(g == e for g, e in tripped), "the tripping ask carries the counted entries"
 

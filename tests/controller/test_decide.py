@@ -9,7 +9,7 @@ import pytest
 
 from healer import actions, config
 from healer.controller.core import incident_shell
-from healer.controller.incidents import book, decide
+from healer.controller.incidents import book, correlation, decide, gates
 from healer.rules import engine, ruleset
 from healer.schemas import fields, incidents
 
@@ -36,10 +36,10 @@ def incident(**overrides: Any) -> book.Incident:
     )
 
 
-def attempt(**overrides: Any) -> decide.Attempt:
-    base = decide.Attempt(
+def attempt(**overrides: Any) -> gates.Attempt:
+    base = gates.Attempt(
         kind="cordon", params={}, on_resolve=False, node="n1", incident_id="inc-1", now=1000.0,
-        mode=incidents.Mode.ENFORCE, settings=SETTINGS, excluded=None, limits=decide.LimitsView(),
+        mode=incidents.Mode.ENFORCE, settings=SETTINGS, excluded=None, limits=gates.LimitsView(),
         lease_valid=True,
     )  # fmt: skip
     return dataclasses.replace(base, **overrides)
@@ -113,7 +113,7 @@ def test_the_ladder_cordons_an_incident_the_power_cap_did_not_help() -> None:
 
 # -- gates -----------------------------------------------------------------------------------------
 def test_a_plain_cordon_passes_every_gate() -> None:
-    assert decide.gate(attempt()) == decide.ALLOW
+    assert gates.gate(attempt()) == gates.ALLOW
 
 
 @pytest.mark.parametrize(
@@ -121,91 +121,91 @@ def test_a_plain_cordon_passes_every_gate() -> None:
     [
         (
             {"mode": "observe"},
-            decide.Verdict.settle(incidents.ActionStatus.SKIPPED, "observe mode: incidents only"),
+            gates.Verdict.settle(incidents.ActionStatus.SKIPPED, "observe mode: incidents only"),
         ),
         (
             {"kind": "notify", "params": {"message": "hi"}},
-            decide.Verdict.settle(incidents.ActionStatus.DONE, "hi"),
+            gates.Verdict.settle(incidents.ActionStatus.DONE, "hi"),
         ),
-        ({"kind": "notify"}, decide.Verdict.settle(incidents.ActionStatus.DONE, "incident published")),
-        ({"lease_valid": False}, decide.Verdict.wait("not the leader any more")),
+        ({"kind": "notify"}, gates.Verdict.settle(incidents.ActionStatus.DONE, "incident published")),
+        ({"lease_valid": False}, gates.Verdict.wait("not the leader any more")),
     ],
 )
-def test_each_gate_gives_its_verdict(change: dict[str, Any], expected: decide.Verdict) -> None:
-    assert decide.gate(attempt(**change)) == expected
+def test_each_gate_gives_its_verdict(change: dict[str, Any], expected: gates.Verdict) -> None:
+    assert gates.gate(attempt(**change)) == expected
 
 
 def test_gpu_resets_and_excluded_nodes_are_skipped() -> None:
-    reset = decide.gate(attempt(kind="reset_gpu"))
-    assert reset.gate is decide.Gate.SETTLE
+    reset = gates.gate(attempt(kind="reset_gpu"))
+    assert reset.gate is gates.Gate.SETTLE
     assert reset.status == "skipped"
     assert "recovery-ladder step" in reset.reason
-    assert decide.gate(attempt(kind="reset_gpu", ladder_step=True)).allowed
-    excluded = decide.gate(attempt(excluded={"by": "ops", "reason": "bios"}))
-    assert excluded == decide.Verdict.settle(
+    assert gates.gate(attempt(kind="reset_gpu", ladder_step=True)).allowed
+    excluded = gates.gate(attempt(excluded={"by": "ops", "reason": "bios"}))
+    assert excluded == gates.Verdict.settle(
         incidents.ActionStatus.SKIPPED, "node excluded for maintenance by ops: bios"
     )
-    rung = decide.gate(attempt(kind="reboot_node", ladder_step=True, excluded={"by": "ops", "reason": "x"}))
+    rung = gates.gate(attempt(kind="reboot_node", ladder_step=True, excluded={"by": "ops", "reason": "x"}))
     assert rung.status == "skipped"  # exclusions apply to every rung
 
 
 def test_reboots_wait_at_max_concurrent_reboots() -> None:
     s = config.ControllerSettings(max_concurrent_reboots=2)
-    assert decide.gate(attempt(kind="reboot_node", settings=s, reboots_elsewhere=1)).allowed
-    at_limit = decide.gate(attempt(kind="reboot_node", settings=s, reboots_elsewhere=2))
-    assert at_limit.gate is decide.Gate.WAIT
+    assert gates.gate(attempt(kind="reboot_node", settings=s, reboots_elsewhere=1)).allowed
+    at_limit = gates.gate(attempt(kind="reboot_node", settings=s, reboots_elsewhere=2))
+    assert at_limit.gate is gates.Gate.WAIT
     assert "max_concurrent_reboots" in at_limit.reason
-    assert decide.gate(attempt(kind="cordon", settings=s, reboots_elsewhere=5)).allowed
+    assert gates.gate(attempt(kind="cordon", settings=s, reboots_elsewhere=5)).allowed
 
 
 def test_a_ladders_return_to_service_only_lifts_healers_own_cordon() -> None:
-    ours = decide.gate(attempt(kind="return_to_service", ladder_step=True, cordon_ours=True))
+    ours = gates.gate(attempt(kind="return_to_service", ladder_step=True, cordon_ours=True))
     assert ours.allowed
-    theirs = decide.gate(attempt(kind="return_to_service", ladder_step=True, cordon_ours=False))
+    theirs = gates.gate(attempt(kind="return_to_service", ladder_step=True, cordon_ours=False))
     assert theirs.status == "skipped"
     assert "did not take this node out" in theirs.reason
-    held = decide.gate(attempt(kind="return_to_service", cordon_ours=True, held_elsewhere=True))
+    held = gates.gate(attempt(kind="return_to_service", cordon_ours=True, held_elsewhere=True))
     assert held.status == "skipped"
     assert "another open incident" in held.reason
 
 
 def test_observe_mode_is_decided_before_anything_else() -> None:
-    v = decide.gate(attempt(mode="observe", lease_valid=False, excluded={"by": "x"}))
+    v = gates.gate(attempt(mode="observe", lease_valid=False, excluded={"by": "x"}))
     assert v.reason == "observe mode: incidents only"
 
 
 def test_cooldown_waits_for_another_incident_but_not_for_the_same_one() -> None:
-    view = decide.LimitsView(last=decide.LastAction(900.0, "inc-0"))
-    waits = decide.gate(attempt(kind="power_limit", limits=view))
-    assert waits == decide.Verdict.wait("cooldown: power_limit on n1 100s ago for inc-0")
-    assert decide.gate(attempt(kind="power_limit", limits=view, incident_id="inc-0")).allowed
-    assert decide.gate(attempt(kind="power_limit", limits=view, now=1501.0)).allowed
+    view = gates.LimitsView(last=gates.LastAction(900.0, "inc-0"))
+    waits = gates.gate(attempt(kind="power_limit", limits=view))
+    assert waits == gates.Verdict.wait("cooldown: power_limit on n1 100s ago for inc-0")
+    assert gates.gate(attempt(kind="power_limit", limits=view, incident_id="inc-0")).allowed
+    assert gates.gate(attempt(kind="power_limit", limits=view, now=1501.0)).allowed
 
 
 def test_rate_limit_waits_when_the_minute_is_full() -> None:
-    full = decide.gate(attempt(limits=decide.LimitsView(window=(990.0, 995.0))))
-    assert full == decide.Verdict.wait("rate limit: 2 cordon actions in the last minute")
-    assert decide.gate(attempt(limits=decide.LimitsView(window=(995.0,)))).allowed
+    full = gates.gate(attempt(limits=gates.LimitsView(window=(990.0, 995.0))))
+    assert full == gates.Verdict.wait("rate limit: 2 cordon actions in the last minute")
+    assert gates.gate(attempt(limits=gates.LimitsView(window=(995.0,)))).allowed
 
 
 def test_an_uncordon_only_undoes_our_own_cordon_on_a_node_nobody_else_holds() -> None:
     uncordon = {"kind": "uncordon", "on_resolve": True}
-    assert decide.gate(attempt(**uncordon, cordon_ours=True)).allowed
+    assert gates.gate(attempt(**uncordon, cordon_ours=True)).allowed
     for other in ({"cordon_ours": False}, {"cordon_ours": True, "held_elsewhere": True}):
-        v = decide.gate(attempt(**uncordon, **other))
-        assert v == decide.Verdict.settle(
+        v = gates.gate(attempt(**uncordon, **other))
+        assert v == gates.Verdict.settle(
             incidents.ActionStatus.SKIPPED, "another open incident still holds this node cordoned"
         )
 
 
 def test_ownership_reads_the_incidents() -> None:
     mine = incident(actions=[book.PlannedAction(kind="drain", status="done")])
-    assert decide.cordon_ours(mine)
-    assert not decide.cordon_ours(incident(actions=[book.PlannedAction(kind="power_limit", status="done")]))
+    assert gates.cordon_ours(mine)
+    assert not gates.cordon_ours(incident(actions=[book.PlannedAction(kind="power_limit", status="done")]))
     other = incident(id="inc-9", actions=[book.PlannedAction(kind="inspect", status="planned")])
-    assert decide.held_elsewhere(mine, [mine, other])
-    assert not decide.held_elsewhere(mine, [mine, other.model_copy(update={"node": "n2"})])
-    assert not decide.held_elsewhere(mine, [mine])
+    assert gates.held_elsewhere(mine, [mine, other])
+    assert not gates.held_elsewhere(mine, [mine, other.model_copy(update={"node": "n2"})])
+    assert not gates.held_elsewhere(mine, [mine])
 
 
 # -- the circuit breaker ---------------------------------------------------------------------------
@@ -214,26 +214,26 @@ BREAKER = config.ControllerSettings(breaker_max_nodes=2, breaker_max_percent=100
 
 def test_the_breaker_counts_nodes_and_trips_on_the_one_too_many() -> None:
     empty: dict[str, Any] = {"open": False, "entries": []}
-    first = decide.breaker_admission(empty, "n1", 100, "inc-1", 1000.0, BREAKER)
+    first = gates.breaker_admission(empty, "n1", 100, "inc-1", 1000.0, BREAKER)
     assert first.allowed
     assert not first.tripped
     assert first.reason == "1 of 2 in the window"
     assert first.state == {"open": False, "entries": [["n1", 1000.0, "inc-1"]]}
     assert first.state is not None
-    again = decide.breaker_admission(first.state, "n1", 100, "inc-7", 1001.0, BREAKER)
+    again = gates.breaker_admission(first.state, "n1", 100, "inc-7", 1001.0, BREAKER)
     assert again.allowed, "a node is counted once"
     assert again.state is None, "a node is counted once: nothing to write"
-    second = decide.breaker_admission(first.state, "n2", 100, "inc-2", 1002.0, BREAKER)
+    second = gates.breaker_admission(first.state, "n2", 100, "inc-2", 1002.0, BREAKER)
     assert second.allowed
     assert second.state is not None
-    third = decide.breaker_admission(second.state, "n3", 100, "inc-3", 1003.0, BREAKER)
+    third = gates.breaker_admission(second.state, "n3", 100, "inc-3", 1003.0, BREAKER)
     assert not third.allowed
     assert third.tripped
     assert third.reason == "3 nodes in 600s would exceed the limit of 2 (fleet of 100)"
     assert third.state is not None
     assert third.state["open"]
     assert third.state["refused"] == ["n3", "inc-3"]
-    refused = decide.breaker_admission(third.state, "n4", 100, "inc-4", 1004.0, BREAKER)
+    refused = gates.breaker_admission(third.state, "n4", 100, "inc-4", 1004.0, BREAKER)
     assert not refused.allowed
     assert not refused.tripped
     assert refused.state is None
@@ -242,15 +242,15 @@ def test_the_breaker_counts_nodes_and_trips_on_the_one_too_many() -> None:
 
 def test_breaker_entries_age_out_of_the_window() -> None:
     old = {"open": False, "entries": [["n1", 0.0, "inc-1"], ["n2", 0.0, "inc-2"]]}
-    later = decide.breaker_admission(old, "n3", 100, "inc-3", 601.0, BREAKER)
+    later = gates.breaker_admission(old, "n3", 100, "inc-3", 601.0, BREAKER)
     assert later.allowed
     assert later.state == {"open": False, "entries": [["n3", 601.0, "inc-3"]]}
-    assert decide.BreakerEntry.of(["n1", "5", "inc"]) == decide.BreakerEntry("n1", 5.0, "inc")
+    assert gates.BreakerEntry.of(["n1", "5", "inc"]) == gates.BreakerEntry("n1", 5.0, "inc")
 
 
 def test_the_breaker_limit_is_the_smaller_of_nodes_and_percent_but_at_least_one() -> None:
     s = config.ControllerSettings(breaker_max_nodes=5, breaker_max_percent=10.0)
-    assert [decide.limit_of(n, s) for n in (1, 30, 100)] == [1, 3, 5]
+    assert [gates.limit_of(n, s) for n in (1, 30, 100)] == [1, 3, 5]
 
 
 def test_the_catalogue_says_who_runs_each_action() -> None:
@@ -320,50 +320,52 @@ def opened(rule: ruleset.Rule = DBE, gpu: int | None = 1, at: float = 100.0, **k
 
 
 def joined(inc: book.Incident, f: engine.Firing, now: float = 102.0) -> book.Incident:
-    assert decide.correlate(f, [inc], now, 120.0) is inc
-    incident_shell.apply_join(inc, decide.join(inc, f, now))
+    assert correlation.correlate(f, [inc], now, 120.0) is inc
+    incident_shell.apply_join(inc, correlation.join(inc, f, now))
     return inc
 
 
 def test_a_second_rule_on_the_same_gpu_within_the_window_joins_its_incident() -> None:
     inc = opened()
-    assert decide.correlate(fire(XID), [inc], 219.0, 120.0) is inc
-    assert decide.correlate(fire(XID), [inc], 220.0, 120.0) is None, "outside the window: its own incident"
-    assert decide.correlate(fire(XID, gpu=2), [inc], 101.0, 120.0) is None, "another GPU"
-    assert decide.correlate(fire(XID, node="n2"), [inc], 101.0, 120.0) is None, "another node"
-    assert decide.correlate(fire(XID), [inc], 101.0, 0.0) is None, "a window of 0 turns it off"
+    assert correlation.correlate(fire(XID), [inc], 219.0, 120.0) is inc
+    assert correlation.correlate(fire(XID), [inc], 220.0, 120.0) is None, (
+        "outside the window: its own incident"
+    )
+    assert correlation.correlate(fire(XID, gpu=2), [inc], 101.0, 120.0) is None, "another GPU"
+    assert correlation.correlate(fire(XID, node="n2"), [inc], 101.0, 120.0) is None, "another node"
+    assert correlation.correlate(fire(XID), [inc], 101.0, 0.0) is None, "a window of 0 turns it off"
     resolved = opened().model_copy(update={"state": incidents.IncidentState.RESOLVED})
-    assert decide.correlate(fire(XID), [resolved], 101.0, 120.0) is None
+    assert correlation.correlate(fire(XID), [resolved], 101.0, 120.0) is None
 
 
 def test_the_gpu_uuid_decides_where_both_are_known() -> None:
     inc = opened(uuid="GPU-a")
-    assert decide.correlate(fire(XID, gpu=1, uuid="GPU-b"), [inc], 101.0, 120.0) is None
-    assert decide.correlate(fire(XID, gpu=3, uuid="GPU-a"), [inc], 101.0, 120.0) is inc
-    assert decide.correlate(fire(XID, gpu=1), [inc], 101.0, 120.0) is inc, "no UUID: the index"
+    assert correlation.correlate(fire(XID, gpu=1, uuid="GPU-b"), [inc], 101.0, 120.0) is None
+    assert correlation.correlate(fire(XID, gpu=3, uuid="GPU-a"), [inc], 101.0, 120.0) is inc
+    assert correlation.correlate(fire(XID, gpu=1), [inc], 101.0, 120.0) is inc, "no UUID: the index"
 
 
 def test_a_node_scope_signal_joins_the_nodes_only_recent_incident() -> None:
     one, other = opened(gpu=1), opened(XID, gpu=2)
-    assert decide.correlate(fire(MISSING, gpu=None), [one], 101.0, 120.0) is one
-    assert decide.correlate(fire(MISSING, gpu=None), [one, other], 101.0, 120.0) is None, "which fault?"
+    assert correlation.correlate(fire(MISSING, gpu=None), [one], 101.0, 120.0) is one
+    assert correlation.correlate(fire(MISSING, gpu=None), [one, other], 101.0, 120.0) is None, "which fault?"
     old = opened(XID, gpu=2, at=-100.0)
-    assert decide.correlate(fire(MISSING, gpu=None), [one, old], 101.0, 120.0) is one, (
+    assert correlation.correlate(fire(MISSING, gpu=None), [one, old], 101.0, 120.0) is one, (
         "only recent ones count"
     )
 
 
 def test_a_gpu_signal_joins_a_gpu_less_incident_and_gives_it_its_gpu() -> None:
     missing = opened(MISSING, gpu=None)
-    assert decide.correlate(fire(XID, gpu=4, uuid="GPU-d"), [missing], 101.0, 120.0) is missing
-    j = decide.join(missing, fire(XID, gpu=4, uuid="GPU-d"), 101.0)
+    assert correlation.correlate(fire(XID, gpu=4, uuid="GPU-d"), [missing], 101.0, 120.0) is missing
+    j = correlation.join(missing, fire(XID, gpu=4, uuid="GPU-d"), 101.0)
     assert j.gpu == (4, "GPU-d")
     incident_shell.apply_join(missing, j)
     assert (missing.gpu_index, missing.gpu_uuid) == (4, "GPU-d")
     assert missing.key == ("gpu-missing", "n1", None, None), "still found by the signal that opened it"
     assert missing.summary.endswith("joined by xid-fatal (GPU 4)")
     two = [opened(MISSING, gpu=None), opened(DBE, gpu=None)]
-    assert decide.correlate(fire(XID, gpu=4), two, 101.0, 120.0) is None
+    assert correlation.correlate(fire(XID, gpu=4), two, 101.0, 120.0) is None
 
 
 def test_a_joined_incident_has_the_highest_severity_every_signal_and_each_action_once() -> None:
@@ -398,11 +400,13 @@ def test_actions_already_carried_out_are_kept_and_pending_ones_take_the_stronger
 
 
 def test_stronger_parameters() -> None:
-    assert decide.stronger("power_limit", {"watts": 300}, {"watts": 250}) == {"watts": 250}
-    assert decide.stronger("power_limit", {"watts": 300}, {"percent_of_default": 50}) == {"watts": 300}
-    assert decide.stronger("reset_gpu", {"when_idle": True}, {"when_idle": False}) == {"when_idle": False}
-    assert decide.stronger("cordon", {"reason": "a"}, {"reason": "b"}) == {"reason": "a"}
-    assert decide.stronger("cordon", {}, {"reason": "b"}) == {"reason": "b"}
+    assert correlation.stronger("power_limit", {"watts": 300}, {"watts": 250}) == {"watts": 250}
+    assert correlation.stronger("power_limit", {"watts": 300}, {"percent_of_default": 50}) == {"watts": 300}
+    assert correlation.stronger("reset_gpu", {"when_idle": True}, {"when_idle": False}) == {
+        "when_idle": False
+    }
+    assert correlation.stronger("cordon", {"reason": "a"}, {"reason": "b"}) == {"reason": "a"}
+    assert correlation.stronger("cordon", {}, {"reason": "b"}) == {"reason": "b"}
 
 
 def test_a_joined_incident_resolves_when_its_last_signal_does_with_every_rules_on_resolve_once() -> None:
@@ -437,7 +441,7 @@ def test_an_incident_stored_before_signals_existed_has_its_own_rules() -> None:
     inc = joined(opened(), fire(XID))
     again = book.Incident.model_validate(inc.model_dump(mode="json"))
     assert again.keys == inc.keys
-    assert decide.evidence_of(again) == inc.evidence
+    assert correlation.evidence_of(again) == inc.evidence
 
 
 async def test_the_book_finds_a_joined_incident_by_every_signal_and_forgets_all_when_it_resolves() -> None:

@@ -17,7 +17,7 @@ from healer import config, errors, testing
 from healer.bus import memory, nats_errors, nats_jetstream, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import incident_shell, ingest, service
-from healer.controller.incidents import book, decide
+from healer.controller.incidents import book, gates
 from healer.controller.remediation import policy
 from healer.controller.store import kv, lease
 from healer.schemas import codec, events
@@ -431,7 +431,7 @@ async def test_cooldowns_survive_a_restart_and_a_failover(nats_bus: natsbus.Nats
     await before.record("power_limit", "n1", "inc-1", now=1000.0)
     after = policy.Limits(settings, store)  # a new process: nothing in memory
     waits = await after.check("power_limit", "n1", "inc-2", now=1113.0)
-    assert waits.gate is decide.Gate.WAIT
+    assert waits.gate is gates.Gate.WAIT
     assert "cooldown" in waits.reason
     assert (await after.check("power_limit", "n1", "inc-1", now=1113.0)).allowed, (
         "the same incident may go on"
@@ -525,7 +525,7 @@ async def test_the_rate_limit_window_survives_a_restart(nats_bus: natsbus.NatsBu
         await before.record("cordon", f"n{i}", f"inc-{i}", now=1000.0 + i)
     after = policy.Limits(settings, store)
     waits = await after.check("cordon", "n9", "inc-9", now=1010.0)
-    assert waits.gate is decide.Gate.WAIT
+    assert waits.gate is gates.Gate.WAIT
     assert "rate limit" in waits.reason
     assert (await after.check("drain", "n9", "inc-9", now=1010.0)).allowed, "per kind"
     assert (await after.check("cordon", "n9", "inc-9", now=1062.0)).allowed, "a minute later"
@@ -546,10 +546,10 @@ async def test_a_step_takes_its_place_in_the_rate_window_once_per_node_in_one_wr
     assert window.value["at"] == [1000.0, 1001.0, 1001.0, 1001.0]
     later = policy.Limits(settings, store)  # another process reads the same window and cooldowns
     full = await later.reserve("power_limit", ["n4", "n5"], "inc-2", now=1002.0)
-    assert full.gate is decide.Gate.WAIT
+    assert full.gate is gates.Gate.WAIT
     assert "a step on 2 nodes" in full.reason
     cooling = await later.check("power_limit", "n2", "inc-9", now=1070.0)
-    assert cooling.gate is decide.Gate.WAIT, "n2's cooldown is recorded"
+    assert cooling.gate is gates.Gate.WAIT, "n2's cooldown is recorded"
     assert "cooldown" in cooling.reason
     wide = await later.reserve("power_limit", [f"m{i}" for i in range(9)], "inc-3", now=1100.0)
     assert wide.allowed, "a step wider than the limit goes whole once the window is empty"

@@ -8,7 +8,7 @@ from typing import Any
 
 from healer import actions, config
 from healer.controller.core import incident_shell
-from healer.controller.incidents import book, decide
+from healer.controller.incidents import book, correlation, decide
 from healer.rules import engine, loader, nodewide, ruleset
 from healer.schemas import fields, incidents
 
@@ -60,9 +60,9 @@ class Node:
         inc = self.find(f)
         change = decide.on_firing(f, inc, RULES.get)
         if change.change is decide.Change.OPEN:
-            into = decide.correlate(f, self.open(), f.at, 120.0)
+            into = correlation.correlate(f, self.open(), f.at, 120.0)
             if into is not None:
-                incident_shell.apply_join(into, decide.join(into, f, f.at, self.gpus, RULES.get))
+                incident_shell.apply_join(into, correlation.join(into, f, f.at, self.gpus, RULES.get))
             else:
                 self.incidents.append(
                     decide.new_incident(
@@ -82,7 +82,7 @@ class Node:
         if change.change is decide.Change.REFRESH:
             signal.resolved_at = None
             inc.actions += change.actions
-        inc.evidence = decide.evidence_of(inc)
+        inc.evidence = correlation.evidence_of(inc)
         return change
 
 

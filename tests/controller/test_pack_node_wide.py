@@ -8,7 +8,7 @@ import pathlib
 
 from healer import config
 from healer.controller.core import incident_shell
-from healer.controller.incidents import book, decide
+from healer.controller.incidents import book, correlation, decide
 from healer.rules import engine, loader, ruleset
 from healer.schemas import incidents
 
@@ -69,9 +69,9 @@ class Node:
     def fire(self, rule_id: str, gpu: int, at: float) -> None:
         f = engine.Firing(self.by_id[rule_id], "n1", gpu, engine.Status.FIRED, at, at, {}, f"GPU-{gpu}")
         open_ = [i for i in self.incidents if i.state != "resolved"]
-        into = decide.correlate(f, open_, at, 120.0)
+        into = correlation.correlate(f, open_, at, 120.0)
         if into is not None:
-            incident_shell.apply_join(into, decide.join(into, f, at, 8, self.by_id.get))
+            incident_shell.apply_join(into, correlation.join(into, f, at, 8, self.by_id.get))
         else:
             settings = config.ControllerSettings()
             self.incidents.append(

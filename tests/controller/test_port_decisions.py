@@ -7,7 +7,7 @@ from typing import Any
 
 from healer import actions, config
 from healer.bus import memory
-from healer.controller.incidents import book, decide
+from healer.controller.incidents import book, correlation, decide, gates
 from healer.controller.store import kv
 from healer.feed import alertmanager
 from healer.rules import engine, ruleset
@@ -64,16 +64,18 @@ def test_a_port_firing_opens_an_incident_keyed_and_named_by_its_port() -> None:
 
 def test_a_port_firing_joins_only_an_incident_on_the_same_port() -> None:
     a = opened(fire(DOWN, "mlx5_3/1"), "inc-a")
-    assert decide.correlate(fire(DOWN, "mlx5_6/1"), [a], 110.0, 120.0) is None, "two ports: two incidents"
-    assert decide.correlate(fire(ERRORS, "mlx5_3/1"), [a], 110.0, 120.0) is a
+    assert correlation.correlate(fire(DOWN, "mlx5_6/1"), [a], 110.0, 120.0) is None, (
+        "two ports: two incidents"
+    )
+    assert correlation.correlate(fire(ERRORS, "mlx5_3/1"), [a], 110.0, 120.0) is a
     node_inc = opened(fire(MISSING), "inc-n")
-    assert decide.correlate(fire(DOWN, "mlx5_3/1"), [node_inc], 110.0, 120.0) is None
-    assert decide.correlate(fire(XID, gpu=1), [a], 110.0, 120.0) is None, (
+    assert correlation.correlate(fire(DOWN, "mlx5_3/1"), [node_inc], 110.0, 120.0) is None
+    assert correlation.correlate(fire(XID, gpu=1), [a], 110.0, 120.0) is None, (
         "a GPU fault never takes a port's incident"
     )
-    assert decide.correlate(fire(MISSING), [a], 110.0, 120.0) is a, "the node's one candidate"
+    assert correlation.correlate(fire(MISSING), [a], 110.0, 120.0) is a, "the node's one candidate"
     b = opened(fire(DOWN, "mlx5_6/1"), "inc-b")
-    assert decide.correlate(fire(MISSING), [a, b], 110.0, 120.0) is None
+    assert correlation.correlate(fire(MISSING), [a, b], 110.0, 120.0) is None
 
 
 def test_a_skipped_uncordon_hands_the_cordon_to_the_incidents_still_holding_the_node() -> None:
@@ -82,13 +84,13 @@ def test_a_skipped_uncordon_hands_the_cordon_to_the_incidents_still_holding_the_
         incidents.ActionStatus.DONE,
         incidents.ActionStatus.ALREADY_DONE,
     )
-    assert decide.cordon_ours(a)
-    assert not decide.cordon_ours(b), "its cordon found the node drained already"
-    assert decide.holding(a, [a, b]) == [b]
-    b.evidence[decide.HANDED_OVER] = a.id
-    assert decide.cordon_ours(b)
-    b.evidence[decide.LADDER_JOINED] = a.id
-    assert decide.holding(a, [a, b]) == [], "an incident following a's ladder does not hold a's return"
+    assert gates.cordon_ours(a)
+    assert not gates.cordon_ours(b), "its cordon found the node drained already"
+    assert gates.holding(a, [a, b]) == [b]
+    b.evidence[gates.HANDED_OVER] = a.id
+    assert gates.cordon_ours(b)
+    b.evidence[gates.LADDER_JOINED] = a.id
+    assert gates.holding(a, [a, b]) == [], "an incident following a's ladder does not hold a's return"
 
 
 async def test_incidents_stored_before_ports_load_as_node_or_gpu_incidents() -> None:

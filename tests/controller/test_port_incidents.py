@@ -20,7 +20,7 @@ from healer import testing
 from healer.actuators import base
 from healer.agent import daemon
 from healer.bus import nats as natsbus
-from healer.controller.incidents import decide
+from healer.controller.incidents import gates
 from healer.schemas import incidents
 from healer.sim import node_source
 from healer.telemetry import rdma
@@ -124,7 +124,7 @@ async def test_two_ports_down_are_two_incidents_one_cordon_and_one_ladder_throug
     assert sorted(e.subject for e in opened) == [f"node/ib-node/port/{p}" for p in PORTS]
     assert all(e.data.node == "ib-node" and e.data.gpu_index is None for e in opened)
     lead, follower = sorted(opened, key=lambda e: "ladder.joined" in e.data.evidence)
-    assert follower.data.evidence[decide.LADDER_JOINED] == lead.data.incident_id, "it follows the ladder"
+    assert follower.data.evidence[gates.LADDER_JOINED] == lead.data.incident_id, "it follows the ladder"
     (reset,) = [r for r in gpu.requests if r.kind == "reset_port"]
     assert reset.incident_id == lead.data.incident_id
     assert sorted(reset.params["ports"]) == PORTS, "one link reset for both ports of the node"
@@ -176,7 +176,7 @@ async def test_a_node_stays_cordoned_until_its_last_port_incident_ends(
         assert not sched.executed("uncordon")
         (still,) = ctl.book.open.values()
         assert still.port == "mlx5_3/1"
-        assert still.evidence.get(decide.HANDED_OVER), "healer's cordon passed to the incident still open"
+        assert still.evidence.get(gates.HANDED_OVER), "healer's cordon passed to the incident still open"
         rdma.write_tree(tree("cx7-ib-healthy.txt"), root)
         await until(lambda: resolved_ports() == ["mlx5_6/1", "mlx5_3/1"] and bool(sched.executed("uncordon")))
     finally:

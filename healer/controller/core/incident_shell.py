@@ -16,7 +16,7 @@ from healer import errors
 from healer.actuators import base as actuators
 from healer.controller.core import context, learning
 from healer.controller.failslow import job_slowdowns
-from healer.controller.incidents import book, decide, feed_publisher, shared_cause
+from healer.controller.incidents import book, correlation, decide, feed_publisher, shared_cause
 from healer.controller.inventory import admission, blast
 from healer.controller.observability import repairs
 from healer.controller.remediation import action_runner, healing, policy
@@ -29,8 +29,8 @@ REPEAT_COUNT_S = 1.0
 stream leader election a read waits out the client's timeout instead)."""
 
 
-def apply_join(inc: book.Incident, joined: decide.Join) -> None:
-    """Carry out ``decide.join`` on ``inc``, in place (an action task may hold it)."""
+def apply_join(inc: book.Incident, joined: correlation.Join) -> None:
+    """Carry out ``correlation.join`` on ``inc``, in place (an action task may hold it)."""
     inc.signals.append(joined.signal)
     inc.severity, inc.summary, inc.labels = joined.severity, joined.summary, joined.labels
     for i, params in joined.actions.params.items():
@@ -44,7 +44,7 @@ def apply_join(inc: book.Incident, joined: decide.Join) -> None:
         inc.node_wide_at, inc.gpu_index, inc.gpu_uuid = joined.node_wide_at, None, None
     if joined.node_gpus:
         inc.node_gpus = joined.node_gpus
-    inc.evidence = decide.evidence_of(inc)
+    inc.evidence = correlation.evidence_of(inc)
 
 
 def escalate(inc: book.Incident, up: decide.Escalation) -> None:
@@ -158,7 +158,7 @@ class IncidentShell:
             signal.resolved_at = now
         if change.change is decide.Change.PART:
             inc.actions += change.on_resolve  # node-wide: this GPU's restore, at once
-            inc.evidence = decide.evidence_of(inc)
+            inc.evidence = correlation.evidence_of(inc)
             await self.book.save(inc)  # the join survives a restart; the incident changes in nothing else
             if change.on_resolve:
                 self.spawn(inc)
@@ -178,14 +178,14 @@ class IncidentShell:
         inc.last_seen_firing = signal.last_seen_firing = now
         if change.change is decide.Change.REFRESH:
             signal.evidence, signal.resolved_at = change.evidence, None
-            inc.evidence = decide.evidence_of(inc)
+            inc.evidence = correlation.evidence_of(inc)
             inc.actions += change.actions  # node-wide: a GPU capped again after its restore
             await self.publish(inc, incidents.Change.UPDATED)
             if change.actions:
                 self.spawn(inc)
 
     async def _open(self, f: engine.Firing, now: float) -> None:
-        into = decide.correlate(f, self.book.open.values(), now, self.cs.correlate_window_s)
+        into = correlation.correlate(f, self.book.open.values(), now, self.cs.correlate_window_s)
         if into is not None:
             await self._join(into, f, now)
             return
@@ -209,7 +209,7 @@ class IncidentShell:
     async def _join(self, inc: book.Incident, f: engine.Firing, now: float) -> None:
         """Another signal of the fault ``inc`` is about: one ``updated`` change, and the actions the
         joining rule adds run after the incident's own."""
-        joined = decide.join(inc, f, now, self.engine.gpu_count(inc.node), self.engine.rules.by_id)
+        joined = correlation.join(inc, f, now, self.engine.gpu_count(inc.node), self.engine.rules.by_id)
         apply_join(inc, joined)
         up = None
         if joined.gpu is not None:  # a node-scope incident became this GPU's fault: its episode counts

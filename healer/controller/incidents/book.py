@@ -2,7 +2,7 @@
 ``healer-state``.
 
 One fault often fires several rules at once (a double-bit ECC error: the DBE counter and XID 48). The
-controller joins such firings into one incident (``decide.correlate``): each rule's firing is a
+controller joins such firings into one incident (``correlation.correlate``): each rule's firing is a
 ``Signal`` of the incident, the first one the signal that opened it. The book finds an incident by any
 of its signals' keys, and the signals are stored with the incident, so a restarted or newly elected
 controller keeps the join and resolves the incident only when every signal has resolved.
@@ -98,7 +98,7 @@ class Incident(pydantic.BaseModel):
     gpu_uuid: str | None = None
     port: str | None = None
     """The RDMA port this incident is about (``mlx5_0/1``): opened by a port-scope rule's firing; only
-    that port's firings join it (``decide.correlate``). None for a node or GPU incident. On the feed it
+    that port's firings join it (``correlation.correlate``). None for a node or GPU incident. On the feed it
     is the label ``port`` (``incidents.PORT_LABEL``) and the subject's ``/port/<device>/<port>``."""
     state: incidents.IncidentState = incidents.IncidentState.OPEN
     summary: str = ""
@@ -117,7 +117,7 @@ class Incident(pydantic.BaseModel):
     validated: an incident stored before signals existed gets its own rule's)."""
     node_wide: str | None = None
     """The ``node_wide`` group of the GPU rule that opened it: other GPUs of the node firing rules of
-    this group join it (``decide.correlate``), and once enough did it is a node incident (``gpu_index``
+    this group join it (``correlation.correlate``), and once enough did it is a node incident (``gpu_index``
     None, ``node_wide_at`` set)."""
     node_wide_at: float | None = None
     """When it became a node incident (enough GPUs of its node fired)."""
@@ -146,7 +146,7 @@ class Incident(pydantic.BaseModel):
 
     @property
     def key(self) -> Key:
-        """The key of the signal that opened it (its GPU may be taken later, see ``decide.join``)."""
+        """The key of the signal that opened it (its GPU may be taken later, see ``correlation.join``)."""
         return self.signals[0].key(self.node)
 
     @property

@@ -1,7 +1,7 @@
 """Shared-cause domain incidents (#27): several nodes of one failure domain faulting together are one
 fault of the domain (a leaf switch, a PDU, a CDU), not N node faults.
 
-Built on correlation (``decide.correlate`` joins one node's firings into one incident); this joins
+Built on correlation (``correlation.correlate`` joins one node's firings into one incident); this joins
 nodes. ``findings`` looks at the open node incidents opened within their rule's window: where at least
 the rule's minimum count of nodes of one domain (``shared_cause_keys``, or every topology key) have
 incidents of the same rule (the same kind of signal: silent, IB link down, inlet rise, power loss),

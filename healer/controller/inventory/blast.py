@@ -10,7 +10,7 @@ A node may be taken out only while each of its limited domains stays within its 
 Unlike the breaker, a domain at its limit opens nothing: the action waits (``domain_hold`` returns the
 ``Hold``, which names the domain and the limit for the incident) and every other domain, and the rest of
 the fleet, keeps healing. Pure: the shell gathers the node's ``View`` from the topology and the breaker
-document; ``decide.breaker_admission`` calls ``domain_hold`` inside the breaker's compare-and-set loop.
+document; ``gates.breaker_admission`` calls ``domain_hold`` inside the breaker's compare-and-set loop.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class ControllerMetrics(metricdecl.MetricSet):
     )
     frame_arrival_seconds = metricdecl.counter(
         "healer_controller_frame_arrival_seconds_total",
-        "time the arrival evaluations took (not their frames' flush, which the tick would do anyway)",
+        "CPU time the arrival evaluations took (not their frames' flush, which the tick would do anyway)",
     )
     decode_errors = metricdecl.counter(
         "healer_controller_decode_errors_total", "rejected messages", ["kind", "reason"]

@@ -1,6 +1,6 @@
 """Running an incident's actions: every gate between a decision and an actuator, one task per incident.
 
-The gates are pure checks in ``decide.GATES``, in order: the mode (observe acts on nothing; dry-run asks
+The gates are pure checks in ``gates.GATES``, in order: the mode (observe acts on nothing; dry-run asks
 actuators for a plan), what needs no actuator (notify) or is not automated (GPU reset), maintenance
 exclusions, per-action rate limits and cooldowns, ownership (an uncordon only undoes healer's own cordon,
 and only when no other open incident still holds the node) and leadership; then the circuit breaker for
@@ -29,7 +29,7 @@ import structlog
 
 from healer import actions, config, errors, tasks
 from healer.actuators import base as actuators
-from healer.controller.incidents import book, decide, shared_cause
+from healer.controller.incidents import book, gates, shared_cause
 from healer.controller.inventory import blast
 from healer.controller.observability import metrics
 from healer.controller.remediation import policy, shell
@@ -105,7 +105,7 @@ class ActionRunner:
         self.tasks[inc.id] = task
 
     async def run(self, inc: book.Incident) -> None:
-        batch: dict[int, decide.Verdict] = {}
+        batch: dict[int, gates.Verdict] = {}
         """The verdicts of the step being settled (``_act_step``), by ``id`` of each of its actions."""
         held = False
         """An action of that step waits."""
@@ -166,7 +166,7 @@ class ActionRunner:
             step.append(a)
         return step
 
-    async def _act_step(self, inc: book.Incident, first: book.PlannedAction) -> dict[int, decide.Verdict]:
+    async def _act_step(self, inc: book.Incident, first: book.PlannedAction) -> dict[int, gates.Verdict]:
         """The verdicts of ``first``'s step (``_step``) by ``id`` of each action, all carried out together
         (at most ``STEP_CONCURRENCY`` at once). The fleet-wide rate window counts the step once per node
         it acts on, reserved in one write before any of it runs (``Limits.reserve``); a window without
@@ -182,7 +182,7 @@ class ActionRunner:
                 return {id(a): reserved for a in step}
         gate = asyncio.Semaphore(STEP_CONCURRENCY)
 
-        async def one(action: book.PlannedAction) -> decide.Verdict:
+        async def one(action: book.PlannedAction) -> gates.Verdict:
             async with gate:
                 return await self._act(inc, action, reserved=True)
 
@@ -194,22 +194,20 @@ class ActionRunner:
         to them, so the last of them to end lifts it (a node stays out while any incident on it is
         open, and does not stay out after the last)."""
         undo = actions.spec(action.kind)
-        if not (undo.undoes_cordon and (action.on_resolve or undo.ladder_only)) or not decide.cordon_ours(
-            inc
-        ):
+        if not (undo.undoes_cordon and (action.on_resolve or undo.ladder_only)) or not gates.cordon_ours(inc):
             return
-        for other in decide.holding(inc, self.book.open.values()):
-            if not other.evidence.get(decide.HANDED_OVER):
-                other.evidence[decide.HANDED_OVER] = inc.id
+        for other in gates.holding(inc, self.book.open.values()):
+            if not other.evidence.get(gates.HANDED_OVER):
+                other.evidence[gates.HANDED_OVER] = inc.id
                 await self.book.save(other)
 
-    def _attempt(self, inc: book.Incident, action: book.PlannedAction, now: float) -> decide.Attempt:
+    def _attempt(self, inc: book.Incident, action: book.PlannedAction, now: float) -> gates.Attempt:
         """The snapshot the gates decide on, without the cooldown and rate window (read from KV only
         once the local gates allow)."""
         undo = actions.spec(action.kind)
         uncordon = undo.undoes_cordon and (action.on_resolve or undo.ladder_only)
         node = action.node or inc.node
-        return decide.Attempt(
+        return gates.Attempt(
             kind=action.kind,
             params=action.params,
             on_resolve=action.on_resolve,
@@ -219,16 +217,16 @@ class ActionRunner:
             mode=self.cs.mode,
             settings=self.cs,
             excluded=self.exclusions.nodes.get(node),
-            limits=decide.LimitsView(),
+            limits=gates.LimitsView(),
             lease_valid=self.lease.token is not None and self.lease.valid(),
-            cordon_ours=uncordon and decide.cordon_ours(inc),
-            held_elsewhere=uncordon and decide.held_elsewhere(inc, self.book.open.values()),
+            cordon_ours=uncordon and gates.cordon_ours(inc),
+            held_elsewhere=uncordon and gates.held_elsewhere(inc, self.book.open.values()),
             ladder_step=action.ladder,
         )
 
     async def _act(
         self, inc: book.Incident, action: book.PlannedAction, *, reserved: bool = False
-    ) -> decide.Verdict:
+    ) -> gates.Verdict:
         """The action's verdict: WAIT (retried next tick) or SETTLE with the status to record (from a gate,
         or from the actuator's outcome). ``reserved``: its step holds its place in the rate window
         already (``_act_step``); the cooldown is still checked."""
@@ -238,22 +236,22 @@ class ActionRunner:
         node = action.node or inc.node  # a domain incident's action acts on one of its members
         if shared_cause.needless(inc, action.kind, action.on_resolve):
             action.facts = {**action.facts, shared_cause.RECOVERED_FACT: "true"}  # the ladder returns it
-            return decide.Verdict.settle(incidents.ActionStatus.SKIPPED, shared_cause.RECOVERED_DETAIL)
+            return gates.Verdict.settle(incidents.ActionStatus.SKIPPED, shared_cause.RECOVERED_DETAIL)
         if not action.on_resolve:
             domain = shared_cause.holding(node, action.kind, self.book.open.values())
             if domain is not None:
                 return await self._shared_cause_held(domain, inc, action)
         attempt = self._attempt(inc, action, now)
-        verdict = decide.gate(attempt, decide.LOCAL_GATES)
+        verdict = gates.gate(attempt, gates.LOCAL_GATES)
         if verdict.allowed:  # only now read the cooldown and rate window from KV
             limits = await self.limits.view(action.kind, node, now, window=not reserved)
             rebooting = await self.shell.reboots(node) if actions.spec(action.kind).reboots else 0
             attempt = dataclasses.replace(attempt, limits=limits, reboots_elsewhere=rebooting)
-            verdict = decide.gate(attempt, decide.STORED_GATES)
+            verdict = gates.gate(attempt, gates.STORED_GATES)
         if not verdict.allowed:
             return verdict
         if spec is None:
-            return decide.Verdict.settle(
+            return gates.Verdict.settle(
                 incidents.ActionStatus.FAILED_PERMANENT, f"no actuator for {action.kind}"
             )
         if spec.takes_out_of_service:
@@ -265,10 +263,10 @@ class ActionRunner:
             if admission.tripped:
                 await self._breaker_tripped(admission, inc, fleet)
             if not admission.allowed:
-                return decide.Verdict.settle(incidents.ActionStatus.REFUSED, admission.reason)
+                return gates.Verdict.settle(incidents.ActionStatus.REFUSED, admission.reason)
         token = self.lease.token
         if token is None or not self.lease.valid():
-            return decide.Verdict.wait("not the leader any more")
+            return gates.Verdict.wait("not the leader any more")
         request = actuators.ActionRequest(
             incident_id=inc.id,
             kind=spec.scheduler_verb or action.kind,
@@ -284,7 +282,7 @@ class ActionRunner:
             spec.actuator, self.scheduler
         )
         if actuator is None:
-            return decide.Verdict.settle(
+            return gates.Verdict.settle(
                 incidents.ActionStatus.FAILED_PERMANENT, f"no actuator for {action.kind}"
             )
         if not reserved:
@@ -293,7 +291,7 @@ class ActionRunner:
         if outcome.status == incidents.ActionStatus.FAILED_TEMPORARY:
             action.attempts += 1
             if action.attempts <= self.cs.action_retries:
-                return decide.Verdict.wait(f"attempt {action.attempts} failed: {outcome.detail}")
+                return gates.Verdict.wait(f"attempt {action.attempts} failed: {outcome.detail}")
         action.facts = dict(outcome.facts)
         record = outcome.record(action.kind, now)
         detail = record.detail
@@ -301,11 +299,11 @@ class ActionRunner:
             detail = (detail + "; would run: " + " | ".join(outcome.plan)).strip("; ")
         if action.node is not None:  # the feed's record names the member and GPU it acted on
             detail = f"{node} gpu {request.gpu_index}: {detail}"
-        return decide.Verdict.settle(outcome.status, detail)
+        return gates.Verdict.settle(outcome.status, detail)
 
     async def _shared_cause_held(
         self, domain: book.Incident, inc: book.Incident, action: book.PlannedAction
-    ) -> decide.Verdict:
+    ) -> gates.Verdict:
         """A repair of a node whose domain is suspected waits while the shared-cause incident is open."""
         reason = (
             f"held by shared-cause incident {domain.id}: {domain.evidence.get('suspected')} suspected; "
@@ -320,9 +318,9 @@ class ActionRunner:
                 held_by_incident=domain.id, held_by_shared_cause=str(domain.evidence.get("domain"))
             )
             await self.shell.publish(inc, incidents.Change.UPDATED)
-        return decide.Verdict.wait(reason)
+        return gates.Verdict.wait(reason)
 
-    async def _domain_held(self, hold: blast.Hold, inc: book.Incident) -> decide.Verdict:
+    async def _domain_held(self, hold: blast.Hold, inc: book.Incident) -> gates.Verdict:
         """A failure domain at its limit: the action waits (retried next tick), the incident names the
         domain and the limit (published once per change of hold), nothing else stops."""
         if (
@@ -338,13 +336,13 @@ class ActionRunner:
             self.metrics.domain_holds.inc()
             self.log.warning("controller.domain_hold", incident_id=inc.id, node=inc.node, reason=hold.reason)
             await self.shell.publish(inc, incidents.Change.UPDATED)
-        return decide.Verdict.wait(hold.reason)
+        return gates.Verdict.wait(hold.reason)
 
     async def _breaker_tripped(
-        self, admission: decide.BreakerAdmission, refused: book.Incident, fleet_size: int
+        self, admission: gates.BreakerAdmission, refused: book.Incident, fleet_size: int
     ) -> None:
         now = self.clock()
-        counted = [decide.BreakerEntry.of(e).node for e in (admission.state or {}).get("entries", [])]
+        counted = [gates.BreakerEntry.of(e).node for e in (admission.state or {}).get("entries", [])]
         inc = book.Incident(
             id=book.new_id(),
             rule_id=BREAKER_RULE,
@@ -356,7 +354,7 @@ class ActionRunner:
             evidence={
                 "counted_nodes": ", ".join(counted)[:4000],
                 "counted": len(counted),
-                "limit": decide.limit_of(fleet_size, self.cs),
+                "limit": gates.limit_of(fleet_size, self.cs),
                 "fleet_size": fleet_size,
                 "window_s": self.cs.breaker_window_s,
                 "refused_node": refused.node,

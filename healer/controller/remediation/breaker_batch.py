@@ -3,7 +3,7 @@
 A thousand nodes faulting together each ask the breaker whether they may be taken out of service. One
 compare-and-set per node on the one breaker document makes them conflict with each other and re-read a
 document that grows with every entry (quadratic work, and ``too much contention`` once 20 writers race).
-``admit_all`` answers a batch of asks in order, exactly as ``decide.breaker_admission`` would answer each
+``admit_all`` answers a batch of asks in order, exactly as ``gates.breaker_admission`` would answer each
 against the document the one before it wrote: the same per-node verdicts (already counted, open, a
 failure domain at its limit, the fleet-wide limit reached and the breaker tripped by that one ask), the
 domain limits applied per node, the document's entries parsed once. ``policy.Breaker.admit`` gathers the
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from healer import config
-from healer.controller.incidents import decide
+from healer.controller.incidents import gates
 from healer.controller.inventory import blast
 
 
@@ -40,20 +40,20 @@ class Known:
 
     value: dict[str, Any]
     revision: int
-    entries: tuple[decide.BreakerEntry, ...]
+    entries: tuple[gates.BreakerEntry, ...]
 
     @classmethod
     def of(cls, value: dict[str, Any], revision: int) -> Known:
-        return cls(value, revision, tuple(map(decide.BreakerEntry.of, value.get("entries") or [])))
+        return cls(value, revision, tuple(map(gates.BreakerEntry.of, value.get("entries") or [])))
 
 
 class Decided(typing.NamedTuple):
     """What ``admit_all`` decided: each ask's admission in order, the document to write (None: nothing
     changes) and that document's entries, parsed (for the next batch's ``Known``)."""
 
-    admissions: list[decide.BreakerAdmission]
+    admissions: list[gates.BreakerAdmission]
     doc: dict[str, Any] | None
-    entries: tuple[decide.BreakerEntry, ...]
+    entries: tuple[gates.BreakerEntry, ...]
 
 
 def admit_all(
@@ -61,7 +61,7 @@ def admit_all(
     asks: Sequence[Ask],
     now: float,
     settings: config.ControllerSettings,
-    parsed: Sequence[decide.BreakerEntry] | None = None,
+    parsed: Sequence[gates.BreakerEntry] | None = None,
 ) -> Decided:
     """Each ask's admission, in order, and the document to write. The tripping ask's admission carries
     the document (its ``state``: the counted entries, for the breaker incident); the others carry none
@@ -70,7 +70,7 @@ def admit_all(
     window = settings.breaker_window_s
     raw = list(state.get("entries", []))
     if parsed is None:
-        parsed = [decide.BreakerEntry.of(e) for e in raw]
+        parsed = [gates.BreakerEntry.of(e) for e in raw]
     kept = [(e, r) for e, r in zip(parsed, raw, strict=True) if now - e.at < window]
     entries = [e for e, _ in kept]
     dumped = [r for _, r in kept]
@@ -81,20 +81,20 @@ def admit_all(
         opened = f"circuit breaker open since {state.get('opened_at')}: {state.get('reason')}"
     else:
         opened = ""
-    results: list[decide.BreakerAdmission] = []
+    results: list[gates.BreakerAdmission] = []
     for ask in asks:
         if ask.node in counted:
-            results.append(decide.BreakerAdmission(True, "node already counted in the breaker window"))
+            results.append(gates.BreakerAdmission(True, "node already counted in the breaker window"))
             continue
         if opened:
-            results.append(decide.BreakerAdmission(False, opened))
+            results.append(gates.BreakerAdmission(False, opened))
             continue
         if ask.domains is not None and settings.domain_limits:
             hold = blast.domain_hold(out, ask.node, ask.domains, settings.domain_limits)
             if hold is not None:
-                results.append(decide.BreakerAdmission(False, hold.reason, held=hold))
+                results.append(gates.BreakerAdmission(False, hold.reason, held=hold))
                 continue
-        limit = decide.limit_of(ask.fleet_size, settings)
+        limit = gates.limit_of(ask.fleet_size, settings)
         if len(entries) + 1 > limit:
             reason = (
                 f"{len(entries) + 1} nodes in {window:g}s would exceed "
@@ -108,13 +108,13 @@ def admit_all(
                 "refused": [ask.node, ask.incident_id],
             }
             opened = f"circuit breaker open since {now}: {reason}"
-            results.append(decide.BreakerAdmission(False, reason, tripped=True, state=doc))
+            results.append(gates.BreakerAdmission(False, reason, tripped=True, state=doc))
             continue
-        entry = decide.BreakerEntry(ask.node, now, ask.incident_id)
+        entry = gates.BreakerEntry(ask.node, now, ask.incident_id)
         entries.append(entry)
         dumped.append(entry.dump())
         out.append(ask.node)
         counted.add(ask.node)
         doc = {"open": False, "entries": dumped}
-        results.append(decide.BreakerAdmission(True, f"{len(entries)} of {limit} in the window"))
+        results.append(gates.BreakerAdmission(True, f"{len(entries)} of {limit} in the window"))
     return Decided(results, doc, tuple(entries))

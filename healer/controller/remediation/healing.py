@@ -30,7 +30,7 @@ import structlog
 
 from healer import actions, config, errors
 from healer.actuators import base as actuators
-from healer.controller.incidents import book, decide, shared_cause
+from healer.controller.incidents import book, decide, gates, shared_cause
 from healer.controller.remediation import ladder, shell
 from healer.controller.remediation.ladder_record import Pending, Record, history_key
 from healer.controller.store import kv
@@ -127,7 +127,7 @@ class Recovery:
         if lead is not None:  # one ladder per node: this incident follows the one in flight
             lead.followers.append(inc.id)
             await self._save(lead)
-            inc.evidence[decide.LADDER_JOINED] = lead.state.incident_id
+            inc.evidence[gates.LADDER_JOINED] = lead.state.incident_id
             inc.evidence["ladder.phase"] = lead.state.phase.name.lower()
             return
         if self.cs.mode.dry_run:

@@ -32,7 +32,7 @@ import structlog
 
 from healer import actions, config, errors
 from healer.actuators import batching
-from healer.controller.incidents import decide
+from healer.controller.incidents import gates
 from healer.controller.inventory import blast
 from healer.controller.remediation import breaker_batch
 from healer.controller.store import kv
@@ -51,7 +51,7 @@ class Breaker:
     def __init__(self, store: kv.Store, settings: config.ControllerSettings) -> None:
         self.store = store
         self.settings = settings
-        self._asks: list[tuple[breaker_batch.Ask, asyncio.Future[decide.BreakerAdmission]]] = []
+        self._asks: list[tuple[breaker_batch.Ask, asyncio.Future[gates.BreakerAdmission]]] = []
         """Asks waiting for the next batch (``admit``)."""
         self._writing = asyncio.Lock()
         """Held while one batch is decided and written: the asks arriving meanwhile form the next."""
@@ -59,7 +59,7 @@ class Breaker:
         """The document as this breaker last wrote it (parsed once), tried first; None: read it."""
 
     def limit(self, fleet_size: int) -> int:
-        return decide.limit_of(fleet_size, self.settings)
+        return gates.limit_of(fleet_size, self.settings)
 
     async def status(self) -> dict[str, Any]:
         doc = await self.store.get(BREAKER_KEY)
@@ -67,14 +67,14 @@ class Breaker:
 
     async def admit(
         self, node: str, fleet_size: int, incident_id: str, domains: blast.View | None = None
-    ) -> decide.BreakerAdmission:
-        """May healer take ``node`` out of service? Decided by ``decide.breaker_admission`` (for a batch:
+    ) -> gates.BreakerAdmission:
+        """May healer take ``node`` out of service? Decided by ``gates.breaker_admission`` (for a batch:
         ``breaker_batch.admit_all``, the same verdicts), written with compare-and-set (every shard and
         controller shares the breaker). ``domains``: the node's limited failure domains (``blast``),
         counted against the same document's entries. The asks that arrive while one batch is written
         are the next batch: one compare-and-set for a burst's nodes, not one each (#43)."""
         ask = breaker_batch.Ask(node, fleet_size, incident_id, domains)
-        answer: asyncio.Future[decide.BreakerAdmission] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[gates.BreakerAdmission] = asyncio.get_running_loop().create_future()
         self._asks.append((ask, answer))
         async with self._writing:
             if not answer.done():
@@ -87,7 +87,7 @@ class Breaker:
         return answer.result()
 
     async def _admit_batch(
-        self, batch: list[tuple[breaker_batch.Ask, asyncio.Future[decide.BreakerAdmission]]]
+        self, batch: list[tuple[breaker_batch.Ask, asyncio.Future[gates.BreakerAdmission]]]
     ) -> None:
         """One compare-and-set for ``batch``: against the document this breaker last wrote when it is
         still current (a conflict means someone else wrote since: read it and decide again)."""
@@ -155,7 +155,7 @@ class Limits:
     def __init__(self, settings: config.ControllerSettings, store: kv.Store | None = None) -> None:
         self.settings = settings
         self.store = store
-        self.last: dict[tuple[str, str], decide.LastAction] = {}
+        self.last: dict[tuple[str, str], gates.LastAction] = {}
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self._appends: dict[str, batching.Coalesced[tuple[float, int], None]] = {}
         self._reads: dict[str, batching.Coalesced[None, kv.Doc | None]] = {}
@@ -163,7 +163,7 @@ class Limits:
         self._written: dict[str, kv.Doc] = {}
         """Each kind's rate window as this process last wrote it, tried first by the next append."""
 
-    async def _last(self, kind: str, node: str) -> decide.LastAction | None:
+    async def _last(self, kind: str, node: str) -> gates.LastAction | None:
         """The newest action of ``kind`` on ``node``: this process's, or KV's when newer (another
         controller's, or this one's before a restart)."""
         mine = self.last.get((kind, node))
@@ -172,7 +172,7 @@ class Limits:
         doc = await self.store.get(f"{COOLDOWN_PREFIX}{kind}.{node}")
         if doc is None:
             return mine
-        stored = decide.LastAction(float(doc.value.get("at", 0.0)), str(doc.value.get("incident_id", "")))
+        stored = gates.LastAction(float(doc.value.get("at", 0.0)), str(doc.value.get("incident_id", "")))
         return stored if mine is None or stored.at > mine.at else mine
 
     async def _window(self, kind: str, now: float) -> tuple[list[float], kv.Doc | None]:
@@ -191,17 +191,17 @@ class Limits:
         doc = await self.store.get(f"{RATE_PREFIX}{kind}")
         return [doc] * len(items)
 
-    async def view(self, kind: str, node: str, now: float, *, window: bool = True) -> decide.LimitsView:
-        """What ``decide.limits_gate`` needs to know about ``kind`` on ``node`` now (``window=False``: only
+    async def view(self, kind: str, node: str, now: float, *, window: bool = True) -> gates.LimitsView:
+        """What ``gates.limits_gate`` needs to know about ``kind`` on ``node`` now (``window=False``: only
         the cooldown, for an action whose place in the rate window is reserved)."""
         last = await self._last(kind, node) if _has_cooldown(kind) else None
         times, _ = await self._window(kind, now) if window else ([], None)
-        return decide.LimitsView(last, tuple(times))
+        return gates.LimitsView(last, tuple(times))
 
-    async def check(self, kind: str, node: str, incident_id: str, now: float) -> decide.Verdict:
+    async def check(self, kind: str, node: str, incident_id: str, now: float) -> gates.Verdict:
         """ALLOW, or WAIT with why not."""
         view = await self.view(kind, node, now)
-        return decide.limits_verdict(kind, node, incident_id, now, view, self.settings)
+        return gates.limits_verdict(kind, node, incident_id, now, view, self.settings)
 
     async def record(self, kind: str, node: str, incident_id: str, now: float) -> None:
         """Written before the action runs: a crash after it still leaves the cooldown and the rate
@@ -209,7 +209,7 @@ class Limits:
         await self._cooldown(kind, node, incident_id, now)
         await self._append(kind, now, 1)
 
-    async def reserve(self, kind: str, nodes: list[str], incident_id: str, now: float) -> decide.Verdict:
+    async def reserve(self, kind: str, nodes: list[str], incident_id: str, now: float) -> gates.Verdict:
         """One step of ``kind`` across ``nodes`` (a domain's per-GPU power caps): ALLOW once the step is in
         the rate window, one entry per node, written at once; WAIT when the window has no room for it
         (a step wider than ``actions_per_minute`` nodes waits for an empty window, then goes whole).
@@ -217,18 +217,18 @@ class Limits:
         times, _ = await self._window(kind, now)
         room = self.settings.actions_per_minute - len(times)
         if times and room < len(nodes):
-            return decide.Verdict.wait(
+            return gates.Verdict.wait(
                 f"rate limit: {len(times)} {kind} actions in the last minute, a step on {len(nodes)} nodes"
             )
         for node in nodes:
             await self._cooldown(kind, node, incident_id, now)
         await self._append(kind, now, len(nodes))
-        return decide.ALLOW
+        return gates.ALLOW
 
     async def _cooldown(self, kind: str, node: str, incident_id: str, now: float) -> None:
         if _has_cooldown(kind) and self.store is not None:
             await self.store.put(f"{COOLDOWN_PREFIX}{kind}.{node}", {"at": now, "incident_id": incident_id})
-        self.last[(kind, node)] = decide.LastAction(now, incident_id)
+        self.last[(kind, node)] = gates.LastAction(now, incident_id)
 
     async def _append(self, kind: str, now: float, count: int) -> None:
         """``count`` entries at ``now`` in ``kind``'s rate window (compare-and-set in KV). The appends
