@@ -399,3 +399,67 @@ def test_a_port_trained_down_and_erroring_on_the_stragglers_node_is_named_in_its
     assert str(why["straggler.ports_erroring"]).startswith("mlx5_1/1+")
     assert why["straggler.ports_congested"] == "mlx5_1/1"
     assert why["straggler.cause"] == "ports_down_trained,ports_erroring,ports_congested"
+
+
+def eval_phase(t: int, slow: dict[int, dict[str, float]] | None = None) -> list[telemetry.NodeFrame]:
+    """#39's false fail-slow episode, in small: an 8-GPU job trains at its power cap (0.90 of the
+    maximum clock), runs a 10-minute eval phase at full clock below the cap (minutes 20-30), and is back
+    at the cap in a heavier phase (0.85 of the maximum clock at 0.90 of the limit, the cap's reason set):
+    the eval phase lifted every GPU's own-history clock, so all 8 lag their pasts by about 10 % together,
+    while against each other they are alike."""
+    minute = t // 60
+    if minute < 20:
+        kw: dict[str, float] = {"clock": 1782.0, "power": 660.0, "clocks_event_reasons": 0x4}
+    elif minute < 30:
+        kw = {"clock": 1980.0, "power": 640.0}
+    else:
+        kw = {"clock": 1683.0, "power": 630.0, "clocks_event_reasons": 0x4}
+    slow = slow or {}
+    return [frame("n1", [gpu(g, jobs=["j1"], **{**kw, **slow.get(g, {})}) for g in range(8)])]
+
+
+def test_a_node_lagging_its_own_past_at_its_power_cap_after_an_eval_phase_is_not_a_straggler() -> None:
+    verdicts = run(detector.FailSlow(), eval_phase, 45)
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8))
+    # the cap explains it: judged without that explanation, the same frames name every GPU
+    unexplained = detector.FailSlow(straggler_settings.Settings(cap_share=2.0))
+    named = run(unexplained, eval_phase, 45)
+    assert all(named[-1]["n1"][g] == 1.0 for g in range(8))
+    assert unexplained.explain("n1", 0)["straggler.test"] == "history"
+
+
+def test_a_gpu_slowed_after_an_eval_phase_is_still_a_straggler() -> None:
+    # the same job; from minute 36 GPU 3 is clock-limited 15 % below its peers at less power, off its
+    # cap (the hardware slowdown reason, not the cap's)
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        slow = {3: {"clock": 1430.0, "power": 560.0, "clocks_event_reasons": 0x8}} if t >= 36 * 60 else {}
+        return eval_phase(t, slow)
+
+    fs = detector.FailSlow()
+    verdicts = run(fs, make, 45)
+    named = [60 * (k + 1) for k, v in enumerate(verdicts) if v["n1"][3] == 1.0]
+    assert named
+    assert named[0] - 36 * 60 <= 300
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8) if g != 3)
+
+
+def test_a_node_lag_its_jobs_other_node_shares_is_not_judged_by_its_own_history() -> None:
+    # a two-node job whose both nodes clock 12 % lower at less power from minute 15, with the hardware
+    # slowdown reason (so the cap explains nothing): the job's phase, or the fleet's, not one node
+    def make(t: int, both: bool = True) -> list[telemetry.NodeFrame]:
+        out = []
+        for node in ("n1", "n2"):
+            slow = t >= 900 and (both or node == "n2")
+            kw = {"clock": 1584.0, "power": 640.0, "clocks_event_reasons": 0xC} if slow else {}
+            out.append(
+                job_frames(
+                    node, "j", {g: {"power": 695.0, "clocks_event_reasons": 0x4, **kw} for g in range(8)}
+                )
+            )
+        return out
+
+    verdicts = run(detector.FailSlow(), make, 22)
+    assert all(v[node][g] == 0.0 for v in verdicts for node in ("n1", "n2") for g in range(8))
+    # one node alone is still named (test_a_node_slowed_as_a_whole_in_a_two_node_job_...)
+    verdicts = run(detector.FailSlow(), lambda t: make(t, both=False), 22)
+    assert all(verdicts[-1]["n2"][g] == 1.0 for g in range(8))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+import numpy as np
+
 from healer.schemas import fields
 
 WHY = fields.ClocksEventReason
@@ -22,6 +24,8 @@ CAUSE_BITS: Final = int(
     WHY.HW_SLOWDOWN | WHY.SW_THERMAL_SLOWDOWN | WHY.HW_THERMAL_SLOWDOWN | WHY.HW_POWER_BRAKE_SLOWDOWN
 )
 """Reasons that name a hardware cause of low clocks (not the power cap every busy GPU meets)."""
+FAULT_BITS: Final = int(WHY.HW_SLOWDOWN | WHY.HW_POWER_BRAKE_SLOWDOWN)
+"""Reasons that a power cap never explains: the hardware itself slows the clock."""
 CAPPED_BITS: Final = int(
     WHY.SW_POWER_CAP | WHY.SW_THERMAL_SLOWDOWN | WHY.HW_THERMAL_SLOWDOWN | SYNC_BOOST | APP_CLOCKS
 )
@@ -39,3 +43,15 @@ def describe_cause(reasons: int, link_down: bool) -> str:
     if link_down:
         parts.append("link_down_trained")
     return ",".join(parts)
+
+
+def cap_explains(loaded: np.ndarray, free: np.ndarray, reasons: np.ndarray, share: float) -> np.ndarray:
+    """Per GPU: its window's loaded clock is explained by its power-to-clock relation, not a fault: at
+    least ``share`` of its loaded samples were not unconstrained (at or near its power cap, or held by a
+    reason a healthy chip obeys: ``CAPPED_BITS``), and no reason of the window names the hardware
+    (``FAULT_BITS``). ``loaded`` and ``free`` count the window's loaded and unconstrained samples,
+    ``reasons`` is the OR of its reasons. At its cap a chip's clock is what the cap allows for the work
+    it does: a phase that needs more power per clock lowers it, healthy; a fault that limits the clock
+    lowers the power too, off the cap."""
+    out: np.ndarray = (loaded > 0) & (loaded - free >= share * loaded) & ((reasons & FAULT_BITS) == 0)
+    return out

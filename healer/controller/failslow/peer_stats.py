@@ -43,3 +43,29 @@ def median_by(c: np.ndarray, v: np.ndarray, k: int) -> np.ndarray:
     ok = size > 0
     out[ok] = (vs[lo[ok]] + vs[hi[ok]]) / 2
     return out
+
+
+def node_lags(
+    codes: np.ndarray, node: np.ndarray, m: np.ndarray, own: np.ndarray, deficit: float
+) -> np.ndarray:
+    """Per slot: the GPUs of its job on its node (those in ``m``) lag their own pasts (``own``: each
+    one's deficit against its history) by ``deficit`` or more at the median, as a node slowed as a whole
+    does, and the job's other nodes (where it has any in ``m``) do not share it: fewer than half of them
+    lag their own pasts by half ``deficit`` at their median (a lag the job's peers share is the job's
+    phase, not the node). By one sort over (job, node) pairs, no loop."""
+    n = codes.size
+    out = np.zeros(n, dtype=bool)
+    m = m & (codes >= 0)
+    if not m.any():
+        return out
+    width = int(node.max()) + 1
+    keys, pair = np.unique(codes[m] * width + node[m], return_inverse=True)
+    pair = pair.ravel()
+    med = median_by(pair, own[m], keys.size)
+    job = keys // width
+    shares = (med >= deficit / 2).astype(np.float64)
+    others = np.bincount(job)[job] - 1
+    others_sharing = np.bincount(job, weights=shares)[job] - shares
+    shared = (others >= 1) & (2 * others_sharing >= others)
+    out[m] = ((med >= deficit) & ~shared)[pair]
+    return out

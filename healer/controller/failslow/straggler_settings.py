@@ -29,6 +29,11 @@ class Settings:
     the per-frame cost of 10,000 nodes at 1 Hz under 5 % of a core)."""
     history_windows: int = 10
     history_alpha: float = 0.05
+    cap_share: float = 0.5
+    """A loaded clock below its own past is explained, not judged, when at least this share of the
+    window's loaded samples were at the power cap (or held by a reason a healthy chip obeys) and no
+    reason names the hardware (``clock_reasons.cap_explains``): a phase that moves the clock at the cap
+    is no fault (#39)."""
     link_share: float = 0.8
     free_min: int = 2
     """Unconstrained (free, ``FREE_POWER``) loaded samples a GPU needs in a window for the free-clock

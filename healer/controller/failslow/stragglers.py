@@ -14,7 +14,9 @@ of ``window_s``. At each window's end, all GPUs at once (numpy, no Python loop p
   test against an exponentially weighted mean of its own past windows, once ``history_windows`` windows
   are in. A GPU with peers enough whose node does not lag is judged by its peers alone: a job that moves
   every GPU's clock (into its power cap, out of it) moves a weak chip's most, and that chip's own mixed
-  past would call it slow;
+  past would call it slow. A node's lag its job's other nodes share is the job's phase, and a window
+  spent mostly at the power cap with no hardware reason is explained by the cap (a phase that needs
+  more power per clock): neither is judged by its history (#39);
 - link evidence, any job size: a PCIe link below its generation or width, or NVLink links down, in
   most of the window's loaded samples;
 - unconstrained clock: the same deficit tests on the mean clock of the loaded samples that no power
@@ -44,7 +46,7 @@ from typing import Final
 import numpy as np
 
 from healer.controller.failslow import peer_stats, straggler_settings
-from healer.controller.failslow.clock_reasons import CAPPED_BITS, FREE_POWER, describe_cause
+from healer.controller.failslow.clock_reasons import CAPPED_BITS, FREE_POWER, cap_explains, describe_cause
 from healer.schemas import framecols, telemetry
 
 LOAD_UTIL_PCT: Final = 50.0
@@ -283,8 +285,9 @@ class Scorer:
             warm = valid & (self._hist_n[:n] >= s.history_windows) & ~peer_lag
             own = 1 - clock / hist_clock
             # with peers enough, a GPU within its job's spread is no straggler: a job whose phase moves
-            # every GPU's clock (into its power cap, out of it) moves a weak chip's most
-            judged = ~big | self._node_lags(codes, warm, own)
+            # every GPU's clock (into its power cap, out of it) moves a weak chip's most; a node's lag its
+            # job's other nodes share, or one its power cap explains, is a phase, not a fault (#39)
+            judged = self._judged(codes, big, warm, own)
             hist_lag = warm & judged & (own >= s.min_deficit) & (power <= hist_power - s.power_margin)
         ref_clock[hist_lag], ref_power[hist_lag] = hist_clock[hist_lag], hist_power[hist_lag]
         deficit = 1 - clock / ref_clock
@@ -368,20 +371,16 @@ class Scorer:
             h[rest] = (1 - a) * h[rest] + a * values[rest]
         self._hist_n[:n][learn] += 1
 
-    def _node_lags(self, codes: np.ndarray, warm: np.ndarray, own: np.ndarray) -> np.ndarray:
-        """Per slot: the GPUs of its job on its node (those with a warm history) lag their own pasts by
-        ``min_deficit`` or more at the median (``own``: each GPU's deficit against its history), as a node
-        slowed as a whole does; by one sort over (job, node) pairs, no loop."""
+    def _judged(self, codes: np.ndarray, big: np.ndarray, warm: np.ndarray, own: np.ndarray) -> np.ndarray:
+        """Per slot: whether its own history judges it: a GPU of a small job (or none), or one whose node's
+        GPUs of its job lag their own pasts together while its job's other nodes do not
+        (``peer_stats.node_lags``); and in either case only where its power-to-clock relation does not
+        explain its window's clock (``clock_reasons.cap_explains``: mostly at its cap, no hardware
+        reason)."""
         n = codes.size
-        out = np.zeros(n, dtype=bool)
-        m = warm & (codes >= 0)
-        if not m.any():
-            return out
-        node = self._node_no[:n]
-        _, pair = np.unique(codes[m] * (int(node.max()) + 1) + node[m], return_inverse=True)
-        pair = pair.ravel()
-        med = peer_stats.median_by(pair, own[m], int(pair.max()) + 1)
-        out[m] = med[pair] >= self.s.min_deficit
+        lags = peer_stats.node_lags(codes, self._node_no[:n], warm, own, self.s.min_deficit)
+        explained = cap_explains(self._loaded[:n], self._free[:n], self._reasons[:n], self.s.cap_share)
+        out: np.ndarray = (~big | lags) & ~explained
         return out
 
     def _free_test(
