@@ -1,4 +1,5 @@
-"""Browser fixtures: Debian's chromium, headless, driven by selenium through Debian's chromium-driver.
+"""The status page's fixtures: a page served on its own bus (``serving``), and Debian's chromium,
+headless, driven by selenium through Debian's chromium-driver.
 
 Without chromium the browser tests skip, except where ``CI`` is set: there they fail (``.ci/run``
 installs it). Every selenium call blocks, so tests run them in a thread (``asyncio.to_thread``) while the
@@ -7,13 +8,33 @@ event loop keeps serving the page.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
+from healer import config
+from healer.bus import nats as natsbus
+from healer.ui import server
+
+
+@contextlib.asynccontextmanager
+async def serving(nats_url: str, ui: config.UiSettings) -> AsyncIterator[server.Running]:
+    """The status page with ``ui``'s settings, on a bus of its own to ``nats_url``; stopped after."""
+    ui_bus = await natsbus.NatsBus.connect(nats_url, name="ui")
+    try:
+        running = await server.start(ui_bus, config.Settings(nats=config.NatsSettings(url=nats_url), ui=ui))
+        try:
+            yield running
+        finally:
+            await running.stop()
+    finally:
+        await ui_bus.close()
+
 
 CHROMIUM_FLAGS = (
     "--headless",

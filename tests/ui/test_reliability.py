@@ -21,6 +21,7 @@ from healer.schemas import incidents
 from healer.ui import board, fleet, live, reliability, server
 from tests.archive import test_report
 from tests.feed import helpers
+from tests.ui import conftest
 
 H = 3600.0
 
@@ -109,16 +110,8 @@ def lifecycle(
 
 @pytest.fixture
 async def page(nats_server: embedded.EmbeddedServer) -> AsyncIterator[server.Running]:
-    settings = config.Settings(
-        nats=config.NatsSettings(url=nats_server.url), ui=config.UiSettings(port=0, feed_window_s=60)
-    )
-    ui_bus = await natsbus.NatsBus.connect(nats_server.url, name="ui")
-    running = await server.start(ui_bus, settings)
-    try:
+    async with conftest.serving(nats_server.url, config.UiSettings(port=0, feed_window_s=60)) as running:
         yield running
-    finally:
-        await running.stop()
-        await ui_bus.close()
 
 
 @pytest.mark.nats

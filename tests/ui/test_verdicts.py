@@ -22,6 +22,7 @@ from healer.ui import board, fleet, live, server, verdict_api
 from tests import conftest
 from tests.archive import test_consumer
 from tests.feed import helpers
+from tests.ui import conftest as ui_conftest
 from tests.ui.test_server import Stream
 
 TOKEN = "s3cret"
@@ -147,17 +148,9 @@ async def test_a_bus_that_cannot_publish_is_a_503() -> None:
 
 @pytest.fixture
 async def page(nats_server: embedded.EmbeddedServer) -> AsyncIterator[server.Running]:
-    settings = config.Settings(
-        nats=config.NatsSettings(url=nats_server.url),
-        ui=config.UiSettings(port=0, push_s=0.2, feed_window_s=60, token=TOKEN),
-    )
-    ui_bus = await natsbus.NatsBus.connect(nats_server.url, name="ui")
-    running = await server.start(ui_bus, settings)
-    try:
+    ui = config.UiSettings(port=0, push_s=0.2, feed_window_s=60, token=TOKEN)
+    async with ui_conftest.serving(nats_server.url, ui) as running:
         yield running
-    finally:
-        await running.stop()
-        await ui_bus.close()
 
 
 @pytest.mark.nats
