@@ -35,108 +35,50 @@ controller can keep it across a restart.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from healer.anomaly import thermal_peers
+from healer.anomaly import thermal_node, thermal_peers, thermal_store
+from healer.anomaly.thermal_settings import (
+    _STATS,
+    BOOL,
+    BUSY_POWER_FRAC,
+    F64,
+    POWER_BANDS,
+    PRIOR_SPREAD,
+    READY_POWER_FRAC,
+    STATE_FORMAT,
+    Step,
+    ThermalSettings,
+)
 
-F64 = npt.NDArray[np.float64]
-BOOL = npt.NDArray[np.bool_]
-
-STATE_FORMAT: Final = "healer-anomaly-state/1"
-BUSY_POWER_FRAC: Final = 0.4
-"""Residuals are scored only where the GPU drew at least this share of its default limit."""
-READY_POWER_FRAC: Final = 0.5
-"""Only steady windows at this share of the default limit or more count towards a GPU being ready: a
-GPU watched only while idle has not shown how hot it runs under load."""
-PRIOR_SPREAD: Final = 0.2
-"""The prior counts as ``prior_s`` seconds of data this far (in power fraction) from the GPU's mean:
-as strong as a few minutes of a job's checkpoint dips, so a GPU that has shown two loads learns its own
-slope within a quarter of an hour."""
-POWER_BANDS: Final = (0.3, 0.5, 0.7, 0.85)
-"""Edges of the power-fraction bands in which GPUs and nodes keep track of what they have shown."""
-_STATS: Final = ("w", "sp", "sy", "spp", "spy")
-
-
-@dataclasses.dataclass(frozen=True)
-class ThermalSettings:
-    tau_s: float = 21_600.0
-    """Forgetting time constant of each GPU's own fit (6 h): slow drift is followed, hours-long
-    degradation is not."""
-    init_s: float = 900.0
-    """Steady busy seconds a GPU (steady seconds a node) is watched before its own baseline is
-    trusted."""
-    node_tau_s: float = 1_800.0
-    """Time constant of each node's inlet level (with its trend: ``node_trend_tau_s``)."""
-    prior_s: float = 1_800.0
-    """Weight of the prior on each GPU's resistance, in seconds of data (the fleet median's pull)."""
-    steady_windows: int = 4
-    """Windows (one per ``score`` call) over which a GPU's mean power must stay within ``steady_frac``."""
-    steady_frac: float = 0.2
-    step_frac: float = 0.04
-    """... and change by at most this much from one window to the next (a 30 s bucket that differs by
-    ten times this from the one it replaced: the start of a dip or a ramp)."""
-    lag_s: float = 30.0
-    """Time constant with which a GPU's temperature follows its power (heat sink and cold plate)."""
-    carry_s: float = 600.0
-    """A GPU or node that is not steady keeps its last value this long, then reads 0."""
-    freeze_at: float = 0.5
-    """Share of the edge past which a GPU learns ten times slower (a fault is not absorbed)."""
-    seen_s: float = 300.0
-    """Steady seconds a GPU (node) must have spent in a power band (``POWER_BANDS``) for its fit (its
-    level) to be trusted there; elsewhere the GPU only extrapolates and is left out of the node's
-    inlet reference."""
-    node_rate_c_per_h: float = 2.5
-    """Fastest a node's inlet level follows its reference, °C per hour (its trend included)."""
-    node_trend_tau_s: float = 3_600.0
-    """Integration time of each node's inlet trend (°C per hour, learned from what the level still
-    misses): with it the level follows an inlet that keeps rising or falling (a daily swing plus a
-    rack's drift, 1-2 °C/h for hours) without trailing it by ``node_tau_s`` x the rate. Never faster than
-    ``node_rate_c_per_h``, so a cooling loss (6-10 °C in minutes) is not followed."""
-    band_tau_s: float = 216_000.0
-    """Once learned (its first ``init_s``), a power band's offset follows this slowly (60 h): the
-    offsets tell loads apart, the level follows the inlet; an offset that followed faster would soak
-    up the inlet's drift while the node stays at one load, and jump when the load changed."""
-    band_slack_c: float = 1.5
-    """At a power band without a learned offset, °C allowed per band between it and the nearest learned
-    one."""
-    offset_fresh_s: float = 900.0
-    """A band's offset learns only while the level learned this recently (the inlet moves at most a
-    few tenths of a degree in that time)."""
-    stale_s: float = 1_800.0
-    """A node whose level has not learned for this long (no steady window) is not scored until it has."""
-    peer_floor_c: float = 6.0
-    """Smallest edge of the node-vs-peers check (``peer_z``), °C."""
-    peer_k: float = 6.0
-    """... else this many robust standard deviations (1.4826 x MAD) of this fleet's nodes around it."""
-    peer_tau_s: float = 10_800.0
-    """Each node's own offset from its peers follows with this time constant (3 h), starting at 0."""
-    peer_min_nodes: int = 8
-    """Fewest nodes with a value before nodes are compared with their peers at all."""
-    peer_min_gpus: int = 4
-    """Fewest steady busy GPUs a node needs for its value."""
+__all__ = [
+    "BUSY_POWER_FRAC",
+    "POWER_BANDS",
+    "PRIOR_SPREAD",
+    "READY_POWER_FRAC",
+    "STATE_FORMAT",
+    "Step",
+    "ThermalSettings",
+    "ThermalState",
+]
 
 
-@dataclasses.dataclass
-class Step:
-    """One window's thermal values, (nodes, gpus) each; ``nan`` where not scored."""
+class _Ref(NamedTuple):
+    """A window's inlet references (``ThermalState._reference``), per node or (nodes, gpus)."""
 
-    rise_c: F64
-    gpu_rel: F64
-    node_c: F64
-    residual_c: F64
-    """Temperature minus the GPU's own model at the node's inlet reference (any GPU, ready or not)."""
-    inlet_ref_c: F64
-    """The node's inlet reference (per GPU, the node's value), °C."""
-    ready: BOOL
-    peer_z: F64 | None = None
-    """The node against its peers at the same moment (per GPU, the node's value), 1.0 = the edge."""
+    band: npt.NDArray[np.intp]
+    inside: BOOL
+    pick: BOOL
+    trusted: BOOL
+    ref: F64
+    target: F64
+    recent: BOOL
 
 
 class ThermalState:
@@ -262,27 +204,55 @@ class ThermalState:
         too hot, so they are scored even when not steady (the lag then errs towards hot), never
         learned from. ``lagged``: the power temperature follows (``thermal_lag.LagFit``)."""
         n = len(temp)
-        s = self.s
         # an empty fleet's class index comes as (0,), not (0, gpus): never broadcast against that
         cls = np.asarray(cls, dtype=np.intp).reshape(n, self.gpus)
         p = np.where(valid, power, np.nan)
+        steady = self._steady(n, p, valid)
+        a, r = self.fit(cls)
+        # temperature follows power with a lag: each GPU's own (``thermal_lag``), else lag_s's
+        p_th = self._lagged(n, p, dt) if lagged is None else np.where(valid, lagged, np.nan)
+        pt = np.nan_to_num(p_th)
+        implied = np.where(valid, temp - a[:n] - r[:n] * pt, np.nan)
+        ready = self.ready[:n]
+        rf = self._reference(n, p, implied, steady, ready, now)
+        resid = implied - rf.ref[:, None]
+        busy = np.nan_to_num(p) >= BUSY_POWER_FRAC
+        hot = np.zeros_like(valid) if throttled is None else throttled[:n] & valid
+        scored = (steady | hot) & busy & ~np.isnan(resid)
+        rise, rel = self._gpu_values(n, temp, p, pt, resid, rf, scored, ready, cls)
+        node, nband = thermal_node.node_value(self, n, p, rf.pick, rf.ref, rf.trusted, now)
+        node_g = np.broadcast_to(node[:, None], temp.shape).copy()
+        out = self._carry(n, [rise, rel, node_g], valid, now)
+        self._learn_window(n, p_th, implied, steady & ~hot, rf, rise, rel, cls, nband, node, now, dt)
+        peer = thermal_peers.peer_z(self, n, temp, pt, (steady | hot) & busy, cls, dt)
+        return Step(
+            out[0],
+            out[1],
+            out[2],
+            resid,
+            np.broadcast_to(rf.ref[:, None], temp.shape).copy(),
+            ready,
+            np.broadcast_to(peer[:, None], temp.shape).copy(),
+        )
+
+    def _steady(self, n: int, p: F64, valid: BOOL) -> BOOL:
+        """Push this window's power into each GPU's history: steady where it stayed within
+        ``steady_frac`` over the history and moved at most ``step_frac`` between windows."""
+        s = self.s
         self.hist[:n] = np.roll(self.hist[:n], 1, axis=2)
         self.hist[:n, :, 0] = p
         with np.errstate(invalid="ignore"):  # a nan anywhere in the history: not steady
             h = self.hist[:n]
             swing = h.max(axis=2) - h.min(axis=2)
             jump = np.abs(np.diff(h, axis=2)).max(axis=2)
-            steady = valid & (swing <= s.steady_frac) & (jump <= s.step_frac)
-        a, r = self.fit(cls)
-        a, r = a[:n], r[:n]
-        pz = np.nan_to_num(p)
-        # temperature follows power with a lag: each GPU's own (``thermal_lag``), else lag_s's
-        p_th = self._lagged(n, p, dt) if lagged is None else np.where(valid, lagged, np.nan)
-        pt = np.nan_to_num(p_th)
-        implied = np.where(valid, temp - a - r * pt, np.nan)
-        ready = self.ready[:n]
+            out: BOOL = valid & (swing <= s.steady_frac) & (jump <= s.step_frac)
+        return out
+
+    def _reference(self, n: int, p: F64, implied: F64, steady: BOOL, ready: BOOL, now: float) -> _Ref:
+        """Each node's inlet reference this window and what its GPUs learn against."""
+        s = self.s
         # a GPU in a power band its own fit has not seen only extrapolates its inlet
-        band = np.searchsorted(np.array(POWER_BANDS), pz)
+        band = np.searchsorted(np.array(POWER_BANDS), np.nan_to_num(p))
         inside = np.take_along_axis(self.seen[:, :n], band[None], axis=0)[0] >= s.seen_s
         # the node's inlet reference: the median of its steady GPUs' implied inlets, preferring ready
         # GPUs inside their range (3 or more), then any inside their range (2 or more), then any steady
@@ -305,39 +275,36 @@ class ThermalState:
         # their error, and once ready passes it on to the node's reference
         recent = now - self.ref_at[:n] <= s.stale_s
         target = np.where(trusted, ref, np.where(recent, self.ref_last[:n], ref))
-        resid = implied - ref[:, None]
-        busy = pz >= BUSY_POWER_FRAC
-        hot = np.zeros_like(valid) if throttled is None else throttled[:n] & valid
-        scored = (steady | hot) & busy & ~np.isnan(resid)
+        return _Ref(band, inside, pick, trusted, ref, target, recent)
+
+    def _gpu_values(
+        self,
+        n: int,
+        temp: F64,
+        p: F64,
+        pt: F64,
+        resid: F64,
+        rf: _Ref,
+        scored: BOOL,
+        ready: BOOL,
+        cls: npt.NDArray[np.intp],
+    ) -> tuple[F64, F64]:
+        """``rise_c`` of the ready GPUs and ``gpu_rel`` of the others, this window."""
+        pz = np.nan_to_num(p)
         # outside the bands it has shown a GPU's own slope is uncertain: allow a tenth of its model's
         w, sp = self.stats[0, :n], self.stats[1, :n]
         with np.errstate(invalid="ignore", divide="ignore"):
             pbar = np.where(w > 0, sp / w, pz)
-        slack = np.where(inside, 0.0, 0.1 * self.fleet_r[cls[:n]] * np.abs(pz - pbar))
-        rise = np.where(scored & ready, resid - slack, np.nan)
+        slack = np.where(rf.inside, 0.0, 0.1 * self.fleet_r[cls[:n]] * np.abs(pz - pbar))
+        rise: F64 = np.where(scored & ready, resid - slack, np.nan)
         # before its own fit is ready a GPU is compared with the median GPU of its model on this fleet
         r_model = self.fleet_r[cls[:n]]
-        rel_resid = temp - r_model * pt - ref[:, None]
-        rel = np.where(scored & ~ready, rel_resid / (r_model * np.maximum(pz, 0.05)), np.nan)
-        # the node against its own inlet level, at the offset of its current power band
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            node_p = np.nan_to_num(np.nanmedian(np.where(pick, p, np.nan), axis=1))
-        nband = np.searchsorted(np.array(POWER_BANDS), node_p)
-        rows = np.arange(n)
-        # at a load band not learned yet, the nearest learned band's offset stands in, less
-        # band_slack_c per band of distance (far loads differ more), so a cooling loss that starts as
-        # the node changes load is still seen
-        learned = self.band_s[:, :n] >= s.init_s
-        dist = np.where(learned, np.abs(np.arange(len(learned))[:, None] - nband[None]), 99)
-        nearest = np.argmin(dist, axis=0)
-        off = self.band_off[nearest, rows]
-        slack = s.band_slack_c * dist[nearest, rows]
-        known = (self.level_s[:n] >= s.init_s) & learned.any(axis=0)
-        known &= now - self.level_at[:n] <= s.stale_s  # a level not updated for long is re-learned first
-        node = np.where(known & trusted, ref - self._level_now(n, now) - off - slack, np.nan)
-        node_g = np.broadcast_to(node[:, None], temp.shape).copy()
-        values = [rise, rel, node_g]
+        rel_resid = temp - r_model * pt - rf.ref[:, None]
+        rel: F64 = np.where(scored & ~ready, rel_resid / (r_model * np.maximum(pz, 0.05)), np.nan)
+        return rise, rel
+
+    def _carry(self, n: int, values: list[F64], valid: BOOL, now: float) -> list[F64]:
+        """Each value where fresh, else the lower of its last two fresh ones for up to ``carry_s``."""
         out = []
         for k, v in enumerate(values):
             fresh = ~np.isnan(v)
@@ -346,32 +313,40 @@ class ThermalState:
             self.last_at[k, :n][fresh] = now
             # carried: the lower of the last two steady values, so one odd window is not held for long
             kept = np.minimum(self.last[k, :n], self.prev[k, :n])
-            carried = np.where(now - self.last_at[k, :n] <= s.carry_s, kept, np.nan)
+            carried = np.where(now - self.last_at[k, :n] <= self.s.carry_s, kept, np.nan)
             out.append(np.where(fresh, v, np.where(valid, carried, np.nan)))
-        calm = steady & ~hot
+        return out
+
+    def _learn_window(
+        self,
+        n: int,
+        p_th: F64,
+        implied: F64,
+        calm: BOOL,
+        rf: _Ref,
+        rise: F64,
+        rel: F64,
+        cls: npt.NDArray[np.intp],
+        nband: npt.NDArray[np.intp],
+        node: F64,
+        now: float,
+        dt: float,
+    ) -> None:
+        """Learn from this window: the GPUs' fits, the bands they have shown, the node's level."""
         # against a carried reference, a GPU whose implied inlet is more than half the node's edge
         # away does not learn: its node's inlet may be what moved (a cooling loss), or its own fit
         # is wrong at this load and is corrected in a trusted window instead
+        target = rf.target
         with np.errstate(invalid="ignore"):
-            carried = (~trusted & recent)[:, None]
-            far = carried & (np.abs(implied - target[:, None]) > s.freeze_at * self.edges[2])
+            carried = (~rf.trusted & rf.recent)[:, None]
+            far = carried & (np.abs(implied - target[:, None]) > self.s.freeze_at * self.edges[2])
         calm = calm & ~far
         self._learn(n, p_th, implied - target[:, None], calm, target, rise, rel, cls, dt)
-        self._learn_bands(n, band, calm & ~np.isnan(target)[:, None], dt)
-        fresh = trusted & ~np.isnan(ref)
-        self.ref_last[:n][fresh] = ref[fresh]
+        self._learn_bands(n, rf.band, calm & ~np.isnan(target)[:, None], dt)
+        fresh = rf.trusted & ~np.isnan(rf.ref)
+        self.ref_last[:n][fresh] = rf.ref[fresh]
         self.ref_at[:n][fresh] = now
-        self._learn_node(n, np.where(trusted, ref, np.nan), nband, node, now, dt)
-        peer = thermal_peers.peer_z(self, n, temp, pt, (steady | hot) & busy, cls, dt)
-        return Step(
-            out[0],
-            out[1],
-            out[2],
-            resid,
-            np.broadcast_to(ref[:, None], temp.shape).copy(),
-            ready,
-            np.broadcast_to(peer[:, None], temp.shape).copy(),
-        )
+        thermal_node.learn_node(self, n, np.where(rf.trusted, rf.ref, np.nan), nband, node, now, dt)
 
     def _lagged(self, n: int, p: F64, dt: float) -> F64:
         """A window's mean temperature belongs to the mean power of a window ``lag_s`` earlier: this
@@ -443,76 +418,8 @@ class ThermalState:
         hit = np.arange(len(seen))[:, None, None] == band[None]
         seen += np.where(hit & learn[None], dt, 0.0)
 
-    def _learn_node(
-        self, n: int, ref: F64, nband: npt.NDArray[np.intp], node: F64, now: float, dt: float
-    ) -> None:
-        s = self.s
-        if dt <= 0:
-            return
-        rows = np.arange(n)
-        ok = ~np.isnan(ref)
-        lvl = self.level[:n]
-        first = ok & np.isnan(lvl)
-        lvl[first] = ref[first]
-        seen = self.level_s[:n]
-        # a node steady at a load it has no offset for, with a level too stale to learn one against,
-        # starts over at this load: the level is the reference here, the other loads are learned again
-        lost = ok & (seen >= s.init_s) & (self.band_s[nband, rows] < s.init_s)
-        lost &= now - self.level_at[:n] > s.stale_s
-        if lost.any():
-            idx = np.flatnonzero(lost)
-            self.band_off[:, idx] = 0.0
-            self.band_s[:, idx] = 0.0
-            self.band_s[nband[idx], idx] = s.init_s
-            lvl[idx] = ref[idx]
-            self.level_at[idx] = now
-            self.trend[idx] = 0.0
-        band_s = self.band_s[nband, rows]
-        off = self.band_off[nband, rows]
-        # the level learns from bands whose offset is known (the first band seen defines it)
-        from_band = ok & ~first & ((band_s >= s.init_s) | (seen < s.init_s))
-        # time since the level last learned: a node unsteady for hours catches up on its inlet's drift
-        gap = np.clip(now - self.level_at[:n], dt, None)
-        # carried along its trend since it last learned, the level then closes part of what it still
-        # misses (an average over node_tau_s); what it keeps missing feeds the trend (an integral over
-        # node_trend_tau_s), so an inlet that rises steadily is followed without a lag
-        ahead = self._level_now(n, now) - lvl
-        miss = ref - off - lvl - ahead
-        alpha = np.where(seen < s.init_s, dt / np.maximum(seen + dt, dt), 1.0 - np.exp(-gap / s.node_tau_s))
-        move = ahead + alpha * miss
-        # once ready, the level moves at most node_rate_c_per_h: a daily swing and drift (about
-        # 1-2 °C/h) are followed, a cooling loss (6 °C in 20 min) is not
-        limit = np.where(seen < s.init_s, np.inf, s.node_rate_c_per_h * gap / 3600.0)
-        lvl[from_band] += np.clip(move, -limit, limit)[from_band]
-        self.level_at[:n][from_band] = now
-        # the trend learns only on a ready node within its edge, and is bounded by the rate. Not frozen
-        # at half the edge as the offsets are: a healthy inlet that turns and rises 2 °C/h is 1.5-2 °C
-        # ahead of the level before the trend has caught up (held-out seed 9201)
-        with np.errstate(invalid="ignore"):
-            calm = ok & (seen >= s.init_s) & ~(np.abs(node) > self.edges[2])
-        rate = s.node_rate_c_per_h / 3600.0
-        nudge = (1.0 - np.exp(-gap / s.node_trend_tau_s)) * miss / s.node_tau_s
-        trend = self.trend[:n]
-        trend[from_band & calm] = np.clip(trend + nudge, -rate, rate)[from_band & calm]
-        seen[from_band] += dt
-        # each band's offset: a plain mean while new, then very slow; not while the node looks faulty
-        with np.errstate(invalid="ignore"):
-            calm = ok & (seen >= s.init_s) & ~(node > s.freeze_at * self.edges[2])
-        b_alpha = np.where(band_s < s.init_s, dt / (band_s + dt), 1.0 - math.exp(-dt / s.band_tau_s))
-        # a band's offset is what the reference does at that load *at the same inlet*: it is learned
-        # only while the level is fresh (learned within offset_fresh_s from a known band), never against
-        # a level hours stale, which would soak the inlet's drift into the offset
-        fresh = now - self.level_at[:n] <= s.offset_fresh_s
-        learn_off = calm & fresh
-        upd = np.where(learn_off, b_alpha * (ref - self._level_now(n, now) - off), 0.0)
-        self.band_off[nband, rows] = off + upd
-        self.band_s[nband, rows] = band_s + np.where(learn_off | (ok & (seen < s.init_s)), dt, 0.0)
-
     def _level_now(self, n: int, now: float) -> F64:
-        """Each node's level carried along its trend since it last learned (for at most ``stale_s``)."""
-        since = np.clip(now - self.level_at[:n], 0.0, self.s.stale_s)
-        out: F64 = self.level[:n] + self.trend[:n] * since
-        return out
+        return thermal_node.level_now(self, n, now)
 
     def _fit_pred(self, n: int, p: F64, cls: npt.NDArray[np.intp]) -> F64:
         a, r = self.fit(cls)
@@ -522,70 +429,12 @@ class ThermalState:
     # ----------------------------------------------------------------- persistence
 
     def export(self) -> dict[str, Any]:
-        """The learned state as a JSON-able dict: per node its GPUs' fit statistics and steady seconds,
-        its inlet level; per class the fleet's median resistance."""
-
-        def rnd(v: F64) -> list[float]:
-            return [float(x) for x in v.tolist()]
-
-        nodes: dict[str, Any] = {}
-        for i, name in enumerate(self.node_names):
-            nodes[name] = {
-                "stats": [rnd(self.stats[k, i]) for k in range(len(_STATS))],
-                "busy_s": rnd(self.busy_s[i]),
-                "seen_s": [rnd(self.seen[k, i]) for k in range(len(self.seen))],
-                "level_c": None if np.isnan(self.level[i]) else float(self.level[i]),
-                "level_s": float(self.level_s[i]),
-                "level_at": float(self.level_at[i]) if np.isfinite(self.level_at[i]) else None,
-                "trend_c_per_h": float(self.trend[i] * 3600.0),
-                "band_off_c": rnd(self.band_off[:, i]),
-                "band_s": rnd(self.band_s[:, i]),
-                "ref_c": None if np.isnan(self.ref_last[i]) else float(self.ref_last[i]),
-                "ref_at": float(self.ref_at[i]) if np.isfinite(self.ref_at[i]) else None,
-                "peer_off_c": float(self.peer_off[i]),
-            }
-        for name, doc in self._pending.items():
-            nodes.setdefault(name, doc)
-        return {
-            "format": STATE_FORMAT,
-            "gpus": self.gpus,
-            "classes": self.classes,
-            "fleet_r": [float(x) for x in self.fleet_r[: len(self.classes)]],
-            "nodes": nodes,
-        }
+        """The learned state as a JSON-able dict (``thermal_store.export``)."""
+        return thermal_store.export(self)
 
     def import_(self, state: dict[str, Any]) -> int:
-        """Load an exported state: nodes already known are restored at once, the others when they first
-        report. Returns how many nodes the state holds. A wrong format or GPU count raises ValueError."""
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"anomaly state format {state.get('format')!r}, expected {STATE_FORMAT!r}")
-        if int(state.get("gpus", -1)) != self.gpus:
-            raise ValueError(f"anomaly state has {state.get('gpus')} GPUs per node, scorer {self.gpus}")
-        for c, r in zip(state.get("classes", []), state.get("fleet_r", []), strict=False):
-            if c in self.classes:
-                self.fleet_r[self.classes.index(c)] = float(r)
-        index = {name: i for i, name in enumerate(self.node_names)}
-        nodes = state.get("nodes", {})
-        for name, doc in nodes.items():
-            if len(doc["stats"]) != len(_STATS) or any(len(v) != self.gpus for v in doc["stats"]):
-                raise ValueError(f"anomaly state for {name}: malformed statistics")
-            i = index.get(name)
-            if i is None:
-                self._pending[name] = doc
-            else:
-                self._apply(i, doc)
-        return len(nodes)
+        """Load an exported state (``thermal_store.import_``); returns how many nodes it holds."""
+        return thermal_store.import_(self, state)
 
     def _apply(self, i: int, doc: dict[str, Any]) -> None:
-        self.stats[:, i] = np.array(doc["stats"], dtype=np.float64)
-        self.busy_s[i] = np.array(doc["busy_s"], dtype=np.float64)
-        self.level[i] = np.nan if doc.get("level_c") is None else float(doc["level_c"])
-        self.level_s[i] = float(doc.get("level_s", 0.0))
-        self.level_at[i] = -math.inf if doc.get("level_at") is None else float(doc["level_at"])
-        self.trend[i] = float(doc.get("trend_c_per_h", 0.0)) / 3600.0
-        self.seen[:, i] = np.array(doc["seen_s"], dtype=np.float64)
-        self.band_off[:, i] = np.array(doc["band_off_c"], dtype=np.float64)
-        self.band_s[:, i] = np.array(doc["band_s"], dtype=np.float64)
-        self.ref_last[i] = np.nan if doc.get("ref_c") is None else float(doc["ref_c"])
-        self.ref_at[i] = -math.inf if doc.get("ref_at") is None else float(doc["ref_at"])
-        self.peer_off[i] = float(doc.get("peer_off_c", 0.0))
+        thermal_store.apply(self, i, doc)
