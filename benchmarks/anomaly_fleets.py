@@ -3,7 +3,7 @@
 Streams each shared fleet's ``gen.py`` (``../shared/fleets/<fleet>/gen.py``, NodeFrame JSON lines on a
 pipe, never stored) through the controller's decoder, the default rule pack's engine, one cold
 ``scoring.Scorer``, the anomaly rule's hysteresis and node-wide grouping, and the controller's
-fail-slow part feeding the pack's ``gpu-straggler`` rule (``anomaly.backtest``, as ``healer model eval
+fail-slow part feeding the pack's ``gpu-straggler`` rule (``evals.backtest``, as ``healer model eval
 --recorded`` does), one run per fleet and seed, and prints per fleet and seed:
 
 - healthy runs: false anomaly incidents as GPU firings, as the controller opens them (node-wide
@@ -83,8 +83,9 @@ def run_one(
     """One cold run (``calibrated``: a pool calibration to start from, as a deployment that has
     watched this fleet healthy before)."""
     from healer import config
-    from healer.anomaly import backtest, cfar
+    from healer.anomaly import cfar
     from healer.cli import model_cmd
+    from healer.evals import backtest, backtest_input
 
     # the controller's fail-slow part, as the controller builds it
     failslow = model_cmd.failslow_factory(config.ControllerSettings()) or (lambda: None)
@@ -115,7 +116,7 @@ def run_one(
             scorer.cfar.import_(calibrated)
             scorer.cfar.frozen = args.hold_calibration
         bt.run(lines_of(cmd))
-        truth = backtest.load_truth(truth_path) if truth_path else []
+        truth = backtest_input.load_truth(truth_path) if truth_path else []
         out = bt.result(truth)
     out["fleet"], out["seed"] = fleet, seed
     out["cpu_s"] = time.process_time() - started
@@ -137,7 +138,7 @@ def pool_lines(r: dict[str, Any]) -> list[str]:
 
 
 def healthy_line(r: dict[str, Any]) -> str:
-    from healer.anomaly import backtest
+    from healer.evals import backtest_figures
 
     m = r["models"]["model"]
     days = r["healthy_node_days"]
@@ -145,7 +146,7 @@ def healthy_line(r: dict[str, Any]) -> str:
     def per(k: int) -> str:
         return f"{1000 * k / days:8.0f}" if days > 0 else "       -"
 
-    up = backtest.upper95(m["false_controller"], days) if days > 0 else None
+    up = backtest_figures.upper95(m["false_controller"], days) if days > 0 else None
     other = sum(v["false"] for rid, v in r["rules"].items())
     shadow = sum(r["shadow"].values()) if r["shadow"] else 0
     return (
@@ -218,8 +219,9 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    from healer.anomaly import backtest, persist
+    from healer.anomaly import persist
     from healer.cli import model_cmd
+    from healer.evals import backtest_figures
     from healer.rules import loader
 
     loaded = loader.load_paths([pathlib.Path(p) for p in args.rules])
@@ -280,7 +282,7 @@ def main() -> int:
             days = sum(r["healthy_node_days"] for r in fr)
             k = sum(r["models"]["model"]["false_controller"] for r in fr)
             other = sum(v["false"] for r in fr for v in r["rules"].values())
-            up = backtest.upper95(k + other, days)
+            up = backtest_figures.upper95(k + other, days)
             print(
                 f"{fleet}: {days:.2f} healthy node-days (seeds {args.seeds}): {k} false anomaly incidents, "
                 f"{other} from other rules; all rules {1000 * (k + other) / days:.1f} per 1,000 node-days "

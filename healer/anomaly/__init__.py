@@ -8,6 +8,7 @@ deciding component's threshold per pool from the watched fleet's own tail, shado
 JSON model card), ``scoring`` (the controller's API: score, explain, export/import state), ``state``
 (the learned state in a key-value store), ``calibration`` (learning a fleet's baselines from recorded
 telemetry), ``dataset`` (windows from recordings or the stream), ``training``, ``evaluation`` and
-``diagnosis`` (against ground truth and the rules), ``backtest`` and ``grouping`` (replays of
-recordings, incidents grouped node-wide as the controller opens them). See docs/anomaly.md.
+``diagnosis`` (against ground truth and the rules). Backtests on recordings (``healer model eval
+--recorded``, ``healer rules backtest``) are evaluation code: ``healer.evals.backtest``. See
+docs/anomaly.md.
 """

@@ -374,7 +374,8 @@ def failslow_factory(cs: config.ControllerSettings) -> Callable[[], Any] | None:
 
 def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
     """Replay recorded NodeFrames through the rule pack and the models; print the figures."""
-    from healer.anomaly import backtest as bt
+    from healer.evals import backtest_figures, backtest_input
+    from healer.evals.backtest import run_sources
     from healer.rules import loader
 
     if args.truth and len(args.truth) != max(1, len(args.recorded)):
@@ -409,7 +410,7 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
                 models[str(path)] = persist.load(path)[0]
 
         def truths(k: int) -> list[dict[str, Any]]:  # read after the replay: a pipe's writer may be late
-            return bt.load_truth(args.truth[k]) if k < len(args.truth) else []
+            return backtest_input.load_truth(args.truth[k]) if k < len(args.truth) else []
 
         sources: list[Any]
         if args.from_stream:
@@ -418,8 +419,8 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
                 return common.EXIT_INTERRUPTED
             sources = [frames]
         else:
-            sources = [bt.read_lines(p) for p in args.recorded]
-        out = bt.run_sources(
+            sources = [backtest_input.read_lines(p) for p in args.recorded]
+        out = run_sources(
             sources,
             truths,
             None if getattr(args, "no_rules", False) else result.ruleset,
@@ -436,7 +437,7 @@ def backtest(args: argparse.Namespace, model_paths: list[pathlib.Path]) -> int:
     if args.json:
         print(json.dumps({k: v for k, v in out.items() if k != "raw"}, indent=2, default=float))
     else:
-        print(bt.format_summary(out))
+        print(backtest_figures.format_summary(out))
     return 0
 
 

@@ -37,9 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from healer.anomaly import backtest
 from healer.controller.failslow import straggler_settings, stragglers
-from healer.evals import straggler_sim_eval
+from healer.evals import backtest_figures, straggler_sim_eval
 from healer.evals.straggler_tally import JOB_LEVEL_KINDS, Fault, Tally
 
 DETECT_S = 300.0
@@ -188,7 +187,7 @@ def summarize(results: list[dict[str, Any]], kinds: tuple[str, ...] = FAULT_KIND
     every = [{**f, "end_at": r["hours"] * 3600.0} for r in results for f in r["faults"]]
     faults = [f for f in every if f["kind"] not in JOB_LEVEL_KINDS]
     job_level = [f for f in every if f["kind"] in JOB_LEVEL_KINDS]
-    upper = backtest.upper95(episodes, node_days / 1000.0) if node_days else None
+    upper = backtest_figures.upper95(episodes, node_days / 1000.0) if node_days else None
     cpu_s = sum(r["cpu_s"] for r in results)
     sim_s = sum(r["sim_s"] for r in results)
     gpus = results[0]["gpus"] if results else 0

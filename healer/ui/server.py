@@ -41,6 +41,10 @@ log = structlog.get_logger(__name__)
 
 COOKIE = "healer_ui_token"
 STATIC = {
+    "page.js": "text/javascript",
+    "map.js": "text/javascript",
+    "panels.js": "text/javascript",
+    "node_view.js": "text/javascript",
     "app.js": "text/javascript",
     "chart.js": "text/javascript",
     "verdicts.js": "text/javascript",

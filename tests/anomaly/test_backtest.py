@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from healer import cli
-from healer.anomaly import backtest, features, thermal, window
+from healer.anomaly import features, thermal, window
 from healer.anomaly import model as anomaly_model
+from healer.evals import backtest, backtest_figures, backtest_input
 from healer.schemas import codec, telemetry
 from healer.sim import recording, scenarios
 
@@ -123,14 +124,14 @@ def test_a_truth_file_without_an_onset_is_refused(tmp_path: pathlib.Path) -> Non
     bad = tmp_path / "t.json"
     bad.write_text(json.dumps({"faults": [{"kind": "x", "node": "n"}]}))
     with pytest.raises(Exception, match="without kind, node or onset"):
-        backtest.load_truth(bad)
+        backtest_input.load_truth(bad)
 
 
 def test_the_upper_bound_is_garwoods() -> None:
-    assert backtest.upper95(0, 1.0) == pytest.approx(3.689, abs=1e-3)
-    assert backtest.upper95(1, 1.0) == pytest.approx(5.572, abs=1e-3)
-    assert backtest.upper95(10, 2.0) == pytest.approx(18.390 / 2, abs=1e-3)
-    assert backtest.upper95(0, 0.0) is None
+    assert backtest_figures.upper95(0, 1.0) == pytest.approx(3.689, abs=1e-3)
+    assert backtest_figures.upper95(1, 1.0) == pytest.approx(5.572, abs=1e-3)
+    assert backtest_figures.upper95(10, 2.0) == pytest.approx(18.390 / 2, abs=1e-3)
+    assert backtest_figures.upper95(0, 0.0) is None
     assert backtest.SCORE_THRESHOLD == anomaly_model.SCORE_THRESHOLD
 
 

@@ -6,7 +6,8 @@ import pathlib
 
 import numpy as np
 
-from healer.anomaly import backtest, cfar, persist, scoring
+from healer.anomaly import cfar, persist, scoring
+from healer.evals import backtest
 from healer.schemas import codec
 
 MODEL = pathlib.Path(__file__).resolve().parents[2] / "models" / "default"

@@ -118,6 +118,26 @@ async def test_a_gpu_panel_shows_the_models_components_when_the_page_has_them() 
             assert shown[0]["available"] is False, "a GPU the model has not scored yet"
 
 
+async def test_the_page_loads_every_script_it_ships_and_each_is_served() -> None:
+    """The page's script is split by role into plain files (no bundler): index.html names each one, the
+    server answers each, and no file under static/ is left out of the page."""
+    names = re.findall(r'<script src="/static/([^"]+)" defer></script>', (STATIC / "index.html").read_text())
+    assert names[-1] == "app.js", "the live stream starts once every part is there"
+    parts = ("map.js", "panels.js", "node_view.js", "app.js")
+    assert all(names.index("page.js") < names.index(p) for p in parts), "the shared part first"
+    assert sorted(names) == sorted(p.name for p in STATIC.glob("*.js"))
+    running = await serve_static()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for name in names:
+                async with http.get(running.url + "static/" + name) as r:
+                    assert r.status == 200, name
+                    assert r.headers["Content-Type"].startswith("text/javascript"), name
+                    assert (await r.read()) == (STATIC / name).read_bytes()
+    finally:
+        await running.stop()
+
+
 def test_the_page_references_no_outside_url() -> None:
     for path in STATIC.iterdir():
         text = path.read_text()
