@@ -1,8 +1,7 @@
 """Sizes a reader can hold (#40): no source file in healer/ over 500 lines, no function over 80.
 
-The files and functions below are still over and are to be split by role; each leaves its list when it is
-(the test fails on an entry that is no longer over, so the lists only shrink), and nothing else may cross
-the line. A generated table would be exempt with a comment saying so where it is generated; healer has
+Every offender found by #40 is split; the lists below are empty and only an exemption argued in review
+may enter them (the test fails on an entry that is no longer over, so they only shrink). A generated table would be exempt with a comment saying so where it is generated; healer has
 none today.
 """
 
@@ -17,11 +16,9 @@ PACKAGE = pathlib.Path(healer.__file__).parent
 ROOT = PACKAGE.parent
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
-SOURCES = (".py", ".c", ".js")
+SOURCES = (".py", ".c", ".h", ".js")
 
-FILES_STILL_OVER = frozenset({
-    "healer/schemas/_framec.c",
-})  # fmt: skip
+FILES_STILL_OVER: frozenset[str] = frozenset()
 
 FUNCTIONS_STILL_OVER: frozenset[str] = frozenset()
 

@@ -44,7 +44,8 @@ from healer import errors
 from healer.schemas import codec, fabric, fastwire, telemetry
 
 FRAMEC_VERSION: Final = 1
-"""The version of _framec.c this module drives (a module built from an older source is not used)."""
+"""The version of _framec (``FRAMEC_VERSION`` in _framec.h) this module drives (a module built from an older
+source is not used)."""
 try:
     from healer.schemas import _framec  # type: ignore[attr-defined]
 except ImportError:  # not built (no C compiler at install): the pure-Python path does everything
