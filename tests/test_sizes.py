@@ -1,8 +1,8 @@
 """Sizes a reader can hold (#40): no source file in healer/ over 500 lines, no function over 80.
 
 Every offender found by #40 is split; the lists below are empty and only an exemption argued in review
-may enter them (the test fails on an entry that is no longer over, so they only shrink). A generated table would be exempt with a comment saying so where it is generated; healer has
-none today.
+may enter them (the test fails on an entry that is no longer over, so they only shrink). A generated
+table would be exempt with a comment saying so where it is generated; healer has none today.
 """
 
 from __future__ import annotations
