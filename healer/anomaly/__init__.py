@@ -7,8 +7,9 @@ deciding component's threshold per pool from the watched fleet's own tail, shado
 ``persist`` (skops +
 JSON model card), ``scoring`` (the controller's API: score, explain, export/import state), ``state``
 (the learned state in a key-value store), ``calibration`` (learning a fleet's baselines from recorded
-telemetry), ``dataset`` (windows from recordings or the stream), ``training``, ``evaluation`` and
-``diagnosis`` (against ground truth and the rules). Backtests on recordings (``healer model eval
---recorded``, ``healer rules backtest``) are evaluation code: ``healer.evals.backtest``. See
+telemetry), ``dataset`` (windows from recordings or the stream), ``training`` and ``diagnosis``
+(what drove a score). The evaluation against ground truth and the rules (``healer model eval``) and the
+backtests on recordings (``--recorded``, ``healer rules backtest``) are evaluation code:
+``healer.evals.model_eval`` and ``healer.evals.backtest``. See
 docs/anomaly.md.
 """

@@ -29,7 +29,7 @@ def anomaly_episodes(rules_paths: list[str], hold_s: float | None) -> Any:
     incidents as the controller would open them."""
     import re
 
-    from healer.anomaly import evaluation
+    from healer.evals import model_eval as evaluation
     from healer.rules import loader
 
     result = loader.load_paths([pathlib.Path(p) for p in rules_paths])
@@ -55,7 +55,7 @@ def anomaly_hold_s(rules_paths: list[str]) -> float:
     return rule.for_s if rule is not None else DEFAULT_HOLD_S
 
 
-"""The same as ``healer.anomaly.evaluation.EVAL_SCENARIOS`` (a test keeps them equal)."""
+"""The same as ``healer.evals.model_eval.EVAL_SCENARIOS`` (a test keeps them equal)."""
 
 
 def register(sub: Any) -> None:
@@ -259,7 +259,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from healer.anomaly import evaluation, persist
+    from healer.anomaly import persist
+    from healer.evals import model_eval as evaluation
 
     if args.recorded or args.from_stream:
         return backtest(args, [args.model, *args.compare])

@@ -23,7 +23,7 @@ STATIC_RULES: Final = {
     "ecc_sbe_storm": "ecc-sbe-rate-high",
     "fail_slow": "gpu-straggler",
 }
-"""Per fault kind, the static rule a lead time is measured against (``anomaly.evaluation.STATIC_RULES`` plus
+"""Per fault kind, the static rule a lead time is measured against (``evals.model_eval.STATIC_RULES`` plus
 the shared generators' ``node_cooling_loss``, and ``fail_slow``: the fail-slow scorer's rule)."""
 
 

@@ -94,8 +94,8 @@ def test_eval_reports_recall_lead_and_false_incidents_per_kind(
 
 
 def test_cli_default_scenarios_are_the_evaluation_set() -> None:
-    from healer.anomaly import evaluation
     from healer.cli import model_cmd
+    from healer.evals import model_eval as evaluation
 
     assert model_cmd.DEFAULT_SCENARIOS.split(",") == list(evaluation.EVAL_SCENARIOS)
 
@@ -117,8 +117,9 @@ def test_eval_holds_a_score_as_long_as_the_rule_pack_does(tmp_path: pathlib.Path
 def test_eval_counts_episodes_as_the_rule_pack_resolves_and_cools_them_down() -> None:
     import numpy as np
 
-    from healer.anomaly import dataset, evaluation
+    from healer.anomaly import dataset
     from healer.cli import model_cmd
+    from healer.evals import model_eval as evaluation
 
     repo = pathlib.Path(__file__).resolve().parents[2]
     ep = model_cmd.anomaly_episodes([str(repo / "rules")], None)

@@ -7,8 +7,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from healer.anomaly import dataset, evaluation, persist, training
+from healer.anomaly import dataset, persist, training
 from healer.anomaly import model as anomaly_model
+from healer.evals import model_eval as evaluation
 from tests.anomaly import conftest
 
 

@@ -35,10 +35,7 @@ common a word to look for everywhere: it is looked for only where a change is co
 (``named_comparisons``). ``resolved`` is a firing's status as well as an incident's state and change:
 the incident state's entry finds it compared anywhere."""
 
-STILL_COMPARED = frozenset({
-    # The anomaly model's evaluation reads firings; it is being reworked on its own branch.
-    "healer/anomaly/evaluation.py: fired",
-})  # fmt: skip
+STILL_COMPARED: frozenset[str] = frozenset()
 """Comparisons left as they are, each with its reason; the list only shrinks (an entry that is no longer
 found fails the test)."""
 

@@ -29,10 +29,10 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from healer import errors
+from healer import anomaly, errors
 from healer.anomaly import dataset, diagnosis
 from healer.anomaly import model as anomaly_model
-from healer.rules import engine, loader, ruleset
+from healer.rules import engine, firing, loader, ruleset
 from healer.schemas import codec
 
 ANOMALY_RULE = "anomaly-score-high"
@@ -127,7 +127,7 @@ def rule_incidents(path: pathlib.Path, rules: ruleset.RuleSet, gpus: int, every_
                 next_eval = ts
             if ts >= next_eval:
                 for f in eng.evaluate(ts):
-                    if f.status == "fired":
+                    if f.status is firing.Status.FIRED:
                         out.append((f.node, f.gpu, ts, f.rule.id))
                 next_eval = ts + every_s
     return out
@@ -173,13 +173,14 @@ def _healthy_node_s(truth: list[dict[str, Any]], nodes: list[str], start: float,
     return total
 
 
-SCENARIO_DIR = pathlib.Path(__file__).parent / "scenarios"
+SCENARIO_DIR = pathlib.Path(anomaly.__file__).parent / "scenarios"
+"""The model's own scenarios (training and evaluation) ship with ``healer.anomaly``."""
 EVAL_SCENARIOS = ("random-healthy", "random-cooling", "random-inlet", "random-nvlink")
 """The default evaluation set: the randomised family (a varied healthy fleet and three fault kinds on it)."""
 
 
 def resolve_scenario(name: str) -> str:
-    """A name from this package's scenarios/ directory, else what ``healer.sim.scenarios.load`` takes."""
+    """A name from ``healer.anomaly``'s scenarios/ directory, else what ``sim.scenarios.load`` takes."""
     own = SCENARIO_DIR / f"{name}.yaml"
     return str(own) if own.is_file() else name
 
