@@ -24,6 +24,9 @@ from healer.controller.store import kv, lease
 from healer.rules import engine
 from healer.schemas import incidents
 
+HANDLE_AT_ONCE = 64
+"""Nodes whose firings are handled together (``handle_all``): each waits on KV for its own incidents, so a
+burst's thousand new incidents do not open one after another (#43)."""
 REPEAT_COUNT_S = 1.0
 """Longest the repeat-fault count may hold up opening an incident (a KV read and write take ms; during a
 stream leader election a read waits out the client's timeout instead)."""
@@ -142,6 +145,29 @@ class IncidentShell:
         return await self.recovery.reboots(node)
 
     # -- what a firing does ---------------------------------------------------------------------------
+    async def handle_all(self, firings: list[engine.Firing], now: float) -> None:
+        """``handle`` each firing: one node's in order, up to ``HANDLE_AT_ONCE`` nodes at once (what a
+        firing does touches its own node's incidents only; the domains are correlated afterwards). Every
+        node's firings are handled even when another node's fail; the first failure is raised then."""
+        by_node: dict[str, list[engine.Firing]] = {}
+        for f in firings:
+            by_node.setdefault(f.node, []).append(f)
+        if len(by_node) < 2:
+            for f in firings:
+                await self.handle(f, now)
+            return
+        gate = asyncio.Semaphore(HANDLE_AT_ONCE)
+
+        async def node(fs: list[engine.Firing]) -> None:
+            async with gate:
+                for f in fs:
+                    await self.handle(f, now)
+
+        results = await asyncio.gather(*(node(fs) for fs in by_node.values()), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
     async def handle(self, f: engine.Firing, now: float) -> None:
         """Carry out what ``decide.on_firing`` says a firing does to its incident."""
         inc = self.book.get(f.key)

@@ -75,12 +75,15 @@ class Recovery:
         self.ladders: dict[str, Record] = {}
         self.reserved: set[str] = set()
         """Nodes whose reboot passed the concurrency gate and has not finished (this process)."""
+        self.histories: dict[str, ladder.History] = {}
+        """Each GPU's recovery history as read or written since the takeover (``_history``)."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def load(self) -> int:
         """The ladders in flight, from KV (a takeover)."""
         self.ladders.clear()
         self.reserved.clear()
+        self.histories.clear()
         for key in await self.store.keys(PREFIX):
             doc = await self.store.get(key)
             if doc is None:
@@ -279,32 +282,52 @@ class Recovery:
             phase=step.state.phase.name.lower(), step=str(step.kind), reason=step.reason,
         )  # fmt: skip
         if step.state.attempted_recovery and before.started_at not in history.recoveries:
-            await self.store.put(
-                history_key(before.node, before.gpu_index), history.record(step.state).to_json()
-            )
+            key, recorded = history_key(before.node, before.gpu_index), history.record(step.state)
+            self.histories.pop(key, None)  # read again if the write fails
+            await self.store.put(key, recorded.to_json())
+            self.histories[key] = recorded
         if before.phase is ladder.Phase.REBOOTING and step.state.phase is not ladder.Phase.REBOOTING:
             self.reserved.discard(before.node)
         if step.kind is ladder.StepKind.NONE or step.kind is ladder.StepKind.REPLACE:
             await self._finish(rec, inc, step, history, now)
             return
         rec.pending = Pending.of(step)
+        due = inc is not None and self._due(rec, inc, now)
+        if due:
+            assert inc is not None
+            rec.pending.action = len(inc.actions)  # stored with the step: one write, not two (#43)
         await self._save(rec)
         if inc is not None:
             inc.evidence["ladder.phase"] = step.state.phase.name.lower()
             inc.evidence["ladder.next"] = f"{step.kind}: {step.reason}"[:1000]
-            await self.shell.publish(inc, incidents.Change.UPDATED)
-            await self._add_action(rec, inc, now)
+            if due:
+                inc.actions.append(self._planned(rec))
+            await self.shell.publish(inc, incidents.Change.UPDATED)  # the step and its action: one change
+            if due:
+                self.shell.spawn(inc)
+
+    def _due(self, rec: Record, inc: book.Incident, now: float) -> bool:
+        """The pending step is an action to add to the incident now (not containment, not before its
+        time, not added already)."""
+        p = rec.pending
+        if p.kind is ladder.StepKind.CONTAIN or now < p.not_before:
+            return False
+        return p.action is None or p.action >= len(inc.actions)
 
     async def _add_action(self, rec: Record, inc: book.Incident, now: float) -> None:
         """Add the pending step as an action of the incident once it is due (its index is stored first:
         a new leader finds it, and never adds it twice)."""
-        p = rec.pending
-        if p.kind is ladder.StepKind.CONTAIN or now < p.not_before:
+        if not self._due(rec, inc, now):
             return
-        if p.action is not None and p.action < len(inc.actions):
-            return
-        p.action = len(inc.actions)
+        rec.pending.action = len(inc.actions)
         await self._save(rec)
+        inc.actions.append(self._planned(rec))
+        await self.shell.publish(inc, incidents.Change.UPDATED)
+        self.shell.spawn(inc)
+
+    def _planned(self, rec: Record) -> book.PlannedAction:
+        """The pending step as the incident's action."""
+        p = rec.pending
         params: dict[str, Any] = {"reason": f"{p.reason} ({rec.state.ladder_id})"[:200]}
         if p.kind is ladder.StepKind.VALIDATE:
             params |= {"soak_since": rec.state.updated_at, "dcgm_level": p.dcgm_level}
@@ -315,9 +338,7 @@ class Recovery:
             # rate. Only an agent that answered reset_port is sent ports on validate: an older agent
             # refuses the field, and a validation it refused after a reboot would end in replacement.
             params["ports"] = ports
-        inc.actions.append(book.PlannedAction(kind=str(p.kind), params=params, ladder=True))
-        await self.shell.publish(inc, incidents.Change.UPDATED)
-        self.shell.spawn(inc)
+        return book.PlannedAction(kind=str(p.kind), params=params, ladder=True)
 
     def _ports(self, rec: Record) -> list[str]:
         """The RDMA ports of the ladder's incident and of the incidents that follow it (two ports down on
@@ -456,8 +477,16 @@ class Recovery:
 
     # -- KV ----------------------------------------------------------------------------------------
     async def _history(self, state: ladder.LadderState) -> ladder.History:
-        doc = await self.store.get(history_key(state.node, state.gpu_index))
-        return ladder.History.from_json(doc.value) if doc is not None else ladder.History()
+        """The GPU's earlier recoveries: read from KV once per takeover, then as this leader wrote them
+        (only the leader of the node's shard writes them; ``load`` forgets them)."""
+        key = history_key(state.node, state.gpu_index)
+        known = self.histories.get(key)
+        if known is not None:
+            return known
+        doc = await self.store.get(key)
+        history = ladder.History.from_json(doc.value) if doc is not None else ladder.History()
+        self.histories[key] = history
+        return history
 
     async def _save(self, rec: Record) -> None:
         await self.store.put(PREFIX + rec.state.incident_id, rec.to_json())
