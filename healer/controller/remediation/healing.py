@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -100,7 +100,7 @@ class Recovery:
         return len(self.ladders)
 
     def _mine(self, rec: Record) -> bool:
-        return any(inc.id == rec.state.incident_id for inc in self.book.all())
+        return self.book.find(rec.state.incident_id) is not None
 
     def holds(self, incident_id: str) -> bool:
         """A ladder in flight owns the incident's end (its rule resolving does not close it), the
@@ -167,21 +167,18 @@ class Recovery:
             self.log.warning("ladder.advance_failed", error=str(e))
             return
         for start in range(0, len(recs), ADVANCE_AT_ONCE):
-            by_id = {i.id: i for i in self.book.all()}  # again after ``between``: it may open or close some
             await asyncio.gather(
                 *(
-                    self._advance_guarded(rec, by_id, now, STOP_PREFIX + rec.state.incident_id in stops)
+                    self._advance_guarded(rec, now, STOP_PREFIX + rec.state.incident_id in stops)
                     for rec in recs[start : start + ADVANCE_AT_ONCE]
                 )
             )
             if between is not None:
                 await between()
 
-    async def _advance_guarded(
-        self, rec: Record, by_id: Mapping[str, book.Incident], now: float, stopped: bool
-    ) -> None:
-        try:
-            await self._advance(rec, now, by_id.get(rec.state.incident_id), stopped)
+    async def _advance_guarded(self, rec: Record, now: float, stopped: bool) -> None:
+        try:  # its incident looked up now: ``between`` may have opened or closed some
+            await self._advance(rec, now, self.book.find(rec.state.incident_id), stopped)
         except errors.HealerError as e:  # KV away: the ladder stays where it is, tried next tick
             self.log.warning("ladder.advance_failed", incident_id=rec.state.incident_id, error=str(e))
 
@@ -216,7 +213,7 @@ class Recovery:
                 step = ladder.next_step(
                     rec.state, ladder.Outcome.RECOVERED, now, repeats, shared_cause.RECOVERED_DETAIL
                 )
-            elif shared_cause.holding(inc.node, ladder.StepKind.REPLACE, self.book.open.values()) is not None:
+            elif shared_cause.holding(inc.node, step.kind, self.book.of_rule(shared_cause.RULE_ID)):
                 inc.evidence["ladder.next"] = f"hardware_replacement: held by its domain ({step.reason})"[
                     :1000
                 ]
@@ -345,7 +342,7 @@ class Recovery:
         one node: one ladder bounces both)."""
         ports = [rec.state.port] if rec.state.port is not None else []
         for follower_id in rec.followers:
-            follower = next((i for i in self.book.all() if i.id == follower_id), None)
+            follower = self.book.find(follower_id)
             if follower is not None and follower.port is not None and follower.port not in ports:
                 ports.append(follower.port)
         return ports
@@ -363,7 +360,7 @@ class Recovery:
         self.reserved.discard(state.node)
         await self.store.delete(PREFIX + state.incident_id)
         for follower_id in rec.followers:
-            follower = next((i for i in self.book.all() if i.id == follower_id), None)
+            follower = self.book.find(follower_id)
             if follower is not None and follower.state != incidents.IncidentState.RESOLVED:
                 await self._end(follower, state, step, None, now)
         if inc is None:
