@@ -15,7 +15,10 @@ with the controller's fencing, breaker and domain limits applied per node before
   node is drained again on its own, with its own command, which gives Slurm's own error text for that
   node only. A reason that ``scontrol``'s line parser could read differently (quotes, backslashes) is
   never put in a line: that node's drain runs on its own, as before. Nothing is done twice: a retried
-  action reads the node first, and a node already drained by healer is ``already-done``.
+  action reads the node first, and a node already drained by healer is ``already-done``. The jobs of
+  concurrent migrates are listed by one ``squeue -w a,b,c`` with each job's node list (``%N``), split per
+  node; when that fails, or a node list cannot be read, each node is listed by its own ``squeue -w``
+  (which gives Slurm's error text for that node only).
 - Kubernetes (``BoundedPool``): the synchronous client's calls run in the actuator's own pool of
   ``KUBE_CONCURRENCY`` threads, so a burst's cordons go out concurrently, bounded, and never wait
   behind (or starve) the process's default executor.
@@ -103,6 +106,9 @@ class Ran(Protocol):
     def rc(self) -> int: ...
 
     @property
+    def stdout(self) -> str: ...
+
+    @property
     def error(self) -> str: ...
 
 
@@ -127,6 +133,9 @@ class SlurmBatch:
         self.drain: Coalesced[tuple[str, str, list[str]], str] = Coalesced(self.drain_all)
         """``await drain((node, reason, argv))``: ``""`` once drained with ``reason``, else Slurm's error
         text for that node (``argv``: the node's own drain command, run when the batch did not do it)."""
+        self.jobs: Coalesced[str, tuple[list[str], str]] = Coalesced(self.jobs_all)
+        """``await jobs(node)``: the ids of the jobs on the node, listed after the call was made, and
+        ``""``; or ``[]`` and Slurm's error text for that node."""
 
     async def _read_batch(self, items: list[None]) -> list[dict[str, Any]]:
         data = await self._read_nodes()
@@ -150,6 +159,91 @@ class SlurmBatch:
             return result.error if result.rc != 0 else ""
 
         return list(await asyncio.gather(*(one(node, argv) for node, _, argv in items)))
+
+    async def jobs_all(self, nodes: list[str]) -> list[tuple[list[str], str]]:
+        """Each node's ``(job ids, error text)``: one ``squeue`` for the batch's nodes, else each its own."""
+        unique = list(dict.fromkeys(nodes))
+        if len(unique) > 1:
+            argv = self._argv("squeue", "-h", "-w", ",".join(unique), "-o", "%i|%N")
+            result = await self._cmd(argv, None)
+            split = jobs_by_node(result.stdout, unique) if result.rc == 0 else None
+            if split is not None:
+                return [(split[n], "") for n in nodes]
+        gate = asyncio.Semaphore(SINGLES_AT_ONCE)
+
+        async def one(node: str) -> tuple[list[str], str]:
+            async with gate:
+                result = await self._cmd(self._argv("squeue", "-w", node, "-h", "-o", "%i"), None)
+            if result.rc != 0:
+                return [], result.error
+            return [line.strip() for line in result.stdout.splitlines() if line.strip()], ""
+
+        answers = dict(zip(unique, await asyncio.gather(*(one(n) for n in unique)), strict=True))
+        return [answers[n] for n in nodes]
+
+
+def jobs_by_node(text: str, nodes: Sequence[str]) -> dict[str, list[str]] | None:
+    """``squeue -h -o '%i|%N'``'s lines as each of ``nodes``' job ids, in squeue's order; None when a line
+    or a node list cannot be read (the caller then asks node by node)."""
+    out: dict[str, list[str]] = {n: [] for n in nodes}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job, sep, hosts = line.strip().partition("|")
+        try:
+            names = expand_hostlist(hosts)
+        except ValueError:
+            return None
+        if not sep or not job:
+            return None
+        for name in names:
+            if name in out and job not in out[name]:
+                out[name].append(job)
+    return out
+
+
+MAX_HOSTS = 65536
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm's compressed host list (``gpu[01-03,07],rack[1-2]-n[1-2]``) as names, as ``scontrol show
+    hostnames`` gives them (zero padding kept, bracket groups of one name multiplied). Raises
+    ``ValueError`` for one it cannot read."""
+    names: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(expr + ","):
+        depth += (ch == "[") - (ch == "]")
+        if depth < 0 or depth > 1:
+            raise ValueError(f"unbalanced brackets in host list {expr[:80]!r}")
+        if ch == "," and depth == 0:
+            part = expr[start:i].strip()
+            start = i + 1
+            if part:
+                names.extend(_expand_name(part))
+            if len(names) > MAX_HOSTS:
+                raise ValueError(f"host list {expr[:80]!r} names more than {MAX_HOSTS} nodes")
+    if depth:
+        raise ValueError(f"unbalanced brackets in host list {expr[:80]!r}")
+    return names
+
+
+def _expand_name(name: str) -> list[str]:
+    head, sep, rest = name.partition("[")
+    if not sep:
+        if "]" in name:
+            raise ValueError(f"unbalanced brackets in host name {name!r}")
+        return [name]
+    body, sep, tail = rest.partition("]")
+    if not sep:
+        raise ValueError(f"unbalanced brackets in host name {name!r}")
+    values: list[str] = []
+    for item in body.split(","):
+        lo, dash, hi = item.strip().partition("-")
+        hi = hi if dash else lo
+        if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo) or int(hi) - int(lo) >= MAX_HOSTS:
+            raise ValueError(f"bad range {item!r} in host name {name!r}")
+        values.extend(str(v).zfill(len(lo)) for v in range(int(lo), int(hi) + 1))
+    return [f"{head}{v}{t}" for v in values for t in _expand_name(tail)]
 
 
 def _drained_with(entry: dict[str, Any] | None, reason: str) -> bool:

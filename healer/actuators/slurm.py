@@ -10,7 +10,8 @@
   runs on it before healer's validation; ``reboot_status`` says how far it got (requested, issued,
   complete, timed out). A node an operator drained is never rebooted.
 - ``migrate``: drain, optionally signal the node's jobs to checkpoint and wait a grace period, then
-  ``scontrol requeue`` each job listed by ``squeue -w X -h -o %i`` and lift the requeue hold with
+  ``scontrol requeue`` each job listed by ``squeue -w X`` (concurrent migrates: one ``squeue`` for
+  all their nodes, ``batching``) and lift the requeue hold with
   ``scontrol update JobId=ID StartTime=now``. Jobs that cannot be requeued are reported one by one.
 
 State is read through ``sinfo --json`` and ``squeue --json`` (Slurm 22.05 has no ``scontrol --json``).
@@ -207,10 +208,10 @@ class SlurmActuator:
 
     async def jobs_on(self, node: str) -> list[str]:
         """Ids of the jobs placed on ``node`` (pending jobs are on no node yet)."""
-        result = await self._run("squeue", "-w", node, "-h", "-o", "%i")
-        if result.rc != 0:
-            raise classify(result.error)(f"squeue -w {node}: {result.error}")
-        return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        job_ids, error = await self.batch.jobs(node)  # with the burst's other migrates (#43)
+        if error:
+            raise classify(error)(f"squeue -w {node}: {error}")
+        return job_ids
 
     async def jobs(self) -> dict[str, dict[str, Any]]:
         """Every job ``squeue --json`` knows, by id (state, batch_flag, requeue, nodes ...)."""

@@ -11,6 +11,7 @@ ladders ask of the controller around them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from healer import errors
 from healer.actuators import base as actuators
@@ -24,6 +25,9 @@ from healer.controller.store import kv, lease
 from healer.rules import engine
 from healer.schemas import incidents
 
+HANDLE_AT_ONCE = 64
+"""Nodes whose firings are handled together (``handle_all``): each waits on KV for its own incidents, so a
+burst's thousand new incidents do not open one after another (#43)."""
 REPEAT_COUNT_S = 1.0
 """Longest the repeat-fault count may hold up opening an incident (a KV read and write take ms; during a
 stream leader election a read waits out the client's timeout instead)."""
@@ -142,6 +146,29 @@ class IncidentShell:
         return await self.recovery.reboots(node)
 
     # -- what a firing does ---------------------------------------------------------------------------
+    async def handle_all(self, firings: list[engine.Firing], now: float) -> None:
+        """``handle`` each firing: one node's in order, up to ``HANDLE_AT_ONCE`` nodes at once (what a
+        firing does touches its own node's incidents only; the domains are correlated afterwards). Every
+        node's firings are handled even when another node's fail; the first failure is raised then."""
+        by_node: dict[str, list[engine.Firing]] = {}
+        for f in firings:
+            by_node.setdefault(f.node, []).append(f)
+        if len(by_node) < 2:
+            for f in firings:
+                await self.handle(f, now)
+            return
+        gate = asyncio.Semaphore(HANDLE_AT_ONCE)
+
+        async def node(fs: list[engine.Firing]) -> None:
+            async with gate:
+                for f in fs:
+                    await self.handle(f, now)
+
+        results = await asyncio.gather(*(node(fs) for fs in by_node.values()), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
     async def handle(self, f: engine.Firing, now: float) -> None:
         """Carry out what ``decide.on_firing`` says a firing does to its incident."""
         inc = self.book.get(f.key)
@@ -185,11 +212,11 @@ class IncidentShell:
                 self.spawn(inc)
 
     async def _open(self, f: engine.Firing, now: float) -> None:
-        into = correlation.correlate(f, self.book.open.values(), now, self.cs.correlate_window_s)
+        into = correlation.correlate(f, self.book.on_node(f.node), now, self.cs.correlate_window_s)
         if into is not None:
             await self._join(into, f, now)
             return
-        repeats = await self.count_repeat(f.node, f.gpu, now)
+        repeats, remember = await self._episodes(f.node, f.gpu, now)
         inc = decide.new_incident(f, book.new_id(), now, self.cs.mode, repeats, self.cs)
         if (
             f.gpu is not None
@@ -200,7 +227,7 @@ class IncidentShell:
             inc.evidence.update({f"anomaly.{k}": v for k, v in why.items()})  # which component, against what
         if self.learning.failslow is not None and "straggler_score" in (f.rule.when_text or ""):
             inc.evidence.update(self.learning.failslow.explain(f.node, f.gpu))  # job, peers, cause
-        await self.recovery.opened(inc, now)
+        await asyncio.gather(remember(), self.recovery.opened(inc, now))  # both before it is published
         await self.publish(inc, incidents.Change.OPENED)
         if inc.escalated:
             await self.publish(inc, incidents.Change.ESCALATED)
@@ -315,22 +342,44 @@ class IncidentShell:
 
     async def count_repeat(self, node: str, gpu: int | None, now: float) -> int:
         """Fault episodes on this GPU within ``repeat_window_s`` (``decide.episodes``), kept in KV."""
+        count, remember = await self._episodes(node, gpu, now)
+        await remember()
+        return count
+
+    async def _episodes(
+        self, node: str, gpu: int | None, now: float
+    ) -> tuple[int, Callable[[], Awaitable[None]]]:
+        """``count_repeat``'s count, and the write that records this episode (the caller runs it beside
+        its other writes, #43). Either failing costs at most ``REPEAT_COUNT_S`` and is counted: the count
+        only escalates a repeat offender, it never holds up the quarantine of a fault."""
+
+        async def nothing() -> None:
+            return None
+
         if gpu is None:
-            return 0
+            return 0, nothing
         key = f"history.{node}.{gpu}"
+
+        def failed(e: Exception) -> None:
+            self.metrics.task_failures.labels("repeat-count").inc()
+            self.log.warning("controller.repeat_count_failed", node=node, gpu=gpu, error=str(e) or repr(e))
+
         try:
             async with asyncio.timeout(REPEAT_COUNT_S):  # not the KV client's own, longer, timeout
                 doc = await self.state.get(key)
-                seen = decide.episodes(
-                    doc.value.get("opened", []) if doc else [], now, self.cs.repeat_window_s
-                )
-                await self.state.put(key, {"opened": list(seen.times)})
         except (errors.TemporaryError, TimeoutError) as e:
-            # The count only escalates a repeat offender: it never holds up the quarantine of a fault.
-            self.metrics.task_failures.labels("repeat-count").inc()
-            self.log.warning("controller.repeat_count_failed", node=node, gpu=gpu, error=str(e) or repr(e))
-            return 1
-        return seen.count
+            failed(e)
+            return 1, nothing
+        seen = decide.episodes(doc.value.get("opened", []) if doc else [], now, self.cs.repeat_window_s)
+
+        async def remember() -> None:
+            try:
+                async with asyncio.timeout(REPEAT_COUNT_S):
+                    await self.state.put(key, {"opened": list(seen.times)})
+            except (errors.TemporaryError, TimeoutError) as e:
+                failed(e)
+
+        return seen.count, remember
 
     async def retry_and_escalate(self, now: float) -> None:
         """Each tick: pending actions of incidents without a task run again, and the escalation ladder

@@ -143,8 +143,7 @@ class Ticker:
             self.ingest.keep(acks)  # a standby's engine keeps them warm; the leader acts
             return
         try:
-            for f in firings:
-                await self.shell.handle(f, now)
+            await self.shell.handle_all(firings, now)
             await self.shell.correlate_domains(now)  # as in a tick: its holds apply to what follows
             self.feed.kick()
         except BaseException as e:
@@ -208,8 +207,8 @@ class Ticker:
         for ev in shadow:
             self.feed.enqueue_shadow(ev)
         try:
-            for f in firings:
-                await self.shell.handle(f, now)
+            for start in range(0, len(firings), incident_shell.HANDLE_AT_ONCE):
+                await self.shell.handle_all(firings[start : start + incident_shell.HANDLE_AT_ONCE], now)
                 await self._between_steps()
             await self.shell.correlate_domains(now)  # before any repair of this tick: its holds apply
             await self._between_steps()

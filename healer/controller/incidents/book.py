@@ -197,11 +197,15 @@ class Book:
         """Open incidents by every signal's key (what ``get`` reads)."""
         self.resolving: dict[str, Incident] = {}
         """Resolved incidents whose on_resolve actions (restore, uncordon) have not all run yet."""
+        self.ids: dict[str, Incident] = {}
+        self.nodes: dict[str, dict[str, Incident]] = {}
+        self.rules: dict[str, dict[str, Incident]] = {}
+        """The open incidents by id, and by node and by rule (then id): a burst's thousand incidents are
+        not searched one by one for each of them (#43)."""
 
     async def load(self) -> int:
-        self.open.clear()
-        self.by_signal.clear()
-        self.resolving.clear()
+        for index in (self.open, self.by_signal, self.resolving, self.ids, self.nodes, self.rules):
+            index.clear()
         for key in await self.store.keys(PREFIX):
             doc = await self.store.get(key)
             if doc is None:
@@ -222,10 +226,25 @@ class Book:
         """The open incident one of whose signals has this key."""
         return self.by_signal.get(key)
 
+    def find(self, incident_id: str) -> Incident | None:
+        """The open or resolving incident with this id."""
+        return self.ids.get(incident_id) or self.resolving.get(incident_id)
+
+    def on_node(self, node: str) -> list[Incident]:
+        """The open incidents of ``node``."""
+        return list(self.nodes.get(node, {}).values())
+
+    def of_rule(self, rule_id: str) -> list[Incident]:
+        """The open incidents of ``rule_id``."""
+        return list(self.rules.get(rule_id, {}).values())
+
     def _index(self, inc: Incident) -> None:
         self.open[inc.key] = inc
         for key in inc.keys:
             self.by_signal[key] = inc
+        self.ids[inc.id] = inc
+        self.nodes.setdefault(inc.node, {})[inc.id] = inc
+        self.rules.setdefault(inc.rule_id, {})[inc.id] = inc
 
     def _unindex(self, inc: Incident) -> None:
         if self.open.get(inc.key) is inc:
@@ -233,6 +252,14 @@ class Book:
         for key in inc.keys:
             if self.by_signal.get(key) is inc:
                 del self.by_signal[key]
+        if self.ids.get(inc.id) is inc:
+            del self.ids[inc.id]
+        for index, name in ((self.nodes, inc.node), (self.rules, inc.rule_id)):
+            of = index.get(name, {})
+            if of.get(inc.id) is inc:
+                del of[inc.id]
+                if not of:
+                    del index[name]
 
     def all(self) -> list[Incident]:
         return [*self.open.values(), *self.resolving.values()]

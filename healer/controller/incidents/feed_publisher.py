@@ -31,6 +31,8 @@ Entry = tuple[str, bytes, str]
 
 OUTBOX_MAX = 100_000
 """Events held while the incidents stream is away; past it the oldest is dropped, counted and logged."""
+FLUSH_AT_ONCE = 64
+"""Events (of distinct incidents) published together by one ``flush`` step."""
 UNPUBLISHED_KEPT = 16
 """At most this many earlier, still unpublished events of one incident ride along in its KV document."""
 
@@ -136,16 +138,57 @@ class FeedPublisher:
             await self.flush()
 
     async def flush(self) -> None:
-        """Publish the outbox in order; one flusher at a time (ticks and action tasks both call it)."""
+        """Publish the outbox in order; one flusher at a time (ticks and action tasks both call it). The
+        head's events of distinct incidents, up to ``FLUSH_AT_ONCE``, go out together (sent in order, their
+        acknowledgements awaited together, #43); one that fails stays at the head, and so does every later
+        event of its incident: each incident's events reach the stream in order."""
         async with self._lock:
             while self.outbox:
-                subject, data, msg_id = self.outbox[0]
-                try:
-                    await self.bus.publish_durable(subject, data, msg_id=msg_id)
-                except errors.TemporaryError as e:
-                    log.warning("feed.publish_deferred", pending=len(self.outbox), error=str(e))
+                window = self._window()
+                results = await asyncio.gather(
+                    *(self.bus.publish_durable(s, d, msg_id=m) for s, d, m in window), return_exceptions=True
+                )
+                deferred: BaseException | None = None
+                for (_, _, msg_id), result in zip(window, results, strict=True):
+                    if isinstance(result, errors.TemporaryError):
+                        deferred = deferred or result
+                        continue  # stays, at its place
+                    if isinstance(result, errors.PermanentError):
+                        log.error("feed.publish_refused", event_id=msg_id, error=str(result))
+                    elif isinstance(result, BaseException):
+                        deferred = result
+                        continue
+                    self._discard(msg_id)
+                    self.published += 1
+                if isinstance(deferred, errors.TemporaryError):
+                    log.warning("feed.publish_deferred", pending=len(self.outbox), error=str(deferred))
                     return
-                except errors.PermanentError as e:
-                    log.error("feed.publish_refused", event_id=msg_id, error=str(e))
-                self._pop()
-                self.published += 1
+                if deferred is not None:
+                    raise deferred
+
+    def _window(self) -> list[Entry]:
+        """The outbox's head up to its first second event of one incident, at most ``FLUSH_AT_ONCE``."""
+        window: list[Entry] = []
+        seen: set[str] = set()
+        for entry in self.outbox:
+            inc_id = entry[2].rsplit(".", 1)[0]
+            if inc_id in seen or len(window) >= FLUSH_AT_ONCE:
+                break
+            seen.add(inc_id)
+            window.append(entry)
+        return window
+
+    def _discard(self, msg_id: str) -> None:
+        """The published event out of the outbox (near its head; gone already if dropped meanwhile)."""
+        for i, entry in enumerate(self.outbox):
+            if entry[2] == msg_id:
+                del self.outbox[i]
+                break
+        else:
+            return
+        inc_id = msg_id.rsplit(".", 1)[0]
+        waiting = self.waiting.get(inc_id)
+        if waiting is not None:
+            waiting.pop(msg_id, None)
+            if not waiting:
+                del self.waiting[inc_id]

@@ -238,7 +238,7 @@ class ActionRunner:
             action.facts = {**action.facts, shared_cause.RECOVERED_FACT: "true"}  # the ladder returns it
             return gates.Verdict.settle(incidents.ActionStatus.SKIPPED, shared_cause.RECOVERED_DETAIL)
         if not action.on_resolve:
-            domain = shared_cause.holding(node, action.kind, self.book.open.values())
+            domain = shared_cause.holding(node, action.kind, self.book.of_rule(shared_cause.RULE_ID))
             if domain is not None:
                 return await self._shared_cause_held(domain, inc, action)
         attempt = self._attempt(inc, action, now)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -75,12 +75,15 @@ class Recovery:
         self.ladders: dict[str, Record] = {}
         self.reserved: set[str] = set()
         """Nodes whose reboot passed the concurrency gate and has not finished (this process)."""
+        self.histories: dict[str, ladder.History] = {}
+        """Each GPU's recovery history as read or written since the takeover (``_history``)."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def load(self) -> int:
         """The ladders in flight, from KV (a takeover)."""
         self.ladders.clear()
         self.reserved.clear()
+        self.histories.clear()
         for key in await self.store.keys(PREFIX):
             doc = await self.store.get(key)
             if doc is None:
@@ -97,7 +100,7 @@ class Recovery:
         return len(self.ladders)
 
     def _mine(self, rec: Record) -> bool:
-        return any(inc.id == rec.state.incident_id for inc in self.book.all())
+        return self.book.find(rec.state.incident_id) is not None
 
     def holds(self, incident_id: str) -> bool:
         """A ladder in flight owns the incident's end (its rule resolving does not close it), the
@@ -164,21 +167,18 @@ class Recovery:
             self.log.warning("ladder.advance_failed", error=str(e))
             return
         for start in range(0, len(recs), ADVANCE_AT_ONCE):
-            by_id = {i.id: i for i in self.book.all()}  # again after ``between``: it may open or close some
             await asyncio.gather(
                 *(
-                    self._advance_guarded(rec, by_id, now, STOP_PREFIX + rec.state.incident_id in stops)
+                    self._advance_guarded(rec, now, STOP_PREFIX + rec.state.incident_id in stops)
                     for rec in recs[start : start + ADVANCE_AT_ONCE]
                 )
             )
             if between is not None:
                 await between()
 
-    async def _advance_guarded(
-        self, rec: Record, by_id: Mapping[str, book.Incident], now: float, stopped: bool
-    ) -> None:
-        try:
-            await self._advance(rec, now, by_id.get(rec.state.incident_id), stopped)
+    async def _advance_guarded(self, rec: Record, now: float, stopped: bool) -> None:
+        try:  # its incident looked up now: ``between`` may have opened or closed some
+            await self._advance(rec, now, self.book.find(rec.state.incident_id), stopped)
         except errors.HealerError as e:  # KV away: the ladder stays where it is, tried next tick
             self.log.warning("ladder.advance_failed", incident_id=rec.state.incident_id, error=str(e))
 
@@ -213,7 +213,7 @@ class Recovery:
                 step = ladder.next_step(
                     rec.state, ladder.Outcome.RECOVERED, now, repeats, shared_cause.RECOVERED_DETAIL
                 )
-            elif shared_cause.holding(inc.node, ladder.StepKind.REPLACE, self.book.open.values()) is not None:
+            elif shared_cause.holding(inc.node, step.kind, self.book.of_rule(shared_cause.RULE_ID)):
                 inc.evidence["ladder.next"] = f"hardware_replacement: held by its domain ({step.reason})"[
                     :1000
                 ]
@@ -279,32 +279,52 @@ class Recovery:
             phase=step.state.phase.name.lower(), step=str(step.kind), reason=step.reason,
         )  # fmt: skip
         if step.state.attempted_recovery and before.started_at not in history.recoveries:
-            await self.store.put(
-                history_key(before.node, before.gpu_index), history.record(step.state).to_json()
-            )
+            key, recorded = history_key(before.node, before.gpu_index), history.record(step.state)
+            self.histories.pop(key, None)  # read again if the write fails
+            await self.store.put(key, recorded.to_json())
+            self.histories[key] = recorded
         if before.phase is ladder.Phase.REBOOTING and step.state.phase is not ladder.Phase.REBOOTING:
             self.reserved.discard(before.node)
         if step.kind is ladder.StepKind.NONE or step.kind is ladder.StepKind.REPLACE:
             await self._finish(rec, inc, step, history, now)
             return
         rec.pending = Pending.of(step)
+        due = inc is not None and self._due(rec, inc, now)
+        if due:
+            assert inc is not None
+            rec.pending.action = len(inc.actions)  # stored with the step: one write, not two (#43)
         await self._save(rec)
         if inc is not None:
             inc.evidence["ladder.phase"] = step.state.phase.name.lower()
             inc.evidence["ladder.next"] = f"{step.kind}: {step.reason}"[:1000]
-            await self.shell.publish(inc, incidents.Change.UPDATED)
-            await self._add_action(rec, inc, now)
+            if due:
+                inc.actions.append(self._planned(rec))
+            await self.shell.publish(inc, incidents.Change.UPDATED)  # the step and its action: one change
+            if due:
+                self.shell.spawn(inc)
+
+    def _due(self, rec: Record, inc: book.Incident, now: float) -> bool:
+        """The pending step is an action to add to the incident now (not containment, not before its
+        time, not added already)."""
+        p = rec.pending
+        if p.kind is ladder.StepKind.CONTAIN or now < p.not_before:
+            return False
+        return p.action is None or p.action >= len(inc.actions)
 
     async def _add_action(self, rec: Record, inc: book.Incident, now: float) -> None:
         """Add the pending step as an action of the incident once it is due (its index is stored first:
         a new leader finds it, and never adds it twice)."""
-        p = rec.pending
-        if p.kind is ladder.StepKind.CONTAIN or now < p.not_before:
+        if not self._due(rec, inc, now):
             return
-        if p.action is not None and p.action < len(inc.actions):
-            return
-        p.action = len(inc.actions)
+        rec.pending.action = len(inc.actions)
         await self._save(rec)
+        inc.actions.append(self._planned(rec))
+        await self.shell.publish(inc, incidents.Change.UPDATED)
+        self.shell.spawn(inc)
+
+    def _planned(self, rec: Record) -> book.PlannedAction:
+        """The pending step as the incident's action."""
+        p = rec.pending
         params: dict[str, Any] = {"reason": f"{p.reason} ({rec.state.ladder_id})"[:200]}
         if p.kind is ladder.StepKind.VALIDATE:
             params |= {"soak_since": rec.state.updated_at, "dcgm_level": p.dcgm_level}
@@ -315,16 +335,14 @@ class Recovery:
             # rate. Only an agent that answered reset_port is sent ports on validate: an older agent
             # refuses the field, and a validation it refused after a reboot would end in replacement.
             params["ports"] = ports
-        inc.actions.append(book.PlannedAction(kind=str(p.kind), params=params, ladder=True))
-        await self.shell.publish(inc, incidents.Change.UPDATED)
-        self.shell.spawn(inc)
+        return book.PlannedAction(kind=str(p.kind), params=params, ladder=True)
 
     def _ports(self, rec: Record) -> list[str]:
         """The RDMA ports of the ladder's incident and of the incidents that follow it (two ports down on
         one node: one ladder bounces both)."""
         ports = [rec.state.port] if rec.state.port is not None else []
         for follower_id in rec.followers:
-            follower = next((i for i in self.book.all() if i.id == follower_id), None)
+            follower = self.book.find(follower_id)
             if follower is not None and follower.port is not None and follower.port not in ports:
                 ports.append(follower.port)
         return ports
@@ -342,7 +360,7 @@ class Recovery:
         self.reserved.discard(state.node)
         await self.store.delete(PREFIX + state.incident_id)
         for follower_id in rec.followers:
-            follower = next((i for i in self.book.all() if i.id == follower_id), None)
+            follower = self.book.find(follower_id)
             if follower is not None and follower.state != incidents.IncidentState.RESOLVED:
                 await self._end(follower, state, step, None, now)
         if inc is None:
@@ -456,8 +474,16 @@ class Recovery:
 
     # -- KV ----------------------------------------------------------------------------------------
     async def _history(self, state: ladder.LadderState) -> ladder.History:
-        doc = await self.store.get(history_key(state.node, state.gpu_index))
-        return ladder.History.from_json(doc.value) if doc is not None else ladder.History()
+        """The GPU's earlier recoveries: read from KV once per takeover, then as this leader wrote them
+        (only the leader of the node's shard writes them; ``load`` forgets them)."""
+        key = history_key(state.node, state.gpu_index)
+        known = self.histories.get(key)
+        if known is not None:
+            return known
+        doc = await self.store.get(key)
+        history = ladder.History.from_json(doc.value) if doc is not None else ladder.History()
+        self.histories[key] = history
+        return history
 
     async def _save(self, rec: Record) -> None:
         await self.store.put(PREFIX + rec.state.incident_id, rec.to_json())

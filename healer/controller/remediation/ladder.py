@@ -173,7 +173,7 @@ class LadderState:
         return self.rung >= 0
 
     def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # scalars: no deep copy
         doc["steps"] = list(self.steps)
         doc["phase"] = self.phase.name
         doc["transitions"] = [

@@ -43,7 +43,7 @@ class Record:
     follow it (one ladder per node: two ports down reboot the node once) and end as it ends."""
 
     def to_json(self) -> dict[str, Any]:
-        pending = dataclasses.asdict(self.pending)
+        pending = {f.name: getattr(self.pending, f.name) for f in dataclasses.fields(self.pending)}
         pending["kind"] = str(self.pending.kind)
         return {"state": self.state.to_json(), "pending": pending, "followers": list(self.followers)}
 

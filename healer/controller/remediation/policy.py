@@ -23,9 +23,11 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import functools
 import time
+import typing
 from typing import Any
 
 import structlog
@@ -45,6 +47,11 @@ FLEET_PREFIX = "fleet.shard."
 COOLDOWN_PREFIX = "cooldown."
 RATE_PREFIX = "ratelimit."
 RATE_WINDOW_S = 60.0
+RATE_FRESH_S = 0.1
+"""A rate window this process read or wrote less than this long ago answers a view without another KV
+read (#43: a burst's actions otherwise read the key once each). All it can miss is another shard's
+actions of that last tenth of a second; the check and the append were never one atomic step across
+shards anyway (the append is a compare-and-set, the check before it is not)."""
 
 
 class Breaker:
@@ -158,10 +165,12 @@ class Limits:
         self.last: dict[tuple[str, str], gates.LastAction] = {}
         self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self._appends: dict[str, batching.Coalesced[tuple[float, int], None]] = {}
-        self._reads: dict[str, batching.Coalesced[None, kv.Doc | None]] = {}
+        self._reads: dict[str, batching.Coalesced[None, None]] = {}
         """Each kind's rate window read: the reads asked while one is in flight share the next (#43)."""
         self._written: dict[str, kv.Doc] = {}
         """Each kind's rate window as this process last wrote it, tried first by the next append."""
+        self._seen: dict[str, _Seen] = {}
+        """Each kind's newest rate window read or written, when, and its times parsed (``RATE_FRESH_S``)."""
 
     async def _last(self, kind: str, node: str) -> gates.LastAction | None:
         """The newest action of ``kind`` on ``node``: this process's, or KV's when newer (another
@@ -182,14 +191,26 @@ class Limits:
             while window and now - window[0] > RATE_WINDOW_S:
                 window.popleft()
             return list(window), None
-        if kind not in self._reads:
-            self._reads[kind] = batching.Coalesced(functools.partial(self._read_windows, kind))
-        return _times(await self._reads[kind](None), now)
+        seen = self._seen.get(kind)
+        if seen is None or time.monotonic() - seen.at >= RATE_FRESH_S:
+            if kind not in self._reads:
+                self._reads[kind] = batching.Coalesced(functools.partial(self._read_windows, kind))
+            await self._reads[kind](None)
+            seen = self._seen[kind]
+        return seen.within(now), seen.doc
 
-    async def _read_windows(self, kind: str, items: list[None]) -> list[kv.Doc | None]:
+    async def _read_windows(self, kind: str, items: list[None]) -> list[None]:
         assert self.store is not None
-        doc = await self.store.get(f"{RATE_PREFIX}{kind}")
-        return [doc] * len(items)
+        at = time.monotonic()
+        self._saw(kind, at, await self.store.get(f"{RATE_PREFIX}{kind}"))
+        return [None] * len(items)
+
+    def _saw(self, kind: str, at: float, doc: kv.Doc | None) -> None:
+        """``doc`` was ``kind``'s window at ``at`` (monotonic): kept unless a newer revision is."""
+        seen = self._seen.get(kind)
+        revision = doc.revision if doc is not None else 0
+        if seen is None or seen.revision <= revision or seen.at + RATE_FRESH_S <= at:
+            self._seen[kind] = _Seen.of(at, doc)
 
     async def view(self, kind: str, node: str, now: float, *, window: bool = True) -> gates.LimitsView:
         """What ``gates.limits_gate`` needs to know about ``kind`` on ``node`` now (``window=False``: only
@@ -247,8 +268,14 @@ class Limits:
         assert self.store is not None
         now = max(at for at, _ in items)
         for _ in range(20):
+            at = time.monotonic()
             doc = self._written.pop(kind, None) or await self.store.get(f"{RATE_PREFIX}{kind}")
-            times, _ = _times(doc, now)
+            known = self._seen.get(kind)
+            times = (
+                known.within(now)
+                if known is not None and doc is not None and known.revision == doc.revision
+                else _times(doc, now)[0]
+            )
             value = {"at": [*times, *(at for at, count in items for _ in range(count))]}
             key = f"{RATE_PREFIX}{kind}"
             try:
@@ -259,6 +286,7 @@ class Limits:
             except kv.Conflict:
                 continue
             self._written[kind] = kv.Doc(key, value, revision)
+            self._saw(kind, at, self._written[kind])
             return [None] * len(items)
         raise errors.TemporaryError(f"rate limit: too much contention on {RATE_PREFIX}{kind}")
 
@@ -266,6 +294,27 @@ class Limits:
 def _has_cooldown(kind: str) -> bool:
     spec = actions.kind(kind)
     return spec is not None and spec.per_node_cooldown
+
+
+class _Seen(typing.NamedTuple):
+    """A rate window as read or written at ``at`` (monotonic), its times parsed and sorted once."""
+
+    at: float
+    doc: kv.Doc | None
+    times: list[float]
+
+    @property
+    def revision(self) -> int:
+        return self.doc.revision if self.doc is not None else 0
+
+    @classmethod
+    def of(cls, at: float, doc: kv.Doc | None) -> _Seen:
+        return cls(at, doc, sorted(float(t) for t in (doc.value.get("at", []) if doc else [])))
+
+    def within(self, now: float) -> list[float]:
+        """The times within the last minute of ``now`` (as ``_times``)."""
+        start = bisect.bisect_left(self.times, True, key=lambda t: now - t <= RATE_WINDOW_S)
+        return self.times[start:]
 
 
 def _times(doc: kv.Doc | None, now: float) -> tuple[list[float], kv.Doc | None]:
