@@ -11,10 +11,11 @@ of ``window_s``. At each window's end, all GPUs at once (numpy, no Python loop p
   chip that hits its power cap clocks low *at the same power*; a faulty one clocks low at less);
 - own history, for a GPU in a smaller job (or none), or one whose node's GPUs of its job lag their own
   pasts together (at the median: a node slowed as a whole, which its peers on it cannot show): the same
-  test against an exponentially weighted mean of its own past windows, once ``history_windows`` windows
-  are in. A GPU with peers enough whose node does not lag is judged by its peers alone: a job that moves
-  every GPU's clock (into its power cap, out of it) moves a weak chip's most, and that chip's own mixed
-  past would call it slow. A node's lag its job's other nodes share is the job's phase, and a window
+  test against the median of its own latest past windows that did not lag (``own_history``: a phase
+  of the job shorter than half of them does not move it), once ``history_windows`` windows are in. A
+  GPU with peers enough whose node does not lag is judged by its peers alone: a job that moves every
+  GPU's clock (into its power cap, out of it) moves a weak chip's most, and that chip's own mixed past
+  would call it slow. A node's lag its job's other nodes share is the job's phase, and a window
   spent mostly at the power cap with no hardware reason is explained by the cap (a phase that needs
   more power per clock): neither is judged by its history (#39);
 - link evidence, any job size: a PCIe link below its generation or width, or NVLink links down, in
@@ -45,7 +46,7 @@ from typing import Final
 
 import numpy as np
 
-from healer.controller.failslow import peer_stats, straggler_settings
+from healer.controller.failslow import own_history, peer_stats, straggler_settings
 from healer.controller.failslow.clock_reasons import CAPPED_BITS, FREE_POWER, cap_explains, describe_cause
 from healer.schemas import framecols, telemetry
 
@@ -75,8 +76,7 @@ class Scorer:
         self._loaded = np.zeros(0)
         self._samples = np.zeros(0)
         self._streak = np.zeros(0, dtype=np.int64)
-        self._hist = np.full((2, 0), np.nan)
-        self._hist_n = np.zeros(0, dtype=np.int64)
+        self._own = own_history.OwnHistory(self.s.history_span, self.s.history_alpha)
         self._hist_job: list[str | None] = []
         self._node_no = np.zeros(0, dtype=np.int64)
         """Per slot: its node's number (``_node_no_of``), to group a job's GPUs by node."""
@@ -111,8 +111,7 @@ class Scorer:
         self._loaded = np.pad(self._loaded, (0, extra))
         self._samples = np.pad(self._samples, (0, extra))
         self._streak = np.pad(self._streak, (0, extra))
-        self._hist = np.pad(self._hist, ((0, 0), (0, extra)), constant_values=np.nan)
-        self._hist_n = np.pad(self._hist_n, (0, extra))
+        self._own.grow(extra)
         self._node_no = np.pad(self._node_no, (0, extra))
         self._free = np.pad(self._free, (0, extra))
         self._free_streak = np.pad(self._free_streak, (0, extra))
@@ -281,8 +280,8 @@ class Scorer:
             # pasts as a whole (a node-wide slowdown of a one-node job has no healthy peer); it starts
             # again when the slot's job changes
             self._restart_histories(jobs)
-            hist_clock, hist_power = self._hist[0, :n], self._hist[1, :n]
-            warm = valid & (self._hist_n[:n] >= s.history_windows) & ~peer_lag
+            hist_clock, hist_power = self._own.reference(n)
+            warm = valid & (self._own.count[:n] >= s.history_windows) & ~peer_lag
             own = 1 - clock / hist_clock
             # with peers enough, a GPU within its job's spread is no straggler: a job whose phase moves
             # every GPU's clock (into its power cap, out of it) moves a weak chip's most; a node's lag its
@@ -299,7 +298,7 @@ class Scorer:
         lag |= link_lag
         free_lag, fclock, fref, fz, fsize = self._free_test(codes, valid, lag)
         # learn the history from windows that did not lag
-        self._learn(valid & ~lag & ~free_lag, clock, power)
+        self._own.learn(valid & ~lag & ~free_lag, clock, power)
         streak = self._streak[:n]
         streak[valid & lag], streak[valid & ~lag] = streak[valid & lag] + 1, 0
         free_streak = self._free_streak[:n]
@@ -355,21 +354,11 @@ class Scorer:
 
     def _restart_histories(self, jobs: Sequence[str | None]) -> None:
         """A slot's own history starts again when its job changes."""
-        for i, job in enumerate(jobs):
-            if self._hist_job[i] != job:
-                self._hist_job[i] = job
-                self._hist_n[i] = 0
-
-    def _learn(self, learn: np.ndarray, clock: np.ndarray, power: np.ndarray) -> None:
-        """Fold the windows that did not lag into each slot's own history (clock, power)."""
-        n, a = learn.size, self.s.history_alpha
-        first = learn & (self._hist_n[:n] == 0)
-        rest = learn & ~first
-        for row, values in ((0, clock), (1, power)):
-            h = self._hist[row, :n]
-            h[first] = values[first]
-            h[rest] = (1 - a) * h[rest] + a * values[rest]
-        self._hist_n[:n][learn] += 1
+        changed = [i for i, job in enumerate(jobs) if self._hist_job[i] != job]
+        for i in changed:
+            self._hist_job[i] = jobs[i]
+        if changed:
+            self._own.restart(np.array(changed, dtype=np.intp))
 
     def _judged(self, codes: np.ndarray, big: np.ndarray, warm: np.ndarray, own: np.ndarray) -> np.ndarray:
         """Per slot: whether its own history judges it: a GPU of a small job (or none), or one whose node's
