@@ -8,7 +8,11 @@ pass over the same ring (one reduction of the window and one comparison per feat
 overhead shows as a ratio. The controller scores once per bucket (30 s by default), so the share of
 one core is (flush + score) / bucket seconds, plus ingest x frames per second.
 
-    .venv/bin/python benchmarks/anomaly_cost.py [--nodes 10000] [--model models/default]
+    .venv/bin/python benchmarks/anomaly_cost.py [--nodes 10000] [--model models/default] [--frames struct]
+
+Frames are decoded as the controller decodes them (``--frames struct``: the strict decoder's structs,
+``codec.decode_frame_view``) or as pydantic NodeFrames (``--frames model``: the lax path, and what rounds
+before the seventh measured).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 import numpy as np
 
 from healer.anomaly import cfar, features, scoring
-from healer.schemas import codec
+from healer.schemas import codec, telemetry
 from healer.sim import scenarios
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -40,6 +44,12 @@ def main() -> None:
     ap.add_argument(
         "--variants", type=int, default=500, help="distinct simulated nodes whose frames are reused"
     )
+    ap.add_argument(
+        "--frames",
+        choices=("struct", "model"),
+        default="struct",
+        help="decode frames as the controller does (struct) or as NodeFrame models",
+    )
     args = ap.parse_args()
 
     calibration = cfar.CfarSettings() if args.calibration == "on" else None
@@ -48,7 +58,11 @@ def main() -> None:
     sim = scenarios.build(scenarios.load("mixed"), nodes=args.variants, gpus=8, seed=1)
     sim.step(1.0)
     proto = [codec.decode_frame(data) for _, data in sim.frames()]
-    frames = [proto[i % len(proto)].model_copy(update={"node": f"node-{i:05d}"}) for i in range(args.nodes)]
+    frames: list[telemetry.FrameView] = [
+        proto[i % len(proto)].model_copy(update={"node": f"node-{i:05d}"}) for i in range(args.nodes)
+    ]
+    if args.frames == "struct":
+        frames = [codec.decode_frame_view(codec.encode(f)) for f in frames]
     t0 = 1_767_225_600.0
     # fill the window (untimed), one bucket at a time
     for b in range(round(scorer.window.window_s / bucket_s)):
@@ -83,7 +97,10 @@ def main() -> None:
     bare_s, _ = cpu(bare)
     gpus = args.nodes * 8
     batch_s = flush_s + score_s
-    print(f"fleet: {args.nodes} nodes x 8 GPUs = {gpus} GPUs scored ({int(valid.sum())} valid)")
+    print(
+        f"fleet: {args.nodes} nodes x 8 GPUs = {gpus} GPUs scored ({int(valid.sum())} valid), "
+        f"frames as {type(frames[0].gpus[0]).__name__}"
+    )
     print(f"ingest: {1e6 * ingest_s / n_obs:.1f} us per frame (observe), {n_obs} frames")
     print(f"flush of one {bucket_s:g} s bucket ({n_obs} frames): {flush_s * 1e3:.0f} ms")
     print(

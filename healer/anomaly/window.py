@@ -11,6 +11,8 @@ buckets, up to twice that while the node capacity has doubled past the fleet) wh
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -23,23 +25,30 @@ RING_SPARE = 2
 """Ring slots beyond the window's buckets (``FleetWindow.slots``)."""
 
 
-def _fields(g: telemetry.GpuView, ts: float) -> tuple[float | int | None, ...]:
-    return (
-        g.temp_c,
-        g.power_w,
-        g.power_default_w,
-        g.util_gpu_pct,
-        g.sm_clock_mhz,
-        g.sm_clock_max_mhz,
-        g.clocks_event_reasons,
-        g.ecc_sbe_volatile,
-        g.nvlink_crc_flit_errors,
-        g.nvlink_crc_data_errors,
-        g.nvlink_replay_errors,
-        g.pcie_replay_count,
-        getattr(g, "energy_j", None),  # read by name: not in the GpuView protocol
-        ts,
-    )
+_FIELDS = features.RAW[:-1]
+"""The GpuSample fields read per GPU (``RAW`` but the frame's time, which ``flush`` adds per row)."""
+_index = operator.attrgetter("index")
+_MISSING: tuple[float, ...] = (_NAN,) * len(_FIELDS)
+Reader = Callable[[telemetry.GpuView], tuple[float | int | None, ...]]
+
+
+def _fields(g: telemetry.GpuView) -> tuple[float | int | None, ...]:
+    """Any GPU view's ``_FIELDS`` (``energy_j`` is not in the GpuView protocol: None where it lacks it)."""
+    return tuple(getattr(g, name, None) for name in _FIELDS)
+
+
+def _reader(cls: type) -> Reader:
+    """The cheapest way to read ``_FIELDS`` from a GPU view of class ``cls``: a pydantic model's fields
+    straight from its ``__dict__`` (half the cost of attribute lookups), any class declaring every field
+    (the strict decoder's struct) by ``attrgetter``, anything else by ``_fields``. Each raises
+    AttributeError or KeyError on a view without them; ``observe`` then reads that frame by ``_fields``."""
+    declared = getattr(cls, "model_fields", None)
+    if isinstance(declared, dict) and all(f in declared for f in _FIELDS):
+        by_key = operator.itemgetter(*_FIELDS)
+        return lambda g: by_key(g.__dict__)
+    if all(hasattr(cls, f) for f in _FIELDS):
+        return operator.attrgetter(*_FIELDS)
+    return _fields
 
 
 class FleetWindow:
@@ -68,6 +77,11 @@ class FleetWindow:
         self._q_node: list[int] = []
         self._q_ts: list[float] = []
         self._vals: list[float | int | None] = []
+        """Per queued frame, its GPUs' fields (``_FIELDS``) in index order, flat."""
+        self._readers: dict[type, Reader] = {}
+        self._gaps: list[tuple[int, list[int]]] = []
+        """Queued frames with GPUs missing: (queue position, the missing indices), whose time is NaN."""
+        self._order = list(range(gpus_per_node))
         self._kept: list[float] = []
         self.min_interval_s = min_interval_s
         self.frames_seen: list[int] = []
@@ -124,23 +138,44 @@ class FleetWindow:
         self._kept[i] = ts
         gpus = frame.gpus
         models = self.models[i]
-        if len(gpus) == self.gpus and all(g.index == k for k, g in enumerate(gpus)):
-            self._vals.extend([v for g in gpus for v in _fields(g, ts)])
+        if len(gpus) == self.gpus and list(map(_index, gpus)) == self._order:
+            cls = type(gpus[0])
+            read = self._readers.get(cls)
+            if read is None:
+                read = self._readers[cls] = _reader(cls)
+            vals = self._vals
+            start = len(vals)
+            extend = vals.extend
+            try:
+                for g in gpus:
+                    extend(read(g))
+            except (AttributeError, KeyError):  # a view of another class among them
+                del vals[start:]
+                for g in gpus:
+                    extend(_fields(g))
             if models[0] is None or models[0] != gpus[0].model:
                 self.models[i] = [g.model for g in gpus]
         else:  # lost GPUs or odd numbering: place each by its index
-            r = self._rows
-            row: list[float | None] = [_NAN] * (self.gpus * r)
-            for g in gpus:
-                k = g.index
-                if k >= self.gpus:
-                    self.dropped += 1
-                    continue
-                models[k] = g.model
-                row[k * r : k * r + r] = _fields(g, ts)
-            self._vals.extend(row)
+            self._place(gpus, models)
         self._q_node.append(i)
         self._q_ts.append(ts)
+
+    def _place(self, gpus: Sequence[telemetry.GpuView], models: list[str | None]) -> None:
+        row: list[Sequence[float | int | None]] = [_MISSING] * self.gpus
+        seen = [False] * self.gpus
+        for g in gpus:
+            k = g.index
+            if k >= self.gpus:
+                self.dropped += 1
+                continue
+            models[k] = g.model
+            row[k] = _fields(g)
+            seen[k] = True
+        missing = [k for k in range(self.gpus) if not seen[k]]
+        if missing:
+            self._gaps.append((len(self._q_node), missing))
+        for values in row:
+            self._vals.extend(values)
 
     def interval_s(self, i: int, *, min_span_s: float = 120.0) -> float | None:
         """Node ``i``'s mean frame interval, once it has reported for ``min_span_s``; else None."""
@@ -156,8 +191,12 @@ class FleetWindow:
         m = len(self._q_node)
         node = np.array(self._q_node, dtype=np.int64)
         ts = np.array(self._q_ts, dtype=np.float64)
-        raw = np.array(self._vals, dtype=np.float64).reshape(m, self.gpus, self._rows)
-        self._q_node, self._q_ts, self._vals = [], [], []
+        raw = np.empty((m, self.gpus, self._rows))
+        raw[..., :-1] = np.array(self._vals, dtype=np.float64).reshape(m, self.gpus, self._rows - 1)
+        raw[..., -1] = ts[:, None]
+        for q, missing in self._gaps:
+            raw[q, missing, -1] = _NAN
+        self._q_node, self._q_ts, self._vals, self._gaps = [], [], [], []
         order = np.lexsort((ts, node))
         node, ts, raw = node[order], ts[order], raw[order]
         counters = raw[..., 7:]

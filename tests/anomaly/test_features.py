@@ -134,3 +134,58 @@ def test_a_missing_gpu_is_not_scored_and_the_others_are() -> None:
         fw.observe(_frame(1_000_020.0 + t, replays=0, gpus=(0, 1, 2, 4, 5, 6, 7)))
     _, valid = fw.features(1_000_319.0)
     assert valid[0].tolist() == [True, True, True, False, True, True, True, True]
+
+
+def test_every_kind_of_gpu_view_fills_the_window_alike(pcie_recording: pathlib.Path) -> None:
+    # the controller's strict decoder (a struct), the lax one (a pydantic model) and a view of another
+    # class among them are read by different paths in ``observe``; the numbers must not depend on it
+    class Plain:  # no energy_j: not in the GpuView protocol, read as missing
+        def __init__(self, g: telemetry.GpuView) -> None:
+            self.g = g
+
+        def __getattr__(self, name: str) -> object:
+            if name == "energy_j":
+                raise AttributeError(name)
+            return getattr(self.g, name)
+
+    struct, model, mixed = (window.FleetWindow(gpus_per_node=8, min_interval_s=5.0) for _ in range(3))
+    with recording.Recording(pcie_recording) as rec:
+        for _, frames in rec.frames():
+            for _, data in frames:
+                struct.observe(codec.decode_frame_view(data))
+                frame = codec.decode_frame(data)
+                model.observe(frame)
+                g3 = frame.gpus[3].model_copy(update={"energy_j": None})
+                gpus = [*frame.gpus[:3], Plain(g3), *frame.gpus[4:]]
+                mixed.observe(frame.model_copy(update={"gpus": gpus}))
+                struct_gpu = codec.decode_frame_view(data).gpus[0]
+                assert type(struct_gpu) is not type(frame.gpus[0])  # two classes, two ways of reading
+    end = max(struct.latest_ts)
+    a, b, c = (w.window_sums(end) for w in (struct, model, mixed))
+    np.testing.assert_array_equal(a, b)
+    energy = features.CHANNELS.index("energy_j")
+    assert b[:, 3, energy].sum() > 0
+    assert (c[:, 3, energy] == 0).all()  # GPU 3 read without its counter
+    others = [k for k in range(8) if k != 3]
+    np.testing.assert_array_equal(c[:, others], b[:, others])
+
+
+def test_a_gpu_back_from_a_gap_counts_no_energy_over_the_gap() -> None:
+    # a missing GPU's row has no time: its energy increase on return covers the whole gap (over the
+    # 2-minute limit) and is left out, not read as that increase over the last few seconds
+    def frame(ts: float, gpus: tuple[int, ...]) -> telemetry.NodeFrame:
+        f = _frame(ts, replays=0, gpus=gpus)
+        return f.model_copy(update={"gpus": [g.model_copy(update={"energy_j": 5.0 * ts}) for g in f.gpus]})
+
+    fw = window.FleetWindow(gpus_per_node=8)
+    t0 = 1_000_020.0
+    for t in range(0, 600, 5):
+        gone = 150 <= t < 450
+        fw.observe(frame(t0 + t, gpus=(0, 1, 2, 4, 5, 6, 7) if gone else tuple(range(8))))
+        if t % 30 == 25:
+            fw.flush()  # as the scorer does at each scoring instant
+    sums = fw.window_sums(t0 + 599)
+    seconds = features.CHANNELS.index("energy_s")
+    assert sums[0, 0, seconds] == pytest.approx(300.0)  # always there: every 5 s of the window
+    # GPU 3 came back at t0 + 450 after 305 s unseen: the window holds the 145 s since, not the gap
+    assert sums[0, 3, seconds] == pytest.approx(145.0)

@@ -4,6 +4,7 @@ not."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from healer.controller.failslow import detector, peer_stats, straggler_settings, stragglers
 from healer.schemas import telemetry
@@ -421,11 +422,47 @@ def eval_phase(t: int, slow: dict[int, dict[str, float]] | None = None) -> list[
 def test_a_node_lagging_its_own_past_at_its_power_cap_after_an_eval_phase_is_not_a_straggler() -> None:
     verdicts = run(detector.FailSlow(), eval_phase, 45)
     assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8))
-    # the cap explains it: judged without that explanation, the same frames name every GPU
-    unexplained = detector.FailSlow(straggler_settings.Settings(cap_share=2.0))
+    # the cap explains it: judged without that explanation against the exponentially weighted mean
+    # the reference was before #39, the same frames name every GPU
+    unexplained = detector.FailSlow(straggler_settings.Settings(cap_share=2.0, history_span=0))
     named = run(unexplained, eval_phase, 45)
     assert all(named[-1]["n1"][g] == 1.0 for g in range(8))
     assert unexplained.explain("n1", 0)["straggler.test"] == "history"
+
+
+def test_a_short_phase_does_not_move_the_own_history_reference() -> None:
+    # the same eval phase with the cap's explanation switched off: the reference, the median of the
+    # GPUs' latest 30 windows that did not lag, holds the 20 minutes at the cap (0.90), not the 10 at
+    # full clock, so back at the cap (0.85) no GPU lags its past by 8 %; the exponentially weighted
+    # mean (``history_span`` 0) was lifted to 0.94 and names all 8
+    for span, named in ((30, 0.0), (0, 1.0)):
+        fs = detector.FailSlow(straggler_settings.Settings(cap_share=2.0, history_span=span))
+        verdicts = run(fs, eval_phase, 45)
+        assert [v["n1"][g] for v in verdicts[:30] for g in range(8)] == [0.0] * 240
+        assert all(verdicts[-1]["n1"][g] == named for g in range(8)), span
+
+
+def test_a_node_slowed_as_a_whole_right_after_a_short_phase_is_named_by_its_own_history() -> None:
+    # a two-node job (too few nodes for the node test, too few healthy GPUs beside the slowed ones for
+    # the job's median) runs the eval phase on both nodes; 2 minutes after it ends, node n2's GPUs clock
+    # 12 % below their usual 0.85 at less power with the hardware slowdown reason: their reference holds
+    # the job's usual phase, not the eval phase, and they are named within 5 minutes of onset
+    def make(t: int) -> list[telemetry.NodeFrame]:
+        onset = 32 * 60
+        slow = {g: {"clock": 1481.0, "power": 560.0, "clocks_event_reasons": 0x8} for g in range(8)}
+        out = []
+        for node in ("n1", "n2"):
+            (f,) = eval_phase(t, slow if node == "n2" and t >= onset else None)
+            out.append(f.model_copy(update={"node": node}))
+        return out
+
+    fs = detector.FailSlow()
+    verdicts = run(fs, make, 45)
+    named = [60 * (k + 1) for k, v in enumerate(verdicts) if all(v["n2"][g] == 1.0 for g in range(8))]
+    assert named
+    assert named[0] - 32 * 60 <= 300
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8))
+    assert fs.explain("n2", 0)["straggler.test"] == "history"
 
 
 def test_a_gpu_slowed_after_an_eval_phase_is_still_a_straggler() -> None:
@@ -463,3 +500,46 @@ def test_a_node_lag_its_jobs_other_node_shares_is_not_judged_by_its_own_history(
     # one node alone is still named (test_a_node_slowed_as_a_whole_in_a_two_node_job_...)
     verdicts = run(detector.FailSlow(), lambda t: make(t, both=False), 22)
     assert all(verdicts[-1]["n2"][g] == 1.0 for g in range(8))
+
+
+@pytest.mark.parametrize("set_clock", [0, 0x2], ids=["boost", "clock-set-for-the-job"])
+def test_a_gpu_off_its_cap_clocking_below_its_capped_peers_is_named_however_wide_their_spread(
+    set_clock: int,
+) -> None:
+    # #39, the mixed fleet's late fail-slow: an 8-GPU job at its power cap whose chips clock 0.74 to
+    # 0.90 of the maximum (MAD 0.04: a 9 % deficit is z -1, the peer test cannot name it); from minute 15
+    # GPU 3, a fast chip, is clock-limited to 0.72 at 75 % of its limit, off its cap. A cap only lowers
+    # a clock, so a healthy chip off its cap runs at least where its capped peers run (also under a
+    # clock set for the job, which caps them all alike): named by that within 5 minutes
+    capped = [0.74, 0.78, 0.82, 0.86, 0.90, 0.80, 0.84, 0.76]
+
+    def make(t: int, slow: bool = True) -> list[telemetry.NodeFrame]:
+        out = []
+        for g in range(8):
+            kw: dict[str, float] = {"clock": 1980.0 * capped[g], "power": 695.0}
+            kw["clocks_event_reasons"] = 0x4 | set_clock
+            if slow and g == 3 and t >= 900:
+                kw = {"clock": 1980.0 * 0.72, "power": 525.0, "clocks_event_reasons": set_clock}
+            out.append(gpu(g, jobs=["j1"], **kw))
+        return [frame("n1", out)]
+
+    fs = detector.FailSlow()
+    verdicts = run(fs, make, 25)
+    named = [60 * (k + 1) for k, v in enumerate(verdicts) if v["n1"][3] == 1.0]
+    assert named
+    assert named[0] - 900 <= 300
+    assert all(v["n1"][g] == 0.0 for v in verdicts for g in range(8) if g != 3)
+    why = fs.explain("n1", 3)
+    assert why["straggler.test"] == "peers"
+    assert why["straggler.basis"] == "unconstrained clock"
+    assert "straggler.z" not in why  # against the job's loaded clock, not a z-score
+
+    # a chip off its cap at its usual clock (lighter work) is not named
+    def light(t: int) -> list[telemetry.NodeFrame]:
+        (f,) = make(t, slow=False)
+        gpus = list(f.gpus)
+        if t >= 900:
+            gpus[3] = gpu(3, jobs=["j1"], clock=1980.0 * 0.86, power=525.0, clocks_event_reasons=set_clock)
+        return [f.model_copy(update={"gpus": gpus})]
+
+    assert all(v["n1"][g] == 0.0 for v in run(detector.FailSlow(), light, 25) for g in range(8))

@@ -31,6 +31,11 @@ CAPPED_BITS: Final = int(
 )
 """Reasons that explain a low clock on a healthy chip: its power cap, its own temperature (thermal
 slowdowns have their own rules), a sync-boost group (another GPU's clock), or a clock someone set."""
+OFFCAP_BITS: Final = int(WHY.SW_POWER_CAP | WHY.SW_THERMAL_SLOWDOWN | WHY.HW_THERMAL_SLOWDOWN)
+"""Reasons that hold a healthy chip below the clock it may run at (its power cap, its temperature): a
+loaded sample under ``FREE_POWER`` with none of them is *off the cap*. A clock someone set (applications
+clocks) or a sync-boost group is a ceiling the job's GPUs share, so such a sample still runs at least
+where its capped peers run (the fail-slow scorer's test against its job's loaded clock, #39)."""
 FREE_POWER: Final = 0.95
 """A loaded sample is *unconstrained* (free) when none of ``CAPPED_BITS`` is set and it draws under
 this share of its power limit: nothing that a healthy chip obeys lowers its clock there, so a healthy

@@ -28,6 +28,10 @@ class Settings:
     """A node's frames are folded at most this often (the window's statistics need no more; it keeps
     the per-frame cost of 10,000 nodes at 1 Hz under 5 % of a core)."""
     history_windows: int = 10
+    history_span: int = 30
+    """The own-history reference is the median of a GPU's latest this many windows that did not lag (in
+    its job): a phase shorter than half of it (15 minutes) does not move it (#39). 0: an exponentially
+    weighted mean of ``history_alpha`` instead (the reference before #39)."""
     history_alpha: float = 0.05
     cap_share: float = 0.5
     """A loaded clock below its own past is explained, not judged, when at least this share of the

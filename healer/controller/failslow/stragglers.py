@@ -11,10 +11,11 @@ of ``window_s``. At each window's end, all GPUs at once (numpy, no Python loop p
   chip that hits its power cap clocks low *at the same power*; a faulty one clocks low at less);
 - own history, for a GPU in a smaller job (or none), or one whose node's GPUs of its job lag their own
   pasts together (at the median: a node slowed as a whole, which its peers on it cannot show): the same
-  test against an exponentially weighted mean of its own past windows, once ``history_windows`` windows
-  are in. A GPU with peers enough whose node does not lag is judged by its peers alone: a job that moves
-  every GPU's clock (into its power cap, out of it) moves a weak chip's most, and that chip's own mixed
-  past would call it slow. A node's lag its job's other nodes share is the job's phase, and a window
+  test against the median of its own latest past windows that did not lag (``own_history``: a phase
+  of the job shorter than half of them does not move it), once ``history_windows`` windows are in. A
+  GPU with peers enough whose node does not lag is judged by its peers alone: a job that moves every
+  GPU's clock (into its power cap, out of it) moves a weak chip's most, and that chip's own mixed past
+  would call it slow. A node's lag its job's other nodes share is the job's phase, and a window
   spent mostly at the power cap with no hardware reason is explained by the cap (a phase that needs
   more power per clock): neither is judged by its history (#39);
 - link evidence, any job size: a PCIe link below its generation or width, or NVLink links down, in
@@ -45,13 +46,21 @@ from typing import Final
 
 import numpy as np
 
-from healer.controller.failslow import peer_stats, straggler_settings
-from healer.controller.failslow.clock_reasons import CAPPED_BITS, FREE_POWER, cap_explains, describe_cause
+from healer.controller.failslow import node_test, own_history, peer_stats, straggler_settings
+from healer.controller.failslow.clock_reasons import (
+    CAPPED_BITS,
+    FREE_POWER,
+    OFFCAP_BITS,
+    cap_explains,
+    describe_cause,
+)
 from healer.schemas import framecols, telemetry
 
 LOAD_UTIL_PCT: Final = 50.0
 """A sample counts only at this utilisation or more: the GPU computes (not a checkpoint or idle)."""
-FIELDS: Final = ("clock", "power", "link_down", "free_clock")
+FIELDS: Final = ("clock", "power", "link_down", "free_clock", "offcap_clock", "offcap")
+"""Window sums per slot; ``offcap``: loaded samples off the power cap and not thermally limited
+(``OFFCAP_BITS``), counted, ``offcap_clock`` their clock ratios."""
 PENDING_MAX: Final = 1 << 16
 """GPU readings held as Python tuples before they are folded into the arrays."""
 _READ: Final = (
@@ -75,8 +84,7 @@ class Scorer:
         self._loaded = np.zeros(0)
         self._samples = np.zeros(0)
         self._streak = np.zeros(0, dtype=np.int64)
-        self._hist = np.full((2, 0), np.nan)
-        self._hist_n = np.zeros(0, dtype=np.int64)
+        self._own = own_history.OwnHistory(self.s.history_span, self.s.history_alpha)
         self._hist_job: list[str | None] = []
         self._node_no = np.zeros(0, dtype=np.int64)
         """Per slot: its node's number (``_node_no_of``), to group a job's GPUs by node."""
@@ -87,13 +95,13 @@ class Scorer:
         """Per slot: the free-clock test that last lagged (1 peers, 2 own history)."""
         self._fhist = np.full(0, np.nan)
         self._fhist_n = np.zeros(0, dtype=np.int64)
-        self._node_streak: dict[tuple[str, str], int] = {}
+        self._nodes = node_test.NodeTest(self.s)
         self._node_slots: dict[str, dict[int, int]] = {}
         self._node_last: dict[str, float] = {}
-        self._pending: list[tuple[int, float, float, float, float, int]] = []
-        """(slot, clock ratio, power ratio, link down, free clock ratio, reasons) per reading since the
-        last fold: a clock ratio of 0 is a sample without load, a free clock ratio of 0 one that is not
-        unconstrained."""
+        self._pending: list[tuple[int, float, float, float, float, float, int]] = []
+        """(slot, clock ratio, power ratio, link down, free clock ratio, off-cap clock ratio, reasons) per
+        reading since the last fold: a clock ratio of 0 is a sample without load, a free (off-cap) clock
+        ratio of 0 one that is not unconstrained (off the cap)."""
         self.window_start: float | None = None
         self.stragglers: dict[tuple[str, int | None], straggler_settings.Straggler] = {}
         self.job_nodes: dict[str, list[str]] = {}
@@ -111,8 +119,7 @@ class Scorer:
         self._loaded = np.pad(self._loaded, (0, extra))
         self._samples = np.pad(self._samples, (0, extra))
         self._streak = np.pad(self._streak, (0, extra))
-        self._hist = np.pad(self._hist, ((0, 0), (0, extra)), constant_values=np.nan)
-        self._hist_n = np.pad(self._hist_n, (0, extra))
+        self._own.grow(extra)
         self._node_no = np.pad(self._node_no, (0, extra))
         self._free = np.pad(self._free, (0, extra))
         self._free_streak = np.pad(self._free_streak, (0, extra))
@@ -157,7 +164,7 @@ class Scorer:
             util, clock, clock_max = g.util_gpu_pct, g.sm_clock_mhz, g.sm_clock_max_mhz
             power, limit = g.power_w, g.power_limit_w
             if util is None or util < LOAD_UTIL_PCT or not clock or not clock_max or not power or not limit:
-                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0))
+                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
                 continue
             gen, gen_max = getattr(g, "pcie_gen", None), getattr(g, "pcie_gen_max", None)
             up, total = getattr(g, "nvlink_links_up", None), getattr(g, "nvlink_links_total", None)
@@ -169,8 +176,9 @@ class Scorer:
             )
             reasons = g.clocks_event_reasons or 0
             ratio, share = clock / clock_max, power / limit
-            free = ratio if share < FREE_POWER and not reasons & CAPPED_BITS else 0.0
-            pending.append((i, ratio, share, 1.0 if down else 0.0, free, reasons))
+            off = ratio if share < FREE_POWER and not reasons & OFFCAP_BITS else 0.0
+            free = off if not reasons & CAPPED_BITS else 0.0
+            pending.append((i, ratio, share, 1.0 if down else 0.0, free, off, reasons))
         return True
 
     def _observe_rows(self, node: str, slots: dict[int, int], rows: list[list[float]]) -> None:
@@ -204,13 +212,14 @@ class Scorer:
                 or not power > 0
                 or not limit > 0
             ):
-                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0))
+                pending.append((i, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
                 continue
             down = gen < gen_max or up < total or width < width_max  # False where either is null
             reasons = 0 if bits != bits else int(bits)
             ratio, share = clock / clock_max, power / limit
-            free = ratio if share < FREE_POWER and not reasons & CAPPED_BITS else 0.0
-            pending.append((i, ratio, share, 1.0 if down else 0.0, free, reasons))
+            off = ratio if share < FREE_POWER and not reasons & OFFCAP_BITS else 0.0
+            free = off if not reasons & CAPPED_BITS else 0.0
+            pending.append((i, ratio, share, 1.0 if down else 0.0, free, off, reasons))
 
     def _fold_pending(self) -> None:
         if not self._pending:
@@ -220,10 +229,11 @@ class Scorer:
         idx = cols[0].astype(np.int64)
         np.add.at(self._samples, idx, 1.0)
         np.add.at(self._loaded, idx, cols[1] > 0)
-        for row in range(4):
+        for row in range(5):
             np.add.at(self._sum[row], idx, cols[1 + row])
+        np.add.at(self._sum[5], idx, cols[5] > 0)
         np.add.at(self._free, idx, cols[4] > 0)
-        np.bitwise_or.at(self._reasons, idx, cols[5].astype(np.int64))
+        np.bitwise_or.at(self._reasons, idx, cols[6].astype(np.int64))
 
     def observe_arrays(
         self,
@@ -243,7 +253,10 @@ class Scorer:
         self._sum[1, j] += power_ratio[ok]
         self._sum[2, j] += link_down[ok]
         self._reasons[j] |= reasons[ok]
-        free = ok & ((reasons & CAPPED_BITS) == 0) & (power_ratio < FREE_POWER)
+        off = ok & ((reasons & OFFCAP_BITS) == 0) & (power_ratio < FREE_POWER)
+        self._sum[4, idx[off]] += clock_ratio[off]
+        self._sum[5, idx[off]] += 1
+        free = off & ((reasons & CAPPED_BITS) == 0)
         f = idx[free]
         self._free[f] += 1
         self._sum[3, f] += clock_ratio[free]
@@ -271,18 +284,14 @@ class Scorer:
         big, size, ref_clock, ref_power, z = self._peers(codes, clock, power)
         c = codes
         with np.errstate(invalid="ignore", divide="ignore"):
-            peer_lag = (
-                big
-                & (z <= -s.z_min)
-                & (1 - clock / ref_clock >= s.min_deficit)
-                & (power <= ref_power - s.power_margin)
-            )
+            peer_lag = big & (z <= -s.z_min) & (1 - clock / ref_clock >= s.min_deficit)
+            peer_lag &= power <= ref_power - s.power_margin
             # own history: a small job's GPUs, and a GPU whose node's GPUs of its job lag their own
             # pasts as a whole (a node-wide slowdown of a one-node job has no healthy peer); it starts
             # again when the slot's job changes
             self._restart_histories(jobs)
-            hist_clock, hist_power = self._hist[0, :n], self._hist[1, :n]
-            warm = valid & (self._hist_n[:n] >= s.history_windows) & ~peer_lag
+            hist_clock, hist_power = self._own.reference(n)
+            warm = valid & (self._own.count[:n] >= s.history_windows) & ~peer_lag
             own = 1 - clock / hist_clock
             # with peers enough, a GPU within its job's spread is no straggler: a job whose phase moves
             # every GPU's clock (into its power cap, out of it) moves a weak chip's most; a node's lag its
@@ -297,9 +306,10 @@ class Scorer:
         link_lag = valid & (link >= s.link_share)
         test[link_lag & ~lag] = "link"
         lag |= link_lag
-        free_lag, fclock, fref, fz, fsize = self._free_test(codes, valid, lag)
+        loaded_ref = (np.where(big, ref_clock, np.nan), np.where(big, ref_power, np.nan), power)
+        free_lag, fclock, fref, fz, fsize = self._free_test(codes, valid, lag, loaded_ref)
         # learn the history from windows that did not lag
-        self._learn(valid & ~lag & ~free_lag, clock, power)
+        self._own.learn(valid & ~lag & ~free_lag, clock, power)
         streak = self._streak[:n]
         streak[valid & lag], streak[valid & ~lag] = streak[valid & lag] + 1, 0
         free_streak = self._free_streak[:n]
@@ -326,10 +336,11 @@ class Scorer:
                 describe_cause(int(self._reasons[i]), float(link[i]) >= s.link_share),
             )
             self.stragglers[(node, gpu)] = straggler_settings.Straggler(node, gpu, jobs[i], str(test[i]), ev)
-        self._node_test(codes, job_names, clock, valid, confirmed)
+        self.job_nodes, nodes = self._nodes.score(self._keys, codes, job_names, clock, valid)
+        self.stragglers |= nodes
         pending = valid & ~confirmed & ((streak > 0) | (free_streak > 0))
         self.pending_jobs = {str(jobs[i]) for i in np.flatnonzero(pending).tolist() if jobs[i] is not None}
-        self.pending_jobs |= {job for (job, _), n in self._node_streak.items() if 0 < n < s.persist}
+        self.pending_jobs |= self._nodes.pending()
         self._reset(now)
         return list(self.stragglers.values())
 
@@ -355,21 +366,11 @@ class Scorer:
 
     def _restart_histories(self, jobs: Sequence[str | None]) -> None:
         """A slot's own history starts again when its job changes."""
-        for i, job in enumerate(jobs):
-            if self._hist_job[i] != job:
-                self._hist_job[i] = job
-                self._hist_n[i] = 0
-
-    def _learn(self, learn: np.ndarray, clock: np.ndarray, power: np.ndarray) -> None:
-        """Fold the windows that did not lag into each slot's own history (clock, power)."""
-        n, a = learn.size, self.s.history_alpha
-        first = learn & (self._hist_n[:n] == 0)
-        rest = learn & ~first
-        for row, values in ((0, clock), (1, power)):
-            h = self._hist[row, :n]
-            h[first] = values[first]
-            h[rest] = (1 - a) * h[rest] + a * values[rest]
-        self._hist_n[:n][learn] += 1
+        changed = [i for i, job in enumerate(jobs) if self._hist_job[i] != job]
+        for i in changed:
+            self._hist_job[i] = jobs[i]
+        if changed:
+            self._own.restart(np.array(changed, dtype=np.intp))
 
     def _judged(self, codes: np.ndarray, big: np.ndarray, warm: np.ndarray, own: np.ndarray) -> np.ndarray:
         """Per slot: whether its own history judges it: a GPU of a small job (or none), or one whose node's
@@ -384,14 +385,22 @@ class Scorer:
         return out
 
     def _free_test(
-        self, codes: np.ndarray, valid: np.ndarray, lag: np.ndarray
+        self,
+        codes: np.ndarray,
+        valid: np.ndarray,
+        lag: np.ndarray,
+        loaded: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The unconstrained-clock tests (``Settings.free_min``): each GPU's mean clock over its loaded
         samples below its power cap and not thermally limited, against its job's peers' (median, MAD)
         and against its own past such windows (an exponentially weighted mean kept across jobs, so a
         whole node slowed early in a job, or before a new job, is compared with what its chips ran at
-        before). Updates the free streak and history; returns (lagging, free clock, its reference,
-        z, peers) per slot (NaN / 0 where not known)."""
+        before); and its off-cap clock (``OFFCAP_BITS``: a clock set for the job allowed) against its
+        job's loaded clock (``loaded``: the job's median clock and power where it has ``min_peers`` GPUs
+        or more, else NaN, and the GPU's power). A cap only lowers a clock, so a healthy chip off its
+        cap and not hot never clocks well below what its peers run at, capped or not: 8 % below them at
+        less power is a fault however wide their spread (#39). Updates the free streak and history;
+        returns (lagging, free clock, its reference, z, peers) per slot (NaN / 0 where not known)."""
         s = self.s
         n = len(self._keys)
         free_n = self._free[:n]
@@ -408,8 +417,16 @@ class Scorer:
         fref[big], fsize[big] = med[fcodes[big]], size[fcodes[big]]
         fz[big] = (fclock[big] - fref[big]) / np.maximum(1.4826 * mad[fcodes[big]], s.mad_floor)
         hist = self._fhist[:n]
+        ref_clock, ref_power, power = loaded
+        with np.errstate(invalid="ignore", divide="ignore"):
+            offcap = self._sum[4, :n] / self._sum[5, :n]  # NaN under ``free_min`` such samples
+        offcap[~(self._sum[5, :n] >= s.free_min)] = np.nan
         with np.errstate(invalid="ignore", divide="ignore"):
             peer_lag = big & (fz <= -s.z_min) & (1 - fclock / fref >= s.min_deficit)
+            below = valid & ~peer_lag & (1 - offcap / ref_clock >= s.min_deficit)
+            below &= power <= ref_power - s.power_margin
+            fref[below], fz[below], fclock[below] = ref_clock[below], np.nan, offcap[below]
+            peer_lag |= below
             warm = fvalid & (self._fhist_n[:n] >= s.free_history_windows) & ~peer_lag
             hist_lag = warm & (1 - fclock / hist >= s.min_deficit)
         fref[hist_lag] = hist[hist_lag]
@@ -418,7 +435,7 @@ class Scorer:
         kind = self._free_kind[:n]
         kind[peer_lag], kind[hist_lag] = 1, 2
         streak = self._free_streak[:n]
-        streak[fvalid & free_lag] += 1
+        streak[(fvalid | below) & free_lag] += 1
         streak[fvalid & ~free_lag] = 0
         learn = fvalid & ~free_lag & ~lag
         first = learn & (self._fhist_n[:n] == 0)
@@ -428,47 +445,6 @@ class Scorer:
         hist[rest] = (1 - a) * hist[rest] + a * fclock[rest]
         self._fhist_n[:n][learn] += 1
         return free_lag, fclock, fref, fz, fsize
-
-    def _node_test(
-        self,
-        codes: np.ndarray,
-        job_names: Sequence[str],
-        clock: np.ndarray,
-        valid: np.ndarray,
-        confirmed: np.ndarray,
-    ) -> None:
-        """Whole nodes against their job's other nodes (jobs on ``min_nodes`` nodes or more)."""
-        per: dict[tuple[int, str], list[float]] = {}
-        for i in np.flatnonzero(valid & (codes >= 0)).tolist():
-            per.setdefault((int(codes[i]), self._keys[i][0]), []).append(float(clock[i]))
-        by_job: dict[int, dict[str, float]] = {}
-        for (code, node), values in per.items():
-            by_job.setdefault(code, {})[node] = float(np.median(values))
-        self.job_nodes = {job_names[code]: list(nodes) for code, nodes in by_job.items()}
-        seen: set[tuple[str, str]] = set()
-        for code, nodes in by_job.items():
-            if len(nodes) < self.s.min_nodes:
-                continue
-            arr = np.array(list(nodes.values()))
-            med = float(np.median(arr))
-            mad = max(1.4826 * float(np.median(np.abs(arr - med))), self.s.mad_floor)
-            for node, v in nodes.items():
-                key = (job_names[code], node)
-                seen.add(key)
-                lagging = (v - med) / mad <= -self.s.z_min and 1 - v / med >= self.s.min_deficit
-                self._node_streak[key] = self._node_streak.get(key, 0) + 1 if lagging else 0
-                if self._node_streak[key] >= self.s.persist:
-                    ev: dict[str, float | str] = {
-                        "straggler.job": job_names[code],
-                        "straggler.node_clock_ratio": round(v, 4),
-                        "straggler.reference_clock_ratio": round(med, 4),
-                        "straggler.nodes": len(nodes),
-                    }
-                    self.stragglers[(node, None)] = straggler_settings.Straggler(
-                        node, None, job_names[code], "nodes", ev
-                    )
-        for key in [k for k in self._node_streak if k not in seen]:
-            del self._node_streak[key]
 
     def _reset(self, now: float) -> None:
         self._sum[:] = 0.0
