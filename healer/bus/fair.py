@@ -33,6 +33,13 @@ class Shed(enum.StrEnum):
     """Its source had ``per_source`` messages waiting: the oldest of them went."""
     TOTAL = "total"
     """The backlog held ``max_bytes``: the message was refused."""
+    VETTED = "vetted"
+    """Its source was full and ``put``'s ``admit`` refused it: not queued, nothing pushed out, and not
+    counted in ``shed`` (whoever refused it tallies why)."""
+
+
+SOURCE, TOTAL, VETTED = Shed.SOURCE, Shed.TOTAL, Shed.VETTED
+"""Read once: a member read off its enum class costs ~0.35 us on Python 3.11 (a flood sheds per message)."""
 
 
 def _len(item: object) -> int:
@@ -70,27 +77,27 @@ class FairQueue(Generic[T]):
     def __bool__(self) -> bool:
         return self.frames > 0
 
-    def full(self, source: str) -> bool:
-        """``source`` has ``per_source`` items waiting: the next one it puts sheds its oldest."""
-        q = self._queues.get(source)
-        return q is not None and len(q) >= self.per_source
-
-    def put(self, source: str, data: T) -> Shed | None:
-        """Queue one item of ``source``; what was shed to make room (or the item refused), if anything."""
+    def put(self, source: str, data: T, admit: Callable[[T], bool] | None = None) -> Shed | None:
+        """Queue one item of ``source``; what was shed to make room (or the item refused), if anything.
+        ``admit``, when given, is asked only when ``source`` already has ``per_source`` waiting, before
+        the item may push the oldest out: one it refuses is not queued (``Shed.VETTED``). Asked here,
+        not before the call, so a source with room costs no second look-up."""
         q = self._queues.get(source)
         shed: Shed | None = None
         if q is not None and len(q) >= self.per_source:
+            if admit is not None and not admit(data):
+                return VETTED
             old = q.popleft()
             self.bytes -= self.size(old)
             self.frames -= 1
-            shed = Shed.SOURCE
+            shed = SOURCE
             self.shed[shed] += 1
         size = self.size(data)
         if self.bytes + size > self.max_bytes:
-            self.shed[Shed.TOTAL] += 1
+            self.shed[TOTAL] += 1
             if q is not None and not q:
                 del self._queues[source]  # (its turn is skipped when it comes)
-            return Shed.TOTAL
+            return TOTAL
         if q is None:
             q = self._queues[source] = collections.deque()
             self._turns.append(source)

@@ -42,20 +42,21 @@ class FairPending(asyncio.Queue):  # type: ignore[type-arg]
             self._fair_spec.per_source, self._fair_spec.max_bytes,
             size=lambda m: len(m.data) + MSG_OVERHEAD_BYTES,
         )  # fmt: skip
+        vet = self._fair_spec.vet
+        self._admit: Callable[[Any], bool] | None = None if vet is None else lambda m: vet(m.subject, m.data)
+        """The vet, asked by the fair queue only when the message's source is full."""
 
     def _put(self, item: Any) -> None:
         # put_nowait counts one more unfinished task after this; one that is not kept must not count.
         source = self._fair_spec.source(item.subject, item.data)
-        vet = self._fair_spec.vet
-        if source is None or (
-            vet is not None and self._queue.full(source) and not vet(item.subject, item.data)
-        ):
+        if source is None:
             self._unfinished_tasks -= 1  # type: ignore[attr-defined]
             return
-        shed = self._queue.put(source, item)
+        shed = self._queue.put(source, item, self._admit)
         if shed is not None:
             self._unfinished_tasks -= 1  # type: ignore[attr-defined]
-            self._on_shed()
+            if shed is not fair.VETTED:  # refused by the vet, which tallied it: not a shed
+                self._on_shed()
 
     def _get(self) -> Any:
         got = self._queue.pop()

@@ -46,6 +46,23 @@ def test_the_backlog_is_bounded_in_bytes_and_refusals_are_counted() -> None:
     assert q.dropped == 7
 
 
+def test_admit_is_asked_only_when_the_source_is_full_and_a_refusal_pushes_nothing_out() -> None:
+    asked: list[bytes] = []
+
+    def admit(item: bytes) -> bool:
+        asked.append(item)
+        return item.startswith(b"frame")
+
+    q = fairqueue.FairQueue[bytes](per_source=2, max_bytes=10_000)
+    assert [q.put("n1", b"frame-%d" % i, admit) for i in range(2)] == [None, None]
+    assert asked == [], "a source with room is not vetted"
+    assert q.put("n1", b"garbage", admit) is fairqueue.Shed.VETTED
+    assert q.put("n1", b"frame-2", admit) is fairqueue.Shed.SOURCE
+    assert asked == [b"garbage", b"frame-2"]
+    assert q.shed == {fairqueue.Shed.SOURCE: 1}, "a refusal is the vet's to count, not a shed"
+    assert [q.pop(), q.pop(), q.pop()] == [("n1", b"frame-1"), ("n1", b"frame-2"), None]
+
+
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         fairqueue.FairQueue(per_source=0, max_bytes=1)

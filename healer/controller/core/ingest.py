@@ -47,6 +47,8 @@ NODE_CACHE_MAX = 1 << 17
 """Most telemetry subjects whose node ``Ingest.node_of`` remembers (the cache is emptied past it)."""
 ENERGY_TOPOLOGY_S = 30.0
 """How often the energy meter re-reads which domains each node counts into."""
+FRESH = frame_order.FRESH
+"""A fresh frame's verdict, bound once (a member read off its enum class costs ~0.35 us on Python 3.11)."""
 FRAMES_BATCH = 64
 """Most frames taken from the fair backlog per call (``on_frames``); the event loop runs between."""
 
@@ -236,7 +238,7 @@ class Ingest:
         if not self.admission.frame_ok(node, frame):
             return False
         verdict = self.order.verdict(node, frame.boot_id, frame.seq)
-        if verdict is not frame_order.Verdict.FRESH:
+        if verdict is not FRESH:
             self.metrics.frames_stale.labels(verdict.value).inc()
             self._stale.note(verdict.value, node=node, boot_id=frame.boot_id, seq=frame.seq)
             return False
