@@ -72,6 +72,7 @@ class KmsgWatcher:
     def start(self, sink: source.EventSink) -> None:
         if self._thread is not None:
             return
+        xids.load()  # the catalogue read now, not in the first XID's path (about 0.2 s of YAML)
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:  # no CAP_SYSLOG, no such file: the agent runs on without the kernel log

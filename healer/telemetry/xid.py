@@ -54,6 +54,7 @@ class XidWatcher:
     def start(self, sink: source.EventSink) -> None:
         if self._nv is not None:
             return
+        xids.load()  # the catalogue read now, not in the first XID's path (about 0.2 s of YAML)
         nv = self._module if self._module is not None else nvml.load_pynvml()
         try:
             nv.nvmlInit()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from healer.schemas import events
+from healer.schemas import events, xids
 from healer.telemetry import kernel_log, kmsg, nvml, source, watchers, xid
 from tests.fakes import fake_pynvml as fp
 
@@ -349,3 +349,13 @@ class _Unstarted:
     def stop(self) -> None:
         self.inner.stop()
         self.stopped = True
+
+
+def test_the_kmsg_watcher_reads_the_xid_catalogue_at_start(node: Node) -> None:
+    """As the NVML watcher: the catalogue's YAML is not read in the first XID's path (#43)."""
+    xids.load.cache_clear()
+    w = node.watcher()
+    try:
+        assert xids.load.cache_info().currsize == 1
+    finally:
+        w.stop()

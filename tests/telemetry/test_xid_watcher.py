@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from healer.schemas import events
+from healer.schemas import events, xids
 from healer.telemetry import xid
 from tests.fakes import fake_pynvml as fp
 
@@ -136,3 +136,15 @@ def test_no_gpu_accepting_events_starts_no_thread(fake: fp.FakeNvml) -> None:
     assert w.watching == []
     assert fake.init_count == 0
     assert fake.event_sets[0].freed
+
+
+def test_the_xid_catalogue_is_read_at_start_not_by_the_first_xid(fake: fp.FakeNvml) -> None:
+    """Reading the catalogue's YAML took 30-100 ms of the first XID's path in each agent (#43): the watcher
+    reads it when it starts, before any XID is waiting on it."""
+    xids.load.cache_clear()
+    w = xid.XidWatcher("gpu-node-1", fake.module(), wait_ms=WAIT_MS)
+    try:
+        w.start(lambda event: None)
+        assert xids.load.cache_info().currsize == 1
+    finally:
+        w.stop()
