@@ -175,7 +175,9 @@ class Scorer:
             learn &= ~odd
         lagged = lag.step(temp, power, valid, dt, learn)
         cls = np.asarray(cls, dtype=np.intp).reshape(n, temp.shape[1])
-        th.gpu_r = lag.resistance(n)
+        # each GPU's own slope, within ``slope_range`` of its model's trained seed
+        seed_r = np.array([*self.model.prior_r, float(np.median(self.model.prior_r or [45.0]))])[cls]
+        th.gpu_r = lag.resistance(n, seed_r)
         # a node whose GPUs' own slopes have just become known starts its inlet level and load offsets
         # over: they were learned against another model's slope
         known = (~np.isnan(th.gpu_r)).sum(axis=1) * 2 >= th.gpus
@@ -187,7 +189,7 @@ class Scorer:
         if first.any():
             th.restart_nodes(np.flatnonzero(first))
         self._lag_known[:n] |= known
-        for c, r in lag.class_medians(cls, len(th.classes) + 1).items():
+        for c, r in lag.class_medians(cls, len(th.classes) + 1, seed_r).items():
             th.prior_r[c] = r
         return lagged
 

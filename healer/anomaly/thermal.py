@@ -125,6 +125,10 @@ class ThermalState:
         self.ref_at = np.full(0, -math.inf)
         self.peer_off = np.zeros(0)
         """Each node's own learned offset from its peers, °C (0 at a cold start)."""
+        self.curve_err = np.full(len(self.prior_r), self.s.curve_err0)
+        """Per model class, how far a node's straight line between two of its loads has missed on this
+        fleet (a share of the slope times the change of load; learned where a node's second load band
+        is learned next to its first: an air node's fan makes temperature concave in power)."""
         self.gpu_r: F64 | None = None
         """Each GPU's resistance from its own load changes (``thermal_lag``; nan: not known), the prior
         of its fit in place of its class's median."""
@@ -220,10 +224,11 @@ class ThermalState:
         hot = np.zeros_like(valid) if throttled is None else throttled[:n] & valid
         scored = (steady | hot) & busy & ~np.isnan(resid)
         rise, rel = self._gpu_values(n, temp, p, pt, resid, rf, scored, ready, cls)
-        node, nband = thermal_node.node_value(self, n, p, rf.pick, rf.ref, rf.trusted, now)
+        node, nband, r_node = thermal_node.node_value(self, n, p, rf, now, cls[:n], r[:n])
         node_g = np.broadcast_to(node[:, None], temp.shape).copy()
         out = self._carry(n, [rise, rel, node_g], valid, now)
-        self._learn_window(n, p_th, implied, steady & ~hot, rf, rise, rel, cls, nband, node, now, dt)
+        learned = (nband, node, r_node)
+        self._learn_window(n, p_th, implied, steady & ~hot, rf, rise, rel, cls, learned, now, dt)
         peer = thermal_peers.peer_z(self, n, temp, pt, (steady | hot) & busy, cls, dt)
         return Step(
             out[0],
@@ -291,15 +296,28 @@ class ThermalState:
     ) -> tuple[F64, F64]:
         """``rise_c`` of the ready GPUs and ``gpu_rel`` of the others, this window."""
         pz = np.nan_to_num(p)
-        # outside the bands it has shown a GPU's own slope is uncertain: allow a tenth of its model's
+        # outside the bands it has shown a GPU's own slope is uncertain: allow a tenth of its model's,
+        # or while its own slope is not known (``thermal_lag``) what its class's straight line has
+        # missed between loads on this fleet (``curve_err``: half the slope until shown)
         w, sp = self.stats[0, :n], self.stats[1, :n]
         with np.errstate(invalid="ignore", divide="ignore"):
             pbar = np.where(w > 0, sp / w, pz)
-        slack = np.where(rf.inside, 0.0, 0.1 * self.fleet_r[cls[:n]] * np.abs(pz - pbar))
+        share = np.full(pz.shape, 0.1)
+        if self.gpu_r is not None and self.gpu_r.shape == pz.shape:
+            share = np.where(np.isnan(self.gpu_r), np.maximum(share, self.curve_err[cls[:n]]), share)
+        slack = np.where(rf.inside, 0.0, share * self.fleet_r[cls[:n]] * np.abs(pz - pbar))
         rise: F64 = np.where(scored & ready, resid - slack, np.nan)
-        # before its own fit is ready a GPU is compared with the median GPU of its model on this fleet
+        # before its own fit is ready a GPU is compared with the median GPU of its model on this fleet:
+        # its temperature less the model's slope times its power, against the node's median of the same
+        # (not against the inlet reference, whose level carries the GPUs' own offsets: a slope the fits
+        # have not learned yet moves the offsets by 15 °C, tuning seed 12 of the mixed fleet)
         r_model = self.fleet_r[cls[:n]]
-        rel_resid = temp - r_model * pt - rf.ref[:, None]
+        raw = temp - r_model * pt
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(np.where(rf.pick, raw, np.nan), axis=1)
+        med[np.isnan(rf.ref)] = np.nan
+        rel_resid = raw - med[:, None]
         rel: F64 = np.where(scored & ~ready, rel_resid / (r_model * np.maximum(pz, 0.05)), np.nan)
         return rise, rel
 
@@ -327,12 +345,12 @@ class ThermalState:
         rise: F64,
         rel: F64,
         cls: npt.NDArray[np.intp],
-        nband: npt.NDArray[np.intp],
-        node: F64,
+        node_values: tuple[npt.NDArray[np.intp], F64, F64],
         now: float,
         dt: float,
     ) -> None:
-        """Learn from this window: the GPUs' fits, the bands they have shown, the node's level."""
+        """Learn from this window: the GPUs' fits, the bands they have shown, the node's level
+        (``node_values``: the node's power band, its value and its slope, ``thermal_node.node_value``)."""
         # against a carried reference, a GPU whose implied inlet is more than half the node's edge
         # away does not learn: its node's inlet may be what moved (a cooling loss), or its own fit
         # is wrong at this load and is corrected in a trusted window instead
@@ -346,7 +364,9 @@ class ThermalState:
         fresh = rf.trusted & ~np.isnan(rf.ref)
         self.ref_last[:n][fresh] = rf.ref[fresh]
         self.ref_at[:n][fresh] = now
-        thermal_node.learn_node(self, n, np.where(rf.trusted, rf.ref, np.nan), nband, node, now, dt)
+        nband, node, r_node = node_values
+        trusted_ref = np.where(rf.trusted, rf.ref, np.nan)
+        thermal_node.learn_node(self, n, trusted_ref, nband, node, now, dt, (cls[:n, 0], r_node))
 
     def _lagged(self, n: int, p: F64, dt: float) -> F64:
         """A window's mean temperature belongs to the mean power of a window ``lag_s`` earlier: this

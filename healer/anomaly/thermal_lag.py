@@ -55,6 +55,12 @@ class LagSettings:
     """GPUs of a model class with their own ``r`` before the class's median replaces the seed."""
     max_step_s: float = 90.0
     """A gap between windows longer than this is not a change (the filters restart from the data)."""
+    slope_range: float = 4.0
+    """A GPU's own ``r`` is used only within this factor of its model's seed (the trained per-model
+    slope): a cold plate or heat sink is not four times better or worse than its model's. Slopes far
+    outside come from windows where something else moved the temperature with the power (an air node's
+    fan chasing its hottest GPU in its first minutes: 600-2,500 °C per fraction on tuning seed 12 of
+    the mixed fleet, whose A100s have 18-61)."""
 
 
 class LagFit:
@@ -157,9 +163,14 @@ class LagFit:
             known = (cnt >= self.s.min_windows) & (spp > 0) & (r > 0) & (se <= self.s.max_rel_se * r)
         return r, known, best
 
-    def resistance(self, n: int) -> F64:
-        """Each GPU's ``r`` (°C per fraction of the limit) at its own time constant; nan until known."""
+    def resistance(self, n: int, seed: F64 | None = None) -> F64:
+        """Each GPU's ``r`` (°C per fraction of the limit) at its own time constant; nan until known,
+        and (given ``seed``, each GPU's model's slope) while outside ``slope_range`` of it."""
         r, known, _ = self._known(n)
+        if seed is not None:
+            k = self.s.slope_range
+            with np.errstate(invalid="ignore"):
+                known = known & (r >= seed / k) & (r <= seed * k)
         out: F64 = np.where(known, r, np.nan)
         return out
 
@@ -169,10 +180,12 @@ class LagFit:
         out: F64 = np.where(known, np.array(TAUS_S)[best], np.nan)
         return out
 
-    def class_medians(self, cls: npt.NDArray[np.intp], classes: int) -> dict[int, float]:
-        """Per model class with ``min_class_gpus`` GPUs of known ``r``: their median."""
+    def class_medians(
+        self, cls: npt.NDArray[np.intp], classes: int, seed: F64 | None = None
+    ) -> dict[int, float]:
+        """Per model class with ``min_class_gpus`` GPUs of known ``r`` (``resistance``): their median."""
         n = len(cls)
-        r = self.resistance(n)
+        r = self.resistance(n, seed)
         out = {}
         for c in range(classes):
             sel = (cls == c) & ~np.isnan(r)

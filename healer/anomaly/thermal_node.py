@@ -14,40 +14,99 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from healer.anomaly.thermal_settings import BOOL, F64, POWER_BANDS
+from healer.anomaly.thermal_settings import BAND_CENTERS, F64, POWER_BANDS
 
 if TYPE_CHECKING:
-    from healer.anomaly.thermal import ThermalState
+    from healer.anomaly.thermal import ThermalState, _Ref
 
 
 def node_value(
-    state: ThermalState, n: int, p: F64, pick: BOOL, ref: F64, trusted: BOOL, now: float
-) -> tuple[F64, npt.NDArray[np.intp]]:
-    """Each node's reference against its own inlet level, at the offset of its current power band
-    (``nan`` where not scored), and the node's power band."""
+    state: ThermalState,
+    n: int,
+    p: F64,
+    rf: _Ref,
+    now: float,
+    cls: npt.NDArray[np.intp],
+    r: F64,
+) -> tuple[F64, npt.NDArray[np.intp], F64]:
+    """Each node's reference (``rf``: ``thermal._Ref``) against its own inlet level, at the offset of
+    its current power band (``nan`` where not scored); the node's power band; the node's slope (the
+    median over the GPUs its reference was taken from of the slope each was extrapolated with, ``r``)."""
     s = state.s
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        node_p = np.nan_to_num(np.nanmedian(np.where(pick, p, np.nan), axis=1))
+        node_p = np.nan_to_num(np.nanmedian(np.where(rf.pick, p, np.nan), axis=1))
+        r_node = np.nanmedian(np.where(rf.pick, r, np.nan), axis=1)
+    ncls = cls[:, 0] if cls.ndim == 2 else cls
+    r_node = np.where(np.isnan(r_node), state.fleet_r[ncls], r_node)
     nband = np.searchsorted(np.array(POWER_BANDS), node_p)
     rows = np.arange(n)
-    # at a load band not learned yet, the nearest learned band's offset stands in, less
-    # band_slack_c per band of distance (far loads differ more), so a cooling loss that starts as
-    # the node changes load is still seen
+    # at a load band not learned yet, the nearest learned band's offset stands in, less band_slack_c
+    # per band of distance and what the node's straight line may miss between the two loads (its
+    # class's ``curve_err`` times its slope times the change of load: an air node's fan makes
+    # temperature concave in power), so a cooling loss that starts as the node changes load is still
+    # seen where the line is known to hold
     learned = state.band_s[:, :n] >= s.init_s
     dist = np.where(learned, np.abs(np.arange(len(learned))[:, None] - nband[None]), 99)
     nearest = np.argmin(dist, axis=0)
     off = state.band_off[nearest, rows]
+    moved = np.abs(node_p - np.array(BAND_CENTERS)[nearest]) * (dist[nearest, rows] > 0)
     slack = s.band_slack_c * dist[nearest, rows]
+    curve = state.curve_err[ncls] * r_node * moved
     known = (state.level_s[:n] >= s.init_s) & learned.any(axis=0)
     known &= now - state.level_at[:n] <= s.stale_s  # a level not updated for long is re-learned first
-    node: F64 = np.where(known & trusted, ref - level_now(state, n, now) - off - slack, np.nan)
-    return node, nband
+    x = rf.ref - level_now(state, n, now) - off - slack
+    # the line's possible miss shrinks the value towards 0 either way (a trend is learned from it)
+    x = np.sign(x) * np.maximum(np.abs(x) - curve, 0.0)
+    node: F64 = np.where(known & rf.trusted, x, np.nan)
+    return node, nband, r_node
+
+
+def learn_curve(
+    state: ThermalState,
+    n: int,
+    nband: npt.NDArray[np.intp],
+    before: F64,
+    after: F64,
+    ncls: npt.NDArray[np.intp],
+    r_node: F64,
+) -> None:
+    """Where a node's band has just been learned (``before`` < ``init_s`` <= ``after``) next to one
+    learned already, how far its straight line missed between the two (the offsets' difference over
+    the slope times the change of load) moves its class's ``curve_err``: up fast, down slowly."""
+    s = state.s
+    rows = np.arange(n)
+    done = (before < s.init_s) & (after >= s.init_s)
+    if not done.any():
+        return
+    learned = state.band_s[:, :n] >= s.init_s
+    learned[nband, rows] = False
+    dist = np.where(learned, np.abs(np.arange(len(learned))[:, None] - nband[None]), 99)
+    other = np.argmin(dist, axis=0)
+    done &= dist[other, rows] < 99
+    centers = np.array(BAND_CENTERS)
+    for i in np.flatnonzero(done).tolist():
+        span = abs(centers[nband[i]] - centers[other[i]]) * r_node[i]
+        if not span > 0:
+            continue
+        miss = min(2.0, abs(state.band_off[nband[i], i] - state.band_off[other[i], i]) / span)
+        e = state.curve_err[ncls[i]]
+        gain = 0.3 if miss > e else 0.03
+        state.curve_err[ncls[i]] = max(s.curve_err_min, e + gain * (miss - e))
 
 
 def learn_node(
-    state: ThermalState, n: int, ref: F64, nband: npt.NDArray[np.intp], node: F64, now: float, dt: float
+    state: ThermalState,
+    n: int,
+    ref: F64,
+    nband: npt.NDArray[np.intp],
+    node: F64,
+    now: float,
+    dt: float,
+    slope: tuple[npt.NDArray[np.intp], F64] | None = None,
 ) -> None:
+    """Learn each node's level, trend and band offsets from its trusted reference ``ref``;
+    ``slope``: each node's class and slope, for its class's ``curve_err`` (``learn_curve``)."""
     s = state.s
     if dt <= 0:
         return
@@ -108,7 +167,10 @@ def learn_node(
     learn_off = calm & fresh
     upd = np.where(learn_off, b_alpha * (ref - level_now(state, n, now) - off), 0.0)
     state.band_off[nband, rows] = off + upd
-    state.band_s[nband, rows] = band_s + np.where(learn_off | (ok & (seen < s.init_s)), dt, 0.0)
+    after = band_s + np.where(learn_off | (ok & (seen < s.init_s)), dt, 0.0)
+    state.band_s[nband, rows] = after
+    if slope is not None:
+        learn_curve(state, n, nband, band_s, after, slope[0], slope[1])
 
 
 def level_now(state: ThermalState, n: int, now: float) -> F64:

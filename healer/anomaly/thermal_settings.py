@@ -24,6 +24,8 @@ slope within a quarter of an hour."""
 POWER_BANDS: Final = (0.3, 0.5, 0.7, 0.85)
 """Edges of the power-fraction bands in which GPUs and nodes keep track of what they have shown."""
 _STATS: Final = ("w", "sp", "sy", "spp", "spy")
+BAND_CENTERS: Final = (0.15, 0.4, 0.6, 0.775, 0.925)
+"""A typical power fraction inside each band (``POWER_BANDS``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,13 @@ class ThermalSettings:
     up the inlet's drift while the node stays at one load, and jump when the load changed."""
     band_slack_c: float = 1.5
     """At a power band without a learned offset, °C allowed per band between it and the nearest learned
-    one."""
+    one (plus ``curve_err`` of the node's line between the two loads)."""
+    curve_err0: float = 0.5
+    """How far (a share of the node's slope times the change of load) a node's straight line between two
+    loads may miss, until this fleet has shown it per GPU model (``ThermalState.curve_err``): the trained
+    slope can be off by half (the mixed fleet's liquid H200s: 20-26 °C per fraction against 42)."""
+    curve_err_min: float = 0.1
+    """Least of it, whatever the fleet has shown."""
     offset_fresh_s: float = 900.0
     """A band's offset learns only while the level learned this recently (the inlet moves at most a
     few tenths of a degree in that time)."""

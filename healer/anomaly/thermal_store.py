@@ -43,6 +43,7 @@ def export(st: ThermalState) -> dict[str, Any]:
         "gpus": st.gpus,
         "classes": st.classes,
         "fleet_r": [float(x) for x in st.fleet_r[: len(st.classes)]],
+        "curve_err": [float(x) for x in st.curve_err[: len(st.classes)]],
         "nodes": nodes,
     }
 
@@ -57,6 +58,9 @@ def import_(st: ThermalState, state: dict[str, Any]) -> int:
     for c, r in zip(state.get("classes", []), state.get("fleet_r", []), strict=False):
         if c in st.classes:
             st.fleet_r[st.classes.index(c)] = float(r)
+    for c, e in zip(state.get("classes", []), state.get("curve_err", []), strict=False):
+        if c in st.classes:
+            st.curve_err[st.classes.index(c)] = float(e)
     index = {name: i for i, name in enumerate(st.node_names)}
     nodes = state.get("nodes", {})
     for name, doc in nodes.items():
