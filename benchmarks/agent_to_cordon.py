@@ -42,6 +42,7 @@ def main() -> None:
         ms = [round(1000 * (v or 0), 1) for v in (s.p50_s, s.p99_s, s.max_s)]
         print(f"p50 {ms[0]} ms  p99 {ms[1]} ms  max {ms[2]} ms")
     print("stage medians (ms, from the stage before):", s.stages_p50_ms)
+    print("fetched while the controller's turn was held by (wait to evaluation, ms):", s.behind)
     for slow in s.slowest:
         print("slow:", slow)
 

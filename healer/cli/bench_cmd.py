@@ -64,6 +64,14 @@ def _register_controller(bsub: Any) -> None:
         help="every controller's controller.frame_arrivals_s (default: its default, 0.1; 0: frames"
         " evaluated at ticks only)",
     )
+    c.add_argument(
+        "--agent-xid",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time N fatal XIDs from real agent processes' NVML event to the cordon, 10,000-node"
+        " fleet, stage by stage (default %(default)s: not measured)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_controller)
 
@@ -153,6 +161,7 @@ def _controller(args: argparse.Namespace) -> int:
         args.xid_events,
         args.spread,
         args.frame_arrivals_s,
+        args.agent_xid,
     )
 
 

@@ -15,9 +15,11 @@ Each fault is stamped at every hand-over, on this machine's ``time.time()`` in e
 ``injected`` (given to the NVML stand-in), ``watched`` (the watcher built its event: the event's ``ts``),
 ``spooled`` (the agent's loop spooled it, fsync included), ``stored`` (JetStream acknowledged the
 publish), ``fetched`` (the controller's pull handed it to the rule engine), ``evaluated`` (the engine
-evaluated it: at arrival or in a tick) and ``asked`` (the scheduler actuator was asked to cordon; a
-recording actuator, no scheduler's own time). ``fetched_in_turn`` says whether a tick or an arrival
-evaluation held the controller's turn when it was fetched.
+evaluated it: at arrival or in a tick), ``spawned`` (the incident shell opened the incident: its repeat
+count and its record in KV, its ``opened`` change published; its actions' task spawned) and ``asked``
+(the action runner asked the scheduler actuator to cordon, after its own records; a recording actuator,
+no scheduler's own time). ``behind`` says what held the controller's turn when it was fetched (an index
+in ``HOLDERS``).
 
 The agents run with the kernel-log watcher off, so an NVML XID is published at once; with it on (the
 default) the hold adds what the kernel line takes to arrive, up to ``xid_log_wait_s``
@@ -51,8 +53,13 @@ from healer.sim import node_source
 from healer.telemetry import watchers, xid
 
 GPUS = 8
-STAGES = ("injected", "watched", "spooled", "stored", "fetched", "evaluated", "asked")
+STAGES = ("injected", "watched", "spooled", "stored", "fetched", "evaluated", "spawned", "asked")
 """The hand-overs each fault is stamped at, in order (module docstring)."""
+HOLDERS = ("none", "tick", "frame arrivals", "event arrivals", "rules reload", "closer")
+"""What held the controller's turn when a fault was fetched (``behind``: its index here)."""
+STEPS = ("none", "firings", "domains", "fail-slow", "retries", "ladders")
+"""Which of the incident shell's steps was running then (``step``: its index here; in a tick or an
+arrival evaluation)."""
 
 
 class EventNvml:
@@ -176,7 +183,8 @@ def _stamp_controller(ctl: service.Controller, stamps: dict[str, dict[str, float
             s = stamps[event.node]
             s.setdefault("watched", event.ts)
             s.setdefault("fetched", time.time())
-            s.setdefault("fetched_in_turn", float(ctl.ticker.turn.locked()))
+            s.setdefault("behind", float(HOLDERS.index(holding[0]) if holding else 0))
+            s.setdefault("step", float(STEPS.index(steps[-1]) if steps else 0))
             waiting.append(event.node)
         return ingest_event(event)
 
@@ -195,6 +203,41 @@ def _stamp_controller(ctl: service.Controller, stamps: dict[str, dict[str, float
         return evaluate(now)
 
     eng.ingest_event, eng.evaluate_arrivals, eng.evaluate = fetched, at_arrival, in_tick  # type: ignore[method-assign]
+    shell = ctl.incidents
+    spawn = shell.spawn
+
+    def spawned(inc: Any) -> None:
+        if inc.node in stamps:
+            stamps[inc.node].setdefault("spawned", time.time())
+        spawn(inc)
+
+    shell.spawn = spawned  # type: ignore[method-assign]
+    holding: list[str] = []  # what holds the turn now, outermost first
+    _held(holding, ctl.ticker, "tick", lambda *a: "tick")
+    _held(holding, ctl.ticker, "_arrivals_guarded", lambda frames=False: HOLDERS[2 if frames else 3])
+    _held(holding, ctl.reloader, "maybe_reload", lambda *a: "rules reload")
+    _held(holding, ctl.closer, "apply", lambda *a: "closer")
+    steps: list[str] = []
+    for name, step in zip(
+        ("handle", "correlate_domains", "failslow", "retry_and_escalate"), STEPS[1:], strict=False
+    ):
+        _held(steps, shell, name, lambda *a, _s=step: _s)
+    _held(steps, shell.recovery, "advance", lambda *a, **kw: "ladders")
+
+
+def _held(holding: list[str], obj: Any, name: str, label: Any) -> None:
+    """Wrap ``obj.name`` (a coroutine function that holds the turn) to note it in ``holding`` while it
+    runs."""
+    inner = getattr(obj, name)
+
+    async def wrapped(*args: Any, **kw: Any) -> Any:
+        holding.append(label(*args, **kw))
+        try:
+            return await inner(*args, **kw)
+        finally:
+            holding.pop()
+
+    setattr(obj, name, wrapped)
 
 
 async def measure(
@@ -264,8 +307,11 @@ class Summary:
     max_s: float | None
     stages_p50_ms: dict[str, float]
     """Each hand-over's median, from the stage before it (``STAGES``)."""
-    slowest: list[dict[str, float]]
-    """The slowest faults (up to 3), each stage's share in ms, and whether the turn was held at fetch."""
+    slowest: list[dict[str, Any]]
+    """The slowest faults (up to 3), each stage's share in ms, and what held the turn at fetch."""
+    behind: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """By what held the controller's turn when a fault was fetched (``HOLDERS``): how many faults, and
+    their wait from fetched to evaluated (median and max, ms)."""
 
 
 def _spans(s: dict[str, float]) -> dict[str, float]:
@@ -292,7 +338,34 @@ def summarise(stamps: list[dict[str, float]]) -> Summary:
     slow = sorted(done, key=lambda s: s["asked"] - s["injected"], reverse=True)[:3]
     slowest = [
         {"total_ms": round(1000 * (s["asked"] - s["injected"]), 1), **_spans(s),
-         "fetched_in_turn": s.get("fetched_in_turn", -1.0), "in_tick": s.get("in_tick", -1.0)}
+         "behind": HOLDERS[int(s.get("behind", 0))], "step": STEPS[int(s.get("step", 0))],
+         "in_tick": s.get("in_tick", -1.0)}
         for s in slow
     ]  # fmt: skip
-    return Summary(len(stamps), len(done), p50, p99, top, medians, slowest)
+    waits: dict[str, list[float]] = {}
+    for s in done:
+        if "fetched" in s and "evaluated" in s:
+            wait = 1000 * (s["evaluated"] - s["fetched"])
+            waits.setdefault(HOLDERS[int(s.get("behind", 0))], []).append(wait)
+    behind = {
+        k: {"faults": len(v), "wait_p50_ms": round(statistics.median(v), 1), "wait_max_ms": round(max(v), 1)}
+        for k, v in sorted(waits.items())
+    }
+    return Summary(len(stamps), len(done), p50, p99, top, medians, slowest, behind)
+
+
+async def figure(agents: int, rules_dir: str = "rules", gap_s: float = 0.2) -> Summary:
+    """``healer bench controller --agent-xid N``: N agents in up to 4 processes (N rounded down to a
+    multiple of them), one XID each, summarised."""
+    processes = max(1, min(4, agents))
+    return summarise(await run(processes, max(1, agents // processes), gap_s, rules_dir))
+
+
+def line(s: Summary) -> str:
+    """The bench's line for the agent path, beside the controller-receipt XID figure."""
+    ms = [None if v is None else round(1000 * v, 1) for v in (s.p50_s, s.p99_s, s.max_s)]
+    return (
+        f"agent NVML XID 48 -> cordon asked, real agents, 10,000-node fleet: {s.acted}/{s.faults} acted on,"
+        f" p50 {ms[0]} ms, p99 {ms[1]} ms, max {ms[2]} ms; stage medians (ms) {s.stages_p50_ms};"
+        f" fetched while the turn was held by: {s.behind}"
+    )

@@ -42,7 +42,7 @@ from healer import config, errors, testing
 from healer.bus import embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import service
-from healer.evals import frame_publisher
+from healer.evals import agent_xid, frame_publisher
 from healer.schemas import codec, events
 
 
@@ -324,6 +324,8 @@ class Report:
     """The latency controller's process CPU per wall second while the fleet was paced at 1 Hz."""
     latency_frame_arrivals_core: float | None = None
     """Of it, the arrival evaluations of frames (the rules without ``for`` between ticks)."""
+    agent_xid: dict[str, Any] | None = None
+    """``--agent-xid N``: from real agents' NVML XID to the cordon asked, stage by stage (agent_xid.py)."""
 
 
 async def run(
@@ -337,6 +339,7 @@ async def run(
     xid_events: int = 20,
     spread: bool = False,
     frame_arrivals_s: float | None = None,
+    agent_xid_n: int = 0,
 ) -> Report:
     """Every figure of the report in one run; ``frame_arrivals_s`` for every controller in it (None: the
     controller's default)."""
@@ -373,6 +376,7 @@ async def run(
             srv.url, rules_dir, latency_nodes, xid_events, latency_shards, spread, arrivals
         )
     xid_p50, xid_p99 = _quantiles(xid_lat)
+    agent = dataclasses.asdict(await agent_xid.figure(agent_xid_n, rules_dir)) if agent_xid_n else None
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else []
     return Report(
         nodes=nodes,
@@ -401,6 +405,7 @@ async def run(
         frame_arrivals_s=arrivals,
         latency_core=round(lat_cost.core, 3),
         latency_frame_arrivals_core=round(lat_cost.frame_arrivals, 4),
+        agent_xid=agent,
     )
 
 
@@ -416,12 +421,13 @@ def main(
     xid_events: int = 20,
     spread: bool = False,
     frame_arrivals_s: float | None = None,
+    agent_xid_n: int = 0,
 ) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     report = asyncio.run(
         run(
             nodes, seconds, latency_nodes, faults, rules_dir, rounds, latency_shards, xid_events, spread,
-            frame_arrivals_s,
+            frame_arrivals_s, agent_xid_n,
         )
     )  # fmt: skip
     if as_json:
@@ -464,4 +470,6 @@ def main(
         f"{report.xid_acted}/{report.xid_events} acted on {report.xid_first_kinds}, "
         f"p50 {report.xid_p50_s} s, p99 {report.xid_p99_s} s"
     )
+    if report.agent_xid is not None:
+        print("  " + agent_xid.line(agent_xid.Summary(**report.agent_xid)))
     return 0

@@ -19,7 +19,7 @@ async def test_the_controller_benchmark_measures_every_figure_it_reports() -> No
     wall, CPU with CPU over the same window), so a loaded machine slows the run but cannot fail it."""
     report = await controller_bench.run(
         nodes=40, seconds=1.0, latency_nodes=20, faults=2, rules_dir="rules", rounds=1, latency_shards=2,
-        xid_events=3,
+        xid_events=3, agent_xid_n=2,
     )  # fmt: skip
     assert report.nodes == 40
     assert report.frame_bytes > 5000
@@ -50,6 +50,9 @@ async def test_the_controller_benchmark_measures_every_figure_it_reports() -> No
     assert report.xid_p50_s is not None
     assert report.xid_p99_s is not None
     assert 0 < report.xid_p50_s <= report.xid_p99_s
+    assert report.agent_xid is not None, "--agent-xid 2: from the agents' NVML event to the cordon"
+    assert (report.agent_xid["faults"], report.agent_xid["acted"]) == (2, 2)
+    assert 0 < report.agent_xid["p50_s"] <= report.agent_xid["p99_s"]
 
 
 async def test_the_spread_publisher_sends_each_second_over_the_second(
