@@ -288,9 +288,13 @@ async def test_an_operator_stops_a_ladder_from_the_cli(harness: Harness) -> None
     argv = ["ladder", "stop", incident_id, "--by", "alice", "--reason", "RMA ticket 42", "--nats", url]
     assert await asyncio.to_thread(cli_main, argv) == 0
     await run_until(fleet, lambda: not ctl.recovery.ladders)
+
+    def stop_published() -> bool:  # the feed's outbox publishes after the ladder is gone
+        return any(a.kind == "stop_ladder" for a in events(harness, "ecc-dbe")[-1].data.actions)
+
+    await run_until(fleet, stop_published)
     last = events(harness, "ecc-dbe")[-1]
     stopped = [a for a in last.data.actions if a.kind == "stop_ladder"]
-    assert stopped
     assert "by alice at " in stopped[0].detail
     assert "RMA ticket 42" in stopped[0].detail
     assert last.data.evidence["outcome"] == "ladder_stopped"
