@@ -8,6 +8,7 @@ The bucket is the bus's: JetStream KV on NATS, its in-memory twin in tests; eith
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -27,12 +28,20 @@ class Doc:
     revision: int
 
 
+IN_FLIGHT = 64
+"""KV calls one ``Store`` has in flight at most; the rest wait their turn before they are sent. A burst's
+thousand concurrent writes would otherwise all wait on the server and the client's reply handling at
+once, and on a loaded machine run into the client's timeout (#43)."""
+
+
 class Store:
     def __init__(self, kv: base.KeyValue) -> None:
         self.kv = kv
+        self._gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def get(self, key: str) -> Doc | None:
-        entry = await self.kv.get(key)
+        async with self._gate:
+            entry = await self.kv.get(key)
         if entry is None:
             return None
         try:
@@ -42,23 +51,29 @@ class Store:
         return Doc(key, value, entry.revision)
 
     async def put(self, key: str, value: dict[str, Any]) -> int:
-        return await self.kv.put(key, orjson.dumps(value))
+        async with self._gate:
+            return await self.kv.put(key, orjson.dumps(value))
 
     async def create(self, key: str, value: dict[str, Any]) -> int:
         """Write only if the key does not exist; ``Conflict`` otherwise."""
-        return await self.kv.create(key, orjson.dumps(value))
+        async with self._gate:
+            return await self.kv.create(key, orjson.dumps(value))
 
     async def update(self, key: str, value: dict[str, Any], revision: int) -> int:
         """Write only if the key is still at ``revision``; ``Conflict`` otherwise."""
-        return await self.kv.update(key, orjson.dumps(value), revision)
+        async with self._gate:
+            return await self.kv.update(key, orjson.dumps(value), revision)
 
     async def delete(self, key: str) -> None:
-        await self.kv.delete(key)
+        async with self._gate:
+            await self.kv.delete(key)
 
     async def keys(self, prefix: str = "") -> list[str]:
         """The keys starting with ``prefix``; a prefix that ends with a dot is listed by the server alone
         (a burst's thousands of incidents are not read to find the few ``close.`` keys each tick, #43)."""
-        return sorted(k for k in await self.kv.keys(prefix) if k.startswith(prefix))
+        async with self._gate:
+            listed = await self.kv.keys(prefix)
+        return sorted(k for k in listed if k.startswith(prefix))
 
 
 class Prefixed(Store):
@@ -67,6 +82,7 @@ class Prefixed(Store):
 
     def __init__(self, store: Store, prefix: str) -> None:
         super().__init__(store.kv)
+        self._gate = store._gate  # one bucket, one bound
         self.prefix = prefix
 
     async def get(self, key: str) -> Doc | None:
