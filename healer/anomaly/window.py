@@ -97,7 +97,8 @@ class FleetWindow:
         self._ids = np.full((cap, self.slots), -1, dtype=np.int64)
         self._last = np.full((cap, self.gpus, len(features.RAW_COUNTERS)), np.nan)
         self.dropped = 0
-        """Rows ignored: older than the window by the time they were flushed, or GPU index too high."""
+        """Rows ignored: older than the window by the time they were flushed (or than the ring's slots
+        within one flush), or GPU index too high."""
 
     def __len__(self) -> int:
         return len(self.node_names)
@@ -207,7 +208,9 @@ class FleetWindow:
         bucket = np.floor(ts / self.bucket_s).astype(np.int64)
         slot = bucket % self.slots
         current = self._ids[node, slot]
-        too_old = bucket < current
+        # a batch spanning more buckets than the ring holds: its node's older rows have no slot left
+        newest = np.repeat(bucket[np.r_[starts[1:], len(node)] - 1], np.diff(np.r_[starts, len(node)]))
+        too_old = (bucket < current) | (bucket <= newest - self.slots)
         self.dropped += int(too_old.sum())
         keep = ~too_old
         node, bucket, slot, ch = node[keep], bucket[keep], slot[keep], ch[keep]

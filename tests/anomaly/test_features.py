@@ -189,3 +189,19 @@ def test_a_gpu_back_from_a_gap_counts_no_energy_over_the_gap() -> None:
     assert sums[0, 0, seconds] == pytest.approx(300.0)  # always there: every 5 s of the window
     # GPU 3 came back at t0 + 450 after 305 s unseen: the window holds the 145 s since, not the gap
     assert sums[0, 3, seconds] == pytest.approx(145.0)
+
+
+def test_one_flush_of_more_buckets_than_the_ring_holds_keeps_only_the_ring() -> None:
+    # scoring stalled for 20 minutes while frames came in: the older buckets have no slot left and
+    # are dropped, not added into the newer buckets that share their slot
+    t0 = 1_000_020.0
+    stalled, scored = window.FleetWindow(gpus_per_node=8), window.FleetWindow(gpus_per_node=8)
+    for t in range(0, 1200, 5):
+        for fw in (stalled, scored):
+            fw.observe(_frame(t0 + t, replays=0))
+        if t % 30 == 25:
+            scored.flush()
+    np.testing.assert_array_equal(stalled.window_sums(t0 + 1199), scored.window_sums(t0 + 1199))
+    samples = features.CHANNELS.index("samples")
+    assert stalled.window_sums(t0 + 1199)[0, 0, samples] == 60  # 300 s at one frame per 5 s
+    assert stalled.dropped == (1200 - 30 * stalled.slots) // 5
