@@ -45,39 +45,54 @@ UNSAFE_IN_A_LINE = frozenset("\"'\\\n\r#")
 class Coalesced(Generic[T, R]):
     """``await coalesced(item)``: ``run`` is called with every item that arrived while the batch before
     was running, and returns one answer per item, in order (an exception: every caller of the batch
-    gets it)."""
+    gets it).
+
+    The caller that finds no batch running runs the next one; the others wait for the end of the batch
+    running, all woken at once (not one after another through a lock, each a turn of the event loop
+    later: under a burst the last of a batch's callers heard its answer dozens of turns late, #43)."""
 
     def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]]) -> None:
         self._run = run
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
-        self._turn = asyncio.Lock()
+        self._running: asyncio.Event | None = None
+        """Set when the batch running ends; ``None`` when none runs."""
         self.batches = 0
         """Batches run so far (for tests and benchmarks)."""
 
     async def __call__(self, item: T) -> R:
         answer: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, answer))
-        async with self._turn:
-            if not answer.done():
-                await asyncio.sleep(0)  # the calls made in the same turn of the loop join this batch
-                batch, self._waiting = self._waiting, []
-                self.batches += 1
-                try:
-                    results = await self._run([i for i, _ in batch])
-                except Exception as e:
-                    for _, f in batch:
-                        if not f.done():
-                            f.set_exception(e)
-                            if f is not answer:
-                                f.exception()  # marked as seen: a caller cancelled meanwhile never reads it
-                except BaseException:  # cancelled: the others' items go to the next batch
-                    self._waiting[:0] = [(i, f) for i, f in batch if f is not answer and not f.done()]
-                    raise
-                else:
-                    for (_, f), r in zip(batch, results, strict=True):
-                        if not f.done():
-                            f.set_result(r)
+        while not answer.done():
+            if self._running is not None:
+                await self._running.wait()
+                continue
+            self._running = running = asyncio.Event()
+            try:
+                await self._batch(answer)
+            finally:
+                self._running = None
+                running.set()
         return answer.result()
+
+    async def _batch(self, own: asyncio.Future[R]) -> None:
+        """One batch, run by the caller whose answer is ``own``."""
+        await asyncio.sleep(0)  # the calls made in the same turn of the loop join this batch
+        batch, self._waiting = self._waiting, []
+        self.batches += 1
+        try:
+            results = await self._run([i for i, _ in batch])
+        except Exception as e:
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(e)
+                    f.exception()  # marked as seen: a caller cancelled meanwhile never reads it
+        except BaseException:  # cancelled: the others' items go to the next batch
+            self._waiting[:0] = [(i, f) for i, f in batch if f is not own and not f.done()]
+            raise
+        else:
+            for (_, f), r in zip(batch, results, strict=True):
+                if not f.done():
+                    f.set_result(r)
 
 
 def line_safe(reason: str) -> bool:
@@ -125,11 +140,12 @@ class SlurmBatch:
         self,
         run: Callable[[Sequence[str], str | None], Awaitable[Ran]],
         argv: Callable[..., list[str]],
-        read_nodes: Callable[[], Awaitable[dict[str, Any]]],
+        read_nodes: Callable[[Sequence[str]], Awaitable[dict[str, dict[str, Any]]]],
     ) -> None:
         self._cmd, self._argv, self._read_nodes = run, argv, read_nodes
-        self.read: Coalesced[None, dict[str, Any]] = Coalesced(self._read_batch)
-        """``await read(None)``: ``sinfo --json``'s document, read after the call was made."""
+        self.read: Coalesced[str, dict[str, Any] | None] = Coalesced(self._read_batch)
+        """``await read(node)``: the node's entry (``sinfo --json``'s keys), read after the call was made;
+        ``None`` when Slurm does not know the node."""
         self.drain: Coalesced[tuple[str, str, list[str]], str] = Coalesced(self.drain_all)
         """``await drain((node, reason, argv))``: ``""`` once drained with ``reason``, else Slurm's error
         text for that node (``argv``: the node's own drain command, run when the batch did not do it)."""
@@ -137,9 +153,9 @@ class SlurmBatch:
         """``await jobs(node)``: the ids of the jobs on the node, listed after the call was made, and
         ``""``; or ``[]`` and Slurm's error text for that node."""
 
-    async def _read_batch(self, items: list[None]) -> list[dict[str, Any]]:
-        data = await self._read_nodes()
-        return [data] * len(items)
+    async def _read_batch(self, nodes: list[str]) -> list[dict[str, Any] | None]:
+        entries = await self._read_nodes(nodes)
+        return [entries.get(n) for n in nodes]
 
     async def drain_all(self, items: list[tuple[str, str, list[str]]]) -> list[str]:
         """One batch of drains, each ``(node, reason, its own argv)``: each node's error text or ``""``."""
@@ -147,7 +163,7 @@ class SlurmBatch:
         done: set[str] = set()
         if len(items) > 1 and len(lined) > 1:
             await self._cmd(self._argv("scontrol"), drain_script(lined))  # its text names no node: read back
-            nodes = {str(e.get("name")): e for e in (await self.read(None)).get("nodes", [])}
+            nodes = await self._read_nodes([node for node, _ in lined])
             done = {node for node, reason in lined if _drained_with(nodes.get(node), reason)}
         gate = asyncio.Semaphore(SINGLES_AT_ONCE)
 
