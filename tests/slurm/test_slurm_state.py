@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from healer.actuators import slurm, slurm_state
+from healer.actuators import base, slurm, slurm_state
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.test_slurm_actuator import actuator, cluster  # noqa: F401
 
@@ -70,8 +70,6 @@ async def test_a_node_slurm_does_not_list_is_looked_up_in_the_json(
     assert states[0].state == "idle"
     assert states[1] is None, "Slurm knows no gpu99"
     assert [c[1] for c in calls] == ["-h", "--json"], "the narrow read, then the JSON for the missing one"
-    outcome = await actuator.apply(
-        slurm.base.ActionRequest(incident_id="inc-1", kind="uncordon", node="gpu99")
-    )
+    outcome = await actuator.apply(base.ActionRequest(incident_id="inc-1", kind="uncordon", node="gpu99"))
     assert outcome.status == "failed-permanent"
     assert "does not know" in outcome.detail
