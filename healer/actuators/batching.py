@@ -30,6 +30,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -264,6 +265,33 @@ def _expand_name(name: str) -> list[str]:
 
 def _drained_with(entry: dict[str, Any] | None, reason: str) -> bool:
     return entry is not None and "DRAIN" in (entry.get("state_flags") or ()) and entry.get("reason") == reason
+
+
+SLURM_COMMANDS_AT_ONCE = 16
+"""Slurm commands one actuator runs at once at most (its own worker threads, ``run_command``)."""
+
+
+def run_command(
+    argv: Sequence[str], stdin: str | None, env: dict[str, str], timeout_s: float
+) -> tuple[int, str, str]:
+    """Run ``argv`` (no shell) with ``stdin``'s text as its input: its exit status, output and error text.
+    Blocking (the Slurm actuator runs it in its ``BoundedPool``). On ``timeout_s`` the command is killed
+    and reaped and ``subprocess.TimeoutExpired`` raised (its pipes are not read again: a process it left
+    behind holding them cannot hang the caller)."""
+    with subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as proc:
+        try:
+            out, err = proc.communicate(None if stdin is None else stdin.encode(), timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 class BoundedPool:

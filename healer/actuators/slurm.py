@@ -28,6 +28,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
@@ -120,6 +121,7 @@ class SlurmActuator:
         if self.settings.slurm_conf:
             self._env["SLURM_CONF"] = self.settings.slurm_conf
         self._paths: dict[str, str] = {}
+        self._pool = batching.BoundedPool(batching.SLURM_COMMANDS_AT_ONCE, "healer-slurm")
         self.batch = batching.SlurmBatch(self._run_argv, self._argv, self._read_states)
         """A burst's reads and drains, batched (#43, ``batching``)."""
 
@@ -438,32 +440,21 @@ class SlurmActuator:
         return data
 
     async def _run_argv(self, argv: Sequence[str], stdin: str | None = None) -> Result:
+        """Run one command in the actuator's own threads (``batching.run_command``: the event loop neither
+        forks nor waits for asyncio's child-watcher thread to start, which under a burst held it for
+        milliseconds per command, #43)."""
         timeout = self.settings.call_timeout_s
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._env,
-            )
+            rc, out, err = await self._pool.run(batching.run_command, argv, stdin, self._env, timeout)
         except FileNotFoundError as e:
             raise errors.PermanentError(
                 f"{argv[0]} not found (install Slurm's client commands or set actuators.slurm_bin_dir)"
             ) from e
         except OSError as e:
             raise errors.PermanentError(f"cannot run {argv[0]}: {e}") from e
-        try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(None if stdin is None else stdin.encode()), timeout
-            )
-        except TimeoutError as e:
-            proc.kill()
-            await proc.wait()
+        except subprocess.TimeoutExpired as e:
             raise errors.TemporaryError(f"{shlex.join(argv)} timed out after {timeout:g} s") from e
-        result = Result(
-            tuple(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-        )
+        result = Result(tuple(argv), rc, out, err)
         log.debug("slurm.command", argv=list(argv), rc=result.rc, stderr=result.stderr.strip()[:200])
         return result
 

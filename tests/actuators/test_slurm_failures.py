@@ -3,7 +3,9 @@ error texts (see shared notes) so every failure path runs without a cluster."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import signal
 
 import pytest
 import structlog
@@ -51,6 +53,22 @@ async def test_a_command_that_hangs_is_killed_and_temporary(tmp_path: pathlib.Pa
     outcome = await actuator(tmp_path, call_timeout_s=0.2, retry_attempts=1).apply(req())
     assert outcome.status == "failed-temporary"
     assert "timed out" in outcome.detail
+
+
+async def test_a_hung_command_whose_child_holds_its_output_is_still_killed_in_time(
+    tmp_path: pathlib.Path,
+) -> None:
+    # the command's own child keeps the output pipe open: the command is killed and reaped, its pipes
+    # are not read to their end (that would wait the child's 30 s)
+    tool(tmp_path, "sinfo", f"sleep 30 &\necho $! > {tmp_path}/child\nexec sleep 30")
+    try:
+        outcome = await actuator(tmp_path, call_timeout_s=0.5, retry_attempts=1).apply(req())
+        assert outcome.status == "failed-temporary"
+        assert "timed out" in outcome.detail
+        child = int((tmp_path / "child").read_text())
+        os.kill(child, 0)  # still there: the outcome did not wait for it to let go of the pipe
+    finally:
+        os.kill(int((tmp_path / "child").read_text()), signal.SIGTERM)
 
 
 async def test_missing_slurm_commands_are_a_permanent_failure(tmp_path: pathlib.Path) -> None:
