@@ -7,18 +7,20 @@ it gets was made after it asked), and a batch of one is the call on its own. The
 contract (one request in, one outcome out): each node's outcome is still decided and recorded on its own,
 with the controller's fencing, breaker and domain limits applied per node before the actuator is asked.
 
-- Slurm (``SlurmBatch``): the state reads of concurrent actions share one ``sinfo --json``; concurrent
+- Slurm (``SlurmBatch``): the state reads of concurrent actions share one ``sinfo`` of their nodes
+  (``slurm_state``: a narrow one, ``sinfo --json`` as the fallback); concurrent
   drains go out as one ``scontrol`` process reading one ``update`` line per node from its standard input
   (a hostlist line, ``NodeName=a,b,c``, for nodes drained with the same reason). Slurm rejects a
   hostlist with one unknown name as a whole and reports a failed line without naming its node, so every
-  node's outcome is read back from a fresh ``sinfo --json``: drained with its reason is done; any other
+  node's outcome is read back from a fresh ``sinfo``: drained with its reason is done; any other
   node is drained again on its own, with its own command, which gives Slurm's own error text for that
   node only. A reason that ``scontrol``'s line parser could read differently (quotes, backslashes) is
   never put in a line: that node's drain runs on its own, as before. Nothing is done twice: a retried
   action reads the node first, and a node already drained by healer is ``already-done``. The jobs of
   concurrent migrates are listed by one ``squeue -w a,b,c`` with each job's node list (``%N``), split per
   node; when that fails, or a node list cannot be read, each node is listed by its own ``squeue -w``
-  (which gives Slurm's error text for that node only).
+  (which gives Slurm's error text for that node only). Commands run in the actuator's own threads
+  (``run_command``), never blocking the event loop.
 - Kubernetes (``BoundedPool``): the synchronous client's calls run in the actuator's own pool of
   ``KUBE_CONCURRENCY`` threads, so a burst's cordons go out concurrently, bounded, and never wait
   behind (or starve) the process's default executor.

@@ -1,17 +1,18 @@
-"""Reading Slurm nodes' state for the Slurm actuator (#43): a narrow ``sinfo`` of the nodes asked about, with
-``sinfo --json`` of every node as the fallback.
+"""Reading Slurm nodes' state for the Slurm actuator (#43): a narrow ``sinfo`` of the nodes asked about,
+with ``sinfo --json`` of every node as the fallback.
 
 ``sinfo --json`` prints every node of the cluster with some sixty fields (about 1.4 KB a node: 14 MB at
 10,000 nodes) whatever names it is given, and each state read of a burst parsed all of it. The read that
-``read_states`` makes first is ``sinfo -h -N -n <the asked nodes> -O NodeList:0|,StateComplete:0|,Reason:0``:
-one line per node and partition, ``gpu01|idle+drain+reboot_requested|healer: inc-1 ...``, which is the
-same three facts as the JSON's ``state``, ``state_flags`` and ``reason`` (``StateComplete`` is Slurm's
-``node_state_string_complete``: the base state, then ``+`` and each flag; ``none`` is sinfo's word for
-no reason). The reason is the last field, so a ``|`` in it is kept. The JSON is read instead when the
-narrow output is not exactly that (a line that does not parse, a node whose lines disagree: a reason with
-a line break), when an asked node is missing from it (sinfo lists only nodes in a partition: the JSON
-says whether Slurm knows the node at all), or when ``sinfo`` fails with an error that is not temporary
-(a temporary one is raised, and retried by the caller as before).
+``read_states`` makes first is ``sinfo -a -h -N -n <the asked nodes> -O
+NodeList:0|,StateComplete:0|,Reason:0``: one line per node and partition (``-a``: hidden partitions
+too), ``gpu01|idle+drain+reboot_requested|healer: inc-1 ...``, the same three facts as the JSON's
+``state``, ``state_flags`` and ``reason`` (``StateComplete`` is Slurm's ``node_state_string_complete``:
+the base state, then ``+`` and each flag; ``none`` is sinfo's word for no reason, so an operator's
+reason of just ``none`` reads as none). The reason is the last field, so a ``|`` in it is kept. The JSON
+is read instead when the narrow output is not exactly that (a line that does not parse, a node whose
+lines disagree: a reason with a line break), when an asked node is missing from it (sinfo lists only
+nodes in a partition: the JSON says whether Slurm knows the node at all), or when ``sinfo`` fails with
+an error that is not temporary (a temporary one is raised, and retried by the caller as before).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ async def read_states(
     unique = list(dict.fromkeys(names))
     listed = ",".join(unique)
     few = bool(unique) and len(listed) <= MAX_NAMES_CHARS
-    result = await run(argv("sinfo", "-h", "-N", *(("-n", listed) if few else ()), "-O", FORMAT), None)
+    result = await run(argv("sinfo", "-a", "-h", "-N", *(("-n", listed) if few else ()), "-O", FORMAT), None)
     if result.rc != 0 and classify(result.error) is errors.TemporaryError:
         raise errors.TemporaryError(f"sinfo: {result.error}")
     entries = parse(result.stdout, unique if few else None) if result.rc == 0 else None

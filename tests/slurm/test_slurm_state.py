@@ -40,7 +40,7 @@ async def test_the_narrow_read_says_what_the_json_says(
         calls = counting(actuator)
         states = await asyncio.gather(*(actuator.node_state(n) for n in cluster.nodes))
         assert [c[1:] for c in calls] == [
-            ["-h", "-N", "-n", ",".join(cluster.nodes), "-O", slurm_state.FORMAT]
+            ["-a", "-h", "-N", "-n", ",".join(cluster.nodes), "-O", slurm_state.FORMAT]
         ], "one narrow sinfo for the concurrent reads, of their nodes only"
         document = await actuator._json("sinfo", "--json")
         by_json = {e["name"]: slurm_state.NodeState.of(e) for e in document["nodes"]}
@@ -69,7 +69,7 @@ async def test_a_node_slurm_does_not_list_is_looked_up_in_the_json(
     assert states[0] is not None
     assert states[0].state == "idle"
     assert states[1] is None, "Slurm knows no gpu99"
-    assert [c[1] for c in calls] == ["-h", "--json"], "the narrow read, then the JSON for the missing one"
+    assert [c[1] for c in calls] == ["-a", "--json"], "the narrow read, then the JSON for the missing one"
     outcome = await actuator.apply(base.ActionRequest(incident_id="inc-1", kind="uncordon", node="gpu99"))
     assert outcome.status == "failed-permanent"
     assert "does not know" in outcome.detail
