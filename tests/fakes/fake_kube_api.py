@@ -291,6 +291,9 @@ class FakeKubeAPI:
             protocol_version = "HTTP/1.1"
             """As kube-apiserver: connections stay open between requests (keep-alive); every answer
             carries its Content-Length."""
+            disable_nagle_algorithm = True
+            """As kube-apiserver (Go sets TCP_NODELAY on every connection): else, on a kept-alive
+            connection, an answer's body waits for the client to acknowledge its headers (up to 40 ms)."""
 
             def setup(self) -> None:
                 super().setup()
