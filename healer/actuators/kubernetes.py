@@ -22,8 +22,9 @@ Taints are a plain list in a strategic merge patch (the Node type declares no me
 the node patch carries the whole new list and the ``resourceVersion`` it was computed from: a concurrent
 change makes the API answer 409 and the action is retried on fresh state.
 
-Only this module imports ``kubernetes``. The synchronous client runs in worker threads; responses are
-read as plain JSON (``_preload_content=False``).
+Only this module and kube_client.py (how the official client is called) import ``kubernetes``. The
+synchronous client runs in the actuator's bounded pool of worker threads, one ``ApiClient`` and its
+connections shared by every call; responses are read as plain JSON (``_preload_content=False``).
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import structlog
-import urllib3.exceptions
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from healer import config, errors
-from healer.actuators import base, batching
+from healer.actuators import base, batching, kube_client
+from healer.actuators.kube_client import ApiError, build_api_client
 from healer.schemas import incidents
 
 log = structlog.get_logger(__name__)
@@ -53,39 +53,6 @@ CONDITION = "GpuHealthy"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 SMP = "application/strategic-merge-patch+json"
 MAX_BACKOFF_S = 60.0
-
-
-class ApiError(errors.HealerError):
-    """A non-2xx answer from the API server, with its code and the server's own message."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-
-def build_api_client(settings: config.ActuatorSettings) -> k8s_client.ApiClient:
-    """In-cluster service account, else the kubeconfig (``kube_config`` or the default one)."""
-    cfg = k8s_client.Configuration()
-    try:
-        if settings.kube_config:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=settings.kube_config,
-                context=settings.kube_context,
-                client_configuration=cfg,
-                persist_config=False,
-            )
-        else:
-            try:
-                k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            except k8s_config.ConfigException:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    context=settings.kube_context, client_configuration=cfg, persist_config=False
-                )
-    except (k8s_config.ConfigException, OSError, ValueError) as e:
-        raise errors.PermanentError(f"no usable Kubernetes configuration: {e}") from e
-    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, batching.KUBE_CONCURRENCY)
-    return k8s_client.ApiClient(cfg)
 
 
 def _now() -> str:
@@ -113,6 +80,7 @@ class KubernetesActuator:
         self.settings = settings or config.ActuatorSettings()
         self.names = names or base.NodeNames(self.settings.node_name_template)
         self._api_client = api_client
+        self._core_api: k8s_client.CoreV1Api | None = None
         self._sleep = sleep
         self._clock = clock
         self.pool = batching.BoundedPool(batching.KUBE_CONCURRENCY, "healer-kube")
@@ -123,6 +91,7 @@ class KubernetesActuator:
         if self._api_client is not None:
             self._api_client.close()  # type: ignore[no-untyped-call]
             self._api_client = None
+        self._core_api = None
 
     async def apply(self, request: base.ActionRequest) -> base.ActionOutcome:
         handlers = HANDLERS.bound(self)
@@ -151,25 +120,19 @@ class KubernetesActuator:
     # -- API calls ----------------------------------------------------------------------------------
 
     def _core(self) -> k8s_client.CoreV1Api:
-        if self._api_client is None:
-            self._api_client = build_api_client(self.settings)
-        return k8s_client.CoreV1Api(self._api_client)
+        """One API object on one ``ApiClient`` (one connection pool, ``KUBE_CONCURRENCY`` connections
+        kept open) for every call of this actuator."""
+        if self._core_api is None:
+            if self._api_client is None:
+                self._api_client = build_api_client(self.settings)
+            self._core_api = kube_client.CoreV1Api(self._api_client)
+        return self._core_api
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run one client call in a thread; JSON body back, or ``ApiError`` / ``TemporaryError``."""
-        core = self._core()
-        fn = getattr(core, method)
-        kwargs.update(_preload_content=False, _request_timeout=self.settings.call_timeout_s)
-        try:
-            response = await self.pool.run(fn, *args, **kwargs)
-        except k8s_client.ApiException as e:
-            raise ApiError(int(e.status or 0), _message(e.body, e.reason)) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise errors.TemporaryError(f"Kubernetes API unreachable: {e}") from e
-        try:
-            return json.loads(response.data or b"{}")
-        except ValueError as e:
-            raise errors.TemporaryError(f"Kubernetes API answered something that is not JSON: {e}") from e
+        """Run one client call in the pool; JSON body back, or ``ApiError`` / ``TemporaryError``."""
+        return await kube_client.call(
+            self.pool, self._core(), self.settings.call_timeout_s, method, *args, **kwargs
+        )
 
     async def _api(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``_call`` with the usual meaning of codes: 409, 429 and 5xx retry; other errors are final."""
@@ -422,10 +385,10 @@ class KubernetesActuator:
 
     async def _evict(self, namespace: str, name: str, until: float) -> base.ItemResult:
         item = f"pod {namespace}/{name}"
-        body = k8s_client.V1Eviction(
+        body = kube_client.V1Eviction(
             api_version="policy/v1",
             kind="Eviction",
-            metadata=k8s_client.V1ObjectMeta(name=name, namespace=namespace),
+            metadata=kube_client.V1ObjectMeta(name=name, namespace=namespace),
         )
         backoff = self.settings.kube_evict_backoff_s
         while True:
@@ -447,19 +410,6 @@ class KubernetesActuator:
             log.info("kubernetes.eviction_retry", pod=item, detail=last, backoff_s=backoff)
             await self._sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
-
-
-def _message(body: Any, fallback: Any) -> str:
-    try:
-        status = json.loads(body)
-        message = status.get("message") if isinstance(status, dict) else None
-        causes = (status.get("details") or {}).get("causes") or [] if isinstance(status, dict) else []
-        extra = "; ".join(str(c.get("message")) for c in causes if isinstance(c, dict) and c.get("message"))
-        if message:
-            return f"{message} ({extra})" if extra else str(message)
-    except (TypeError, ValueError):
-        pass
-    return str(fallback or "no message")
 
 
 def _version(obj: Any) -> str | None:

@@ -15,15 +15,18 @@ real paths, verbs, content types, bodies and status codes, on a loopback port, a
 Any other path is 404, any other verb on a known path 405, any other patch type 415, a request without
 the bearer token 401, and a request the RBAC rules it is given do not allow 403, so a missing rule in
 deploy/ fails a test. Errors come back as ``Status`` objects, as the real server sends them. ``fail``
-injects a status code for the next matching calls. Every request is recorded.
+injects a status code for the next matching calls. Every request is recorded. As the real server, it
+speaks HTTP/1.1 and keeps a connection open between requests (keep-alive).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import re
+import socket
 import threading
 import time
 import urllib.parse
@@ -157,6 +160,10 @@ class FakeKubeAPI:
         self.max_in_flight = 0
         """The most requests this server was answering at once."""
         self._flight = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self.connections = 0
+        """Connections accepted so far (a client that keeps them open makes few)."""
+        """The connections being served (kept alive between requests), closed by ``stop``."""
         self._version = 100
         self._httpd: server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -281,6 +288,24 @@ class FakeKubeAPI:
         fake = self
 
         class Handler(server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            """As kube-apiserver: connections stay open between requests (keep-alive); every answer
+            carries its Content-Length."""
+            disable_nagle_algorithm = True
+            """As kube-apiserver (Go sets TCP_NODELAY on every connection): else, on a kept-alive
+            connection, an answer's body waits for the client to acknowledge its headers (up to 40 ms)."""
+
+            def setup(self) -> None:
+                super().setup()
+                with fake._flight:
+                    fake._open.add(self.connection)
+                    fake.connections += 1
+
+            def finish(self) -> None:
+                with fake._flight:
+                    fake._open.discard(self.connection)
+                super().finish()
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
@@ -311,6 +336,11 @@ class FakeKubeAPI:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+        with self._flight:
+            still_open, self._open = list(self._open), set()
+        for conn in still_open:  # a client's kept-alive connection: its handler thread ends here
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=5)
 
