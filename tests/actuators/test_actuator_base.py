@@ -3,6 +3,7 @@ node-name mapping, the log actuator."""
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import time
 
@@ -133,3 +134,37 @@ def test_the_request_kinds_are_the_catalogues() -> None:
     assert "drain" not in actions.REQUESTS  # a drain asks for a cordon
     assert "cordon" in actions.REQUESTS
     assert "hardware_replacement" not in actions.REQUESTS  # recorded, never sent
+
+
+async def test_each_retry_is_logged_with_its_attempt_number_across_the_first_bare_attempt() -> None:
+    calls = 0
+
+    async def work() -> base.ActionOutcome:
+        nonlocal calls
+        calls += 1
+        raise errors.TemporaryError("busy", delay=0.0)
+
+    with structlog.testing.capture_logs() as logs:
+        outcome = await base.guarded("t", FAST, req(), work)
+    assert (calls, outcome.status) == (3, "failed-temporary")
+    assert [e["attempt"] for e in logs if e["event"] == "actuator.retry"] == [1, 2]
+
+
+def test_the_wait_after_each_attempt_doubles_up_to_the_cap_and_honours_the_errors_own_delay() -> None:
+    s = config.ActuatorSettings(retry_attempts=5, retry_initial_delay_s=0.01, retry_max_delay_s=0.04)
+    assert [base._delay(s, n, None) for n in (1, 2, 3, 4, 200)] == [0.01, 0.02, 0.04, 0.04, 0.04]
+    assert base._delay(s, 1, errors.TemporaryError("x", delay=0.03)) == 0.03
+    assert base._delay(s, 1, errors.TemporaryError("x", delay=9.0)) == 0.04
+
+
+async def test_a_deadline_passed_during_the_first_attempt_ends_it_without_a_retry() -> None:
+    calls = 0
+
+    async def work() -> base.ActionOutcome:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.06)
+        raise errors.TemporaryError("busy", delay=0.0)
+
+    outcome = await base.guarded("t", FAST, req(deadline=time.time() + 0.05), work)
+    assert (calls, outcome.status) == (1, "failed-temporary")
