@@ -47,6 +47,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from healer.anomaly import counters
+
 F64 = npt.NDArray[np.float64]
 
 FORMAT: Final = "healer-anomaly-cfar/2"
@@ -207,6 +209,8 @@ class Calibration:
         period and held, as the fault runs of ``benchmarks/anomaly_fleets.py`` may)."""
         self._step = 0
         self._fitted_at = -math.inf
+        self.background = counters.Background()
+        """Per pool, how large one window of a healthy counter burst gets (``counters.Background``)."""
 
     # ------------------------------------------------------------------ layout
 
@@ -237,6 +241,18 @@ class Calibration:
 
     def assign(self, node: int, key: str) -> None:
         self.node_pool[node] = self.pool(key)
+
+    def counting(self, n: int) -> npt.NDArray[np.bool_]:
+        """Per node (the first ``n``): what it shows now counts as this fleet's normal (not frozen, not
+        in the quarantine after it went past a live threshold)."""
+        self.ensure(n)
+        out: npt.NDArray[np.bool_] = (self._step >= self._quarantine[:n]) & (not self.frozen)
+        return out
+
+    def pool_of(self, n: int) -> list[str | None]:
+        """The first ``n`` nodes' pool keys (None: not assigned yet)."""
+        self.ensure(n)
+        return [self.pools[p] if p >= 0 else None for p in self.node_pool[:n].tolist()]
 
     @property
     def live(self) -> npt.NDArray[np.bool_]:
@@ -353,6 +369,7 @@ class Calibration:
                 }
                 for p, key in enumerate(self.pools)
             },
+            "counter_background": self.background.export(),
         }
 
     def import_(self, doc: dict[str, Any]) -> int:
@@ -372,5 +389,7 @@ class Calibration:
             self.live_s[p] = float(v.get("live_s", 0.0))
             self.shadow[p] = int(v.get("shadow", 0))
             self.opened[p] = int(v.get("opened", 0))
+        if isinstance(doc.get("counter_background"), dict):
+            self.background.import_(doc["counter_background"])
         self.refit()
         return len(doc.get("pools", {}))
