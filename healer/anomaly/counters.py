@@ -103,9 +103,14 @@ class Background:
         """The persistent values ``held`` (nodes, gpus) over ``max(1, envelope)`` of each node's pool
         (``pools``, None: not assigned yet, judged at 1), then learning from this instant's ``raw``
         values where ``onset`` (per GPU) and ``learning`` (per node: counted as normal now)."""
-        env = np.array([max(1.0, self.envelope(p)) if p is not None else 1.0 for p in pools])
-        out: F64 = held / env[:, None]
-        for i, g in zip(*np.nonzero(onset & (raw > 0) & learning[:, None]), strict=True):
+        keys = sorted({p for p in pools if p is not None})
+        env = {p: max(1.0, self.envelope(p)) for p in keys}
+        # only a value past the smallest one a full list keeps can enter it (a fleet's many low
+        # background rates are not looked at one by one)
+        least = {p: min(self.top[p].values()) if len(self.top.get(p, {})) >= self.kept else 0.0 for p in keys}
+        out: F64 = held / np.array([env[p] if p is not None else 1.0 for p in pools])[:, None]
+        floor = np.array([least[p] if p is not None else np.inf for p in pools])
+        for i, g in zip(*np.nonzero(onset & (raw > floor[:, None]) & learning[:, None]), strict=True):
             p = pools[i]
             if p is not None:
                 self.learn(p, f"{names[i]}/{g}", float(raw[i, g]))
