@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
+import orjson
 import pytest
 
-from healer.anomaly import cfar, counters
+from healer.anomaly import cfar, counters, scoring
+from healer.schemas import codec
+from healer.sim import recording
 
 
 def test_a_burst_reads_nothing_and_a_rising_rate_reads_one_window_late() -> None:
@@ -86,3 +91,41 @@ def test_the_envelope_learns_only_from_nodes_that_count_as_normal_and_is_kept_wi
     other.import_(cal.export())
     assert other.background.envelope("NVIDIA H200|2s") == 7.0
     assert other.background.top == cal.background.top
+
+
+def test_the_scorer_judges_held_rates_against_its_pools_envelope_and_keeps_it_in_its_state(
+    trained: pathlib.Path, healthy_recording: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scorer = scoring.load(trained, calibration=cfar.CfarSettings())
+    assert scorer.cfar is not None
+    held = 6.0  # every GPU's counters rate held over two windows (the recording's own counters are 0)
+    hold = scorer.counter_hold
+
+    def steady(value: np.ndarray) -> np.ndarray:
+        hold.onset = np.zeros(value.shape, dtype=bool)
+        return np.full(value.shape, held)
+
+    monkeypatch.setattr(hold, "step", steady)
+    at = 0.0
+    with recording.Recording(healthy_recording) as rec:
+        start = float(rec.meta["start_ts"])
+        for ts, frames in rec.frames():
+            if ts > start + 8 * 60:
+                break
+            for _, data in frames:
+                scorer.observe(codec.decode_frame(data))
+            at = ts
+    scorer.score(at)
+    pools = scorer.cfar.pool_of(len(scorer.window.node_names))
+    assert None not in pools
+    valid = scorer.last_valid
+    np.testing.assert_allclose(scorer.last_components["counters"][valid], held)  # nothing learned yet
+    for p in set(pools):
+        scorer.cfar.background.learn(str(p), "a/0", 9.0)
+        scorer.cfar.background.learn(str(p), "b/0", 8.0)
+    scorer.score(at + 30)
+    np.testing.assert_allclose(scorer.last_components["counters"][scorer.last_valid], held / 8.0)
+    restarted = scoring.load(trained, calibration=cfar.CfarSettings())
+    restarted.import_state(orjson.loads(orjson.dumps(scorer.export_state())))
+    assert restarted.cfar is not None
+    assert restarted.cfar.background.top == scorer.cfar.background.top
