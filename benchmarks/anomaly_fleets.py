@@ -115,7 +115,10 @@ def run_one(
         if calibrated is not None and scorer.cfar is not None:
             scorer.cfar.import_(calibrated)
             scorer.cfar.frozen = args.hold_calibration
+        trace = Trace(scorer) if args.dump and scorer.cfar is not None else None
         bt.run(lines_of(cmd))
+        if trace is not None:
+            trace.save(args.dump / f"{fleet}-{seed}{'-faults' if faults_on else ''}.npz")
         truth = backtest_input.load_truth(truth_path) if truth_path else []
         out = bt.result(truth)
     out["fleet"], out["seed"] = fleet, seed
@@ -124,6 +127,59 @@ def run_one(
     out["pools"] = scorer.cfar.status() if scorer.cfar is not None else []
     out["calibration"] = scorer.cfar.export() if scorer.cfar is not None else None
     return out
+
+
+class Trace:
+    """``--dump``: every scoring instant's per-GPU deciding components (after the forest's
+    corroboration, as the calibration sees them) and raw counters value, to study the fleet's tails
+    offline (``numpy.load``: ``lifted`` (steps, components, nodes, gpus), ``counters_raw``, ``at``,
+    ``scored``, ``node_pool``, ``pools``, ``nodes``)."""
+
+    def __init__(self, scorer: Any) -> None:
+        import numpy as np
+
+        self.np = np
+        self.scorer = scorer
+        self.lifted: list[Any] = []
+        self.raw: list[Any] = []
+        self.at: list[float] = []
+        self.scored: list[Any] = []
+        cal, hold = scorer.cfar, scorer.counter_hold
+        decide, step = cal.decide, hold.step
+
+        def traced_decide(lifted: Any, scored: Any, at: float, dt: float) -> Any:
+            self.lifted.append(lifted.astype(np.float32))
+            self.scored.append(scored.copy())
+            self.at.append(at)
+            return decide(lifted, scored, at, dt)
+
+        def traced_step(value: Any) -> Any:
+            self.raw.append(value.astype(np.float32))
+            return step(value)
+
+        cal.decide, hold.step = traced_decide, traced_step
+
+    def save(self, path: pathlib.Path) -> None:
+        np = self.np
+        n = max((len(v) for v in self.scored), default=0)
+
+        def pad(a: Any, axis: int) -> Any:
+            widths = [(0, 0)] * a.ndim
+            widths[axis] = (0, n - a.shape[axis])
+            return np.pad(a, widths)
+
+        cal = self.scorer.cfar
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(
+            path,
+            lifted=np.stack([pad(v, 1) for v in self.lifted]),
+            counters_raw=np.stack([pad(v, 0) for v in self.raw]),
+            at=np.array(self.at),
+            scored=np.stack([pad(v, 0) for v in self.scored]),
+            node_pool=cal.node_pool[:n],
+            pools=np.array(cal.pools),
+            nodes=np.array(self.scorer.window.node_names[:n]),
+        )
 
 
 def pool_lines(r: dict[str, Any]) -> list[str]:
@@ -195,6 +251,9 @@ def main() -> int:
     ap.add_argument("--rules", nargs="+", default=[str(REPO / "rules")])
     ap.add_argument("--score-every", type=float, default=30.0)
     ap.add_argument("--json", type=pathlib.Path, help="also write every run's raw result here")
+    ap.add_argument(
+        "--dump", type=pathlib.Path, help="write each run's per-instant deciding components here (npz)"
+    )
     ap.add_argument("--calibration", choices=("on", "off"), default="on", help="per-pool thresholds (cfar)")
     ap.add_argument("--budget", type=float, default=1.0, help="false incidents per 1,000 node-days")
     ap.add_argument("--min-node-days", type=float, default=2.0, help="calibration before a pool is live")

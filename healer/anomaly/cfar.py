@@ -47,6 +47,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from healer.anomaly import counters
+
 F64 = npt.NDArray[np.float64]
 
 FORMAT: Final = "healer-anomaly-cfar/2"
@@ -81,6 +83,9 @@ class CfarSettings:
     """Instants (6 h at 30 s) a node is not counted after a component went past its live threshold."""
     max_threshold: float = 50.0
     """Highest threshold a fit may set, in the model's units (a component past it is a fault anywhere)."""
+    shape_nodes: int = 2
+    """Distinct nodes a level needs before its clusters shape the tail fit: one node's excursions past
+    every other node's cannot make the pool's tail heavy (the threshold still stays over them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +134,14 @@ def gpd_fit(levels: F64, counts: F64) -> tuple[float, float]:
     return arg
 
 
-def threshold_for(levels: F64, counts: F64, days: F64 | float, rate_per_day: float, s: CfarSettings) -> Fit:
+def threshold_for(
+    levels: F64,
+    counts: F64,
+    days: F64 | float,
+    rate_per_day: float,
+    s: CfarSettings,
+    nodes_at: F64 | None = None,
+) -> Fit:
     """The level at which the fitted cluster rate is ``rate_per_day``, from cluster counts above each
     of ``levels`` in ``days`` node-days each (a level is watched only while it is under the threshold
     of the moment, or in shadow); never below 1.0 (the model's own edge).
@@ -141,7 +153,14 @@ def threshold_for(levels: F64, counts: F64, days: F64 | float, rate_per_day: flo
     with any. (It used to fall back to the model's edge, 1.0: the mixed fleet's H200 pool, which had
     shown four excursions past 3 in its 2 node-days of shadow, went live at 1.0 and opened most of the
     fifth round's false incidents in its first hours.) A component that has stayed quiet keeps a
-    threshold near the model's edge."""
+    threshold near the model's edge.
+
+    ``nodes_at`` (per level, distinct nodes with a cluster there; None: all count) bounds one node's
+    influence: where ``u0`` itself was reached by ``s.shape_nodes`` nodes, the clusters past the
+    highest level that many nodes reached do not shape the fit (the floor above keeps the threshold
+    over them). A lone excursion far out (two SBE bursts in a row on one GPU, held at 4 where the
+    pool's bulk was at 0.3, tuning seed 101 of the mixed fleet) otherwise fitted a shape of 0.8 from
+    three clusters, and the extrapolation over four decades of rate went to the cap (50)."""
     counts = np.asarray(counts, dtype=np.float64)
     days = np.broadcast_to(np.asarray(days, dtype=np.float64), counts.shape)
     some = np.flatnonzero((counts > 0) & (days > 0))
@@ -160,6 +179,9 @@ def threshold_for(levels: F64, counts: F64, days: F64 | float, rate_per_day: flo
         with np.errstate(divide="ignore", invalid="ignore"):
             eff = np.where(days[j:] > 0, counts[j:] * days[j] / days[j:], 0.0)
         eff = np.minimum.accumulate(eff)
+        if nodes_at is not None and nodes_at[j] >= s.shape_nodes:
+            shared = np.flatnonzero(np.asarray(nodes_at)[j:] >= s.shape_nodes)
+            eff[int(shared[-1]) + 1 :] = 0.0  # one node's alone: not the pool's tail
         sigma, xi = gpd_fit(levels[j:], eff) if j < len(levels) - 1 else (u0, 0.0)
         ratio = lam0 / rate_per_day
         x = u0 + (sigma * math.log(ratio) if xi < 1e-9 else sigma / xi * (ratio**xi - 1.0))
@@ -185,6 +207,9 @@ class Calibration:
         """Node-seconds per (pool, component, level) in which clusters there were counted: in shadow
         every level, live only the levels under the threshold of the moment, and never a node that went
         past its threshold in the last ``quarantine_steps`` (an incident is not evidence of normal)."""
+        self.nodes_at = np.zeros((0, len(DECIDING), len(LEVELS)))
+        """Distinct nodes per (pool, component, level) that have had a counted cluster there (since
+        this scorer started: after a restart a node may count once more)."""
         self.thresholds = np.ones((0, len(DECIDING)))
         """Each pool's threshold per component, in the model's units (1.0 until fitted)."""
         self.fits: dict[tuple[int, int], Fit] = {}
@@ -198,6 +223,7 @@ class Calibration:
         """Each node's pool (-1: not assigned yet)."""
         self._held = np.zeros((0, len(DECIDING), self.s.hold_steps))
         self._until = np.zeros((0, len(DECIDING), len(LEVELS)), dtype=np.int64)
+        self._reached = np.zeros((0, len(DECIDING), len(LEVELS)), dtype=bool)
         self._open_until = np.zeros(0, dtype=np.int64)
         self._quarantine = np.zeros(0, dtype=np.int64)
         self.last_shadow: list[tuple[int, int, float, float]] = []
@@ -207,6 +233,8 @@ class Calibration:
         period and held, as the fault runs of ``benchmarks/anomaly_fleets.py`` may)."""
         self._step = 0
         self._fitted_at = -math.inf
+        self.background = counters.Background()
+        """Per pool, how large one window of a healthy counter burst gets (``counters.Background``)."""
 
     # ------------------------------------------------------------------ layout
 
@@ -217,6 +245,7 @@ class Calibration:
         self.counts = np.concatenate([self.counts, np.zeros((1, *self.counts.shape[1:]))])
         self.node_s = np.append(self.node_s, 0.0)
         self.watched_s = np.concatenate([self.watched_s, np.zeros((1, *self.watched_s.shape[1:]))])
+        self.nodes_at = np.concatenate([self.nodes_at, np.zeros((1, *self.nodes_at.shape[1:]))])
         self.thresholds = np.concatenate([self.thresholds, np.ones((1, len(DECIDING)))])
         self.shadow = np.append(self.shadow, 0)
         self.opened = np.append(self.opened, 0)
@@ -232,11 +261,26 @@ class Calibration:
         self._until = np.concatenate(
             [self._until, np.full((extra, *self._until.shape[1:]), -1, dtype=np.int64)]
         )
+        self._reached = np.concatenate(
+            [self._reached, np.zeros((extra, *self._reached.shape[1:]), dtype=bool)]
+        )
         self._open_until = np.concatenate([self._open_until, np.full(extra, -1, dtype=np.int64)])
         self._quarantine = np.concatenate([self._quarantine, np.full(extra, -1, dtype=np.int64)])
 
     def assign(self, node: int, key: str) -> None:
         self.node_pool[node] = self.pool(key)
+
+    def counting(self, n: int) -> npt.NDArray[np.bool_]:
+        """Per node (the first ``n``): what it shows now counts as this fleet's normal (not frozen, not
+        in the quarantine after it went past a live threshold)."""
+        self.ensure(n)
+        out: npt.NDArray[np.bool_] = (self._step >= self._quarantine[:n]) & (not self.frozen)
+        return out
+
+    def pool_of(self, n: int) -> list[str | None]:
+        """The first ``n`` nodes' pool keys (None: not assigned yet)."""
+        self.ensure(n)
+        return [self.pools[p] if p >= 0 else None for p in self.node_pool[:n].tolist()]
 
     @property
     def live(self) -> npt.NDArray[np.bool_]:
@@ -278,7 +322,11 @@ class Calibration:
         watched = np.broadcast_to((has & (self._step > quar) & (not self.frozen))[:, None, None], new.shape)
         quar[live_pool & (low >= thr).any(axis=1)] = self._step + self.s.quarantine_steps
         if dt > 0 and has.any():
-            np.add.at(self.counts, pool[has], (new & watched)[has].astype(np.float64))
+            counted = new & watched & has[:, None, None]
+            np.add.at(self.counts, pool[has], counted[has].astype(np.float64))
+            first = counted & ~self._reached[:n]
+            np.add.at(self.nodes_at, pool[has], first[has].astype(np.float64))
+            self._reached[:n] |= counted
             np.add.at(self.watched_s, pool[has], dt * watched[has])
             if not self.frozen:
                 np.add.at(self.node_s, pool[has], dt)
@@ -306,7 +354,8 @@ class Calibration:
         share = self.s.budget_per_1000_node_days / 1000.0 / len(DECIDING)
         for p in range(len(self.pools)):
             for k in range(len(DECIDING)):
-                fit = threshold_for(LEVELS, self.counts[p, k], self.watched_s[p, k] / 86400.0, share, self.s)
+                days = self.watched_s[p, k] / 86400.0
+                fit = threshold_for(LEVELS, self.counts[p, k], days, share, self.s, self.nodes_at[p, k])
                 self.fits[(p, k)] = fit
                 self.thresholds[p, k] = fit.threshold
 
@@ -347,12 +396,14 @@ class Calibration:
                     "counts": [[float(v) for v in row] for row in self.counts[p]],
                     "node_s": float(self.node_s[p]),
                     "watched_s": [[float(v) for v in row] for row in self.watched_s[p]],
+                    "nodes_at": [[float(v) for v in row] for row in self.nodes_at[p]],
                     "live_s": float(self.live_s[p]),
                     "shadow": int(self.shadow[p]),
                     "opened": int(self.opened[p]),
                 }
                 for p, key in enumerate(self.pools)
             },
+            "counter_background": self.background.export(),
         }
 
     def import_(self, doc: dict[str, Any]) -> int:
@@ -369,8 +420,13 @@ class Calibration:
             self.counts[p] = np.array(v["counts"], dtype=np.float64)
             self.node_s[p] = float(v["node_s"])
             self.watched_s[p] = np.array(v["watched_s"], dtype=np.float64)
+            # written before nodes were told apart: every level with clusters counts as shared
+            shared = np.minimum(self.counts[p], float(self.s.shape_nodes))
+            self.nodes_at[p] = np.array(v.get("nodes_at", shared), dtype=np.float64)
             self.live_s[p] = float(v.get("live_s", 0.0))
             self.shadow[p] = int(v.get("shadow", 0))
             self.opened[p] = int(v.get("opened", 0))
+        if isinstance(doc.get("counter_background"), dict):
+            self.background.import_(doc["counter_background"])
         self.refit()
         return len(doc.get("pools", {}))

@@ -204,8 +204,14 @@ class Scorer:
             interval = w.interval_s(i)
             if interval is not None:
                 self.cfar.assign(i, cfar.pool_key(w.models[i][0], interval))
-        # a counter burst is gone a window later, a rising or steady rate is not (``counters``)
-        comps["counters"] = self.counter_hold.step(comps["counters"])
+        # a counter burst is gone a window later, a rising or steady rate is not; what holds is judged
+        # against how large one burst of this pool gets (``counters``)
+        n = len(w.node_names)
+        raw = comps["counters"]
+        held = self.counter_hold.step(raw)
+        comps["counters"] = self.cfar.background.judge(
+            held, raw, self.counter_hold.onset, self.cfar.pool_of(n), w.node_names, self.cfar.counting(n)
+        )
         forest = comps["forest"]
         g = anomaly_model.CORROBORATE_GAIN
         lifted = np.stack([np.maximum(comps[k], np.minimum(forest, g * comps[k])) for k in cfar.DECIDING])

@@ -164,3 +164,44 @@ def test_a_thin_pool_does_not_go_live_under_what_it_has_shown_and_a_quiet_one_ke
     quiet = np.where(cfar.LEVELS <= 0.11, 4.0, 0.0)
     fit = cfar.threshold_for(cfar.LEVELS, quiet, 2.8, share, s)
     assert 1.0 <= fit.threshold < 1.5
+
+
+def test_one_nodes_lone_excursion_bounds_the_threshold_at_its_level_not_at_the_cap() -> None:
+    """Tuning seed 101 of the mixed fleet (old counters): a bulk of 35 clusters at 0.32 from many
+    nodes, then one node alone out to 4. Fitted from every cluster, its shape made the threshold the
+    cap (50); the pool's tail is what two nodes or more reached, and the threshold stays over 4."""
+    share = 1.0 / 1000 / len(cfar.DECIDING)
+    counts = np.zeros(len(cfar.LEVELS))
+    counts[cfar.LEVELS <= 0.33] = 35.0
+    counts[(cfar.LEVELS > 0.33) & (cfar.LEVELS <= 0.41)] = 3.0
+    counts[(cfar.LEVELS > 0.41) & (cfar.LEVELS <= 1.8)] = 2.0
+    counts[(cfar.LEVELS > 1.8) & (cfar.LEVELS <= 4.0)] = 1.0
+    lone = np.where(cfar.LEVELS <= 0.41, 5.0, np.where(counts > 0, 1.0, 0.0))
+    s = cfar.CfarSettings()
+    assert cfar.threshold_for(cfar.LEVELS, counts, 11.7, share, s).threshold == 50.0
+    fit = cfar.threshold_for(cfar.LEVELS, counts, 11.7, share, s, lone)
+    assert 4.0 < fit.threshold < 5.0
+    assert fit.xi < 0.5
+    # the same excursions from two nodes or more are the pool's tail: the fit extrapolates it again
+    shared = np.where(counts > 0, 2.0, 0.0)
+    assert cfar.threshold_for(cfar.LEVELS, counts, 11.7, share, s, shared).threshold == 50.0
+
+
+def test_nodes_at_counts_each_node_once_per_level() -> None:
+    s = cfar.CfarSettings(min_node_days=100.0, hold_steps=1, gap_steps=1)
+    cal = cfar.Calibration(s)
+    cal.ensure(3)
+    for i in range(3):
+        cal.assign(i, "H|5s")
+    for step in range(40):
+        lifted = np.zeros((len(cfar.DECIDING), 3, 1))
+        lifted[NODE, 0, 0] = 5.0 if step % 4 == 0 else 0.0  # node 0: ten excursions to 5
+        lifted[NODE, 1, 0] = 0.5 if step % 4 == 0 else 0.0  # node 1: ten to 0.5
+        cal.decide(lifted, np.ones(3, dtype=bool), 4e6 + 30 * step, 30.0)
+    at = {lvl: int(cfar.LEVELS.searchsorted(lvl, "right")) - 1 for lvl in (0.5, 5.0)}
+    assert cal.counts[0, NODE, at[5.0]] == 10
+    assert cal.nodes_at[0, NODE, at[5.0]] == 1
+    assert cal.nodes_at[0, NODE, at[0.5]] == 2
+    other = cfar.Calibration(s)
+    other.import_(cal.export())
+    np.testing.assert_array_equal(other.nodes_at, cal.nodes_at)
