@@ -125,6 +125,10 @@ class ThermalState:
         self.ref_at = np.full(0, -math.inf)
         self.peer_off = np.zeros(0)
         """Each node's own learned offset from its peers, °C (0 at a cold start)."""
+        self.peer_c = np.full(0, np.nan)
+        """Each node against its peers at the last step, °C (``thermal_peers.peer_z``; nan: none)."""
+        self.domains: dict[str, str] = {}
+        """Each node's cooling domain (rack, CDU, cooling loop: ``set_domains``); its peers share it."""
         self.curve_err = np.full(len(self.prior_r), self.s.curve_err0)
         """Per model class, how far a node's straight line between two of its loads has missed on this
         fleet (a share of the slope times the change of load; learned where a node's second load band
@@ -167,6 +171,19 @@ class ThermalState:
             doc = self._pending.pop(names[i], None)
             if doc is not None:
                 self._apply(i, doc)
+
+    def set_domains(self, domains: dict[str, str]) -> None:
+        """Which cooling domain (rack, CDU, cooling loop) each node sits in, by node name: a node is
+        compared with the nodes of its GPU model in its domain (``thermal_peers``). Replaces the last."""
+        self.domains = {str(k): str(v) for k, v in domains.items()}
+
+    def domain_index(self, n: int) -> npt.NDArray[np.intp]:
+        """Per node (scorer order), an index of its cooling domain; -1 where not known."""
+        if not self.domains:
+            return np.full(n, -1, dtype=np.intp)
+        keys = sorted(set(self.domains.values()))
+        pos = {k: i for i, k in enumerate(keys)}
+        return np.array([pos.get(self.domains.get(m, ""), -1) for m in self.node_names[:n]], dtype=np.intp)
 
     # ----------------------------------------------------------------- the fit
 
@@ -227,9 +244,13 @@ class ThermalState:
         node, nband, r_node = thermal_node.node_value(self, n, p, rf, now, cls[:n], r[:n])
         node_g = np.broadcast_to(node[:, None], temp.shape).copy()
         out = self._carry(n, [rise, rel, node_g], valid, now)
-        learned = (nband, node, r_node)
-        self._learn_window(n, p_th, implied, steady & ~hot, rf, rise, rel, cls, learned, now, dt)
+        # a node that stands out from its peers (past half the edge) holds its level: its inlet moved
+        # and theirs did not, so what moved is no drift to follow (a coolant fault over an hour)
         peer = thermal_peers.peer_z(self, n, temp, pt, (steady | hot) & busy, cls, dt)
+        with np.errstate(invalid="ignore"):
+            held = peer > self.s.freeze_at
+        learned = (nband, node, r_node, held)
+        self._learn_window(n, p_th, implied, steady & ~hot, rf, rise, rel, cls, learned, now, dt)
         return Step(
             out[0],
             out[1],
@@ -345,12 +366,13 @@ class ThermalState:
         rise: F64,
         rel: F64,
         cls: npt.NDArray[np.intp],
-        node_values: tuple[npt.NDArray[np.intp], F64, F64],
+        node_values: tuple[npt.NDArray[np.intp], F64, F64, BOOL],
         now: float,
         dt: float,
     ) -> None:
         """Learn from this window: the GPUs' fits, the bands they have shown, the node's level
-        (``node_values``: the node's power band, its value and its slope, ``thermal_node.node_value``)."""
+        (``node_values``: the node's power band, its value and its slope, ``thermal_node.node_value``,
+        and whether it stands out from its peers: then its level holds)."""
         # against a carried reference, a GPU whose implied inlet is more than half the node's edge
         # away does not learn: its node's inlet may be what moved (a cooling loss), or its own fit
         # is wrong at this load and is corrected in a trusted window instead
@@ -364,9 +386,9 @@ class ThermalState:
         fresh = rf.trusted & ~np.isnan(rf.ref)
         self.ref_last[:n][fresh] = rf.ref[fresh]
         self.ref_at[:n][fresh] = now
-        nband, node, r_node = node_values
+        nband, node, r_node, held = node_values
         trusted_ref = np.where(rf.trusted, rf.ref, np.nan)
-        thermal_node.learn_node(self, n, trusted_ref, nband, node, now, dt, (cls[:n, 0], r_node))
+        thermal_node.learn_node(self, n, trusted_ref, nband, node, now, dt, (cls[:n, 0], r_node), held)
 
     def _lagged(self, n: int, p: F64, dt: float) -> F64:
         """A window's mean temperature belongs to the mean power of a window ``lag_s`` earlier: this

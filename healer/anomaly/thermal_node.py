@@ -104,14 +104,17 @@ def learn_node(
     now: float,
     dt: float,
     slope: tuple[npt.NDArray[np.intp], F64] | None = None,
+    held: npt.NDArray[np.bool_] | None = None,
 ) -> None:
     """Learn each node's level, trend and band offsets from its trusted reference ``ref``;
-    ``slope``: each node's class and slope, for its class's ``curve_err`` (``learn_curve``)."""
+    ``slope``: each node's class and slope, for its class's ``curve_err`` (``learn_curve``); ``held``:
+    nodes that stand out from their peers (``thermal_peers``), whose level is only carried along its
+    trend: their inlet moved and their peers' did not, so it is no drift to follow."""
     s = state.s
     if dt <= 0:
         return
     rows = np.arange(n)
-    ok = ~np.isnan(ref)
+    ok = hold_level(state, n, ~np.isnan(ref), held, now)
     lvl = state.level[:n]
     first = ok & np.isnan(lvl)
     lvl[first] = ref[first]
@@ -171,6 +174,20 @@ def learn_node(
     state.band_s[nband, rows] = after
     if slope is not None:
         learn_curve(state, n, nband, band_s, after, slope[0], slope[1])
+
+
+def hold_level(
+    state: ThermalState, n: int, ok: npt.NDArray[np.bool_], held: npt.NDArray[np.bool_] | None, now: float
+) -> npt.NDArray[np.bool_]:
+    """Carry the ready nodes in ``held`` along their trend to ``now`` (their level learns nothing this
+    window); returns ``ok`` without them."""
+    if held is None or not held.any():
+        return ok
+    hold = ok & held & ~np.isnan(state.level[:n]) & (state.level_s[:n] >= state.s.init_s)
+    state.level[:n][hold] = level_now(state, n, now)[hold]
+    state.level_at[:n][hold] = now
+    out: npt.NDArray[np.bool_] = ok & ~hold
+    return out
 
 
 def level_now(state: ThermalState, n: int, now: float) -> F64:

@@ -81,14 +81,16 @@ class ThermalSettings:
     few tenths of a degree in that time)."""
     stale_s: float = 1_800.0
     """A node whose level has not learned for this long (no steady window) is not scored until it has."""
-    peer_floor_c: float = 6.0
-    """Smallest edge of the node-vs-peers check (``peer_z``), °C."""
+    peer_floor_c: float = 3.0
+    """Smallest edge of the node-vs-peers check (``peer_z``), °C: as ``edge_node_c``'s floor (it was
+    6 °C while the peers were the whole fleet, before its offset stopped learning from a fault)."""
     peer_k: float = 6.0
     """... else this many robust standard deviations (1.4826 x MAD) of this fleet's nodes around it."""
     peer_tau_s: float = 10_800.0
     """Each node's own offset from its peers follows with this time constant (3 h), starting at 0."""
-    peer_min_nodes: int = 8
-    """Fewest nodes with a value before nodes are compared with their peers at all."""
+    peer_min_nodes: int = 4
+    """Fewest nodes with a value before nodes are compared with their peers at all (a CDU of 4-6 liquid
+    nodes is a peer group; it was 8, so a 6-node pool was never compared)."""
     peer_min_gpus: int = 4
     """Fewest steady busy GPUs a node needs for its value."""
 

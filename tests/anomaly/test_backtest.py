@@ -234,7 +234,9 @@ def test_a_node_far_hotter_than_its_peers_stands_out_from_the_first_window() -> 
         peer = st.step(temp, power, valid, cls, 1000.0 + 30 * k, 30.0 if k else 0.0).peer_z
         assert peer is not None
         if 3 <= k < 8:  # steady from the fourth window (thermal.ThermalSettings.steady_windows)
-            assert np.abs(peer).max() < 0.5
+            # the edge is 6 robust standard deviations of the nodes' spread (the 3 °C floor is under
+            # it here): a node 2-3 sd out reads about half of it
+            assert np.abs(peer).max() < 0.75
     assert peer is not None
     assert peer[3, 0] > 1.5
     others = np.delete(peer[:, 0], 3)
