@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from healer import config, testing
+from healer.actuators import base as actuators
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import service
@@ -80,6 +81,17 @@ class Feed:
         return [e.change for e in self.events if node is None or e.data.node == node]
 
 
+class Dead:
+    """A crashed controller's actuator (``Harness.crash``): a request sent after the crash never arrives
+    anywhere and is never answered."""
+
+    name = "dead"
+
+    async def apply(self, request: actuators.ActionRequest) -> actuators.ActionOutcome:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
 class Harness:
     def __init__(self, srv: embedded.EmbeddedServer, tmp: pathlib.Path) -> None:
         self.srv = srv
@@ -116,9 +128,17 @@ class Harness:
         return ctl
 
     async def crash(self, ctl: service.Controller) -> None:
-        """Stop a controller the way SIGKILL would: no lease release, no goodbye. Cancellation is
-        repeated until every task is done (Python 3.11's wait_for can swallow one that races with its
-        own timeout); a task that still ignores it fails the test by name instead of hanging it."""
+        """Stop a controller the way SIGKILL would: no lease release, no goodbye, and nothing asked of an
+        actuator from the moment of the crash. Cancellation is repeated until every task is done (Python
+        3.11's wait_for can swallow one that races with its own timeout); a task that still ignores it
+        fails the test by name instead of hanging it. A task that swallowed one runs on meanwhile (a tick
+        whose KV reply came as it was cancelled goes on to its retries, and spawns again the action
+        whose task was just cancelled), so the controller's actuators are first, before any await, those
+        of a dead process: what it still asks never reaches the test's actuators, never answers, and is
+        cancelled with the rest."""
+        runner = ctl.actions
+        runner.scheduler, runner.gpu = Dead(), Dead()
+        runner.power = Dead() if runner.power is not None else None
         tasks: set[asyncio.Task[Any]] = set()
         pending: list[asyncio.Task[Any]] = []
         for _ in range(50):
