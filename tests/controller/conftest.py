@@ -128,17 +128,16 @@ class Harness:
         return ctl
 
     async def crash(self, ctl: service.Controller) -> None:
-        """Stop a controller the way SIGKILL would: no lease release, no goodbye, and nothing asked of an
-        actuator from the moment of the crash. Cancellation is repeated until every task is done (Python
-        3.11's wait_for can swallow one that races with its own timeout); a task that still ignores it
-        fails the test by name instead of hanging it. A task that swallowed one runs on meanwhile (a tick
-        whose KV reply came as it was cancelled goes on to its retries, and spawns again the action
-        whose task was just cancelled), so the controller's actuators are first, before any await, those
-        of a dead process: what it still asks never reaches the test's actuators, never answers, and is
-        cancelled with the rest."""
+        """Stop a controller the way SIGKILL would: no lease release, no goodbye. Cancellation is
+        repeated until every task is done (Python 3.11's wait_for can swallow one that races with its
+        own timeout); a task that still ignores it fails the test by name instead of hanging it. A task
+        that swallowed one runs on meanwhile (a tick whose KV reply came as it was cancelled goes on to
+        its retries and spawns again the action whose task was just cancelled), so first, before any
+        await, the controller's actuators become a dead process's (``Dead``): an action started from now
+        on reaches none of the test's actuators. (One that chose its actuator before the crash and then
+        swallowed its cancellation in the rate window's write could still reach it.)"""
         runner = ctl.actions
-        runner.scheduler, runner.gpu = Dead(), Dead()
-        runner.power = Dead() if runner.power is not None else None
+        runner.scheduler, runner.gpu, runner.power = Dead(), Dead(), Dead()
         tasks: set[asyncio.Task[Any]] = set()
         pending: list[asyncio.Task[Any]] = []
         for _ in range(50):
