@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from healer import config, testing
+from healer.actuators import base as actuators
 from healer.bus import base, embedded, provision, subjects
 from healer.bus import nats as natsbus
 from healer.controller.core import service
@@ -80,6 +81,17 @@ class Feed:
         return [e.change for e in self.events if node is None or e.data.node == node]
 
 
+class Dead:
+    """A crashed controller's actuator (``Harness.crash``): a request sent after the crash never arrives
+    anywhere and is never answered."""
+
+    name = "dead"
+
+    async def apply(self, request: actuators.ActionRequest) -> actuators.ActionOutcome:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
 class Harness:
     def __init__(self, srv: embedded.EmbeddedServer, tmp: pathlib.Path) -> None:
         self.srv = srv
@@ -118,7 +130,14 @@ class Harness:
     async def crash(self, ctl: service.Controller) -> None:
         """Stop a controller the way SIGKILL would: no lease release, no goodbye. Cancellation is
         repeated until every task is done (Python 3.11's wait_for can swallow one that races with its
-        own timeout); a task that still ignores it fails the test by name instead of hanging it."""
+        own timeout); a task that still ignores it fails the test by name instead of hanging it. A task
+        that swallowed one runs on meanwhile (a tick whose KV reply came as it was cancelled goes on to
+        its retries and spawns again the action whose task was just cancelled), so first, before any
+        await, the controller's actuators become a dead process's (``Dead``): an action started from now
+        on reaches none of the test's actuators. (One that chose its actuator before the crash and then
+        swallowed its cancellation in the rate window's write could still reach it.)"""
+        runner = ctl.actions
+        runner.scheduler, runner.gpu, runner.power = Dead(), Dead(), Dead()
         tasks: set[asyncio.Task[Any]] = set()
         pending: list[asyncio.Task[Any]] = []
         for _ in range(50):

@@ -47,6 +47,17 @@ async def leader_pid(bus: natsbus.NatsBus) -> int | None:
     return int(holder.split("-")[-2])
 
 
+def started(log: pathlib.Path) -> bool:
+    """The controller logged ``controller.started``: it is subscribed to the fleet's frames
+    (``Ingest.subscribe`` made a round trip first), so every frame published from now on reaches it."""
+    if not log.exists():
+        return False
+    lines = log.read_bytes().split(b"\n")[:-1]  # whole lines only: the child may be writing one now
+    return any(
+        line.startswith(b"{") and orjson.loads(line).get("event") == "controller.started" for line in lines
+    )
+
+
 async def test_sigkilled_leader_is_replaced_and_no_action_runs_twice(
     nats_server: embedded.EmbeddedServer, tmp_path: pathlib.Path
 ) -> None:
@@ -57,22 +68,26 @@ async def test_sigkilled_leader_is_replaced_and_no_action_runs_twice(
     await provision.ensure(bus, subjects.Subjects(), config.NatsSettings(lease_ttl_s=2))
     feed = Feed()
     await bus.subscribe("healer.incidents.>", feed)
-    procs = [start_controller(nats_server.url, rules, tmp_path / f"c{i}.log") for i in range(2)]
+    logs = [tmp_path / f"c{i}.log" for i in range(2)]
+    procs = [start_controller(nats_server.url, rules, log) for log in logs]
     try:
         fleet = Fleet(bus, ["n1", "n2"])
         pid: int | None = None
 
-        def elected() -> bool:
-            return pid in {p.pid for p in procs}
+        def ready() -> bool:
+            return pid in {p.pid for p in procs} and all(started(log) for log in logs)
 
-        async with asyncio.timeout(30):
-            while not elected():
+        # Both must be running before the leader dies: elected is not enough, the other process may
+        # still be starting on a loaded machine (seconds of imports), and a standby that subscribes after
+        # the fault sees a counter already at 1, no increase (the rule's baseline), and opens nothing.
+        async with asyncio.timeout(60):
+            while not ready():
                 pid = await leader_pid(bus)
                 await fleet.publish()
                 await asyncio.sleep(0.2)
         leader = next(p for p in procs if p.pid == pid)
         standby = next(p for p in procs if p.pid != pid)
-        await warm(fleet)
+        await warm(fleet)  # after both subscribed: the standby's counters have their baseline
         leader.send_signal(signal.SIGKILL)
         leader.wait(10)
         fleet.overrides[("n1", 0)] = {"ecc_dbe_volatile": 1}
