@@ -553,3 +553,42 @@ async def test_a_step_takes_its_place_in_the_rate_window_once_per_node_in_one_wr
     assert "cooldown" in cooling.reason
     wide = await later.reserve("power_limit", [f"m{i}" for i in range(9)], "inc-3", now=1100.0)
     assert wide.allowed, "a step wider than the limit goes whole once the window is empty"
+
+
+async def test_a_lease_lost_while_the_rate_window_is_written_sends_nothing_with_the_old_token(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader checks its lease, then writes the action into the rate window (a KV write that can
+    take the client's timeout under load). A lease lost during that write must not let the request go
+    out with the old fencing token (Slurm and Kubernetes do not check it): the action waits and runs
+    once the lease is renewed."""
+    (harness.rules / "xid.yaml").write_text(XID_RULE.replace("actions: [notify]", "actions: [cordon]"))
+    valid_when_asked: list[bool] = []
+    holder: list[service.Controller] = []
+
+    class Watching(testing.RecordingActuator):
+        async def apply(self, request: Any) -> Any:
+            valid_when_asked.append(holder[0].lease.valid())
+            return await super().apply(request)
+
+    actuator = Watching()
+    ctl = await harness.controller(actuator)
+    holder.append(ctl)
+    fleet = Fleet(harness.bus, ["n1"])
+    await run_until(fleet, lambda: ctl.leader)
+    real_record = ctl.actions.limits.record
+    lapsed: list[str] = []
+
+    async def record(kind: str, node: str, incident_id: str, now: float) -> None:
+        await real_record(kind, node, incident_id, now)
+        if not lapsed:
+            lapsed.append(kind)
+            ctl.lease._renewed_at = -float("inf")  # the lease lapsed while the window was written
+
+    monkeypatch.setattr(ctl.actions.limits, "record", record)
+    event = events.new("n1", "xid", gpu_index=0, xid=79)
+    await harness.bus.publish_durable(subjects.Subjects().events("n1"), codec.encode(event), msg_id=event.id)
+    await run_until(fleet, lambda: bool(actuator.executed()), timeout=LEASE_TTL_S * 4)
+    assert lapsed, "the rate window was written"
+    assert valid_when_asked
+    assert all(valid_when_asked), valid_when_asked

@@ -287,6 +287,11 @@ class ActionRunner:
             )
         if not reserved:
             await self.limits.record(action.kind, node, inc.id, now)
+            # that write can take up to the KV client's timeout: a lease lost meanwhile (a standby may
+            # hold it by now) must not send the request with the old fencing token, which a scheduler
+            # does not check
+            if self.lease.token != token or not self.lease.valid():
+                return gates.Verdict.wait("not the leader any more")
         outcome = await actuator.apply(request)
         if outcome.status == incidents.ActionStatus.FAILED_TEMPORARY:
             action.attempts += 1
