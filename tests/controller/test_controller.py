@@ -275,6 +275,31 @@ async def test_the_default_model_loads_and_scores(harness: Harness) -> None:
     await run_until(fleet, lambda: metric(ctl.metrics, "anomaly_score_seconds_sum") > 0)
 
 
+async def test_the_model_compares_each_node_with_the_nodes_of_its_cooling_domain(
+    harness: Harness, tmp_path: pathlib.Path
+) -> None:
+    """The admitted fleet's cooling domains (a CDU where the inventory names one, else the rack) reach
+    the anomaly model's thermal peers, and follow the inventory when it changes."""
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text(
+        "nodes:\n  n1: {rack: r1, cdu: c1}\n  n2: {rack: r1}\n  n3: {rack: r2, pdu: p1}\n  n4: {pdu: p1}\n"
+    )
+    model = ROOT / "models" / "default"
+    ctl = await harness.controller(
+        testing.RecordingActuator(),
+        model=str(model),
+        admission="file",
+        inventory_file=str(inventory),
+        reload_check_s=0.1,
+    )
+    scorer = ctl.learning.learning_scorer()
+    assert scorer is not None
+    await until(lambda: bool(scorer.thermal.domains))
+    assert scorer.thermal.domains == {"n1": "cdu=c1", "n2": "rack=r1", "n3": "rack=r2"}
+    inventory.write_text("nodes:\n  n1: {rack: r1, cdu: c1}\n  n2: {rack: r3}\n")
+    await until(lambda: scorer.thermal.domains == {"n1": "cdu=c1", "n2": "rack=r3"}, timeout=20)
+
+
 async def test_what_the_model_learned_survives_a_restart_and_each_gpu_explains_itself(
     harness: Harness,
 ) -> None:

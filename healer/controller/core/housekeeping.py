@@ -86,6 +86,7 @@ class Housekeeping:
             await self.refresh_labels()
             await self.refresh_jobs()
             await self.admission.refresh()
+            self.learning.watch_topology(self.admission.topology())
             await self.storage.maybe_check()
             try:
                 async with self.turn:

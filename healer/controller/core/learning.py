@@ -15,12 +15,29 @@ import structlog
 
 from healer import config, errors
 from healer.controller.failslow import detector, straggler_settings
+from healer.controller.inventory import topology
 from healer.controller.observability import metrics as controller_metrics
 from healer.controller.store import kv
 from healer.schemas import shadow
 
 if TYPE_CHECKING:  # scikit-learn takes seconds to import: only a controller with --model pays for it
     from healer.anomaly import scoring
+
+
+COOLING_DOMAINS = ("cdu", "cooling_loop", "cooling", "rack")
+"""Failure-domain keys that name what cools a node, most specific first: the anomaly model's
+``thermal_peer`` compares a node with the nodes of its GPU model that share the first of these it has
+(docs/anomaly.md); a node with none of them is compared with its GPU model's nodes fleet-wide."""
+
+
+def cooling_domains(topo: topology.Topology) -> dict[str, str]:
+    """Each node's cooling domain (``COOLING_DOMAINS``), as ``key=value``."""
+    out: dict[str, str] = {}
+    for key in reversed(COOLING_DOMAINS):  # a more specific key, later, replaces a broader one
+        for value, nodes in topo.groups(key).items():
+            for node in nodes:
+                out[node] = f"{key}={value}"
+    return out
 
 
 class Learning:
@@ -39,6 +56,7 @@ class Learning:
         self.scored_at = 0.0
         self.saved_at = time.monotonic()
         self.scorer: scoring.Scorer | scoring.NullScorer | None = None
+        self._topology_seen: topology.Topology | None = None
         window = cs.straggler_window_s
         fs = straggler_settings.Settings(window_s=window, sample_every_s=window / 12)
         self.failslow = detector.FailSlow(fs) if cs.stragglers else None
@@ -61,6 +79,16 @@ class Learning:
             metrics.anomaly_model_loaded.set(1 if loaded else 0)
             if not loaded:
                 log.error("controller.anomaly_disabled", model=cs.model, anomaly_score=0)
+
+    def watch_topology(self, topo: topology.Topology) -> None:
+        """Give the anomaly model each node's cooling domain (``cooling_domains``) when the admitted
+        fleet's topology changes (``Admission.topology`` returns the same object until it does)."""
+        if topo is self._topology_seen:
+            return
+        self._topology_seen = topo
+        scorer = self.learning_scorer()
+        if scorer is not None:
+            scorer.thermal.set_domains(cooling_domains(topo))
 
     def learning_scorer(self) -> scoring.Scorer | None:
         """The scorer when a model loaded (not the ``NullScorer`` of one that failed to)."""
