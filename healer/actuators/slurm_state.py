@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from healer import errors
 from healer.actuators import base
+from healer.actuators.batching import Ran
 
 FORMAT = "NodeList:0|,StateComplete:0|,Reason:0"
 """``sinfo -O``: name, state with its flags, reason; ``|`` after each but the last."""
@@ -87,17 +88,6 @@ def parse(text: str, asked: Iterable[str] | None = None) -> dict[str, dict[str, 
         if entries.setdefault(name, entry) != entry:
             return None
     return entries
-
-
-class Ran(Protocol):
-    @property
-    def rc(self) -> int: ...
-
-    @property
-    def stdout(self) -> str: ...
-
-    @property
-    def error(self) -> str: ...
 
 
 async def read_states(
