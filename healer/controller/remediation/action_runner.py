@@ -267,17 +267,7 @@ class ActionRunner:
         token = self.lease.token
         if token is None or not self.lease.valid():
             return gates.Verdict.wait("not the leader any more")
-        request = actuators.ActionRequest(
-            incident_id=inc.id,
-            kind=spec.scheduler_verb or action.kind,
-            node=node,
-            gpu_index=action.gpu_index if action.gpu_index is not None else inc.gpu_index,
-            params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
-            summary=(action.params.get("reason") or inc.summary)[:1024],
-            fencing_token=token,
-            dry_run=mode.dry_run,
-            deadline=now + 600.0,
-        )
+        request = self._request(inc, action, spec, node, token, now)
         actuator = {actions.Actuator.POWER: self.power, actions.Actuator.GPU: self.gpu}.get(
             spec.actuator, self.scheduler
         )
@@ -305,6 +295,27 @@ class ActionRunner:
         if action.node is not None:  # the feed's record names the member and GPU it acted on
             detail = f"{node} gpu {request.gpu_index}: {detail}"
         return gates.Verdict.settle(outcome.status, detail)
+
+    def _request(
+        self,
+        inc: book.Incident,
+        action: book.PlannedAction,
+        spec: actions.ActionKind,
+        node: str,
+        token: int,
+        now: float,
+    ) -> actuators.ActionRequest:
+        return actuators.ActionRequest(
+            incident_id=inc.id,
+            kind=spec.scheduler_verb or action.kind,
+            node=node,
+            gpu_index=action.gpu_index if action.gpu_index is not None else inc.gpu_index,
+            params={**action.params, "action_id": f"{inc.id}:{inc.actions.index(action)}"},
+            summary=(action.params.get("reason") or inc.summary)[:1024],
+            fencing_token=token,
+            dry_run=self.cs.mode.dry_run,
+            deadline=now + 600.0,
+        )
 
     async def _shared_cause_held(
         self, domain: book.Incident, inc: book.Incident, action: book.PlannedAction
