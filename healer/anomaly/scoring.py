@@ -318,8 +318,8 @@ AGAINST = {
     "thermal_gpu": "the median GPU of its model on this fleet",
     "thermal_rise": "its own baseline at its node's inlet",
     "thermal_node": "its node's own inlet level",
-    "thermal_peer": "the other nodes of this fleet at the same moment",
-    "counters": "the largest error rates of the training fleet",
+    "thermal_peer": "the nodes of its GPU model (in its cooling domain, where known) at the same moment",
+    "counters": "the largest error rates of the training fleet, held rates against its pool's burst envelope",
 }
 """What each component compares with, for ``explain``."""
 
